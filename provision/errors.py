@@ -1,0 +1,94 @@
+"""The exception tree. Every error carries the evidence a user needs to act on it.
+
+    ProvisionError
+    ├── InventoryError (also ValueError)   bad inventory or usage: exit code 2, nothing contacted
+    ├── ProfileError (also ValueError)     a hardware profile file that does not validate
+    ├── UnreachableHost                    SSH could not connect or authenticate (host keys included)
+    │   └── HostKeyError                   unknown or changed host key: refused, with the command to accept it
+    ├── CommandFailed                      a remote command ran and failed; carries the Result
+    ├── ParseError (also ValueError)       a fact's output could not be understood; carries the output
+    └── LabError                           the lab could not be set up or torn down
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from provision.remote import Result
+
+
+class ProvisionError(Exception):
+    """Base of every error the tool raises on purpose."""
+
+
+class InventoryError(ProvisionError, ValueError):
+    """The inventory (or a command-line override) is wrong. Raised before any host is contacted."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        entity: str | None = None,
+        key: str | None = None,
+    ) -> None:
+        self.message = message
+        self.file = file
+        self.line = line
+        self.entity = entity
+        self.key = key
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        where = self.file or "inventory"
+        if self.line is not None:
+            where += f":{self.line}"
+        parts = [where]
+        if self.entity:
+            parts.append(self.entity)
+        if self.key:
+            parts.append(f"key '{self.key}'")
+        return ": ".join(parts) + ": " + self.message
+
+
+class ProfileError(ProvisionError, ValueError):
+    """A hardware profile file is malformed (a defect of the profile data, shipped or user-supplied)."""
+
+
+class UnreachableHost(ProvisionError):
+    """The host could not be reached or logged into."""
+
+    def __init__(self, host: str, reason: str) -> None:
+        self.host = host
+        self.reason = reason
+        super().__init__(f"{host}: unreachable: {reason}")
+
+
+class HostKeyError(UnreachableHost):
+    """The host presented an unknown or a changed key; strict checking refuses it."""
+
+
+class CommandFailed(ProvisionError):
+    """A remote command exited non-zero (or timed out). `result` holds its exit code and output."""
+
+    def __init__(self, host: str, step: str, result: Result) -> None:
+        self.host = host
+        self.step = step
+        self.result = result
+        tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
+        detail = " | ".join(tail) if tail else "no output"
+        super().__init__(f"{host}: {step} failed (exit {result.exited}): {detail}")
+
+
+class ParseError(ProvisionError, ValueError):
+    """A fact's command output did not have the expected shape."""
+
+    def __init__(self, fact: str, message: str, output: str = "") -> None:
+        self.fact = fact
+        self.output = output
+        super().__init__(f"{fact}: {message}")
+
+
+class LabError(ProvisionError):
+    """The lab could not be brought up or down; the message says what to run to fix it."""

@@ -1,0 +1,147 @@
+"""Hardware profiles: data files (one YAML per profile) describing what a kind of host must have.
+
+Profiles are data, not code branches: checks, rendering and the planner read these fields and never
+test a profile's name. A site can add its own profile file without touching the package.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from provision.errors import ProfileError
+
+PROFILE_DIR = Path(__file__).parent
+
+
+@dataclass(frozen=True)
+class GpuExpectation:
+    compute_capability: str  # "12.0"
+    name_contains: str  # substring of nvidia-smi's name column, e.g. "RTX 5090"
+    unified_memory: bool  # GB10: nvidia-smi memory is [N/A]; budget from /proc/meminfo
+
+
+@dataclass(frozen=True)
+class KernelExpectation:
+    minimum: str  # "6.14"
+    also_accepted: tuple[str, ...] = ()  # regexes of vendor kernels accepted below the minimum
+
+
+@dataclass(frozen=True)
+class DriverExpectation:
+    flavour: str  # "open", "proprietary" or "any"
+    minimum: str  # "570.26"
+
+
+@dataclass(frozen=True)
+class CudaExpectation:
+    minimum: str  # "12.8"
+    torch_cuda_arch_list: str  # "12.0", "12.1a", "9.0"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One hardware profile, e.g. Profile(name='rtx5090', arch='x86_64', gpu=GpuExpectation('12.0', ...))."""
+
+    name: str
+    description: str
+    arch: str  # "x86_64", "aarch64" or "any"
+    gpu: GpuExpectation | None
+    kernel: KernelExpectation
+    driver: DriverExpectation | None
+    cuda: CudaExpectation | None
+    nccl_minimum: str | None
+    environment: Mapping[str, str]
+    affinity: str
+    defaults: Mapping[str, Any]
+    aliases: tuple[str, ...] = field(default=())
+
+
+_TOP_KEYS = {
+    "name", "aliases", "description", "arch", "gpu", "kernel", "driver", "cuda", "nccl",
+    "environment", "affinity", "defaults",
+}
+
+
+def _section(data: Mapping[str, Any], key: str, source: str, fields: set[str]) -> Mapping[str, Any] | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ProfileError(f"{source}: '{key}' must be a mapping or null")
+    unknown = set(value) - fields
+    if unknown:
+        raise ProfileError(f"{source}: '{key}' has unknown keys: {', '.join(sorted(unknown))}")
+    missing = fields - set(value) - {"also_accepted"}
+    if missing:
+        raise ProfileError(f"{source}: '{key}' lacks: {', '.join(sorted(missing))}")
+    return value
+
+
+def profile_from_mapping(data: Any, source: str) -> Profile:
+    """Validate one profile's parsed YAML and build the Profile (ProfileError names the file)."""
+    if not isinstance(data, dict):
+        raise ProfileError(f"{source}: a profile must be a mapping")
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise ProfileError(f"{source}: unknown keys: {', '.join(sorted(unknown))}")
+    for required in ("name", "description", "arch", "kernel", "affinity"):
+        if required not in data:
+            raise ProfileError(f"{source}: missing '{required}'")
+    gpu = _section(data, "gpu", source, {"compute_capability", "name_contains", "unified_memory"})
+    kernel = _section(data, "kernel", source, {"minimum", "also_accepted"})
+    driver = _section(data, "driver", source, {"flavour", "minimum"})
+    cuda = _section(data, "cuda", source, {"minimum", "torch_cuda_arch_list"})
+    nccl = _section(data, "nccl", source, {"minimum"})
+    assert kernel is not None  # required above
+    accepted = tuple(str(p) for p in kernel.get("also_accepted") or ())
+    for pattern in accepted:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ProfileError(f"{source}: kernel.also_accepted: bad pattern {pattern!r}: {exc}") from exc
+    if driver is not None and driver["flavour"] not in ("open", "proprietary", "any"):
+        raise ProfileError(f"{source}: driver.flavour must be open, proprietary or any")
+    environment = data.get("environment") or {}
+    defaults = data.get("defaults") or {}
+    if not isinstance(environment, dict) or not isinstance(defaults, dict):
+        raise ProfileError(f"{source}: 'environment' and 'defaults' must be mappings")
+    return Profile(
+        name=str(data["name"]),
+        aliases=tuple(str(a) for a in data.get("aliases") or ()),
+        description=str(data["description"]),
+        arch=str(data["arch"]),
+        gpu=GpuExpectation(
+            compute_capability=str(gpu["compute_capability"]),
+            name_contains=str(gpu["name_contains"]),
+            unified_memory=bool(gpu["unified_memory"]),
+        ) if gpu else None,
+        kernel=KernelExpectation(minimum=str(kernel["minimum"]), also_accepted=accepted),
+        driver=DriverExpectation(flavour=str(driver["flavour"]), minimum=str(driver["minimum"]))
+        if driver else None,
+        cuda=CudaExpectation(
+            minimum=str(cuda["minimum"]), torch_cuda_arch_list=str(cuda["torch_cuda_arch_list"])
+        ) if cuda else None,
+        nccl_minimum=str(nccl["minimum"]) if nccl else None,
+        environment={str(k): str(v) for k, v in environment.items()},
+        affinity=str(data["affinity"]),
+        defaults=dict(defaults),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def load_profiles(directory: Path = PROFILE_DIR) -> Mapping[str, Profile]:
+    """All profiles of a directory by name and alias: {'rtx5090': Profile(...), 'h200': Profile(...)}."""
+    profiles: dict[str, Profile] = {}
+    for path in sorted(directory.glob("*.yaml")):
+        with path.open(encoding="utf-8") as handle:
+            profile = profile_from_mapping(yaml.safe_load(handle), str(path))
+        for name in (profile.name, *profile.aliases):
+            if name in profiles:
+                raise ProfileError(f"{path}: profile name '{name}' is defined twice")
+            profiles[name] = profile
+    return profiles
