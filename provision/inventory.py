@@ -1,0 +1,647 @@
+"""The inventory: hosts, groups and clusters read from YAML, validated once, frozen.
+
+Schema (every key is checked; an unknown key is an error, not ignored):
+
+    ssh:                       # optional, inventory-wide connection settings
+      known_hosts: PATH        # host keys to trust (default ~/.ssh/known_hosts); relative to the file
+      key_file: PATH           # private key (default: the SSH agent and ~/.ssh/id_*)
+      connect_timeout: 10      # seconds
+      command_timeout: 600     # seconds for one remote command
+    hosts:
+      NAME:
+        address: 192.0.2.10    # IP address or DNS name (not needed with connection: local)
+        port: 22
+        user: root
+        profile: rtx5090       # a hardware profile (provision/profiles/*.yaml)
+        connection: ssh        # or local: run on this machine, no SSH
+        key_file: PATH         # overrides ssh.key_file for this host
+        vars: {...}            # service settings (VAR_SPECS below)
+    groups:
+      NAME:
+        hosts: [NAME, ...]
+        vars: {...}
+    clusters:
+      NAME:
+        hosts: [NAME, ...]     # one host: single-node (TP inside the host); several: multi-node over Ray
+        head: NAME             # multi-node only; default the first host
+        vars: {...}
+
+Precedence of service settings, highest first: command line (--set KEY=VALUE) > host vars > group vars
+(groups in file order; a later group wins) > cluster vars > profile defaults > built-in defaults.
+The `environment` mapping merges key by key along the same order.
+
+An inventory PATH is one YAML file or a directory whose *.yaml / *.yml files are read together.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import yaml
+
+from provision.errors import InventoryError
+from provision.profiles import Profile, load_profiles
+
+LOCAL_HOST = "local"  # always available: this machine, over no SSH
+
+# ---------------------------------------------------------------------------------------------
+# YAML with line numbers and duplicate-key detection
+
+
+class _Mapping(dict[str, Any]):
+    """A dict that remembers the line of each key (1-based) and of itself."""
+
+    line: int | None = None
+    key_lines: dict[str, int]
+
+
+class _LineLoader(yaml.SafeLoader):
+    """safe_load, plus line numbers and a refusal of duplicate keys (plain YAML keeps the last one)."""
+
+    source = "inventory"
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Mapping:
+    loader.flatten_mapping(node)
+    mapping = _Mapping()
+    mapping.line = node.start_mark.line + 1
+    mapping.key_lines = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if not isinstance(key, (str, int, float, bool)) or key is None:
+            raise InventoryError("a mapping key must be a plain name", file=loader.source, line=line)
+        key = str(key)
+        if key in mapping:
+            raise InventoryError(
+                f"duplicate key '{key}' (first on line {mapping.key_lines[key]})",
+                file=loader.source, line=line,
+            )
+        mapping[key] = loader.construct_object(value_node, deep=True)
+        mapping.key_lines[key] = line
+    return mapping
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _parse_yaml(text: str, source: str) -> Any:
+    loader = _LineLoader(text)
+    loader.source = source
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InventoryError(
+            f"not valid YAML: {problem}", file=source, line=mark.line + 1 if mark else None
+        ) from None
+    finally:
+        loader.dispose()
+
+
+def _line(mapping: Any, key: str | None = None) -> int | None:
+    if not isinstance(mapping, _Mapping):
+        return None
+    if key is not None and key in mapping.key_lines:
+        return mapping.key_lines[key]
+    return mapping.line
+
+
+# ---------------------------------------------------------------------------------------------
+# Service settings ("vars") and their types
+
+
+@dataclass(frozen=True)
+class VarSpec:
+    description: str
+    check: Callable[[Any], Any]  # returns the normalised value or raises ValueError with the reason
+    default: Any = None
+
+
+def _int_range(low: int, high: int) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"expected an integer, got {_show(value)}")
+        if not low <= value <= high:
+            raise ValueError(f"expected an integer from {low} to {high}, got {value}")
+        return value
+
+    return check
+
+
+def _fraction(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"expected a number between 0 and 1, got {_show(value)}")
+    if not 0 < float(value) <= 1:
+        raise ValueError(f"expected a number in (0, 1], got {value}")
+    return float(value)
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {_show(value)}")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected a non-empty string, got {_show(value)}")
+    return value
+
+
+def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def optional(value: Any) -> Any:
+        return None if value is None else check(value)
+
+    return optional
+
+
+def _absolute_path(value: Any) -> str:
+    text = _text(value)
+    if not text.startswith("/"):
+        raise ValueError(f"expected an absolute path, got {text!r}")
+    return text
+
+
+def _string_list(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"expected a list of strings, got {_show(value)}")
+    return tuple(value)
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _environment(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a mapping of NAME: value, got {_show(value)}")
+    result: dict[str, str] = {}
+    for name, item in value.items():
+        if not _ENV_NAME.match(str(name)):
+            raise ValueError(f"'{name}' is not a valid environment variable name")
+        if isinstance(item, (dict, list)) or item is None:
+            raise ValueError(f"environment '{name}' must be a string, number or boolean")
+        result[str(name)] = str(item).lower() if isinstance(item, bool) else str(item)
+    return result
+
+
+_AFFINITY = re.compile(r"^(auto|all|ccd:\d+|\d+(-\d+)?(,\d+(-\d+)?)*)$")
+
+
+def _affinity(value: Any) -> str:
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return ",".join(str(v) for v in value)
+    if not isinstance(value, str) or not _AFFINITY.match(value.strip()):
+        raise ValueError(f"expected auto, all, ccd:N or a CPU list like 0-5,24-29, got {_show(value)}")
+    return value.strip()
+
+
+_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+
+
+def _user_name(value: Any) -> str:
+    if not isinstance(value, str) or not _USER.match(value):
+        raise ValueError(f"expected a POSIX user name, got {_show(value)}")
+    return value
+
+
+def _bind_address(value: Any) -> str:
+    text = _text(value)
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        raise ValueError(f"expected an IP address to listen on, got {text!r}") from None
+    return text
+
+
+VAR_SPECS: Mapping[str, VarSpec] = {
+    "model": VarSpec("Hub repository id (or absolute path) of the model to serve", _optional(_text)),
+    "model_revision": VarSpec("branch, tag or commit of the model", _text, "main"),
+    "served_model_name": VarSpec("name clients use in requests", _optional(_text)),
+    "bind_host": VarSpec("address the server listens on", _bind_address, "127.0.0.1"),
+    "port": VarSpec("port the server listens on", _int_range(1, 65535), 8000),
+    "tensor_parallel_size": VarSpec("GPUs one model is split across", _int_range(1, 1024), 1),
+    "pipeline_parallel_size": VarSpec("pipeline stages (nodes)", _int_range(1, 1024), 1),
+    "max_model_len": VarSpec("context length limit", _optional(_int_range(16, 10_000_000))),
+    "gpu_memory_utilization": VarSpec("share of GPU memory vLLM may take", _fraction, 0.9),
+    "enable_prefix_caching": VarSpec("reuse KV cache across requests", _boolean, True),
+    "extra_args": VarSpec("further vLLM server arguments", _string_list, ()),
+    "environment": VarSpec("extra environment for the service", _environment, {}),
+    "cpu_affinity": VarSpec("auto, all, ccd:N or a CPU list", _affinity, None),
+    "cuda_version": VarSpec("CUDA version of the vLLM/torch build", _optional(_text)),
+    "vllm_spec": VarSpec("pip requirement for vLLM", _optional(_text)),
+    "venv_dir": VarSpec("virtualenv holding vLLM", _absolute_path, "/opt/vllm/venv"),
+    "model_dir": VarSpec("directory for model weights", _absolute_path, "/var/lib/vllm/models"),
+    "hf_home": VarSpec("HF_HOME of the service", _absolute_path, "/var/lib/vllm/hf"),
+    "service_user": VarSpec("user the service runs as", _user_name, "vllm"),
+}
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    kind = type(value).__name__
+    return f"{text[:40]} ({kind})"
+
+
+# ---------------------------------------------------------------------------------------------
+# The frozen model
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    known_hosts: str | None = None
+    key_file: str | None = None
+    connect_timeout: float = 10.0
+    command_timeout: float = 600.0
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    address: str
+    port: int
+    user: str
+    profile: Profile
+    connection: str  # "ssh" or "local"
+    key_file: str | None
+    vars: Mapping[str, Any]
+    source: str  # the file that defined it
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    hosts: tuple[str, ...]
+    vars: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    hosts: tuple[str, ...]
+    head: str
+    vars: Mapping[str, Any]
+
+    @property
+    def multi_node(self) -> bool:
+        return len(self.hosts) > 1
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A host's resolved service settings plus, for each key, the layer it came from."""
+
+    values: Mapping[str, Any]
+    origin: Mapping[str, str]  # key -> "command line" | "host" | "group NAME" | "cluster NAME" | "profile NAME" | "default"
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+
+@dataclass(frozen=True)
+class Inventory:
+    hosts: Mapping[str, Host]
+    groups: Mapping[str, Group]
+    clusters: Mapping[str, Cluster]
+    ssh: SshSettings
+    sources: tuple[str, ...] = field(default=())
+
+    def host(self, name: str) -> Host:
+        """The named host; `local` is this machine even when the inventory does not list it."""
+        if name in self.hosts:
+            return self.hosts[name]
+        if name == LOCAL_HOST:
+            return local_host()
+        known = ", ".join(sorted(self.hosts)) or "none"
+        raise InventoryError(f"unknown host '{name}' (known: {known}, or 'local')", file=self._where())
+
+    def cluster(self, name: str) -> Cluster:
+        if name in self.clusters:
+            return self.clusters[name]
+        known = ", ".join(sorted(self.clusters)) or "none"
+        raise InventoryError(f"unknown cluster '{name}' (known: {known})", file=self._where())
+
+    def cluster_of(self, host: str) -> Cluster | None:
+        for cluster in self.clusters.values():
+            if host in cluster.hosts:
+                return cluster
+        return None
+
+    def groups_of(self, host: str) -> list[Group]:
+        return [group for group in self.groups.values() if host in group.hosts]
+
+    def select(
+        self, *, hosts: Iterable[str] = (), cluster: str | None = None, everything: bool = False
+    ) -> list[Host]:
+        """Hosts named on the command line, in the order given; a cluster's; or all of them."""
+        names = list(hosts)
+        if cluster:
+            names.extend(self.cluster(cluster).hosts)
+        if everything:
+            names.extend(self.hosts)
+        if not names:
+            raise InventoryError("name a host (--host), a cluster (--cluster) or --all", file="command line")
+        unique = list(dict.fromkeys(names))
+        return [self.host(name) for name in unique]
+
+    def settings(
+        self, host_name: str, overrides: Mapping[str, Any] | None = None, profile: Profile | None = None
+    ) -> Settings:
+        """Resolve a host's settings: command line > host > group > cluster > profile > built-in."""
+        host = self.host(host_name)
+        profile = profile or host.profile
+        layers: list[tuple[str, Mapping[str, Any]]] = [
+            ("default", {key: spec.default for key, spec in VAR_SPECS.items()}),
+            (f"profile {profile.name}", {"environment": dict(profile.environment),
+                                          "cpu_affinity": profile.affinity,
+                                          "cuda_version": profile.cuda.minimum if profile.cuda else None,
+                                          **profile.defaults}),
+        ]
+        cluster = self.cluster_of(host_name)
+        if cluster:
+            layers.append((f"cluster {cluster.name}", cluster.vars))
+        layers.extend((f"group {group.name}", group.vars) for group in self.groups_of(host_name))
+        layers.append(("host", host.vars))
+        if overrides:
+            layers.append(("command line", overrides))
+        values: dict[str, Any] = {}
+        origin: dict[str, str] = {}
+        for layer_name, layer in layers:
+            for key, value in layer.items():
+                if key == "environment" and key in values:
+                    values[key] = {**values[key], **value}
+                else:
+                    values[key] = value
+                origin[key] = layer_name
+        return Settings(values=values, origin=origin)
+
+    def _where(self) -> str:
+        return ", ".join(self.sources) or "inventory"
+
+
+def local_host(profile: Profile | None = None) -> Host:
+    """This machine, reached without SSH (Invoke's local runner)."""
+    return Host(
+        name=LOCAL_HOST, address="localhost", port=0, user="", connection="local", key_file=None,
+        profile=profile or load_profiles()["cpu"], vars={}, source="built-in",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and validation
+
+_TOP_LEVEL = {"ssh", "hosts", "groups", "clusters"}
+_SSH_KEYS = {"known_hosts", "key_file", "connect_timeout", "command_timeout"}
+_HOST_KEYS = {"address", "port", "user", "profile", "connection", "key_file", "vars"}
+_GROUP_KEYS = {"hosts", "vars"}
+_CLUSTER_KEYS = {"hosts", "head", "vars"}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_DNS_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        pass
+    if len(text) > 253 or text.replace(".", "").isdigit():
+        return False  # "300.1.2.3" is a broken IP, not a host name
+    return all(_DNS_LABEL.match(label) for label in text.rstrip(".").split("."))
+
+
+class _Reader:
+    """Validates the parsed documents of one inventory; raises the first error with file and line."""
+
+    def __init__(self, profiles: Mapping[str, Profile]) -> None:
+        self.profiles = profiles
+        self.hosts: dict[str, Host] = {}
+        self.groups: dict[str, Group] = {}
+        self.clusters: dict[str, Cluster] = {}
+        self.ssh = SshSettings()
+        self.defined_in: dict[tuple[str, str], str] = {}
+        self.member_lines: list[tuple[str, str, Any, str]] = []  # entity, file, mapping, key
+
+    def read(self, data: Any, source: str, base: Path) -> None:
+        if data is None:
+            return
+        if not isinstance(data, dict):
+            raise InventoryError("the top level must be a mapping of hosts, groups, clusters, ssh",
+                                 file=source, line=_line(data))
+        self._unknown(data, _TOP_LEVEL, source, entity=None)
+        if "ssh" in data:
+            self._read_ssh(data["ssh"], data, source, base)
+        for section, reader in (("hosts", self._read_host), ("groups", self._read_group),
+                                ("clusters", self._read_cluster)):
+            entries = data.get(section)
+            if entries is None:
+                continue
+            if not isinstance(entries, dict):
+                raise InventoryError(f"'{section}' must be a mapping of NAME: {{...}}",
+                                     file=source, line=_line(data, section), key=section)
+            for name, body in entries.items():
+                kind = section[:-1]
+                entity = f"{kind} '{name}'"
+                line = _line(entries, name)
+                if not _NAME.match(name):
+                    raise InventoryError("a name may hold letters, digits, '.', '_' and '-' only",
+                                         file=source, line=line, entity=entity)
+                first = self.defined_in.get((kind, name))
+                if first is not None:
+                    raise InventoryError(f"defined twice (also in {first})", file=source, line=line,
+                                         entity=entity)
+                self.defined_in[(kind, name)] = source
+                if not isinstance(body, dict):
+                    raise InventoryError("expected a mapping of settings", file=source, line=line,
+                                         entity=entity)
+                reader(name, body, source, base)
+
+    def _read_ssh(self, body: Any, parent: Any, source: str, base: Path) -> None:
+        if not isinstance(body, dict):
+            raise InventoryError("'ssh' must be a mapping", file=source, line=_line(parent, "ssh"), key="ssh")
+        self._unknown(body, _SSH_KEYS, source, entity="ssh")
+        values = {}
+        for key in ("known_hosts", "key_file"):
+            if key in body:
+                values[key] = self._path(body, key, source, base, "ssh")
+        for key in ("connect_timeout", "command_timeout"):
+            if key in body:
+                value = body[key]
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                    raise InventoryError(f"expected a positive number of seconds, got {_show(value)}",
+                                         file=source, line=_line(body, key), entity="ssh", key=key)
+                values[key] = float(value)
+        self.ssh = SshSettings(**{**self.ssh.__dict__, **values})
+
+    def _read_host(self, name: str, body: Any, source: str, base: Path) -> None:
+        entity = f"host '{name}'"
+        self._unknown(body, _HOST_KEYS, source, entity)
+        connection = body.get("connection", "ssh")
+        if connection not in ("ssh", "local"):
+            raise InventoryError(f"expected ssh or local, got {_show(connection)}", file=source,
+                                 line=_line(body, "connection"), entity=entity, key="connection")
+        if "profile" not in body:
+            raise InventoryError("missing (one of: " + ", ".join(sorted(self.profiles)) + ")",
+                                 file=source, line=_line(body), entity=entity, key="profile")
+        profile_name = body["profile"]
+        if not isinstance(profile_name, str) or profile_name not in self.profiles:
+            raise InventoryError(
+                f"unknown profile {_show(profile_name)} (known: {', '.join(sorted(self.profiles))})",
+                file=source, line=_line(body, "profile"), entity=entity, key="profile")
+        address = body.get("address")
+        if connection == "ssh":
+            if address is None:
+                raise InventoryError("missing", file=source, line=_line(body), entity=entity, key="address")
+            if not isinstance(address, str) or not _is_address(address):
+                raise InventoryError(f"not an IP address or host name: {_show(address)}", file=source,
+                                     line=_line(body, "address"), entity=entity, key="address")
+        port = body.get("port", 22)
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise InventoryError(f"expected an integer from 1 to 65535, got {_show(port)}", file=source,
+                                 line=_line(body, "port"), entity=entity, key="port")
+        user = body.get("user", "root")
+        try:
+            _user_name(user)
+        except ValueError as exc:
+            raise InventoryError(str(exc), file=source, line=_line(body, "user"), entity=entity,
+                                 key="user") from None
+        key_file = self._path(body, "key_file", source, base, entity) if "key_file" in body else None
+        self.hosts[name] = Host(
+            name=name, address=str(address or "localhost"), port=port, user=user,
+            profile=self.profiles[profile_name], connection=connection, key_file=key_file,
+            vars=self._vars(body, source, entity), source=source,
+        )
+
+    def _read_group(self, name: str, body: Any, source: str, base: Path) -> None:
+        entity = f"group '{name}'"
+        self._unknown(body, _GROUP_KEYS, source, entity)
+        members = self._names(body, "hosts", source, entity)
+        self.groups[name] = Group(name=name, hosts=members, vars=self._vars(body, source, entity))
+
+    def _read_cluster(self, name: str, body: Any, source: str, base: Path) -> None:
+        entity = f"cluster '{name}'"
+        self._unknown(body, _CLUSTER_KEYS, source, entity)
+        members = self._names(body, "hosts", source, entity)
+        if not members:
+            raise InventoryError("a cluster needs at least one host", file=source,
+                                 line=_line(body, "hosts"), entity=entity, key="hosts")
+        head = body.get("head", members[0])
+        if head not in members:
+            raise InventoryError(f"head {_show(head)} is not one of the cluster's hosts", file=source,
+                                 line=_line(body, "head"), entity=entity, key="head")
+        self.clusters[name] = Cluster(name=name, hosts=members, head=head,
+                                      vars=self._vars(body, source, entity))
+
+    def _names(self, body: Any, key: str, source: str, entity: str) -> tuple[str, ...]:
+        value = body.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise InventoryError(f"expected a list of host names, got {_show(value)}", file=source,
+                                 line=_line(body, key), entity=entity, key=key)
+        if len(set(value)) != len(value):
+            raise InventoryError("a host is listed twice", file=source, line=_line(body, key),
+                                 entity=entity, key=key)
+        self.member_lines.append((entity, source, body, key))
+        return tuple(value)
+
+    def _vars(self, body: Any, source: str, entity: str) -> Mapping[str, Any]:
+        raw = body.get("vars", {})
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict):
+            raise InventoryError("'vars' must be a mapping", file=source, line=_line(body, "vars"),
+                                 entity=entity, key="vars")
+        return validate_vars(raw, source=source, entity=entity)
+
+    def _path(self, body: Any, key: str, source: str, base: Path, entity: str) -> str:
+        value = body[key]
+        if not isinstance(value, str) or not value:
+            raise InventoryError(f"expected a path, got {_show(value)}", file=source,
+                                 line=_line(body, key), entity=entity, key=key)
+        path = Path(value).expanduser()
+        return str(path if path.is_absolute() else (base / path))
+
+    @staticmethod
+    def _unknown(body: Any, allowed: set[str], source: str, entity: str | None) -> None:
+        for key in body:
+            if key not in allowed:
+                raise InventoryError(f"unknown key (allowed: {', '.join(sorted(allowed))})",
+                                     file=source, line=_line(body, key), entity=entity, key=key)
+
+    def cross_check(self) -> None:
+        """References between sections: members must exist; a host serves in at most one cluster."""
+        for entity, source, body, key in self.member_lines:
+            for member in body.get(key, []):
+                if member not in self.hosts:
+                    known = ", ".join(sorted(self.hosts)) or "none"
+                    raise InventoryError(f"names unknown host '{member}' (known: {known})", file=source,
+                                         line=_line(body, key), entity=entity, key=key)
+        seen: dict[str, str] = {}
+        for cluster in self.clusters.values():
+            for member in cluster.hosts:
+                if member in seen:
+                    raise InventoryError(
+                        f"host '{member}' is in clusters '{seen[member]}' and '{cluster.name}'; "
+                        "a host serves one cluster", file=self.defined_in[("cluster", cluster.name)],
+                        entity=f"cluster '{cluster.name}'", key="hosts")
+                seen[member] = cluster.name
+
+
+def validate_vars(raw: Mapping[str, Any], *, source: str, entity: str | None) -> dict[str, Any]:
+    """Check each setting against VAR_SPECS; the error names the key and, from YAML, its line."""
+    result: dict[str, Any] = {}
+    for key, value in raw.items():
+        spec = VAR_SPECS.get(key)
+        if spec is None:
+            raise InventoryError(f"unknown setting (known: {', '.join(sorted(VAR_SPECS))})",
+                                 file=source, line=_line(raw, key), entity=entity, key=key)
+        try:
+            result[key] = spec.check(value)
+        except ValueError as exc:
+            raise InventoryError(str(exc), file=source, line=_line(raw, key), entity=entity,
+                                 key=key) from None
+    return result
+
+
+def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` pairs (VALUE read as YAML, so 0.8, true and [a, b] keep their types)."""
+    raw: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise InventoryError(f"--set expects KEY=VALUE, got {pair!r}", file="command line")
+        try:
+            raw[key.strip()] = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError:
+            raise InventoryError(f"cannot read the value of {pair!r}", file="command line") from None
+    return validate_vars(raw, source="command line", entity=None)
+
+
+def inventory_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+        if not files:
+            raise InventoryError("no *.yaml files in this directory", file=str(path))
+        return files
+    if path.is_file():
+        return [path]
+    raise InventoryError("no such file or directory", file=str(path))
+
+
+def load(path: str | Path, profiles: Mapping[str, Profile] | None = None) -> Inventory:
+    """Read and validate an inventory file or directory. Raises InventoryError; contacts nothing."""
+    reader = _Reader(profiles if profiles is not None else load_profiles())
+    files = inventory_files(Path(path))
+    for file in files:
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InventoryError(f"cannot read: {exc}", file=str(file)) from None
+        reader.read(_parse_yaml(text, str(file)), str(file), file.parent)
+    reader.cross_check()
+    return Inventory(hosts=dict(reader.hosts), groups=dict(reader.groups),
+                     clusters=dict(reader.clusters), ssh=reader.ssh,
+                     sources=tuple(str(f) for f in files))
