@@ -1,0 +1,201 @@
+"""Facts: what a host is, gathered in ONE remote execution and parsed by pure functions.
+
+Each Fact names a command (argv) or a file next to the parser that reads it. `gather()` sends
+hostprobe.py with the whole list to the host's python3 on stdin; the probe runs every command there
+and answers one JSON document. A tool the host lacks (no nvidia-smi on a CPU box) is a typed answer
+(`None` or an empty tuple plus a note in `notes`), not a crash.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+
+from provision import parsers
+from provision.errors import CommandFailed, ParseError, ProvisionError
+from provision.parsers import (
+    CpuTopology, Gpu, Interface, Memory, NvidiaDriver, OsRelease, RdmaLink, Uname, UnitState,
+)
+
+if TYPE_CHECKING:  # facts stay importable without Fabric (the recorder runs on bare GPU hosts)
+    from provision.remote import Result, Runner
+
+# Units the tool manages; their state is part of every host's facts.
+MANAGED_UNITS = ("vllm.service", "vllm-ray-head.service", "vllm-ray-worker.service")
+
+PROBE_SOURCE = Path(__file__).with_name("hostprobe.py")
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One fact: where its raw text comes from (argv or file) and the parser that reads it."""
+
+    name: str
+    parse: Callable[[str], Any]
+    argv: tuple[str, ...] | None = None
+    file: str | None = None
+
+
+FACTS: tuple[Fact, ...] = (
+    Fact("uname", parsers.parse_uname, argv=("uname", "-r", "-m")),
+    Fact("os_release", parsers.parse_os_release, file="/etc/os-release"),
+    Fact("meminfo", parsers.parse_meminfo, file="/proc/meminfo"),
+    Fact("init", parsers.parse_pid1, file="/proc/1/comm"),
+    Fact("lscpu", parsers.parse_lscpu, argv=("lscpu",)),
+    Fact("lscpu_cpus", parsers.parse_lscpu_extended, argv=("lscpu", "-e")),
+    Fact("cpuinfo", parsers.parse_cpuinfo_parts, file="/proc/cpuinfo"),
+    Fact("nvidia_driver", parsers.parse_nvidia_version, file="/proc/driver/nvidia/version"),
+    Fact("gpus", parsers.parse_nvidia_smi_csv,
+         argv=("nvidia-smi", "--query-gpu=" + ",".join(parsers.GPU_QUERY_FIELDS),
+               "--format=csv,nounits")),
+    Fact("modules", parsers.parse_lsmod, argv=("lsmod",)),
+    Fact("units", parsers.parse_systemctl_show,
+         argv=("systemctl", "show", "--property=" + ",".join(parsers.UNIT_PROPERTIES),
+               *MANAGED_UNITS)),
+    Fact("rdma", parsers.parse_ibdev2netdev, argv=("ibdev2netdev",)),
+    Fact("interfaces", parsers.parse_ip_addr, argv=("ip", "-j", "addr", "show")),
+)
+
+
+@dataclass(frozen=True)
+class DiskSpace:
+    """Free space for a path the inventory names (measured on its nearest existing ancestor)."""
+
+    path: str
+    checked: str
+    exists: bool
+    free_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """Everything one probe learned. None means "could not be told"; `notes` says why."""
+
+    host: str
+    python: str | None = None
+    kernel: str | None = None
+    arch: str | None = None
+    os: OsRelease | None = None
+    memory: Memory | None = None
+    init: str | None = None
+    cpu: CpuTopology | None = None
+    driver: NvidiaDriver | None = None
+    gpus: tuple[Gpu, ...] = ()
+    modules: frozenset[str] | None = None
+    units: Mapping[str, UnitState] = field(default_factory=dict)
+    rdma: tuple[RdmaLink, ...] | None = None
+    interfaces: tuple[Interface, ...] = ()
+    disks: tuple[DiskSpace, ...] = ()
+    notes: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def systemd_is_pid1(self) -> bool:
+        return self.init == "systemd"
+
+    def as_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = parsers.json_ready(self)
+        data["systemd_is_pid1"] = self.systemd_is_pid1
+        return data
+
+
+def probe_spec(facts: Sequence[Fact], paths: Iterable[str], timeout: float) -> dict[str, Any]:
+    return {
+        "commands": {fact.name: list(fact.argv) for fact in facts if fact.argv},
+        "files": {fact.name: fact.file for fact in facts if fact.file},
+        "paths": sorted(set(paths)),
+        "timeout": timeout,
+    }
+
+
+def probe_program(spec: Mapping[str, Any]) -> str:
+    """The probe's source with the call that runs it: the whole stdin of the one remote execution."""
+    return PROBE_SOURCE.read_text(encoding="utf-8") + f"\nmain(json.loads({json.dumps(spec)!r}))\n"
+
+
+def gather(runner: Runner, paths: Iterable[str] = (), facts: Sequence[Fact] = FACTS,
+           timeout: float = 20.0) -> HostFacts:
+    """Run every fact's command on the host in ONE execution and parse the answers."""
+    spec = probe_spec(facts, paths, timeout)
+    # Each command may use up to `timeout`; the execution as a whole gets room for all of them.
+    result = runner.run(["python3", "-"], stdin=probe_program(spec),
+                        timeout=timeout * (len(facts) + 1) + 30)
+    return facts_from_probe(runner.host, result, facts)
+
+
+def facts_from_probe(host: str, result: Result, facts: Sequence[Fact] = FACTS) -> HostFacts:
+    """Turn the probe's JSON answer into HostFacts. Pure: tests feed it recorded probe output."""
+    if result.exited == 127:
+        raise ProvisionError(f"{host}: python3 is not installed; facts need it (apt-get install python3)")
+    if not result.ok:
+        raise CommandFailed(host, "fact probe", result)
+    try:
+        answer = json.loads(result.stdout)
+        raw: Mapping[str, Mapping[str, Any]] = answer["results"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ParseError("probe", "the fact probe did not answer JSON", result.stdout) from None
+    values: dict[str, Any] = {}
+    notes: dict[str, str] = {}
+    for fact in facts:
+        outcome = raw.get(fact.name)
+        if outcome is None:
+            notes[fact.name] = "not collected"
+            continue
+        value, note = _parse_one(fact, outcome)
+        if note:
+            notes[fact.name] = note
+        if value is not None:
+            values[fact.name] = value
+    return _assemble(host, answer, values, notes)
+
+
+def _parse_one(fact: Fact, outcome: Mapping[str, Any]) -> tuple[Any, str | None]:
+    source = fact.file or (fact.argv[0] if fact.argv else fact.name)
+    if outcome.get("missing"):
+        return None, f"{source}: not present on the host"
+    if outcome.get("timed_out"):
+        return None, f"{source}: timed out"
+    if outcome.get("exit") != 0:
+        output = (outcome.get("stderr") or "") + (outcome.get("stdout") or "")
+        if fact.name == "gpus":
+            return None, parsers.describe_nvidia_smi_failure(int(outcome["exit"]), output)
+        first = output.strip().splitlines()[0] if output.strip() else "no output"
+        return None, f"{source}: exit {outcome.get('exit')}: {first[:200]}"
+    try:
+        return fact.parse(outcome.get("stdout") or ""), None
+    except ParseError as exc:
+        return None, f"{source}: cannot parse: {exc}"
+
+
+def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
+              notes: Mapping[str, str]) -> HostFacts:
+    uname: Uname | None = values.get("uname")
+    cpu: CpuTopology | None = values.get("lscpu")
+    if cpu is not None:
+        cpu = dataclasses.replace(cpu, cpus=values.get("lscpu_cpus", ()),
+                                  parts=values.get("cpuinfo", {}))
+    disks = tuple(
+        DiskSpace(path=path, checked=str(info["checked"]), exists=bool(info["exists"]),
+                  free_bytes=int(info["free"]), total_bytes=int(info["total"]))
+        for path, info in sorted((answer.get("paths") or {}).items())
+    )
+    return HostFacts(
+        host=host,
+        python=answer.get("python"),
+        kernel=uname.release if uname else None,
+        arch=uname.machine if uname else None,
+        os=values.get("os_release"),
+        memory=values.get("meminfo"),
+        init=values.get("init"),
+        cpu=cpu,
+        driver=values.get("nvidia_driver"),
+        gpus=values.get("gpus", ()),
+        modules=values.get("modules"),
+        units=values.get("units", {}),
+        rdma=values.get("rdma"),
+        interfaces=values.get("interfaces", ()),
+        disks=disks,
+        notes=dict(notes),
+    )

@@ -1,0 +1,90 @@
+"""The probe: runs ON the host, sent as source on stdin to `python3 -`, so all facts cost one execution.
+
+It must run on any python3 >= 3.6 and import nothing but the standard library; it never changes the
+host. The controller appends one call, `main(SPEC_JSON)`, where the spec lists what to collect:
+
+    {"commands": {"NAME": ["argv", ...]}, "files": {"NAME": "/path"}, "paths": ["/opt/vllm", ...],
+     "timeout": 20}
+
+and it prints one JSON document:
+
+    {"python": "3.11.2", "results": {"NAME": {"exit": 0, "stdout": "...", "stderr": "",
+                                                "missing": false, "timed_out": false}},
+     "paths": {"/opt/vllm": {"checked": "/opt", "free": 123, "total": 456}}}
+
+A command that is not installed answers `missing: true` (a fact, not a crash); one that hangs (nvidia-smi
+on a GPU that fell off the bus does) is killed after `timeout` seconds and answers `timed_out: true`.
+"""
+import json
+import os
+import subprocess
+import sys
+
+MAX_OUTPUT = 1 << 20  # 1 MiB per output is plenty for any fact and bounds a runaway command
+
+
+def _run(argv, timeout):
+    env = dict(os.environ, LC_ALL="C", LANG="C")
+    result = {"exit": None, "stdout": "", "stderr": "", "missing": False, "timed_out": False}
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=env, timeout=timeout)
+    except FileNotFoundError:
+        result["missing"] = True
+        result["exit"] = 127
+        return result
+    except PermissionError as exc:
+        result["exit"] = 126
+        result["stderr"] = str(exc)
+        return result
+    except subprocess.TimeoutExpired:
+        result["timed_out"] = True
+        result["exit"] = 124
+        return result
+    result["exit"] = done.returncode
+    result["stdout"] = done.stdout[:MAX_OUTPUT].decode("utf-8", "replace")
+    result["stderr"] = done.stderr[:MAX_OUTPUT].decode("utf-8", "replace")
+    return result
+
+
+def _read(path):
+    result = {"exit": 0, "stdout": "", "stderr": "", "missing": False, "timed_out": False}
+    try:
+        with open(path, "rb") as handle:
+            result["stdout"] = handle.read(MAX_OUTPUT).decode("utf-8", "replace")
+    except FileNotFoundError:
+        result["missing"] = True
+        result["exit"] = 1
+    except OSError as exc:
+        result["exit"] = 1
+        result["stderr"] = str(exc)
+    return result
+
+
+def _space(path):
+    """Free space where `path` is or would be created: the nearest existing ancestor's filesystem."""
+    checked = os.path.abspath(path)
+    while not os.path.exists(checked):
+        checked = os.path.dirname(checked)
+    stats = os.statvfs(checked)
+    return {"checked": checked, "exists": checked == os.path.abspath(path),
+            "free": stats.f_bavail * stats.f_frsize, "total": stats.f_blocks * stats.f_frsize}
+
+
+def collect(spec):
+    timeout = spec.get("timeout", 20)
+    results = {}
+    for name, argv in spec.get("commands", {}).items():
+        results[name] = _run(argv, timeout)
+    for name, path in spec.get("files", {}).items():
+        results[name] = _read(path)
+    return {
+        "python": "%d.%d.%d" % sys.version_info[:3],
+        "results": results,
+        "paths": {path: _space(path) for path in spec.get("paths", [])},
+    }
+
+
+def main(spec):
+    sys.stdout.write(json.dumps(collect(spec)))
+    sys.stdout.write("\n")

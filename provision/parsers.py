@@ -1,0 +1,478 @@
+"""Pure parsers: one command's output (a str) in, typed values out. No I/O, no logging, no runner.
+
+Each parser either returns a value or raises ParseError; a value that means "absent" is typed (None or
+an empty tuple), never a made-up number. Fixtures under tests/fixtures/facts/ are real outputs, named
+after the hardware they were recorded on.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from provision.errors import ParseError
+
+# ---------------------------------------------------------------------------------------------
+# Kernel, OS, memory
+
+
+@dataclass(frozen=True)
+class Uname:
+    """`uname -r -m`, e.g. Uname(release='6.17.0-1014-nvidia', machine='aarch64')."""
+
+    release: str
+    machine: str
+
+
+def parse_uname(stdout: str) -> Uname:
+    words = stdout.split()
+    if len(words) != 2 or not re.match(r"^\d+\.\d+", words[0]):
+        raise ParseError("uname", f"expected 'RELEASE MACHINE', got {stdout.strip()[:80]!r}", stdout)
+    return Uname(release=words[0], machine=words[1])
+
+
+@dataclass(frozen=True)
+class OsRelease:
+    """/etc/os-release, e.g. OsRelease(id='ubuntu', version_id='24.04', pretty_name='Ubuntu 24.04.2 LTS')."""
+
+    id: str
+    version_id: str | None
+    pretty_name: str | None
+
+
+def parse_os_release(text: str) -> OsRelease:
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and re.match(r"^[A-Z_]+$", key.strip()):
+            values[key.strip()] = value.strip().strip('"').strip("'")
+    if "ID" not in values:
+        raise ParseError("os_release", "no ID= line", text)
+    return OsRelease(id=values["ID"], version_id=values.get("VERSION_ID"),
+                     pretty_name=values.get("PRETTY_NAME"))
+
+
+@dataclass(frozen=True)
+class Memory:
+    """/proc/meminfo in bytes, e.g. Memory(total=128526319616, available=121468026880)."""
+
+    total: int
+    available: int
+
+
+def parse_meminfo(text: str) -> Memory:
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        match = re.match(r"^(\w+):\s+(\d+)(?:\s+kB)?\s*$", line)
+        if match:
+            values[match.group(1)] = int(match.group(2)) * 1024
+    if "MemTotal" not in values:
+        raise ParseError("meminfo", "no MemTotal line", text)
+    # MemAvailable exists since Linux 3.14; older kernels only give MemFree.
+    available = values.get("MemAvailable", values.get("MemFree"))
+    if available is None:
+        raise ParseError("meminfo", "neither MemAvailable nor MemFree", text)
+    return Memory(total=values["MemTotal"], available=available)
+
+
+# ---------------------------------------------------------------------------------------------
+# NVIDIA driver and GPUs
+
+
+@dataclass(frozen=True)
+class NvidiaDriver:
+    """/proc/driver/nvidia/version: NvidiaDriver(version='580.142', flavour='open', arch='aarch64')."""
+
+    version: str
+    flavour: str  # "open" or "proprietary"
+    arch: str | None
+
+
+_NVRM_OPEN = re.compile(r"NVRM version: NVIDIA UNIX Open Kernel Module for (\S+)\s+(\d+(?:\.\d+)+)")
+# The proprietary line has the arch before "Kernel Module"; naive regexes trip on "for x86_64".
+_NVRM_PROPRIETARY = re.compile(r"NVRM version: NVIDIA UNIX (\S+) Kernel Module\s+(\d+(?:\.\d+)+)")
+
+
+def parse_nvidia_version(text: str) -> NvidiaDriver:
+    first = text.splitlines()[0] if text.strip() else ""
+    match = _NVRM_OPEN.search(first)
+    if match:
+        return NvidiaDriver(version=match.group(2), flavour="open", arch=match.group(1))
+    match = _NVRM_PROPRIETARY.search(first)
+    if match:
+        return NvidiaDriver(version=match.group(2), flavour="proprietary", arch=match.group(1))
+    raise ParseError("nvidia_driver", f"unrecognised NVRM line {first[:100]!r}", text)
+
+
+GPU_QUERY_FIELDS = (
+    "index", "name", "uuid", "pci.bus_id", "driver_version", "compute_cap",
+    "memory.total", "memory.used", "pcie.link.gen.max", "pcie.link.gen.current",
+    "pcie.link.width.max", "pcie.link.width.current", "temperature.gpu", "utilization.gpu",
+)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One row of nvidia-smi --query-gpu. Values nvidia-smi cannot give ([N/A]) are None.
+
+    Gpu(index=0, name='NVIDIA GB10', uuid='GPU-...', bus_id='0000000F:01:00.0', driver='580.142',
+        compute_cap='12.1', memory_total_mib=None, memory_used_mib=None, ...)
+    """
+
+    index: int
+    name: str
+    uuid: str
+    bus_id: str
+    driver: str
+    compute_cap: str | None
+    memory_total_mib: int | None
+    memory_used_mib: int | None
+    pcie_gen_max: int | None
+    pcie_gen_current: int | None
+    pcie_width_max: int | None
+    pcie_width_current: int | None
+    temperature_c: int | None
+    utilization_pct: int | None
+
+
+_UNAVAILABLE = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", ""}
+
+
+def _maybe_int(value: str, what: str, stdout: str) -> int | None:
+    value = value.removesuffix(" %").removesuffix(" MiB").removesuffix(" W")
+    if value in _UNAVAILABLE:
+        return None
+    try:
+        return int(float(value))
+    except ValueError:
+        raise ParseError("gpus", f"{what}: not a number: {value!r}", stdout) from None
+
+
+def parse_nvidia_smi_csv(stdout: str) -> tuple[Gpu, ...]:
+    """`nvidia-smi --query-gpu=FIELDS --format=csv,nounits`, read by its header.
+
+    The header names each column ("memory.total [MiB]"), so recordings made with other field lists
+    parse too; a field the query did not ask for is None.
+    """
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        return ()
+    header = [re.sub(r"\s*\[.*\]$", "", cell.strip()) for cell in lines[0].split(",")]
+    if not set(header) & set(GPU_QUERY_FIELDS):
+        raise ParseError("gpus", f"no CSV header naming query fields: {lines[0][:100]!r}", stdout)
+    gpus = []
+    for position, line in enumerate(lines[1:]):
+        cells = [cell.strip() for cell in line.split(",")]
+        if len(cells) != len(header):
+            raise ParseError("gpus", f"expected {len(header)} columns, got {len(cells)}: "
+                             f"{line[:100]!r}", stdout)
+        row = dict(zip(header, cells))
+
+        def number(name: str) -> int | None:
+            return _maybe_int(row.get(name, ""), name, stdout)
+
+        index = number("index")
+        cap = row.get("compute_cap", "")
+        gpus.append(Gpu(
+            index=position if index is None else index,
+            name=row.get("name", ""),
+            uuid=row.get("uuid", ""),
+            bus_id=row.get("pci.bus_id", ""),
+            driver=row.get("driver_version", ""),
+            compute_cap=None if cap in _UNAVAILABLE else cap,
+            memory_total_mib=number("memory.total"),
+            memory_used_mib=number("memory.used"),
+            pcie_gen_max=number("pcie.link.gen.max"),
+            pcie_gen_current=number("pcie.link.gen.current"),
+            pcie_width_max=number("pcie.link.width.max"),
+            pcie_width_current=number("pcie.link.width.current"),
+            temperature_c=number("temperature.gpu"),
+            utilization_pct=number("utilization.gpu"),
+        ))
+    return tuple(gpus)
+
+
+def describe_nvidia_smi_failure(exit_code: int, output: str) -> str:
+    """What a failed nvidia-smi means, from its exit code (documented in nvidia-smi(1))."""
+    meaning = {
+        6: "no NVIDIA GPU found",
+        9: "nvidia-smi cannot talk to the NVIDIA driver (driver not loaded or mismatched)",
+        12: "NVML shared library not found",
+        14: "an infoROM is corrupted",
+        15: "a GPU has fallen off the bus",
+    }.get(exit_code, f"nvidia-smi exited {exit_code}")
+    first = output.strip().splitlines()[0] if output.strip() else ""
+    return f"{meaning}: {first}" if first else meaning
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU topology
+
+
+@dataclass(frozen=True)
+class LogicalCpu:
+    """One row of `lscpu -e`: LogicalCpu(cpu=24, core=0, socket=0, node=0, l3=0, max_mhz=5362.0)."""
+
+    cpu: int
+    core: int
+    socket: int
+    node: int | None
+    l3: int | None  # CPUs sharing an L3 id form one CCD on Zen
+    max_mhz: float | None
+    online: bool = True
+
+
+@dataclass(frozen=True)
+class CpuTopology:
+    """The summary (plain `lscpu`), the per-CPU table (`lscpu -e`) and, on Arm, each CPU's part.
+
+    CpuTopology(architecture='aarch64', vendor='ARM', model_names=('Cortex-X925', 'Cortex-A725'),
+                cpus=(LogicalCpu(cpu=0, ...), ...), parts={0: '0xd87', 5: '0xd85', ...})
+    """
+
+    architecture: str | None
+    vendor: str | None
+    model_names: tuple[str, ...]
+    cpus: tuple[LogicalCpu, ...] = field(default=())
+    parts: Mapping[int, str] = field(default_factory=dict)  # Arm MIDR part per CPU (0xd85 = X925)
+
+    @property
+    def threads_per_core(self) -> int:
+        per_core: dict[tuple[int, int], int] = {}
+        for cpu in self.cpus:
+            per_core[(cpu.socket, cpu.core)] = per_core.get((cpu.socket, cpu.core), 0) + 1
+        return max(per_core.values(), default=1)
+
+    @property
+    def l3_domains(self) -> dict[int, tuple[int, ...]]:
+        """{l3 id: CPUs sharing it}: on Zen one entry per CCD, SMT siblings included."""
+        domains: dict[int, list[int]] = {}
+        for cpu in self.cpus:
+            if cpu.l3 is not None:
+                domains.setdefault(cpu.l3, []).append(cpu.cpu)
+        return {key: tuple(value) for key, value in sorted(domains.items())}
+
+    @property
+    def numa_nodes(self) -> tuple[int, ...]:
+        return tuple(sorted({cpu.node for cpu in self.cpus if cpu.node is not None}))
+
+
+_LSCPU_LINE = re.compile(r"^\s*([^:]+?):\s*(.*?)\s*$")
+
+
+def parse_lscpu(stdout: str) -> CpuTopology:
+    """Plain `lscpu` (the summary). GB10 prints one "Model name" block per core type."""
+    fields = []
+    for line in stdout.splitlines():
+        match = _LSCPU_LINE.match(line)
+        if match:  # lines without "key:" are wrapped Flags, which we do not use
+            fields.append((match.group(1).strip(), match.group(2)))
+    values = dict(fields)
+    if "CPU(s)" not in values:
+        raise ParseError("lscpu", "no 'CPU(s):' line", stdout)
+    models = tuple(dict.fromkeys(data for name, data in fields if name == "Model name" and data))
+    return CpuTopology(architecture=values.get("Architecture") or None,
+                       vendor=values.get("Vendor ID") or None, model_names=models)
+
+
+def _number(cell: str) -> int | None:
+    return int(cell) if cell.isdigit() else None  # lscpu prints "-" where it cannot tell
+
+
+def parse_lscpu_extended(stdout: str) -> tuple[LogicalCpu, ...]:
+    """`lscpu -e`: a table whose columns vary by machine (no MAXMHZ in VMs, no L3 on some Arm parts)."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines or not lines[0].split() or lines[0].split()[0] != "CPU":
+        raise ParseError("lscpu_cpus", "no 'CPU ...' header", stdout)
+    header = lines[0].split()
+    cpus = []
+    for line in lines[1:]:
+        cells = line.split()
+        if len(cells) != len(header):
+            raise ParseError("lscpu_cpus", f"expected {len(header)} columns: {line.strip()!r}", stdout)
+        row = dict(zip(header, cells))
+        caches = {}
+        for name in header:
+            if name.startswith("L1") and ":" in name:  # "L1d:L1i:L2:L3", or without L3
+                caches = dict(zip(name.split(":"), row[name].split(":")))
+        cpu, core = _number(row["CPU"]), _number(row.get("CORE", ""))
+        if cpu is None or core is None:
+            raise ParseError("lscpu_cpus", f"bad CPU or CORE in {line.strip()!r}", stdout)
+        max_mhz = row.get("MAXMHZ", "-")
+        try:
+            mhz = float(max_mhz) if max_mhz not in ("-", "") else None
+        except ValueError:
+            raise ParseError("lscpu_cpus", f"bad MAXMHZ {max_mhz!r}", stdout) from None
+        cpus.append(LogicalCpu(
+            cpu=cpu, core=core, socket=_number(row.get("SOCKET", "0")) or 0,
+            node=_number(row.get("NODE", "-")), l3=_number(caches.get("L3", "-")),
+            max_mhz=mhz, online=row.get("ONLINE", "yes") == "yes",
+        ))
+    if not cpus:
+        raise ParseError("lscpu_cpus", "no CPU rows", stdout)
+    return tuple(cpus)
+
+
+def parse_cpuinfo_parts(text: str) -> dict[int, str]:
+    """/proc/cpuinfo on Arm: {processor: 'CPU part'} ({} on x86, which has no such field)."""
+    parts: dict[int, str] = {}
+    processor: int | None = None
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key, value = key.strip(), value.strip()
+        if key == "processor":
+            processor = int(value) if value.isdigit() else None
+        elif key == "CPU part" and processor is not None:
+            parts[processor] = value
+    if processor is None and "processor" not in text:
+        raise ParseError("cpuinfo", "no 'processor' lines", text)
+    return parts
+
+
+# ---------------------------------------------------------------------------------------------
+# systemd units, RDMA, network, kernel modules
+
+
+@dataclass(frozen=True)
+class UnitState:
+    """`systemctl show -p ...` for one unit."""
+
+    name: str
+    load_state: str  # "loaded" | "not-found" | ...
+    active_state: str  # "active" | "inactive" | "failed" | "activating" | ...
+    sub_state: str
+    unit_file_state: str | None  # "enabled" | "disabled" | None
+    restarts: int | None
+    active_since: str | None
+
+
+UNIT_PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "UnitFileState", "NRestarts",
+                   "ActiveEnterTimestamp")
+
+
+_ACTIVE_STATES = {"active", "reloading", "inactive", "failed", "activating", "deactivating",
+                  "maintenance", "refreshing"}
+
+
+def parse_systemctl_show(stdout: str) -> dict[str, UnitState]:
+    """Blocks of KEY=VALUE separated by blank lines, one per unit, in the order asked."""
+    units: dict[str, UnitState] = {}
+    for block in re.split(r"\n\s*\n", stdout.strip()):
+        if not block.strip():
+            continue
+        values: dict[str, str] = {}
+        for line in block.splitlines():
+            key, sep, value = line.partition("=")
+            if not sep:
+                raise ParseError("units", f"not KEY=VALUE: {line[:80]!r}", stdout)
+            values[key] = value
+        if "Id" not in values or values.get("ActiveState") not in _ACTIVE_STATES:
+            raise ParseError("units", "a block without Id or a known ActiveState", stdout)
+        restarts = values.get("NRestarts")
+        units[values["Id"]] = UnitState(
+            name=values["Id"],
+            load_state=values.get("LoadState", ""),
+            active_state=values["ActiveState"],
+            sub_state=values.get("SubState", ""),
+            unit_file_state=values.get("UnitFileState") or None,
+            restarts=int(restarts) if restarts and restarts.isdigit() else None,
+            active_since=values.get("ActiveEnterTimestamp") or None,
+        )
+    return units
+
+
+@dataclass(frozen=True)
+class RdmaLink:
+    """`ibdev2netdev`: RdmaLink(device='roceP2p1s0f0', port=1, netdev='enP2p1s0f0np0', up=True)."""
+
+    device: str
+    port: int
+    netdev: str
+    up: bool
+
+
+_IBDEV = re.compile(r"^(\S+) port (\d+) ==> (\S+) \((\w+)\)\s*$")
+
+
+def parse_ibdev2netdev(stdout: str) -> tuple[RdmaLink, ...]:
+    links = []
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        match = _IBDEV.match(line.strip())
+        if not match:
+            raise ParseError("rdma", f"unrecognised line {line[:80]!r}", stdout)
+        links.append(RdmaLink(device=match.group(1), port=int(match.group(2)), netdev=match.group(3),
+                              up=match.group(4).lower() == "up"))
+    return tuple(links)
+
+
+@dataclass(frozen=True)
+class Interface:
+    """`ip -j addr show`: Interface(name='enp1s0f0np0', up=True, mtu=9000, addresses=('192.168.100.10/24',))."""
+
+    name: str
+    up: bool
+    mtu: int | None
+    mac: str | None
+    addresses: tuple[str, ...]
+
+
+def parse_ip_addr(stdout: str) -> tuple[Interface, ...]:
+    try:
+        document = json.loads(stdout)
+    except json.JSONDecodeError as exc:
+        raise ParseError("interfaces", f"not JSON: {exc}", stdout) from None
+    if not isinstance(document, list):
+        raise ParseError("interfaces", "expected a JSON list", stdout)
+    interfaces = []
+    for item in document:
+        if not isinstance(item, dict) or "ifname" not in item:
+            raise ParseError("interfaces", "an entry without ifname", stdout)
+        addresses = tuple(
+            f"{info['local']}/{info['prefixlen']}"
+            for info in item.get("addr_info", [])
+            if isinstance(info, dict) and "local" in info and "prefixlen" in info
+        )
+        flags = item.get("flags", [])
+        interfaces.append(Interface(
+            name=str(item["ifname"]),
+            up=item.get("operstate") == "UP" or ("UP" in flags and "LOWER_UP" in flags),
+            mtu=item.get("mtu"),
+            mac=item.get("address"),
+            addresses=addresses,
+        ))
+    return tuple(interfaces)
+
+
+def parse_lsmod(stdout: str) -> frozenset[str]:
+    """`lsmod`: the names of loaded kernel modules."""
+    lines = stdout.splitlines()
+    if not lines or not lines[0].startswith("Module"):
+        raise ParseError("modules", "no 'Module Size Used by' header", stdout)
+    return frozenset(line.split()[0] for line in lines[1:] if line.strip())
+
+
+def parse_pid1(text: str) -> str:
+    """/proc/1/comm: the name of PID 1 ('systemd' on a host that can run our units)."""
+    name = text.strip()
+    # The kernel keeps at most 15 characters of a command name, never with spaces or markup.
+    if not re.match(r"^[\w.@:+-]{1,15}$", name):
+        raise ParseError("init", f"unexpected /proc/1/comm {text[:40]!r}", text)
+    return name
+
+
+def json_ready(value: Any) -> Any:
+    """Frozen dataclasses, tuples and frozensets as plain JSON types (for --json and fixtures)."""
+    if hasattr(value, "__dataclass_fields__"):
+        return {name: json_ready(getattr(value, name)) for name in value.__dataclass_fields__}
+    if isinstance(value, Mapping):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, frozenset):
+        return sorted(json_ready(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value

@@ -1,0 +1,303 @@
+"""The one module that runs commands on hosts. Everything else gets a `Runner`.
+
+A command is an argv list, quoted here once (shlex), run with LC_ALL=C so every parser sees the same
+output on every host. Two runners:
+
+- `SshRunner`: Fabric/paramiko, strict host-key checking against a known_hosts file. An unknown key is
+  refused unless the caller explicitly asked to accept and record new keys; a changed key is always
+  refused. Keys from the inventory, else the SSH agent and ~/.ssh/id_*. Connect and command timeouts.
+- `LocalRunner`: Invoke's own context on this machine, no SSH.
+
+Secrets (HF token, API key) never travel in argv; they go in stdin or in files. Whatever is logged passes
+through `mask()`, which replaces every registered secret.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import shlex
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Protocol, Sequence
+
+import invoke
+import paramiko
+from fabric import Config, Connection
+from fabric.runners import Remote as FabricRemote
+from invoke.runners import Local as InvokeLocal
+
+from provision.errors import HostKeyError, UnreachableHost
+from provision.inventory import Host, SshSettings
+
+log = logging.getLogger("provision.remote")
+
+BASE_ENV = {"LC_ALL": "C", "LANG": "C"}
+
+# ---------------------------------------------------------------------------------------------
+# Secret masking
+
+_SECRETS: set[str] = set()
+MASK = "*****"
+
+
+def register_secret(value: str | None) -> None:
+    """From now on `mask()` hides `value` wherever it appears. Short values would mask noise."""
+    if value and len(value) >= 4:
+        _SECRETS.add(value)
+
+
+def mask(text: str) -> str:
+    for secret in sorted(_SECRETS, key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return text
+
+
+class MaskingFilter(logging.Filter):
+    """Installed on every handler of the 'provision' logger: no log line carries a registered secret."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = mask(record.getMessage())
+        record.args = None
+        return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Results and the Runner protocol
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one remote execution gave back. `command` is the masked display form."""
+
+    command: str
+    exited: int
+    stdout: str
+    stderr: str
+    seconds: float
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exited == 0 and not self.timed_out
+
+
+class Runner(Protocol):
+    """Runs argv lists on one host. `executions` counts remote executions (round trips)."""
+
+    host: str
+    executions: int
+
+    def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
+            env: Mapping[str, str] | None = None) -> Result: ...
+
+    def close(self) -> None: ...
+
+
+def command_line(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """`env LC_ALL=C LANG=C [K=V ...] argv...`, each part quoted once."""
+    if not argv:
+        raise ValueError("empty command")
+    assignments = [f"{key}={value}" for key, value in {**BASE_ENV, **(env or {})}.items()]
+    return shlex.join(["env", *assignments, *argv])
+
+
+class _WholeStdin:
+    """Hand stdin over in one piece.
+
+    Invoke's runners copy stdin one byte per loop with a 10 ms sleep (made for terminals): the
+    8 KiB fact probe then took 45 s to send. A StringIO we built is read whole instead.
+    """
+
+    input_sleep = 0.0
+
+    def read_our_stdin(self, input_: object) -> str | None:
+        if isinstance(input_, io.StringIO):
+            return input_.read()
+        return super().read_our_stdin(input_)  # type: ignore[misc]
+
+
+class _Remote(_WholeStdin, FabricRemote):
+    pass
+
+
+class _Local(_WholeStdin, InvokeLocal):
+    def stop(self) -> None:
+        super().stop()
+        # Invoke leaves the child's pipes to the garbage collector; close them now.
+        process = getattr(self, "process", None)
+        for stream in (getattr(process, "stdout", None), getattr(process, "stderr", None),
+                       getattr(process, "stdin", None)):
+            if stream is not None:
+                stream.close()
+
+
+class _Counting:
+    """Shared bookkeeping: count executions and log each one, masked."""
+
+    host: str
+    executions: int
+
+    def _record(self, command: str, exited: int, seconds: float, timed_out: bool) -> None:
+        self.executions += 1
+        state = "timed out" if timed_out else f"exit {exited}"
+        log.debug("%s: %s -> %s in %.2fs", self.host, mask(command), state, seconds)
+
+
+# ---------------------------------------------------------------------------------------------
+# SSH
+
+
+class _StrictHostKeys(paramiko.MissingHostKeyPolicy):
+    """Refuse unknown host keys, or (only when asked) accept and record them in known_hosts."""
+
+    def __init__(self, host: str, known_hosts: Path, accept_new: bool) -> None:
+        self.host = host
+        self.known_hosts = known_hosts
+        self.accept_new = accept_new
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        fingerprint = key.fingerprint  # "SHA256:..."
+        if not self.accept_new:
+            raise HostKeyError(
+                self.host,
+                f"unknown host key {key.get_name()} {fingerprint} for {hostname} (not in "
+                f"{self.known_hosts}); check the fingerprint on the host (ssh-keygen -lf "
+                f"/etc/ssh/ssh_host_{key.get_name().replace('ssh-', '')}_key.pub) and run again with "
+                "--accept-new-host-keys to record it",
+            )
+        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        with self.known_hosts.open("a", encoding="utf-8") as handle:
+            handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        log.warning("%s: recorded new host key %s %s in %s", self.host, key.get_name(), fingerprint,
+                    self.known_hosts)
+
+
+def known_hosts_name(address: str, port: int) -> str:
+    """How OpenSSH writes a host in known_hosts: 'addr' on port 22, '[addr]:port' elsewhere."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+class SshRunner(_Counting):
+    """One host over SSH (Fabric). Connects lazily, reuses the connection for every command."""
+
+    def __init__(self, host: Host, ssh: SshSettings, *, accept_new_host_keys: bool = False) -> None:
+        self.host = host.name
+        self.executions = 0
+        self.target = host
+        self.ssh = ssh
+        self.known_hosts = Path(ssh.known_hosts or Path.home() / ".ssh" / "known_hosts")
+        key_file = host.key_file or ssh.key_file
+        # lazy=True: read no ~/.ssh/config and no invoke config files; the inventory is the one source.
+        config = Config(lazy=True, overrides={"load_ssh_configs": False, "runners": {"remote": _Remote},
+                                              "run": {"hide": True, "warn": True, "in_stream": False}})
+        self.connection = Connection(
+            host.address, user=host.user, port=host.port, config=config,
+            connect_timeout=int(ssh.connect_timeout),
+            connect_kwargs={
+                "key_filename": [key_file] if key_file else None,
+                "look_for_keys": key_file is None,
+                "allow_agent": True,
+                "banner_timeout": ssh.connect_timeout,
+                "auth_timeout": ssh.connect_timeout,
+            },
+        )
+        client = self.connection.client
+        if self.known_hosts.exists():
+            client.load_host_keys(str(self.known_hosts))
+        client.set_missing_host_key_policy(
+            _StrictHostKeys(host.name, self.known_hosts, accept_new_host_keys))
+
+    def _open(self) -> None:
+        if self.connection.is_connected:
+            return
+        where = f"{self.target.user}@{self.target.address}:{self.target.port}"
+        try:
+            self.connection.open()
+        except HostKeyError:
+            raise
+        except paramiko.BadHostKeyException as exc:
+            name = known_hosts_name(self.target.address, self.target.port)
+            raise HostKeyError(
+                self.host,
+                f"the host key of {where} CHANGED (now {exc.key.get_name()} {exc.key.fingerprint}); "
+                "refused. If the host was reinstalled on purpose, remove the old key with "
+                f"`ssh-keygen -R '{name}' -f {self.known_hosts}` and run again with "
+                "--accept-new-host-keys",
+            ) from None
+        except paramiko.AuthenticationException as exc:
+            raise UnreachableHost(self.host, f"authentication failed for {where}: {exc}") from None
+        except (socket.timeout, TimeoutError):
+            raise UnreachableHost(
+                self.host, f"no answer from {where} within {self.ssh.connect_timeout:g}s") from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise UnreachableHost(self.host, f"cannot connect to {where}: {exc or type(exc).__name__}"
+                                  ) from None
+
+    def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
+            env: Mapping[str, str] | None = None) -> Result:
+        self._open()
+        command = command_line(argv, env)
+        started = time.monotonic()
+        timeout = timeout or self.ssh.command_timeout
+        in_stream: io.StringIO | bool = io.StringIO(stdin) if stdin is not None else False
+        try:
+            done = self.connection.run(command, hide=True, warn=True, in_stream=in_stream,
+                                       timeout=timeout)
+        except invoke.CommandTimedOut as exc:
+            seconds = time.monotonic() - started
+            self._record(command, 124, seconds, True)
+            return Result(mask(command), 124, exc.result.stdout, exc.result.stderr, seconds, True)
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            self.close()
+            raise UnreachableHost(self.host, f"connection lost while running {argv[0]}: "
+                                  f"{exc or type(exc).__name__}") from None
+        seconds = time.monotonic() - started
+        self._record(command, done.exited, seconds, False)
+        return Result(mask(command), done.exited, done.stdout, done.stderr, seconds)
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Local
+
+
+class LocalRunner(_Counting):
+    """This machine through Invoke's Context: the tool running on the node itself."""
+
+    def __init__(self, host: Host, command_timeout: float = 600.0) -> None:
+        self.host = host.name
+        self.executions = 0
+        self.command_timeout = command_timeout
+        self.context = invoke.Context(invoke.Config(lazy=True, overrides={"runners": {"local": _Local}}))
+
+    def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
+            env: Mapping[str, str] | None = None) -> Result:
+        command = command_line(argv, env)
+        started = time.monotonic()
+        in_stream: io.StringIO | bool = io.StringIO(stdin) if stdin is not None else False
+        try:
+            done = self.context.run(command, hide=True, warn=True, in_stream=in_stream,
+                                    timeout=timeout or self.command_timeout)
+        except invoke.CommandTimedOut as exc:
+            seconds = time.monotonic() - started
+            self._record(command, 124, seconds, True)
+            return Result(mask(command), 124, exc.result.stdout, exc.result.stderr, seconds, True)
+        seconds = time.monotonic() - started
+        assert done is not None  # warn=True always returns a Result
+        self._record(command, done.exited, seconds, False)
+        return Result(mask(command), done.exited, done.stdout, done.stderr, seconds)
+
+    def close(self) -> None:
+        return None
+
+
+def connect(host: Host, ssh: SshSettings, *, accept_new_host_keys: bool = False) -> Runner:
+    """The runner for a host: local for `connection: local`, SSH otherwise (connects on first use)."""
+    if host.connection == "local":
+        return LocalRunner(host, ssh.command_timeout)
+    return SshRunner(host, ssh, accept_new_host_keys=accept_new_host_keys)
