@@ -425,6 +425,7 @@ class _Reader:
         self.ssh = SshSettings()
         self.defined_in: dict[tuple[str, str], str] = {}
         self.member_lines: list[tuple[str, str, Any, str]] = []  # entity, file, mapping, key
+        self.entry_line: int | None = None
 
     def read(self, data: Any, source: str, base: Path) -> None:
         if data is None:
@@ -455,6 +456,7 @@ class _Reader:
                     raise InventoryError(f"defined twice (also in {first})", file=source, line=line,
                                          entity=entity)
                 self.defined_in[(kind, name)] = source
+                self.entry_line = line  # where "NAME:" stands, for errors about what it lacks
                 if not isinstance(body, dict):
                     raise InventoryError("expected a mapping of settings", file=source, line=line,
                                          entity=entity)
@@ -486,7 +488,7 @@ class _Reader:
                                  line=_line(body, "connection"), entity=entity, key="connection")
         if "profile" not in body:
             raise InventoryError("missing (one of: " + ", ".join(sorted(self.profiles)) + ")",
-                                 file=source, line=_line(body), entity=entity, key="profile")
+                                 file=source, line=self.entry_line, entity=entity, key="profile")
         profile_name = body["profile"]
         if not isinstance(profile_name, str) or profile_name not in self.profiles:
             raise InventoryError(
@@ -495,7 +497,8 @@ class _Reader:
         address = body.get("address")
         if connection == "ssh":
             if address is None:
-                raise InventoryError("missing", file=source, line=_line(body), entity=entity, key="address")
+                raise InventoryError("missing", file=source, line=self.entry_line, entity=entity,
+                                     key="address")
             if not isinstance(address, str) or not _is_address(address):
                 raise InventoryError(f"not an IP address or host name: {_show(address)}", file=source,
                                      line=_line(body, "address"), entity=entity, key="address")

@@ -32,6 +32,9 @@ from provision.errors import HostKeyError, UnreachableHost
 from provision.inventory import Host, SshSettings
 
 log = logging.getLogger("provision.remote")
+# paramiko prints its own tracebacks through logging's last-resort handler; our errors say it better.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 BASE_ENV = {"LC_ALL": "C", "LANG": "C"}
 
@@ -193,17 +196,17 @@ class SshRunner(_Counting):
         # lazy=True: read no ~/.ssh/config and no invoke config files; the inventory is the one source.
         config = Config(lazy=True, overrides={"load_ssh_configs": False, "runners": {"remote": _Remote},
                                               "run": {"hide": True, "warn": True, "in_stream": False}})
-        self.connection = Connection(
-            host.address, user=host.user, port=host.port, config=config,
-            connect_timeout=int(ssh.connect_timeout),
-            connect_kwargs={
-                "key_filename": [key_file] if key_file else None,
-                "look_for_keys": key_file is None,
-                "allow_agent": True,
-                "banner_timeout": ssh.connect_timeout,
-                "auth_timeout": ssh.connect_timeout,
-            },
-        )
+        connect_kwargs: dict[str, object] = {
+            "look_for_keys": key_file is None,
+            "allow_agent": True,
+            "banner_timeout": ssh.connect_timeout,
+            "auth_timeout": ssh.connect_timeout,
+        }
+        if key_file:
+            connect_kwargs["key_filename"] = [key_file]
+        self.connection = Connection(host.address, user=host.user, port=host.port, config=config,
+                                     connect_timeout=int(ssh.connect_timeout),
+                                     connect_kwargs=connect_kwargs)
         client = self.connection.client
         if self.known_hosts.exists():
             client.load_host_keys(str(self.known_hosts))
@@ -233,8 +236,10 @@ class SshRunner(_Counting):
             raise UnreachableHost(
                 self.host, f"no answer from {where} within {self.ssh.connect_timeout:g}s") from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            raise UnreachableHost(self.host, f"cannot connect to {where}: {exc or type(exc).__name__}"
-                                  ) from None
+            reason = str(exc) or type(exc).__name__
+            if "No existing session" in reason or "banner" in reason:
+                reason = "something answered but no SSH server spoke (is sshd on that port?)"
+            raise UnreachableHost(self.host, f"cannot connect to {where}: {reason}") from None
 
     def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
             env: Mapping[str, str] | None = None) -> Result:

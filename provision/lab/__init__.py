@@ -1,0 +1,437 @@
+"""The lab: real hosts on this machine, to try every command of the tool without hardware.
+
+Each lab host is a Debian root filesystem booted with systemd-nspawn (a real systemd as PID 1 and a
+real sshd) in its own network namespace, joined to a bridge on this machine so that hosts reach the
+controller and each other. A host plays a hardware profile by replaying recorded outputs of the real
+commands (machines/*.json): recorded commands become launchers ahead of /usr/bin on PATH, recorded
+/proc files are bind-mounted over /proc, /etc files are written into its root. A `cpu` host replays
+nothing. `up` writes the lab inventory, the lab's SSH key and its known_hosts entries, so the tool
+talks to lab hosts exactly as to any other host, with strict host-key checking.
+
+Nothing outside this package knows that a host is a lab host.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from provision import config
+from provision.errors import LabError
+from provision.fanout import for_each_host
+
+MACHINES_DIR = Path(__file__).with_name("machines")
+REPLAYER = Path(__file__).with_name("replay.py")
+INSIDE = "/usr/local/lib/provision-lab"  # where a host keeps its recordings, inside its own root
+BASE_PACKAGES = "systemd,systemd-sysv,openssh-server,dbus,python3,python3-venv,iproute2"
+FIX = "apt-get update && apt-get install -y systemd-container debootstrap openssh-server iproute2"
+SUITE = "bookworm"
+
+
+@dataclass(frozen=True)
+class LabHost:
+    """One lab host: its name, the recording it replays (None: a plain CPU host), its profile."""
+
+    name: str
+    machine: str | None
+    profile: str
+
+
+# The default lab: the two systems of the mission, a Hopper node and a CPU host that serves for real.
+DEFAULT_HOSTS: tuple[LabHost, ...] = (
+    LabHost("ws-5090", "rtx5090x2-tr7960x", "rtx5090"),
+    LabHost("spark-a", "dgx-spark-gb10", "dgx-spark"),
+    LabHost("spark-b", "dgx-spark-gb10", "dgx-spark"),
+    LabHost("h200", "h200x2-driver580", "hopper"),
+    LabHost("cpu-1", None, "cpu"),
+)
+
+# Clusters written into the lab inventory when all their hosts are up.
+DEFAULT_CLUSTERS: Mapping[str, Mapping[str, Any]] = {
+    "lab-ws": {"hosts": ["ws-5090"], "vars": {
+        "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2, "max_model_len": 16384}},
+    "lab-spark": {"hosts": ["spark-a", "spark-b"], "head": "spark-a", "vars": {
+        "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2}},
+    "lab-h200": {"hosts": ["h200"], "vars": {"model": "Qwen/Qwen2.5-7B-Instruct-AWQ"}},
+    "lab-cpu": {"hosts": ["cpu-1"], "vars": {"max_model_len": 256}},
+}
+
+
+def load_machine(name: str) -> dict[str, Any]:
+    """A recording: {"name", "profile", "provenance", "interfaces", "outputs": [{fact, argv|file, ...}]}."""
+    path = MACHINES_DIR / f"{name}.json"
+    try:
+        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise LabError(f"cannot read the recording {path}: {exc}") from None
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# Local system commands (this machine, as root)
+
+
+def _sh(argv: Sequence[str], *, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+    if check and done.returncode != 0:
+        detail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise LabError(f"`{' '.join(argv)}` failed (exit {done.returncode}): {' | '.join(detail)}")
+    return done
+
+
+def preflight() -> None:
+    """Refuse clearly when the lab cannot work here, with the command that fixes it."""
+    if os.geteuid() != 0:
+        raise LabError("the lab needs root (network namespaces, systemd-nspawn): run it as root")
+    missing = [tool for tool in ("systemd-nspawn", "debootstrap", "ip", "ssh-keygen")
+               if shutil.which(tool) is None]
+    if missing:
+        raise LabError(f"missing {', '.join(missing)}; install them with: {FIX}")
+
+
+def _mirror() -> str:
+    """The Debian mirror this machine already uses (debootstrap must reach the same registry)."""
+    chosen = config.lab_mirror()
+    if chosen:
+        return chosen
+    sources = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+    for source in sources:
+        try:
+            text = source.read_text(encoding="utf-8")
+        except OSError:
+            continue
+        for match in re.finditer(r"(?m)^(?:URIs:\s*|deb\s+(?:\[[^]]*\]\s+)?)(\S+/debian)/?\s*$|"
+                                 r"^deb\s+(?:\[[^]]*\]\s+)?(\S+/debian)/?\s", text):
+            url = match.group(1) or match.group(2)
+            if url:
+                return url
+    return "http://deb.debian.org/debian"
+
+
+# ---------------------------------------------------------------------------------------------
+# The lab
+
+
+class Lab:
+    """Paths and names of one lab instance (state under config.lab_dir())."""
+
+    def __init__(self) -> None:
+        self.dir = config.lab_dir()
+        self.cache = config.lab_cache()
+        self.base = self.cache / f"base-{SUITE}"
+        self.network = ipaddress.ip_network(config.lab_subnet())
+        self.bridge = "plab-br0"
+        self.key = self.dir / "id_ed25519"
+        self.known_hosts = self.dir / "known_hosts"
+        self.inventory = config.lab_inventory()
+        self.state_file = self.dir / "state.json"
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        if not self.state_file.exists():
+            return {"hosts": {}}
+        data: dict[str, Any] = json.loads(self.state_file.read_text(encoding="utf-8"))
+        return data
+
+    def _save(self, state: Mapping[str, Any]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        temporary = self.state_file.with_suffix(".tmp")
+        temporary.write_text(json.dumps(state, indent=1), encoding="utf-8")
+        temporary.replace(self.state_file)
+
+    def address(self, index: int) -> str:
+        return str(self.network.network_address + 11 + index)
+
+    def gateway(self) -> str:
+        return str(self.network.network_address + 1)
+
+    # -- bring up --------------------------------------------------------------------------------
+
+    def up(self, names: Sequence[str] | None = None, progress: Any = print) -> dict[str, Any]:
+        """Boot the named hosts (default all); hosts already running are left alone."""
+        preflight()
+        known = {host.name: (index, host) for index, host in enumerate(DEFAULT_HOSTS)}
+        wanted = list(names) if names else list(known)
+        unknown = [name for name in wanted if name not in known]
+        if unknown:
+            raise LabError(f"no lab host named {', '.join(unknown)} (known: {', '.join(known)})")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o700)
+        self._ensure_base(progress)
+        self._ensure_key()
+        self._ensure_bridge()
+        state = self.state()
+        to_boot = [known[name] for name in wanted if not self._running(state["hosts"].get(name))]
+        if to_boot:
+            progress(f"booting {', '.join(host.name for _, host in to_boot)} ...")
+        results = for_each_host(to_boot, lambda item: item[1].name,
+                                lambda item: self._boot(item[0], item[1]))
+        for name, record in results.values.items():
+            state["hosts"][name] = record
+        self._save(state)
+        if results.errors:
+            detail = "; ".join(f"{name}: {error}" for name, error in results.errors.items())
+            raise LabError(f"lab hosts failed to boot: {detail}")
+        self._write_known_hosts(state)
+        self._write_inventory(state)
+        return state
+
+    def _ensure_base(self, progress: Any) -> None:
+        if (self.base / ".complete").exists():
+            return
+        progress(f"building the base root filesystem in {self.base} (once, about a minute) ...")
+        building = self.base.with_name(self.base.name + ".building")
+        shutil.rmtree(building, ignore_errors=True)
+        building.parent.mkdir(parents=True, exist_ok=True)
+        _sh(["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", SUITE, str(building),
+             _mirror()], timeout=1800)
+        for key in (building / "etc" / "ssh").glob("ssh_host_*"):
+            key.unlink()  # every host gets its own keys
+        (building / "etc" / "machine-id").write_text("", encoding="utf-8")
+        (building / ".complete").write_text(SUITE, encoding="utf-8")
+        shutil.rmtree(self.base, ignore_errors=True)
+        building.rename(self.base)
+
+    def _ensure_key(self) -> None:
+        if not self.key.exists():
+            _sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "provision-lab", "-f", str(self.key)])
+
+    def _ensure_bridge(self) -> None:
+        if _sh(["ip", "link", "show", self.bridge], check=False).returncode != 0:
+            _sh(["ip", "link", "add", self.bridge, "type", "bridge"])
+        prefix = f"{self.gateway()}/{self.network.prefixlen}"
+        shown = _sh(["ip", "-o", "addr", "show", "dev", self.bridge]).stdout
+        if prefix not in shown:
+            _sh(["ip", "addr", "add", prefix, "dev", self.bridge])
+        _sh(["ip", "link", "set", self.bridge, "up"])
+
+    @staticmethod
+    def _running(record: Mapping[str, Any] | None) -> bool:
+        if not record:
+            return False
+        try:
+            os.kill(int(record["pid"]), 0)
+        except (OSError, ValueError, KeyError):
+            return False
+        return _sshd_answers(record["address"], timeout=2)
+
+    def _boot(self, index: int, host: LabHost) -> dict[str, Any]:
+        home = self.dir / "hosts" / host.name
+        self._stop_one(host.name, {"netns": f"plab-{host.name}", "veth": f"plabv{index}"})
+        shutil.rmtree(home, ignore_errors=True)
+        home.mkdir(parents=True)
+        root = home / "root"
+        _sh(["cp", "-a", "--reflink=auto", str(self.base), str(root)])
+        machine = load_machine(host.machine) if host.machine else None
+        binds = self._configure_root(root, host, machine)
+        interface = (machine or {}).get("interfaces", {}).get("eth0", "eth0")
+        address = self.address(index)
+        netns, veth = f"plab-{host.name}", f"plabv{index}"
+        _sh(["ip", "netns", "add", netns])
+        _sh(["ip", "link", "add", veth, "type", "veth", "peer", "name", interface, "netns", netns])
+        _sh(["ip", "link", "set", veth, "master", self.bridge, "up"])
+        _sh(["ip", "-n", netns, "addr", "add", f"{address}/{self.network.prefixlen}", "dev", interface])
+        _sh(["ip", "-n", netns, "link", "set", interface, "up"])
+        _sh(["ip", "-n", netns, "link", "set", "lo", "up"])
+        _sh(["ip", "-n", netns, "route", "add", "default", "via", self.gateway()])
+        machine_name = f"plab-{host.name}"
+        # setsid --fork detaches nspawn from this process: the host outlives the command that
+        # booted it, and nothing here has to reap it.
+        with (home / "console.log").open("w") as log:
+            subprocess.run(
+                ["setsid", "--fork", "systemd-nspawn", "-D", str(root), "--boot", "--register=no",
+                 "--keep-unit", f"--network-namespace-path=/run/netns/{netns}",
+                 f"--machine={machine_name}", "--console=passive", *binds],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=True)
+        deadline = time.monotonic() + 90
+        pids: list[int] = []
+        while not _sshd_answers(address, timeout=2):
+            pids = pids or _nspawn_pids(machine_name)
+            if time.monotonic() > deadline or (not pids and time.monotonic() > deadline - 80):
+                tail = (home / "console.log").read_text(errors="replace").strip().splitlines()[-3:]
+                raise LabError(f"{host.name}: sshd did not answer on {address}:22 "
+                               f"(systemd-nspawn {'running' if pids else 'gone'}): {' | '.join(tail)}")
+            time.sleep(0.5)
+        pids = pids or _nspawn_pids(machine_name)
+        public = (root / "etc" / "ssh" / "ssh_host_ed25519_key.pub").read_text().split()
+        return {"address": address, "pid": pids[0] if pids else 0, "netns": netns, "veth": veth,
+                "profile": host.profile, "machine": host.machine, "interface": interface,
+                "host_key": f"{public[0]} {public[1]}"}
+
+    def _configure_root(self, root: Path, host: LabHost, machine: Mapping[str, Any] | None) -> list[str]:
+        """Identity, keys and replayed outputs inside a host's root; returns nspawn bind options."""
+        (root / "etc" / "hostname").write_text(host.name + "\n")
+        (root / "etc" / "machine-id").write_text(os.urandom(16).hex() + "\n")
+        _sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host.name,
+             "-f", str(root / "etc" / "ssh" / "ssh_host_ed25519_key")])
+        ssh_dir = root / "root" / ".ssh"
+        ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        authorized = ssh_dir / "authorized_keys"
+        authorized.write_text(Path(str(self.key) + ".pub").read_text())
+        authorized.chmod(0o600)
+        if machine is None:
+            return []
+        inside = root / INSIDE.lstrip("/")
+        inside.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPLAYER, inside / "replay.py")
+        commands = [entry for entry in machine["outputs"] if "argv" in entry]
+        (inside / "recording.json").write_text(json.dumps(commands))
+        for name in sorted({entry["argv"][0] for entry in commands}):
+            launcher = root / "usr" / "local" / "bin" / name
+            launcher.write_text(f"#!/usr/bin/python3\nimport sys\nsys.path.insert(0, {INSIDE!r})\n"
+                                "import replay\nreplay.main()\n")
+            launcher.chmod(0o755)
+        binds: list[str] = []
+        for entry in machine["outputs"]:
+            path = entry.get("file")
+            if not path:
+                continue
+            if path.startswith("/proc/"):
+                binds.append(self._proc_bind(inside, path, entry["stdout"]))
+            else:
+                target = root / path.lstrip("/")
+                if target.is_symlink():
+                    target.unlink()  # /etc/os-release links to /usr/lib/os-release
+                target.write_text(entry["stdout"])
+        return sorted(set(binds))
+
+    @staticmethod
+    def _proc_bind(inside: Path, path: str, content: str) -> str:
+        """/proc cannot be written; bind a file (or a directory for /proc/driver/...) over it.
+
+        systemd-nspawn resolves binds onto /proc inside the container, so the source is the copy
+        kept in the host's own root.
+        """
+        parts = Path(path).relative_to("/proc").parts
+        top = parts[0]
+        source = inside / "proc" / Path(*parts)
+        source.parent.mkdir(parents=True, exist_ok=True)
+        source.write_text(content)
+        # A file directly under /proc is bound itself; a deeper one brings its top directory along.
+        return f"--bind-ro={INSIDE}/proc/{top}:/proc/{top}"
+
+    def _write_known_hosts(self, state: Mapping[str, Any]) -> None:
+        lines = [f"{record['address']} {record['host_key']}\n" for record in state["hosts"].values()]
+        self.known_hosts.write_text("".join(lines))
+
+    def _write_inventory(self, state: Mapping[str, Any]) -> None:
+        hosts = state["hosts"]
+        document: dict[str, Any] = {
+            "ssh": {"known_hosts": str(self.known_hosts), "key_file": str(self.key),
+                    "connect_timeout": 10},
+            "hosts": {name: {"address": record["address"], "user": "root", "profile": record["profile"]}
+                      for name, record in hosts.items()},
+            "clusters": {name: dict(body) for name, body in DEFAULT_CLUSTERS.items()
+                         if all(member in hosts for member in body["hosts"])},
+        }
+        header = "# The lab inventory, written by `invoke lab.up` and removed by `invoke lab.down`.\n"
+        self.inventory.write_text(header + yaml.safe_dump(document, sort_keys=False))
+
+    # -- status and down -------------------------------------------------------------------------
+
+    def status(self) -> list[dict[str, Any]]:
+        rows = []
+        for name, record in self.state()["hosts"].items():
+            try:
+                os.kill(int(record["pid"]), 0)
+                alive = True
+            except OSError:
+                alive = False
+            rows.append({"host": name, "address": record["address"], "profile": record["profile"],
+                         "replays": record["machine"] or "-", "process": "running" if alive else "gone",
+                         "sshd": "answers" if alive and _sshd_answers(record["address"], 2) else "silent"})
+        return rows
+
+    def down(self, keep_cache: bool = False) -> list[str]:
+        """Stop every host and remove all the lab made; the base cache only if not keep_cache."""
+        removed = []
+        state = self.state()
+        for name, record in state["hosts"].items():
+            self._stop_one(name, record)
+            removed.append(name)
+        # Hosts of an interrupted run may have no state entry: sweep by name as well.
+        for line in _sh(["ip", "netns", "list"], check=False).stdout.splitlines():
+            netns = line.split()[0] if line.split() else ""
+            if netns.startswith("plab-"):
+                self._stop_one(netns[len("plab-"):], {"netns": netns})
+        if _sh(["ip", "link", "show", self.bridge], check=False).returncode == 0:
+            _sh(["ip", "link", "del", self.bridge], check=False)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        if not keep_cache:
+            shutil.rmtree(self.cache, ignore_errors=True)
+        return removed
+
+    def _stop_one(self, name: str, record: Mapping[str, Any]) -> None:
+        for pid in _nspawn_pids(f"plab-{name}"):
+            _terminate(pid)
+        if record.get("netns"):
+            _sh(["ip", "netns", "del", record["netns"]], check=False)
+        if record.get("veth"):
+            _sh(["ip", "link", "del", record["veth"]], check=False)
+        shutil.rmtree(self.dir / "hosts" / name, ignore_errors=True)
+
+
+def _nspawn_pids(machine: str) -> list[int]:
+    """systemd-nspawn processes of one lab machine, found by their --machine= argument."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"systemd-nspawn") and f"--machine={machine}".encode() in argv:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _terminate(pid: int) -> None:
+    """SIGTERM makes nspawn power the container off; SIGKILL after 20 s if it does not."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            finished, _ = os.waitpid(pid, os.WNOHANG)
+            if finished:
+                return
+        except ChildProcessError:
+            pass  # not our child: poll its existence instead
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        status = Path(f"/proc/{pid}/stat")
+        if status.exists() and ") Z " in status.read_text(errors="replace"):
+            return  # a zombie: dead, waiting for a parent that is gone
+        time.sleep(0.2)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _sshd_answers(address: str, timeout: float) -> bool:
+    """True when an SSH server greets on port 22 (its banner starts with 'SSH-')."""
+    try:
+        with socket.create_connection((address, 22), timeout=timeout) as connection:
+            connection.settimeout(timeout)
+            return connection.recv(4).startswith(b"SSH-")
+    except OSError:
+        return False

@@ -1,0 +1,163 @@
+"""The Invoke tasks: parse arguments, call the library, print the report. Nothing more.
+
+Exit codes: 0 done; 1 something on a host (or the lab) failed; 2 bad usage or bad inventory.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from invoke import Collection, Context, task
+from invoke.exceptions import Exit
+
+from provision import config, facts, inventory, lab, remote, report
+from provision.errors import InventoryError, LabError
+from provision.fanout import for_each_host
+from provision.profiles import load_profiles
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+COMMON_HELP = {
+    "inventory": "inventory file or directory (default: the lab's while it is up, else ./inventory)",
+    "host": "a host name from the inventory, or 'local' for this machine (repeatable)",
+    "cluster": "a cluster name from the inventory",
+    "all": "every host of the inventory",
+    "json": "print JSON for scripts instead of tables",
+    "accept-new-host-keys": "trust and record the key of a host seen for the first time "
+                            "(a changed key is always refused)",
+    "profile": "hardware profile to assume (overrides the inventory's; useful with --host local)",
+    "set": "override a service setting, KEY=VALUE (repeatable; highest precedence)",
+    "verbose": "log every remote command (secrets masked) to stderr",
+}
+
+
+def _help(*names: str, **extra: str) -> dict[str, str]:
+    return {**{name: COMMON_HELP[name] for name in names}, **extra}
+
+
+def guarded(function: F) -> F:
+    """Map the error tree to exit codes and one clear line on stderr, never a traceback."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except InventoryError as exc:
+            raise Exit(f"error: {exc}", code=2) from None
+        except LabError as exc:
+            raise Exit(f"lab: {exc}", code=1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _setup_logging(verbose: bool) -> None:
+    logger = logging.getLogger("provision")
+    logger.setLevel(logging.DEBUG)
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel(logging.DEBUG if verbose else logging.WARNING)
+    handlers: list[logging.Handler] = [console]
+    path = config.log_file()
+    if path:
+        handlers.append(logging.FileHandler(path))
+    for handler in handlers:
+        handler.addFilter(remote.MaskingFilter())
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+
+
+def _load(path: str | None) -> inventory.Inventory:
+    return inventory.load(Path(path) if path else config.default_inventory())
+
+
+def _profile(name: str | None) -> Any:
+    if name is None:
+        return None
+    profiles = load_profiles()
+    if name not in profiles:
+        raise InventoryError(f"unknown profile '{name}' (known: {', '.join(sorted(profiles))})",
+                             file="command line", key="--profile")
+    return profiles[name]
+
+
+@task(auto_shortflags=False, name="facts", help=_help("inventory", "host", "cluster", "all", "json", "accept-new-host-keys", "profile",
+                 "verbose", "set"), iterable=["host", "set_"])
+@guarded
+def facts_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
+           inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
+           profile: str | None = None, set_: list[str] | None = None, verbose: bool = False) -> None:
+    """Gather each host's facts in one round trip: kernel, CPU topology, memory, driver, GPUs, units."""
+    _setup_logging(verbose)
+    inv = _load(inventory_)
+    overrides = inventory.parse_overrides(set_ or [])
+    assumed = _profile(profile)
+    targets = inv.select(hosts=host or [], cluster=cluster, everything=all_)
+
+    def gather(target: inventory.Host) -> facts.HostFacts:
+        settings = inv.settings(target.name, overrides, profile=assumed)
+        paths = [settings["venv_dir"], settings["model_dir"], settings["hf_home"]]
+        runner = remote.connect(target, inv.ssh, accept_new_host_keys=accept_new_host_keys)
+        try:
+            return facts.gather(runner, paths=paths)
+        finally:
+            runner.close()
+
+    results = for_each_host(targets, lambda target: target.name, gather)
+    if json_:
+        print(report.dump_json(report.facts_json(results)))
+    else:
+        report.print_facts(results, report.console())
+    if not results.ok:
+        raise Exit(code=1)
+
+
+@task(auto_shortflags=False, name="inventory", help=_help("inventory", "json", "set"), iterable=["set_"])
+@guarded
+def show_inventory(c: Context, inventory_: str | None = None, json_: bool = False,
+                   set_: list[str] | None = None) -> None:
+    """Validate the inventory and show hosts, clusters and each host's resolved settings."""
+    inv = _load(inventory_)
+    overrides = inventory.parse_overrides(set_ or [])
+    if json_:
+        print(report.dump_json(report.inventory_json(inv, overrides)))
+    else:
+        report.print_inventory(inv, report.console())
+
+
+@task(auto_shortflags=False, name="up", help={"hosts": "comma-separated lab host names (default: all of them)"})
+@guarded
+def lab_up(c: Context, hosts: str | None = None) -> None:
+    """Boot the lab: real hosts (systemd-nspawn, sshd) replaying recorded GPU machines."""
+    names = [name.strip() for name in hosts.split(",") if name.strip()] if hosts else None
+    the_lab = lab.Lab()
+    the_lab.up(names, progress=lambda line: print(line, file=sys.stderr))
+    report.print_rows(the_lab.status(), f"lab hosts (inventory: {the_lab.inventory})", report.console())
+
+
+@task(auto_shortflags=False, name="status", help=_help("json"))
+@guarded
+def lab_status(c: Context, json_: bool = False) -> None:
+    """Show the lab's hosts: address, profile, recording replayed, process and sshd state."""
+    rows = lab.Lab().status()
+    if json_:
+        print(report.dump_json(rows))
+    else:
+        report.print_rows(rows, "lab hosts", report.console())
+    if any(row["sshd"] != "answers" for row in rows):
+        raise Exit(code=1)
+
+
+@task(auto_shortflags=False, name="down", help={"keep-cache": "keep the cached base root filesystem for a faster next lab.up"})
+@guarded
+def lab_down(c: Context, keep_cache: bool = False) -> None:
+    """Stop the lab and remove everything it made (processes, namespaces, links, files)."""
+    removed = lab.Lab().down(keep_cache=keep_cache)
+    print(f"lab down: stopped {', '.join(removed) or 'no hosts'}")
+
+
+lab_tasks = Collection("lab", lab_up, lab_status, lab_down)
+ns = Collection(facts_, show_inventory, lab_tasks)

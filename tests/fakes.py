@@ -1,0 +1,39 @@
+"""A Runner at the project's own boundary, for the fast unit layer (the lab tests use real SSH)."""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Mapping, Sequence
+
+from provision.remote import Result, command_line
+
+
+class FakeRunner:
+    """Answers each command from `respond(argv, stdin)`; records every call and counts executions."""
+
+    def __init__(self, host: str, respond: Callable[[Sequence[str], str | None], Result]) -> None:
+        self.host = host
+        self.executions = 0
+        self.calls: list[tuple[list[str], str | None]] = []
+        self.respond = respond
+
+    def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
+            env: Mapping[str, str] | None = None) -> Result:
+        self.executions += 1
+        self.calls.append((list(argv), stdin))
+        return self.respond(argv, stdin)
+
+    def close(self) -> None:
+        return None
+
+
+def probe_answer_from_recording(recording: Mapping[str, Any], python: str = "3.12.3") -> str:
+    """What the probe prints on the machine a recording came from (outputs keyed by fact name)."""
+    results = {}
+    for entry in recording["outputs"]:
+        results[entry["fact"]] = {key: entry.get(key) for key in
+                                  ("exit", "stdout", "stderr", "missing", "timed_out")}
+    return json.dumps({"python": python, "results": results, "paths": {}})
+
+
+def ok(stdout: str, argv: Sequence[str] = ("true",)) -> Result:
+    return Result(command_line(argv), 0, stdout, "", 0.01)

@@ -1,0 +1,91 @@
+"""Gathering: one execution per host, the probe's answer turned into HostFacts, missing tools as facts."""
+from __future__ import annotations
+
+import json
+import platform
+import sys
+
+import pytest
+
+from provision import facts, hostprobe, inventory, lab, remote
+from provision.errors import CommandFailed, ParseError, ProvisionError
+from provision.remote import Result
+from tests.fakes import FakeRunner, ok, probe_answer_from_recording
+
+
+def runner_replaying(machine: str) -> FakeRunner:
+    answer = probe_answer_from_recording(lab.load_machine(machine))
+    return FakeRunner(machine, lambda argv, stdin: ok(answer, argv))
+
+
+def test_facts_take_exactly_one_execution_and_send_the_probe_on_stdin() -> None:
+    runner = runner_replaying("dgx-spark-gb10")
+    gathered = facts.gather(runner, paths=["/opt/vllm/venv"])
+    assert runner.executions == 1
+    ((argv, stdin),) = runner.calls
+    assert argv == ["python3", "-"]
+    assert stdin is not None and "def collect(spec)" in stdin and '"/opt/vllm/venv"' in stdin
+    assert gathered.kernel == "6.17.0-1014-nvidia" and gathered.arch == "aarch64"
+    assert gathered.gpus[0].name == "NVIDIA GB10"
+    assert gathered.memory is not None and gathered.memory.total == 125513720 * 1024
+    assert gathered.cpu is not None and gathered.cpu.parts[5] == "0xd85"
+    assert gathered.rdma is not None and len(gathered.rdma) == 4
+
+
+def test_a_cpu_host_without_nvidia_tools_is_described_not_crashed() -> None:
+    answer = json.dumps({"python": "3.11.2", "paths": {}, "results": {
+        "gpus": {"exit": 127, "stdout": "", "stderr": "", "missing": True, "timed_out": False},
+        "nvidia_driver": {"exit": 1, "stdout": "", "stderr": "", "missing": True, "timed_out": False},
+        "init": {"exit": 0, "stdout": "systemd\n", "stderr": "", "missing": False, "timed_out": False},
+    }})
+    gathered = facts.gather(FakeRunner("cpu", lambda argv, stdin: ok(answer)))
+    assert gathered.gpus == () and gathered.driver is None and gathered.systemd_is_pid1
+    assert gathered.notes["gpus"] == "nvidia-smi: not present on the host"
+    assert "not present" in gathered.notes["nvidia_driver"]
+
+
+def test_nvidia_smi_that_cannot_reach_the_driver_is_explained() -> None:
+    answer = json.dumps({"python": "3.10.12", "paths": {}, "results": {"gpus": {
+        "exit": 9, "stdout": "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+        "driver. Make sure that the latest NVIDIA driver is installed and running.\n", "stderr": "",
+        "missing": False, "timed_out": False}}})
+    gathered = facts.gather(FakeRunner("ws", lambda argv, stdin: ok(answer)))
+    assert gathered.notes["gpus"].startswith("nvidia-smi cannot talk to the NVIDIA driver")
+
+
+def test_host_without_python3_gets_a_clear_error() -> None:
+    missing = Result("env python3 -", 127, "", "env: 'python3': No such file or directory", 0.01)
+    with pytest.raises(ProvisionError, match="python3 is not installed"):
+        facts.gather(FakeRunner("bare", lambda argv, stdin: missing))
+
+
+def test_failed_or_garbled_probe_raises_with_evidence() -> None:
+    failed = Result("env python3 -", 1, "", "Traceback ...\nMemoryError", 0.01)
+    with pytest.raises(CommandFailed, match="MemoryError"):
+        facts.gather(FakeRunner("h", lambda argv, stdin: failed))
+    with pytest.raises(ParseError):
+        facts.gather(FakeRunner("h", lambda argv, stdin: ok("Welcome to Ubuntu!\n")))
+
+
+def test_probe_reports_missing_commands_timeouts_files_and_space() -> None:
+    answer = hostprobe.collect({
+        "commands": {"absent": ["no-such-command-xyz"], "slow": [sys.executable, "-c",
+                                                                  "import time; time.sleep(5)"]},
+        "files": {"nofile": "/nonexistent/file"},
+        "paths": ["/nonexistent/deeper/dir"],
+        "timeout": 0.5,
+    })
+    assert answer["results"]["absent"]["missing"] is True
+    assert answer["results"]["slow"]["timed_out"] is True
+    assert answer["results"]["nofile"]["missing"] is True
+    space = answer["paths"]["/nonexistent/deeper/dir"]
+    assert space["checked"] == "/" and space["exists"] is False and space["free"] > 0
+
+
+def test_local_connection_gathers_this_machines_real_facts_in_one_execution() -> None:
+    runner = remote.connect(inventory.local_host(), inventory.SshSettings())
+    gathered = facts.gather(runner, paths=["/"])
+    assert runner.executions == 1
+    assert gathered.arch == platform.machine()
+    assert gathered.python is not None and gathered.python.count(".") == 2
+    assert gathered.disks[0].exists and gathered.disks[0].free_bytes > 0

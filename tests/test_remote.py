@@ -1,0 +1,64 @@
+"""The remote layer's own rules: quoting, LC_ALL=C, timeouts, masking, the fan-out's reporting."""
+from __future__ import annotations
+
+import logging
+import shlex
+
+import pytest
+
+from provision import inventory, remote
+from provision.fanout import for_each_host
+from provision.errors import UnreachableHost
+
+
+def test_command_is_quoted_once_and_runs_in_the_c_locale() -> None:
+    line = remote.command_line(["echo", "a b", "$(reboot)", "it's"], env={"X": "1 2"})
+    assert shlex.split(line) == ["env", "LC_ALL=C", "LANG=C", "X=1 2", "echo", "a b", "$(reboot)",
+                                 "it's"]
+
+
+def test_local_runner_runs_for_real_and_reports_exit_codes() -> None:
+    runner = remote.connect(inventory.local_host(), inventory.SshSettings())
+    done = runner.run(["sh", "-c", 'printf "%s" "$LC_ALL"; exit 3'])
+    assert (done.exited, done.stdout, done.ok) == (3, "C", False)
+    piped = runner.run(["cat"], stdin="x" * 100_000)
+    assert piped.stdout == "x" * 100_000
+    assert runner.executions == 2
+
+
+def test_local_runner_timeout_is_a_result_not_a_hang() -> None:
+    runner = remote.connect(inventory.local_host(), inventory.SshSettings())
+    done = runner.run(["sleep", "10"], timeout=0.5)
+    assert done.timed_out and not done.ok and done.seconds < 5
+
+
+def test_secrets_are_masked_in_every_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    secret = "hf_abcdefghijklmnopqrstuvwxyz012345"
+    remote.register_secret(secret)
+    logger = logging.getLogger("provision.test")
+    caplog.handler.addFilter(remote.MaskingFilter())
+    with caplog.at_level(logging.DEBUG, logger="provision"):
+        logger.warning("token is %s and again %s", secret, secret)
+    assert secret not in caplog.text and remote.MASK in caplog.text
+    assert remote.mask(f"Authorization: Bearer {secret}") == f"Authorization: Bearer {remote.MASK}"
+
+
+def test_fan_out_reports_every_host_even_when_some_fail() -> None:
+    def work(name: str) -> str:
+        if name == "b":
+            raise UnreachableHost(name, "no route to host")
+        return name.upper()
+
+    results = for_each_host(["a", "b", "c"], lambda name: name, work)
+    assert results.order == ("a", "b", "c")
+    assert dict(results.values) == {"a": "A", "c": "C"}
+    assert "no route" in str(results.errors["b"]) and not results.ok
+
+
+def test_unreachable_address_is_a_clear_error_within_the_connect_timeout() -> None:
+    host = inventory.Host(name="gone", address="127.0.0.1", port=1, user="root",
+                          profile=inventory.local_host().profile, connection="ssh", key_file=None,
+                          vars={}, source="test")
+    runner = remote.connect(host, inventory.SshSettings(connect_timeout=2))
+    with pytest.raises(UnreachableHost, match=r"gone: unreachable: cannot connect to root@127.0.0.1:1"):
+        runner.run(["true"])
