@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 from provision import parsers
 from provision.errors import CommandFailed, ParseError, ProvisionError
 from provision.parsers import (
-    CpuTopology, Gpu, Interface, Memory, NvidiaDriver, OsRelease, RdmaLink, Uname, UnitState,
+    CpuTopology, Gpu, Interface, Memory, NvidiaDriver, OsRelease, RdmaLink, Uname, UnitState, VenvInfo,
 )
 
 if TYPE_CHECKING:  # facts stay importable without Fabric (the recorder runs on bare GPU hosts)
@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # facts stay importable without Fabric (the recorder runs on 
 MANAGED_UNITS = ("vllm.service", "vllm-ray-head.service", "vllm-ray-worker.service")
 
 PROBE_SOURCE = Path(__file__).with_name("hostprobe.py")
+CUDA_PTXAS = "/usr/local/cuda/bin/ptxas"
 
 
 @dataclass(frozen=True)
@@ -50,13 +51,23 @@ FACTS: tuple[Fact, ...] = (
     Fact("gpus", parsers.parse_nvidia_smi_csv,
          argv=("nvidia-smi", "--query-gpu=" + ",".join(parsers.GPU_QUERY_FIELDS),
                "--format=csv,nounits")),
-    Fact("modules", parsers.parse_lsmod, argv=("lsmod",)),
+    Fact("modules", parsers.parse_proc_modules, file="/proc/modules"),
+    # The same list through kmod, for hosts whose /proc hides modules (some sandboxes do).
+    Fact("lsmod", parsers.parse_lsmod, argv=("lsmod",)),
     Fact("units", parsers.parse_systemctl_show,
          argv=("systemctl", "show", "--property=" + ",".join(parsers.UNIT_PROPERTIES),
                *MANAGED_UNITS)),
     Fact("rdma", parsers.parse_ibdev2netdev, argv=("ibdev2netdev",)),
     Fact("interfaces", parsers.parse_ip_addr, argv=("ip", "-j", "addr", "show")),
+    # Triton on sm_121 needs a CUDA 13 ptxas (the bundled one does not know sm_121a).
+    Fact("ptxas", parsers.parse_cuda_release, argv=(CUDA_PTXAS, "--version")),
 )
+
+
+def venv_fact(venv_dir: str) -> Fact:
+    """The service venv's versions (vLLM, torch, its CUDA, arch flags, NCCL); missing until installed."""
+    return Fact("venv", parsers.parse_venv_probe,
+                argv=(f"{venv_dir.rstrip('/')}/bin/python", "-c", parsers.VENV_PROBE))
 
 
 @dataclass(frozen=True)
@@ -89,7 +100,12 @@ class HostFacts:
     rdma: tuple[RdmaLink, ...] | None = None
     interfaces: tuple[Interface, ...] = ()
     disks: tuple[DiskSpace, ...] = ()
+    ptxas_cuda: str | None = None  # CUDA release of /usr/local/cuda/bin/ptxas, e.g. "13.0"
+    venv: VenvInfo | None = None
     notes: Mapping[str, str] = field(default_factory=dict)
+
+    def disk_for(self, path: str) -> DiskSpace | None:
+        return next((disk for disk in self.disks if disk.path == path), None)
 
     @property
     def systemd_is_pid1(self) -> bool:
@@ -192,10 +208,12 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         cpu=cpu,
         driver=values.get("nvidia_driver"),
         gpus=values.get("gpus", ()),
-        modules=values.get("modules"),
+        modules=values.get("modules", values.get("lsmod")),
         units=values.get("units", {}),
         rdma=values.get("rdma"),
         interfaces=values.get("interfaces", ()),
         disks=disks,
+        ptxas_cuda=values.get("ptxas"),
+        venv=values.get("venv"),
         notes=dict(notes),
     )

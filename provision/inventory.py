@@ -218,6 +218,13 @@ def _bind_address(value: Any) -> str:
     return text
 
 
+def _network(value: Any) -> str:
+    try:
+        return str(ipaddress.ip_network(_text(value), strict=False))
+    except ValueError:
+        raise ValueError(f"expected a network like 192.168.100.0/24, got {_show(value)}") from None
+
+
 VAR_SPECS: Mapping[str, VarSpec] = {
     "model": VarSpec("Hub repository id (or absolute path) of the model to serve", _optional(_text)),
     "model_revision": VarSpec("branch, tag or commit of the model", _text, "main"),
@@ -238,6 +245,8 @@ VAR_SPECS: Mapping[str, VarSpec] = {
     "model_dir": VarSpec("directory for model weights", _absolute_path, "/var/lib/vllm/models"),
     "hf_home": VarSpec("HF_HOME of the service", _absolute_path, "/var/lib/vllm/hf"),
     "service_user": VarSpec("user the service runs as", _user_name, "vllm"),
+    "cluster_network": VarSpec("CIDR of the network nodes talk over (default: the head's)",
+                               _optional(_network)),
 }
 
 

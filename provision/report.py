@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any, Iterable, Mapping
 
 from rich.console import Console
 from rich.table import Table
 
+from provision.checks import Finding, resolutions, verdict
 from provision.errors import ProvisionError
 from provision.facts import HostFacts
 from provision.fanout import HostResults
@@ -14,7 +16,8 @@ from provision.inventory import Inventory
 
 
 def console() -> Console:
-    return Console(highlight=False, soft_wrap=False)
+    # Piped output (CI logs, `| less`) gets a wide table instead of rich's 80-column default.
+    return Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
 
 
 def dump_json(data: Any) -> str:
@@ -147,3 +150,51 @@ def print_rows(rows: Iterable[Mapping[str, Any]], title: str, out: Console) -> N
     for row in rows:
         table.add_row(*(str(value) for value in row.values()))
     out.print(table)
+
+
+def finding_json(finding: Finding) -> dict[str, Any]:
+    return {"id": finding.id, "severity": finding.severity, "status": finding.status,
+            "message": finding.message, "evidence": _plain_deep(finding.evidence), "fix": finding.fix}
+
+
+def _plain_deep(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain_deep(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_deep(v) for v in value]
+    return value
+
+
+def check_json(order: Iterable[str], findings: Mapping[str, list[Finding]],
+               errors: Mapping[str, BaseException]) -> dict[str, Any]:
+    """The stable shape of `invoke check --json` (README, "check --json")."""
+    hosts = {name: {"verdict": verdict(findings[name]),
+                    "findings": [finding_json(f) for f in findings[name]],
+                    "resolutions": {"extra_args": resolutions(findings[name])}}
+             for name in order if name in findings}
+    return {
+        "hosts": hosts,
+        "errors": {name: error_text(errors[name]) for name in order if name in errors},
+        "blocked": [name for name, body in hosts.items() if body["verdict"] == "blocked"],
+    }
+
+
+_STATUS_STYLE = {"pass": "[green]pass[/green]", "fail": "[red]FAIL[/red]", "forced": "[yellow]forced[/yellow]",
+                 "skip": "[dim]skip[/dim]"}
+
+
+def print_check(order: Iterable[str], findings: Mapping[str, list[Finding]],
+                errors: Mapping[str, BaseException], out: Console) -> None:
+    for name in order:
+        if name in errors:
+            out.print(f"[bold]{name}[/bold]: [red]{error_text(errors[name])}[/red]")
+            continue
+        table = Table(title=f"{name}: {verdict(findings[name])}", title_justify="left")
+        for column in ("status", "check", "severity", "finding", "fix"):
+            table.add_column(column, overflow="fold")
+        shown = sorted((f for f in findings[name] if f.status != "skip"),
+                       key=lambda f: (f.status == "pass", f.severity != "blocker"))
+        for finding in shown:
+            table.add_row(_STATUS_STYLE[finding.status], finding.id, finding.severity,
+                          finding.message, finding.fix or "" if finding.status != "pass" else "")
+        out.print(table)

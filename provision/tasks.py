@@ -13,9 +13,9 @@ from typing import Any, Callable, TypeVar
 from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
-from provision import config, facts, inventory, lab, remote, report
+from provision import checks, config, facts, inventory, lab, remote, report
 from provision.errors import InventoryError, LabError
-from provision.fanout import for_each_host
+from provision.fanout import HostResults, for_each_host
 from provision.profiles import load_profiles
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -84,8 +84,26 @@ def _profile(name: str | None) -> Any:
     return profiles[name]
 
 
-@task(auto_shortflags=False, name="facts", help=_help("inventory", "host", "cluster", "all", "json", "accept-new-host-keys", "profile",
-                 "verbose", "set"), iterable=["host", "set_"])
+def _gather(inv: inventory.Inventory, targets: list[inventory.Host], overrides: dict[str, Any],
+            assumed: Any, accept_new_host_keys: bool) -> HostResults[facts.HostFacts]:
+    """Every target's facts in parallel, one round trip each; a failing host never stops the others."""
+
+    def gather(target: inventory.Host) -> facts.HostFacts:
+        settings = inv.settings(target.name, overrides, profile=assumed)
+        paths = [settings["venv_dir"], settings["model_dir"], settings["hf_home"]]
+        runner = remote.connect(target, inv.ssh, accept_new_host_keys=accept_new_host_keys)
+        try:
+            return facts.gather(runner, paths=paths,
+                                facts=(*facts.FACTS, facts.venv_fact(settings["venv_dir"])))
+        finally:
+            runner.close()
+
+    return for_each_host(targets, lambda target: target.name, gather)
+
+
+@task(auto_shortflags=False, name="facts", help=_help("inventory", "host", "cluster", "all", "json",
+                                                      "accept-new-host-keys", "profile", "verbose", "set"),
+      iterable=["host", "set_"])
 @guarded
 def facts_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
            inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
@@ -94,24 +112,59 @@ def facts_(c: Context, host: list[str] | None = None, cluster: str | None = None
     _setup_logging(verbose)
     inv = _load(inventory_)
     overrides = inventory.parse_overrides(set_ or [])
-    assumed = _profile(profile)
     targets = inv.select(hosts=host or [], cluster=cluster, everything=all_)
-
-    def gather(target: inventory.Host) -> facts.HostFacts:
-        settings = inv.settings(target.name, overrides, profile=assumed)
-        paths = [settings["venv_dir"], settings["model_dir"], settings["hf_home"]]
-        runner = remote.connect(target, inv.ssh, accept_new_host_keys=accept_new_host_keys)
-        try:
-            return facts.gather(runner, paths=paths)
-        finally:
-            runner.close()
-
-    results = for_each_host(targets, lambda target: target.name, gather)
+    results = _gather(inv, targets, overrides, _profile(profile), accept_new_host_keys)
     if json_:
         print(report.dump_json(report.facts_json(results)))
     else:
         report.print_facts(results, report.console())
     if not results.ok:
+        raise Exit(code=1)
+
+
+def run_gate(inv: inventory.Inventory, targets: list[inventory.Host], overrides: dict[str, Any],
+             assumed: Any, accept_new_host_keys: bool, force: list[str]
+             ) -> tuple[dict[str, list[checks.Finding]], dict[str, BaseException]]:
+    """Facts of the targets and of their clusters' other nodes, then every rule on each target."""
+    unknown = sorted(set(force) - set(checks.RULE_IDS))
+    if unknown:
+        raise InventoryError(f"--force names unknown checks: {', '.join(unknown)} "
+                             f"(known: {', '.join(checks.RULE_IDS)})", file="command line", key="--force")
+    wanted = {target.name for target in targets}
+    everyone = list(targets)
+    for target in targets:
+        cluster = inv.cluster_of(target.name)
+        everyone.extend(inv.host(name) for name in (cluster.hosts if cluster else ())
+                        if name not in {h.name for h in everyone})
+    gathered = _gather(inv, everyone, overrides, assumed, accept_new_host_keys)
+    contexts = checks.contexts(inv, gathered.values, overrides, profile=assumed)
+    findings = {name: checks.evaluate(contexts[name], force) for name in wanted if name in contexts}
+    errors = {name: error for name, error in gathered.errors.items() if name in wanted}
+    return findings, errors
+
+
+@task(auto_shortflags=False, name="check",
+      help=_help("inventory", "host", "cluster", "all", "json", "accept-new-host-keys", "profile", "set",
+                 "verbose", force="override a blocker by its check id (repeatable); it stays in the report"),
+      iterable=["host", "set_", "force"])
+@guarded
+def check(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
+          inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
+          profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
+          verbose: bool = False) -> None:
+    """The preflight gate: every rule on every host, with evidence and the fix; exit 1 if one blocks."""
+    _setup_logging(verbose)
+    inv = _load(inventory_)
+    overrides = inventory.parse_overrides(set_ or [])
+    targets = inv.select(hosts=host or [], cluster=cluster, everything=all_)
+    findings, errors = run_gate(inv, targets, overrides, _profile(profile), accept_new_host_keys,
+                                force or [])
+    order = [target.name for target in targets]
+    if json_:
+        print(report.dump_json(report.check_json(order, findings, errors)))
+    else:
+        report.print_check(order, findings, errors, report.console())
+    if errors or any(checks.verdict(found) == "blocked" for found in findings.values()):
         raise Exit(code=1)
 
 
@@ -160,4 +213,4 @@ def lab_down(c: Context, keep_cache: bool = False) -> None:
 
 
 lab_tasks = Collection("lab", lab_up, lab_status, lab_down)
-ns = Collection(facts_, show_inventory, lab_tasks)
+ns = Collection(facts_, check, show_inventory, lab_tasks)

@@ -15,7 +15,7 @@ from provision import facts, lab, parsers
 from provision.errors import ParseError
 from tests.conftest import FIXTURES
 
-FACTS = {fact.name: fact for fact in facts.FACTS}
+FACTS = {fact.name: fact for fact in (*facts.FACTS, facts.venv_fact("/opt/vllm/venv"))}
 CASES = sorted((FIXTURES / "facts").glob("*/*.json"))
 
 
@@ -45,7 +45,7 @@ def test_parser_on_recorded_output(path: Path) -> None:
 
 
 def test_every_fact_has_empty_garbage_and_real_cases() -> None:
-    for name in FACTS:
+    for name in FACTS:  # the venv fact included
         cases = {path.stem for path in (FIXTURES / "facts" / name).glob("*.json")}
         assert {"empty", "garbage"} <= cases, name
         assert len(cases - {"empty", "garbage"}) >= 1, f"{name} has no recorded real output"

@@ -46,6 +46,8 @@ class LabHost:
     name: str
     machine: str | None
     profile: str
+    default: bool = True  # booted by a plain `lab.up`; others only when named
+    small_disks: tuple[str, ...] = ()  # paths given a tiny filesystem (the gate's disk check must fail)
 
 
 # The default lab: the two systems of the mission, a Hopper node and a CPU host that serves for real.
@@ -55,7 +57,11 @@ DEFAULT_HOSTS: tuple[LabHost, ...] = (
     LabHost("spark-b", "dgx-spark-gb10", "dgx-spark"),
     LabHost("h200", "h200x2-driver580", "hopper"),
     LabHost("cpu-1", None, "cpu"),
+    # A workstation the gate must refuse: 6.8 kernel, proprietary module, one GPU, no disk.
+    LabHost("ws-broken", "rtx5090x1-kernel68-proprietary", "rtx5090", default=False,
+            small_disks=("/opt", "/var/lib/vllm")),
 )
+SMALL_DISK = "size=64M"
 
 # Clusters written into the lab inventory when all their hosts are up.
 DEFAULT_CLUSTERS: Mapping[str, Mapping[str, Any]] = {
@@ -65,6 +71,8 @@ DEFAULT_CLUSTERS: Mapping[str, Mapping[str, Any]] = {
         "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2}},
     "lab-h200": {"hosts": ["h200"], "vars": {"model": "Qwen/Qwen2.5-7B-Instruct-AWQ"}},
     "lab-cpu": {"hosts": ["cpu-1"], "vars": {"max_model_len": 256}},
+    "lab-broken": {"hosts": ["ws-broken"], "vars": {
+        "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2}},
 }
 
 
@@ -164,7 +172,7 @@ class Lab:
         """Boot the named hosts (default all); hosts already running are left alone."""
         preflight()
         known = {host.name: (index, host) for index, host in enumerate(DEFAULT_HOSTS)}
-        wanted = list(names) if names else list(known)
+        wanted = list(names) if names else [host.name for host in DEFAULT_HOSTS if host.default]
         unknown = [name for name in wanted if name not in known]
         if unknown:
             raise LabError(f"no lab host named {', '.join(unknown)} (known: {', '.join(known)})")
@@ -254,12 +262,13 @@ class Lab:
             subprocess.run(
                 ["setsid", "--fork", "systemd-nspawn", "-D", str(root), "--boot", "--register=no",
                  "--keep-unit", f"--network-namespace-path=/run/netns/{netns}",
-                 f"--machine={machine_name}", "--console=passive", *binds],
+                 f"--machine={machine_name}", "--console=passive", *binds,
+                 *(f"--tmpfs={path}:{SMALL_DISK}" for path in host.small_disks)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=True)
         deadline = time.monotonic() + 90
         pids: list[int] = []
         while not _sshd_answers(address, timeout=2):
-            pids = pids or _nspawn_pids(machine_name)
+            pids = _nspawn_pids(machine_name)
             if time.monotonic() > deadline or (not pids and time.monotonic() > deadline - 80):
                 tail = (home / "console.log").read_text(errors="replace").strip().splitlines()[-3:]
                 raise LabError(f"{host.name}: sshd did not answer on {address}:22 "
@@ -289,8 +298,10 @@ class Lab:
         shutil.copy(REPLAYER, inside / "replay.py")
         commands = [entry for entry in machine["outputs"] if "argv" in entry]
         (inside / "recording.json").write_text(json.dumps(commands))
-        for name in sorted({entry["argv"][0] for entry in commands}):
-            launcher = root / "usr" / "local" / "bin" / name
+        for program in sorted({entry["argv"][0] for entry in commands}):
+            # "nvidia-smi" goes ahead of /usr/bin on PATH; "/usr/local/cuda/bin/ptxas" where it lives.
+            launcher = root / (program.lstrip("/") if program.startswith("/") else f"usr/local/bin/{program}")
+            launcher.parent.mkdir(parents=True, exist_ok=True)
             launcher.write_text(f"#!/usr/bin/python3\nimport sys\nsys.path.insert(0, {INSIDE!r})\n"
                                 "import replay\nreplay.main()\n")
             launcher.chmod(0o755)
@@ -300,7 +311,10 @@ class Lab:
             if not path:
                 continue
             if path.startswith("/proc/"):
-                binds.append(self._proc_bind(inside, path, entry["stdout"]))
+                # nspawn can only bind over what this machine's /proc has (some sandboxes lack
+                # /proc/modules); the recording's command form (lsmod) still replays then.
+                if Path(path).exists() or Path(path).parent != Path("/proc"):
+                    binds.append(self._proc_bind(inside, path, entry["stdout"]))
             else:
                 target = root / path.lstrip("/")
                 if target.is_symlink():

@@ -18,7 +18,7 @@ def main():
     with open(os.path.join(HERE, "recording.json"), encoding="utf-8") as handle:
         recorded = json.load(handle)
     for entry in recorded:
-        if entry["argv"] == [name] + sys.argv[1:]:
+        if os.path.basename(entry["argv"][0]) == name and entry["argv"][1:] == sys.argv[1:]:
             sys.stdout.write(entry["stdout"])
             sys.stderr.write(entry.get("stderr", ""))
             sys.exit(entry["exit"])

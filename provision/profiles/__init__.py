@@ -23,6 +23,9 @@ class GpuExpectation:
     compute_capability: str  # "12.0"
     name_contains: str  # substring of nvidia-smi's name column, e.g. "RTX 5090"
     unified_memory: bool  # GB10: nvidia-smi memory is [N/A]; budget from /proc/meminfo
+    dmabuf: bool  # NCCL may use dma-buf (GB10: DMA_BUF_SUPPORTED=0)
+    gpudirect_rdma: bool  # nvidia_peermem has a use (GB10 and GeForce: no)
+    pcie_gen: int | None  # the PCIe generation the GPU links at (None: not PCIe-attached, e.g. GB10)
 
 
 @dataclass(frozen=True)
@@ -58,12 +61,13 @@ class Profile:
     environment: Mapping[str, str]
     affinity: str
     defaults: Mapping[str, Any]
+    venv_gib: float = 12.0
     aliases: tuple[str, ...] = field(default=())
 
 
 _TOP_KEYS = {
     "name", "aliases", "description", "arch", "gpu", "kernel", "driver", "cuda", "nccl",
-    "environment", "affinity", "defaults",
+    "environment", "affinity", "defaults", "venv_gib",
 }
 
 
@@ -92,7 +96,8 @@ def profile_from_mapping(data: Any, source: str) -> Profile:
     for required in ("name", "description", "arch", "kernel", "affinity"):
         if required not in data:
             raise ProfileError(f"{source}: missing '{required}'")
-    gpu = _section(data, "gpu", source, {"compute_capability", "name_contains", "unified_memory"})
+    gpu = _section(data, "gpu", source, {"compute_capability", "name_contains", "unified_memory",
+                                         "dmabuf", "gpudirect_rdma", "pcie_gen"})
     kernel = _section(data, "kernel", source, {"minimum", "also_accepted"})
     driver = _section(data, "driver", source, {"flavour", "minimum"})
     cuda = _section(data, "cuda", source, {"minimum", "torch_cuda_arch_list"})
@@ -119,6 +124,9 @@ def profile_from_mapping(data: Any, source: str) -> Profile:
             compute_capability=str(gpu["compute_capability"]),
             name_contains=str(gpu["name_contains"]),
             unified_memory=bool(gpu["unified_memory"]),
+            dmabuf=bool(gpu["dmabuf"]),
+            gpudirect_rdma=bool(gpu["gpudirect_rdma"]),
+            pcie_gen=int(gpu["pcie_gen"]) if gpu["pcie_gen"] is not None else None,
         ) if gpu else None,
         kernel=KernelExpectation(minimum=str(kernel["minimum"]), also_accepted=accepted),
         driver=DriverExpectation(flavour=str(driver["flavour"]), minimum=str(driver["minimum"]))
@@ -130,6 +138,7 @@ def profile_from_mapping(data: Any, source: str) -> Profile:
         environment={str(k): str(v) for k, v in environment.items()},
         affinity=str(data["affinity"]),
         defaults=dict(defaults),
+        venv_gib=float(data.get("venv_gib", 12)),
     )
 
 

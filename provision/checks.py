@@ -1,0 +1,701 @@
+"""The gate: the field's checklist for Blackwell (and Hopper) hosts, as pure rules over facts + settings.
+
+Every rule looks at facts already gathered and at the host's resolved settings, and answers a Finding:
+an id, a severity (what failing means), a status (pass, fail, skip where it does not apply), a message,
+the evidence it looked at and the fix. A rule that cannot see what it needs fails with "could not be
+checked": a gate that guesses is no gate. Some rules resolve a conflict instead of failing; their
+Finding carries the resolution (extra server arguments) that rendering applies.
+
+Sources are the sections of blackwell-facts (kept with the project's shared notes) named in each docstring.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from provision.facts import HostFacts
+from provision.inventory import Cluster, Inventory, Settings
+from provision.profiles import Profile
+
+BLOCKER, WARNING, INFO = "blocker", "warning", "info"
+PASS, FAIL, SKIP, FORCED = "pass", "fail", "skip", "forced"
+
+# NVIDIA CUDA release notes, Table 3 (facts section 1): the driver each CUDA release needs.
+CUDA_MIN_DRIVER = {
+    "12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06", "13.1": "590.44.01",
+}
+DMABUF_MIN_KERNEL = (5, 12)  # RDMA dma-buf needs Linux 5.12 (facts section 3)
+OS_HEADROOM_BYTES = 8 * 2**30  # what a unified-memory host keeps for itself besides vLLM
+KV_HEADROOM = 0.85  # weights above this share of the budget leave too little for the KV cache
+VLLM_PYTHON = ((3, 10), (3, 13))  # the Python versions vLLM publishes wheels for
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    severity: str
+    status: str
+    message: str
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    fix: str | None = None
+    resolution: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def blocks(self) -> bool:
+        return self.status == FAIL and self.severity == BLOCKER
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a rule may look at: one host, its settings and profile, and its cluster's other nodes."""
+
+    host: str
+    profile: Profile
+    settings: Settings
+    facts: HostFacts
+    cluster: Cluster | None = None
+    peers: Mapping[str, HostFacts] = field(default_factory=dict)  # every node's facts, this one included
+    head_address: str | None = None
+    weights_bytes: int | None = None  # from hub metadata where known
+
+    @property
+    def parallel(self) -> int:
+        return int(self.settings["tensor_parallel_size"]) * int(self.settings["pipeline_parallel_size"])
+
+    @property
+    def nodes(self) -> int:
+        return len(self.cluster.hosts) if self.cluster else 1
+
+    def env(self, name: str) -> str | None:
+        value = self.settings["environment"].get(name)
+        return None if value is None else str(value)
+
+    @property
+    def extra_args(self) -> tuple[str, ...]:
+        return tuple(self.settings["extra_args"])
+
+
+Rule = Callable[[Context], Finding]
+RULES: list[tuple[str, str, Rule]] = []
+
+
+def rule(rule_id: str, severity: str) -> Callable[[Callable[[Context], Finding | None]], Rule]:
+    """Register a rule; a rule returning None does not apply to this host (skip)."""
+
+    def register(function: Callable[[Context], Finding | None]) -> Rule:
+        def run(ctx: Context) -> Finding:
+            found = function(ctx)
+            if found is None:
+                return Finding(rule_id, severity, SKIP, "does not apply to this host")
+            return replace(found, id=rule_id, severity=found.severity or severity)
+
+        run.__doc__ = function.__doc__
+        RULES.append((rule_id, severity, run))
+        return run
+
+    return register
+
+
+def ok(message: str, **evidence: Any) -> Finding:
+    return Finding("", "", PASS, message, evidence)
+
+
+def fail(message: str, fix: str | None = None, **evidence: Any) -> Finding:
+    return Finding("", "", FAIL, message, evidence, fix)
+
+
+def warn(message: str, fix: str | None = None, **evidence: Any) -> Finding:
+    """A failure that only warns, from a rule whose worst case blocks."""
+    return Finding("", WARNING, FAIL, message, evidence, fix)
+
+
+def unknown(what: str, ctx: Context, fact: str) -> Finding:
+    note = ctx.facts.notes.get(fact, "no value")
+    return Finding("", "", FAIL, f"could not be checked: {what} unknown ({note})", {fact: None},
+                   f"make `{fact}` readable on the host (see `invoke facts --host {ctx.host}`)")
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text.split("-")[0]))
+
+
+def _arg_value(args: Sequence[str], flag: str) -> str | None:
+    for index, arg in enumerate(args):
+        if arg == flag and index + 1 < len(args):
+            return args[index + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel and driver
+
+
+@rule("kernel.version", BLOCKER)
+def kernel_version(ctx: Context) -> Finding:
+    """Kernel per profile: 6.14+ on RTX 5090 workstations; DGX OS ships 6.11/6.17 "-nvidia" kernels, which
+    are accepted on Spark (facts section 1, "DGX Spark driver/kernel pairs observed")."""
+    release = ctx.facts.kernel
+    if release is None:
+        return unknown("kernel release", ctx, "uname")
+    expectation = ctx.profile.kernel
+    if any(re.match(pattern, release) for pattern in expectation.also_accepted):
+        return ok(f"{release} is an accepted vendor kernel", kernel=release)
+    if version_tuple(release)[:2] >= version_tuple(expectation.minimum)[:2]:
+        return ok(f"{release} >= {expectation.minimum}", kernel=release, minimum=expectation.minimum)
+    return fail(f"kernel {release} is older than {expectation.minimum}, the minimum for {ctx.profile.name}",
+                f"install a {expectation.minimum}+ kernel (Ubuntu 24.04: apt-get install "
+                "linux-generic-hwe-24.04) and reboot", kernel=release, minimum=expectation.minimum)
+
+
+@rule("driver.loaded", BLOCKER)
+def driver_loaded(ctx: Context) -> Finding | None:
+    """An NVIDIA kernel module must be loaded for any GPU profile (/proc/driver/nvidia/version exists)."""
+    if ctx.profile.driver is None:
+        return None
+    if ctx.facts.driver is None:
+        return fail("no NVIDIA kernel module is loaded",
+                    "apt-get install nvidia-driver-580-open (or the site's driver) and reboot",
+                    nvidia_driver=ctx.facts.notes.get("nvidia_driver"))
+    return ok(f"NVIDIA {ctx.facts.driver.version} loaded", version=ctx.facts.driver.version)
+
+
+@rule("driver.flavour", BLOCKER)
+def driver_flavour(ctx: Context) -> Finding | None:
+    """Blackwell needs the open kernel modules: "Blackwell and later are only supported by the open kernel
+    modules"; the proprietary flavour fails with RmInitAdapter / Xid 169 on GB10 (facts section 1)."""
+    expectation = ctx.profile.driver
+    if expectation is None or ctx.facts.driver is None or expectation.flavour == "any":
+        return None
+    found = ctx.facts.driver.flavour
+    if found == expectation.flavour:
+        return ok(f"{found} kernel module", flavour=found)
+    major = ctx.facts.driver.version.split(".")[0]
+    return fail(f"the {found} kernel module is loaded; {ctx.profile.name} needs the {expectation.flavour} one",
+                f"apt-get install nvidia-driver-{major}-open (replaces the proprietary modules) and reboot",
+                flavour=found, required=expectation.flavour)
+
+
+@rule("driver.version", BLOCKER)
+def driver_version(ctx: Context) -> Finding | None:
+    """Driver at least the profile's minimum and the minimum for the CUDA of the requested vLLM/torch build
+    (NVIDIA CUDA release notes Table 3, facts section 1)."""
+    expectation = ctx.profile.driver
+    if expectation is None or ctx.facts.driver is None:
+        return None
+    cuda = ctx.settings["cuda_version"]
+    needed = [expectation.minimum]
+    if cuda:
+        if cuda not in CUDA_MIN_DRIVER:
+            return fail(f"CUDA {cuda} is not in the driver table ({', '.join(CUDA_MIN_DRIVER)})",
+                        "set cuda_version to one of those", cuda_version=cuda)
+        needed.append(CUDA_MIN_DRIVER[cuda])
+    minimum = max(needed, key=version_tuple)
+    found = ctx.facts.driver.version
+    evidence = {"driver": found, "minimum": minimum, "cuda_version": cuda}
+    if version_tuple(found) >= version_tuple(minimum):
+        return ok(f"driver {found} >= {minimum}", **evidence)
+    return fail(f"driver {found} is older than {minimum} (needed for CUDA {cuda} on {ctx.profile.name})",
+                f"install driver {minimum} or newer (nvidia-driver-580-open covers CUDA up to 13.0)",
+                **evidence)
+
+
+@rule("driver.nouveau", BLOCKER)
+def driver_nouveau(ctx: Context) -> Finding | None:
+    """nouveau must not be loaded next to (or instead of) the NVIDIA driver."""
+    if ctx.profile.driver is None:
+        return None
+    if ctx.facts.modules is None:
+        # The NVIDIA driver owning the GPUs rules nouveau out for them; only the list is missing.
+        return warn(f"loaded modules unknown ({ctx.facts.notes.get('modules', 'no value')})",
+                    "make /proc/modules readable", modules=None) if ctx.facts.driver else \
+            unknown("loaded modules", ctx, "modules")
+    if "nouveau" in ctx.facts.modules:
+        return fail("the nouveau module is loaded",
+                    "echo 'blacklist nouveau' > /etc/modprobe.d/blacklist-nouveau.conf; "
+                    "update-initramfs -u; reboot", modules=["nouveau"])
+    return ok("nouveau not loaded")
+
+
+# ---------------------------------------------------------------------------------------------
+# GPUs and memory
+
+
+@rule("gpu.present", BLOCKER)
+def gpu_present(ctx: Context) -> Finding | None:
+    """The profile's GPU must be visible to nvidia-smi."""
+    if ctx.profile.gpu is None:
+        return None
+    if not ctx.facts.gpus:
+        return fail(f"no GPU visible: {ctx.facts.notes.get('gpus', 'nvidia-smi lists none')}",
+                    "check the driver (nvidia-smi) and that the card is seated and powered",
+                    gpus=0)
+    return ok(f"{len(ctx.facts.gpus)} GPU(s) visible", gpus=[gpu.name for gpu in ctx.facts.gpus])
+
+
+@rule("gpu.compute_capability", BLOCKER)
+def gpu_compute_capability(ctx: Context) -> Finding | None:
+    """Every GPU's compute capability matches the profile (sm_120 RTX 5090, sm_121 GB10, sm_90 Hopper)."""
+    if ctx.profile.gpu is None or not ctx.facts.gpus:
+        return None
+    expected = ctx.profile.gpu.compute_capability
+    found = sorted({gpu.compute_cap or "unknown" for gpu in ctx.facts.gpus})
+    if found == [expected]:
+        return ok(f"compute capability {expected}", compute_cap=found)
+    return fail(f"compute capability {', '.join(found)} does not match profile {ctx.profile.name} "
+                f"({expected})", "use the profile that matches this hardware (--profile or the inventory)",
+                compute_cap=found, expected=expected)
+
+
+@rule("gpu.count", BLOCKER)
+def gpu_count(ctx: Context) -> Finding | None:
+    """The host has at least as many GPUs as its share of TP x PP."""
+    if ctx.profile.gpu is None:
+        return None
+    needed, remainder = divmod(ctx.parallel, ctx.nodes)
+    if remainder:
+        return fail(f"TP x PP = {ctx.parallel} does not divide over {ctx.nodes} nodes",
+                    "choose tensor/pipeline parallel sizes that are a multiple of the node count",
+                    tensor_parallel_size=ctx.settings["tensor_parallel_size"],
+                    pipeline_parallel_size=ctx.settings["pipeline_parallel_size"], nodes=ctx.nodes)
+    have = len(ctx.facts.gpus)
+    evidence = {"gpus": have, "needed": needed, "tensor_parallel_size": ctx.settings["tensor_parallel_size"],
+                "pipeline_parallel_size": ctx.settings["pipeline_parallel_size"], "nodes": ctx.nodes}
+    if have >= needed:
+        return ok(f"{have} GPU(s) for {needed} needed", **evidence)
+    return fail(f"{have} GPU(s) but TP x PP needs {needed} on this host",
+                f"--set tensor_parallel_size={max(have, 1) * ctx.nodes} or add GPUs", **evidence)
+
+
+@rule("cluster.topology", BLOCKER)
+def cluster_topology(ctx: Context) -> Finding | None:
+    """Across a multi-node cluster, nodes x GPUs per node = TP x PP (checked once, on the head)."""
+    if ctx.cluster is None or not ctx.cluster.multi_node or ctx.host != ctx.cluster.head:
+        return None
+    per_node = {name: len(facts.gpus) for name, facts in ctx.peers.items()}
+    total = sum(per_node.values())
+    if len(per_node) < ctx.nodes:
+        missing = sorted(set(ctx.cluster.hosts) - set(per_node))
+        return fail(f"no facts from {', '.join(missing)}", "bring those nodes up and check again",
+                    gpus_per_node=per_node)
+    if total == ctx.parallel and len(set(per_node.values())) == 1:
+        return ok(f"{ctx.nodes} nodes x {total // ctx.nodes} GPU(s) = TP x PP {ctx.parallel}",
+                  gpus_per_node=per_node)
+    return fail(f"{ctx.nodes} nodes with {per_node} GPUs do not make TP x PP = {ctx.parallel}",
+                f"--set tensor_parallel_size={total} (or use pipeline_parallel_size across nodes)",
+                gpus_per_node=per_node, parallel=ctx.parallel)
+
+
+def estimate_weights_bytes(model: str | None) -> tuple[int, str] | None:
+    """Weights size from the model's name when hub metadata is not known: '32B' and 'AWQ' -> 4 bits."""
+    if not model:
+        return None
+    match = re.search(r"(?<![\d.])(\d+(?:\.\d+)?)[Bb](?![a-zA-Z])", model)
+    if not match:
+        return None
+    params = float(match.group(1)) * 1e9
+    name = model.lower()
+    bits = 4 if re.search(r"awq|gptq|int4|4bit|w4a16|nvfp4", name) else (
+        8 if re.search(r"fp8|int8|8bit|w8a8", name) else 16)
+    # Quantized checkpoints keep embeddings and norms in 16 bit: about 8 % on top.
+    return int(params * bits / 8 * 1.08), f"estimated from the name: {match.group(1)}B parameters x {bits} bit"
+
+
+@rule("memory.fits", BLOCKER)
+def memory_fits(ctx: Context) -> Finding | None:
+    """The model's share of the weights fits in each GPU's budget with room for the KV cache; on GB10 the
+    budget comes from /proc/meminfo, never from nvidia-smi's [N/A] (facts sections 1 and 5)."""
+    if ctx.profile.gpu is None or not ctx.facts.gpus:
+        return None
+    known = (ctx.weights_bytes, "hub metadata") if ctx.weights_bytes else estimate_weights_bytes(
+        ctx.settings["model"])
+    if known is None:
+        return None
+    weights, how = known
+    share = weights / ctx.parallel
+    utilization = float(ctx.settings["gpu_memory_utilization"])
+    if ctx.profile.gpu.unified_memory:
+        if ctx.facts.memory is None:
+            return unknown("memory", ctx, "meminfo")
+        budget = min(ctx.facts.memory.available - OS_HEADROOM_BYTES,
+                     ctx.facts.memory.total * utilization)
+        source = "MemAvailable - host headroom (unified memory)"
+    else:
+        sizes = [gpu.memory_total_mib for gpu in ctx.facts.gpus]
+        if None in sizes:
+            return unknown("GPU memory", ctx, "gpus")
+        budget = min(size for size in sizes if size is not None) * 2**20 * utilization
+        source = "smallest GPU's memory x gpu_memory_utilization"
+    evidence = {"weights_gib": round(weights / 2**30, 1), "per_gpu_gib": round(share / 2**30, 1),
+                "budget_gib": round(budget / 2**30, 1), "weights_from": how, "budget_from": source}
+    if share > budget:
+        return fail(f"{evidence['per_gpu_gib']} GiB of weights per GPU exceed the "
+                    f"{evidence['budget_gib']} GiB budget", "raise tensor_parallel_size, use a smaller or "
+                    "more quantized model", **evidence)
+    if share > budget * KV_HEADROOM:
+        return warn(f"weights take {share / budget:.0%} of the budget: little room for the KV cache",
+                    "lower max_model_len or raise tensor_parallel_size", **evidence)
+    return ok(f"{evidence['per_gpu_gib']} GiB per GPU of {evidence['budget_gib']} GiB", **evidence)
+
+
+@rule("memory.unified_headroom", BLOCKER)
+def memory_unified_headroom(ctx: Context) -> Finding | None:
+    """On unified memory vLLM's share is of the whole RAM; it must leave the host room (UMA page cache
+    competes with CUDA; 0.85-0.87 is the field's advice, facts section 5)."""
+    if ctx.profile.gpu is None or not ctx.profile.gpu.unified_memory:
+        return None
+    if ctx.facts.memory is None:
+        return unknown("memory", ctx, "meminfo")
+    utilization = float(ctx.settings["gpu_memory_utilization"])
+    memory = ctx.facts.memory
+    wanted = memory.total * utilization
+    room = memory.available - OS_HEADROOM_BYTES
+    evidence = {"mem_total_gib": round(memory.total / 2**30, 1),
+                "mem_available_gib": round(memory.available / 2**30, 1),
+                "gpu_memory_utilization": utilization,
+                "nvidia_smi_memory": [gpu.memory_total_mib for gpu in ctx.facts.gpus]}
+    if wanted <= room:
+        return ok(f"{utilization} of {evidence['mem_total_gib']} GiB leaves the host its headroom", **evidence)
+    cap = max(0.05, int(room / memory.total * 100) / 100)
+    return fail(f"gpu_memory_utilization {utilization} asks for {wanted / 2**30:.1f} GiB but only "
+                f"{room / 2**30:.1f} GiB are available beside the host's {OS_HEADROOM_BYTES // 2**30} GiB",
+                f"--set gpu_memory_utilization={cap}", **evidence)
+
+
+# ---------------------------------------------------------------------------------------------
+# Disk and host
+
+
+@rule("disk.space", BLOCKER)
+def disk_space(ctx: Context) -> Finding:
+    """Room for the venv and the weights on the paths the inventory names (together where they share a
+    filesystem)."""
+    needs: dict[str, float] = {ctx.settings["venv_dir"]: ctx.profile.venv_gib * 2**30}
+    estimate = (ctx.weights_bytes, "") if ctx.weights_bytes else estimate_weights_bytes(ctx.settings["model"])
+    if estimate:
+        needs[ctx.settings["model_dir"]] = estimate[0] * 1.05
+    per_filesystem: dict[str, list[Any]] = {}
+    for path, need in needs.items():
+        disk = ctx.facts.disk_for(path)
+        if disk is None:
+            return unknown(f"free space at {path}", ctx, "disks")
+        entry = per_filesystem.setdefault(f"{disk.checked}:{disk.total_bytes}", [disk, 0.0, []])
+        entry[1] += need
+        entry[2].append(path)
+    evidence = {", ".join(paths): {"need_gib": round(need / 2**30, 1), "free_gib": round(disk.free_bytes / 2**30, 1),
+                                   "on": disk.checked}
+                for disk, need, paths in per_filesystem.values()}
+    short = [paths for disk, need, paths in per_filesystem.values() if disk.free_bytes < need]
+    if short:
+        return fail(f"not enough free disk for {', '.join(p for paths in short for p in paths)}",
+                    "free space there or point venv_dir/model_dir at a larger filesystem", **evidence)
+    return ok("enough free disk", **evidence)
+
+
+@rule("host.systemd", BLOCKER)
+def host_systemd(ctx: Context) -> Finding:
+    """The service is a systemd unit: systemd must be PID 1."""
+    if ctx.facts.init is None:
+        return unknown("PID 1", ctx, "init")
+    if ctx.facts.systemd_is_pid1:
+        return ok("systemd is PID 1", init=ctx.facts.init)
+    return fail(f"PID 1 is {ctx.facts.init}, not systemd", "run on a host booted with systemd",
+                init=ctx.facts.init)
+
+
+@rule("host.python", BLOCKER)
+def host_python(ctx: Context) -> Finding:
+    """python3 makes the venv; vLLM publishes wheels for Python 3.10-3.13."""
+    version = ctx.facts.python
+    if version is None:
+        return unknown("python3 version", ctx, "python")
+    found = version_tuple(version)[:2]
+    low, high = VLLM_PYTHON
+    if found < low:
+        return fail(f"python3 {version} is older than {low[0]}.{low[1]}",
+                    "install python3.12 (apt-get install python3.12 python3.12-venv)", python=version)
+    if found > high:
+        return warn(f"python3 {version} is newer than vLLM's wheels ({high[0]}.{high[1]})",
+                    "install python3.12 beside it for the venv", python=version)
+    return ok(f"python3 {version}", python=version)
+
+
+@rule("host.service_user", WARNING)
+def host_service_user(ctx: Context) -> Finding:
+    """The server runs as its own unprivileged user, created by provision."""
+    user = ctx.settings["service_user"]
+    if user == "root":
+        return fail("the server would run as root", "--set service_user=vllm", service_user=user)
+    return ok(f"runs as {user}", service_user=user)
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration conflicts
+
+
+@rule("config.custom_allreduce", WARNING)
+def config_custom_allreduce(ctx: Context) -> Finding | None:
+    """expandable_segments:True + TP > 1 + custom all-reduce crashes at startup
+    (custom_all_reduce.cuh:455 'invalid argument'; vllm #42609, #56180 on 2x RTX 5090). Resolved by
+    passing --disable-custom-all-reduce; forcing it on is warned about."""
+    conf = " ".join(filter(None, (ctx.env("PYTORCH_ALLOC_CONF"), ctx.env("PYTORCH_CUDA_ALLOC_CONF"))))
+    if ctx.profile.gpu is None or int(ctx.settings["tensor_parallel_size"]) <= 1 or \
+            "expandable_segments:True" not in conf:
+        return None
+    evidence = {"alloc_conf": conf, "tensor_parallel_size": ctx.settings["tensor_parallel_size"]}
+    if "--no-disable-custom-all-reduce" in ctx.extra_args:
+        return fail("custom all-reduce is forced on with expandable_segments and TP > 1: a known startup "
+                    "crash", "drop --no-disable-custom-all-reduce or expandable_segments:True", **evidence)
+    if "--disable-custom-all-reduce" in ctx.extra_args:
+        return ok("custom all-reduce already disabled", **evidence)
+    return Finding("", "", PASS, "resolved: the server gets --disable-custom-all-reduce", evidence,
+                   resolution={"extra_args": ["--disable-custom-all-reduce"]})
+
+
+@rule("config.quantization_awq", WARNING)
+def config_quantization_awq(ctx: Context) -> Finding | None:
+    """An explicit `--quantization awq` forces the slow AWQ kernel (~5x slower) instead of the awq_marlin
+    vLLM picks by itself (vllm #20112, #21376, #6985)."""
+    chosen = _arg_value(ctx.extra_args, "--quantization") or _arg_value(ctx.extra_args, "-q")
+    if chosen is None:
+        return None
+    if chosen == "awq":
+        return fail("--quantization awq forces the slow AWQ kernel",
+                    "remove --quantization awq from extra_args: vLLM picks awq_marlin itself",
+                    quantization=chosen)
+    return ok(f"--quantization {chosen}", quantization=chosen)
+
+
+@rule("config.bitsandbytes", BLOCKER)
+def config_bitsandbytes(ctx: Context) -> Finding | None:
+    """bitsandbytes quantization produces garbage output on sm_120."""
+    if ctx.profile.gpu is None or ctx.profile.gpu.compute_capability != "12.0":
+        return None
+    chosen = _arg_value(ctx.extra_args, "--quantization") or ""
+    model = str(ctx.settings["model"] or "")
+    if chosen == "bitsandbytes" or re.search(r"bnb|bitsandbytes", model, re.IGNORECASE):
+        return fail("bitsandbytes on sm_120 gives garbage output", "use an AWQ or GPTQ checkpoint",
+                    quantization=chosen or None, model=model)
+    return ok("no bitsandbytes", model=model)
+
+
+@rule("config.dmabuf", BLOCKER)
+def config_dmabuf(ctx: Context) -> Finding | None:
+    """NCCL_DMABUF_ENABLE=1 needs the open module and Linux >= 5.12 (nccl PR #682, pplx-garden #3);
+    DGX Spark has no dma-buf at all (porting guide: DMA_BUF_SUPPORTED=0), so never force it there."""
+    if ctx.env("NCCL_DMABUF_ENABLE") != "1" or ctx.profile.gpu is None:
+        return None
+    evidence = {"NCCL_DMABUF_ENABLE": "1", "kernel": ctx.facts.kernel,
+                "flavour": ctx.facts.driver.flavour if ctx.facts.driver else None}
+    fix = "--set environment='{NCCL_DMABUF_ENABLE: \"0\"}'"
+    if not ctx.profile.gpu.dmabuf:
+        return fail(f"{ctx.profile.name} has no dma-buf support; NCCL_DMABUF_ENABLE=1 is wrong here", fix,
+                    **evidence)
+    if ctx.facts.driver is not None and ctx.facts.driver.flavour != "open":
+        return fail("dma-buf needs the open kernel module", fix, **evidence)
+    if ctx.facts.kernel and version_tuple(ctx.facts.kernel)[:2] < DMABUF_MIN_KERNEL:
+        return fail("dma-buf needs Linux 5.12 or newer", fix, **evidence)
+    return ok("dma-buf usable", **evidence)
+
+
+@rule("config.peermem", BLOCKER)
+def config_peermem(ctx: Context) -> Finding | None:
+    """No GPUDirect RDMA on DGX Spark (or GeForce): nvidia_peermem must not be loaded (porting guide)."""
+    if ctx.profile.gpu is None or ctx.profile.gpu.gpudirect_rdma:
+        return None
+    if ctx.facts.modules is None:
+        return warn(f"loaded modules unknown ({ctx.facts.notes.get('modules', 'no value')})",
+                    "make /proc/modules readable", modules=None)
+    if "nvidia_peermem" in ctx.facts.modules:
+        return fail("nvidia_peermem is loaded on a GPU without GPUDirect RDMA",
+                    "rmmod nvidia_peermem; remove it from /etc/modules-load.d", modules=["nvidia_peermem"])
+    return ok("nvidia_peermem not loaded")
+
+
+@rule("config.triton_ptxas", BLOCKER)
+def config_triton_ptxas(ctx: Context) -> Finding | None:
+    """On sm_121 Triton's bundled ptxas fails ("Value 'sm_121a' is not defined for option 'gpu-name'",
+    triton #8539): TRITON_PTXAS_PATH must point to a CUDA 13 ptxas."""
+    if ctx.profile.cuda is None or not ctx.profile.cuda.torch_cuda_arch_list.startswith("12.1"):
+        return None
+    path = ctx.env("TRITON_PTXAS_PATH")
+    evidence = {"TRITON_PTXAS_PATH": path, "ptxas_cuda": ctx.facts.ptxas_cuda}
+    if ctx.facts.ptxas_cuda is None or version_tuple(ctx.facts.ptxas_cuda) < (13,):
+        return fail("no CUDA 13 ptxas at /usr/local/cuda/bin/ptxas",
+                    "apt-get install cuda-toolkit-13-0", **evidence)
+    if path != "/usr/local/cuda/bin/ptxas":
+        return fail("TRITON_PTXAS_PATH does not point to the CUDA 13 ptxas",
+                    "environment TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas", **evidence)
+    return ok(f"Triton uses CUDA {ctx.facts.ptxas_cuda} ptxas", **evidence)
+
+
+@rule("config.attention_backend", WARNING)
+def config_attention_backend(ctx: Context) -> Finding | None:
+    """VLLM_ATTENTION_BACKEND is deprecated since vLLM 0.14 and silently ignored from 0.26 (vllm #50292);
+    use --attention-backend."""
+    if ctx.env("VLLM_ATTENTION_BACKEND") is None:
+        return None
+    spec = ctx.settings["vllm_spec"] or ""
+    pinned = re.search(r"==\s*(\d+\.\d+(?:\.\d+)?)", spec)
+    version = pinned.group(1) if pinned else (ctx.facts.venv.vllm if ctx.facts.venv else None)
+    evidence = {"VLLM_ATTENTION_BACKEND": ctx.env("VLLM_ATTENTION_BACKEND"), "vllm": version}
+    fix = f"extra_args: [--attention-backend, {ctx.env('VLLM_ATTENTION_BACKEND')}] instead of the variable"
+    if version and version_tuple(version)[:2] >= (0, 26):
+        return fail(f"vLLM {version} ignores VLLM_ATTENTION_BACKEND", fix, **evidence)
+    if version and version_tuple(version)[:2] < (0, 14):
+        return ok(f"vLLM {version} reads VLLM_ATTENTION_BACKEND (the flag came later)", **evidence)
+    return fail(f"VLLM_ATTENTION_BACKEND is deprecated{'' if version else ' (vLLM version unknown)'}", fix,
+                **evidence)
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-GPU and multi-node
+
+
+@rule("pcie.link", WARNING)
+def pcie_link(ctx: Context) -> Finding | None:
+    """Multi-GPU over PCIe: a link below the GPU's generation or narrower than its width halves the
+    all-reduce bandwidth. Generation is judged on pcie.link.gen.max (what GPU and slot can reach), since
+    idle cards drop their current generation."""
+    expectation = ctx.profile.gpu
+    if expectation is None or expectation.pcie_gen is None or len(ctx.facts.gpus) < 2:
+        return None
+    slow = {str(gpu.index): {"gen_max": gpu.pcie_gen_max, "width": gpu.pcie_width_current,
+                             "width_max": gpu.pcie_width_max}
+            for gpu in ctx.facts.gpus
+            if (gpu.pcie_gen_max or 0) < expectation.pcie_gen
+            or (gpu.pcie_width_current or 0) < (gpu.pcie_width_max or 0)}
+    if slow:
+        return fail(f"GPU(s) {', '.join(slow)} link below Gen{expectation.pcie_gen} or below full width",
+                    "move the cards to full-width Gen5 slots (check the BIOS PCIe settings)", links=slow)
+    return ok(f"every link Gen{expectation.pcie_gen}, full width")
+
+
+@rule("nccl.version", BLOCKER)
+def nccl_version(ctx: Context) -> Finding | None:
+    """NCCL 2.25 fails on RTX 5090 (ncclMaxSharedMem exceeds the device's); fixed in 2.26.2 (nccl #1637).
+    Read from the installed venv's torch; skipped until the venv exists."""
+    minimum = ctx.profile.nccl_minimum
+    if minimum is None or ctx.facts.venv is None or ctx.facts.venv.nccl is None:
+        return None
+    found = ctx.facts.venv.nccl
+    if version_tuple(found) >= version_tuple(minimum):
+        return ok(f"NCCL {found}", nccl=found, minimum=minimum)
+    return fail(f"NCCL {found} is older than {minimum}", "install a torch build with NCCL >= 2.26.2",
+                nccl=found, minimum=minimum)
+
+
+@rule("venv.arch", BLOCKER)
+def venv_arch(ctx: Context) -> Finding | None:
+    """The venv's torch must carry kernels for the host's GPU ("no kernel image is available" otherwise,
+    vllm #13306); sm_121 runs sm_120 code (published wheels have no sm_121, facts section 2)."""
+    if ctx.profile.gpu is None or ctx.facts.venv is None or not ctx.facts.venv.arch_flags:
+        return None
+    targets = ctx.facts.venv.sm_targets
+    wanted = ctx.profile.gpu.compute_capability
+    compatible = {wanted} | ({"12.0"} if wanted == "12.1" else set())
+    if compatible & set(targets):
+        return ok(f"torch built for {', '.join(targets)}", targets=list(targets))
+    return fail(f"torch in the venv has no kernels for sm_{wanted.replace('.', '')} (has {', '.join(targets)})",
+                f"install a build with TORCH_CUDA_ARCH_LIST={ctx.profile.cuda.torch_cuda_arch_list if ctx.profile.cuda else wanted}",
+                targets=list(targets), wanted=wanted)
+
+
+def _cluster_network(ctx: Context) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    if ctx.settings["cluster_network"]:
+        return ipaddress.ip_network(ctx.settings["cluster_network"])
+    head = ctx.peers.get(ctx.cluster.head) if ctx.cluster else None
+    if head is None or ctx.head_address is None:
+        return None
+    for interface in head.interfaces:
+        for address in interface.addresses:
+            if address.split("/")[0] == ctx.head_address:
+                return ipaddress.ip_interface(address).network
+    return None
+
+
+@rule("cluster.network", BLOCKER)
+def cluster_network(ctx: Context) -> Finding | None:
+    """Each node needs an interface on the cluster network: its VLLM_HOST_IP, NCCL_SOCKET_IFNAME and
+    GLOO_SOCKET_IFNAME come from it, and names differ per node (NVIDIA dgx-spark-playbooks)."""
+    if ctx.cluster is None or not ctx.cluster.multi_node:
+        return None
+    network = _cluster_network(ctx)
+    if network is None:
+        return fail("the cluster network is unknown", "--set cluster_network=CIDR (the nodes' shared subnet)",
+                    head_address=ctx.head_address)
+    for interface in ctx.facts.interfaces:
+        for address in interface.addresses:
+            if ipaddress.ip_interface(address).ip in network:
+                return ok(f"{interface.name} {address} on {network}", interface=interface.name,
+                          address=address, network=str(network))
+    return fail(f"no interface on the cluster network {network}",
+                "connect this node to the cluster network or set cluster_network", network=str(network),
+                interfaces={i.name: list(i.addresses) for i in ctx.facts.interfaces if i.name != "lo"})
+
+
+@rule("cluster.rdma", WARNING)
+def cluster_rdma(ctx: Context) -> Finding | None:
+    """Multi-node NCCL wants RDMA (the Spark's CX-7 twins: NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1); without it
+    NCCL falls back to sockets."""
+    if ctx.cluster is None or not ctx.cluster.multi_node:
+        return None
+    links = [link for link in ctx.facts.rdma or () if link.up]
+    if not links:
+        return fail("no RDMA link up: NCCL will use TCP sockets", "cable the CX-7/ConnectX ports and "
+                    "bring them up", rdma=ctx.facts.notes.get("rdma") or "none up")
+    return ok(f"NCCL_IB_HCA={','.join(link.device for link in links)}",
+              NCCL_IB_HCA=",".join(link.device for link in links), netdevs=[link.netdev for link in links])
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the gate
+
+
+def evaluate(ctx: Context, force: Iterable[str] = ()) -> list[Finding]:
+    """Every rule on one host, in checklist order; forced blockers are marked, not hidden."""
+    forced = set(force)
+    findings = []
+    for rule_id, _, run in RULES:
+        finding = run(ctx)
+        if finding.blocks and rule_id in forced:
+            finding = replace(finding, status=FORCED)
+        findings.append(finding)
+    return findings
+
+
+def contexts(inventory: Inventory, facts: Mapping[str, HostFacts], overrides: Mapping[str, Any],
+             profile: Profile | None = None, weights_bytes: int | None = None) -> dict[str, Context]:
+    """A Context for every host with facts, its cluster peers' facts attached."""
+    result = {}
+    for name, host_facts in facts.items():
+        cluster = inventory.cluster_of(name)
+        peers = {member: facts[member] for member in cluster.hosts if member in facts} if cluster else {}
+        head_address = inventory.host(cluster.head).address if cluster else None
+        result[name] = Context(host=name, profile=profile or inventory.host(name).profile,
+                               settings=inventory.settings(name, overrides, profile=profile),
+                               facts=host_facts, cluster=cluster, peers=peers, head_address=head_address,
+                               weights_bytes=weights_bytes)
+    return result
+
+
+def verdict(findings: Sequence[Finding]) -> str:
+    if any(finding.blocks for finding in findings):
+        return "blocked"
+    if any(finding.status == FAIL for finding in findings):
+        return "warnings"
+    return "ok"
+
+
+def resolutions(findings: Sequence[Finding]) -> list[str]:
+    """Extra server arguments the gate decided on (e.g. --disable-custom-all-reduce)."""
+    extra: list[str] = []
+    for finding in findings:
+        extra.extend(arg for arg in finding.resolution.get("extra_args", []) if arg not in extra)
+    return extra
+
+
+RULE_IDS = tuple(rule_id for rule_id, _, _ in RULES)

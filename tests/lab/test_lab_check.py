@@ -1,0 +1,82 @@
+"""`invoke check` over SSH on lab hosts playing good and failing configurations."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from provision import checks, lab
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.lab
+
+
+@pytest.fixture(scope="module")
+def broken_host(the_lab: lab.Lab) -> str:
+    the_lab.up(["ws-broken"], progress=lambda line: None)
+    return "ws-broken"
+
+
+def run_invoke(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+def by_id(report: dict, host: str) -> dict[str, dict]:
+    return {finding["id"]: finding for finding in report["hosts"][host]["findings"]}
+
+
+def test_failing_workstation_is_blocked_with_the_right_findings(broken_host: str) -> None:
+    done = run_invoke("check", "--cluster", "lab-broken", "--json")
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert report["blocked"] == ["ws-broken"]
+    found = by_id(report, "ws-broken")
+    failing = {rule for rule, finding in found.items() if finding["status"] == "fail"}
+    assert failing == {"kernel.version", "driver.flavour", "gpu.count", "disk.space", "config.dmabuf"}
+    assert found["kernel.version"]["evidence"] == {"kernel": "6.8.0-45-generic", "minimum": "6.14"}
+    assert found["gpu.count"]["evidence"]["gpus"] == 1
+    small = found["disk.space"]["evidence"]
+    assert all(entry["free_gib"] < 1 for entry in small.values())  # the 64 MiB filesystems, read for real
+
+
+def test_forcing_every_blocker_lets_it_pass_but_keeps_them_in_the_report(broken_host: str) -> None:
+    forced = ["kernel.version", "driver.flavour", "gpu.count", "disk.space", "config.dmabuf"]
+    args = [arg for rule in forced for arg in ("--force", rule)]
+    done = run_invoke("check", "--host", "ws-broken", "--json", *args)
+    assert done.returncode == 0, done.stdout
+    found = by_id(json.loads(done.stdout), "ws-broken")
+    assert {rule for rule, f in found.items() if f["status"] == "forced"} == set(forced)
+
+
+def test_unknown_force_id_is_bad_usage(the_lab: lab.Lab) -> None:
+    done = run_invoke("check", "--host", "cpu-1", "--force", "kernel.versoin")
+    assert done.returncode == 2 and "unknown checks: kernel.versoin" in done.stderr
+
+
+def test_spark_pair_passes_with_gb10_memory_from_meminfo(the_lab: lab.Lab) -> None:
+    done = run_invoke("check", "--cluster", "lab-spark", "--json")
+    assert done.returncode == 0, done.stdout
+    report = json.loads(done.stdout)
+    for host in ("spark-a", "spark-b"):
+        found = by_id(report, host)
+        assert found["memory.unified_headroom"]["status"] == "pass"
+        assert found["memory.unified_headroom"]["evidence"]["nvidia_smi_memory"] == [None]
+        assert found["config.triton_ptxas"]["status"] == "pass"
+        assert found["cluster.network"]["status"] == "pass"
+    assert report["hosts"]["spark-a"]["resolutions"] == {"extra_args": ["--disable-custom-all-reduce"]}
+
+
+def test_check_json_shape_is_stable(the_lab: lab.Lab) -> None:
+    done = run_invoke("check", "--host", "cpu-1", "--json")
+    report = json.loads(done.stdout)
+    assert set(report) == {"hosts", "errors", "blocked"}
+    host = report["hosts"]["cpu-1"]
+    assert set(host) == {"verdict", "findings", "resolutions"}
+    assert [finding["id"] for finding in host["findings"]] == list(checks.RULE_IDS)
+    for finding in host["findings"]:
+        assert set(finding) == {"id", "severity", "status", "message", "evidence", "fix"}
+        assert finding["severity"] in {"blocker", "warning", "info"}
+        assert finding["status"] in {"pass", "fail", "skip", "forced"}

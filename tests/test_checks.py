@@ -1,0 +1,252 @@
+"""The gate, table-driven: recorded hosts x inventory settings -> the verdict of every rule.
+
+Each case starts from a lab machine recording (real or composed outputs), changes what the case is
+about, and names the expected status of the rules it exercises. A last test proves the table covers
+a pass and a fail of every rule.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Any, Callable
+
+import pytest
+
+from provision import checks, facts, inventory, lab, parsers
+from provision.facts import DiskSpace, HostFacts
+from provision.inventory import Cluster, Settings
+from provision.profiles import load_profiles
+from tests.fakes import ok, probe_answer_from_recording
+
+PROFILES = load_profiles()
+GIB = 2**30
+
+
+def recorded(machine: str) -> HostFacts:
+    answer = probe_answer_from_recording(lab.load_machine(machine), python="3.12.3")
+    gathered = facts.facts_from_probe(machine, ok(answer))
+    roomy = tuple(DiskSpace(path, "/", False, 500 * GIB, 1000 * GIB)
+                  for path in ("/opt/vllm/venv", "/var/lib/vllm/models", "/var/lib/vllm/hf"))
+    return dataclasses.replace(gathered, disks=roomy, init="systemd")
+
+
+def settings(profile: str, **values: Any) -> Settings:
+    inv = inventory.Inventory(hosts={}, groups={}, clusters={}, ssh=inventory.SshSettings())
+    host = inventory.Host(name="h", address="10.0.0.1", port=22, user="root", profile=PROFILES[profile],
+                          connection="ssh", key_file=None, vars=inventory.validate_vars(values, source="t",
+                                                                                          entity=None),
+                          source="t")
+    inv = dataclasses.replace(inv, hosts={"h": host})
+    return inv.settings("h")
+
+
+def with_gpus(count: int) -> Callable[[HostFacts], HostFacts]:
+    return lambda f: dataclasses.replace(f, gpus=f.gpus[:count])
+
+
+def venv(**values: Any) -> Callable[[HostFacts], HostFacts]:
+    base = dict(python="3.12.3", vllm="0.11.0", torch="2.8.0+cu128", cuda="12.8",
+                arch_flags="-gencode compute=compute_120,code=sm_120", nccl="2.27.3")
+    base.update(values)
+    return lambda f: dataclasses.replace(f, venv=parsers.VenvInfo(**base))
+
+
+def spark_pair(second: HostFacts | None = None) -> dict[str, HostFacts]:
+    a = recorded("dgx-spark-gb10")
+    b = second or a
+    net = (parsers.Interface("enp1s0f1np1", True, 9000, None, ("192.168.100.10/24",)),)
+    net_b = (parsers.Interface("enP2p1s0f1np1", True, 9000, None, ("192.168.100.11/24",)),)
+    return {"spark-a": dataclasses.replace(a, interfaces=net),
+            "spark-b": dataclasses.replace(b, interfaces=b.interfaces if second else net_b)}
+
+
+PAIR = Cluster(name="pair", hosts=("spark-a", "spark-b"), head="spark-a", vars={})
+
+# (case id, machine, profile, settings, change to the facts, cluster peers or None, expected statuses)
+CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts] | None,
+                  dict[str, HostFacts] | None, dict[str, str]]] = [
+    ("rtx5090x2-tp2-awq32b-all-good", "rtx5090x2-tr7960x", "rtx5090",
+     {"model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2}, None, None,
+     {"kernel.version": "pass", "driver.loaded": "pass", "driver.flavour": "pass", "driver.version": "pass",
+      "driver.nouveau": "pass", "gpu.present": "pass", "gpu.compute_capability": "pass", "gpu.count": "pass",
+      "memory.fits": "pass", "disk.space": "pass", "host.systemd": "pass", "host.python": "pass",
+      "host.service_user": "pass", "config.dmabuf": "pass", "config.peermem": "pass", "pcie.link": "pass",
+      "config.bitsandbytes": "pass", "cluster.topology": "skip", "memory.unified_headroom": "skip",
+      "config.triton_ptxas": "skip", "nccl.version": "skip", "venv.arch": "skip",
+      "config.custom_allreduce": "skip", "config.quantization_awq": "skip"}),
+    ("rtx5090-old-kernel-proprietary-one-gpu", "rtx5090x1-kernel68-proprietary", "rtx5090",
+     {"model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2}, None, None,
+     {"kernel.version": "fail", "driver.flavour": "fail", "gpu.count": "fail", "config.dmabuf": "fail"}),
+    ("rtx5090-driver-too-old-for-cuda-13", "rtx5090x2-tr7960x", "rtx5090", {"cuda_version": "13.0"},
+     None, None, {"driver.version": "fail"}),
+    ("rtx5090-no-driver", "rtx5090x2-tr7960x", "rtx5090", {},
+     lambda f: dataclasses.replace(f, driver=None, gpus=(), notes={"gpus": "nvidia-smi: exit 9"}), None,
+     {"driver.loaded": "fail", "gpu.present": "fail", "driver.flavour": "skip"}),
+    ("rtx5090-nouveau-and-peermem", "rtx5090x2-tr7960x", "rtx5090", {},
+     lambda f: dataclasses.replace(f, modules=frozenset({"nouveau", "nvidia_peermem", "nvidia"})), None,
+     {"driver.nouveau": "fail", "config.peermem": "fail"}),
+    ("rtx5090-modules-unknown-warns", "rtx5090x2-tr7960x", "rtx5090", {},
+     lambda f: dataclasses.replace(f, modules=None), None, {"driver.nouveau": "fail"}),
+    ("h200-playing-rtx5090-profile", "h200x2-driver580", "rtx5090", {}, None, None,
+     {"gpu.compute_capability": "fail"}),
+    ("rtx5090-72b-does-not-fit", "rtx5090x2-tr7960x", "rtx5090",
+     {"model": "Qwen/Qwen2.5-72B-Instruct", "tensor_parallel_size": 2}, None, None,
+     {"memory.fits": "fail"}),
+    ("rtx5090-tight-kv-headroom", "rtx5090x2-tr7960x", "rtx5090",
+     {"model": "google/gemma-2-27b-it", "tensor_parallel_size": 2}, None, None, {"memory.fits": "fail"}),
+    ("rtx5090-tiny-disk", "rtx5090x2-tr7960x", "rtx5090", {"model": "Qwen/Qwen2.5-32B-Instruct-AWQ"},
+     lambda f: dataclasses.replace(f, disks=tuple(DiskSpace(d.path, "/opt", False, 60 * 2**20, 64 * 2**20)
+                                                  for d in f.disks)), None, {"disk.space": "fail"}),
+    ("no-systemd-old-python", "rtx5090x2-tr7960x", "rtx5090", {},
+     lambda f: dataclasses.replace(f, init="process_api", python="3.8.10"), None,
+     {"host.systemd": "fail", "host.python": "fail"}),
+    ("root-service-user", "rtx5090x2-tr7960x", "rtx5090", {"service_user": "root"}, None, None,
+     {"host.service_user": "fail"}),
+    ("expandable-segments-tp2-resolved", "rtx5090x2-tr7960x", "rtx5090",
+     {"tensor_parallel_size": 2, "environment": {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}},
+     None, None, {"config.custom_allreduce": "pass"}),
+    ("expandable-segments-custom-ar-forced", "rtx5090x2-tr7960x", "rtx5090",
+     {"tensor_parallel_size": 2, "environment": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+      "extra_args": ["--no-disable-custom-all-reduce"]}, None, None, {"config.custom_allreduce": "fail"}),
+    ("explicit-quantization-awq", "rtx5090x2-tr7960x", "rtx5090",
+     {"extra_args": ["--quantization", "awq"]}, None, None, {"config.quantization_awq": "fail"}),
+    ("quantization-awq-marlin-ok", "rtx5090x2-tr7960x", "rtx5090",
+     {"extra_args": ["--quantization=awq_marlin"]}, None, None, {"config.quantization_awq": "pass"}),
+    ("bitsandbytes-on-sm120", "rtx5090x2-tr7960x", "rtx5090",
+     {"model": "unsloth/Qwen2.5-14B-Instruct-bnb-4bit"}, None, None, {"config.bitsandbytes": "fail"}),
+    ("pcie-x8-link", "rtx5090x2-tr7960x", "rtx5090", {},
+     lambda f: dataclasses.replace(f, gpus=(f.gpus[0], dataclasses.replace(f.gpus[1], pcie_width_current=8))),
+     None, {"pcie.link": "fail"}),
+    ("venv-nccl-2-25", "rtx5090x2-tr7960x", "rtx5090", {}, venv(nccl="2.25.1"), None,
+     {"nccl.version": "fail", "venv.arch": "pass"}),
+    ("venv-nccl-2-26-2", "rtx5090x2-tr7960x", "rtx5090", {}, venv(nccl="2.26.2"), None,
+     {"nccl.version": "pass"}),
+    ("venv-torch-without-sm120", "rtx5090x2-tr7960x", "rtx5090", {},
+     venv(arch_flags="-gencode compute=compute_80,code=sm_80 -gencode compute=compute_90,code=sm_90"), None,
+     {"venv.arch": "fail"}),
+    ("attention-backend-variable-on-0-26", "rtx5090x2-tr7960x", "rtx5090",
+     {"vllm_spec": "vllm==0.26.0", "environment": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}}, None, None,
+     {"config.attention_backend": "fail"}),
+    ("attention-backend-variable-on-0-13", "rtx5090x2-tr7960x", "rtx5090",
+     {"vllm_spec": "vllm==0.13.0", "environment": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}}, None, None,
+     {"config.attention_backend": "pass"}),
+    ("spark-pair-good", "dgx-spark-gb10", "dgx-spark",
+     {"model": "Qwen/Qwen2.5-72B-Instruct-AWQ", "tensor_parallel_size": 2}, None, spark_pair(),
+     {"kernel.version": "pass", "memory.unified_headroom": "pass", "memory.fits": "pass",
+      "config.triton_ptxas": "pass", "cluster.topology": "pass", "cluster.network": "pass",
+      "cluster.rdma": "pass", "config.dmabuf": "skip", "pcie.link": "skip", "venv.arch": "skip",
+      "config.custom_allreduce": "pass"}),
+    ("spark-dmabuf-forced", "dgx-spark-gb10", "dgx-spark", {"environment": {"NCCL_DMABUF_ENABLE": "1"}},
+     None, None, {"config.dmabuf": "fail"}),
+    ("spark-utilization-too-high", "dgx-spark-gb10", "dgx-spark", {"gpu_memory_utilization": 0.97},
+     None, None, {"memory.unified_headroom": "fail"}),
+    ("spark-no-cuda13-ptxas", "dgx-spark-gb10", "dgx-spark", {},
+     lambda f: dataclasses.replace(f, ptxas_cuda="12.8"), None, {"config.triton_ptxas": "fail"}),
+    ("spark-ptxas-path-unset", "dgx-spark-gb10", "dgx-spark", {"environment": {"TRITON_PTXAS_PATH": "/usr/bin/ptxas"}},
+     None, None, {"config.triton_ptxas": "fail"}),
+    ("spark-6-8-kernel-refused", "dgx-spark-gb10", "dgx-spark", {},
+     lambda f: dataclasses.replace(f, kernel="6.8.0-1010-generic"), None, {"kernel.version": "fail"}),
+    ("spark-torch-sm120-runs-on-sm121", "dgx-spark-gb10", "dgx-spark", {}, venv(), None,
+     {"venv.arch": "pass"}),
+    ("spark-pair-second-node-off-network-no-rdma", "dgx-spark-gb10", "dgx-spark",
+     {"tensor_parallel_size": 4}, None,
+     spark_pair(dataclasses.replace(recorded("dgx-spark-gb10"), rdma=(), interfaces=(
+         parsers.Interface("enP7s7", True, 1500, None, ("10.0.0.7/24",)),))),
+     {"cluster.topology": "fail", "gpu.count": "fail", "cluster.network": "fail", "cluster.rdma": "fail"}),
+    ("cpu-host", "h200x2-driver580", "cpu", {}, lambda f: dataclasses.replace(f, gpus=(), driver=None), None,
+     {"kernel.version": "pass", "driver.loaded": "skip", "gpu.present": "skip", "memory.fits": "skip",
+      "disk.space": "pass"}),
+]
+
+
+def context_for(case: tuple) -> dict[str, checks.Context]:
+    name, machine, profile, values, change, peers, _ = case
+    host_facts = recorded(machine)
+    if change:
+        host_facts = change(host_facts)
+    resolved = settings(profile, **values)
+    if peers is None:
+        return {"h": checks.Context(host="h", profile=PROFILES[profile], settings=resolved, facts=host_facts)}
+    result = {}
+    for node, node_facts in peers.items():
+        node_facts = change(node_facts) if change and node == "spark-a" else node_facts
+        result[node] = checks.Context(host=node, profile=PROFILES[profile], settings=resolved,
+                                      facts=node_facts, cluster=PAIR, peers=peers,
+                                      head_address="192.168.100.10")
+    return result
+
+
+def statuses(case: tuple) -> dict[str, str]:
+    """Each rule's status; on a cluster, the head's, except rules failing on a node, which show that."""
+    found: dict[str, str] = {}
+    for ctx in context_for(case).values():
+        for finding in checks.evaluate(ctx):
+            if found.get(finding.id) in (None, "skip") or finding.status == "fail":
+                found[finding.id] = finding.status
+    return found
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
+def test_rule_verdicts(case: tuple) -> None:
+    found = statuses(case)
+    expected = case[-1]
+    assert {rule: found[rule] for rule in expected} == expected
+
+
+def test_the_table_covers_a_pass_and_a_fail_of_every_rule() -> None:
+    seen: dict[str, set[str]] = defaultdict(set)
+    for case in CASES:
+        for rule_id, status in case[-1].items():
+            seen[rule_id].add(status)
+    missing = {rule_id: {"pass", "fail"} - seen[rule_id] for rule_id in checks.RULE_IDS
+               if {"pass", "fail"} - seen[rule_id]}
+    assert not missing
+
+
+def test_spark_second_node_problems_are_reported_on_that_node() -> None:
+    case = next(c for c in CASES if c[0] == "spark-pair-second-node-off-network-no-rdma")
+    by_host = {name: {f.id: f for f in checks.evaluate(ctx)} for name, ctx in context_for(case).items()}
+    assert by_host["spark-b"]["cluster.network"].status == "fail"
+    assert by_host["spark-b"]["cluster.rdma"].status == "fail"
+    assert by_host["spark-a"]["cluster.network"].status == "pass"
+
+
+def test_tight_kv_headroom_warns_rather_than_blocks() -> None:
+    case = next(c for c in CASES if c[0] == "rtx5090-tight-kv-headroom")
+    (ctx,) = context_for(case).values()
+    fits = {f.id: f for f in checks.evaluate(ctx)}["memory.fits"]
+    assert fits.severity == "warning" and "KV cache" in fits.message
+
+
+def test_findings_carry_evidence_and_fix() -> None:
+    case = next(c for c in CASES if c[0] == "rtx5090-old-kernel-proprietary-one-gpu")
+    (ctx,) = context_for(case).values()
+    findings = {f.id: f for f in checks.evaluate(ctx)}
+    kernel = findings["kernel.version"]
+    assert kernel.evidence == {"kernel": "6.8.0-45-generic", "minimum": "6.14"}
+    assert "linux-generic-hwe-24.04" in (kernel.fix or "")
+    assert findings["driver.flavour"].fix and "nvidia-driver-570-open" in findings["driver.flavour"].fix
+    assert checks.verdict(list(findings.values())) == "blocked"
+
+
+def test_resolution_is_handed_to_rendering_and_force_marks_not_hides() -> None:
+    case = next(c for c in CASES if c[0] == "expandable-segments-tp2-resolved")
+    (ctx,) = context_for(case).values()
+    assert checks.resolutions(checks.evaluate(ctx)) == ["--disable-custom-all-reduce"]
+    broken = next(c for c in CASES if c[0] == "rtx5090-old-kernel-proprietary-one-gpu")
+    (bctx,) = context_for(broken).values()
+    forced = {f.id: f for f in checks.evaluate(bctx, force=["kernel.version"])}
+    assert forced["kernel.version"].status == "forced" and forced["driver.flavour"].status == "fail"
+
+
+def test_gb10_budget_comes_from_meminfo_not_nvidia_smi() -> None:
+    case = next(c for c in CASES if c[0] == "spark-pair-good")
+    ctx = context_for(case)["spark-a"]
+    fits = {f.id: f for f in checks.evaluate(ctx)}["memory.fits"]
+    assert fits.evidence["budget_from"].startswith("MemAvailable")
+    assert ctx.facts.gpus[0].memory_total_mib is None
+
+
+def test_every_rule_says_its_source() -> None:
+    for rule_id, _, run in checks.RULES:
+        assert run.__doc__ and len(run.__doc__) > 40, rule_id
