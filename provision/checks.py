@@ -604,7 +604,7 @@ def venv_arch(ctx: Context) -> Finding | None:
                 targets=list(targets), wanted=wanted)
 
 
-def _cluster_network(ctx: Context) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+def cluster_network_of(ctx: Context) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
     if ctx.settings["cluster_network"]:
         return ipaddress.ip_network(ctx.settings["cluster_network"])
     head = ctx.peers.get(ctx.cluster.head) if ctx.cluster else None
@@ -623,7 +623,7 @@ def cluster_network(ctx: Context) -> Finding | None:
     GLOO_SOCKET_IFNAME come from it, and names differ per node (NVIDIA dgx-spark-playbooks)."""
     if ctx.cluster is None or not ctx.cluster.multi_node:
         return None
-    network = _cluster_network(ctx)
+    network = cluster_network_of(ctx)
     if network is None:
         return fail("the cluster network is unknown", "--set cluster_network=CIDR (the nodes' shared subnet)",
                     head_address=ctx.head_address)

@@ -102,6 +102,8 @@ class HostFacts:
     disks: tuple[DiskSpace, ...] = ()
     ptxas_cuda: str | None = None  # CUDA release of /usr/local/cuda/bin/ptxas, e.g. "13.0"
     venv: VenvInfo | None = None
+    files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # inspected paths
+    users: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # inspected users
     notes: Mapping[str, str] = field(default_factory=dict)
 
     def disk_for(self, path: str) -> DiskSpace | None:
@@ -113,16 +115,21 @@ class HostFacts:
 
     def as_json(self) -> dict[str, Any]:
         data: dict[str, Any] = parsers.json_ready(self)
+        # File contents may hold secrets (the environment file); facts show hashes only.
+        data["files"] = {path: {k: v for k, v in state.items() if k != "content"}
+                         for path, state in self.files.items()}
         data["systemd_is_pid1"] = self.systemd_is_pid1
         return data
 
 
-def probe_spec(facts: Sequence[Fact], paths: Iterable[str], timeout: float) -> dict[str, Any]:
+def probe_spec(facts: Sequence[Fact], paths: Iterable[str], timeout: float,
+               inspect: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
     return {
         "commands": {fact.name: list(fact.argv) for fact in facts if fact.argv},
         "files": {fact.name: fact.file for fact in facts if fact.file},
         "paths": sorted(set(paths)),
         "timeout": timeout,
+        "inspect": {key: list(values) for key, values in (inspect or {}).items()},
     }
 
 
@@ -132,9 +139,13 @@ def probe_program(spec: Mapping[str, Any]) -> str:
 
 
 def gather(runner: Runner, paths: Iterable[str] = (), facts: Sequence[Fact] = FACTS,
-           timeout: float = 20.0) -> HostFacts:
-    """Run every fact's command on the host in ONE execution and parse the answers."""
-    spec = probe_spec(facts, paths, timeout)
+           timeout: float = 20.0, inspect: Mapping[str, Sequence[str]] | None = None) -> HostFacts:
+    """Run every fact's command on the host in ONE execution and parse the answers.
+
+    `inspect` ({"files": [...], "users": [...]}) adds the state of what a plan manages, so facts and
+    the plan's view of the host still cost one round trip.
+    """
+    spec = probe_spec(facts, paths, timeout, inspect)
     # Each command may use up to `timeout`; the execution as a whole gets room for all of them.
     result = runner.run(["python3", "-"], stdin=probe_program(spec),
                         timeout=timeout * (len(facts) + 1) + 30)
@@ -215,5 +226,7 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         disks=disks,
         ptxas_cuda=values.get("ptxas"),
         venv=values.get("venv"),
+        files=dict((answer.get("inspect") or {}).get("files") or {}),
+        users=dict((answer.get("inspect") or {}).get("users") or {}),
         notes=dict(notes),
     )

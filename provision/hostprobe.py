@@ -71,6 +71,50 @@ def _space(path):
             "free": stats.f_bavail * stats.f_frsize, "total": stats.f_blocks * stats.f_frsize}
 
 
+def _inspect_file(path, max_content):
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return {"exists": False}
+    import grp
+    import hashlib
+    import pwd
+    import stat
+    state = {"exists": True, "is_dir": stat.S_ISDIR(info.st_mode), "mode": stat.S_IMODE(info.st_mode),
+             "uid": info.st_uid, "gid": info.st_gid}
+    try:
+        state["owner"] = pwd.getpwuid(info.st_uid).pw_name
+    except KeyError:
+        state["owner"] = str(info.st_uid)
+    try:
+        state["group"] = grp.getgrgid(info.st_gid).gr_name
+    except KeyError:
+        state["group"] = str(info.st_gid)
+    if stat.S_ISREG(info.st_mode):
+        with open(path, "rb") as handle:
+            data = handle.read()
+        state["sha256"] = hashlib.sha256(data).hexdigest()
+        if len(data) <= max_content:
+            state["content"] = data.decode("utf-8", "replace")
+    return state
+
+
+def _inspect_user(name):
+    import pwd
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return {"exists": False}
+    return {"exists": True, "uid": entry.pw_uid, "home": entry.pw_dir}
+
+
+def inspect(spec):
+    """The state of the files, directories and users a plan manages (small files with their content)."""
+    limit = spec.get("max_content", 65536)
+    return {"files": {path: _inspect_file(path, limit) for path in spec.get("files", [])},
+            "users": {name: _inspect_user(name) for name in spec.get("users", [])}}
+
+
 def collect(spec):
     timeout = spec.get("timeout", 20)
     results = {}
@@ -82,6 +126,7 @@ def collect(spec):
         "python": "%d.%d.%d" % sys.version_info[:3],
         "results": results,
         "paths": {path: _space(path) for path in spec.get("paths", [])},
+        "inspect": inspect(spec.get("inspect", {})),
     }
 
 

@@ -13,8 +13,8 @@ from typing import Any, Callable, TypeVar
 from invoke import Collection, Context, task
 from invoke.exceptions import Exit
 
-from provision import checks, config, facts, inventory, lab, remote, report
-from provision.errors import InventoryError, LabError
+from provision import checks, config, facts, inventory, lab, ops, plan, remote, render, report
+from provision.errors import InventoryError, LabError, ProvisionError
 from provision.fanout import HostResults, for_each_host
 from provision.profiles import load_profiles
 
@@ -91,9 +91,11 @@ def _gather(inv: inventory.Inventory, targets: list[inventory.Host], overrides: 
     def gather(target: inventory.Host) -> facts.HostFacts:
         settings = inv.settings(target.name, overrides, profile=assumed)
         paths = [settings["venv_dir"], settings["model_dir"], settings["hf_home"]]
+        inspect = plan.inspect_spec([render.CONFIG_DIR, render.STATE_DIR, *paths[1:]],
+                                    settings["service_user"])
         runner = remote.connect(target, inv.ssh, accept_new_host_keys=accept_new_host_keys)
         try:
-            return facts.gather(runner, paths=paths,
+            return facts.gather(runner, paths=paths, inspect=inspect,
                                 facts=(*facts.FACTS, facts.venv_fact(settings["venv_dir"])))
         finally:
             runner.close()
@@ -125,6 +127,14 @@ def facts_(c: Context, host: list[str] | None = None, cluster: str | None = None
 def run_gate(inv: inventory.Inventory, targets: list[inventory.Host], overrides: dict[str, Any],
              assumed: Any, accept_new_host_keys: bool, force: list[str]
              ) -> tuple[dict[str, list[checks.Finding]], dict[str, BaseException]]:
+    findings, errors, _ = gate_with_contexts(inv, targets, overrides, assumed, accept_new_host_keys, force)
+    return findings, errors
+
+
+def gate_with_contexts(inv: inventory.Inventory, targets: list[inventory.Host], overrides: dict[str, Any],
+                       assumed: Any, accept_new_host_keys: bool, force: list[str]
+                       ) -> tuple[dict[str, list[checks.Finding]], dict[str, BaseException],
+                                  dict[str, checks.Context]]:
     """Facts of the targets and of their clusters' other nodes, then every rule on each target."""
     unknown = sorted(set(force) - set(checks.RULE_IDS))
     if unknown:
@@ -140,7 +150,7 @@ def run_gate(inv: inventory.Inventory, targets: list[inventory.Host], overrides:
     contexts = checks.contexts(inv, gathered.values, overrides, profile=assumed)
     findings = {name: checks.evaluate(contexts[name], force) for name in wanted if name in contexts}
     errors = {name: error for name, error in gathered.errors.items() if name in wanted}
-    return findings, errors
+    return findings, errors, contexts
 
 
 @task(auto_shortflags=False, name="check",
@@ -165,6 +175,167 @@ def check(c: Context, host: list[str] | None = None, cluster: str | None = None,
     else:
         report.print_check(order, findings, errors, report.console())
     if errors or any(checks.verdict(found) == "blocked" for found in findings.values()):
+        raise Exit(code=1)
+
+
+def _plans(inv: inventory.Inventory, targets: list[inventory.Host], overrides: dict[str, Any],
+           assumed: Any, accept_new_host_keys: bool, force: list[str]
+           ) -> tuple[dict[str, list[plan.Change]], dict[str, list[checks.Finding]], dict[str, BaseException]]:
+    """facts -> gate -> plan for every target; a blocked or failing host gets no plan."""
+    findings, errors, contexts = gate_with_contexts(inv, targets, overrides, assumed, accept_new_host_keys,
+                                                    force)
+    plans: dict[str, list[plan.Change]] = {}
+    for name, found in findings.items():
+        if checks.verdict(found) == "blocked":
+            continue
+        try:
+            desired = render.desired_state(contexts[name], checks.resolutions(found))
+        except (render.RenderError, ValueError) as exc:
+            errors[name] = ProvisionError(f"{name}: cannot render: {exc}")
+            continue
+        plans[name] = plan.build(desired, contexts[name].facts)
+    return plans, findings, errors
+
+
+def _report_plans(order: list[str], plans: dict[str, list[plan.Change]],
+                  findings: dict[str, list[checks.Finding]], errors: dict[str, BaseException],
+                  show_diff: bool) -> None:
+    out = report.console()
+    for name in order:
+        if name in errors:
+            out.print(f"[bold]{name}[/bold]: [red]{report.error_text(errors[name])}[/red]")
+        elif name not in plans:
+            blockers = [f for f in findings[name] if f.blocks]
+            out.print(f"[bold]{name}[/bold]: [red]blocked by the gate, nothing changed[/red]")
+            for finding in blockers:
+                out.print(f"  {finding.id}: {finding.message} -> fix: {finding.fix}")
+        else:
+            out.print(f"[bold]{name}[/bold]: {plan.summary(plans[name])}")
+            for change in plans[name]:
+                out.print(f"  {change.describe()}")
+                if show_diff and change.diff:
+                    out.file.flush()
+                    sys.stdout.write(change.diff)  # verbatim: a diff must not be re-wrapped
+
+
+def _plans_json(order: list[str], plans: dict[str, list[plan.Change]],
+                findings: dict[str, list[checks.Finding]], errors: dict[str, BaseException],
+                applied: dict[str, Any] | None = None) -> dict[str, Any]:
+    hosts: dict[str, Any] = {}
+    for name in order:
+        body: dict[str, Any] = {"verdict": checks.verdict(findings[name]) if name in findings else None}
+        if name in plans:
+            body["changes"] = [{"kind": c.kind, "target": c.target, "reason": c.reason} for c in plans[name]]
+        if applied is not None and name in applied:
+            body["applied"] = applied[name]
+        if name in errors:
+            body["error"] = report.error_text(errors[name])
+        hosts[name] = body
+    return {"hosts": hosts}
+
+
+HOST_TASK_HELP = _help("inventory", "host", "cluster", "all", "json", "accept-new-host-keys", "profile",
+                       "set", "verbose", force="override a blocker by its check id (repeatable)")
+
+
+@task(auto_shortflags=False, name="plan", help=HOST_TASK_HELP, iterable=["host", "set_", "force"])
+@guarded
+def plan_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
+          inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
+          profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
+          verbose: bool = False) -> None:
+    """Show what provision would change on each host, with a diff per file; changes nothing."""
+    _setup_logging(verbose)
+    inv = _load(inventory_)
+    overrides = inventory.parse_overrides(set_ or [])
+    targets = inv.select(hosts=host or [], cluster=cluster, everything=all_)
+    plans, findings, errors = _plans(inv, targets, overrides, _profile(profile), accept_new_host_keys,
+                                     force or [])
+    order = [target.name for target in targets]
+    if json_:
+        print(report.dump_json(_plans_json(order, plans, findings, errors)))
+    else:
+        _report_plans(order, plans, findings, errors, show_diff=True)
+    if errors or len(plans) < len(order):
+        raise Exit(code=1)
+
+
+@task(auto_shortflags=False, name="provision",
+      help={**HOST_TASK_HELP, "wait": "seconds to wait for another run's lock on a host (default: fail at once)"},
+      iterable=["host", "set_", "force"])
+@guarded
+def provision_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
+               inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
+               profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
+               wait: float = 0, verbose: bool = False) -> None:
+    """facts -> gate -> plan -> apply: bring each host's units and environment to the rendered state."""
+    _setup_logging(verbose)
+    inv = _load(inventory_)
+    overrides = inventory.parse_overrides(set_ or [])
+    targets = inv.select(hosts=host or [], cluster=cluster, everything=all_)
+    plans, findings, errors = _plans(inv, targets, overrides, _profile(profile), accept_new_host_keys,
+                                     force or [])
+    order = [target.name for target in targets]
+    if not json_:
+        _report_plans(order, plans, findings, errors, show_diff=False)
+    to_apply = [inv.host(name) for name in order if plans.get(name)]
+
+    def carry_out(target: inventory.Host) -> int:
+        if not json_:
+            print(f"{target.name}: applying {len(plans[target.name])} change(s) ...", file=sys.stderr)
+        runner = remote.connect(target, inv.ssh, accept_new_host_keys=accept_new_host_keys)
+        try:
+            return len(ops.apply(runner, plans[target.name], wait=wait).done)
+        finally:
+            runner.close()
+
+    results = for_each_host(to_apply, lambda target: target.name, carry_out)
+    errors.update(results.errors)
+    applied = {name: count for name, count in results.values.items()}
+    if json_:
+        print(report.dump_json(_plans_json(order, plans, findings, errors, applied)))
+    else:
+        for name in order:
+            if name in applied:
+                print(f"{name}: applied {applied[name]} change(s)")
+            elif name in results.errors:
+                print(f"{name}: {report.error_text(results.errors[name])}", file=sys.stderr)
+    if errors or len(plans) < len(order):
+        raise Exit(code=1)
+
+
+@task(auto_shortflags=False, name="rollback",
+      help=_help("inventory", "host", "cluster", "all", "json", "accept-new-host-keys",
+                 wait="seconds to wait for another run's lock on a host"),
+      iterable=["host"])
+@guarded
+def rollback_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
+              inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
+              wait: float = 0) -> None:
+    """Restore each host's last-known-good files, reload systemd and restart what runs."""
+    inv = _load(inventory_)
+    targets = inv.select(hosts=host or [], cluster=cluster, everything=all_)
+
+    def restore(target: inventory.Host) -> list[str]:
+        runner = remote.connect(target, inv.ssh, accept_new_host_keys=accept_new_host_keys)
+        try:
+            return list(ops.rollback(runner, wait=wait).restored)
+        finally:
+            runner.close()
+
+    results = for_each_host(targets, lambda target: target.name, restore)
+    if json_:
+        print(report.dump_json({"hosts": {name: {"restored": results.values.get(name),
+                                                 "error": report.error_text(results.errors[name])
+                                                 if name in results.errors else None}
+                                          for name in results.order}}))
+    else:
+        for name in results.order:
+            if name in results.errors:
+                print(f"{name}: {report.error_text(results.errors[name])}", file=sys.stderr)
+            else:
+                print(f"{name}: restored {', '.join(results.values[name]) or 'nothing (no earlier version kept)'}")
+    if not results.ok:
         raise Exit(code=1)
 
 
@@ -213,4 +384,4 @@ def lab_down(c: Context, keep_cache: bool = False) -> None:
 
 
 lab_tasks = Collection("lab", lab_up, lab_status, lab_down)
-ns = Collection(facts_, check, show_inventory, lab_tasks)
+ns = Collection(facts_, check, plan_, provision_, rollback_, show_inventory, lab_tasks)

@@ -1,0 +1,116 @@
+"""The plan: desired state against the host's inspected state -> the changes, each with its reason. Pure.
+
+An empty plan is a named no-op. Dependent changes follow their causes: a changed unit file brings a
+daemon-reload; a changed unit or environment brings a restart, but only of a unit that runs (a stopped,
+enabled unit is started instead).
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from provision.facts import HostFacts
+from provision.remote import mask
+from provision.render import ENV_FILE, RAY_HEAD_UNIT, RAY_WORKER_UNIT, SERVER_UNIT, UNIT_DIR, DesiredState
+
+MANAGED_FILES = (ENV_FILE, *(f"{UNIT_DIR}/{unit}" for unit in (SERVER_UNIT, RAY_HEAD_UNIT, RAY_WORKER_UNIT)))
+
+
+@dataclass(frozen=True)
+class Change:
+    """One step of a plan. `kind`: user, directory, file, daemon-reload, enable, start, restart, stop."""
+
+    kind: str
+    target: str
+    reason: str
+    data: Mapping[str, Any] = field(default_factory=dict)  # what apply needs (content, mode, owner)
+    diff: str = ""  # unified diff of a file, secrets masked
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.target}: {self.reason}"
+
+
+def inspect_spec(state_paths: list[str], user: str) -> dict[str, list[str]]:
+    """What the probe must look at for a plan: every managed file, the directories, the user."""
+    return {"files": sorted({*MANAGED_FILES, *state_paths}), "users": [user]}
+
+
+def _octal(mode: int) -> str:
+    return f"{mode:04o}"
+
+
+def _file_changes(desired: DesiredState, facts: HostFacts) -> list[Change]:
+    changes = []
+    for wanted in desired.files:
+        current = facts.files.get(wanted.path, {"exists": False})
+        data = {"content": wanted.content, "mode": wanted.mode, "owner": wanted.owner, "group": wanted.group}
+        digest = hashlib.sha256(wanted.content.encode()).hexdigest()
+        if not current.get("exists"):
+            changes.append(Change("file", wanted.path, "missing", data, _diff(wanted.path, "", wanted.content)))
+            continue
+        reasons = []
+        if current.get("sha256") != digest:
+            reasons.append(f"content differs (sha256 {str(current.get('sha256'))[:12]} -> {digest[:12]})")
+        if current.get("mode") != wanted.mode:
+            reasons.append(f"mode {_octal(int(current.get('mode', 0)))} -> {_octal(wanted.mode)}")
+        if (current.get("owner"), current.get("group")) != (wanted.owner, wanted.group):
+            reasons.append(f"owner {current.get('owner')}:{current.get('group')} -> {wanted.owner}:{wanted.group}")
+        if reasons:
+            old = str(current.get("content", "")) if "content" in current else ""
+            diff = _diff(wanted.path, old, wanted.content) if current.get("sha256") != digest else ""
+            changes.append(Change("file", wanted.path, "; ".join(reasons), data, diff))
+    return changes
+
+
+def _diff(path: str, old: str, new: str) -> str:
+    lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                 fromfile=f"{path} (host)", tofile=f"{path} (rendered)")
+    return mask("".join(lines))
+
+
+def build(desired: DesiredState, facts: HostFacts) -> list[Change]:
+    """Every change the host needs, in the order apply runs them; [] means nothing to do."""
+    changes: list[Change] = []
+    if not facts.users.get(desired.user, {}).get("exists"):
+        changes.append(Change("user", desired.user, "missing", {"home": desired.home}))
+    for directory in desired.directories:
+        current = facts.files.get(directory.path, {"exists": False})
+        data = {"mode": directory.mode, "owner": directory.owner, "group": directory.group}
+        if not current.get("exists"):
+            changes.append(Change("directory", directory.path, "missing", data))
+        elif (current.get("mode"), current.get("owner"), current.get("group")) != (
+                directory.mode, directory.owner, directory.group):
+            changes.append(Change("directory", directory.path,
+                                  f"{_octal(int(current.get('mode', 0)))} {current.get('owner')}:{current.get('group')}"
+                                  f" -> {_octal(directory.mode)} {directory.owner}:{directory.group}", data))
+    file_changes = _file_changes(desired, facts)
+    changes.extend(file_changes)
+    changed = {change.target for change in file_changes}
+    if any(wanted.unit and wanted.path in changed for wanted in desired.files):
+        changes.append(Change("daemon-reload", "systemd", "a unit file changed"))
+    for unit in desired.absent_units:
+        state = facts.units.get(unit)
+        if state and state.load_state == "loaded" and (state.active_state in ("active", "activating")
+                                                       or state.unit_file_state == "enabled"):
+            changes.append(Change("stop", unit, "not part of this host's role any more"))
+    restart_due = {unit for wanted in desired.files if wanted.path in changed for unit in wanted.restarts}
+    for unit in desired.units:
+        state = facts.units.get(unit)
+        if state is None or state.unit_file_state != "enabled":
+            changes.append(Change("enable", unit, "not enabled"))
+        running = state is not None and state.active_state in ("active", "activating", "reloading")
+        if not running:
+            changes.append(Change("start", unit, "not running" if state and state.load_state == "loaded"
+                                  else "new unit"))
+        elif unit in restart_due:
+            because = sorted(w.path for w in desired.files if w.path in changed and unit in w.restarts)
+            changes.append(Change("restart", unit, f"{', '.join(because)} changed"))
+    return changes
+
+
+def summary(changes: list[Change]) -> str:
+    if not changes:
+        return "no changes: files, user, directories and units are as rendered"
+    return f"{len(changes)} change(s)"

@@ -1,0 +1,145 @@
+"""provision, plan and rollback over SSH on lab hosts (units and environment; the venv comes later)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from provision import inventory, lab, remote, render
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.lab
+
+# Everything provision may touch, with content hashes, modes and owners: a host's fingerprint.
+SNAPSHOT = ["sh", "-c", "getent passwd vllm; for p in /etc/vllm /etc/systemd/system /var/lib/vllm "
+            "/var/lib/provision; do find $p -xdev -printf '%p %m %u:%g\\n' 2>/dev/null | sort; "
+            "find $p -xdev -type f -exec sha256sum {} + 2>/dev/null | sort; done; "
+            "systemctl show -p ActiveState,NRestarts,InvocationID vllm.service"]
+
+
+def run_invoke(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def on_host(lab_inventory: inventory.Inventory, name: str, argv: list[str]) -> str:
+    runner = remote.SshRunner(lab_inventory.host(name), lab_inventory.ssh)
+    try:
+        return runner.run(argv).stdout
+    finally:
+        runner.close()
+
+
+@pytest.fixture(scope="module")
+def broken(the_lab: lab.Lab) -> str:
+    the_lab.up(["ws-broken"], progress=lambda line: None)
+    return "ws-broken"
+
+
+def test_provision_stops_at_the_gate_and_leaves_the_host_untouched(
+        broken: str, lab_inventory: inventory.Inventory, the_lab: lab.Lab) -> None:
+    inv = inventory.load(the_lab.inventory)
+    before = on_host(inv, broken, SNAPSHOT)
+    done = run_invoke("provision", "--cluster", "lab-broken")
+    assert done.returncode == 1
+    assert "blocked by the gate, nothing changed" in done.stdout
+    assert "kernel.version" in done.stdout and "driver.flavour" in done.stdout
+    assert on_host(inv, broken, SNAPSHOT) == before
+
+
+@pytest.fixture
+def clean_cpu1(lab_inventory: inventory.Inventory) -> None:
+    """cpu-1 as the lab booted it: no service user, units, environment or kept versions."""
+    script = ("systemctl disable --now vllm.service 2>/dev/null; rm -rf /etc/vllm /var/lib/vllm "
+              "/var/lib/provision /etc/systemd/system/vllm*.service; userdel vllm 2>/dev/null; "
+              "systemctl daemon-reload; systemctl reset-failed; true")
+    on_host(lab_inventory, "cpu-1", ["sh", "-c", script])
+
+
+def test_plan_changes_nothing_then_provision_creates_then_nothing_to_do(
+        lab_inventory: inventory.Inventory, clean_cpu1: None) -> None:
+    before = on_host(lab_inventory, "cpu-1", SNAPSHOT)
+    planned = run_invoke("plan", "--host", "cpu-1", "--json")
+    assert planned.returncode == 0, planned.stderr
+    kinds = [c["kind"] for c in json.loads(planned.stdout)["hosts"]["cpu-1"]["changes"]]
+    assert on_host(lab_inventory, "cpu-1", SNAPSHOT) == before  # plan is read-only
+    assert kinds[:2] == ["user", "directory"] and "start" in kinds
+    done = run_invoke("provision", "--host", "cpu-1", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["hosts"]["cpu-1"]["applied"] == len(kinds)
+    modes = on_host(lab_inventory, "cpu-1", ["stat", "-c", "%n %a %U:%G", render.ENV_FILE,
+                                              "/etc/systemd/system/vllm.service", "/var/lib/vllm"])
+    assert modes.splitlines() == [f"{render.ENV_FILE} 600 root:root",
+                                  "/etc/systemd/system/vllm.service 644 root:root", "/var/lib/vllm 750 vllm:vllm"]
+    again = run_invoke("provision", "--host", "cpu-1", "--json", "--verbose")
+    assert json.loads(again.stdout)["hosts"]["cpu-1"]["changes"] == []
+    executions = [line for line in again.stderr.splitlines() if "provision.remote: cpu-1:" in line]
+    assert len(executions) == 1  # an unchanged host costs one round trip
+
+
+def test_one_changed_value_changes_one_file_and_rollback_restores_it(
+        lab_inventory: inventory.Inventory) -> None:
+    run_invoke("provision", "--host", "cpu-1")
+    unit = "/etc/systemd/system/vllm.service"
+    original = on_host(lab_inventory, "cpu-1", ["cat", unit])
+    changed = run_invoke("provision", "--host", "cpu-1", "--set", "port=8011", "--json")
+    assert changed.returncode == 0, changed.stdout
+    changes = json.loads(changed.stdout)["hosts"]["cpu-1"]["changes"]
+    assert [(c["kind"], c["target"]) for c in changes][:2] == [("file", unit), ("daemon-reload", "systemd")]
+    assert {c["target"] for c in changes if c["kind"] == "file"} == {unit}
+    assert "--port 8011" in on_host(lab_inventory, "cpu-1", ["cat", unit])
+    rolled = run_invoke("rollback", "--host", "cpu-1")
+    assert rolled.returncode == 0 and unit in rolled.stdout
+    assert on_host(lab_inventory, "cpu-1", ["cat", unit]) == original
+
+
+def test_a_second_run_fails_clearly_while_the_lock_is_held_then_waits(
+        lab_inventory: inventory.Inventory) -> None:
+    host = lab_inventory.host("cpu-1")
+    holder = remote.SshRunner(host, lab_inventory.ssh)
+    hold = ("import fcntl, os, time\nfd = os.open('/run/lock/provision.lock', os.O_RDWR | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\nos.ftruncate(fd, 0)\nos.write(fd, b'pid 4242 since test')\n"
+            "print('held', flush=True)\ntime.sleep(6)\n")
+    import threading
+    thread = threading.Thread(target=lambda: holder.run(["python3", "-c", hold]), daemon=True)
+    thread.start()
+    time.sleep(2)
+    blocked = run_invoke("provision", "--host", "cpu-1", "--set", "port=8012")
+    assert blocked.returncode == 1
+    assert "another provision holds /run/lock/provision.lock (pid 4242 since test)" in blocked.stderr + blocked.stdout
+    waited = run_invoke("provision", "--host", "cpu-1", "--set", "port=8012", "--wait", "30")
+    thread.join()
+    holder.close()
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    assert "--port 8012" in on_host(lab_inventory, "cpu-1", ["cat", "/etc/systemd/system/vllm.service"])
+    run_invoke("provision", "--host", "cpu-1")  # back to the inventory's values
+
+
+def test_rendered_units_pass_systemd_analyze_verify(lab_inventory: inventory.Inventory, tmp_path) -> None:
+    """Every unit of the seed systems, verified by the real systemd of a lab host."""
+    from tests.test_render import seed_states
+    runner = remote.SshRunner(lab_inventory.host("spark-a"), lab_inventory.ssh)
+    try:
+        assert runner.run(["python3", "-m", "venv", "/opt/vllm/venv"]).ok
+        # ray's launcher would come with the venv; the verifier only needs an executable there.
+        assert runner.run(["install", "-m", "0755", "/dev/null", "/opt/vllm/venv/bin/ray"]).ok
+        runner.run(["useradd", "--system", "vllm"])
+        assert runner.run(["mkdir", "-p", "/etc/vllm"]).ok
+        assert runner.run(["touch", render.ENV_FILE]).ok
+        for case, state in seed_states().items():
+            folder = f"/tmp/verify/{case}"  # real unit names, so Requires= between them resolve
+            assert runner.run(["mkdir", "-p", folder]).ok
+            names = []
+            for wanted in state.files:
+                if wanted.unit:
+                    name = f"{folder}/{wanted.path.rsplit('/', 1)[1]}"
+                    assert runner.run(["tee", name], stdin=wanted.content).ok
+                    names.append(name)
+            verified = runner.run(["systemd-analyze", "verify", *names])
+            assert verified.ok and verified.stderr.strip() == "", f"{case}: {verified.stderr}"
+    finally:
+        runner.run(["rm", "-rf", "/tmp/verify", "/opt/vllm", render.ENV_FILE])
+        runner.close()
