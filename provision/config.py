@@ -7,6 +7,7 @@
     PROVISION_LAB_SUBNET  the lab's private /24 (default 10.231.77.0/24)
     PROVISION_LAB_MIRROR  Debian mirror for the lab's base (default: the first one in this machine's apt sources)
     PROVISION_LOG         a file to append the tool's debug log to (secrets masked)
+    PROVISION_WHEELHOUSE  where the controller keeps resolved wheels (default /var/cache/provision/wheelhouse)
 """
 from __future__ import annotations
 
@@ -48,3 +49,7 @@ def default_inventory() -> Path:
     if lab_inventory().exists():
         return lab_inventory()
     return REPO_INVENTORY
+
+
+def wheelhouse() -> Path:
+    return Path(os.environ.get("PROVISION_WHEELHOUSE", "/var/cache/provision/wheelhouse"))

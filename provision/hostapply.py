@@ -79,6 +79,58 @@ def keep_last_good(path, keep):
     write_atomically(target, data, info.st_mode & 0o7777, info.st_uid, info.st_gid)
 
 
+def _sha256(path):
+    import hashlib
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def build_venv(data):
+    """Verify the pushed wheels, then build the venv from them with no index; the old one is kept
+    as VENV.last-good and comes back if anything fails."""
+    wheelhouse, venv = data["wheelhouse"], data["venv"]
+    index_path = os.path.join(wheelhouse, "MANIFEST.json")
+    try:
+        with open(index_path) as handle:
+            verified = json.load(handle)
+    except (OSError, ValueError):
+        verified = {}
+    for name, digest in sorted(data["wheels"].items()):
+        path = os.path.join(wheelhouse, name)
+        if verified.get(name) == digest and os.path.isfile(path):
+            continue
+        if not os.path.isfile(path):
+            raise StepFailed("wheel %s was not pushed" % name)
+        found = _sha256(path)
+        if found != digest:
+            os.rename(path, path + ".bad")
+            raise StepFailed("wheel %s: sha256 %s, expected %s (set aside as .bad)" % (name, found[:12], digest[:12]))
+        verified[name] = digest
+    write_atomically(index_path, json.dumps(verified, indent=1, sort_keys=True).encode(), 0o644, 0, 0)
+    last = venv + ".last-good"
+    if os.path.isdir(venv):
+        shutil.rmtree(last, ignore_errors=True)
+        os.rename(venv, last)
+    try:
+        _run([sys.executable, "-m", "venv", venv])
+        _run([os.path.join(venv, "bin", "pip"), "install", "--no-index", "--find-links", wheelhouse,
+              "--no-cache-dir", "--disable-pip-version-check", "--quiet"] + data["requirements"])
+        if data.get("remove"):
+            _run([os.path.join(venv, "bin", "pip"), "uninstall", "--yes", "--quiet"] + data["remove"])
+        manifest = {"key": data["key"], "requirements": data["requirements"], "wheels": data["wheels"],
+                    "removed": data.get("remove", [])}
+        write_atomically(os.path.join(venv, "provision-manifest.json"),
+                         json.dumps(manifest, indent=1).encode(), 0o644, 0, 0)
+    except BaseException:
+        shutil.rmtree(venv, ignore_errors=True)
+        if os.path.isdir(last):
+            os.rename(last, venv)
+        raise
+
+
 def step(change, keep):
     kind, target, data = change["kind"], change["target"], change.get("data", {})
     if kind == "user":
@@ -94,6 +146,8 @@ def step(change, keep):
         os.makedirs(os.path.dirname(target), exist_ok=True)
         keep_last_good(target, keep)
         write_atomically(target, data["content"].encode("utf-8"), data["mode"], uid, gid)
+    elif kind == "venv":
+        build_venv(data)
     elif kind == "daemon-reload":
         _run(["systemctl", "daemon-reload"])
     elif kind == "enable":

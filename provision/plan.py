@@ -70,8 +70,11 @@ def _diff(path: str, old: str, new: str) -> str:
     return mask("".join(lines))
 
 
-def build(desired: DesiredState, facts: HostFacts) -> list[Change]:
-    """Every change the host needs, in the order apply runs them; [] means nothing to do."""
+def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | None = None) -> list[Change]:
+    """Every change the host needs, in the order apply runs them; [] means nothing to do.
+
+    `venv` (venv.venv_change_data) is the virtualenv the host should have; None leaves it alone.
+    """
     changes: list[Change] = []
     if not facts.users.get(desired.user, {}).get("exists"):
         changes.append(Change("user", desired.user, "missing", {"home": desired.home}))
@@ -85,6 +88,15 @@ def build(desired: DesiredState, facts: HostFacts) -> list[Change]:
             changes.append(Change("directory", directory.path,
                                   f"{_octal(int(current.get('mode', 0)))} {current.get('owner')}:{current.get('group')}"
                                   f" -> {_octal(directory.mode)} {directory.owner}:{directory.group}", data))
+    venv_changed = False
+    if venv is not None:
+        from provision.venv import installed_key  # plan stays importable without the venv machinery
+
+        current = installed_key(facts, str(venv["venv"]))
+        if current != venv["key"]:
+            venv_changed = True
+            reason = "missing" if current is None else f"wheels differ (key {current[:12]} -> {str(venv['key'])[:12]})"
+            changes.append(Change("venv", str(venv["venv"]), reason, venv))
     file_changes = _file_changes(desired, facts)
     changes.extend(file_changes)
     changed = {change.target for change in file_changes}
@@ -96,6 +108,8 @@ def build(desired: DesiredState, facts: HostFacts) -> list[Change]:
                                                        or state.unit_file_state == "enabled"):
             changes.append(Change("stop", unit, "not part of this host's role any more"))
     restart_due = {unit for wanted in desired.files if wanted.path in changed for unit in wanted.restarts}
+    if venv_changed:
+        restart_due |= set(desired.units)  # new code for every unit
     for unit in desired.units:
         state = facts.units.get(unit)
         if state is None or state.unit_file_state != "enabled":
@@ -106,6 +120,7 @@ def build(desired: DesiredState, facts: HostFacts) -> list[Change]:
                                   else "new unit"))
         elif unit in restart_due:
             because = sorted(w.path for w in desired.files if w.path in changed and unit in w.restarts)
+            because += ["the venv"] if venv_changed else []
             changes.append(Change("restart", unit, f"{', '.join(because)} changed"))
     return changes
 

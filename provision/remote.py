@@ -16,11 +16,12 @@ from __future__ import annotations
 import io
 import logging
 import shlex
+import shutil
 import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 import invoke
 import paramiko
@@ -94,6 +95,8 @@ class Runner(Protocol):
 
     def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
             env: Mapping[str, str] | None = None) -> Result: ...
+
+    def put(self, local: Path, remote: str, progress: Callable[[int, int], None] | None = None) -> None: ...
 
     def close(self) -> None: ...
 
@@ -263,6 +266,19 @@ class SshRunner(_Counting):
         self._record(command, done.exited, seconds, False)
         return Result(mask(command), done.exited, done.stdout, done.stderr, seconds)
 
+    def put(self, local: Path, remote: str, progress: Callable[[int, int], None] | None = None) -> None:
+        """Copy a file over SFTP to a temporary name, then rename it into place."""
+        self._open()
+        temporary = f"{remote}.partial"
+        try:
+            sftp = self.connection.sftp()
+            sftp.put(str(local), temporary, callback=progress)
+            sftp.posix_rename(temporary, remote)
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            self.close()
+            raise UnreachableHost(self.host, f"copy of {local.name} to {remote} failed: {exc}") from None
+        log.debug("%s: put %s -> %s", self.host, local, remote)
+
     def close(self) -> None:
         self.connection.close()
 
@@ -296,6 +312,14 @@ class LocalRunner(_Counting):
         assert done is not None  # warn=True always returns a Result
         self._record(command, done.exited, seconds, False)
         return Result(mask(command), done.exited, done.stdout, done.stderr, seconds)
+
+    def put(self, local: Path, remote: str, progress: Callable[[int, int], None] | None = None) -> None:
+        temporary = Path(f"{remote}.partial")
+        shutil.copyfile(local, temporary)
+        temporary.replace(remote)
+        if progress:
+            size = local.stat().st_size
+            progress(size, size)
 
     def close(self) -> None:
         return None

@@ -5,15 +5,19 @@ Exit codes: 0 done; 1 something on a host (or the lab) failed; 2 bad usage or ba
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, field
 import logging
 import sys
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from invoke import Collection, Context, task
+from rich.console import Console
+from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                           TransferSpeedColumn)
 from invoke.exceptions import Exit
 
-from provision import checks, config, facts, inventory, lab, ops, plan, remote, render, report
+from provision import checks, config, facts, inventory, lab, ops, plan, remote, render, report, venv
 from provision.errors import InventoryError, LabError, ProvisionError
 from provision.fanout import HostResults, for_each_host
 from provision.profiles import load_profiles
@@ -91,8 +95,8 @@ def _gather(inv: inventory.Inventory, targets: list[inventory.Host], overrides: 
     def gather(target: inventory.Host) -> facts.HostFacts:
         settings = inv.settings(target.name, overrides, profile=assumed)
         paths = [settings["venv_dir"], settings["model_dir"], settings["hf_home"]]
-        inspect = plan.inspect_spec([render.CONFIG_DIR, render.STATE_DIR, *paths[1:]],
-                                    settings["service_user"])
+        inspect = plan.inspect_spec([render.CONFIG_DIR, render.STATE_DIR, *paths[1:],
+                                     *venv.inspect_paths(settings)], settings["service_user"])
         runner = remote.connect(target, inv.ssh, accept_new_host_keys=accept_new_host_keys)
         try:
             return facts.gather(runner, paths=paths, inspect=inspect,
@@ -178,26 +182,43 @@ def check(c: Context, host: list[str] | None = None, cluster: str | None = None,
         raise Exit(code=1)
 
 
+@dataclass
+class HostPlan:
+    changes: list[plan.Change]
+    wheelhouse: venv.Wheelhouse | None = None
+    to_push: list[venv.Wheel] = field(default_factory=list)
+
+
 def _plans(inv: inventory.Inventory, targets: list[inventory.Host], overrides: dict[str, Any],
            assumed: Any, accept_new_host_keys: bool, force: list[str]
-           ) -> tuple[dict[str, list[plan.Change]], dict[str, list[checks.Finding]], dict[str, BaseException]]:
+           ) -> tuple[dict[str, HostPlan], dict[str, list[checks.Finding]], dict[str, BaseException]]:
     """facts -> gate -> plan for every target; a blocked or failing host gets no plan."""
     findings, errors, contexts = gate_with_contexts(inv, targets, overrides, assumed, accept_new_host_keys,
                                                     force)
-    plans: dict[str, list[plan.Change]] = {}
+    plans: dict[str, HostPlan] = {}
     for name, found in findings.items():
         if checks.verdict(found) == "blocked":
             continue
+        ctx = contexts[name]
         try:
-            desired = render.desired_state(contexts[name], checks.resolutions(found))
-        except (render.RenderError, ValueError) as exc:
-            errors[name] = ProvisionError(f"{name}: cannot render: {exc}")
+            desired = render.desired_state(ctx, checks.resolutions(found))
+            wheelhouse, venv_data = None, None
+            if venv.requirements_of(ctx.settings) or ctx.settings["venv_wheels"]:
+                wheelhouse = venv.resolve(venv.requirements_of(ctx.settings), ctx.settings["venv_wheels"],
+                                          ctx.facts.arch or "", ctx.facts.python or "",
+                                          progress=lambda line: print(line, file=sys.stderr))
+                venv_data = venv.venv_change_data(ctx.settings, ctx.profile.venv_remove, wheelhouse)
+        except (render.RenderError, ProvisionError, ValueError) as exc:
+            errors[name] = exc if isinstance(exc, ProvisionError) else ProvisionError(f"{name}: {exc}")
             continue
-        plans[name] = plan.build(desired, contexts[name].facts)
+        changes = plan.build(desired, ctx.facts, venv_data)
+        push = venv.missing_wheels(wheelhouse, ctx.facts) if wheelhouse and any(
+            c.kind == "venv" for c in changes) else []
+        plans[name] = HostPlan(changes, wheelhouse, push)
     return plans, findings, errors
 
 
-def _report_plans(order: list[str], plans: dict[str, list[plan.Change]],
+def _report_plans(order: list[str], plans: dict[str, HostPlan],
                   findings: dict[str, list[checks.Finding]], errors: dict[str, BaseException],
                   show_diff: bool) -> None:
     out = report.console()
@@ -210,22 +231,27 @@ def _report_plans(order: list[str], plans: dict[str, list[plan.Change]],
             for finding in blockers:
                 out.print(f"  {finding.id}: {finding.message} -> fix: {finding.fix}")
         else:
-            out.print(f"[bold]{name}[/bold]: {plan.summary(plans[name])}")
-            for change in plans[name]:
+            out.print(f"[bold]{name}[/bold]: {plan.summary(plans[name].changes)}")
+            if plans[name].to_push:
+                size = sum(w.size for w in plans[name].to_push) / 2**20
+                out.print(f"  push {len(plans[name].to_push)} wheel(s), {size:.0f} MiB")
+            for change in plans[name].changes:
                 out.print(f"  {change.describe()}")
                 if show_diff and change.diff:
                     out.file.flush()
                     sys.stdout.write(change.diff)  # verbatim: a diff must not be re-wrapped
 
 
-def _plans_json(order: list[str], plans: dict[str, list[plan.Change]],
+def _plans_json(order: list[str], plans: dict[str, HostPlan],
                 findings: dict[str, list[checks.Finding]], errors: dict[str, BaseException],
                 applied: dict[str, Any] | None = None) -> dict[str, Any]:
     hosts: dict[str, Any] = {}
     for name in order:
         body: dict[str, Any] = {"verdict": checks.verdict(findings[name]) if name in findings else None}
         if name in plans:
-            body["changes"] = [{"kind": c.kind, "target": c.target, "reason": c.reason} for c in plans[name]]
+            body["changes"] = [{"kind": c.kind, "target": c.target, "reason": c.reason}
+                               for c in plans[name].changes]
+            body["push_bytes"] = sum(w.size for w in plans[name].to_push)
         if applied is not None and name in applied:
             body["applied"] = applied[name]
         if name in errors:
@@ -278,18 +304,28 @@ def provision_(c: Context, host: list[str] | None = None, cluster: str | None = 
     order = [target.name for target in targets]
     if not json_:
         _report_plans(order, plans, findings, errors, show_diff=False)
-    to_apply = [inv.host(name) for name in order if plans.get(name)]
+    to_apply = [inv.host(name) for name in order if name in plans and plans[name].changes]
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                        TimeRemainingColumn(), console=Console(stderr=True), disable=json_)
 
     def carry_out(target: inventory.Host) -> int:
-        if not json_:
-            print(f"{target.name}: applying {len(plans[target.name])} change(s) ...", file=sys.stderr)
+        host_plan = plans[target.name]
         runner = remote.connect(target, inv.ssh, accept_new_host_keys=accept_new_host_keys)
         try:
-            return len(ops.apply(runner, plans[target.name], wait=wait).done)
+            if host_plan.to_push and host_plan.wheelhouse:
+                total = sum(w.size for w in host_plan.to_push)
+                bar = progress.add_task(f"{target.name}: push wheels", total=total)
+                venv.push(runner, host_plan.wheelhouse, host_plan.to_push,
+                          lambda sent: progress.update(bar, completed=sent))
+            step = progress.add_task(f"{target.name}: apply {len(host_plan.changes)} change(s)", total=None)
+            done = len(ops.apply(runner, host_plan.changes, wait=wait).done)
+            progress.update(step, total=1, completed=1)
+            return done
         finally:
             runner.close()
 
-    results = for_each_host(to_apply, lambda target: target.name, carry_out)
+    with progress:
+        results = for_each_host(to_apply, lambda target: target.name, carry_out)
     errors.update(results.errors)
     applied = {name: count for name, count in results.values.items()}
     if json_:

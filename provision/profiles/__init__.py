@@ -62,12 +62,13 @@ class Profile:
     affinity: str
     defaults: Mapping[str, Any]
     venv_gib: float = 12.0
+    venv_remove: tuple[str, ...] = ()  # packages uninstalled after the venv install
     aliases: tuple[str, ...] = field(default=())
 
 
 _TOP_KEYS = {
     "name", "aliases", "description", "arch", "gpu", "kernel", "driver", "cuda", "nccl",
-    "environment", "affinity", "defaults", "venv_gib",
+    "environment", "affinity", "defaults", "venv_gib", "venv_remove",
 }
 
 
@@ -139,6 +140,7 @@ def profile_from_mapping(data: Any, source: str) -> Profile:
         affinity=str(data["affinity"]),
         defaults=dict(defaults),
         venv_gib=float(data.get("venv_gib", 12)),
+        venv_remove=tuple(str(name) for name in data.get("venv_remove") or ()),
     )
 
 

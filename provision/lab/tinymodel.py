@@ -1,0 +1,70 @@
+"""A tiny random Llama, made on the spot, so the lab serves a real model with vLLM's CPU build.
+
+Random weights in safetensors (numpy, no torch needed on the controller) and a word-level tokenizer
+built with `tokenizers`: about 1 MB. head_dim 64, since the CPU attention backend refuses 16.
+It answers nonsense, quickly: what the lab needs to prove the server, health, completions and metrics.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+WORDS = ("the a an and or of to in on for with is are was be it this that we you they he she "
+         "model server node cluster gpu cpu memory token cache prefix batch request reply fast slow "
+         "one two three four five six seven eight nine ten red green blue black white hot cold "
+         "run walk read write open close start stop up down left right yes no hello world").split()
+SPECIAL = ["<unk>", "<s>", "</s>"]
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+    "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+    "head_dim": 64, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "float32",
+    "bos_token_id": 1, "eos_token_id": 2,
+}
+
+
+def make(directory: Path, seed: int = 0) -> Path:
+    """Write config.json, model.safetensors and the tokenizer files into `directory`."""
+    import numpy as np
+    from safetensors.numpy import save_file
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = {token: index for index, token in enumerate(SPECIAL + list(dict.fromkeys(WORDS)))}
+    config = {**CONFIG, "vocab_size": len(vocab)}
+    hidden, inter, heads, kv = config["hidden_size"], config["intermediate_size"], 4, 2
+    head_dim = config["head_dim"]
+    rng = np.random.default_rng(seed)
+
+    def weight(*shape: int) -> "np.ndarray":
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    tensors = {"model.embed_tokens.weight": weight(len(vocab), hidden),
+               "model.norm.weight": np.ones(hidden, np.float32), "lm_head.weight": weight(len(vocab), hidden)}
+    for layer in range(config["num_hidden_layers"]):
+        prefix = f"model.layers.{layer}"
+        tensors.update({
+            f"{prefix}.self_attn.q_proj.weight": weight(heads * head_dim, hidden),
+            f"{prefix}.self_attn.k_proj.weight": weight(kv * head_dim, hidden),
+            f"{prefix}.self_attn.v_proj.weight": weight(kv * head_dim, hidden),
+            f"{prefix}.self_attn.o_proj.weight": weight(hidden, heads * head_dim),
+            f"{prefix}.mlp.gate_proj.weight": weight(inter, hidden),
+            f"{prefix}.mlp.up_proj.weight": weight(inter, hidden),
+            f"{prefix}.mlp.down_proj.weight": weight(hidden, inter),
+            f"{prefix}.input_layernorm.weight": np.ones(hidden, np.float32),
+            f"{prefix}.post_attention_layernorm.weight": np.ones(hidden, np.float32),
+        })
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    (directory / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "unk_token": "<unk>", "model_max_length": 512, "clean_up_tokenization_spaces": False}))
+    (directory / "special_tokens_map.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    for path in directory.iterdir():
+        path.chmod(0o644)  # safetensors writes 0600; the service user must read the weights
+    return directory

@@ -1,0 +1,170 @@
+"""The vLLM virtualenv: wheels resolved once on the controller, pushed by hash, installed with no index.
+
+One wheelhouse per (architecture, Python, requirements) on the controller, filled with `pip download`
+(for another architecture or Python, with pip's --platform/--python-version). Hosts keep the wheels
+they were sent under REMOTE_WHEELHOUSE with a manifest of their sha256, so only what a host lacks
+travels; the install runs `pip install --no-index`, which works on air-gapped hosts. The venv holds
+its own manifest: an unchanged key means no reinstall.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from provision import config
+from provision.errors import ProvisionError
+from provision.facts import HostFacts
+
+REMOTE_WHEELHOUSE = "/var/cache/provision/wheels"
+REMOTE_INDEX = f"{REMOTE_WHEELHOUSE}/MANIFEST.json"
+VENV_MANIFEST = "provision-manifest.json"
+PIP_PLATFORMS = {
+    "x86_64": ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
+               "manylinux2014_x86_64", "linux_x86_64"],
+    "aarch64": ["manylinux_2_28_aarch64", "manylinux_2_17_aarch64", "manylinux2014_aarch64",
+                "linux_aarch64"],
+}
+
+
+class WheelhouseError(ProvisionError):
+    """The wheels could not be resolved on the controller (pip's own words included)."""
+
+
+@dataclass(frozen=True)
+class Wheel:
+    name: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Wheelhouse:
+    directory: Path
+    wheels: tuple[Wheel, ...]
+
+    @property
+    def key(self) -> str:
+        digest = hashlib.sha256()
+        for wheel in sorted(self.wheels, key=lambda w: w.name):
+            digest.update(f"{wheel.name} {wheel.sha256}\n".encode())
+        return digest.hexdigest()
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def requirements_of(settings: Mapping[str, Any]) -> tuple[str, ...]:
+    spec = settings["vllm_spec"]
+    return tuple(spec.split()) if spec else ()
+
+
+def _python_minor(version: str) -> str:
+    major, minor = version.split(".")[:2]
+    return f"{major}.{minor}"
+
+
+def resolve(requirements: Sequence[str], local_wheels: Sequence[str], arch: str, python: str,
+            progress: Callable[[str], None] = lambda line: None) -> Wheelhouse:
+    """The wheelhouse for a host of this architecture and Python, downloaded once and reused."""
+    python = _python_minor(python)
+    recipe = json.dumps({"requirements": sorted(requirements), "wheels": sorted(local_wheels),
+                         "arch": arch, "python": python}, sort_keys=True)
+    directory = config.wheelhouse() / f"{arch}-py{python}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
+    index = directory / "index.json"
+    if index.exists():
+        data = json.loads(index.read_text())
+        return Wheelhouse(directory, tuple(Wheel(**w) for w in data["wheels"]))
+    building = directory.with_name(directory.name + ".partial")
+    building.mkdir(parents=True, exist_ok=True)
+    for wheel in local_wheels:
+        source = Path(wheel)
+        if not source.is_file() or not source.name.endswith(".whl"):
+            raise WheelhouseError(f"local wheel {wheel}: not a .whl file")
+        shutil.copy2(source, building / source.name)
+    if requirements:
+        progress(f"resolving {' '.join(requirements)} for {arch} / Python {python} ...")
+        command = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--dest", str(building)]
+        if arch != platform.machine() or python != _python_minor(platform.python_version()):
+            if arch not in PIP_PLATFORMS:
+                raise WheelhouseError(f"no pip platform tags known for {arch}")
+            command += [arg for tag in PIP_PLATFORMS[arch] for arg in ("--platform", tag)]
+            command += ["--python-version", python, "--implementation", "cp"]
+        command += [*(str(building / Path(w).name) for w in local_wheels), *requirements]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+            raise WheelhouseError(f"pip download failed for {arch}/Python {python}: {tail}")
+    wheels = tuple(Wheel(path.name, sha256_of(path), path.stat().st_size)
+                   for path in sorted(building.glob("*.whl")))
+    (building / "index.json").write_text(json.dumps({"recipe": json.loads(recipe),
+                                                     "wheels": [w.__dict__ for w in wheels]}, indent=1))
+    shutil.rmtree(directory, ignore_errors=True)
+    building.rename(directory)
+    return Wheelhouse(directory, wheels)
+
+
+def remote_wheels(facts: HostFacts) -> dict[str, str]:
+    """{wheel name: sha256} the host already has (its wheelhouse manifest, read by the probe)."""
+    state = facts.files.get(REMOTE_INDEX, {})
+    try:
+        data = json.loads(str(state.get("content", "{}")))
+    except json.JSONDecodeError:
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def missing_wheels(wheelhouse: Wheelhouse, facts: HostFacts) -> list[Wheel]:
+    have = remote_wheels(facts)
+    return [wheel for wheel in wheelhouse.wheels if have.get(wheel.name) != wheel.sha256]
+
+
+def installed_key(facts: HostFacts, venv_dir: str) -> str | None:
+    state = facts.files.get(f"{venv_dir.rstrip('/')}/{VENV_MANIFEST}", {})
+    try:
+        key = json.loads(str(state.get("content", "{}"))).get("key")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return str(key) if key else None
+
+
+def venv_change_data(settings: Mapping[str, Any], profile_remove: Sequence[str],
+                     wheelhouse: Wheelhouse) -> dict[str, Any]:
+    requirements = list(requirements_of(settings))
+    local = [Path(w).name for w in settings["venv_wheels"]]
+    return {"venv": settings["venv_dir"].rstrip("/"), "wheelhouse": REMOTE_WHEELHOUSE,
+            "requirements": requirements + [f"{REMOTE_WHEELHOUSE}/{name}" for name in local],
+            "wheels": {w.name: w.sha256 for w in wheelhouse.wheels}, "remove": list(profile_remove),
+            "key": hashlib.sha256(f"{wheelhouse.key} {' '.join(profile_remove)}".encode()).hexdigest()}
+
+
+def inspect_paths(settings: Mapping[str, Any]) -> list[str]:
+    return [REMOTE_INDEX, f"{settings['venv_dir'].rstrip('/')}/{VENV_MANIFEST}"]
+
+
+def push(runner: Any, wheelhouse: Wheelhouse, wheels: Sequence[Wheel],
+         progress: Callable[[int], None] = lambda sent: None) -> int:
+    """Copy the wheels a host lacks into its wheelhouse; returns the bytes sent."""
+    if not wheels:
+        return 0
+    made = runner.run(["mkdir", "-p", "-m", "0755", REMOTE_WHEELHOUSE])
+    if not made.ok:
+        raise ProvisionError(f"{runner.host}: cannot create {REMOTE_WHEELHOUSE}: {made.stderr.strip()}")
+    sent = 0
+    for wheel in wheels:
+        base = sent
+        runner.put(wheelhouse.directory / wheel.name, f"{REMOTE_WHEELHOUSE}/{wheel.name}",
+                   lambda done, total: progress(base + done))
+        sent += wheel.size
+    return sent

@@ -1,0 +1,105 @@
+"""Real vLLM (the CPU build) through provision on the lab's cpu-1: venv from a pushed wheelhouse,
+the unit started and healthy, an unchanged host left running, a changed value restarting it once."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from provision import inventory, lab, remote
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.lab
+
+HEALTH = ("import sys, urllib.request\n"
+          "try:\n    print(urllib.request.urlopen('http://127.0.0.1:%d/health', timeout=5).status)\n"
+          "except Exception as exc:\n    print(exc)\n")
+COMPLETE = ("import json, urllib.request\n"
+            "body = json.dumps({'model': 'tiny-llama', 'prompt': 'hello world', 'max_tokens': 8}).encode()\n"
+            "request = urllib.request.Request('http://127.0.0.1:%d/v1/completions', body,\n"
+            "                                 {'Content-Type': 'application/json'})\n"
+            "print(urllib.request.urlopen(request, timeout=60).read().decode())\n")
+METRICS = "import urllib.request\nprint(urllib.request.urlopen('http://127.0.0.1:%d/metrics').read().decode())\n"
+
+
+def run_invoke(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def on_cpu1(lab_inventory: inventory.Inventory, argv: list[str], stdin: str | None = None) -> str:
+    runner = remote.SshRunner(lab_inventory.host("cpu-1"), lab_inventory.ssh)
+    try:
+        return runner.run(argv, stdin=stdin).stdout
+    finally:
+        runner.close()
+
+
+def unit_state(lab_inventory: inventory.Inventory) -> dict[str, str]:
+    text = on_cpu1(lab_inventory, ["systemctl", "show", "-p", "ActiveState,InvocationID,ActiveEnterTimestamp,"
+                                   "NRestarts,ExecMainStartTimestamp", "vllm.service"])
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def wait_healthy(lab_inventory: inventory.Inventory, port: int = 8000, limit: float = 420) -> None:
+    deadline = time.monotonic() + limit
+    answer = ""
+    while time.monotonic() < deadline:
+        answer = on_cpu1(lab_inventory, ["python3", "-"], stdin=HEALTH % port).strip()
+        if answer == "200":
+            return
+        time.sleep(5)
+    journal = on_cpu1(lab_inventory, ["journalctl", "-u", "vllm", "--no-pager", "-n", "30"])
+    pytest.fail(f"vllm.service not healthy within {limit:.0f}s ({answer}); journal:\n{journal}")
+
+
+@pytest.fixture(scope="module")
+def served(the_lab: lab.Lab, lab_inventory: inventory.Inventory) -> dict[str, str]:
+    """cpu-1 provisioned from the lab inventory (the venv may already be there: it is kept) and healthy."""
+    done = run_invoke("provision", "--cluster", "lab-cpu", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    wait_healthy(lab_inventory)
+    return unit_state(lab_inventory)
+
+
+def test_real_vllm_serves_the_tiny_model(served: dict[str, str], lab_inventory: inventory.Inventory) -> None:
+    assert served["ActiveState"] == "active"
+    reply = json.loads(on_cpu1(lab_inventory, ["python3", "-"], stdin=COMPLETE % 8000))
+    assert reply["model"] == "tiny-llama" and isinstance(reply["choices"][0]["text"], str)
+    assert reply["usage"]["completion_tokens"] > 0
+    metrics = on_cpu1(lab_inventory, ["python3", "-"], stdin=METRICS % 8000)
+    assert "vllm:generation_tokens_total" in metrics and "vllm:kv_cache_usage_perc" in metrics
+
+
+def test_the_venv_records_what_it_holds(served: dict[str, str], lab_inventory: inventory.Inventory) -> None:
+    facts_json = json.loads(run_invoke("facts", "--host", "cpu-1", "--json").stdout)["hosts"]["cpu-1"]
+    assert facts_json["venv"]["vllm"] == "0.32.0" and facts_json["venv"]["torch"].startswith("2.13.0")
+    removed = on_cpu1(lab_inventory, ["/opt/vllm/venv/bin/pip", "show", "torchvision"])
+    assert removed == ""  # uninstalled: it breaks imports beside the CPU torch
+
+
+def test_second_provision_changes_nothing_and_does_not_restart(
+        served: dict[str, str], lab_inventory: inventory.Inventory) -> None:
+    again = run_invoke("provision", "--cluster", "lab-cpu", "--json")
+    assert again.returncode == 0, again.stderr
+    report = json.loads(again.stdout)["hosts"]["cpu-1"]
+    assert report["changes"] == [] and report["push_bytes"] == 0
+    after = unit_state(lab_inventory)
+    assert after["InvocationID"] == served["InvocationID"]
+    assert after["ExecMainStartTimestamp"] == served["ExecMainStartTimestamp"]
+
+
+def test_changing_one_value_restarts_the_server_once(
+        served: dict[str, str], lab_inventory: inventory.Inventory) -> None:
+    changed = run_invoke("provision", "--cluster", "lab-cpu", "--set", "port=8001", "--json")
+    assert changed.returncode == 0, changed.stderr
+    changes = json.loads(changed.stdout)["hosts"]["cpu-1"]["changes"]
+    assert [(c["kind"], c["target"]) for c in changes] == [
+        ("file", "/etc/systemd/system/vllm.service"), ("daemon-reload", "systemd"), ("restart", "vllm.service")]
+    wait_healthy(lab_inventory, port=8001)
+    after = unit_state(lab_inventory)
+    assert after["InvocationID"] != served["InvocationID"] and after["NRestarts"] == served["NRestarts"]
+    run_invoke("provision", "--cluster", "lab-cpu")  # back to the inventory
