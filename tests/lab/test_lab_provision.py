@@ -101,21 +101,23 @@ def test_one_changed_value_changes_one_file_and_rollback_restores_it(
 
 def test_a_second_run_fails_clearly_while_the_lock_is_held_then_waits(
         lab_inventory: inventory.Inventory) -> None:
-    host = lab_inventory.host("cpu-1")
-    holder = remote.SshRunner(host, lab_inventory.ssh)
+    assert run_invoke("provision", "--host", "cpu-1").returncode == 0  # converged: the next run only edits
     hold = ("import fcntl, os, time\nfd = os.open('/run/lock/provision.lock', os.O_RDWR | os.O_CREAT)\n"
             "fcntl.flock(fd, fcntl.LOCK_EX)\nos.ftruncate(fd, 0)\nos.write(fd, b'pid 4242 since test')\n"
-            "print('held', flush=True)\ntime.sleep(6)\n")
-    import threading
-    thread = threading.Thread(target=lambda: holder.run(["python3", "-c", hold]), daemon=True)
-    thread.start()
-    time.sleep(2)
+            "time.sleep(20)\n")
+    on_host(lab_inventory, "cpu-1", ["systemd-run", "--unit=test-hold-lock", "--collect", "python3", "-c", hold])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # until the holder really holds it
+        probe = on_host(lab_inventory, "cpu-1", ["sh", "-c", "flock -n /run/lock/provision.lock true; echo $?"])
+        if probe.strip() == "1":
+            break
+        time.sleep(0.3)
+    else:
+        pytest.fail("the test's lock holder never took the lock")
     blocked = run_invoke("provision", "--host", "cpu-1", "--set", "port=8012")
-    assert blocked.returncode == 1
+    assert blocked.returncode == 1, blocked.stdout
     assert "another provision holds /run/lock/provision.lock (pid 4242 since test)" in blocked.stderr + blocked.stdout
-    waited = run_invoke("provision", "--host", "cpu-1", "--set", "port=8012", "--wait", "30")
-    thread.join()
-    holder.close()
+    waited = run_invoke("provision", "--host", "cpu-1", "--set", "port=8012", "--wait", "60")
     assert waited.returncode == 0, waited.stdout + waited.stderr
     assert "--port 8012" in on_host(lab_inventory, "cpu-1", ["cat", "/etc/systemd/system/vllm.service"])
     run_invoke("provision", "--host", "cpu-1")  # back to the inventory's values
