@@ -7,13 +7,30 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from provision import inventory, lab
+from provision import inventory, lab, remote
 from provision.errors import LabError
+from tests.conftest import REPO
+
+
+def run_invoke(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """The tool as a user runs it: a separate process, its real exit code and output."""
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def on_host(lab_inventory: inventory.Inventory, name: str, argv: list[str], stdin: str | None = None) -> str:
+    """Run a command on a lab host over the tool's own SSH layer; its stdout."""
+    runner = remote.SshRunner(lab_inventory.host(name), lab_inventory.ssh)
+    try:
+        return runner.run(argv, stdin=stdin).stdout
+    finally:
+        runner.close()
 
 
 @pytest.fixture(scope="session")

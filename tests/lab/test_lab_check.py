@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from provision import checks, lab
-from tests.conftest import REPO
+from tests.lab.conftest import run_invoke
 
 pytestmark = pytest.mark.lab
 
@@ -17,11 +15,6 @@ pytestmark = pytest.mark.lab
 def broken_host(the_lab: lab.Lab) -> str:
     the_lab.up(["ws-broken"], progress=lambda line: None)
     return "ws-broken"
-
-
-def run_invoke(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
 
 
 def by_id(report: dict, host: str) -> dict[str, dict]:

@@ -3,15 +3,13 @@ from __future__ import annotations
 
 import json
 import platform
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from provision import facts, inventory, lab, parsers, remote
 from provision.errors import HostKeyError
-from tests.conftest import REPO
+from tests.lab.conftest import run_invoke
 
 pytestmark = pytest.mark.lab
 
@@ -39,11 +37,6 @@ def test_facts_over_ssh_are_the_replayed_machine_in_one_execution(
     assert gathered.systemd_is_pid1  # the real systemd of the lab host, not a recording
     assert gathered.units["vllm.service"].load_state in ("loaded", "not-found")  # real systemd answers
     assert any(addr.startswith(host.address + "/") for i in gathered.interfaces for addr in i.addresses)
-
-
-def run_invoke(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
 
 
 def test_cli_facts_json_for_the_rtx5090_workstation(the_lab: lab.Lab) -> None:

@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
 
 from provision import inventory, lab, remote, render
-from tests.conftest import REPO
+from tests.lab.conftest import on_host, run_invoke
 
 pytestmark = pytest.mark.lab
 
@@ -18,19 +16,6 @@ SNAPSHOT = ["sh", "-c", "getent passwd vllm; for p in /etc/vllm /etc/systemd/sys
             "/var/lib/provision; do find $p -xdev -printf '%p %m %u:%g\\n' 2>/dev/null | sort; "
             "find $p -xdev -type f -exec sha256sum {} + 2>/dev/null | sort; done; "
             "systemctl show -p ActiveState,NRestarts,InvocationID vllm.service"]
-
-
-def run_invoke(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def on_host(lab_inventory: inventory.Inventory, name: str, argv: list[str]) -> str:
-    runner = remote.SshRunner(lab_inventory.host(name), lab_inventory.ssh)
-    try:
-        return runner.run(argv).stdout
-    finally:
-        runner.close()
 
 
 @pytest.fixture(scope="module")

@@ -3,14 +3,12 @@ the unit started and healthy, an unchanged host left running, a changed value re
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
 
-from provision import inventory, lab, remote
-from tests.conftest import REPO
+from provision import inventory, lab
+from tests.lab.conftest import on_host, run_invoke
 
 pytestmark = pytest.mark.lab
 
@@ -25,21 +23,8 @@ COMPLETE = ("import json, urllib.request\n"
 METRICS = "import urllib.request\nprint(urllib.request.urlopen('http://127.0.0.1:%d/metrics').read().decode())\n"
 
 
-def run_invoke(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def on_cpu1(lab_inventory: inventory.Inventory, argv: list[str], stdin: str | None = None) -> str:
-    runner = remote.SshRunner(lab_inventory.host("cpu-1"), lab_inventory.ssh)
-    try:
-        return runner.run(argv, stdin=stdin).stdout
-    finally:
-        runner.close()
-
-
 def unit_state(lab_inventory: inventory.Inventory) -> dict[str, str]:
-    text = on_cpu1(lab_inventory, ["systemctl", "show", "-p", "ActiveState,InvocationID,ActiveEnterTimestamp,"
+    text = on_host(lab_inventory, "cpu-1", ["systemctl", "show", "-p", "ActiveState,InvocationID,ActiveEnterTimestamp,"
                                    "NRestarts,ExecMainStartTimestamp", "vllm.service"])
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
@@ -48,11 +33,11 @@ def wait_healthy(lab_inventory: inventory.Inventory, port: int = 8000, limit: fl
     deadline = time.monotonic() + limit
     answer = ""
     while time.monotonic() < deadline:
-        answer = on_cpu1(lab_inventory, ["python3", "-"], stdin=HEALTH % port).strip()
+        answer = on_host(lab_inventory, "cpu-1", ["python3", "-"], stdin=HEALTH % port).strip()
         if answer == "200":
             return
         time.sleep(5)
-    journal = on_cpu1(lab_inventory, ["journalctl", "-u", "vllm", "--no-pager", "-n", "30"])
+    journal = on_host(lab_inventory, "cpu-1", ["journalctl", "-u", "vllm", "--no-pager", "-n", "30"])
     pytest.fail(f"vllm.service not healthy within {limit:.0f}s ({answer}); journal:\n{journal}")
 
 
@@ -67,17 +52,17 @@ def served(the_lab: lab.Lab, lab_inventory: inventory.Inventory) -> dict[str, st
 
 def test_real_vllm_serves_the_tiny_model(served: dict[str, str], lab_inventory: inventory.Inventory) -> None:
     assert served["ActiveState"] == "active"
-    reply = json.loads(on_cpu1(lab_inventory, ["python3", "-"], stdin=COMPLETE % 8000))
+    reply = json.loads(on_host(lab_inventory, "cpu-1", ["python3", "-"], stdin=COMPLETE % 8000))
     assert reply["model"] == "tiny-llama" and isinstance(reply["choices"][0]["text"], str)
     assert reply["usage"]["completion_tokens"] > 0
-    metrics = on_cpu1(lab_inventory, ["python3", "-"], stdin=METRICS % 8000)
+    metrics = on_host(lab_inventory, "cpu-1", ["python3", "-"], stdin=METRICS % 8000)
     assert "vllm:generation_tokens_total" in metrics and "vllm:kv_cache_usage_perc" in metrics
 
 
 def test_the_venv_records_what_it_holds(served: dict[str, str], lab_inventory: inventory.Inventory) -> None:
     facts_json = json.loads(run_invoke("facts", "--host", "cpu-1", "--json").stdout)["hosts"]["cpu-1"]
     assert facts_json["venv"]["vllm"] == "0.32.0" and facts_json["venv"]["torch"].startswith("2.13.0")
-    removed = on_cpu1(lab_inventory, ["/opt/vllm/venv/bin/pip", "show", "torchvision"])
+    removed = on_host(lab_inventory, "cpu-1", ["/opt/vllm/venv/bin/pip", "show", "torchvision"])
     assert removed == ""  # uninstalled: it breaks imports beside the CPU torch
 
 
