@@ -92,10 +92,11 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
     if venv is not None:
         from provision.venv import installed_key  # plan stays importable without the venv machinery
 
-        current = installed_key(facts, str(venv["venv"]))
-        if current != venv["key"]:
+        installed = installed_key(facts, str(venv["venv"]))
+        if installed != venv["key"]:
             venv_changed = True
-            reason = "missing" if current is None else f"wheels differ (key {current[:12]} -> {str(venv['key'])[:12]})"
+            reason = ("missing" if installed is None
+                      else f"wheels differ (key {installed[:12]} -> {str(venv['key'])[:12]})")
             changes.append(Change("venv", str(venv["venv"]), reason, venv))
     file_changes = _file_changes(desired, facts)
     changes.extend(file_changes)
