@@ -68,3 +68,38 @@ def make(directory: Path, seed: int = 0) -> Path:
     for path in directory.iterdir():
         path.chmod(0o644)  # safetensors writes 0600; the service user must read the weights
     return directory
+
+
+AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm",
+              "modules_to_not_convert": None}
+
+
+def make_awq(directory: Path, seed: int = 1) -> Path:
+    """A repository shaped like an AWQ checkpoint: the tiny Llama's config with a quantization_config,
+    and each linear layer as AutoAWQ's GEMM layout stores it (qweight/qzeros int32 holding eight 4-bit
+    values, float16 scales per group of 128 inputs)."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    make(directory, seed)
+    dense = load_file(str(directory / "model.safetensors"))
+    rng = np.random.default_rng(seed)
+    packed: dict[str, "np.ndarray"] = {}
+    for name, tensor in dense.items():
+        if name.startswith("model.layers.") and name.endswith("_proj.weight"):
+            out_features, in_features = tensor.shape
+            base = name[: -len(".weight")]
+            groups = max(1, in_features // AWQ_CONFIG["group_size"])
+            packed[f"{base}.qweight"] = rng.integers(0, 2**31, (in_features, out_features // 8), dtype=np.int32)
+            packed[f"{base}.qzeros"] = rng.integers(0, 2**31, (groups, out_features // 8), dtype=np.int32)
+            packed[f"{base}.scales"] = (rng.random((groups, out_features)) * 0.01).astype(np.float16)
+        else:
+            packed[name] = tensor.astype(np.float16)
+    save_file(packed, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((directory / "config.json").read_text())
+    config.update(torch_dtype="float16", quantization_config=AWQ_CONFIG)
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    (directory / "quant_config.json").write_text(json.dumps(AWQ_CONFIG))
+    for path in directory.iterdir():
+        path.chmod(0o644)
+    return directory
