@@ -59,6 +59,9 @@ class Context:
     peers: Mapping[str, HostFacts] = field(default_factory=dict)  # every node's facts, this one included
     head_address: str | None = None
     weights_bytes: int | None = None  # from hub metadata where known
+    weights_to_fetch: int | None = None  # bytes this host still lacks (hub metadata and its manifest)
+    snapshot: Any = None  # weights.Snapshot: the model's files at its resolved commit
+    snapshot_error: str | None = None  # why the hub could not say (gated, unknown repo or revision)
 
     @property
     def parallel(self) -> int:
@@ -374,9 +377,12 @@ def disk_space(ctx: Context) -> Finding:
     """Room for the venv and the weights on the paths the inventory names (together where they share a
     filesystem)."""
     needs: dict[str, float] = {ctx.settings["venv_dir"]: ctx.profile.venv_gib * 2**30}
-    estimate = (ctx.weights_bytes, "") if ctx.weights_bytes else estimate_weights_bytes(ctx.settings["model"])
-    if estimate:
-        needs[ctx.settings["model_dir"]] = estimate[0] * 1.05
+    if ctx.weights_to_fetch is not None:
+        needs[ctx.settings["model_dir"]] = ctx.weights_to_fetch * 1.05
+    else:
+        estimate = estimate_weights_bytes(ctx.settings["model"])
+        if estimate:
+            needs[ctx.settings["model_dir"]] = estimate[0] * 1.05
     per_filesystem: dict[str, list[Any]] = {}
     for path, need in needs.items():
         disk = ctx.facts.disk_for(path)
@@ -385,7 +391,7 @@ def disk_space(ctx: Context) -> Finding:
         entry = per_filesystem.setdefault(f"{disk.checked}:{disk.total_bytes}", [disk, 0.0, []])
         entry[1] += need
         entry[2].append(path)
-    evidence = {", ".join(paths): {"need_gib": round(need / 2**30, 1), "free_gib": round(disk.free_bytes / 2**30, 1),
+    evidence = {", ".join(paths): {"need_gib": round(need / 2**30, 3), "free_gib": round(disk.free_bytes / 2**30, 3),
                                    "on": disk.checked}
                 for disk, need, paths in per_filesystem.values()}
     short = [paths for disk, need, paths in per_filesystem.values() if disk.free_bytes < need]
@@ -393,6 +399,21 @@ def disk_space(ctx: Context) -> Finding:
         return fail(f"not enough free disk for {', '.join(p for paths in short for p in paths)}",
                     "free space there or point venv_dir/model_dir at a larger filesystem", **evidence)
     return ok("enough free disk", **evidence)
+
+
+@rule("model.hub", BLOCKER)
+def model_hub(ctx: Context) -> Finding | None:
+    """The model the inventory names exists on the hub (or mirror) at its revision and may be read
+    with the secrets at hand; its revision resolves to one commit, which the plan then names."""
+    if ctx.snapshot is None and ctx.snapshot_error is None:
+        return None
+    if ctx.snapshot_error:
+        return fail(ctx.snapshot_error, "fix model / model_revision in the inventory, or hf_token in its "
+                    "secrets file", model=ctx.settings["model"], revision=ctx.settings["model_revision"])
+    snap = ctx.snapshot
+    return ok(f"{snap.repo}@{snap.revision} is commit {snap.commit[:12]}: {len(snap.files)} file(s), "
+              f"{snap.total_bytes / 2**20:.1f} MiB", commit=snap.commit, files=len(snap.files),
+              bytes=snap.total_bytes, endpoint=ctx.settings["hf_endpoint"])
 
 
 @rule("host.systemd", BLOCKER)

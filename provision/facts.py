@@ -104,6 +104,7 @@ class HostFacts:
     venv: VenvInfo | None = None
     files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # inspected paths
     users: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # inspected users
+    weights: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # inspected model roots
     notes: Mapping[str, str] = field(default_factory=dict)
 
     def disk_for(self, path: str) -> DiskSpace | None:
@@ -228,5 +229,6 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         venv=values.get("venv"),
         files=dict((answer.get("inspect") or {}).get("files") or {}),
         users=dict((answer.get("inspect") or {}).get("users") or {}),
+        weights=dict((answer.get("inspect") or {}).get("weights") or {}),
         notes=dict(notes),
     )

@@ -108,11 +108,36 @@ def _inspect_user(name):
     return {"exists": True, "uid": entry.pw_uid, "home": entry.pw_dir}
 
 
+def _inspect_weights(root):
+    """A model root: the commit `current` points at, its manifest, and each listed file's stat now
+    (a changed size or mtime means the file must be verified again; nothing is hashed here)."""
+    current = os.path.join(root, "current")
+    try:
+        commit = os.path.basename(os.readlink(current))
+    except OSError:
+        return {"current": None}
+    try:
+        with open(os.path.join(current, ".provision-weights.json")) as handle:
+            manifest = json.load(handle)
+    except (OSError, ValueError):
+        return {"current": commit, "files": {}, "stat": {}}
+    files = manifest.get("files") or {}
+    stats = {}
+    for name in files:
+        try:
+            info = os.stat(os.path.join(current, name))
+            stats[name] = [info.st_size, info.st_mtime_ns]
+        except OSError:
+            stats[name] = None
+    return {"current": commit if manifest.get("commit") == commit else None, "files": files, "stat": stats}
+
+
 def inspect(spec):
     """The state of the files, directories and users a plan manages (small files with their content)."""
     limit = spec.get("max_content", 65536)
     return {"files": {path: _inspect_file(path, limit) for path in spec.get("files", [])},
-            "users": {name: _inspect_user(name) for name in spec.get("users", [])}}
+            "users": {name: _inspect_user(name) for name in spec.get("users", [])},
+            "weights": {root: _inspect_weights(root) for root in spec.get("weights", [])}}
 
 
 def collect(spec):

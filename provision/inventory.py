@@ -7,6 +7,7 @@ Schema (every key is checked; an unknown key is an error, not ignored):
       key_file: PATH           # private key (default: the SSH agent and ~/.ssh/id_*)
       connect_timeout: 10      # seconds
       command_timeout: 600     # seconds for one remote command
+    secrets: PATH              # optional YAML file, mode 0600: hf_token, vllm_api_key (provision/secrets.py)
     hosts:
       NAME:
         address: 192.0.2.10    # IP address or DNS name (not needed with connection: local)
@@ -218,6 +219,13 @@ def _bind_address(value: Any) -> str:
     return text
 
 
+def _url(value: Any) -> str:
+    text = _text(value)
+    if not re.match(r"^https?://[^/\s]+(/\S*)?$", text):
+        raise ValueError(f"expected an http(s) URL, got {_show(value)}")
+    return text.rstrip("/")
+
+
 def _network(value: Any) -> str:
     try:
         return str(ipaddress.ip_network(_text(value), strict=False))
@@ -244,6 +252,11 @@ VAR_SPECS: Mapping[str, VarSpec] = {
                          _optional(_text)),
     "venv_wheels": VarSpec("local wheel files (on the controller) installed into the venv", _string_list, ()),
     "venv_dir": VarSpec("virtualenv holding vLLM", _absolute_path, "/opt/vllm/venv"),
+    "model_files": VarSpec("glob patterns of the repository's files to fetch (default: all)", _string_list, ()),
+    "fetch_weights": VarSpec("download the model from the hub (false: the weights are placed by hand)",
+                             _boolean, True),
+    "hf_endpoint": VarSpec("hub (or mirror) the weights come from, like HF_ENDPOINT", _url,
+                           "https://huggingface.co"),
     "model_dir": VarSpec("directory for model weights", _absolute_path, "/var/lib/vllm/models"),
     "hf_home": VarSpec("HF_HOME of the service", _absolute_path, "/var/lib/vllm/hf"),
     "service_user": VarSpec("user the service runs as", _user_name, "vllm"),
@@ -320,6 +333,7 @@ class Inventory:
     clusters: Mapping[str, Cluster]
     ssh: SshSettings
     sources: tuple[str, ...] = field(default=())
+    secrets: str | None = None  # the secrets file (HF token, API key), mode 0600
 
     def host(self, name: str) -> Host:
         """The named host; `local` is this machine even when the inventory does not list it."""
@@ -405,7 +419,7 @@ def local_host(profile: Profile | None = None) -> Host:
 # ---------------------------------------------------------------------------------------------
 # Loading and validation
 
-_TOP_LEVEL = {"ssh", "hosts", "groups", "clusters"}
+_TOP_LEVEL = {"ssh", "secrets", "hosts", "groups", "clusters"}
 _SSH_KEYS = {"known_hosts", "key_file", "connect_timeout", "command_timeout"}
 _HOST_KEYS = {"address", "port", "user", "profile", "connection", "key_file", "vars"}
 _GROUP_KEYS = {"hosts", "vars"}
@@ -434,6 +448,7 @@ class _Reader:
         self.groups: dict[str, Group] = {}
         self.clusters: dict[str, Cluster] = {}
         self.ssh = SshSettings()
+        self.secrets: str | None = None
         self.defined_in: dict[tuple[str, str], str] = {}
         self.member_lines: list[tuple[str, str, Any, str]] = []  # entity, file, mapping, key
         self.entry_line: int | None = None
@@ -447,6 +462,8 @@ class _Reader:
         self._unknown(data, _TOP_LEVEL, source, entity=None)
         if "ssh" in data:
             self._read_ssh(data["ssh"], data, source, base)
+        if "secrets" in data:
+            self.secrets = self._path(data, "secrets", source, base, "secrets")
         for section, reader in (("hosts", self._read_host), ("groups", self._read_group),
                                 ("clusters", self._read_cluster)):
             entries = data.get(section)
@@ -658,4 +675,4 @@ def load(path: str | Path, profiles: Mapping[str, Profile] | None = None) -> Inv
     reader.cross_check()
     return Inventory(hosts=dict(reader.hosts), groups=dict(reader.groups),
                      clusters=dict(reader.clusters), ssh=reader.ssh,
-                     sources=tuple(str(f) for f in files))
+                     sources=tuple(str(f) for f in files), secrets=reader.secrets)

@@ -70,10 +70,13 @@ def _diff(path: str, old: str, new: str) -> str:
     return mask("".join(lines))
 
 
-def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | None = None) -> list[Change]:
+def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | None = None,
+          weights: Mapping[str, Any] | None = None, hub_venv: Mapping[str, Any] | None = None) -> list[Change]:
     """Every change the host needs, in the order apply runs them; [] means nothing to do.
 
     `venv` (venv.venv_change_data) is the virtualenv the host should have; None leaves it alone.
+    `weights` ({"reason", "data"}) is a model fetch the host needs; `hub_venv` the helper venv that
+    fetches it, built first where missing.
     """
     changes: list[Change] = []
     if not facts.users.get(desired.user, {}).get("exists"):
@@ -98,6 +101,12 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
             reason = ("missing" if installed is None
                       else f"wheels differ (key {installed[:12]} -> {str(venv['key'])[:12]})")
             changes.append(Change("venv", str(venv["venv"]), reason, venv))
+    if weights is not None:
+        from provision.venv import installed_key
+
+        if hub_venv is not None and installed_key(facts, str(hub_venv["venv"])) != hub_venv["key"]:
+            changes.append(Change("venv", str(hub_venv["venv"]), "huggingface_hub for the model fetch", hub_venv))
+        changes.append(Change("weights", str(weights["data"]["root"]), str(weights["reason"]), weights["data"]))
     file_changes = _file_changes(desired, facts)
     changes.extend(file_changes)
     changed = {change.target for change in file_changes}
@@ -111,6 +120,8 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
     restart_due = {unit for wanted in desired.files if wanted.path in changed for unit in wanted.restarts}
     if venv_changed:
         restart_due |= set(desired.units)  # new code for every unit
+    if weights is not None and SERVER_UNIT in desired.units:
+        restart_due.add(SERVER_UNIT)  # a new revision is read at start
     for unit in desired.units:
         state = facts.units.get(unit)
         if state is None or state.unit_file_state != "enabled":
@@ -122,6 +133,7 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
         elif unit in restart_due:
             because = sorted(w.path for w in desired.files if w.path in changed and unit in w.restarts)
             because += ["the venv"] if venv_changed else []
+            because += ["the model"] if weights is not None and unit == SERVER_UNIT else []
             changes.append(Change("restart", unit, f"{', '.join(because)} changed"))
     return changes
 

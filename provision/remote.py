@@ -88,13 +88,17 @@ class Result:
 
 
 class Runner(Protocol):
-    """Runs argv lists on one host. `executions` counts remote executions (round trips)."""
+    """Runs argv lists on one host. `executions` counts remote executions (round trips).
+
+    `on_line` receives each line of stdout as it arrives (progress of a long step); stdout is still
+    returned whole in the Result.
+    """
 
     host: str
     executions: int
 
     def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
-            env: Mapping[str, str] | None = None) -> Result: ...
+            env: Mapping[str, str] | None = None, on_line: Callable[[str], None] | None = None) -> Result: ...
 
     def put(self, local: Path, remote: str, progress: Callable[[int, int], None] | None = None) -> None: ...
 
@@ -122,6 +126,27 @@ class _WholeStdin:
         if isinstance(input_, io.StringIO):
             return input_.read()
         return super().read_our_stdin(input_)  # type: ignore[misc]
+
+
+class _LineStream(io.StringIO):
+    """An out_stream for Invoke that hands each complete line to a callback."""
+
+    def __init__(self, on_line: Callable[[str], None]) -> None:
+        super().__init__()
+        self.on_line = on_line
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            self.on_line(line)
+        return len(text)
+
+
+def _streaming(on_line: Callable[[str], None] | None) -> dict[str, object]:
+    """Run options: everything hidden, or stdout streamed line by line to on_line."""
+    return {"hide": True} if on_line is None else {"hide": "stderr", "out_stream": _LineStream(on_line)}
 
 
 class _Remote(_WholeStdin, FabricRemote):
@@ -245,15 +270,15 @@ class SshRunner(_Counting):
             raise UnreachableHost(self.host, f"cannot connect to {where}: {reason}") from None
 
     def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
-            env: Mapping[str, str] | None = None) -> Result:
+            env: Mapping[str, str] | None = None, on_line: Callable[[str], None] | None = None) -> Result:
         self._open()
         command = command_line(argv, env)
         started = time.monotonic()
         timeout = timeout or self.ssh.command_timeout
         in_stream: io.StringIO | bool = io.StringIO(stdin) if stdin is not None else False
         try:
-            done = self.connection.run(command, hide=True, warn=True, in_stream=in_stream,
-                                       timeout=timeout)
+            done = self.connection.run(command, warn=True, in_stream=in_stream, timeout=timeout,
+                                       **_streaming(on_line))
         except invoke.CommandTimedOut as exc:
             seconds = time.monotonic() - started
             self._record(command, 124, seconds, True)
@@ -297,13 +322,13 @@ class LocalRunner(_Counting):
         self.context = invoke.Context(invoke.Config(lazy=True, overrides={"runners": {"local": _Local}}))
 
     def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
-            env: Mapping[str, str] | None = None) -> Result:
+            env: Mapping[str, str] | None = None, on_line: Callable[[str], None] | None = None) -> Result:
         command = command_line(argv, env)
         started = time.monotonic()
         in_stream: io.StringIO | bool = io.StringIO(stdin) if stdin is not None else False
         try:
-            done = self.context.run(command, hide=True, warn=True, in_stream=in_stream,
-                                    timeout=timeout or self.command_timeout)
+            done = self.context.run(command, warn=True, in_stream=in_stream,
+                                    timeout=timeout or self.command_timeout, **_streaming(on_line))
         except invoke.CommandTimedOut as exc:
             seconds = time.monotonic() - started
             self._record(command, 124, seconds, True)

@@ -90,10 +90,13 @@ def env_quote(value: str) -> str:
 
 
 def model_path(settings: Mapping[str, Any]) -> str:
-    """Where the weights live on the host: an absolute `model` as is, else MODEL_DIR/ORG/NAME."""
+    """Where the weights live on the host: an absolute `model` as is; a fetched one at
+    MODEL_DIR/ORG/NAME/current (the verified revision, see weights.py); else MODEL_DIR/ORG/NAME."""
     model = str(settings["model"] or "")
     if model.startswith("/"):
         return model
+    if settings["fetch_weights"]:
+        return f"{settings['model_dir'].rstrip('/')}/{model}/current"
     return f"{settings['model_dir'].rstrip('/')}/{model}"
 
 

@@ -4,10 +4,12 @@ Exit codes: 0 done; 1 something on a host (or the lab) failed; 2 bad usage or ba
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 import logging
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -17,7 +19,8 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
                            TransferSpeedColumn)
 from invoke.exceptions import Exit
 
-from provision import checks, config, facts, inventory, lab, ops, plan, remote, render, report, venv
+from provision import (checks, config, facts, inventory, lab, ops, plan, remote, render, report, secrets, venv,
+                       weights)
 from provision.errors import InventoryError, LabError, ProvisionError
 from provision.fanout import HostResults, for_each_host
 from provision.profiles import load_profiles
@@ -95,8 +98,10 @@ def _gather(inv: inventory.Inventory, targets: list[inventory.Host], overrides: 
     def gather(target: inventory.Host) -> facts.HostFacts:
         settings = inv.settings(target.name, overrides, profile=assumed)
         paths = [settings["venv_dir"], settings["model_dir"], settings["hf_home"]]
-        inspect = plan.inspect_spec([render.CONFIG_DIR, render.STATE_DIR, *paths[1:],
-                                     *venv.inspect_paths(settings)], settings["service_user"])
+        inspect: dict[str, list[str]] = plan.inspect_spec(
+            [render.CONFIG_DIR, render.STATE_DIR, *paths[1:], *venv.inspect_paths(settings),
+             f"{weights.HUB_VENV}/{venv.VENV_MANIFEST}"], settings["service_user"])
+        inspect["weights"] = [weights.root_of(settings)] if weights.managed(settings) else []
         runner = remote.connect(target, inv.ssh, accept_new_host_keys=accept_new_host_keys)
         try:
             return facts.gather(runner, paths=paths, inspect=inspect,
@@ -151,10 +156,38 @@ def gate_with_contexts(inv: inventory.Inventory, targets: list[inventory.Host], 
         everyone.extend(inv.host(name) for name in (cluster.hosts if cluster else ())
                         if name not in {h.name for h in everyone})
     gathered = _gather(inv, everyone, overrides, assumed, accept_new_host_keys)
-    contexts = checks.contexts(inv, gathered.values, overrides, profile=assumed)
+    contexts = _with_snapshots(checks.contexts(inv, gathered.values, overrides, profile=assumed),
+                               secrets.load(inv.secrets), wanted)
     findings = {name: checks.evaluate(contexts[name], force) for name in wanted if name in contexts}
     errors = {name: error for name, error in gathered.errors.items() if name in wanted}
     return findings, errors, contexts
+
+
+def _with_snapshots(contexts: dict[str, checks.Context], held: secrets.Secrets,
+                    wanted: set[str]) -> dict[str, checks.Context]:
+    """Ask the hub once per (model, revision, files, endpoint) for the commit and the files' sizes and
+    hashes; each host's context learns what it must still fetch (its manifest, read by the probe)."""
+    asked: dict[tuple[Any, ...], weights.Snapshot | str] = {}
+    result = dict(contexts)
+    for name, ctx in contexts.items():
+        if name not in wanted or not weights.managed(ctx.settings):
+            continue
+        s = ctx.settings
+        key = (s["model"], s["model_revision"], tuple(s["model_files"]), s["hf_endpoint"])
+        if key not in asked:
+            try:
+                asked[key] = weights.resolve(s["model"], s["model_revision"], s["model_files"],
+                                             s["hf_endpoint"], held.hf_token)
+            except weights.WeightsError as exc:
+                asked[key] = str(exc)
+        answer = asked[key]
+        if isinstance(answer, str):
+            result[name] = dataclasses.replace(ctx, snapshot_error=answer)
+            continue
+        _, to_fetch = weights.compare(answer, weights.host_weights(ctx.facts, weights.root_of(s)))
+        result[name] = dataclasses.replace(ctx, snapshot=answer, weights_bytes=answer.total_bytes,
+                                           weights_to_fetch=to_fetch)
+    return result
 
 
 @task(auto_shortflags=False, name="check",
@@ -185,36 +218,81 @@ def check(c: Context, host: list[str] | None = None, cluster: str | None = None,
 @dataclass
 class HostPlan:
     changes: list[plan.Change]
-    wheelhouse: venv.Wheelhouse | None = None
-    to_push: list[venv.Wheel] = field(default_factory=list)
+    pushes: list[tuple[venv.Wheelhouse, list[venv.Wheel]]] = field(default_factory=list)
+    cluster_address: str | None = None  # where the host's cluster peers reach it (weights copies)
+    group: str = ""  # the cluster (or the host alone): one fetch from the hub per group
+
+    @property
+    def push_bytes(self) -> int:
+        return sum(w.size for _, wheels in self.pushes for w in wheels)
+
+    @property
+    def push_count(self) -> int:
+        return sum(len(wheels) for _, wheels in self.pushes)
+
+    def of_kind(self, *kinds: str, target: str | None = None) -> list[plan.Change]:
+        return [c for c in self.changes if c.kind in kinds and (target is None or c.target == target)]
+
+
+def _progress_line(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def _host_plan(ctx: checks.Context, found: list[checks.Finding], weights_only: bool,
+               verify: bool = False) -> HostPlan:
+    """One host's plan: rendered files and units (unless weights_only), the venv, the model."""
+    settings, host_facts = ctx.settings, ctx.facts
+    arch, python = host_facts.arch or "", host_facts.python or ""
+    pushes: list[tuple[venv.Wheelhouse, list[venv.Wheel]]] = []
+    wheelhouse, venv_data = None, None
+    if not weights_only and (venv.requirements_of(settings) or settings["venv_wheels"]):
+        wheelhouse = venv.resolve(venv.requirements_of(settings), settings["venv_wheels"], arch, python,
+                                  progress=_progress_line)
+        venv_data = venv.venv_change_data(settings, ctx.profile.venv_remove, wheelhouse)
+    fetch, hub_data, hub_house = None, None, None
+    if ctx.snapshot is not None:
+        root = weights.root_of(settings)
+        reason, to_fetch = weights.compare(ctx.snapshot, weights.host_weights(host_facts, root))
+        if verify and not reason:
+            reason = "hash every file again (--verify)"
+        if reason:
+            fetch = {"reason": f"{ctx.snapshot.repo}@{ctx.snapshot.commit[:12]}: {reason} "
+                               f"({to_fetch / 2**20:.1f} MiB to fetch)",
+                     "data": weights.change_data(settings, ctx.snapshot)}
+            hub_house = venv.resolve([weights.hub_requirement()], [], arch, python, progress=_progress_line)
+            hub_data = venv.helper_venv_data(weights.HUB_VENV, [weights.hub_requirement()], hub_house)
+    if weights_only:
+        desired = render.DesiredState(files=(), directories=(), units=(), absent_units=(),
+                                      user=settings["service_user"], home=render.STATE_DIR)
+        changes = [c for c in plan.build(desired, host_facts, None, fetch, hub_data) if c.kind != "user"]
+    else:
+        desired = render.desired_state(ctx, checks.resolutions(found))
+        changes = plan.build(desired, host_facts, venv_data, fetch, hub_data)
+    for house, directory in ((wheelhouse, settings["venv_dir"].rstrip("/")), (hub_house, weights.HUB_VENV)):
+        if house and any(c.kind == "venv" and c.target == directory for c in changes):
+            pushes.append((house, venv.missing_wheels(house, host_facts)))
+    link = render.node_link(ctx) if ctx.cluster and ctx.cluster.multi_node else None
+    return HostPlan(changes, pushes, link.address if link else None,
+                    ctx.cluster.name if ctx.cluster else ctx.host)
 
 
 def _plans(inv: inventory.Inventory, targets: list[inventory.Host], overrides: dict[str, Any],
-           assumed: Any, accept_new_host_keys: bool, force: list[str]
-           ) -> tuple[dict[str, HostPlan], dict[str, list[checks.Finding]], dict[str, BaseException]]:
+           assumed: Any, accept_new_host_keys: bool, force: list[str], weights_only: bool = False,
+           verify: bool = False) -> tuple[dict[str, HostPlan], dict[str, list[checks.Finding]], dict[str, BaseException]]:
     """facts -> gate -> plan for every target; a blocked or failing host gets no plan."""
     findings, errors, contexts = gate_with_contexts(inv, targets, overrides, assumed, accept_new_host_keys,
                                                     force)
+    if weights_only:  # only what a fetch needs: the hub's answer and the disk
+        findings = {name: [f for f in found if f.id in ("model.hub", "disk.space")]
+                    for name, found in findings.items()}
     plans: dict[str, HostPlan] = {}
     for name, found in findings.items():
         if checks.verdict(found) == "blocked":
             continue
-        ctx = contexts[name]
         try:
-            desired = render.desired_state(ctx, checks.resolutions(found))
-            wheelhouse, venv_data = None, None
-            if venv.requirements_of(ctx.settings) or ctx.settings["venv_wheels"]:
-                wheelhouse = venv.resolve(venv.requirements_of(ctx.settings), ctx.settings["venv_wheels"],
-                                          ctx.facts.arch or "", ctx.facts.python or "",
-                                          progress=lambda line: print(line, file=sys.stderr))
-                venv_data = venv.venv_change_data(ctx.settings, ctx.profile.venv_remove, wheelhouse)
+            plans[name] = _host_plan(contexts[name], found, weights_only, verify)
         except (render.RenderError, ProvisionError, ValueError) as exc:
             errors[name] = exc if isinstance(exc, ProvisionError) else ProvisionError(f"{name}: {exc}")
-            continue
-        changes = plan.build(desired, ctx.facts, venv_data)
-        push = venv.missing_wheels(wheelhouse, ctx.facts) if wheelhouse and any(
-            c.kind == "venv" for c in changes) else []
-        plans[name] = HostPlan(changes, wheelhouse, push)
     return plans, findings, errors
 
 
@@ -232,9 +310,8 @@ def _report_plans(order: list[str], plans: dict[str, HostPlan],
                 out.print(f"  {finding.id}: {finding.message} -> fix: {finding.fix}")
         else:
             out.print(f"[bold]{name}[/bold]: {plan.summary(plans[name].changes)}")
-            if plans[name].to_push:
-                size = sum(w.size for w in plans[name].to_push) / 2**20
-                out.print(f"  push {len(plans[name].to_push)} wheel(s), {size:.0f} MiB")
+            if plans[name].push_count:
+                out.print(f"  push {plans[name].push_count} wheel(s), {plans[name].push_bytes / 2**20:.0f} MiB")
             for change in plans[name].changes:
                 out.print(f"  {change.describe()}")
                 if show_diff and change.diff:
@@ -248,10 +325,17 @@ def _plans_json(order: list[str], plans: dict[str, HostPlan],
     hosts: dict[str, Any] = {}
     for name in order:
         body: dict[str, Any] = {"verdict": checks.verdict(findings[name]) if name in findings else None}
+        if body["verdict"] == "blocked":
+            body["blockers"] = [{"id": f.id, "message": f.message, "fix": f.fix, "evidence": f.evidence}
+                                for f in findings[name] if f.blocks]
         if name in plans:
             body["changes"] = [{"kind": c.kind, "target": c.target, "reason": c.reason}
                                for c in plans[name].changes]
-            body["push_bytes"] = sum(w.size for w in plans[name].to_push)
+            body["push_bytes"] = plans[name].push_bytes
+            fetch = plans[name].of_kind("weights")
+            if fetch:
+                body["weights"] = {"repo": fetch[0].data["repo"], "commit": fetch[0].data["commit"],
+                                   "bytes": sum(f["size"] for f in fetch[0].data["files"])}
         if applied is not None and name in applied:
             body["applied"] = applied[name]
         if name in errors:
@@ -304,38 +388,139 @@ def provision_(c: Context, host: list[str] | None = None, cluster: str | None = 
     order = [target.name for target in targets]
     if not json_:
         _report_plans(order, plans, findings, errors, show_diff=False)
-    to_apply = [inv.host(name) for name in order if name in plans and plans[name].changes]
+    applied, failed, fetched = carry_out(inv, plans, order, accept_new_host_keys, wait, secrets.load(inv.secrets),
+                                         quiet=json_)
+    errors.update(failed)
+    _report_applied(order, plans, findings, errors, applied, fetched, json_)
+    if errors or len(plans) < len(order):
+        raise Exit(code=1)
+
+
+def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[str],
+              accept_new_host_keys: bool, wait: float, held: secrets.Secrets, quiet: bool,
+              verify_all: bool = False) -> tuple[dict[str, int], dict[str, BaseException],
+                                                 dict[str, weights.FetchResult]]:
+    """Apply the plans in three steps, all hosts at once in each: wheels pushed and the fetch helper
+    built; the weights fetched (the hub once per cluster, then host to host); the rest applied.
+    A host that fails leaves the later steps; the others go on."""
     progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                        TimeRemainingColumn(), console=Console(stderr=True), disable=json_)
+                        TimeRemainingColumn(), console=Console(stderr=True), disable=quiet)
+    runners: dict[str, remote.Runner] = {}
+    lock = threading.Lock()
 
-    def carry_out(target: inventory.Host) -> int:
-        host_plan = plans[target.name]
-        runner = remote.connect(target, inv.ssh, accept_new_host_keys=accept_new_host_keys)
-        try:
-            if host_plan.to_push and host_plan.wheelhouse:
-                total = sum(w.size for w in host_plan.to_push)
-                bar = progress.add_task(f"{target.name}: push wheels", total=total)
-                venv.push(runner, host_plan.wheelhouse, host_plan.to_push,
-                          lambda sent: progress.update(bar, completed=sent))
-            step = progress.add_task(f"{target.name}: apply {len(host_plan.changes)} change(s)", total=None)
-            done = len(ops.apply(runner, host_plan.changes, wait=wait).done)
-            progress.update(step, total=1, completed=1)
-            return done
-        finally:
+    def connect(name: str) -> remote.Runner:
+        with lock:
+            if name not in runners:
+                runners[name] = remote.connect(inv.host(name), inv.ssh, accept_new_host_keys=accept_new_host_keys)
+            return runners[name]
+
+    def bar(description: str) -> Callable[[int, int], None]:
+        task_id = progress.add_task(description, total=None)
+        return lambda done, total: progress.update(task_id, completed=done, total=total)
+
+    errors: dict[str, BaseException] = {}
+    done: dict[str, int] = {}
+    active = [name for name in order if name in plans and plans[name].changes]
+
+    def prepare(name: str) -> int:
+        host_plan, runner = plans[name], connect(name)
+        for house, wheels in host_plan.pushes:
+            if wheels:
+                total = sum(w.size for w in wheels)
+                update = bar(f"{name}: push {len(wheels)} wheel(s)")
+                venv.push(runner, house, wheels, lambda sent: update(sent, total))
+        helper = host_plan.of_kind("venv", target=weights.HUB_VENV)
+        return len(ops.apply(runner, helper, wait=wait).done) if helper else 0
+
+    fetched: dict[str, weights.FetchResult] = {}
+    try:
+        with progress:
+            first = for_each_host(active, lambda name: name, prepare)
+            errors.update(first.errors)
+            done.update(first.values)
+            jobs = [weights.Job(name, plans[name].group, plans[name].of_kind("weights")[0].data,
+                                plans[name].cluster_address)
+                    for name in active if name not in errors and plans[name].of_kind("weights")]
+            fetched, fetch_errors = weights.fetch_all(jobs, connect, held.hf_token, verify_all, wait, bar)
+            errors.update(fetch_errors)
+            for name in fetched:
+                done[name] = done.get(name, 0) + 1
+
+            def finish(name: str) -> int:
+                rest = [c for c in plans[name].changes if c.kind != "weights" and c.target != weights.HUB_VENV]
+                if not rest:
+                    return 0
+                update = bar(f"{name}: apply {len(rest)} change(s)")
+                count = len(ops.apply(connect(name), rest, wait=wait).done)
+                update(1, 1)
+                return count
+
+            last = for_each_host([n for n in active if n not in errors], lambda name: name, finish)
+            errors.update(last.errors)
+            for name, count in last.values.items():
+                done[name] = done.get(name, 0) + count
+    finally:
+        for runner in runners.values():
             runner.close()
+    return done, errors, fetched
 
-    with progress:
-        results = for_each_host(to_apply, lambda target: target.name, carry_out)
-    errors.update(results.errors)
-    applied = {name: count for name, count in results.values.items()}
+
+def _named(name: str, error: BaseException) -> str:
+    text = report.error_text(error)
+    return text if text.startswith(f"{name}:") else f"{name}: {text}"
+
+
+def _report_applied(order: list[str], plans: dict[str, HostPlan], findings: dict[str, list[checks.Finding]],
+                    errors: dict[str, BaseException], applied: dict[str, int],
+                    fetched: dict[str, weights.FetchResult], json_: bool) -> None:
+    from_hub = sum(result.fetched for result in fetched.values() if result.source == "hub")
     if json_:
-        print(report.dump_json(_plans_json(order, plans, findings, errors, applied)))
-    else:
-        for name in order:
-            if name in applied:
-                print(f"{name}: applied {applied[name]} change(s)")
-            elif name in results.errors:
-                print(f"{name}: {report.error_text(results.errors[name])}", file=sys.stderr)
+        document = _plans_json(order, plans, findings, errors, applied)
+        for name, result in fetched.items():
+            document["hosts"][name]["fetched"] = {"bytes": result.fetched, "from": result.source,
+                                                  "linked": result.detail.get("linked", 0),
+                                                  "quarantined": result.detail.get("quarantined", [])}
+        document["bytes_from_hub"] = from_hub
+        print(report.dump_json(document))
+        return
+    for name in order:
+        if name in errors and name in plans:
+            print(_named(name, errors[name]), file=sys.stderr)
+        elif name in applied:
+            line = f"{name}: applied {applied[name]} change(s)"
+            if name in fetched:
+                result = fetched[name]
+                line += f"; weights: {result.fetched / 2**20:.1f} MiB from {result.source}"
+                if result.detail.get("quarantined"):
+                    line += f", {len(result.detail['quarantined'])} bad file(s) set aside and fetched again"
+            print(line)
+    if fetched:
+        print(f"bytes fetched from the hub: {from_hub} ({from_hub / 2**20:.1f} MiB)")
+
+
+@task(auto_shortflags=False, name="weights",
+      help={**HOST_TASK_HELP, "verify": "hash every file of the model again, not only those whose size or "
+                                         "time changed", "wait": "seconds to wait for another run's lock"},
+      iterable=["host", "set_", "force"])
+@guarded
+def weights_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
+             inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
+             profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
+             verify: bool = False, wait: float = 0, verbose: bool = False) -> None:
+    """Fetch and verify each host's model weights only (a cluster fetches from the hub once)."""
+    _setup_logging(verbose)
+    inv = _load(inventory_)
+    overrides = inventory.parse_overrides(set_ or [])
+    targets = inv.select(hosts=host or [], cluster=cluster, everything=all_)
+    plans, findings, errors = _plans(inv, targets, overrides, _profile(profile), accept_new_host_keys,
+                                     force or [], weights_only=True, verify=verify)
+    order = [target.name for target in targets]
+    if not json_:
+        _report_plans(order, plans, findings, errors, show_diff=False)
+    applied, failed, fetched = carry_out(inv, plans, order, accept_new_host_keys, wait, secrets.load(inv.secrets),
+                                         quiet=json_, verify_all=verify)
+    errors.update(failed)
+    _report_applied(order, plans, findings, errors, applied, fetched, json_)
     if errors or len(plans) < len(order):
         raise Exit(code=1)
 
@@ -420,4 +605,4 @@ def lab_down(c: Context, keep_cache: bool = False) -> None:
 
 
 lab_tasks = Collection("lab", lab_up, lab_status, lab_down)
-ns = Collection(facts_, check, plan_, provision_, rollback_, show_inventory, lab_tasks)
+ns = Collection(facts_, check, plan_, provision_, weights_, rollback_, show_inventory, lab_tasks)

@@ -168,3 +168,10 @@ def push(runner: Any, wheelhouse: Wheelhouse, wheels: Sequence[Wheel],
                    lambda done, total: progress(base + done))
         sent += wheel.size
     return sent
+
+
+def helper_venv_data(directory: str, requirements: Sequence[str], wheelhouse: Wheelhouse) -> dict[str, Any]:
+    """A small venv of the tool's own (e.g. huggingface_hub for fetching weights), built like vLLM's."""
+    return {"venv": directory, "wheelhouse": REMOTE_WHEELHOUSE, "requirements": list(requirements),
+            "wheels": {w.name: w.sha256 for w in wheelhouse.wheels}, "remove": [],
+            "key": hashlib.sha256(f"{wheelhouse.key} {directory}".encode()).hexdigest()}

@@ -17,7 +17,7 @@ class FakeRunner:
         self.respond = respond
 
     def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
-            env: Mapping[str, str] | None = None) -> Result:
+            env: Mapping[str, str] | None = None, on_line: Any = None) -> Result:
         self.executions += 1
         self.calls.append((list(argv), stdin))
         return self.respond(argv, stdin)

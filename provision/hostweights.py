@@ -1,0 +1,379 @@
+"""Model weights ON the host: fetch, verify, keep. Sent on stdin after hostapply.py (whose lock and
+atomic writes it uses); the controller appends `weights_main(SPEC_JSON)`.
+
+    {"action": "fetch", "root": "/var/lib/vllm/models/ORG/NAME", "repo": "ORG/NAME", "commit": SHA,
+     "files": [{"path", "size", "digest": "sha256:HEX" | "git-sha1:HEX"}], "verify_all": false,
+     "source": {"kind": "hub", "endpoint": URL, "token": T|null} | {"kind": "peer", "url": URL},
+     "lock": "/run/lock/provision.lock", "wait": 0}
+    {"action": "serve", "root", "commit", "address", "secret", "peers": N, "idle": 120}
+
+Layout under ROOT: revisions/SHA/ (one per commit, with its manifest .provision-weights.json),
+`current` and `previous` (relative symlinks; vLLM reads ROOT/current), .partial/SHA/*.part (what a
+broken transfer left, resumed next time), .quarantine/ (files whose hash did not match: set aside,
+never served). A file the new revision shares with the current one is hard-linked, not fetched.
+
+The hub transfer is huggingface_hub's own (`http_get`, HF_ENDPOINT-style endpoint, the token in its
+headers); it runs under the helper venv's python. Peers copy from a host of their cluster over plain
+HTTP with ranges, standard library only. Output: JSON lines, {"event": "progress", ...} while bytes
+move and one {"event": "result", ...} at the end.
+"""
+import hashlib
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+
+MANIFEST = ".provision-weights.json"
+
+
+class WeightsFailed(Exception):
+    pass
+
+
+def emit(event, **fields):
+    fields["event"] = event
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+def file_digest(path, kind):
+    digest = hashlib.sha256() if kind == "sha256" else hashlib.sha1()
+    if kind == "git-sha1":
+        digest.update(b"blob %d\0" % os.path.getsize(path))
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return "%s:%s" % (kind, digest.hexdigest())
+
+
+def matches(path, entry):
+    return file_digest(path, entry["digest"].split(":", 1)[0]) == entry["digest"]
+
+
+def read_manifest(directory):
+    try:
+        with open(os.path.join(directory, MANIFEST)) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def unchanged_since_verified(path, recorded):
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    return recorded is not None and [info.st_size, info.st_mtime_ns] == recorded.get("stat")
+
+
+class Counter(object):
+    """A file object that reports the bytes written through it (huggingface_hub writes into it)."""
+
+    def __init__(self, handle, progress):
+        self._handle = handle
+        self._progress = progress
+
+    def write(self, data):
+        written = self._handle.write(data)
+        self._progress(len(data))
+        return written
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+
+class Progress(object):
+    def __init__(self, total):
+        self.total = total
+        self.done = 0
+        self.fetched = 0
+        self.last = 0.0
+        self.lock = threading.Lock()
+
+    def add(self, count, fetched=True):
+        with self.lock:
+            self.done += count
+            if fetched:
+                self.fetched += count
+            now = time.time()
+            if now - self.last >= 0.3 or self.done >= self.total:
+                self.last = now
+                emit("progress", done=self.done, total=self.total)
+
+
+def fetch_hub(source, repo, commit, entry, handle, resume, progress):
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
+    url = hf_hub_url(repo, entry["path"], revision=commit, endpoint=source["endpoint"])
+    headers = build_hf_headers(token=source.get("token") or False, library_name="provision")
+    http_get(url, Counter(handle, progress.add), resume_size=resume, headers=headers,
+             expected_size=entry["size"])
+
+
+def fetch_peer(source, repo, commit, entry, handle, resume, progress):
+    import urllib.request
+    from urllib.parse import quote
+
+    request = urllib.request.Request(source["url"].rstrip("/") + "/" + quote(entry["path"]))
+    if resume:
+        request.add_header("Range", "bytes=%d-" % resume)
+    with urllib.request.urlopen(request, timeout=60) as response:
+        if resume and response.status != 206:
+            handle.seek(0)
+            handle.truncate()
+            progress.add(-resume, fetched=False)
+        for block in iter(lambda: response.read(1 << 20), b""):
+            handle.write(block)
+            progress.add(len(block))
+
+
+def transfer(spec, entry, part, progress):
+    """Fetch one file into its .part file, resuming what an earlier run left there."""
+    os.makedirs(os.path.dirname(part), exist_ok=True)
+    resume = os.path.getsize(part) if os.path.exists(part) else 0
+    if resume > entry["size"]:
+        os.remove(part)
+        resume = 0
+    progress.add(resume, fetched=False)
+    fetch = fetch_hub if spec["source"]["kind"] == "hub" else fetch_peer
+    with open(part, "ab") as handle:
+        try:
+            if resume < entry["size"] or entry["size"] == 0:
+                fetch(spec["source"], spec["repo"], spec["commit"], entry, handle, resume, progress)
+        except Exception as exc:  # the transport's own error, said once, with what is kept
+            handle.flush()
+            got = handle.tell()
+            raise WeightsFailed("%s: transfer broke off after %d of %d bytes (kept for the next run to "
+                                "resume): %s" % (entry["path"], got, entry["size"], _short(exc)))
+
+
+def _short(exc):
+    text = str(exc).strip().splitlines()
+    return "%s: %s" % (type(exc).__name__, text[0][:300] if text else "")
+
+
+def quarantine(root, path, commit, name):
+    """Set a bad file aside where nothing serves it; returns where it went."""
+    target = os.path.join(root, ".quarantine", commit, "%s.%d" % (name, int(time.time() * 1000)))
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.rename(path, target)
+    return target
+
+
+def place(spec, entry, final, part, progress, report):
+    """Bring one file of the revision in place: verified, fetched (at most twice) or set aside."""
+    for attempt in (1, 2):
+        transfer(spec, entry, part, progress)
+        if os.path.getsize(part) == entry["size"] and matches(part, entry):
+            os.chmod(part, 0o644)
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            os.rename(part, final)
+            return
+        report["quarantined"].append(quarantine(spec["root"], part, spec["commit"], entry["path"]))
+        if attempt == 2:
+            raise WeightsFailed("%s: hash mismatch twice (expected %s); the fetched copies are set aside "
+                                "in %s/.quarantine" % (entry["path"], entry["digest"], spec["root"]))
+
+
+def fetch(spec):
+    root, commit = spec["root"], spec["commit"]
+    revision = os.path.join(root, "revisions", commit)
+    partial = os.path.join(root, ".partial", commit)
+    current = os.path.join(root, "current")
+    for directory in (revision, partial):
+        os.makedirs(directory, exist_ok=True)
+    os.chmod(root, 0o755)
+    report = {"fetched": 0, "linked": 0, "kept": 0, "verified": 0, "quarantined": [], "freed": []}
+    own = read_manifest(revision) or {}
+    live = read_manifest(current) if os.path.realpath(current) != os.path.realpath(revision) else None
+    shared = {}
+    if live:
+        for name, recorded in live.get("files", {}).items():
+            if unchanged_since_verified(os.path.join(current, name), recorded):
+                shared[recorded["digest"]] = os.path.join(current, name)
+    todo = []
+    for entry in spec["files"]:
+        final = os.path.join(revision, entry["path"])
+        recorded = own.get("files", {}).get(entry["path"])
+        if (recorded and recorded.get("digest") == entry["digest"] and not spec.get("verify_all")
+                and unchanged_since_verified(final, recorded)):
+            report["kept"] += 1
+            continue
+        if os.path.exists(final):
+            report["verified"] += 1
+            if os.path.getsize(final) == entry["size"] and matches(final, entry):
+                report["kept"] += 1
+                continue
+            report["quarantined"].append(quarantine(root, final, commit, entry["path"]))
+        if entry["digest"] in shared:
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            os.link(shared[entry["digest"]], final)
+            report["linked"] += 1
+            continue
+        todo.append(entry)
+    need = sum(e["size"] for e in todo) - sum(
+        os.path.getsize(os.path.join(partial, e["path"] + ".part")) for e in todo
+        if os.path.exists(os.path.join(partial, e["path"] + ".part")))
+    make_room(root, need, commit, report)
+    progress = Progress(sum(e["size"] for e in todo))
+    for entry in todo:
+        place(spec, entry, os.path.join(revision, entry["path"]),
+              os.path.join(partial, entry["path"] + ".part"), progress, report)
+    report["fetched"] = progress.fetched
+    write_manifest(spec, revision)
+    switch(root, commit, report)
+    shutil.rmtree(os.path.join(root, ".partial"), ignore_errors=True)
+    return report
+
+
+def make_room(root, need, commit, report):
+    """Free space for the fetch: the kept previous revision goes first, if it must."""
+    free = _free(root)
+    if free >= need:
+        return
+    previous = os.path.join(root, "previous")
+    if os.path.islink(previous):
+        kept = os.path.realpath(previous)
+        if os.path.basename(kept) != commit and kept != os.path.realpath(os.path.join(root, "current")):
+            shutil.rmtree(kept, ignore_errors=True)
+            os.remove(previous)
+            report["freed"].append(os.path.basename(kept))
+            free = _free(root)
+    if free < need:
+        raise WeightsFailed("too little disk at %s: %d MiB to fetch, %d MiB free" % (
+            root, need // 2**20 + 1, free // 2**20))
+
+
+def _free(path):
+    stats = os.statvfs(path)
+    return stats.f_bavail * stats.f_frsize
+
+
+def write_manifest(spec, revision):
+    files = {}
+    for entry in spec["files"]:
+        info = os.stat(os.path.join(revision, entry["path"]))
+        files[entry["path"]] = {"size": entry["size"], "digest": entry["digest"],
+                                "stat": [info.st_size, info.st_mtime_ns]}
+    manifest = {"repo": spec["repo"], "revision": spec.get("revision"), "commit": spec["commit"],
+                "files": files, "verified": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    write_atomically(os.path.join(revision, MANIFEST), json.dumps(manifest, indent=1).encode(), 0o644, 0, 0)
+    for directory, _, _ in os.walk(revision):
+        os.chmod(directory, 0o755)
+
+
+def _relink(root, name, commit):
+    temporary = os.path.join(root, ".%s.tmp" % name)
+    if os.path.lexists(temporary):
+        os.remove(temporary)
+    os.symlink(os.path.join("revisions", commit), temporary)
+    os.rename(temporary, os.path.join(root, name))
+
+
+def switch(root, commit, report):
+    """Point `current` at the commit; the one it pointed at becomes `previous`; older ones go."""
+    current = os.path.join(root, "current")
+    before = os.path.basename(os.readlink(current)) if os.path.islink(current) else None
+    if before != commit:
+        if before and os.path.isdir(os.path.join(root, "revisions", before)):
+            _relink(root, "previous", before)
+        _relink(root, "current", commit)
+    keep = {commit}
+    if os.path.islink(os.path.join(root, "previous")):
+        keep.add(os.path.basename(os.readlink(os.path.join(root, "previous"))))
+    for name in os.listdir(os.path.join(root, "revisions")):
+        if name not in keep:
+            shutil.rmtree(os.path.join(root, "revisions", name), ignore_errors=True)
+            report["freed"].append(name)
+
+
+def serve(spec):
+    """Serve one verified revision to the cluster's other hosts until each said it is done."""
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from socketserver import ThreadingMixIn
+    from urllib.parse import unquote
+
+    base = os.path.realpath(os.path.join(spec["root"], "revisions", spec["commit"]))
+    prefix = "/" + spec["secret"] + "/"
+    state = {"done": 0, "last": time.time()}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            state["last"] = time.time()
+            path = unquote(self.path)
+            if not path.startswith(prefix):
+                self.send_error(404)
+                return
+            name = path[len(prefix):]
+            if name == "_done":
+                state["done"] += 1
+                self.send_response(204)
+                self.end_headers()
+                return
+            target = os.path.realpath(os.path.join(base, name))
+            if not target.startswith(base + os.sep) or not os.path.isfile(target):
+                self.send_error(404)
+                return
+            size = os.path.getsize(target)
+            start = 0
+            ranged = self.headers.get("Range", "")
+            if ranged.startswith("bytes=") and ranged[6:].rstrip("-").isdigit():
+                start = min(int(ranged[6:].rstrip("-")), size)
+            self.send_response(206 if ranged else 200)
+            self.send_header("Content-Length", str(size - start))
+            if ranged:
+                self.send_header("Content-Range", "bytes %d-%d/%d" % (start, size - 1, size))
+            self.end_headers()
+            with open(target, "rb") as handle:
+                handle.seek(start)
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    self.wfile.write(block)
+                    state["last"] = time.time()
+
+    class Server(ThreadingMixIn, HTTPServer):
+        daemon_threads = True
+
+    server = Server((spec["address"], 0), Handler)
+    server.timeout = 0.5
+    emit("serving", port=server.server_address[1])
+    while state["done"] < spec["peers"] and time.time() - state["last"] < spec.get("idle", 120):
+        server.handle_request()
+    server.server_close()
+    return {"served_peers": state["done"]}
+
+
+def weights_main(spec):
+    result = {"ok": True, "error": None}
+    try:
+        if spec["action"] == "serve":
+            result.update(serve(spec))
+        else:
+            fd = lock(spec["lock"], spec.get("wait", 0))
+            try:
+                result.update(fetch(spec))
+            finally:
+                os.close(fd)
+    except (WeightsFailed, StepFailed, OSError) as exc:
+        result.update(ok=False, error=str(exc))
+    finally:
+        if spec["action"] == "fetch" and spec["source"]["kind"] == "peer":
+            _tell_seed_done(spec["source"]["url"])
+    emit("result", **result)
+
+
+def _tell_seed_done(url):
+    """The seed serves until every peer said it is done (or it idles out)."""
+    import urllib.request
+    try:
+        urllib.request.urlopen(url.rstrip("/") + "/_done", timeout=10).close()
+    except Exception:
+        pass

@@ -1,0 +1,325 @@
+"""Model weights: resolved on the controller, fetched on the hosts, verified on every host.
+
+Plan time: the hub's metadata (huggingface_hub's `model_info` with files metadata, at HF_ENDPOINT or the
+inventory's `hf_endpoint`) turns the inventory's revision into a full commit and gives every file's
+size and hash, so the plan can name the commit, the gate can check the disk against real sizes, and an
+unchanged host is recognised from its manifest (read by the fact probe) without a byte moving.
+
+Apply time (hostweights.py on the host): a cluster fetches from the hub once. One host (the seed: one
+that has the revision already, else the head) fetches; the others copy from it over the cluster network
+and verify every file themselves. Hosts without a cluster address fetch from the hub each.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+import secrets as random_secrets
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from provision.errors import ProvisionError
+from provision.facts import HostFacts
+
+HUB_VENV = "/var/lib/provision/hub-venv"  # huggingface_hub for the transfers, apart from vLLM's venv
+LOCK = "/run/lock/provision.lock"
+PROGRAM = (Path(__file__).with_name("hostapply.py"), Path(__file__).with_name("hostweights.py"))
+
+
+class WeightsError(ProvisionError):
+    """The hub refused or does not know what the inventory asks for, or a transfer failed."""
+
+
+@dataclass(frozen=True)
+class WeightFile:
+    path: str
+    size: int
+    digest: str  # "sha256:HEX" for LFS files (the hub's own), "git-sha1:HEX" (the blob id) for the rest
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    repo: str
+    revision: str
+    commit: str
+    files: tuple[WeightFile, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def managed(settings: Mapping[str, Any]) -> bool:
+    """The tool fetches the model: a hub repository id, and fetch_weights not turned off."""
+    model = str(settings["model"] or "")
+    return bool(model) and not model.startswith("/") and bool(settings["fetch_weights"])
+
+
+def root_of(settings: Mapping[str, Any]) -> str:
+    return f"{settings['model_dir'].rstrip('/')}/{settings['model']}"
+
+
+def serving_path(settings: Mapping[str, Any]) -> str:
+    """What vLLM is given: the `current` link of the fetched revision."""
+    return f"{root_of(settings)}/current"
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan time: the hub's metadata
+
+
+def snapshot_from_info(repo: str, revision: str, info: Any, patterns: Sequence[str]) -> Snapshot:
+    """Pure: a huggingface_hub ModelInfo (with files metadata) -> the files the inventory wants."""
+    files = []
+    for sibling in info.siblings or ():
+        name = sibling.rfilename
+        if patterns and not any(fnmatch.fnmatch(name, pattern) for pattern in patterns):
+            continue
+        if sibling.lfs is not None:
+            files.append(WeightFile(name, int(sibling.lfs.size), f"sha256:{sibling.lfs.sha256}"))
+        elif sibling.blob_id and sibling.size is not None:
+            files.append(WeightFile(name, int(sibling.size), f"git-sha1:{sibling.blob_id}"))
+        else:
+            raise WeightsError(f"{repo}: the hub gave no size or hash for {name}")
+    if not files:
+        what = f" matching {', '.join(patterns)}" if patterns else ""
+        raise WeightsError(f"{repo}@{revision}: no files{what}")
+    return Snapshot(repo, revision, str(info.sha), tuple(sorted(files, key=lambda f: f.path)))
+
+
+def resolve(repo: str, revision: str, patterns: Sequence[str], endpoint: str, token: str | None) -> Snapshot:
+    """The revision's full commit and its files, from the hub; clear errors for what users hit."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
+
+    api = HfApi(endpoint=endpoint, token=token or False, library_name="provision")
+    try:
+        info = api.model_info(repo, revision=revision, files_metadata=True, timeout=30)
+    except GatedRepoError:
+        if token:
+            raise WeightsError(f"{repo} is gated and the hf_token in the secrets has no access to it; "
+                               f"request access on {endpoint}/{repo}") from None
+        raise WeightsError(f"{repo} is gated: it needs a token; put hf_token in the inventory's secrets "
+                           "file (or HF_TOKEN in the environment)") from None
+    except RevisionNotFoundError:
+        raise WeightsError(f"{repo} has no revision '{revision}' (a branch, tag or full commit)") from None
+    except RepositoryNotFoundError:
+        raise WeightsError(f"no model repository '{repo}' on {endpoint} (a private one needs hf_token)") from None
+    except HfHubHTTPError as exc:
+        raise WeightsError(f"{endpoint} refused {repo}@{revision}: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:  # the transport's errors (httpx) differ across versions
+        raise WeightsError(f"cannot reach {endpoint} for {repo}: {type(exc).__name__}: {exc}") from None
+    return snapshot_from_info(repo, revision, info, patterns)
+
+
+@dataclass(frozen=True)
+class HostWeights:
+    """What the probe saw of one model root: the current commit and its verified manifest."""
+
+    current: str | None
+    files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # manifest entries
+    stat: Mapping[str, Any] = field(default_factory=dict)  # [size, mtime_ns] now, None if gone
+
+
+def host_weights(facts: HostFacts, root: str) -> HostWeights:
+    state = facts.weights.get(root) or {}
+    return HostWeights(state.get("current"), state.get("files") or {}, state.get("stat") or {})
+
+
+def compare(snapshot: Snapshot, seen: HostWeights) -> tuple[str | None, int]:
+    """(why the host needs a fetch or None, bytes it must fetch). Pure."""
+    by_digest = {entry.get("digest"): name for name, entry in seen.files.items()
+                 if seen.stat.get(name) == entry.get("stat")}
+    to_fetch = sum(f.size for f in snapshot.files if f.digest not in by_digest)
+    if seen.current is None:
+        return "missing", to_fetch
+    if seen.current != snapshot.commit:
+        return f"revision {seen.current[:12]} -> {snapshot.commit[:12]}", to_fetch
+    wanted = {f.path: f.digest for f in snapshot.files}
+    have = {name: entry.get("digest") for name, entry in seen.files.items()}
+    if any(have.get(path) != digest for path, digest in wanted.items()):
+        return "files differ from the manifest", to_fetch
+    changed = sorted(name for name in wanted if seen.stat.get(name) != seen.files[name].get("stat"))
+    if changed:
+        return f"{len(changed)} file(s) changed since verified ({', '.join(changed[:3])}): re-verify", \
+            sum(f.size for f in snapshot.files if f.path in changed)
+    return None, 0
+
+
+def change_data(settings: Mapping[str, Any], snapshot: Snapshot) -> dict[str, Any]:
+    return {"root": root_of(settings), "repo": snapshot.repo, "revision": snapshot.revision,
+            "commit": snapshot.commit, "endpoint": settings["hf_endpoint"],
+            "files": [f.__dict__ for f in snapshot.files]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Apply time
+
+
+def program(spec: Mapping[str, Any]) -> str:
+    source = "\n".join(path.read_text(encoding="utf-8") for path in PROGRAM)
+    return source + f"\nweights_main(json.loads({json.dumps(spec)!r}))\n"
+
+
+@dataclass
+class FetchResult:
+    fetched: int = 0  # bytes that crossed the network to this host
+    source: str = ""  # "hub" or "peer HOST"
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def _run(runner: Any, python: str, spec: Mapping[str, Any], on_progress: Callable[[int, int], None],
+         on_event: Callable[[dict[str, Any]], None] = lambda event: None) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+
+    def line(text: str) -> None:
+        try:
+            event = json.loads(text)
+        except json.JSONDecodeError:
+            return
+        if event.get("event") == "progress":
+            on_progress(int(event["done"]), int(event["total"]))
+        elif event.get("event") == "result":
+            result.update(event)
+        else:
+            on_event(event)
+
+    done = runner.run([python, "-"], stdin=program(spec), timeout=24 * 3600, on_line=line)
+    if not result:
+        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+        raise WeightsError(f"{runner.host}: the weights step ended without an answer (exit {done.exited}): {tail}")
+    if not result.get("ok"):
+        raise WeightsError(f"{runner.host}: {result.get('error')}")
+    return result
+
+
+def fetch_from_hub(runner: Any, data: Mapping[str, Any], token: str | None, verify_all: bool, wait: float,
+                   on_progress: Callable[[int, int], None]) -> FetchResult:
+    spec = {**_fetch_spec(data, verify_all, wait),
+            "source": {"kind": "hub", "endpoint": data["endpoint"], "token": token}}
+    result = _run(runner, f"{HUB_VENV}/bin/python", spec, on_progress)
+    return FetchResult(int(result.get("fetched", 0)), "hub", result)
+
+
+def fetch_from_peer(runner: Any, data: Mapping[str, Any], url: str, verify_all: bool, wait: float,
+                    on_progress: Callable[[int, int], None], seed: str) -> FetchResult:
+    spec = {**_fetch_spec(data, verify_all, wait), "source": {"kind": "peer", "url": url}}
+    result = _run(runner, "python3", spec, on_progress)
+    return FetchResult(int(result.get("fetched", 0)), f"peer {seed}", result)
+
+
+def _fetch_spec(data: Mapping[str, Any], verify_all: bool, wait: float) -> dict[str, Any]:
+    return {"action": "fetch", "root": data["root"], "repo": data["repo"], "revision": data["revision"],
+            "commit": data["commit"], "files": data["files"], "verify_all": verify_all, "lock": LOCK,
+            "wait": wait}
+
+
+class Seed:
+    """A host serving its verified revision to its cluster while the others copy it."""
+
+    def __init__(self, runner: Any, data: Mapping[str, Any], address: str, peers: int) -> None:
+        self.secret = random_secrets.token_urlsafe(24)  # the URL is the only key; it dies with the run
+        self.spec = {"action": "serve", "root": data["root"], "commit": data["commit"], "address": address,
+                     "secret": self.secret, "peers": peers, "idle": 120}
+        self.runner = runner
+        self.address = address
+        self.port: int | None = None
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        def on_event(event: dict[str, Any]) -> None:
+            if event.get("event") == "serving":
+                self.port = int(event["port"])
+                self.ready.set()
+        try:
+            _run(self.runner, "python3", self.spec, lambda done, total: None, on_event)
+        except BaseException as exc:  # reported through .error; the thread must not die silently
+            self.error = exc
+        finally:
+            self.ready.set()
+
+    def start(self, timeout: float = 60) -> str:
+        self.thread.start()
+        self.ready.wait(timeout)
+        if self.port is None:
+            raise WeightsError(f"{self.runner.host}: could not serve the weights to its cluster: "
+                               f"{self.error or 'no answer'}")
+        return f"http://{self.address}:{self.port}/{self.secret}"
+
+    def join(self, timeout: float = 180) -> None:
+        self.thread.join(timeout)
+
+
+# ---------------------------------------------------------------------------------------------
+# A cluster's fetch: the hub once, then host to host
+
+
+@dataclass(frozen=True)
+class Job:
+    host: str
+    group: str  # hosts of one group share one fetch from the hub (a cluster, or the host alone)
+    data: Mapping[str, Any]  # change_data
+    address: str | None  # the host's address on its cluster network, where its peers reach it
+
+
+def seeds_and_peers(jobs: Sequence[Job]) -> list[tuple[Job, list[Job]]]:
+    """Pure: per (group, commit), the host that fetches from the hub and those that copy from it.
+    Hosts without a cluster address cannot serve or be served: each is its own seed."""
+    groups: dict[tuple[str, str, str], list[Job]] = {}
+    alone: list[tuple[Job, list[Job]]] = []
+    for job in jobs:
+        if job.address is None:
+            alone.append((job, []))
+        else:
+            groups.setdefault((job.group, job.data["commit"], job.data["root"]), []).append(job)
+    return [(members[0], members[1:]) for members in groups.values()] + alone
+
+
+def fetch_all(jobs: Sequence[Job], connect: Callable[[str], Any], token: str | None, verify_all: bool,
+              wait: float, progress: Callable[[str], Callable[[int, int], None]]) -> tuple[
+                  dict[str, FetchResult], dict[str, BaseException]]:
+    """Every job's fetch; seeds (from the hub) first, all groups at once, then each seed's peers."""
+    from provision.fanout import for_each_host
+
+    results: dict[str, FetchResult] = {}
+    errors: dict[str, BaseException] = {}
+
+    def run_group(item: tuple[Job, list[Job]]) -> None:
+        seed, peers = item
+        try:
+            results[seed.host] = fetch_from_hub(connect(seed.host), seed.data, token, verify_all, wait,
+                                                progress(f"{seed.host}: from the hub"))
+        except Exception as exc:  # noqa: BLE001 - reported for the seed and its peers
+            errors[seed.host] = exc
+            for peer in peers:
+                errors[peer.host] = WeightsError(f"{peer.host}: not fetched: its seed {seed.host} failed")
+            return
+        if not peers:
+            return
+        server = Seed(connect(seed.host), seed.data, str(seed.address), len(peers))
+        try:
+            url = server.start()
+        except WeightsError as exc:
+            for peer in peers:
+                errors[peer.host] = exc
+            return
+        copied = for_each_host(peers, lambda job: job.host, lambda job: fetch_from_peer(
+            connect(job.host), job.data, url, verify_all, wait, progress(f"{job.host}: from {seed.host}"),
+            seed.host))
+        results.update(copied.values)
+        errors.update(copied.errors)
+        server.join()
+
+    for_each_host(seeds_and_peers(jobs), lambda item: item[0].host, run_group)
+    return results, errors
+
+
+def hub_requirement() -> str:
+    """The hosts fetch with the huggingface_hub release the controller resolved metadata with."""
+    import huggingface_hub
+
+    return f"huggingface_hub=={huggingface_hub.__version__}"
