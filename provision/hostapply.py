@@ -164,9 +164,40 @@ def step(change, keep):
         raise StepFailed("unknown change kind %r" % kind)
 
 
-def rollback(keep):
-    """Swap every kept file with the current one; reload systemd and restart the running units."""
-    restored = []
+def swap_venv(venv):
+    """The venv kept as VENV.last-good and the current one change places."""
+    last = venv + ".last-good"
+    if not os.path.isdir(last):
+        return False
+    aside = venv + ".rollback-tmp"
+    shutil.rmtree(aside, ignore_errors=True)
+    if os.path.isdir(venv):
+        os.rename(venv, aside)
+    os.rename(last, venv)
+    if os.path.isdir(aside):
+        os.rename(aside, last)
+    return True
+
+
+def swap_model(root):
+    """The model's `current` and `previous` revision links change places."""
+    current, previous = os.path.join(root, "current"), os.path.join(root, "previous")
+    if not (os.path.islink(current) and os.path.islink(previous)):
+        return False
+    now, before = os.readlink(current), os.readlink(previous)
+    for name, target in (("current", before), ("previous", now)):
+        temporary = os.path.join(root, ".%s.tmp" % name)
+        if os.path.lexists(temporary):
+            os.remove(temporary)
+        os.symlink(target, temporary)
+        os.rename(temporary, os.path.join(root, name))
+    return True
+
+
+def rollback(keep, venvs=(), models=()):
+    """Swap every kept file with the current one, the kept venv and model revision too; reload
+    systemd and restart the running units."""
+    restored = [venv for venv in venvs if swap_venv(venv)] + [root for root in models if swap_model(root)]
     for root, _, names in os.walk(keep):
         for name in names:
             kept = os.path.join(root, name)
@@ -187,7 +218,7 @@ def rollback(keep):
     if any(path.startswith(UNIT_DIR) for path in restored):
         _run(["systemctl", "daemon-reload"])
     units = sorted(os.path.basename(path) for path in restored if path.startswith(UNIT_DIR))
-    if any(not path.startswith(UNIT_DIR) for path in restored):  # the environment: every managed unit
+    if any(not path.startswith(UNIT_DIR) for path in restored):  # environment, venv, model: every unit
         units = sorted(set(units) | {name for name in os.listdir(UNIT_DIR) if name.startswith("vllm")})
     for unit in units:
         active = subprocess.run(["systemctl", "is-active", "--quiet", unit]).returncode == 0
@@ -226,7 +257,7 @@ def main(spec):
         return
     try:
         if spec["action"] == "rollback":
-            result["restored"] = rollback(spec["keep"])
+            result["restored"] = rollback(spec["keep"], spec.get("venvs", ()), spec.get("models", ()))
         for index, change in enumerate(spec.get("changes", [])):
             step(change, spec["keep"])
             result["done"].append(index)

@@ -57,8 +57,10 @@ def apply(runner: Runner, changes: Sequence[Change], wait: float = 0) -> Outcome
     return Outcome(done=tuple(changes[index] for index in answer["done"]))
 
 
-def rollback(runner: Runner, wait: float = 0) -> Outcome:
-    """Swap the last-known-good files back in, reload systemd, restart what runs."""
-    spec = {"action": "rollback", "lock": LOCK, "wait": wait, "keep": KEEP, "changes": []}
+def rollback(runner: Runner, wait: float = 0, venvs: Sequence[str] = (), models: Sequence[str] = ()) -> Outcome:
+    """Swap the last-known-good files back in (and the kept venv and model revision, where there
+    are), reload systemd, restart what runs."""
+    spec = {"action": "rollback", "lock": LOCK, "wait": wait, "keep": KEEP, "changes": [],
+            "venvs": list(venvs), "models": list(models)}
     answer = _execute(runner, spec, [])
     return Outcome(done=(), restored=tuple(answer["restored"]))

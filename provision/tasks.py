@@ -526,21 +526,25 @@ def weights_(c: Context, host: list[str] | None = None, cluster: str | None = No
 
 
 @task(auto_shortflags=False, name="rollback",
-      help=_help("inventory", "host", "cluster", "all", "json", "accept-new-host-keys",
+      help=_help("inventory", "host", "cluster", "all", "json", "accept-new-host-keys", "set",
                  wait="seconds to wait for another run's lock on a host"),
-      iterable=["host"])
+      iterable=["host", "set_"])
 @guarded
 def rollback_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
               inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
-              wait: float = 0) -> None:
-    """Restore each host's last-known-good files, reload systemd and restart what runs."""
+              set_: list[str] | None = None, wait: float = 0) -> None:
+    """Restore each host's last-known-good files, venv and model revision; restart what runs."""
     inv = _load(inventory_)
+    overrides = inventory.parse_overrides(set_ or [])
     targets = inv.select(hosts=host or [], cluster=cluster, everything=all_)
 
     def restore(target: inventory.Host) -> list[str]:
+        settings = inv.settings(target.name, overrides)
+        models = [weights.root_of(settings)] if weights.managed(settings) else []
         runner = remote.connect(target, inv.ssh, accept_new_host_keys=accept_new_host_keys)
         try:
-            return list(ops.rollback(runner, wait=wait).restored)
+            return list(ops.rollback(runner, wait=wait, venvs=[settings["venv_dir"].rstrip("/")],
+                                     models=models).restored)
         finally:
             runner.close()
 

@@ -121,9 +121,14 @@ def test_revision_change_fetches_only_what_changed_and_keeps_the_previous(
     root = "/srv/w-revs/test/revs"
     links = on_host(lab_inventory, "cpu-1", ["sh", "-c", f"readlink {root}/current {root}/previous"]).split()
     assert links == [f"revisions/{second}", f"revisions/{first}"]  # the last-known-good revision is kept
-    pinned = weights(*args[:2], "--set", "model=test/revs", "--set", "model_dir=/srv/w-revs",
-                     "--set", f"model_revision={first}")
-    assert pinned[0] == 0 and pinned[1]["hosts"]["cpu-1"]["weights"]["commit"] == first
+    rolled = run_invoke("rollback", *args)
+    assert rolled.returncode == 0 and root in rolled.stdout, rolled.stdout + rolled.stderr
+    links = on_host(lab_inventory, "cpu-1", ["sh", "-c", f"readlink {root}/current {root}/previous"]).split()
+    assert links == [f"revisions/{first}", f"revisions/{second}"]  # back to the last-known-good revision
+    hub_call(the_lab, "/_lab/reset", {})
+    pinned = weights(*args, "--set", f"model_revision={second}")  # a full commit works as a revision
+    assert pinned[0] == 0 and pinned[1]["hosts"]["cpu-1"]["weights"]["commit"] == second
+    assert pinned[1]["bytes_from_hub"] == 0  # both revisions were still on the host
 
 
 def test_a_corrupted_file_is_set_aside_and_fetched_again(
