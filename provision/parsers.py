@@ -491,8 +491,13 @@ def parse_cuda_release(stdout: str) -> str:
 
 @dataclass(frozen=True)
 class VenvInfo:
-    """What the service's virtualenv holds: VenvInfo(python='3.12.3', vllm='0.11.0', torch='2.8.0+cu128',
-    cuda='12.8', arch_flags='-gencode compute=compute_120,code=sm_120 ...', nccl='2.27.3')."""
+    """What the service's virtualenv holds: VenvInfo(python='3.12.3', vllm=None, torch='2.11.0+cu130',
+    cuda='13.0', arch_flags='sm_75 sm_80 sm_86 sm_90 sm_100 sm_120', nccl='2.28.9') (a real H200 node).
+
+    `arch_flags` is torch._C._cuda_getArchFlags(): a space-separated sm_XX list on the published CUDA
+    wheels (recorded: torch 2.11.0+cu130), '-gencode compute=compute_120,code=sm_120 ...' pairs on
+    some source builds; both are read.
+    """
 
     python: str
     vllm: str | None
@@ -503,9 +508,12 @@ class VenvInfo:
 
     @property
     def sm_targets(self) -> tuple[str, ...]:
-        """Compute capabilities torch was built for, from its -gencode flags: ('9.0', '12.0')."""
-        found = re.findall(r"(?:sm|compute)_(\d+)(\d)a?", self.arch_flags or "")
-        return tuple(sorted({f"{major}.{minor}" for major, minor in found}))
+        """Compute capabilities torch was built for, in numeric order: ('7.5', ..., '9.0', '10.0', '12.0').
+
+        Ordered as numbers, not strings: as strings '10.0' and '12.0' sorted before '7.5'."""
+        found = {(int(major), int(minor))
+                 for major, minor in re.findall(r"(?:sm|compute)_(\d+)(\d)[af]?\b", self.arch_flags or "")}
+        return tuple(f"{major}.{minor}" for major, minor in sorted(found))
 
 
 # Runs inside the venv: versions only, no GPU needed (torch.cuda.get_arch_list() is empty without one).

@@ -49,3 +49,32 @@ def test_every_fact_has_empty_garbage_and_real_cases() -> None:
         cases = {path.stem for path in (FIXTURES / "facts" / name).glob("*.json")}
         assert {"empty", "garbage"} <= cases, name
         assert len(cases - {"empty", "garbage"}) >= 1, f"{name} has no recorded real output"
+
+
+def test_venv_sm_targets_in_numeric_order_on_a_real_cu130_torch() -> None:
+    """torch 2.11.0+cu130 answers a plain 'sm_75 ... sm_120' list; capabilities sort as numbers."""
+    case = json.loads((FIXTURES / "facts" / "venv" / "h200x2-nvswitch-driver580-vm.json").read_text())
+    info = parsers.parse_venv_probe(case["stdout"])
+    assert info.sm_targets == ("7.5", "8.0", "8.6", "9.0", "10.0", "12.0")
+    gencode = parsers.VenvInfo("3.12.3", None, None, None,
+                               "-gencode compute=compute_90a,code=sm_90a -gencode compute=compute_120,code=sm_120",
+                               None)
+    assert gencode.sm_targets == ("9.0", "12.0")
+
+
+def test_a_real_h200_node_recording_assembles_into_facts() -> None:
+    """Every output recorded on the 2x H200 VM, through the probe's answer, as `invoke facts` reads it."""
+    from tests.fakes import ok, probe_answer_from_recording
+
+    recording = json.loads((FIXTURES / "recordings" / "h200x2-nvswitch-driver580-vm.json").read_text())
+    wanted = {*FACTS} - {"venv"}
+    answer = probe_answer_from_recording({"outputs": [o for o in recording["outputs"] if o["fact"] in wanted]})
+    gathered = facts.facts_from_probe("h200", ok(answer))
+    assert (gathered.kernel, gathered.arch, gathered.init) == ("6.18.44-fc-v657-gpu", "x86_64", "process_api")
+    assert gathered.driver is not None and (gathered.driver.version, gathered.driver.flavour) == ("580.159.04", "open")
+    assert [(g.name, g.compute_cap, g.memory_total_mib) for g in gathered.gpus] == [("NVIDIA H200", "9.0", 143771)] * 2
+    assert gathered.cpu is not None and len(gathered.cpu.cpus) == 32 and gathered.cpu.l3_domains == {0: tuple(range(32))}
+    assert gathered.modules == frozenset({"nvidia", "nvidia_uvm"}) and gathered.ptxas_cuda == "13.0"
+    # The tools this VM lacks are notes, not failures.
+    assert set(gathered.notes) == {"lsmod", "units", "rdma", "interfaces"}
+    assert all("not present on the host" in note for note in gathered.notes.values())
