@@ -609,4 +609,4 @@ def lab_down(c: Context, keep_cache: bool = False) -> None:
 
 
 lab_tasks = Collection("lab", lab_up, lab_status, lab_down)
-ns = Collection(facts_, check, plan_, provision_, weights_, rollback_, show_inventory, lab_tasks)
+ns = Collection(facts_, check, plan_, provision_, weights_, rollback_, show_inventory, lab_tasks, __import__("provision.verify_tasks", fromlist=["verify"]).verify)  # noqa: E501 - verify_tasks imports this module

@@ -1,0 +1,492 @@
+"""The interconnect check: an all-reduce bandwidth test across GPUs, in the service's own environment.
+
+Controller side of `invoke verify.nccl`. For one host it starts one process per GPU there; for a
+multi-node cluster, the same on every node at once, all joined in one NCCL group whose rendezvous is the
+head's address on the cluster network. Each node receives `hostnccl.py` on stdin (one remote execution
+per node, through `remote.py`), runs it with the venv's python (else `python3`) and answers JSON.
+
+The environment is what `render.service_environment` renders for that node's vLLM service (the
+profile's NCCL settings, the inventory's, and on multi-node clusters each node's own NCCL_SOCKET_IFNAME,
+GLOO_SOCKET_IFNAME and NCCL_IB_HCA), plus torchrun's variables and NCCL_DEBUG=INFO so that NCCL says in
+its own log which transport it chose. It travels inside the program on stdin, never in argv: the
+service environment may hold a token.
+
+Figures follow nccl-tests (doc/PERFORMANCE.md there): algbw = bytes / time of one all-reduce, and
+busbw = algbw * 2(n-1)/n, the rate each link carries in a ring all-reduce over n ranks, comparable
+with the hardware's link bandwidth whatever n is. GB/s are 10^9 bytes per second.
+
+Everything below `run_node` is pure: the parsers of NCCL's log and of the program's answer are tested
+on a log recorded on a real 2x H200 node (tests/fixtures/nccl/).
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from provision import render
+from provision.errors import CommandFailed, ParseError, ProvisionError
+
+if TYPE_CHECKING:
+    from provision.checks import Context
+    from provision.remote import Runner
+
+PROGRAM_SOURCE = Path(__file__).with_name("hostnccl.py")
+
+# NCCL prints its choices at INFO level: INIT has the channel connections ("via P2P/CUMEM/read"),
+# GRAPH the path type of each searched graph ("type NVL/PIX"), ENV the variables it took from the
+# environment ("NCCL_NVLS_ENABLE set by environment to 0"), NET the network it uses.
+DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,GRAPH,ENV,NET"}
+DEFAULT_PORT = 29500  # torchrun's default rendezvous port
+DEFAULT_MIN_BYTES = 1 << 20
+DEFAULT_MAX_BYTES = 1 << 30
+FLOAT32 = 4
+
+# ---------------------------------------------------------------------------------------------
+# Sizes and bandwidth
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'1M' -> 1048576, '512K', '1G', '4096' (binary units, as nccl-tests reads -b/-e)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"not a size: {text!r} (examples: 4096, 512K, 1M, 1G)")
+    value = int(match.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[match.group(2).upper()]
+    if value < FLOAT32:
+        raise ValueError(f"a size below {FLOAT32} bytes (one float32): {text!r}")
+    return value
+
+
+def sizes_between(low: int, high: int, factor: int = 2) -> tuple[int, ...]:
+    """low, low*factor, ... up to high (both included when high is on the way), in whole float32s."""
+    if low > high:
+        raise ValueError(f"the smallest size ({low}) is above the largest ({high})")
+    if factor < 2:
+        raise ValueError("the step factor must be 2 or more")
+    sizes = []
+    size = low
+    while size <= high:
+        sizes.append(size - size % FLOAT32)
+        size *= factor
+    return tuple(sizes)
+
+
+def bus_factor(ranks: int) -> float:
+    """busbw / algbw for all-reduce: 2(n-1)/n (nccl-tests)."""
+    return 2 * (ranks - 1) / ranks if ranks > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """One message size: Bandwidth(bytes=1073741824, count=268435456, time_us=2980.1,
+    algbw_gbs=360.3, busbw_gbs=360.3, wrong=0)."""
+
+    bytes: int
+    count: int
+    time_us: float
+    algbw_gbs: float
+    busbw_gbs: float
+    wrong: int
+
+
+def bandwidth(nbytes: int, count: int, seconds: float, ranks: int, wrong: int = 0) -> Bandwidth:
+    algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
+    return Bandwidth(bytes=nbytes, count=count, time_us=round(seconds * 1e6, 2),
+                     algbw_gbs=round(algbw, 2), busbw_gbs=round(algbw * bus_factor(ranks), 2),
+                     wrong=wrong)
+
+
+def human_size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+# ---------------------------------------------------------------------------------------------
+# NCCL's INFO log
+
+
+@dataclass(frozen=True)
+class ChannelLink:
+    """One connection NCCL set up, from a line like
+
+        host:1234:1234 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read
+        host:1234:1290 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0
+
+    ChannelLink(channel=0, source=0, target=1, direction=None, via='P2P/CUMEM/read'). The device in
+    brackets is a CUDA index in recent NCCL and a bus id in older ones; it is not kept.
+    """
+
+    channel: int
+    source: int
+    target: int
+    direction: str | None  # "send" / "receive" for network connections, None within a node
+    via: str
+
+    @property
+    def transport(self) -> str:
+        """The transport's name: P2P, SHM, NET, COLLNET, NVLS."""
+        return self.via.split("/")[0]
+
+
+@dataclass(frozen=True)
+class NcclLog:
+    """What NCCL said about itself: version, connections, graph path types, settings it read."""
+
+    version: str | None
+    links: tuple[ChannelLink, ...]
+    paths: tuple[str, ...]  # graph path types, intra/inter, e.g. ("NVL/PIX",)
+    network: str | None  # "Socket", "IB", ... from "Using network X"
+    environment: Mapping[str, str]  # "NCCL_X set by environment to Y"
+    nranks: int | None
+    nnodes: int | None
+    nvls_channels: int | None = None  # "24 coll channels, ..., 0 nvls channels, ...": 0 = NVLS unused
+    nvlink_gbs: float | None = None  # a GPU's NVLink bandwidth in NCCL's topology ("+ NVL[370.8] - ...")
+    nvswitch: bool = False  # the GPUs' NVLinks end on an NVSwitch ("+ NVL[370.8] - NVS/0-0")
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def transports(self) -> dict[str, int]:
+        """{'P2P/CUMEM/read': 48}: how many channel connections use each transport."""
+        return dict(Counter(link.via for link in self.links).most_common())
+
+
+_PREFIX = r"^(?:\S+:\d+:\d+ \[\d+\] )?NCCL (INFO|WARN) "
+_LINE = re.compile(_PREFIX + r"(.*?)\s*$")
+_CHANNEL = re.compile(r"^Channel (\d+)(?:/\d+)? : (\d+)\[[0-9a-fA-Fx]+\] -> (\d+)\[[0-9a-fA-Fx]+\]"
+                      r"(?: \[(send|receive)\])? via (.+)$")
+_VERSION = re.compile(r"^NCCL version (\S+)")
+_PATTERN = re.compile(r"^Pattern \d+, crossNic \d+, nChannels \d+, .*\btype ([A-Z0-9]+/[A-Z0-9]+)")
+_NETWORK = re.compile(r"^Using network (\S+)")
+_SET = re.compile(r"^(NCCL_\w+) set by environment to (.*)$")
+_COMM = re.compile(r"\bnRanks (\d+) nNodes (\d+)\b")
+_TOPO_NVL = re.compile(r"^\+ NVL\[([\d.]+)\] - (GPU|NVS|CPU)/")
+_CHANNELS = re.compile(r"^\d+ coll channels, .*?\b(\d+) nvls channels\b")
+
+
+def parse_nccl_log(text: str) -> NcclLog:
+    """Read NCCL_DEBUG=INFO output (one rank's or several ranks' concatenated); lines that are not
+    NCCL's are ignored. A log without any NCCL line raises ParseError: NCCL_DEBUG was not honoured."""
+    version = network = None
+    nranks = nnodes = nvls_channels = None
+    nvlink_gbs: float | None = None
+    nvswitch = False
+    links: dict[tuple[int, int, int, str | None], ChannelLink] = {}
+    paths: list[str] = []
+    environment: dict[str, str] = {}
+    warnings: list[str] = []
+    seen = False
+    for raw in text.splitlines():
+        line = _LINE.match(raw.strip())
+        if not line:
+            continue
+        seen = True
+        level, message = line.group(1), line.group(2)
+        if level == "WARN":
+            warnings.append(message)
+            continue
+        if match := _CHANNEL.match(message):
+            link = ChannelLink(int(match.group(1)), int(match.group(2)), int(match.group(3)),
+                               match.group(4), match.group(5).strip())
+            links.setdefault((link.channel, link.source, link.target, link.direction), link)
+        elif match := _VERSION.match(message):
+            version = version or match.group(1)
+        elif match := _PATTERN.match(message):
+            if match.group(1) not in paths:
+                paths.append(match.group(1))
+        elif match := _NETWORK.match(message):
+            network = network or match.group(1)
+        elif match := _SET.match(message):
+            environment[match.group(1)] = match.group(2).rstrip(".")
+        elif match := _COMM.search(message):
+            nranks, nnodes = int(match.group(1)), int(match.group(2))
+        elif match := _CHANNELS.match(message):
+            nvls_channels = int(match.group(1))
+        elif match := _TOPO_NVL.match(message.strip()):
+            nvlink_gbs = max(nvlink_gbs or 0.0, float(match.group(1)))
+            nvswitch = nvswitch or match.group(2) == "NVS"
+    if not seen:
+        raise ParseError("nccl", "no NCCL INFO line (was NCCL_DEBUG=INFO honoured?)", text)
+    ordered = tuple(sorted(links.values(), key=lambda l: (l.channel, l.source, l.target, l.direction or "")))
+    return NcclLog(version=version, links=ordered, paths=tuple(paths), network=network,
+                   environment=environment, nranks=nranks, nnodes=nnodes, nvls_channels=nvls_channels,
+                   nvlink_gbs=nvlink_gbs, nvswitch=nvswitch, warnings=tuple(warnings))
+
+
+# NCCL's path types (src/graph/topo.h): how two GPUs reach each other.
+_PATH_NAMES = {"NVL": "NVLink", "NVB": "NVLink through a GPU", "C2C": "NVLink-C2C", "PIX": "PCIe (one switch)",
+               "PXB": "PCIe (several switches)", "PXN": "PCIe through a GPU's NIC", "P2C": "PCIe over C2C",
+               "PHB": "PCIe through the CPU", "SYS": "PCIe across CPU sockets", "NET": "the network",
+               "LOC": "the same device"}
+
+
+def describe_transport(log: NcclLog) -> str:
+    """One line for people: 'P2P/CUMEM/read over NVLink (48 channel connections)'."""
+    if not log.links:
+        return "no channel connection in the log"
+    intra = log.paths[0].split("/")[0] if log.paths else None
+    parts = []
+    for via, count in log.transports.items():
+        kind = via.split("/")[0]
+        if kind == "P2P" and intra:
+            where = f" over {_PATH_NAMES.get(intra, intra)}"
+            if intra == "NVL" and log.nvswitch:
+                where += " through NVSwitch"
+        elif kind == "SHM":
+            where = " (through host memory)"
+        elif via.startswith("NET/IB"):
+            where = " (InfiniBand/RoCE" + (", GPUDirect RDMA)" if "GDRDMA" in via else ")")
+        elif via.startswith("NET/Socket"):
+            where = " (TCP sockets)"
+        else:
+            where = ""
+        parts.append(f"{via}{where} ({count} channel connection{'s' if count != 1 else ''})")
+    return "; ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# The program's answer
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    rank: int
+    local_rank: int
+    exit: int | None
+    timed_out: bool
+    log: str
+    device: str | None = None  # torch.cuda.get_device_name(), once the rank got that far
+
+    @property
+    def ok(self) -> bool:
+        return self.exit == 0 and not self.timed_out
+
+    def tail(self, lines: int = 5) -> str:
+        useful = [line for line in self.log.splitlines() if line.strip() and " NCCL INFO " not in line]
+        return " | ".join(useful[-lines:]) or "no output"
+
+
+@dataclass(frozen=True)
+class NodeAnswer:
+    """One node's answer: its ranks' exits and logs, and (head only) the measured rows."""
+
+    host: str
+    python: str
+    node_rank: int
+    ranks: tuple[RankOutcome, ...]
+    result: Mapping[str, Any] | None
+    raw: str = field(default="", compare=False, repr=False)  # the JSON as answered (for --log-dir)
+
+
+def parse_answer(host: str, stdout: str) -> NodeAnswer:
+    """The JSON that hostnccl.py prints (its shape is in that module's docstring)."""
+    try:
+        data = json.loads(stdout)
+        ranks = tuple(RankOutcome(rank=int(item["rank"]), local_rank=int(item["local_rank"]),
+                                  exit=None if item["exit"] is None else int(item["exit"]),
+                                  timed_out=bool(item["timed_out"]), log=str(item.get("log") or ""),
+                                  device=item.get("device"))
+                      for item in data["ranks"])
+        result = data.get("result")
+        if result is not None:
+            for row in result["rows"]:
+                int(row["bytes"]), int(row["count"]), float(row["seconds"]), int(row["wrong"])
+        return NodeAnswer(host=host, python=str(data["python"]), node_rank=int(data["node_rank"]),
+                          ranks=ranks, result=result, raw=stdout)
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ParseError("nccl", f"{host}: the test program did not answer its JSON ({exc})", stdout) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch plans: who runs which ranks, with which environment
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """One node's part of a test: `nproc` ranks from `rank_offset`, run by `python`, in `env`."""
+
+    host: str
+    node_rank: int
+    nnodes: int
+    nproc: int
+    rank_offset: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    python: str
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def spec(self, sizes: Sequence[int], iters: int, warmup: int, timeout: float) -> dict[str, Any]:
+        """What hostnccl.main() receives on this node."""
+        return {"nproc": self.nproc, "rank_offset": self.rank_offset, "world_size": self.world_size,
+                "node_rank": self.node_rank, "nnodes": self.nnodes, "master_addr": self.master_addr,
+                "master_port": self.master_port, "env": dict(self.env), "sizes": list(sizes),
+                "iters": iters, "warmup": warmup, "timeout": timeout,
+                "init_timeout": max(30, int(timeout / 2)), "backend": "nccl"}
+
+
+def _unquote(value: str) -> str:
+    """Undo render.env_quote: '"a\\"b"' -> 'a"b'."""
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        return re.sub(r'\\(["\\])', r"\1", value[1:-1])
+    return value
+
+
+def service_env(ctx: Context) -> dict[str, str]:
+    """The variables the host's vLLM service gets (its rendered EnvironmentFile), unquoted."""
+    return {name: _unquote(value) for name, value in render.service_environment(ctx)}
+
+
+def python_of(ctx: Context) -> str:
+    """The service venv's python where the venv exists with torch in it (the NCCL vLLM will load),
+    else the host's python3 (a host not provisioned yet, or a venv still empty)."""
+    if ctx.facts.venv is not None and ctx.facts.venv.torch:
+        return f"{str(ctx.settings['venv_dir']).rstrip('/')}/bin/python"
+    return "python3"
+
+
+def _gpus_of(ctx: Context, gpus: int | None) -> int:
+    present = len(ctx.facts.gpus)
+    if present == 0:
+        note = ctx.facts.notes.get("gpus", "nvidia-smi lists none")
+        raise ProvisionError(f"{ctx.host}: no GPU to test ({note})")
+    if gpus is not None and gpus > present:
+        raise ProvisionError(f"{ctx.host}: --gpus {gpus} but the host has {present} GPU(s)")
+    return gpus or present
+
+
+def plan_host(ctx: Context, *, gpus: int | None = None, port: int = DEFAULT_PORT) -> list[NodeLaunch]:
+    """All of one host's GPUs (or the first `gpus`) in one group, rendezvous on the loopback."""
+    nproc = _gpus_of(ctx, gpus)
+    if nproc < 2:
+        raise ProvisionError(f"{ctx.host}: one GPU, nothing to all-reduce across "
+                             "(test a multi-node cluster with --cluster)")
+    env = {**service_env(ctx), **DEBUG_ENV}
+    return [NodeLaunch(host=ctx.host, node_rank=0, nnodes=1, nproc=nproc, rank_offset=0, world_size=nproc,
+                       master_addr="127.0.0.1", master_port=port, python=python_of(ctx), env=env)]
+
+
+def plan_cluster(nodes: Sequence[Context], head: str, *, gpus: int | None = None,
+                 port: int = DEFAULT_PORT) -> list[NodeLaunch]:
+    """Every node's GPUs in one group. The head runs ranks 0.. and the rendezvous, on its address on
+    the cluster network (where every node's NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME point)."""
+    ordered = sorted(nodes, key=lambda ctx: ctx.host != head)  # the head first: rank 0 is its
+    if not ordered or ordered[0].host != head:
+        raise ProvisionError(f"the head {head} has no facts: it cannot hold the rendezvous")
+    link = render.node_link(ordered[0])
+    if link is None:
+        raise ProvisionError(f"{head}: no interface on the cluster network (see `invoke check`)")
+    counts = [_gpus_of(ctx, gpus) for ctx in ordered]
+    world = sum(counts)
+    launches = []
+    for node_rank, (ctx, nproc) in enumerate(zip(ordered, counts)):
+        try:
+            env = {**service_env(ctx), **DEBUG_ENV}
+        except render.RenderError as exc:
+            raise ProvisionError(str(exc)) from None
+        launches.append(NodeLaunch(host=ctx.host, node_rank=node_rank, nnodes=len(ordered), nproc=nproc,
+                                   rank_offset=sum(counts[:node_rank]), world_size=world,
+                                   master_addr=link.address, master_port=port, python=python_of(ctx),
+                                   env=env))
+    return launches
+
+
+# ---------------------------------------------------------------------------------------------
+# Running (the only I/O here, through a Runner) and the summary
+
+
+def program(spec: Mapping[str, Any]) -> str:
+    """hostnccl.py with the call that runs it: the whole stdin of one node's remote execution."""
+    return PROGRAM_SOURCE.read_text(encoding="utf-8") + f"\nmain(json.loads({json.dumps(spec)!r}))\n"
+
+
+def run_node(runner: Runner, launch: NodeLaunch, spec: Mapping[str, Any]) -> NodeAnswer:
+    """One node's ranks, in one remote execution. A python that is missing is a clear failure."""
+    result = runner.run([launch.python, "-"], stdin=program(spec), timeout=float(spec["timeout"]) + 60)
+    if result.exited == 127:
+        raise ProvisionError(f"{launch.host}: {launch.python} is not installed")
+    if not result.ok:
+        raise CommandFailed(launch.host, "the all-reduce test", result)
+    return parse_answer(launch.host, result.stdout)
+
+
+@dataclass(frozen=True)
+class NcclRun:
+    """One test's outcome: `invoke verify.nccl --json` prints `as_json()` per host or cluster."""
+
+    name: str
+    hosts: tuple[str, ...]
+    world_size: int
+    gpus_per_node: tuple[int, ...]
+    devices: tuple[str, ...]
+    torch: str | None
+    nccl: str | None
+    log: NcclLog
+    rows: tuple[Bandwidth, ...]
+    environment: Mapping[str, Mapping[str, str]]  # per host: the NCCL/GLOO/TP/MASTER variables used
+    pythons: Mapping[str, str] = field(default_factory=dict)  # per host: the python that ran the ranks
+
+    @property
+    def wrong(self) -> int:
+        return sum(row.wrong for row in self.rows)
+
+    @property
+    def peak_busbw_gbs(self) -> float:
+        return max((row.busbw_gbs for row in self.rows), default=0.0)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "hosts": list(self.hosts), "world_size": self.world_size, "gpus_per_node": list(self.gpus_per_node),
+            "devices": list(self.devices), "torch": self.torch, "nccl": self.nccl,
+            "transport": describe_transport(self.log), "transports": self.log.transports,
+            "paths": list(self.log.paths), "network": self.log.network,
+            "nccl_environment": dict(self.log.environment), "nccl_warnings": list(self.log.warnings),
+            "environment": {host: dict(env) for host, env in self.environment.items()},
+            "python": dict(self.pythons), "nvls_channels": self.log.nvls_channels,
+            "nvlink_gbs": self.log.nvlink_gbs, "nvswitch": self.log.nvswitch,
+            "results": [{"bytes": r.bytes, "count": r.count, "type": "float", "redop": "sum",
+                         "time_us": r.time_us, "algbw_gbs": r.algbw_gbs, "busbw_gbs": r.busbw_gbs,
+                         "wrong": r.wrong} for r in self.rows],
+            "peak_busbw_gbs": self.peak_busbw_gbs,
+        }
+
+
+_SHOWN_ENV = re.compile(r"^(NCCL_|GLOO_|TP_SOCKET|MASTER_|CUDA_VISIBLE|PYTORCH_)")
+
+
+def summarize(name: str, launches: Sequence[NodeLaunch], answers: Sequence[NodeAnswer]) -> NcclRun:
+    """The answers of every node of one test as one result; a failed rank raises with its log's tail."""
+    failed = [f"{answer.host} rank {rank.rank}: "
+              + ("timed out" if rank.timed_out else f"exit {rank.exit}") + f": {rank.tail()}"
+              for answer in answers for rank in answer.ranks if not rank.ok]
+    if failed:
+        raise ProvisionError(f"{name}: the all-reduce test failed: " + "; ".join(failed))
+    head = next((answer for answer in answers if answer.node_rank == 0), None)
+    if head is None or head.result is None:
+        raise ProvisionError(f"{name}: rank 0 gave no result")
+    result = head.result
+    world = int(result["world_size"])
+    rows = tuple(bandwidth(int(row["bytes"]), int(row["count"]), float(row["seconds"]), world,
+                           int(row["wrong"])) for row in result["rows"])
+    try:
+        log = parse_nccl_log("\n".join(rank.log for answer in answers for rank in answer.ranks))
+    except ParseError:  # the figures still stand; only the transport is unknown
+        log = NcclLog(version=None, links=(), paths=(), network=None, environment={}, nranks=None,
+                      nnodes=None, warnings=("no NCCL INFO line in the ranks' logs",))
+    shown = {launch.host: dict(sorted({**{key: value for key, value in launch.env.items()
+                                            if _SHOWN_ENV.match(key)},
+                                         "MASTER_ADDR": launch.master_addr,
+                                         "MASTER_PORT": str(launch.master_port)}.items()))
+             for launch in launches}
+    return NcclRun(name=name, hosts=tuple(launch.host for launch in launches), world_size=world,
+                   gpus_per_node=tuple(launch.nproc for launch in launches),
+                   devices=tuple(rank.device or "?" for answer in answers for rank in answer.ranks),
+                   torch=result.get("torch"),
+                   nccl=result.get("nccl") or log.version, log=log, rows=rows,
+                   environment=shown, pythons={launch.host: launch.python for launch in launches})

@@ -1,0 +1,307 @@
+"""verify.nccl: the pure parsers on NCCL's log recorded on a real 2x H200 node, the bandwidth figures,
+the launch plans (one host; two nodes with their own interfaces), and the task's usage errors.
+
+tests/fixtures/nccl/<hardware>.json holds what the task kept with --log-dir on that machine (`answer`),
+the launch it made, and the summary it printed (`expected`). Cases built by hand below say so.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provision import checks, facts, inventory, nccl, parsers
+from provision.errors import ParseError, ProvisionError
+from provision.profiles import load_profiles
+from tests.conftest import FIXTURES, REPO
+from tests.fakes import FakeRunner, ok
+
+CASES = sorted((FIXTURES / "nccl").glob("*.json"))
+H200 = json.loads((FIXTURES / "nccl" / "h200x2-nvswitch-driver580-vm.json").read_text())
+PROFILES = load_profiles()
+
+
+def _launch(case: dict[str, Any]) -> nccl.NodeLaunch:
+    spec = case["launch"]
+    return nccl.NodeLaunch(host="local", node_rank=spec["node_rank"], nnodes=spec["nnodes"], nproc=spec["nproc"],
+                           rank_offset=spec["rank_offset"], world_size=spec["world_size"],
+                           master_addr=spec["master_addr"], master_port=spec["master_port"],
+                           python=case["expected"]["python"]["local"], env=spec["env"])
+
+
+@pytest.mark.parametrize("path", CASES, ids=lambda path: path.stem)
+def test_recorded_answer_gives_the_printed_summary(path: Path) -> None:
+    case = json.loads(path.read_text())
+    answer = nccl.parse_answer("local", case["answer"])
+    run = nccl.summarize("local", [_launch(case)], [answer])
+    assert run.as_json() == case["expected"]
+
+
+def test_h200_log_transport_and_settings() -> None:
+    answer = nccl.parse_answer("local", H200["answer"])
+    log = nccl.parse_nccl_log("\n".join(rank.log for rank in answer.ranks))
+    assert log.version == "2.28.9+cuda13.0"
+    assert log.transports == {"P2P/CUMEM": 48}  # 24 channels, each way
+    assert {(link.source, link.target) for link in log.links} == {(0, 1), (1, 0)}
+    assert log.paths == ("NVL/PIX",) and log.nvswitch and log.nvlink_gbs == 370.8
+    assert log.environment["NCCL_NVLS_ENABLE"] == "0" and log.nvls_channels == 0
+    assert (log.nranks, log.nnodes) == (2, 1)
+    assert nccl.describe_transport(log) == "P2P/CUMEM over NVLink through NVSwitch (48 channel connections)"
+
+
+def test_h200_bandwidth_rows() -> None:
+    rows = H200["expected"]["results"]
+    assert [row["bytes"] for row in rows] == [1 << (20 + i) for i in range(11)]
+    assert all(row["wrong"] == 0 for row in rows)
+    big = rows[-1]  # 1 GiB: n = 2, so busbw = algbw
+    assert big["busbw_gbs"] == big["algbw_gbs"] == pytest.approx(2**30 / (big["time_us"] * 1e-6) / 1e9, rel=1e-3)
+    assert 300 < H200["expected"]["peak_busbw_gbs"] < 480  # NV18: 18 links x 26.562 GB/s = 478 GB/s
+
+
+# Lines in the formats other NCCL versions and transports print (built by hand, not recorded here).
+NET_LOG = """\
+node-a:11:40 [0] NCCL INFO NCCL version 2.27.3+cuda12.9
+node-a:11:40 [0] NCCL INFO Using network IB
+node-a:11:40 [0] NCCL INFO comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0
+node-a:11:40 [0] NCCL INFO Pattern 4, crossNic 0, nChannels 2, bw 24.000000/24.000000, type LOC/NET, sameChannels 1
+node-a:11:41 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/IB/0/GDRDMA
+node-a:11:41 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0/GDRDMA
+node-a:11:41 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[0] [send] via NET/Socket/1
+node-a:11:41 [0] NCCL WARN NET/IB : Got async event : port error
+"""
+LEGACY_LOG = """\
+host:1:1 [0] NCCL INFO Channel 00 : 0[3000] -> 1[4000] via P2P/IPC/read
+host:1:1 [0] NCCL INFO Channel 01 : 0[3000] -> 1[4000] via SHM/direct/direct
+some line of the program's own
+"""
+
+
+def test_network_and_legacy_lines() -> None:
+    log = nccl.parse_nccl_log(NET_LOG)
+    assert log.network == "IB" and (log.nranks, log.nnodes) == (2, 2)
+    assert log.transports == {"NET/IB/0/GDRDMA": 2, "NET/Socket/1": 1}
+    assert {link.direction for link in log.links} == {"send", "receive"}
+    assert log.warnings == ("NET/IB : Got async event : port error",)
+    described = nccl.describe_transport(log)
+    assert "NET/IB/0/GDRDMA (InfiniBand/RoCE, GPUDirect RDMA)" in described and "(TCP sockets)" in described
+    legacy = nccl.parse_nccl_log(LEGACY_LOG)
+    assert legacy.transports == {"P2P/IPC/read": 1, "SHM/direct/direct": 1}
+    assert "through host memory" in nccl.describe_transport(legacy)
+
+
+@pytest.mark.parametrize("text", ["", "garbage\nnot nccl at all\n", "NCCL_DEBUG=INFO\n"], ids=["empty", "garbage", "no-info"])
+def test_log_without_nccl_lines_is_a_parse_error(text: str) -> None:
+    with pytest.raises(ParseError):
+        nccl.parse_nccl_log(text)
+
+
+@pytest.mark.parametrize("text", ["", "garbage", H200["answer"][: len(H200["answer"]) // 2], '{"python": "3"}'],
+                         ids=["empty", "garbage", "truncated", "no-ranks"])
+def test_bad_answers_are_parse_errors(text: str) -> None:
+    with pytest.raises(ParseError):
+        nccl.parse_answer("local", text)
+
+
+def _with_rank(answer_text: str, **changes: Any) -> nccl.NodeAnswer:
+    data = json.loads(answer_text)
+    data["ranks"][1].update(changes)
+    return nccl.parse_answer("local", json.dumps(data))
+
+
+def test_a_failed_or_hung_rank_fails_the_test_with_its_log_tail() -> None:
+    # Built from the real answer: rank 1's exit and log replaced.
+    failed = _with_rank(H200["answer"], exit=1, log="Traceback (most recent call last):\n"
+                        "torch.distributed.DistBackendError: NCCL error: unhandled system error\n")
+    with pytest.raises(ProvisionError, match=r"local rank 1: exit 1: .*unhandled system error"):
+        nccl.summarize("local", [_launch(H200)], [failed])
+    hung = _with_rank(H200["answer"], exit=124, timed_out=True)
+    with pytest.raises(ProvisionError, match="rank 1: timed out"):
+        nccl.summarize("local", [_launch(H200)], [hung])
+
+
+def test_sizes_and_bus_bandwidth() -> None:
+    assert nccl.parse_size("1M") == 1 << 20 and nccl.parse_size("512K") == 512 << 10
+    assert nccl.parse_size("2G") == 2 << 30 and nccl.parse_size("4096") == 4096 and nccl.parse_size("8KiB") == 8192
+    for bad in ("", "1X", "-1M", "2"):
+        with pytest.raises(ValueError):
+            nccl.parse_size(bad)
+    assert nccl.sizes_between(1 << 20, 1 << 30) == tuple(1 << (20 + i) for i in range(11))
+    assert nccl.sizes_between(6, 6) == (4,)  # whole float32s
+    with pytest.raises(ValueError):
+        nccl.sizes_between(2 << 20, 1 << 20)
+    assert [nccl.bus_factor(n) for n in (1, 2, 4, 8, 16)] == [0.0, 1.0, 1.5, 1.75, 1.875]
+    row = nccl.bandwidth(1 << 30, 1 << 28, 0.004, 8)
+    assert (row.algbw_gbs, row.busbw_gbs, row.time_us) == (268.44, 469.76, 4000.0)
+    assert nccl.human_size(1 << 30) == "1 GiB" and nccl.human_size(8192) == "8 KiB" and nccl.human_size(12) == "12 B"
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch plans
+
+
+def _recorded_h200() -> facts.HostFacts:
+    recording = json.loads((FIXTURES / "recordings" / "h200x2-nvswitch-driver580-vm.json").read_text())
+    gpus = next(entry for entry in recording["outputs"] if entry["fact"] == "gpus")
+    return facts.HostFacts(host="local", gpus=parsers.parse_nvidia_smi_csv(gpus["stdout"]))
+
+
+def _inventory(text: str, tmp_path: Path) -> inventory.Inventory:
+    path = tmp_path / "inventory.yaml"
+    path.write_text(text)
+    return inventory.load(path)
+
+
+def test_one_host_runs_every_gpu_in_the_rendered_environment(tmp_path: Path) -> None:
+    inv = _inventory("hosts:\n  h200: {address: 10.0.0.5, profile: hopper, vars: {environment: "
+                     "{NCCL_NVLS_ENABLE: '0', HF_TOKEN: hf_secret_value, NCCL_DEBUG: WARN}}}\n", tmp_path)
+    host_facts = dataclasses.replace(_recorded_h200(), host="h200")
+    ctx = checks.contexts(inv, {"h200": host_facts}, {})["h200"]
+    [launch] = nccl.plan_host(ctx, port=29511)
+    assert (launch.nproc, launch.world_size, launch.master_addr, launch.master_port) == (2, 2, "127.0.0.1", 29511)
+    assert launch.python == "python3"  # no venv on the host yet
+    assert launch.env["NCCL_NVLS_ENABLE"] == "0" and launch.env["NCCL_DMABUF_ENABLE"] == "1"  # the profile's
+    assert launch.env["NCCL_DEBUG"] == "INFO"  # the test needs NCCL's INFO log, whatever the inventory says
+    assert launch.env["HF_HOME"] == "/var/lib/vllm/hf"
+    # The environment (a token included) travels on stdin, never in argv.
+    runner = FakeRunner("h200", lambda argv, stdin: ok(H200["answer"], argv))
+    answer = nccl.run_node(runner, launch, launch.spec([1 << 20], 2, 1, 60))
+    [(argv, stdin)] = runner.calls
+    assert argv == ["python3", "-"] and "hf_secret_value" not in " ".join(argv)
+    assert stdin is not None and "hf_secret_value" in stdin and stdin.rstrip().endswith("))")
+    assert answer.result is not None and answer.result["world_size"] == 2
+
+    with_venv = dataclasses.replace(host_facts, venv=parsers.VenvInfo("3.12.3", None, "2.11.0+cu130", "13.0",
+                                                                      "sm_90", "2.28.9"))
+    ctx = checks.contexts(inv, {"h200": with_venv}, {})["h200"]
+    assert nccl.plan_host(ctx)[0].python == "/opt/vllm/venv/bin/python"
+    empty_venv = dataclasses.replace(host_facts, venv=parsers.VenvInfo("3.12.3", None, None, None, None, None))
+    assert nccl.plan_host(checks.contexts(inv, {"h200": empty_venv}, {})["h200"])[0].python == "python3"
+    one_gpu = dataclasses.replace(host_facts, gpus=host_facts.gpus[:1])
+    with pytest.raises(ProvisionError, match="one GPU"):
+        nccl.plan_host(checks.contexts(inv, {"h200": one_gpu}, {})["h200"])
+    with pytest.raises(ProvisionError, match="no GPU to test"):
+        nccl.plan_host(checks.contexts(inv, {"h200": dataclasses.replace(host_facts, gpus=())}, {})["h200"])
+    with pytest.raises(ProvisionError, match="--gpus 4 but the host has 2"):
+        nccl.plan_host(ctx, gpus=4)
+
+
+PAIR = """\
+hosts:
+  node-a: {address: 10.0.0.1, profile: hopper}
+  node-b: {address: 10.0.0.2, profile: hopper}
+clusters:
+  pair: {hosts: [node-b, node-a], head: node-a, vars: {tensor_parallel_size: 4}}
+"""
+
+
+def _pair_facts() -> dict[str, facts.HostFacts]:
+    base = _recorded_h200()
+    mgmt_a = parsers.Interface("eno1", True, 1500, None, ("10.0.0.1/24",))
+    mgmt_b = parsers.Interface("eno1", True, 1500, None, ("10.0.0.2/24",))
+    return {
+        "node-a": dataclasses.replace(base, host="node-a", interfaces=(
+            mgmt_a, parsers.Interface("ens1f0np0", True, 9000, None, ("192.168.50.1/24",)))),
+        "node-b": dataclasses.replace(base, host="node-b", interfaces=(
+            mgmt_b, parsers.Interface("enp65s0np0", True, 9000, None, ("192.168.50.2/24",))),
+            rdma=(parsers.RdmaLink("mlx5_0", 1, "enp65s0np0", True),)),
+    }
+
+
+def test_two_nodes_each_with_its_own_interface(tmp_path: Path) -> None:
+    inv = _inventory(PAIR, tmp_path)
+    contexts = checks.contexts(inv, _pair_facts(), inventory.parse_overrides(["cluster_network=192.168.50.0/24"]))
+    launches = nccl.plan_cluster([contexts["node-b"], contexts["node-a"]], "node-a", port=29600)
+    assert [launch.host for launch in launches] == ["node-a", "node-b"]  # the head holds rank 0
+    head, worker = launches
+    assert (head.node_rank, head.rank_offset, worker.node_rank, worker.rank_offset) == (0, 0, 1, 2)
+    assert head.world_size == worker.world_size == 4 and head.nnodes == worker.nnodes == 2
+    # The rendezvous is the head's address on the cluster network, not its SSH address.
+    assert head.master_addr == worker.master_addr == "192.168.50.1" and worker.master_port == 29600
+    assert (head.env["NCCL_SOCKET_IFNAME"], head.env["GLOO_SOCKET_IFNAME"]) == ("ens1f0np0", "ens1f0np0")
+    assert (worker.env["NCCL_SOCKET_IFNAME"], worker.env["GLOO_SOCKET_IFNAME"]) == ("enp65s0np0", "enp65s0np0")
+    assert worker.env["NCCL_IB_HCA"] == "mlx5_0" and "NCCL_IB_HCA" not in head.env
+    assert worker.env["NCCL_NVLS_ENABLE"] == "0" and worker.env["NCCL_DEBUG"] == "INFO"
+    spec = worker.spec([1 << 20], 5, 1, 300)
+    assert (spec["rank_offset"], spec["nproc"], spec["world_size"], spec["master_addr"]) == (2, 2, 4, "192.168.50.1")
+    assert "json.loads" in nccl.program(spec) and "\ndef main(" in nccl.program(spec)
+
+
+def test_a_node_off_the_cluster_network_is_refused(tmp_path: Path) -> None:
+    inv = _inventory(PAIR, tmp_path)
+    pair = _pair_facts()
+    pair["node-b"] = dataclasses.replace(pair["node-b"], interfaces=pair["node-b"].interfaces[:1])
+    contexts = checks.contexts(inv, pair, inventory.parse_overrides(["cluster_network=192.168.50.0/24"]))
+    with pytest.raises(ProvisionError, match="node-b has no interface on the cluster network"):
+        nccl.plan_cluster(list(contexts.values()), "node-a")
+    pair = _pair_facts()
+    pair["node-a"] = dataclasses.replace(pair["node-a"], interfaces=pair["node-a"].interfaces[:1])
+    contexts = checks.contexts(inv, pair, inventory.parse_overrides(["cluster_network=192.168.50.0/24"]))
+    with pytest.raises(ProvisionError, match="node-a: no interface on the cluster network"):
+        nccl.plan_cluster(list(contexts.values()), "node-a")
+
+
+def test_summary_of_two_nodes_keeps_each_nodes_environment(tmp_path: Path) -> None:
+    inv = _inventory(PAIR, tmp_path)
+    contexts = checks.contexts(inv, _pair_facts(), inventory.parse_overrides(["cluster_network=192.168.50.0/24"]))
+    launches = nccl.plan_cluster(list(contexts.values()), "node-a")
+    data = json.loads(H200["answer"])  # rank 0's measurements stand in for the head's; the worker has none
+    data["ranks"] = [dict(rank, log=NET_LOG if rank["rank"] == 0 else "") for rank in data["ranks"]]
+    head = nccl.parse_answer("node-a", json.dumps(data))
+    worker = nccl.parse_answer("node-b", json.dumps({**data, "node_rank": 1, "result": None, "ranks": [
+        dict(rank, rank=rank["rank"] + 2, log="") for rank in data["ranks"]]}))
+    run = nccl.summarize("pair", launches, [head, worker])
+    assert run.hosts == ("node-a", "node-b") and run.gpus_per_node == (2, 2)
+    assert run.environment["node-b"]["NCCL_SOCKET_IFNAME"] == "enp65s0np0"
+    assert run.environment["node-a"]["MASTER_ADDR"] == "192.168.50.1"
+    assert "HF_HOME" not in run.environment["node-a"]  # only NCCL/GLOO/TP/MASTER/CUDA/PYTORCH variables shown
+    assert run.log.network == "IB"
+
+
+def test_service_env_undoes_the_env_file_quoting() -> None:
+    assert nccl._unquote('"a\\"b\\\\c"') == 'a"b\\c'
+    assert nccl._unquote('"expandable_segments:False"') == "expandable_segments:False"
+
+
+# ---------------------------------------------------------------------------------------------
+# The host program itself, with gloo on CPU where torch is installed (it is not in the test venv)
+
+
+def test_host_program_runs_ranks_and_answers_json() -> None:
+    pytest.importorskip("torch")
+    spec = {"nproc": 2, "rank_offset": 0, "world_size": 2, "node_rank": 0, "nnodes": 1, "master_addr": "127.0.0.1",
+            "master_port": 29733, "env": {}, "sizes": [4096, 65536], "iters": 2, "warmup": 1, "timeout": 120,
+            "init_timeout": 60, "backend": "gloo"}
+    done = subprocess.run([sys.executable, "-"], input=nccl.program(spec), capture_output=True, text=True,
+                          timeout=180, check=True)
+    answer = nccl.parse_answer("local", done.stdout)
+    assert [rank.exit for rank in answer.ranks] == [0, 0]
+    assert answer.result is not None and [row["wrong"] for row in answer.result["rows"]] == [0, 0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The task's usage errors (exit 2, nothing contacted)
+
+
+def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True,
+                          text=True, check=False, timeout=60)
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(PAIR)
+    neither = _invoke("verify.nccl", "--inventory", str(inv))
+    assert neither.returncode == 2 and "--host" in neither.stderr
+    both = _invoke("verify.nccl", "--inventory", str(inv), "--host", "node-a", "--cluster", "pair")
+    assert both.returncode == 2
+    size = _invoke("verify.nccl", "--inventory", str(inv), "--host", "node-a", "--min-bytes", "1X")
+    assert size.returncode == 2 and "not a size" in size.stderr
+    unknown = _invoke("verify.nccl", "--inventory", str(inv), "--cluster", "nope")
+    assert unknown.returncode == 2 and "unknown cluster 'nope'" in unknown.stderr
+    helped = _invoke("verify.nccl", "-h")
+    assert helped.returncode == 0 and "--log-dir" in helped.stdout and "--cluster" in helped.stdout
