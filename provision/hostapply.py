@@ -88,6 +88,32 @@ def _sha256(path):
     return digest.hexdigest()
 
 
+VERSIONS = """
+import importlib, json, sys
+found = {}
+for name in sys.argv[1:]:
+    module = importlib.import_module(name)
+    found[name] = getattr(module, "__version__", "unknown")
+    if name == "torch":
+        found["torch_cuda"] = module.version.cuda
+        found["torch_arch_list"] = module.cuda.get_arch_list() if module.version.cuda else []
+print(json.dumps(found))
+"""
+
+
+def verify_imports(venv, modules):
+    """The new venv must import what it is for (vLLM, torch): a venv that cannot is not kept."""
+    if not modules:
+        return {}
+    done = subprocess.run([os.path.join(venv, "bin", "python"), "-c", VERSIONS] + list(modules),
+                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env=dict(os.environ, LC_ALL="C", LANG="C"))
+    if done.returncode != 0:
+        lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise StepFailed("the new venv cannot import %s: %s" % (", ".join(modules), " | ".join(lines[-2:])))
+    return json.loads(done.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+
+
 def build_venv(data):
     """Verify the pushed wheels, then build the venv from them with no index; the old one is kept
     as VENV.last-good and comes back if anything fails."""
@@ -120,8 +146,9 @@ def build_venv(data):
               "--no-cache-dir", "--disable-pip-version-check", "--quiet"] + data["requirements"])
         if data.get("remove"):
             _run([os.path.join(venv, "bin", "pip"), "uninstall", "--yes", "--quiet"] + data["remove"])
+        versions = verify_imports(venv, data.get("verify", []))
         manifest = {"key": data["key"], "requirements": data["requirements"], "wheels": data["wheels"],
-                    "removed": data.get("remove", [])}
+                    "removed": data.get("remove", []), "versions": versions}
         write_atomically(os.path.join(venv, "provision-manifest.json"),
                          json.dumps(manifest, indent=1).encode(), 0o644, 0, 0)
     except BaseException:

@@ -251,6 +251,8 @@ VAR_SPECS: Mapping[str, VarSpec] = {
     "vllm_spec": VarSpec("pip requirements of the venv, space-separated (e.g. 'vllm==0.11.0')",
                          _optional(_text)),
     "venv_wheels": VarSpec("local wheel files (on the controller) installed into the venv", _string_list, ()),
+    "venv_source": VarSpec("source to build into the venv: a directory on the controller or git+URL@REF; "
+                           "built once per architecture", _optional(_text)),
     "venv_dir": VarSpec("virtualenv holding vLLM", _absolute_path, "/opt/vllm/venv"),
     "model_files": VarSpec("glob patterns of the repository's files to fetch (default: all)", _string_list, ()),
     "fetch_weights": VarSpec("download the model from the hub (false: the weights are placed by hand)",

@@ -102,6 +102,8 @@ class Runner(Protocol):
 
     def put(self, local: Path, remote: str, progress: Callable[[int, int], None] | None = None) -> None: ...
 
+    def get(self, remote: str, local: Path) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -304,6 +306,15 @@ class SshRunner(_Counting):
             raise UnreachableHost(self.host, f"copy of {local.name} to {remote} failed: {exc}") from None
         log.debug("%s: put %s -> %s", self.host, local, remote)
 
+    def get(self, remote: str, local: Path) -> None:
+        """Copy a file from the host over SFTP."""
+        self._open()
+        try:
+            self.connection.sftp().get(remote, str(local))
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            self.close()
+            raise UnreachableHost(self.host, f"copy of {remote} from the host failed: {exc}") from None
+
     def close(self) -> None:
         self.connection.close()
 
@@ -345,6 +356,9 @@ class LocalRunner(_Counting):
         if progress:
             size = local.stat().st_size
             progress(size, size)
+
+    def get(self, remote: str, local: Path) -> None:
+        shutil.copyfile(remote, local)
 
     def close(self) -> None:
         return None

@@ -19,8 +19,8 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
                            TransferSpeedColumn)
 from invoke.exceptions import Exit
 
-from provision import (checks, config, facts, inventory, lab, ops, plan, remote, render, report, secrets, venv,
-                       weights)
+from provision import (build, checks, config, facts, inventory, lab, ops, plan, remote, render, report, secrets,
+                       venv, weights)
 from provision.errors import InventoryError, LabError, ProvisionError
 from provision.fanout import HostResults, for_each_host
 from provision.profiles import load_profiles
@@ -238,19 +238,36 @@ def _progress_line(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def _host_plan(ctx: checks.Context, found: list[checks.Finding], weights_only: bool,
-               verify: bool = False) -> HostPlan:
-    """One host's plan: rendered files and units (unless weights_only), the venv, the model."""
+Builder = Callable[[checks.Context, build.Recipe], "Path | None"]
+
+
+def _host_plan(ctx: checks.Context, found: list[checks.Finding], only: str | None,
+               verify: bool = False, builder: Builder | None = None) -> HostPlan:
+    """One host's plan: rendered files and units (unless `only` names "weights" or "venv"), the venv
+    (with a source built once per architecture by `builder`), the model."""
     settings, host_facts = ctx.settings, ctx.facts
     arch, python = host_facts.arch or "", host_facts.python or ""
     pushes: list[tuple[venv.Wheelhouse, list[venv.Wheel]]] = []
     wheelhouse, venv_data = None, None
-    if not weights_only and (venv.requirements_of(settings) or settings["venv_wheels"]):
-        wheelhouse = venv.resolve(venv.requirements_of(settings), settings["venv_wheels"], arch, python,
+    local_wheels = list(settings["venv_wheels"])
+    pending_build: plan.Change | None = None
+    if only != "weights" and settings["venv_source"]:
+        recipe = build.recipe(settings["venv_source"], ctx.profile, host_facts)
+        built = build.cached_wheel(recipe) or (builder(ctx, recipe) if builder else None)
+        if built is None:
+            pending_build = plan.Change("build", str(recipe.source), (
+                f"no wheel built yet for {recipe.arch}/Python {recipe.python}: provision builds it on one "
+                f"host of that architecture ({', '.join(f'{k}={v}' for k, v in sorted(recipe.env.items()))})"))
+        else:
+            local_wheels.append(str(built))
+    if only != "weights" and pending_build is None and (venv.requirements_of(settings) or local_wheels):
+        wheelhouse = venv.resolve(venv.requirements_of(settings), local_wheels, arch, python,
                                   progress=_progress_line)
         venv_data = venv.venv_change_data(settings, ctx.profile.venv_remove, wheelhouse)
+        venv_data["requirements"] = venv_data["requirements"][:len(venv.requirements_of(settings))] + [
+            f"{venv.REMOTE_WHEELHOUSE}/{Path(w).name}" for w in local_wheels]
     fetch, hub_data, hub_house = None, None, None
-    if ctx.snapshot is not None:
+    if ctx.snapshot is not None and only != "venv":
         root = weights.root_of(settings)
         reason, to_fetch = weights.compare(ctx.snapshot, weights.host_weights(host_facts, root))
         if verify and not reason:
@@ -261,13 +278,15 @@ def _host_plan(ctx: checks.Context, found: list[checks.Finding], weights_only: b
                      "data": weights.change_data(settings, ctx.snapshot)}
             hub_house = venv.resolve([weights.hub_requirement()], [], arch, python, progress=_progress_line)
             hub_data = venv.helper_venv_data(weights.HUB_VENV, [weights.hub_requirement()], hub_house)
-    if weights_only:
+    if only:
         desired = render.DesiredState(files=(), directories=(), units=(), absent_units=(),
                                       user=settings["service_user"], home=render.STATE_DIR)
-        changes = [c for c in plan.build(desired, host_facts, None, fetch, hub_data) if c.kind != "user"]
+        changes = [c for c in plan.build(desired, host_facts, venv_data, fetch, hub_data) if c.kind != "user"]
     else:
         desired = render.desired_state(ctx, checks.resolutions(found))
         changes = plan.build(desired, host_facts, venv_data, fetch, hub_data)
+    if pending_build is not None:
+        changes.insert(0, pending_build)
     for house, directory in ((wheelhouse, settings["venv_dir"].rstrip("/")), (hub_house, weights.HUB_VENV)):
         if house and any(c.kind == "venv" and c.target == directory for c in changes):
             pushes.append((house, venv.missing_wheels(house, host_facts)))
@@ -276,21 +295,47 @@ def _host_plan(ctx: checks.Context, found: list[checks.Finding], weights_only: b
                     ctx.cluster.name if ctx.cluster else ctx.host)
 
 
+ONLY_RULES = {"weights": ("model.hub", "disk.space"), "venv": ("disk.space", "host.python")}
+
+
+def _builder(inv: inventory.Inventory, accept_new_host_keys: bool) -> Builder:
+    """Builds a source on the host being planned (the first of its architecture to need it)."""
+
+    def run_build(ctx: checks.Context, recipe: build.Recipe) -> Path:
+        target = inv.host(ctx.host)
+        runner = remote.connect(target, inv.ssh, accept_new_host_keys=accept_new_host_keys)
+        try:
+            house = venv.resolve(list(recipe.requires), [], recipe.arch, recipe.python, progress=_progress_line)
+            missing = venv.missing_wheels(house, ctx.facts)
+            venv.push(runner, house, missing)
+            _progress_line(f"{ctx.host}: building {recipe.source} for {recipe.arch}/Python {recipe.python} "
+                           f"({', '.join(f'{k}={v}' for k, v in sorted(recipe.env.items()))}) ...")
+            return build.build(runner, recipe, on_line=lambda line: logging.getLogger("provision.build").debug(
+                "%s: %s", ctx.host, line))
+        finally:
+            runner.close()
+
+    return run_build
+
+
 def _plans(inv: inventory.Inventory, targets: list[inventory.Host], overrides: dict[str, Any],
-           assumed: Any, accept_new_host_keys: bool, force: list[str], weights_only: bool = False,
-           verify: bool = False) -> tuple[dict[str, HostPlan], dict[str, list[checks.Finding]], dict[str, BaseException]]:
+           assumed: Any, accept_new_host_keys: bool, force: list[str], only: str | None = None,
+           verify: bool = False, may_build: bool = False
+           ) -> tuple[dict[str, HostPlan], dict[str, list[checks.Finding]], dict[str, BaseException]]:
     """facts -> gate -> plan for every target; a blocked or failing host gets no plan."""
     findings, errors, contexts = gate_with_contexts(inv, targets, overrides, assumed, accept_new_host_keys,
                                                     force)
-    if weights_only:  # only what a fetch needs: the hub's answer and the disk
-        findings = {name: [f for f in found if f.id in ("model.hub", "disk.space")]
-                    for name, found in findings.items()}
+    if only:  # only what a fetch or a venv needs
+        keep = ONLY_RULES[only]
+        findings = {name: [f for f in found if f.id in keep] for name, found in findings.items()}
+    builder = _builder(inv, accept_new_host_keys) if may_build else None
     plans: dict[str, HostPlan] = {}
+    # One host after the other: the first host of an architecture builds a source, the rest reuse it.
     for name, found in findings.items():
         if checks.verdict(found) == "blocked":
             continue
         try:
-            plans[name] = _host_plan(contexts[name], found, weights_only, verify)
+            plans[name] = _host_plan(contexts[name], found, only, verify, builder)
         except (render.RenderError, ProvisionError, ValueError) as exc:
             errors[name] = exc if isinstance(exc, ProvisionError) else ProvisionError(f"{name}: {exc}")
     return plans, findings, errors
@@ -384,7 +429,7 @@ def provision_(c: Context, host: list[str] | None = None, cluster: str | None = 
     overrides = inventory.parse_overrides(set_ or [])
     targets = inv.select(hosts=host or [], cluster=cluster, everything=all_)
     plans, findings, errors = _plans(inv, targets, overrides, _profile(profile), accept_new_host_keys,
-                                     force or [])
+                                     force or [], may_build=True)
     order = [target.name for target in targets]
     if not json_:
         _report_plans(order, plans, findings, errors, show_diff=False)
@@ -513,12 +558,37 @@ def weights_(c: Context, host: list[str] | None = None, cluster: str | None = No
     overrides = inventory.parse_overrides(set_ or [])
     targets = inv.select(hosts=host or [], cluster=cluster, everything=all_)
     plans, findings, errors = _plans(inv, targets, overrides, _profile(profile), accept_new_host_keys,
-                                     force or [], weights_only=True, verify=verify)
+                                     force or [], only="weights", verify=verify)
     order = [target.name for target in targets]
     if not json_:
         _report_plans(order, plans, findings, errors, show_diff=False)
     applied, failed, fetched = carry_out(inv, plans, order, accept_new_host_keys, wait, secrets.load(inv.secrets),
                                          quiet=json_, verify_all=verify)
+    errors.update(failed)
+    _report_applied(order, plans, findings, errors, applied, fetched, json_)
+    if errors or len(plans) < len(order):
+        raise Exit(code=1)
+
+
+@task(auto_shortflags=False, name="venv", help={**HOST_TASK_HELP, "wait": "seconds to wait for another run's lock"},
+      iterable=["host", "set_", "force"])
+@guarded
+def venv_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
+          inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
+          profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
+          wait: float = 0, verbose: bool = False) -> None:
+    """Build (a source: once per architecture), push and install each host's venv only."""
+    _setup_logging(verbose)
+    inv = _load(inventory_)
+    overrides = inventory.parse_overrides(set_ or [])
+    targets = inv.select(hosts=host or [], cluster=cluster, everything=all_)
+    plans, findings, errors = _plans(inv, targets, overrides, _profile(profile), accept_new_host_keys,
+                                     force or [], only="venv", may_build=True)
+    order = [target.name for target in targets]
+    if not json_:
+        _report_plans(order, plans, findings, errors, show_diff=False)
+    applied, failed, fetched = carry_out(inv, plans, order, accept_new_host_keys, wait, secrets.load(inv.secrets),
+                                         quiet=json_)
     errors.update(failed)
     _report_applied(order, plans, findings, errors, applied, fetched, json_)
     if errors or len(plans) < len(order):
@@ -609,4 +679,4 @@ def lab_down(c: Context, keep_cache: bool = False) -> None:
 
 
 lab_tasks = Collection("lab", lab_up, lab_status, lab_down)
-ns = Collection(facts_, check, plan_, provision_, weights_, rollback_, show_inventory, lab_tasks, __import__("provision.verify_tasks", fromlist=["verify"]).verify)  # noqa: E501 - verify_tasks imports this module
+ns = Collection(facts_, check, plan_, provision_, venv_, weights_, rollback_, show_inventory, lab_tasks, __import__("provision.verify_tasks", fromlist=["verify"]).verify)  # noqa: E501 - verify_tasks imports this module

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -143,9 +144,12 @@ def venv_change_data(settings: Mapping[str, Any], profile_remove: Sequence[str],
                      wheelhouse: Wheelhouse) -> dict[str, Any]:
     requirements = list(requirements_of(settings))
     local = [Path(w).name for w in settings["venv_wheels"]]
+    serves = any(re.match(r"vllm([-_]cpu)?\b", req) for req in requirements) or any(
+        name.startswith(("vllm-", "vllm_")) for name in local)
     return {"venv": settings["venv_dir"].rstrip("/"), "wheelhouse": REMOTE_WHEELHOUSE,
             "requirements": requirements + [f"{REMOTE_WHEELHOUSE}/{name}" for name in local],
             "wheels": {w.name: w.sha256 for w in wheelhouse.wheels}, "remove": list(profile_remove),
+            "verify": ["vllm", "torch"] if serves else [],
             "key": hashlib.sha256(f"{wheelhouse.key} {' '.join(profile_remove)}".encode()).hexdigest()}
 
 

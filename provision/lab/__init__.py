@@ -39,7 +39,9 @@ MACHINES_DIR = Path(__file__).with_name("machines")
 REPLAYER = Path(__file__).with_name("replay.py")
 INSIDE = "/usr/local/lib/provision-lab"  # where a host keeps its recordings, inside its own root
 # libnuma1: vLLM's CPU kernels link it (without it, vllm._C_AVX2 fails to import), as on any server image.
-BASE_PACKAGES = "systemd,systemd-sysv,openssh-server,dbus,python3,python3-venv,iproute2,libnuma1"
+# gcc, libc6-dev, python3-dev: a source build's host compiles C extensions, as a build host would.
+BASE_PACKAGES = ("systemd,systemd-sysv,openssh-server,dbus,python3,python3-venv,iproute2,libnuma1,"
+                 "gcc,libc6-dev,python3-dev")
 FIX = "apt-get update && apt-get install -y systemd-container debootstrap openssh-server iproute2"
 SUITE = "bookworm"
 

@@ -1,0 +1,180 @@
+"""Source builds: built once per (source, architecture, Python, GPU arch list), on one host of that
+architecture, then handed to every host of that architecture as a wheel, like any other.
+
+The key is the source's content (not its timestamps), the host's architecture and Python, and the
+build environment (TORCH_CUDA_ARCH_LIST from the profile: "12.0" for RTX 5090, "12.1a" for GB10).
+A built wheel waits in the controller's cache under that key; an unchanged source is never built
+again. The build host gets the source as a tarball and the build tools from the wheelhouse (no
+index), and builds with MAX_JOBS sized from its cores and memory.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from provision import config
+from provision.errors import ProvisionError
+from provision.facts import HostFacts
+
+REMOTE_BUILD = "/var/cache/provision/build"
+PROGRAM = Path(__file__).with_name("hostbuild.py")
+SKIP = {".git", "build", "dist", "__pycache__", ".pytest_cache", ".mypy_cache", ".venv"}
+# PEP 517: a source tree without [build-system] builds with setuptools' legacy backend.
+DEFAULT_REQUIRES = ("setuptools>=40.8.0", "wheel")
+GIB = 2**30
+
+
+class BuildError(ProvisionError):
+    """The source could not be read, sent or built (the compiler's last words included)."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    source: Path
+    arch: str
+    python: str  # major.minor
+    env: Mapping[str, str]
+    requires: tuple[str, ...]
+    key: str
+
+    @property
+    def cache(self) -> Path:
+        return config.wheelhouse() / "builds" / self.key
+
+
+def source_dir(spec: str) -> Path:
+    """A source directory on the controller, or `git+URL@REF` cloned once into the cache."""
+    if spec.startswith("git+"):
+        url, _, ref = spec[4:].rpartition("@") if "@" in spec[4:].split("/")[-1] else (spec[4:], "", "")
+        target = config.wheelhouse() / "sources" / hashlib.sha256(spec.encode()).hexdigest()[:16]
+        if not (target / ".git").exists():
+            command = ["git", "clone", "--depth", "1", *(["--branch", ref] if ref else []), url, str(target)]
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise BuildError(f"cannot clone {url}{'@' + ref if ref else ''}: {done.stderr.strip()[-300:]}")
+        return target
+    path = Path(spec).expanduser()
+    if not path.is_dir() or not ((path / "pyproject.toml").exists() or (path / "setup.py").exists()):
+        raise BuildError(f"venv_source {spec}: not a directory with pyproject.toml or setup.py")
+    return path
+
+
+def _files(directory: Path) -> list[Path]:
+    found = []
+    for path in sorted(directory.rglob("*")):
+        parts = path.relative_to(directory).parts
+        if any(part in SKIP or part.endswith(".egg-info") for part in parts) or not path.is_file():
+            continue
+        found.append(path)
+    return found
+
+
+def content_key(directory: Path) -> str:
+    """Names and contents only: a touched file or a fresh clone keeps the key."""
+    digest = hashlib.sha256()
+    for path in _files(directory):
+        digest.update(f"{path.relative_to(directory)}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n".encode())
+    return digest.hexdigest()
+
+
+def build_requires(directory: Path) -> tuple[str, ...]:
+    pyproject = directory / "pyproject.toml"
+    if not pyproject.exists():
+        return DEFAULT_REQUIRES
+    try:
+        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise BuildError(f"{pyproject}: {exc}") from None
+    requires = data.get("build-system", {}).get("requires")
+    return tuple(requires) if requires else DEFAULT_REQUIRES
+
+
+def max_jobs(cpus: int | None, mem_available: int | None, per_job_gib: float = 4.0) -> int:
+    """Parallel compile jobs: one per core, but never more than memory holds (nvcc on vLLM's kernels
+    takes several GiB per job; running out of memory kills the build late)."""
+    by_cpu = max(1, cpus or 1)
+    by_memory = max(1, int((mem_available or 0) // (per_job_gib * GIB))) if mem_available else by_cpu
+    return max(1, min(by_cpu, by_memory))
+
+
+def recipe(spec: str, profile: Any, facts: HostFacts) -> Recipe:
+    directory = source_dir(spec)
+    python = ".".join((facts.python or "").split(".")[:2])
+    env = {"MAX_JOBS": str(max_jobs(len(facts.cpu.cpus) if facts.cpu and facts.cpu.cpus else None,
+                                    facts.memory.available if facts.memory else None))}
+    if profile.cuda is not None and profile.cuda.torch_cuda_arch_list:
+        env["TORCH_CUDA_ARCH_LIST"] = profile.cuda.torch_cuda_arch_list
+    requires = build_requires(directory)
+    # MAX_JOBS changes how fast, not what is built: it stays out of the key.
+    identity = {"source": content_key(directory), "arch": facts.arch, "python": python,
+                "arch_list": env.get("TORCH_CUDA_ARCH_LIST"), "requires": sorted(requires)}
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+    return Recipe(directory, facts.arch or "", python, env, requires, key)
+
+
+def cached_wheel(recipe: Recipe) -> Path | None:
+    wheels = sorted(recipe.cache.glob("*.whl")) if recipe.cache.is_dir() else []
+    return wheels[0] if wheels else None
+
+
+def tarball(directory: Path) -> bytes:
+    """The source as a gzip tarball, with fixed owners and times so the same tree gives the same bytes."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for path in _files(directory):
+            info = archive.gettarinfo(str(path), arcname=str(path.relative_to(directory)))
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mtime = 0
+            with path.open("rb") as handle:
+                archive.addfile(info, handle)
+    return buffer.getvalue()
+
+
+def build(runner: Any, recipe: Recipe, on_line: Callable[[str], None] = lambda line: None) -> Path:
+    """Send the source, build on the host, bring the wheel back into the controller's cache."""
+    local_tar = recipe.cache.with_suffix(".tar.gz")
+    local_tar.parent.mkdir(parents=True, exist_ok=True)
+    local_tar.write_bytes(tarball(recipe.source))
+    made = runner.run(["mkdir", "-p", "-m", "0700", REMOTE_BUILD])
+    if not made.ok:
+        raise BuildError(f"{runner.host}: cannot create {REMOTE_BUILD}: {made.stderr.strip()}")
+    remote_tar = f"{REMOTE_BUILD}/{recipe.key}.tar.gz"
+    runner.put(local_tar, remote_tar)
+    from provision.venv import REMOTE_WHEELHOUSE
+
+    spec = {"tarball": remote_tar, "workdir": f"{REMOTE_BUILD}/{recipe.key}", "wheelhouse": REMOTE_WHEELHOUSE,
+            "requires": list(recipe.requires), "env": dict(recipe.env)}
+    answer: dict[str, Any] = {}
+
+    def line(text: str) -> None:
+        try:
+            event = json.loads(text)
+        except json.JSONDecodeError:
+            return
+        if event.get("event") == "log":
+            on_line(str(event.get("line", "")))
+        elif event.get("event") == "result":
+            answer.update(event)
+
+    program = PROGRAM.read_text(encoding="utf-8") + f"\nbuild_main(json.loads({json.dumps(spec)!r}))\n"
+    done = runner.run(["python3", "-"], stdin=program, timeout=6 * 3600, on_line=line)
+    if not answer.get("ok"):
+        why = answer.get("error") or " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+        raise BuildError(f"{runner.host}: building {recipe.source.name} failed: {why}")
+    staging = recipe.cache.with_name(recipe.key + ".partial")
+    staging.mkdir(parents=True, exist_ok=True)
+    wheel = staging / Path(answer["wheel"]).name
+    runner.get(answer["wheel"], wheel)
+    if hashlib.sha256(wheel.read_bytes()).hexdigest() != answer["sha256"]:
+        raise BuildError(f"{runner.host}: the built wheel changed on its way back (sha256 differs)")
+    staging.rename(recipe.cache)
+    local_tar.unlink(missing_ok=True)
+    return recipe.cache / wheel.name

@@ -1,0 +1,82 @@
+"""Builds a wheel from source ON a build host. Sent on stdin to `python3 -`; standard library only.
+The controller appends `build_main(SPEC_JSON)`:
+
+    {"tarball": "/var/cache/provision/build/KEY.tar.gz", "workdir": "/var/cache/provision/build/KEY",
+     "wheelhouse": "/var/cache/provision/wheels", "requires": ["setuptools>=61", ...],
+     "env": {"TORCH_CUDA_ARCH_LIST": "12.0", "MAX_JOBS": "8"}}
+
+The build tools come from the pushed wheelhouse into a build venv (no index: air-gapped hosts build
+too); the build runs without isolation so it sees them. Output: JSON lines, {"event": "log", "line"}
+while the compiler works and one {"event": "result", "ok", "wheel", "sha256", "size", "error"}.
+"""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+
+
+def _emit(event, **fields):
+    fields["event"] = event
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+def _run(step, argv, env=None):
+    """Run a step, streaming its output as log events; the last lines are kept for the error."""
+    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, env=env)
+    lines = []
+    for raw in process.stdout:
+        line = raw.decode("utf-8", "replace").rstrip()
+        lines.append(line)
+        del lines[:-20]
+        _emit("log", line=line)
+    if process.wait() != 0:
+        raise RuntimeError("%s failed (exit %d): %s" % (step, process.returncode, " | ".join(lines[-4:])))
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def build(spec):
+    workdir = spec["workdir"]
+    shutil.rmtree(workdir, ignore_errors=True)
+    source, out = os.path.join(workdir, "src"), os.path.join(workdir, "out")
+    os.makedirs(source)
+    os.makedirs(out)
+    with tarfile.open(spec["tarball"]) as archive:
+        for member in archive.getmembers():  # refuse paths that would leave the source directory
+            if member.name.startswith("/") or ".." in member.name.split("/") or member.issym() or member.islnk():
+                raise RuntimeError("unsafe path in the source archive: %s" % member.name)
+        archive.extractall(source)
+    venv = os.path.join(workdir, "venv")
+    _run("creating the build venv", [sys.executable, "-m", "venv", venv])
+    pip = [os.path.join(venv, "bin", "python"), "-m", "pip"]
+    quiet = ["--no-index", "--find-links", spec["wheelhouse"], "--disable-pip-version-check"]
+    _run("installing the build requirements", pip + ["install"] + quiet + list(spec["requires"]))
+    env = dict(os.environ, **spec.get("env", {}))
+    env["PATH"] = os.path.join(venv, "bin") + os.pathsep + env.get("PATH", "")
+    _run("building the wheel", pip + ["wheel"] + quiet + ["--no-build-isolation", "--no-deps", "--wheel-dir", out,
+                                                         source], env=env)
+    wheels = [name for name in os.listdir(out) if name.endswith(".whl")]
+    if len(wheels) != 1:
+        raise RuntimeError("the build made %d wheels in %s, expected one" % (len(wheels), out))
+    path = os.path.join(out, wheels[0])
+    return {"wheel": path, "sha256": _sha256(path), "size": os.path.getsize(path)}
+
+
+def build_main(spec):
+    result = {"ok": True, "error": None}
+    try:
+        result.update(build(spec))
+    except (RuntimeError, OSError, tarfile.TarError) as exc:
+        result.update(ok=False, error=str(exc))
+    _emit("result", **result)

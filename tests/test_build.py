@@ -1,0 +1,61 @@
+"""Source-build planning, pure: what makes a build different, and how many jobs a host can take."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from provision import build, facts, lab
+from provision.profiles import load_profiles
+from tests.fakes import ok, probe_answer_from_recording
+
+GIB = 2**30
+
+
+def recorded(machine: str) -> facts.HostFacts:
+    return facts.facts_from_probe(machine, ok(probe_answer_from_recording(lab.load_machine(machine),
+                                                                          python="3.12.3")))
+
+
+def source(tmp_path: Path) -> Path:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "setup.py").write_text("from setuptools import setup\nsetup(name='pkg')\n")
+    (tmp_path / "pkg" / "mod.c").write_text("int x;\n")
+    return tmp_path / "pkg"
+
+
+def test_max_jobs_is_bounded_by_cores_and_by_memory() -> None:
+    assert build.max_jobs(64, 256 * GIB) == 64  # a 7960X-class workstation: cores bound it
+    assert build.max_jobs(20, 40 * GIB) == 10  # memory bounds it: 4 GiB per nvcc job
+    assert build.max_jobs(16, 2 * GIB) == 1  # never zero
+    assert build.max_jobs(None, None) == 1
+
+
+def test_the_key_follows_content_and_gpu_arch_not_timestamps(tmp_path: Path) -> None:
+    directory = source(tmp_path)
+    workstation, spark = recorded("rtx5090x2-tr7960x"), recorded("dgx-spark-gb10")
+    profiles = load_profiles()
+    first = build.recipe(str(directory), profiles["rtx5090"], workstation)
+    assert first.env["TORCH_CUDA_ARCH_LIST"] == "12.0" and int(first.env["MAX_JOBS"]) >= 1
+    os.utime(directory / "mod.c", (1, 1))  # touched, not changed
+    assert build.recipe(str(directory), profiles["rtx5090"], workstation).key == first.key
+    gb10 = build.recipe(str(directory), profiles["dgx-spark"], spark)
+    assert gb10.env["TORCH_CUDA_ARCH_LIST"] == "12.1a" and gb10.arch == "aarch64" and gb10.key != first.key
+    other_python = dataclasses.replace(workstation, python="3.11.9")
+    assert build.recipe(str(directory), profiles["rtx5090"], other_python).key != first.key
+    (directory / "mod.c").write_text("int y;\n")
+    assert build.recipe(str(directory), profiles["rtx5090"], workstation).key != first.key
+
+
+def test_build_requirements_come_from_pyproject_or_the_pep517_default(tmp_path: Path) -> None:
+    directory = source(tmp_path)
+    assert build.build_requires(directory) == build.DEFAULT_REQUIRES
+    (directory / "pyproject.toml").write_text('[build-system]\nrequires = ["scikit-build-core>=0.9", "torch==2.9.1"]\n')
+    assert build.build_requires(directory) == ("scikit-build-core>=0.9", "torch==2.9.1")
+
+
+def test_the_tarball_is_the_same_bytes_for_the_same_tree(tmp_path: Path) -> None:
+    directory = source(tmp_path)
+    first = build.tarball(directory)
+    os.utime(directory / "setup.py", (5, 5))
+    assert build.tarball(directory) == first
