@@ -88,3 +88,18 @@ def test_changing_one_value_restarts_the_server_once(
     after = unit_state(lab_inventory)
     assert after["InvocationID"] != served["InvocationID"] and after["NRestarts"] == served["NRestarts"]
     run_invoke("provision", "--cluster", "lab-cpu")  # back to the inventory
+
+
+def test_the_venv_was_built_with_no_registry_reachable_and_verified(
+        served: dict[str, str], lab_inventory: inventory.Inventory) -> None:
+    probe = ("import socket\n"
+             "for name in ('pypi.org', 'files.pythonhosted.org', 'huggingface.co'):\n"
+             "    try:\n        socket.create_connection((name, 443), timeout=3).close(); print(name, 'reached')\n"
+             "    except OSError as exc:\n        print(name, 'unreachable')\n")
+    answer = on_host(lab_inventory, "cpu-1", ["python3", "-"], stdin=probe)
+    assert answer.split().count("unreachable") == 3, answer
+    manifest = json.loads(on_host(lab_inventory, "cpu-1", ["cat", "/opt/vllm/venv/provision-manifest.json"]))
+    assert manifest["versions"]["vllm"].startswith("0.32") and manifest["versions"]["torch"].startswith("2.13")
+    assert manifest["versions"]["torch_cuda"] is None  # the CPU build: no CUDA arch list to check
+    path = on_host(lab_inventory, "cpu-1", ["sh", "-c", "systemctl show -p ExecStart vllm.service"])
+    assert "/var/lib/vllm/models/lab/tiny-llama/current" in path  # the verified revision from the hub
