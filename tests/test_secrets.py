@@ -1,0 +1,44 @@
+"""Secrets: read from a 0600 file or the environment, refused when others may read them, masked."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from provision import remote, secrets
+from provision.errors import InventoryError
+
+
+def test_a_private_file_is_read_and_its_values_masked(tmp_path: Path) -> None:
+    path = tmp_path / "secrets.yaml"
+    path.write_text("hf_token: hf_abcdefghijklmnop\nvllm_api_key: key-0123456789\n")
+    path.chmod(0o600)
+    held = secrets.load(str(path))
+    assert held.hf_token == "hf_abcdefghijklmnop" and held.vllm_api_key == "key-0123456789"
+    assert "hf_abc" not in repr(held)
+    assert remote.mask("token=hf_abcdefghijklmnop") == f"token={remote.MASK}"
+
+
+@pytest.mark.parametrize("mode, text, message", [
+    (0o644, "hf_token: hf_x1234567\n", "mode 0644: others may read it; run `chmod 600"),
+    (0o600, "hf_tokn: hf_x1234567\n", "unknown secret(s) hf_tokn"),
+    (0o600, "hf_token: [a, b]\n", "'hf_token' must be a one-line string"),
+    (0o600, "hf_token: 'hf_secret_value\n", "cannot read the secrets file near line"),
+])
+def test_bad_secrets_files_are_refused_without_quoting_them(tmp_path: Path, mode: int, text: str,
+                                                            message: str) -> None:
+    path = tmp_path / "secrets.yaml"
+    path.write_text(text)
+    path.chmod(mode)
+    with pytest.raises(InventoryError) as caught:
+        secrets.load(str(path))
+    assert message in str(caught.value) and "hf_secret_value" not in str(caught.value)
+
+
+def test_without_a_file_the_environment_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_from_environment")
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    held = secrets.load(None)
+    assert held.hf_token == "hf_from_environment" and held.vllm_api_key is None
+    with pytest.raises(InventoryError, match="does not exist"):
+        secrets.load("/nonexistent/secrets.yaml")

@@ -1,0 +1,63 @@
+"""Weights planning, pure: the hub's answer -> the files wanted; the host's manifest -> what to fetch;
+a cluster -> who fetches from the hub and who copies."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from provision import weights
+from provision.weights import HostWeights, Job, Snapshot, WeightFile
+
+BIG = WeightFile("model.safetensors", 5_000_000, "sha256:" + "a" * 64)
+CONFIG = WeightFile("config.json", 600, "git-sha1:" + "b" * 40)
+SNAP = Snapshot("org/m", "main", "c" * 40, (CONFIG, BIG))
+
+
+def sibling(name: str, size: int, sha: str | None = None, blob: str | None = "f" * 40) -> SimpleNamespace:
+    lfs = SimpleNamespace(size=size, sha256=sha, pointer_size=134) if sha else None
+    return SimpleNamespace(rfilename=name, size=size, blob_id=blob, lfs=lfs)
+
+
+def test_snapshot_from_the_hubs_answer_keeps_patterns_and_hash_kinds() -> None:
+    info = SimpleNamespace(sha="d" * 40, siblings=[sibling("config.json", 600), sibling("README.md", 90),
+                                                   sibling("model.safetensors", 5_000_000, "e" * 64)])
+    snap = weights.snapshot_from_info("org/m", "main", info, ["*.json", "*.safetensors"])
+    assert [f.path for f in snap.files] == ["config.json", "model.safetensors"]
+    assert snap.files[1].digest == "sha256:" + "e" * 64 and snap.files[0].digest == "git-sha1:" + "f" * 40
+    assert snap.commit == "d" * 40 and snap.total_bytes == 5_000_600
+    with pytest.raises(weights.WeightsError, match="no files matching"):
+        weights.snapshot_from_info("org/m", "main", info, ["*.gguf"])
+
+
+def manifest(files: tuple[WeightFile, ...], stat_of: dict[str, list[int]]) -> dict[str, dict]:
+    return {f.path: {"size": f.size, "digest": f.digest, "stat": stat_of[f.path]} for f in files}
+
+
+def test_compare_names_why_and_how_many_bytes() -> None:
+    stats = {"config.json": [600, 1], "model.safetensors": [5_000_000, 2]}
+    assert weights.compare(SNAP, HostWeights(None)) == ("missing", 5_000_600)
+    same = HostWeights(SNAP.commit, manifest(SNAP.files, stats), stats)
+    assert weights.compare(SNAP, same) == (None, 0)
+    touched = HostWeights(SNAP.commit, manifest(SNAP.files, stats), {**stats, "model.safetensors": [5_000_000, 9]})
+    reason, size = weights.compare(SNAP, touched)
+    assert reason is not None and "changed since verified" in reason and size == 5_000_000
+    older = HostWeights("9" * 40, manifest(SNAP.files, stats), stats)
+    new_config = Snapshot("org/m", "main", "e" * 40, (WeightFile("config.json", 610, "git-sha1:" + "0" * 40), BIG))
+    reason, size = weights.compare(new_config, older)
+    assert reason == f"revision {'9' * 12} -> {'e' * 12}" and size == 610  # the big file is linked, not fetched
+
+
+def test_a_cluster_has_one_seed_per_revision_and_hosts_without_an_address_fetch_alone() -> None:
+    data = {"commit": SNAP.commit, "root": "/m/org/m"}
+    jobs = [Job("a", "c1", data, "10.0.0.1"), Job("b", "c1", data, "10.0.0.2"), Job("c", "c1", data, None),
+            Job("d", "c2", data, "10.0.1.1")]
+    plan = {seed.host: [peer.host for peer in peers] for seed, peers in weights.seeds_and_peers(jobs)}
+    assert plan == {"a": ["b"], "d": [], "c": []}
+
+
+def test_managed_only_for_hub_ids_and_served_from_current() -> None:
+    settings = {"model": "org/m", "fetch_weights": True, "model_dir": "/var/lib/vllm/models/"}
+    assert weights.managed(settings) and weights.serving_path(settings) == "/var/lib/vllm/models/org/m/current"
+    assert not weights.managed({**settings, "model": "/srv/m"})
+    assert not weights.managed({**settings, "fetch_weights": False})
