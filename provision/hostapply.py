@@ -184,6 +184,8 @@ def step(change, keep):
                        stderr=subprocess.DEVNULL)  # a unit stopped by its start limit must start again
         _run(["systemctl", "start", target])
     elif kind == "restart":
+        subprocess.run(["systemctl", "reset-failed", target], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)  # a crash loop's start limit must not refuse it
         _run(["systemctl", "restart", target])
     elif kind == "stop":
         _run(["systemctl", "disable", "--now", target])
@@ -221,14 +223,16 @@ def swap_model(root):
     return True
 
 
-def rollback(keep, venvs=(), models=()):
-    """Swap every kept file with the current one, the kept venv and model revision too; reload
-    systemd and restart the running units."""
+def rollback(keep, venvs=(), models=(), only=None):
+    """Swap every kept file (or only those named) with the current one, the kept venv and model
+    revision too; reload systemd and restart the running units."""
     restored = [venv for venv in venvs if swap_venv(venv)] + [root for root in models if swap_model(root)]
     for root, _, names in os.walk(keep):
         for name in names:
             kept = os.path.join(root, name)
             path = "/" + os.path.relpath(kept, keep)
+            if only is not None and path not in only:
+                continue
             with open(kept, "rb") as handle:
                 data = handle.read()
             info = os.stat(kept)
@@ -284,7 +288,8 @@ def main(spec):
         return
     try:
         if spec["action"] == "rollback":
-            result["restored"] = rollback(spec["keep"], spec.get("venvs", ()), spec.get("models", ()))
+            result["restored"] = rollback(spec["keep"], spec.get("venvs", ()), spec.get("models", ()),
+                                          spec.get("only"))
         for index, change in enumerate(spec.get("changes", [])):
             step(change, spec["keep"])
             result["done"].append(index)

@@ -140,6 +140,39 @@ def inspect(spec):
             "weights": {root: _inspect_weights(root) for root in spec.get("weights", [])}}
 
 
+def _get(url, headers, timeout):
+    import urllib.error
+    import urllib.request
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return {"status": response.status, "body": response.read(MAX_OUTPUT).decode("utf-8", "replace")}
+    except urllib.error.HTTPError as exc:
+        return {"status": exc.code, "body": exc.read(2000).decode("utf-8", "replace")}
+    except Exception as exc:  # refused, reset, timed out: all mean "not answering"
+        return {"status": None, "error": "%s: %s" % (type(exc).__name__, exc)}
+
+
+def serving(spec):
+    """The server's own view: /health, /v1/models (with the API key) and /metrics twice, `window`
+    seconds apart, so the controller can turn counters into rates."""
+    import time
+    base, timeout = spec["base"].rstrip("/"), spec.get("timeout", 3)
+    headers = {"Authorization": "Bearer " + spec["api_key"]} if spec.get("api_key") else {}
+    answer = {"health": _get(base + "/health", {}, timeout)}
+    if answer["health"].get("status") is None:
+        return answer
+    answer["models"] = _get(base + "/v1/models", headers, timeout)
+    first = time.time()
+    answer["metrics"] = [_get(base + "/metrics", {}, timeout)]
+    pause = spec.get("window", 1.0) - (time.time() - first)
+    if pause > 0:
+        time.sleep(pause)
+    answer["metrics"].append(_get(base + "/metrics", {}, timeout))
+    answer["window"] = time.time() - first
+    return answer
+
+
 def collect(spec):
     timeout = spec.get("timeout", 20)
     results = {}
@@ -152,6 +185,7 @@ def collect(spec):
         "results": results,
         "paths": {path: _space(path) for path in spec.get("paths", [])},
         "inspect": inspect(spec.get("inspect", {})),
+        "serving": serving(spec["serving"]) if spec.get("serving") else None,
     }
 
 

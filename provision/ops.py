@@ -57,10 +57,11 @@ def apply(runner: Runner, changes: Sequence[Change], wait: float = 0) -> Outcome
     return Outcome(done=tuple(changes[index] for index in answer["done"]))
 
 
-def rollback(runner: Runner, wait: float = 0, venvs: Sequence[str] = (), models: Sequence[str] = ()) -> Outcome:
-    """Swap the last-known-good files back in (and the kept venv and model revision, where there
-    are), reload systemd, restart what runs."""
+def rollback(runner: Runner, wait: float = 0, venvs: Sequence[str] = (), models: Sequence[str] = (),
+             only: Sequence[str] | None = None) -> Outcome:
+    """Swap the last-known-good files back in (all of them, or `only` those a failed deploy wrote; and
+    the kept venv and model revision, where there are), reload systemd, restart what runs."""
     spec = {"action": "rollback", "lock": LOCK, "wait": wait, "keep": KEEP, "changes": [],
-            "venvs": list(venvs), "models": list(models)}
+            "venvs": list(venvs), "models": list(models), "only": list(only) if only is not None else None}
     answer = _execute(runner, spec, [])
     return Outcome(done=(), restored=tuple(answer["restored"]))

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import logging
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -441,17 +442,26 @@ def provision_(c: Context, host: list[str] | None = None, cluster: str | None = 
         raise Exit(code=1)
 
 
+Connect = Callable[[str], remote.Runner]
+Bar = Callable[[str], Callable[[int, int], None]]
+# The last step: apply the rest of the plans on the given hosts; returns (changes done, errors).
+Final = Callable[[list[str], Connect, Bar], tuple[dict[str, int], dict[str, BaseException]]]
+
+
 def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[str],
               accept_new_host_keys: bool, wait: float, held: secrets.Secrets, quiet: bool,
-              verify_all: bool = False) -> tuple[dict[str, int], dict[str, BaseException],
-                                                 dict[str, weights.FetchResult]]:
+              verify_all: bool = False, final: Final | None = None,
+              timings: dict[str, dict[str, float]] | None = None) -> tuple[
+                  dict[str, int], dict[str, BaseException], dict[str, weights.FetchResult]]:
     """Apply the plans in three steps, all hosts at once in each: wheels pushed and the fetch helper
-    built; the weights fetched (the hub once per cluster, then host to host); the rest applied.
-    A host that fails leaves the later steps; the others go on."""
+    built; the weights fetched (the hub once per cluster, then host to host); the rest applied (by
+    `final` where given: deploy rolls it host by host). A host that fails leaves the later steps;
+    the others go on. `timings` collects each host's seconds per step."""
     progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                         TimeRemainingColumn(), console=Console(stderr=True), disable=quiet)
     runners: dict[str, remote.Runner] = {}
     lock = threading.Lock()
+    clock = timings if timings is not None else {}
 
     def connect(name: str) -> remote.Runner:
         with lock:
@@ -462,6 +472,16 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
     def bar(description: str) -> Callable[[int, int], None]:
         task_id = progress.add_task(description, total=None)
         return lambda done, total: progress.update(task_id, completed=done, total=total)
+
+    def timed(step: str, work: Callable[[str], int]) -> Callable[[str], int]:
+        def run(name: str) -> int:
+            started = time.monotonic()
+            try:
+                return work(name)
+            finally:
+                with lock:
+                    clock.setdefault(name, {})[step] = round(time.monotonic() - started, 2)
+        return run
 
     errors: dict[str, BaseException] = {}
     done: dict[str, int] = {}
@@ -477,37 +497,48 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
         helper = host_plan.of_kind("venv", target=weights.HUB_VENV)
         return len(ops.apply(runner, helper, wait=wait).done) if helper else 0
 
+    def parallel_final(names: list[str], connect: Connect, bar: Bar) -> tuple[dict[str, int], dict[str, BaseException]]:
+        def finish(name: str) -> int:
+            rest = remaining(plans[name])
+            if not rest:
+                return 0
+            update = bar(f"{name}: apply {len(rest)} change(s)")
+            count = len(ops.apply(connect(name), rest, wait=wait).done)
+            update(1, 1)
+            return count
+
+        last = for_each_host(names, lambda name: name, timed("apply", finish))
+        return dict(last.values), dict(last.errors)
+
     fetched: dict[str, weights.FetchResult] = {}
     try:
         with progress:
-            first = for_each_host(active, lambda name: name, prepare)
+            first = for_each_host(active, lambda name: name, timed("prepare", prepare))
             errors.update(first.errors)
             done.update(first.values)
             jobs = [weights.Job(name, plans[name].group, plans[name].of_kind("weights")[0].data,
                                 plans[name].cluster_address)
                     for name in active if name not in errors and plans[name].of_kind("weights")]
+            started = time.monotonic()
             fetched, fetch_errors = weights.fetch_all(jobs, connect, held.hf_token, verify_all, wait, bar)
+            for job in jobs:
+                clock.setdefault(job.host, {})["weights"] = round(time.monotonic() - started, 2)
             errors.update(fetch_errors)
             for name in fetched:
                 done[name] = done.get(name, 0) + 1
-
-            def finish(name: str) -> int:
-                rest = [c for c in plans[name].changes if c.kind != "weights" and c.target != weights.HUB_VENV]
-                if not rest:
-                    return 0
-                update = bar(f"{name}: apply {len(rest)} change(s)")
-                count = len(ops.apply(connect(name), rest, wait=wait).done)
-                update(1, 1)
-                return count
-
-            last = for_each_host([n for n in active if n not in errors], lambda name: name, finish)
-            errors.update(last.errors)
-            for name, count in last.values.items():
+            counts, final_errors = (final or parallel_final)([n for n in active if n not in errors], connect, bar)
+            errors.update(final_errors)
+            for name, count in counts.items():
                 done[name] = done.get(name, 0) + count
     finally:
         for runner in runners.values():
             runner.close()
     return done, errors, fetched
+
+
+def remaining(host_plan: HostPlan) -> list[plan.Change]:
+    """What the last step applies: everything but the fetch and its helper venv (done before)."""
+    return [c for c in host_plan.changes if c.kind not in ("weights", "build") and c.target != weights.HUB_VENV]
 
 
 def _named(name: str, error: BaseException) -> str:
@@ -679,4 +710,3 @@ def lab_down(c: Context, keep_cache: bool = False) -> None:
 
 
 lab_tasks = Collection("lab", lab_up, lab_status, lab_down)
-ns = Collection(facts_, check, plan_, provision_, venv_, weights_, rollback_, show_inventory, lab_tasks, __import__("provision.verify_tasks", fromlist=["verify"]).verify)  # noqa: E501 - verify_tasks imports this module

@@ -1,0 +1,182 @@
+"""Talks to the vLLM server ON its host, over loopback (the server may listen nowhere else). Sent on
+stdin to `python3 -`; standard library only. The controller appends `serve_main(SPEC_JSON)`:
+
+    {"action": "ready", "base": "http://127.0.0.1:8000", "model": NAME, "api_key": KEY|null, "timeout": 600}
+    {"action": "bench", "base", "model", "api_key", "prompt": "...", "count": 16, "concurrency": 4,
+     "max_tokens": 32}
+
+ready: waits for /health, then for a real one-token completion (readiness, not only liveness).
+bench: streamed completions, timing the first token of each, with /metrics read before and after.
+Output: JSON lines, {"event": "progress", ...} and one {"event": "result", ...}.
+"""
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+
+def _emit(event, **fields):
+    import sys
+    fields["event"] = event
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+def _headers(spec):
+    headers = {"Content-Type": "application/json"}
+    if spec.get("api_key"):
+        headers["Authorization"] = "Bearer " + spec["api_key"]
+    return headers
+
+
+def _get(url, timeout=5):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except Exception as exc:
+        return None, "%s: %s" % (type(exc).__name__, exc)
+
+
+def _complete(spec, max_tokens, prompt, timeout):
+    body = json.dumps({"model": spec["model"], "prompt": prompt, "max_tokens": max_tokens,
+                       "temperature": 0}).encode()
+    request = urllib.request.Request(spec["base"] + "/v1/completions", body, _headers(spec))
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read().decode("utf-8", "replace"))
+
+
+def _unit(unit):
+    """(ActiveState, NRestarts) of the unit, or (None, None) without systemd."""
+    import subprocess
+    try:
+        text = subprocess.run(["systemctl", "show", "-p", "ActiveState,NRestarts", unit], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL).stdout.decode()
+    except OSError:
+        return None, None
+    values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    restarts = values.get("NRestarts", "")
+    return values.get("ActiveState"), int(restarts) if restarts.isdigit() else None
+
+
+def _journal_tail(unit):
+    import subprocess
+    try:
+        text = subprocess.run(["journalctl", "-u", unit, "--no-pager", "-n", "40", "-o", "cat"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if "rror" in line or "Traceback" in line]
+    return " | ".join((errors or lines)[-3:])[:600]
+
+
+def ready(spec):
+    started = time.time()
+    deadline = started + spec.get("timeout", 600)
+    last = ""
+    stage = "health"
+    unit = spec.get("unit")
+    _, restarts_before = _unit(unit) if unit else (None, None)
+    while time.time() < deadline:
+        if unit:  # a crash is an answer: no need to wait out the timeout
+            state, restarts = _unit(unit)
+            if state == "failed" or (restarts is not None and restarts_before is not None
+                                     and restarts > restarts_before):
+                return {"ok": False, "seconds": round(time.time() - started, 1),
+                        "error": "%s %s after start (%s restart(s)): %s" % (
+                            unit, "failed" if state == "failed" else "crashed", restarts, _journal_tail(unit))}
+        if stage == "health":
+            status, text = _get(spec["base"] + "/health", timeout=5)
+            last = "/health: %s" % (status if status is not None else text)
+            if status == 200:
+                stage = "completion"
+                continue
+        else:
+            try:
+                reply = _complete(spec, 1, "Hello", timeout=max(5, deadline - time.time()))
+                if reply.get("choices"):
+                    return {"ok": True, "seconds": round(time.time() - started, 1),
+                            "text": reply["choices"][0].get("text", "")}
+                last = "completion without choices"
+            except urllib.error.HTTPError as exc:
+                last = "completion: HTTP %d %s" % (exc.code, exc.read(300).decode("utf-8", "replace"))
+            except Exception as exc:
+                last = "completion: %s: %s" % (type(exc).__name__, exc)
+        _emit("progress", stage=stage, elapsed=round(time.time() - started, 1), last=last)
+        time.sleep(2)
+    return {"ok": False, "seconds": round(time.time() - started, 1),
+            "error": "not ready within %ds (%s)" % (spec.get("timeout", 600), last)}
+
+
+def _stream(spec, prompt, max_tokens):
+    """One streamed completion: (seconds to the first token, total seconds, tokens)."""
+    body = json.dumps({"model": spec["model"], "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                       "stream": True, "stream_options": {"include_usage": True},
+                       "ignore_eos": True}).encode()
+    request = urllib.request.Request(spec["base"] + "/v1/completions", body, _headers(spec))
+    started = time.time()
+    first, tokens, chunks = None, None, 0
+    with urllib.request.urlopen(request, timeout=600) as response:
+        for raw in response:
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            data = json.loads(line[6:])
+            if data.get("choices") and data["choices"][0].get("text"):
+                chunks += 1
+                if first is None:
+                    first = time.time() - started
+            if data.get("usage"):
+                tokens = data["usage"].get("completion_tokens")
+    return first, time.time() - started, tokens if tokens is not None else chunks
+
+
+def _metrics(spec):
+    status, text = _get(spec["base"] + "/metrics")
+    return text if status == 200 else ""
+
+
+def bench(spec):
+    count, concurrency = spec.get("count", 16), max(1, spec.get("concurrency", 4))
+    before = _metrics(spec)
+    results, errors = [], []
+    lock = threading.Lock()
+    queue = list(range(count))
+
+    def worker():
+        while True:
+            with lock:
+                if not queue:
+                    return
+                index = queue.pop()
+            try:
+                outcome = _stream(spec, "%s (%d)" % (spec.get("prompt", "Hello"), index), spec.get("max_tokens", 32))
+                with lock:
+                    results.append(outcome)
+                    _emit("progress", done=len(results) + len(errors), total=count)
+            except Exception as exc:
+                with lock:
+                    errors.append("%s: %s" % (type(exc).__name__, exc))
+
+    started = time.time()
+    threads = [threading.Thread(target=worker) for _ in range(min(concurrency, count))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.time() - started
+    return {"ok": not errors, "requests": count, "succeeded": len(results), "errors": errors[:5],
+            "seconds": round(wall, 3), "ttft_s": [round(r[0], 4) for r in results if r[0] is not None],
+            "latency_s": [round(r[1], 4) for r in results], "tokens": [r[2] for r in results],
+            "metrics_before": before, "metrics_after": _metrics(spec)}
+
+
+def serve_main(spec):
+    try:
+        result = ready(spec) if spec["action"] == "ready" else bench(spec)
+    except Exception as exc:
+        result = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
+    _emit("result", **result)

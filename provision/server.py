@@ -1,0 +1,113 @@
+"""Asking a host's vLLM server: ready (health and a real one-token completion) and bench (streamed
+completions). Both run on the host through hostserve.py, over loopback; figures are computed here."""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from provision.errors import ProvisionError
+from provision.status import parse_metrics
+
+PROGRAM = Path(__file__).with_name("hostserve.py")
+
+
+class NotReady(ProvisionError):
+    """The server did not become ready (health and a completion) in time."""
+
+
+def base_url(settings: Mapping[str, Any]) -> str:
+    address = str(settings["bind_host"])
+    if address in ("0.0.0.0", "::"):
+        address = "127.0.0.1"
+    return f"http://{'[' + address + ']' if ':' in address else address}:{settings['port']}"
+
+
+def served_name(settings: Mapping[str, Any]) -> str:
+    return str(settings["served_model_name"] or settings["model"])
+
+
+def _run(runner: Any, spec: Mapping[str, Any], on_progress: Callable[[dict[str, Any]], None],
+         timeout: float) -> dict[str, Any]:
+    answer: dict[str, Any] = {}
+
+    def line(text: str) -> None:
+        try:
+            event = json.loads(text)
+        except json.JSONDecodeError:
+            return
+        if event.get("event") == "result":
+            answer.update(event)
+        elif event.get("event") == "progress":
+            on_progress(event)
+
+    program = PROGRAM.read_text(encoding="utf-8") + f"\nserve_main(json.loads({json.dumps(spec)!r}))\n"
+    done = runner.run(["python3", "-"], stdin=program, timeout=timeout, on_line=line)
+    if not answer:
+        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+        raise ProvisionError(f"{runner.host}: no answer from the server check (exit {done.exited}): {tail}")
+    return answer
+
+
+def wait_ready(runner: Any, settings: Mapping[str, Any], api_key: str | None, timeout: float,
+               on_progress: Callable[[dict[str, Any]], None] = lambda event: None) -> float:
+    """Seconds until /health answered and a one-token completion came back; NotReady otherwise."""
+    spec = {"action": "ready", "base": base_url(settings), "model": served_name(settings), "api_key": api_key,
+            "timeout": timeout, "unit": "vllm.service"}
+    answer = _run(runner, spec, on_progress, timeout + 60)
+    if not answer.get("ok"):
+        raise NotReady(f"{runner.host}: {answer.get('error')}")
+    return float(answer["seconds"])
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    requests: int
+    succeeded: int
+    seconds: float
+    output_tokens: int
+    tokens_per_s: float
+    ttft_mean_s: float | None
+    ttft_p50_s: float | None
+    ttft_p90_s: float | None
+    latency_p50_s: float | None
+    server_generation_tokens: float | None  # the server's own counter, over the run
+    server_prefix_cache_hit_pct: float | None
+    errors: tuple[str, ...] = ()
+
+
+def _percentile(values: list[float], share: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(share * (len(ordered) - 1))))]
+
+
+def bench_report(answer: Mapping[str, Any]) -> BenchReport:
+    """Pure: the host's raw timings and /metrics before and after -> the figures."""
+    ttft = [float(v) for v in answer.get("ttft_s", [])]
+    latency = [float(v) for v in answer.get("latency_s", [])]
+    tokens = sum(int(t) for t in answer.get("tokens", []))
+    seconds = float(answer.get("seconds") or 0)
+    before, after = parse_metrics(answer.get("metrics_before", "")), parse_metrics(answer.get("metrics_after", ""))
+    generated = None
+    if "vllm:generation_tokens_total" in after:
+        generated = after["vllm:generation_tokens_total"] - before.get("vllm:generation_tokens_total", 0.0)
+    hits, queries = after.get("vllm:prefix_cache_hits_total"), after.get("vllm:prefix_cache_queries_total")
+    return BenchReport(
+        requests=int(answer.get("requests", 0)), succeeded=int(answer.get("succeeded", 0)), seconds=seconds,
+        output_tokens=tokens, tokens_per_s=round(tokens / seconds, 2) if seconds else 0.0,
+        ttft_mean_s=round(statistics.mean(ttft), 4) if ttft else None,
+        ttft_p50_s=_percentile(ttft, 0.5), ttft_p90_s=_percentile(ttft, 0.9),
+        latency_p50_s=_percentile(latency, 0.5), server_generation_tokens=generated,
+        server_prefix_cache_hit_pct=round(hits / queries * 100, 2) if hits is not None and queries else None,
+        errors=tuple(answer.get("errors", [])))
+
+
+def bench(runner: Any, settings: Mapping[str, Any], api_key: str | None, prompt: str, count: int,
+          concurrency: int, max_tokens: int, on_progress: Callable[[dict[str, Any]], None]) -> BenchReport:
+    spec = {"action": "bench", "base": base_url(settings), "model": served_name(settings), "api_key": api_key,
+            "prompt": prompt, "count": count, "concurrency": concurrency, "max_tokens": max_tokens}
+    return bench_report(_run(runner, spec, on_progress, 3600))

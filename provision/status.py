@@ -1,0 +1,217 @@
+"""Cluster status: every host in parallel, one remote execution each, a deadline for all.
+
+The fact probe gathers the host's part (kernel, driver, GPUs, memory, the units, the model's current
+revision) and asks the server itself over loopback on the host: /health, /v1/models and /metrics twice
+a short window apart, so counters become rates (tokens/s). Parsing is pure (`parse_metrics`, `figures`,
+`host_status`) and tested on /metrics recorded from real vLLM. A host that does not answer within the
+deadline is reported as such while the others are not kept waiting.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from provision import facts, parsers, weights
+from provision.facts import HostFacts
+from provision.remote import Result
+
+STATUS_FACTS = tuple(f for f in facts.FACTS if f.name in ("uname", "meminfo", "nvidia_driver", "gpus", "units"))
+SERVER_UNIT, HEAD_UNIT, WORKER_UNIT = facts.MANAGED_UNITS
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {metric name: value summed over its label sets} (comments skipped)."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        if math.isnan(value):
+            continue
+        values[match.group(1)] = values.get(match.group(1), 0.0) + value
+    return values
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The server's own figures: requests now, rates over the window, the caches."""
+
+    running: float | None = None
+    waiting: float | None = None
+    generation_tokens_per_s: float | None = None
+    prompt_tokens_per_s: float | None = None
+    kv_cache_usage_pct: float | None = None
+    prefix_cache_hit_pct: float | None = None  # since the server started
+    generation_tokens_total: float | None = None
+
+
+def _first(values: Mapping[str, float], *names: str) -> float | None:
+    return next((values[name] for name in names if name in values), None)
+
+
+def figures(first: Mapping[str, float], second: Mapping[str, float], window: float) -> Figures:
+    """Pure: two /metrics samples `window` seconds apart -> the figures status shows.
+    Names of vLLM's V1 engine first, then the V0 ones where they differ."""
+    def rate(*names: str) -> float | None:
+        before, after = _first(first, *names), _first(second, *names)
+        if before is None or after is None or window <= 0:
+            return None
+        return max(0.0, after - before) / window
+
+    kv = _first(second, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+    hits = _first(second, "vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+    queries = _first(second, "vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
+    return Figures(
+        running=_first(second, "vllm:num_requests_running"),
+        waiting=_first(second, "vllm:num_requests_waiting"),
+        generation_tokens_per_s=rate("vllm:generation_tokens_total"),
+        prompt_tokens_per_s=rate("vllm:prompt_tokens_total"),
+        kv_cache_usage_pct=None if kv is None else round(kv * 100, 2),
+        prefix_cache_hit_pct=round(hits / queries * 100, 2) if hits is not None and queries else None,
+        generation_tokens_total=_first(second, "vllm:generation_tokens_total"),
+    )
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    host: str
+    role: str  # "server" (serves the API), "worker" (a Ray worker node), "unknown"
+    reachable: bool
+    healthy: bool
+    problem: str | None = None
+    kernel: str | None = None
+    driver: str | None = None
+    gpus: tuple[dict[str, Any], ...] = ()
+    unit: dict[str, Any] = field(default_factory=dict)
+    health: str | None = None
+    model: str | None = None
+    revision: str | None = None
+    figures: Figures | None = None
+    seconds: float | None = None
+
+
+def _gpu_rows(host_facts: HostFacts) -> tuple[dict[str, Any], ...]:
+    rows = []
+    memory = host_facts.memory
+    for gpu in host_facts.gpus:
+        used, total, source = gpu.memory_used_mib, gpu.memory_total_mib, "nvidia-smi"
+        if total is None and memory is not None:  # GB10: unified memory, nvidia-smi says [N/A]
+            total, used = memory.total // 2**20, (memory.total - memory.available) // 2**20
+            source = "/proc/meminfo"
+        rows.append({"index": gpu.index, "name": gpu.name, "memory_used_mib": used, "memory_total_mib": total,
+                     "memory_from": source, "temperature_c": gpu.temperature_c,
+                     "utilization_pct": gpu.utilization_pct})
+    return tuple(rows)
+
+
+def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[str, Any] | None,
+                model_root: str | None, seconds: float) -> HostStatus:
+    """Pure: the probe's answer -> what status shows, and whether the host is healthy."""
+    unit_name = SERVER_UNIT if role == "server" else WORKER_UNIT
+    state = host_facts.units.get(unit_name)
+    unit = {"name": unit_name, "active": state.active_state if state else "unknown",
+            "sub": state.sub_state if state else None, "restarts": state.restarts if state else None,
+            "since": state.active_since if state else None}
+    revision = None
+    if model_root:
+        revision = (host_facts.weights.get(model_root) or {}).get("current")
+    common = dict(kernel=host_facts.kernel, driver=host_facts.driver.version if host_facts.driver else None,
+                  gpus=_gpu_rows(host_facts), unit=unit, revision=revision, seconds=round(seconds, 2))
+    if role != "server":
+        healthy = unit["active"] == "active"
+        return HostStatus(host, role, True, healthy, None if healthy else f"{unit_name} is {unit['active']}",
+                          **common)
+    serving = serving or {}
+    health = serving.get("health") or {}
+    if health.get("status") == 200:
+        health_text = "ok"
+    elif health.get("status") is None:
+        refused = "refused" in str(health.get("error", "")).lower()
+        health_text = "not answering" + (" (connection refused)" if refused else "")
+    else:
+        health_text = f"HTTP {health.get('status')}"
+    model = None
+    try:
+        listed = json.loads((serving.get("models") or {}).get("body") or "{}").get("data") or []
+        model = listed[0]["id"] if listed else None
+    except (json.JSONDecodeError, AttributeError, KeyError, TypeError):
+        model = None
+    samples = [parse_metrics(sample.get("body") or "") for sample in serving.get("metrics") or []
+               if sample.get("status") == 200]
+    found = figures(samples[0], samples[1], float(serving.get("window") or 0)) if len(samples) == 2 else None
+    healthy = unit["active"] == "active" and health_text == "ok"
+    problem = None if healthy else (f"{unit_name} is {unit['active']}" if unit["active"] != "active"
+                                    else f"/health {health_text}")
+    return HostStatus(host, role, True, healthy, problem, health=health_text, model=model, figures=found,
+                      **common)
+
+
+def probe_spec(settings: Mapping[str, Any], api_key: str | None, window: float, timeout: float) -> dict[str, Any]:
+    """What one host's status execution collects (a probe spec with the server part)."""
+    address = str(settings["bind_host"])
+    if address in ("0.0.0.0", "::"):
+        address = "127.0.0.1"  # a wildcard listener answers on loopback too
+    host = f"[{address}]" if ":" in address else address
+    spec = facts.probe_spec(STATUS_FACTS, [], timeout)
+    if weights.managed(settings):
+        spec["inspect"] = {"weights": [weights.root_of(settings)]}
+    spec["serving"] = {"base": f"http://{host}:{settings['port']}", "api_key": api_key, "window": window,
+                       "timeout": min(3.0, timeout)}
+    return spec
+
+
+def gather_one(runner: Any, host: str, role: str, settings: Mapping[str, Any], api_key: str | None,
+               window: float, timeout: float) -> HostStatus:
+    started = time.monotonic()
+    spec = probe_spec(settings, api_key, window, timeout)
+    result: Result = runner.run(["python3", "-"], stdin=facts.probe_program(spec), timeout=timeout + window + 5)
+    host_facts = facts.facts_from_probe(host, result, STATUS_FACTS)
+    serving = json.loads(result.stdout).get("serving")
+    root = weights.root_of(settings) if weights.managed(settings) else None
+    return host_status(host, role, host_facts, serving, root, time.monotonic() - started)
+
+
+def with_deadline(names: Sequence[str], work: Callable[[str], HostStatus], deadline: float,
+                  failed: Callable[[str, str], HostStatus]) -> dict[str, HostStatus]:
+    """Each host in its own (daemon) thread; whoever has not answered by the deadline is reported as
+    such, and the command returns: one dead host never holds up the report."""
+    results: dict[str, HostStatus] = {}
+    lock = threading.Lock()
+
+    def run(name: str) -> None:
+        try:
+            value = work(name)
+        except Exception as exc:  # noqa: BLE001 - reported for that host, never lost
+            value = failed(name, str(exc) or type(exc).__name__)
+        with lock:
+            results[name] = value
+
+    threads = [threading.Thread(target=run, args=(name,), daemon=True) for name in names]
+    for thread in threads:
+        thread.start()
+    end = time.monotonic() + deadline
+    for thread in threads:
+        thread.join(max(0.0, end - time.monotonic()))
+    with lock:
+        return {name: results.get(name) or failed(name, f"no answer within {deadline:g}s") for name in names}
+
+
+def unreachable(host: str, role: str, why: str) -> HostStatus:
+    return HostStatus(host, role, False, False, why)
+
+
+def as_json(status: HostStatus) -> dict[str, Any]:
+    data: dict[str, Any] = parsers.json_ready(status)
+    return data

