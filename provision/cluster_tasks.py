@@ -20,15 +20,11 @@ from invoke.exceptions import Exit
 from rich.table import Table
 
 from provision import inventory, ops, plan, remote, report, secrets, server, status, weights
+from provision.render import RAY_PORT
 from provision.errors import ProvisionError
 from provision.fanout import for_each_host
 from provision.tasks import (HOST_TASK_HELP, Bar, Connect, HostPlan, _help, _load, _plans, _profile,
                              _report_plans, _setup_logging, carry_out, guarded, remaining)
-
-RAY_CHECK = ("import json, ray\n"
-             "ray.init(address='auto', logging_level='ERROR')\n"
-             "print(json.dumps(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])))\n")
-
 
 class RollStopped(ProvisionError):
     """A host was not ready after its change: rolled back, and the roll went no further."""
@@ -62,18 +58,15 @@ def _batches(order: list[str], inv: inventory.Inventory, size: int) -> list[list
     return batches
 
 
-def _ray_nodes(runner: remote.Runner, venv_dir: str, expected: int, timeout: float) -> list[str]:
-    """The Ray cluster's live nodes as the head sees them, waiting up to `timeout` for all."""
+def _ray_nodes(runner: remote.Runner, venv_dir: str, head_address: str, expected: int, timeout: float) -> int:
+    """Live nodes of the Ray cluster as `ray status` on the head reports them, waiting up to
+    `timeout` for all of them to join."""
     deadline = time.monotonic() + timeout
-    nodes: list[str] = []
     while True:
-        done = runner.run([f"{venv_dir.rstrip('/')}/bin/python", "-c", RAY_CHECK], timeout=60)
-        if done.ok:
-            try:
-                nodes = json.loads(done.stdout.strip().splitlines()[-1])
-            except (json.JSONDecodeError, IndexError):
-                nodes = []
-        if len(nodes) >= expected or time.monotonic() > deadline:
+        done = runner.run([f"{venv_dir.rstrip('/')}/bin/ray", "status", f"--address={head_address}:{RAY_PORT}"],
+                          timeout=60)
+        nodes = status.parse_ray_status(done.stdout) if done.ok else 0
+        if nodes >= expected or time.monotonic() > deadline:
             return nodes
         time.sleep(3)
 
@@ -121,11 +114,13 @@ def _roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostP
     if not errors and multi and cluster:
         head = cluster.head
         settings = inv.settings(head, overrides)
-        nodes = _ray_nodes(connect(head), settings["venv_dir"], len(cluster.hosts), timeout)
-        if len(nodes) < len(cluster.hosts):
+        ray_timeout = min(timeout, 120.0)  # nodes join within seconds; a missing one will not
+        address = plans[head].cluster_address or inv.host(head).address
+        nodes = _ray_nodes(connect(head), settings["venv_dir"], address, len(cluster.hosts), ray_timeout)
+        if nodes < len(cluster.hosts):
             errors[head] = RollStopped(
-                f"{head}: Ray sees {len(nodes)} of {len(cluster.hosts)} nodes ({', '.join(nodes) or 'none'}); "
-                "vLLM not started (check the workers: `invoke status`, `invoke logs --unit vllm-ray-worker`)")
+                f"{head}: Ray sees {nodes} of {len(cluster.hosts)} nodes; vLLM not started (check the "
+                "workers: `invoke status`, `invoke logs --host NODE --unit vllm-ray-worker`)")
         elif held_back.get(head):
             done[head] = done.get(head, 0) + len(ops.apply(connect(head), held_back[head], wait=wait).done)
     servers = [name for name in group if not (multi and cluster and name != cluster.head)]
@@ -160,11 +155,15 @@ def _roll_back(name: str, inv: inventory.Inventory, plans: dict[str, HostPlan], 
     try:
         runner = connect(name)
         ops.rollback(runner, wait=wait, venvs=venvs, models=models, only=written)
-        units = [c.target for c in changes if c.kind in ("start", "restart", "enable") and c.target == "vllm.service"]
-        if units:
+        was_running = any(c.kind == "restart" and c.target == "vllm.service" for c in changes)
+        was_stopped = any(c.kind == "start" and c.target == "vllm.service" for c in changes)
+        if was_running:  # it served before this deploy: serve the previous version again
             ops.apply(runner, [plan.Change("restart", "vllm.service", "back to the last-known-good version")], wait=wait)
             server.wait_ready(runner, settings, held.vllm_api_key, timeout)
             outcome.detail = f"{cause}; rolled back: the previous version is ready again"
+        elif was_stopped:  # it did not run before: it does not run now either
+            ops.apply(runner, [plan.Change("stop", "vllm.service", "it did not run before this deploy")], wait=wait)
+            outcome.detail = f"{cause}; rolled back: vllm.service stopped as it was"
         else:
             outcome.detail = f"{cause}; rolled back"
         outcome.state = "rolled back"

@@ -25,6 +25,24 @@ SERVER_UNIT, HEAD_UNIT, WORKER_UNIT = facts.MANAGED_UNITS
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
+def parse_ray_status(text: str) -> int:
+    """`ray status`: the number of live nodes (the lines under "Active:", each "COUNT node_ID")."""
+    active, count = False, 0
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped == "Active:":
+            active = True
+            continue
+        if active:
+            match = re.match(r"^(\d+)\s+node_[0-9a-f]+", stripped)
+            if match:
+                count += int(match.group(1))
+            elif stripped.endswith(":") or stripped.startswith("-") or not stripped:
+                if stripped.endswith(":"):
+                    break
+    return count
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text -> {metric name: value summed over its label sets} (comments skipped)."""
     values: dict[str, float] = {}

@@ -85,3 +85,11 @@ clusters:
 def test_base_url_reaches_a_wildcard_listener_on_loopback() -> None:
     assert server.base_url({"bind_host": "0.0.0.0", "port": 8000}) == "http://127.0.0.1:8000"
     assert server.base_url({"bind_host": "::1", "port": 9000}) == "http://[::1]:9000"
+
+
+def test_ray_status_counts_the_live_nodes() -> None:
+    rec = json.loads((Path(__file__).parent / "fixtures" / "ray" / "ray-2.60.0-two-nodes.json").read_text())
+    assert status.parse_ray_status(rec["both"]) == 2
+    assert status.parse_ray_status(rec["one_missing"]) == 1
+    assert status.parse_ray_status("") == 0
+    assert status.parse_ray_status("Active:\n (no active nodes)\nPending:\n 1 node_ab\n") == 0

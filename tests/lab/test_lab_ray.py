@@ -1,0 +1,77 @@
+"""Two lab hosts form a real Ray cluster from the rendered head and worker units; deploy refuses to
+start vLLM while a node is missing."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import yaml
+
+from provision import inventory, lab, status
+from tests.lab.conftest import on_host, run_invoke
+
+pytestmark = pytest.mark.lab
+
+HEAD, WORKER = "ws-5090", "h200"
+VENV = "/opt/raylab/venv"
+# Ray alone in the venv (vLLM's CPU build does not run across nodes): the units, the Ray cluster and
+# deploy's gate are what is under test. Both hosts play 2-GPU machines: 2 nodes x 2 = TP 2 x PP 2.
+VARS = {"vllm_spec": "ray==2.60.0", "venv_dir": VENV, "model": "/srv/no-model", "served_model_name": "pair",
+        "tensor_parallel_size": 2, "pipeline_parallel_size": 2}
+
+
+@pytest.fixture(scope="module")
+def pair(the_lab: lab.Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    document = yaml.safe_load(the_lab.inventory.read_text())
+    document["clusters"] = {"raypair": {"hosts": [HEAD, WORKER], "head": HEAD,
+                                        "vars": {**VARS, "cluster_network": str(the_lab.network)}}}
+    path = tmp_path_factory.mktemp("ray") / "inventory.yaml"
+    path.write_text(yaml.safe_dump(document))
+    yield path
+    inv = inventory.load(path)
+    for host in (HEAD, WORKER):  # leave the hosts as the lab booted them
+        on_host(inv, host, ["sh", "-c", "systemctl disable --now vllm.service vllm-ray-head.service "
+                                        "vllm-ray-worker.service 2>/dev/null; rm -f /etc/systemd/system/vllm*.service "
+                                        "/etc/vllm/vllm.env; rm -rf /opt/raylab /var/lib/provision/last-good; "
+                                        "systemctl daemon-reload; systemctl reset-failed; true"])
+
+
+def ray_nodes(inv: inventory.Inventory) -> tuple[int, str]:
+    address = inv.host(HEAD).address
+    text = on_host(inv, HEAD, [f"{VENV}/bin/ray", "status", f"--address={address}:6379"])
+    return status.parse_ray_status(text), text
+
+
+def test_the_rendered_units_form_a_two_node_ray_cluster_and_deploy_waits_for_both(pair: Path) -> None:
+    done = run_invoke("deploy", "--inventory", str(pair), "--cluster", "raypair", "--profile", "cpu",
+                      "--timeout", "60", "--json", timeout=1200)
+    inv = inventory.load(pair)
+    count, text = ray_nodes(inv)
+    assert count == 2, text + done.stdout + done.stderr  # `ray status` on the head lists both nodes
+    worker_env = on_host(inv, WORKER, ["cat", "/etc/vllm/vllm.env"])
+    assert f'VLLM_HOST_IP="{inv.host(WORKER).address}"' in worker_env
+    report = json.loads(done.stdout)
+    rows = {row["host"]: row for row in report["hosts"]}
+    # Ray saw both nodes, so vLLM was started on the head; with no vLLM in this venv it then crashed:
+    # deploy says so and rolls the head back (Ray keeps running).
+    assert "Ray sees" not in rows[HEAD]["detail"], rows[HEAD]
+    assert "crashed" in rows[HEAD]["detail"] or "failed" in rows[HEAD]["detail"], rows[HEAD]
+    assert "vllm.service stopped as it was" in rows[HEAD]["detail"]
+
+
+def test_deploy_refuses_to_start_vllm_while_a_node_is_missing(pair: Path) -> None:
+    inv = inventory.load(pair)
+    # The worker's Ray cannot run (deploy starts its unit again, and it dies at once): a node missing.
+    on_host(inv, WORKER, ["sh", "-c", f"systemctl stop vllm-ray-worker.service; chmod -x {VENV}/bin/ray"])
+    on_host(inv, HEAD, ["sh", "-c", "systemctl stop vllm.service; systemctl reset-failed vllm.service; true"])
+    before = on_host(inv, HEAD, ["systemctl", "show", "-p", "InvocationID,ActiveState", "vllm.service"])
+    done = run_invoke("deploy", "--inventory", str(pair), "--cluster", "raypair", "--profile", "cpu",
+                      "--set", "max_model_len=300", "--timeout", "30", "--json", timeout=600)
+    assert done.returncode == 1
+    rows = {row["host"]: row for row in json.loads(done.stdout)["hosts"]}
+    assert "Ray sees 1 of 2 nodes; vLLM not started" in rows[HEAD]["detail"], rows
+    after = on_host(inv, HEAD, ["systemctl", "show", "-p", "InvocationID,ActiveState", "vllm.service"])
+    on_host(inv, WORKER, ["chmod", "+x", f"{VENV}/bin/ray"])
+    assert after == before  # vLLM was not started
