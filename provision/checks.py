@@ -62,6 +62,7 @@ class Context:
     weights_to_fetch: int | None = None  # bytes this host still lacks (hub metadata and its manifest)
     snapshot: Any = None  # weights.Snapshot: the model's files at its resolved commit
     snapshot_error: str | None = None  # why the hub could not say (gated, unknown repo or revision)
+    api_key_set: bool = False  # a vllm_api_key is in the secrets
 
     @property
     def parallel(self) -> int:
@@ -414,6 +415,22 @@ def model_hub(ctx: Context) -> Finding | None:
     return ok(f"{snap.repo}@{snap.revision} is commit {snap.commit[:12]}: {len(snap.files)} file(s), "
               f"{snap.total_bytes / 2**20:.1f} MiB", commit=snap.commit, files=len(snap.files),
               bytes=snap.total_bytes, endpoint=ctx.settings["hf_endpoint"])
+
+
+@rule("config.api_key", BLOCKER)
+def api_key(ctx: Context) -> Finding | None:
+    """A server listening beyond loopback answers anyone who reaches it: it needs an API key (vLLM
+    reads VLLM_API_KEY from the 0600 environment file)."""
+    if ctx.cluster and ctx.cluster.multi_node and ctx.host != ctx.cluster.head:
+        return None  # workers serve no API
+    address = ipaddress.ip_address(str(ctx.settings["bind_host"]))
+    if address.is_loopback:
+        return ok(f"listens on {address} (loopback) only", bind_host=str(address))
+    if ctx.api_key_set:
+        return ok(f"listens on {address}, with an API key", bind_host=str(address))
+    return fail(f"the server would listen on {address} without an API key",
+                "put vllm_api_key in the inventory's secrets file, or keep bind_host 127.0.0.1",
+                bind_host=str(address))
 
 
 @rule("host.systemd", BLOCKER)

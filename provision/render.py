@@ -140,9 +140,12 @@ def server_args(ctx: Context, resolutions: Sequence[str]) -> list[str]:
     return args
 
 
-def service_environment(ctx: Context) -> list[tuple[str, str]]:
-    """The EnvironmentFile's variables: the profile's and the inventory's, plus what this node needs."""
+def service_environment(ctx: Context, api_key: str | None = None) -> list[tuple[str, str]]:
+    """The EnvironmentFile's variables: the profile's and the inventory's, plus what this node needs
+    (and VLLM_API_KEY, which vLLM reads, from the secrets: this file is root's, mode 0600)."""
     environment = dict(ctx.settings["environment"])
+    if api_key:
+        environment["VLLM_API_KEY"] = api_key
     environment["HF_HOME"] = ctx.settings["hf_home"]
     if len(ctx.facts.gpus) < 2 and not (ctx.cluster and ctx.cluster.multi_node):
         environment.pop("NCCL_P2P_LEVEL", None)  # P2P settings matter only between GPUs
@@ -160,7 +163,7 @@ def service_environment(ctx: Context) -> list[tuple[str, str]]:
     return sorted((name, env_quote(str(value))) for name, value in environment.items())
 
 
-def desired_state(ctx: Context, resolutions: Sequence[str] = ()) -> DesiredState:
+def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | None = None) -> DesiredState:
     """Every file, directory and unit the host should have, rendered."""
     settings = ctx.settings
     user = str(settings["service_user"])
@@ -170,7 +173,7 @@ def desired_state(ctx: Context, resolutions: Sequence[str] = ()) -> DesiredState
     writable = sorted({STATE_DIR, settings["model_dir"], settings["hf_home"]})
     common = {"host": ctx.host, "profile": ctx.profile.name, "user": user, "env_file": ENV_FILE,
               "state_dir": STATE_DIR, "writable_paths": writable, **SUPERVISION}
-    files = [DesiredFile(ENV_FILE, render("env/vllm.env.j2", {**common, "environment": service_environment(ctx)}),
+    files = [DesiredFile(ENV_FILE, render("env/vllm.env.j2", {**common, "environment": service_environment(ctx, api_key)}),
                          "root", "root", 0o600)]
     units: list[str] = []
     venv = settings["venv_dir"].rstrip("/")

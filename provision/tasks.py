@@ -157,8 +157,9 @@ def gate_with_contexts(inv: inventory.Inventory, targets: list[inventory.Host], 
         everyone.extend(inv.host(name) for name in (cluster.hosts if cluster else ())
                         if name not in {h.name for h in everyone})
     gathered = _gather(inv, everyone, overrides, assumed, accept_new_host_keys)
-    contexts = _with_snapshots(checks.contexts(inv, gathered.values, overrides, profile=assumed),
-                               secrets.load(inv.secrets), wanted)
+    held = secrets.load(inv.secrets)
+    contexts = _with_snapshots(checks.contexts(inv, gathered.values, overrides, profile=assumed), held, wanted)
+    contexts = {name: dataclasses.replace(ctx, api_key_set=bool(held.vllm_api_key)) for name, ctx in contexts.items()}
     findings = {name: checks.evaluate(contexts[name], force) for name in wanted if name in contexts}
     errors = {name: error for name, error in gathered.errors.items() if name in wanted}
     return findings, errors, contexts
@@ -243,7 +244,7 @@ Builder = Callable[[checks.Context, build.Recipe], "Path | None"]
 
 
 def _host_plan(ctx: checks.Context, found: list[checks.Finding], only: str | None,
-               verify: bool = False, builder: Builder | None = None) -> HostPlan:
+               verify: bool = False, builder: Builder | None = None, api_key: str | None = None) -> HostPlan:
     """One host's plan: rendered files and units (unless `only` names "weights" or "venv"), the venv
     (with a source built once per architecture by `builder`), the model."""
     settings, host_facts = ctx.settings, ctx.facts
@@ -284,7 +285,7 @@ def _host_plan(ctx: checks.Context, found: list[checks.Finding], only: str | Non
                                       user=settings["service_user"], home=render.STATE_DIR)
         changes = [c for c in plan.build(desired, host_facts, venv_data, fetch, hub_data) if c.kind != "user"]
     else:
-        desired = render.desired_state(ctx, checks.resolutions(found))
+        desired = render.desired_state(ctx, checks.resolutions(found), api_key)
         changes = plan.build(desired, host_facts, venv_data, fetch, hub_data)
     if pending_build is not None:
         changes.insert(0, pending_build)
@@ -330,13 +331,14 @@ def _plans(inv: inventory.Inventory, targets: list[inventory.Host], overrides: d
         keep = ONLY_RULES[only]
         findings = {name: [f for f in found if f.id in keep] for name, found in findings.items()}
     builder = _builder(inv, accept_new_host_keys) if may_build else None
+    api_key = secrets.load(inv.secrets).vllm_api_key
     plans: dict[str, HostPlan] = {}
     # One host after the other: the first host of an architecture builds a source, the rest reuse it.
     for name, found in findings.items():
         if checks.verdict(found) == "blocked":
             continue
         try:
-            plans[name] = _host_plan(contexts[name], found, only, verify, builder)
+            plans[name] = _host_plan(contexts[name], found, only, verify, builder, api_key)
         except (render.RenderError, ProvisionError, ValueError) as exc:
             errors[name] = exc if isinstance(exc, ProvisionError) else ProvisionError(f"{name}: {exc}")
     return plans, findings, errors

@@ -168,6 +168,10 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
      {"model": "meta-llama/Llama-3.1-8B", "_snapshot_error": "meta-llama/Llama-3.1-8B is gated: it needs a token",
       "_weights_to_fetch": 600 * GIB}, None, None,
      {"model.hub": "fail", "disk.space": "fail"}),
+    ("server-on-all-addresses-without-api-key", "h200x2-driver580", "hopper",
+     {"bind_host": "0.0.0.0"}, None, None, {"config.api_key": "fail"}),
+    ("server-on-all-addresses-with-api-key", "h200x2-driver580", "hopper",
+     {"bind_host": "0.0.0.0", "_api_key_set": True}, None, None, {"config.api_key": "pass"}),
 ]
 
 

@@ -143,3 +143,19 @@ def test_plan_env_change_restarts_without_reload_and_stopped_units_start() -> No
     assert "mode 0644 -> 0600" in changes[0].reason
     stopped = {u: dataclasses.replace(s, active_state="failed") for u, s in host.units.items()}
     assert [c.kind for c in plan.build(state, dataclasses.replace(host, units=stopped))] == ["start"]
+
+
+def test_the_api_key_lives_only_in_the_0600_environment_file_and_diffs_mask_it() -> None:
+    from provision import remote
+
+    key = "sk-lab-0123456789abcdef"
+    remote.register_secret(key)
+    ws_case = next(c for c in CASES if c[0] == "rtx5090x2-tp2-awq32b-all-good")
+    (ws,) = context_for(ws_case).values()
+    state = render.desired_state(ws, (), api_key=key)
+    holding = [f for f in state.files if key in f.content]
+    assert [(f.path, f.mode, f.owner) for f in holding] == [(render.ENV_FILE, 0o600, "root")]
+    assert f'VLLM_API_KEY="{key}"' in holding[0].content
+    changes = plan.build(state, HostFacts(host="ws-5090"))
+    env_change = next(c for c in changes if c.target == render.ENV_FILE)
+    assert key not in env_change.diff and remote.MASK in env_change.diff

@@ -1,0 +1,100 @@
+"""Secrets during a full lab deploy: the HF token (a gated model is fetched with it) and the vLLM API
+key (the server listens on every address) are found only in the 0600 environment file: not in any
+process's command line, the journal, the tool's output or log, or any other file on the host."""
+from __future__ import annotations
+
+import json
+import os
+import secrets as random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provision import inventory, lab
+from tests.conftest import REPO
+from tests.lab.conftest import on_host
+
+pytestmark = pytest.mark.lab
+
+SCAN = r'''
+import json, os, stat, sys
+wanted = json.loads(sys.stdin.readline())
+found = {"cmdline": [], "files": [], "journal": 0}
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            data = open("/proc/%s/cmdline" % pid, "rb").read()
+        except OSError:
+            continue
+        if any(w.encode() in data for w in wanted):
+            found["cmdline"].append(data.replace(b"\0", b" ").decode("utf-8", "replace")[:200])
+for top in ("/etc", "/var", "/opt", "/root", "/srv", "/tmp", "/run", "/home", "/usr/local"):
+    for root, dirs, files in os.walk(top):
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                info = os.lstat(path)
+                if not stat.S_ISREG(info.st_mode):
+                    continue
+                with open(path, "rb") as handle:
+                    data = handle.read()
+            except OSError:
+                continue
+            if any(w.encode() in data for w in wanted):
+                found["files"].append([path, "%04o" % stat.S_IMODE(info.st_mode), info.st_uid])
+import subprocess
+journal = subprocess.run(["journalctl", "--no-pager", "-o", "cat"], stdout=subprocess.PIPE).stdout
+found["journal"] = sum(journal.count(w.encode()) for w in wanted)
+print(json.dumps(found))
+'''
+
+
+def invoke(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=1200, env=env)
+
+
+def test_secrets_are_only_in_the_0600_environment_file(the_lab: lab.Lab, tmp_path: Path) -> None:
+    token = yaml.safe_load(the_lab.secrets_file.read_text())["hf_token"]
+    api_key = "sk-lab-" + random.token_hex(16)
+    document = yaml.safe_load(the_lab.inventory.read_text())
+    document["clusters"] = {"lab-cpu": {**document["clusters"]["lab-cpu"]}}
+    document["clusters"]["lab-cpu"]["vars"] = {**document["clusters"]["lab-cpu"]["vars"],
+                                               "model": "lab/gated-llama", "bind_host": "0.0.0.0"}
+    secrets_file = tmp_path / "secrets.yaml"
+    secrets_file.write_text(f"hf_token: {token}\n")
+    secrets_file.chmod(0o600)
+    document["secrets"] = str(secrets_file)
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(document))
+    log = tmp_path / "provision.log"
+    env = {**os.environ, "PROVISION_LOG": str(log)}
+    env.pop("HF_TOKEN", None)
+    env.pop("VLLM_API_KEY", None)
+
+    refused = invoke("check", "--inventory", str(path), "--cluster", "lab-cpu", env=env)
+    assert refused.returncode == 1 and "config.api_key" in refused.stdout
+    assert "would listen on 0.0.0.0 without an API key" in refused.stdout
+
+    secrets_file.write_text(f"hf_token: {token}\nvllm_api_key: {api_key}\n")
+    done = invoke("deploy", "--inventory", str(path), "--cluster", "lab-cpu", "--verbose", "--timeout", "420",
+                  env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    inv = inventory.load(path)
+    found = json.loads(on_host(inv, "cpu-1", ["python3", "-c", SCAN], stdin=json.dumps([token, api_key]) + "\n"))
+    assert found["cmdline"] == [] and found["journal"] == 0, found
+    assert found["files"] == [["/etc/vllm/vllm.env", "0600", 0]], found["files"]
+    for text in (done.stdout, done.stderr, log.read_text()):
+        assert token not in text and api_key not in text
+    assert "cpu-1: env LC_ALL=C LANG=C python3 - -> exit 0" in log.read_text()  # the log was written
+    probe = ("import json, sys, urllib.request, urllib.error\nkey = sys.stdin.readline().strip()\n"
+             "def get(headers):\n    try:\n        return urllib.request.urlopen(urllib.request.Request("
+             "'http://127.0.0.1:8000/v1/models', headers=headers), timeout=10).status\n"
+             "    except urllib.error.HTTPError as exc:\n        return exc.code\n"
+             "print(json.dumps([get({}), get({'Authorization': 'Bearer ' + key})]))\n")
+    statuses = json.loads(on_host(inv, "cpu-1", ["python3", "-c", probe], stdin=api_key + "\n"))
+    assert statuses == [401, 200]  # the key is what vLLM checks
