@@ -90,7 +90,10 @@ _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _con
 
 
 def _parse_yaml(text: str, source: str) -> Any:
-    loader = _LineLoader(text)
+    try:
+        loader = _LineLoader(text)  # the reader refuses control characters here, before parsing
+    except yaml.YAMLError as exc:
+        raise InventoryError(f"not valid YAML: {str(exc).splitlines()[0]}", file=source) from None
     loader.source = source
     try:
         return loader.get_single_data()
