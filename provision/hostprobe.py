@@ -112,15 +112,25 @@ def _inspect_weights(root):
     """A model root: the commit `current` points at, its manifest, and each listed file's stat now
     (a changed size or mtime means the file must be verified again; nothing is hashed here)."""
     current = os.path.join(root, "current")
+    partial = {}  # what broken transfers left, per commit: a resumed fetch needs that much less room
+    for base, _, names in os.walk(os.path.join(root, ".partial")):
+        for name in names:
+            if name.endswith(".part"):
+                path = os.path.join(base, name)
+                commit, _, rel = os.path.relpath(path, os.path.join(root, ".partial")).partition(os.sep)
+                try:
+                    partial.setdefault(commit, {})[rel[:-len(".part")]] = os.path.getsize(path)
+                except OSError:
+                    pass
     try:
         commit = os.path.basename(os.readlink(current))
     except OSError:
-        return {"current": None}
+        return {"current": None, "partial": partial}
     try:
         with open(os.path.join(current, ".provision-weights.json")) as handle:
             manifest = json.load(handle)
     except (OSError, ValueError):
-        return {"current": commit, "files": {}, "stat": {}}
+        return {"current": commit, "files": {}, "stat": {}, "partial": partial}
     files = manifest.get("files") or {}
     stats = {}
     for name in files:
@@ -129,7 +139,8 @@ def _inspect_weights(root):
             stats[name] = [info.st_size, info.st_mtime_ns]
         except OSError:
             stats[name] = None
-    return {"current": commit if manifest.get("commit") == commit else None, "files": files, "stat": stats}
+    return {"current": commit if manifest.get("commit") == commit else None, "files": files, "stat": stats,
+            "partial": partial}
 
 
 def inspect(spec):

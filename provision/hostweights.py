@@ -147,8 +147,11 @@ def transfer(spec, entry, part, progress):
             if resume < entry["size"] or entry["size"] == 0:
                 fetch(spec["source"], spec["repo"], spec["commit"], entry, handle, resume, progress)
         except Exception as exc:  # the transport's own error, said once, with what is kept
-            handle.flush()
-            got = handle.tell()
+            try:
+                handle.flush()
+            except OSError:
+                pass  # a full disk refuses the rest of the buffer too; what reached the file stays
+            got = os.path.getsize(part)
             raise WeightsFailed("%s: transfer broke off after %d of %d bytes (kept for the next run to "
                                 "resume): %s" % (entry["path"], got, entry["size"], _short(exc)))
 

@@ -121,18 +121,21 @@ class HostWeights:
     current: str | None
     files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # manifest entries
     stat: Mapping[str, Any] = field(default_factory=dict)  # [size, mtime_ns] now, None if gone
+    partial: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # {commit: {path: bytes kept}}
 
 
 def host_weights(facts: HostFacts, root: str) -> HostWeights:
     state = facts.weights.get(root) or {}
-    return HostWeights(state.get("current"), state.get("files") or {}, state.get("stat") or {})
+    return HostWeights(state.get("current"), state.get("files") or {}, state.get("stat") or {},
+                       state.get("partial") or {})
 
 
 def compare(snapshot: Snapshot, seen: HostWeights) -> tuple[str | None, int]:
     """(why the host needs a fetch or None, bytes it must fetch). Pure."""
     by_digest = {entry.get("digest"): name for name, entry in seen.files.items()
                  if seen.stat.get(name) == entry.get("stat")}
-    to_fetch = sum(f.size for f in snapshot.files if f.digest not in by_digest)
+    kept = seen.partial.get(snapshot.commit, {})  # a broken transfer resumes from what it left
+    to_fetch = sum(max(0, f.size - kept.get(f.path, 0)) for f in snapshot.files if f.digest not in by_digest)
     if seen.current is None:
         return "missing", to_fetch
     if seen.current != snapshot.commit:

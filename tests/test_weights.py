@@ -37,6 +37,8 @@ def manifest(files: tuple[WeightFile, ...], stat_of: dict[str, list[int]]) -> di
 def test_compare_names_why_and_how_many_bytes() -> None:
     stats = {"config.json": [600, 1], "model.safetensors": [5_000_000, 2]}
     assert weights.compare(SNAP, HostWeights(None)) == ("missing", 5_000_600)
+    resumed = HostWeights(None, partial={SNAP.commit: {"model.safetensors": 3_000_000}, "0" * 40: {"x": 9}})
+    assert weights.compare(SNAP, resumed) == ("missing", 2_000_600)  # only what the break left to fetch
     same = HostWeights(SNAP.commit, manifest(SNAP.files, stats), stats)
     assert weights.compare(SNAP, same) == (None, 0)
     touched = HostWeights(SNAP.commit, manifest(SNAP.files, stats), {**stats, "model.safetensors": [5_000_000, 9]})

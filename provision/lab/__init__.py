@@ -63,7 +63,7 @@ DEFAULT_HOSTS: tuple[LabHost, ...] = (
     LabHost("spark-a", "dgx-spark-gb10", "dgx-spark"),
     LabHost("spark-b", "dgx-spark-gb10", "dgx-spark"),
     LabHost("h200", "h200x2-driver580", "hopper"),
-    LabHost("cpu-1", None, "cpu", small_disks=("/srv/small:2M",)),
+    LabHost("cpu-1", None, "cpu", small_disks=("/srv/small:2M", "/srv/tight:32M")),
     # A workstation the gate must refuse: 6.8 kernel, proprietary module, one GPU, no disk.
     LabHost("ws-broken", "rtx5090x1-kernel68-proprietary", "rtx5090", default=False,
             small_disks=("/opt", "/var/lib/vllm")),

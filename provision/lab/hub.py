@@ -7,7 +7,8 @@ and the hub's error codes (RepoNotFound, RevisionNotFound, EntryNotFound, GatedR
 only. PyPI's `olah` mirrors an upstream hub; the lab has no upstream and needs faults on demand.
 
 For tests it counts what it served (`GET /_lab/stats`) and injects faults (`POST /_lab/faults`):
-cut a file's transfer after N bytes for the next K requests, or slow it down.
+cut a file's transfer after N bytes for the next K requests, or slow it down (for one client address
+or all).
 
 Layout under ROOT:  repos/ORG/NAME/repo.json  {"gated": bool, "refs": {"main": SHA}, "commits": [..]}
                     repos/ORG/NAME/commits/SHA/<files>
@@ -118,7 +119,7 @@ class Hub:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.lock = threading.Lock()
-        self.stats: dict[str, Any] = {"bytes": 0, "files": {}, "requests": []}
+        self.stats: dict[str, Any] = {"bytes": 0, "files": {}, "requests": [], "clients": {}}
         self.faults: list[dict[str, Any]] = []
 
     def repo(self, repo_id: str, token: str | None) -> dict[str, Any]:
@@ -150,15 +151,18 @@ class Hub:
             (self.root / "repos" / repo_id / "commits" / f"{commit}.json").read_text())
         return data
 
-    def count(self, key: str, sent: int) -> None:
+    def count(self, key: str, sent: int, client: str) -> None:
         with self.lock:
             self.stats["bytes"] += sent
             self.stats["files"][key] = self.stats["files"].get(key, 0) + sent
+            clients = self.stats.setdefault("clients", {})
+            clients[client] = clients.get(client, 0) + sent
 
-    def fault_for(self, key: str) -> dict[str, Any] | None:
+    def fault_for(self, key: str, client: str) -> dict[str, Any] | None:
         with self.lock:
             for fault in self.faults:
-                if fault["match"] in key and fault.get("times", 1) > 0:
+                if (fault["match"] in key and fault.get("times", 1) > 0
+                        and fault.get("client") in (None, client)):
                     fault["times"] = fault.get("times", 1) - 1
                     return dict(fault)
         return None
@@ -268,7 +272,8 @@ class Handler(BaseHTTPRequestHandler):
         if self.command == "HEAD":
             return
         key = f"{repo_id}/{name}"
-        fault = self.hub.fault_for(key)
+        client = self.client_address[0]
+        fault = self.hub.fault_for(key, client)
         remaining, sent = end - start + 1, 0
         with path.open("rb") as handle:
             handle.seek(start)
@@ -279,13 +284,13 @@ class Handler(BaseHTTPRequestHandler):
                 if fault and fault.get("cut_after") is not None and sent + len(block) > fault["cut_after"]:
                     block = block[:max(0, fault["cut_after"] - sent)]
                     self.wfile.write(block)
-                    self.hub.count(key, len(block))
+                    self.hub.count(key, len(block), client)
                     self.wfile.flush()
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_WR)  # the transfer ends early, cleanly
                     return
                 self.wfile.write(block)
-                self.hub.count(key, len(block))
+                self.hub.count(key, len(block), client)
                 sent += len(block)
                 remaining -= len(block)
                 if fault and fault.get("delay"):
@@ -299,7 +304,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self._json(200, self.hub.stats)
         if path == "/_lab/reset" and self.command == "POST":
             with self.hub.lock:
-                self.hub.stats = {"bytes": 0, "files": {}, "requests": []}
+                self.hub.stats = {"bytes": 0, "files": {}, "requests": [], "clients": {}}
                 self.hub.faults = []
             return self._json(200, {"ok": True})
         if path == "/_lab/faults" and self.command == "POST":

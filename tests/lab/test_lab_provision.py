@@ -49,15 +49,16 @@ def test_plan_changes_nothing_then_provision_creates_then_nothing_to_do(
     before = on_host(lab_inventory, "cpu-1", SNAPSHOT)
     planned = run_invoke("plan", "--host", "cpu-1", "--json")
     assert planned.returncode == 0, planned.stderr
-    kinds = [c["kind"] for c in json.loads(planned.stdout)["hosts"]["cpu-1"]["changes"]]
+    changes = json.loads(planned.stdout)["hosts"]["cpu-1"]["changes"]
+    kinds = [c["kind"] for c in changes]
     assert on_host(lab_inventory, "cpu-1", SNAPSHOT) == before  # plan is read-only
     assert kinds[:2] == ["user", "directory"] and "start" in kinds
     done = run_invoke("provision", "--host", "cpu-1", "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)["hosts"]["cpu-1"]
     assert report["applied"] == len(kinds)
-    if "venv" in kinds:  # a fresh host: the wheelhouse travelled (vLLM, torch and their needs)
-        assert report["push_bytes"] > 100 * 2**20
+    if any(c["kind"] == "venv" and c["target"] == "/opt/vllm/venv" for c in changes):
+        assert report["push_bytes"] > 100 * 2**20  # a fresh host: vLLM, torch and their needs travelled
     modes = on_host(lab_inventory, "cpu-1", ["stat", "-c", "%n %a %U:%G", render.ENV_FILE,
                                               "/etc/systemd/system/vllm.service", "/var/lib/vllm"])
     assert modes.splitlines() == [f"{render.ENV_FILE} 600 root:root",
