@@ -213,6 +213,26 @@ def known_hosts_name(address: str, port: int) -> str:
     return address if port == 22 else f"[{address}]:{port}"
 
 
+DEAD_PEER_SECONDS = 30
+
+
+def _detect_dead_peer(transport: paramiko.Transport | None, seconds: int) -> None:
+    """A host that goes away mid-command must end the command, not hang it for hours: SSH keepalives
+    keep bytes in flight, and the kernel drops a connection whose bytes stay unacknowledged for
+    `seconds` (TCP_USER_TIMEOUT), or that stays silent through TCP keepalive probes."""
+    if transport is None:
+        return
+    transport.set_keepalive(max(1, seconds // 3))
+    sock = transport.sock
+    if not isinstance(sock, socket.socket):
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", seconds // 3), ("TCP_KEEPINTVL", max(1, seconds // 6)),
+                          ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", seconds * 1000)):
+        if hasattr(socket, option):  # Linux; elsewhere the SSH keepalive alone remains
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
 class SshRunner(_Counting):
     """One host over SSH (Fabric). Connects lazily, reuses the connection for every command."""
 
@@ -249,6 +269,7 @@ class SshRunner(_Counting):
         where = f"{self.target.user}@{self.target.address}:{self.target.port}"
         try:
             self.connection.open()
+            _detect_dead_peer(self.connection.client.get_transport(), DEAD_PEER_SECONDS)
         except HostKeyError:
             raise
         except paramiko.BadHostKeyException as exc:

@@ -129,3 +129,39 @@ def test_the_tool_killed_during_a_venv_install_leaves_the_host_to_finish_and_the
     again = run_invoke(*args, "--json")
     assert json.loads(again.stdout)["hosts"]["cpu-1"]["changes"] == []  # converged: nothing left to do
     on_host(lab_inventory, "cpu-1", ["sh", "-c", "rm -rf /opt/killed*"])
+
+
+def test_a_host_whose_link_is_cut_mid_run_fails_in_bounded_time_and_the_next_run_resumes(
+        the_lab: lab.Lab, lab_inventory: inventory.Inventory) -> None:
+    for name in ("cpu-1", "ws-5090"):
+        on_host(lab_inventory, name, ["sh", "-c", "rm -rf /srv/w-cut"])
+    publish(the_lab, "test/cut", big=24 * 2**20)
+    hub_call(the_lab, "/_lab/reset", {})
+    cpu1 = lab_inventory.host("cpu-1").address
+    hub_call(the_lab, "/_lab/faults", {"match": "test/cut/extra.safetensors", "delay": 0.05, "times": 1,
+                                       "client": cpu1})
+    args = ["weights", "--host", "cpu-1", "--host", "ws-5090", "--set", "model=test/cut", "--set", "fetch_weights=true",
+            "--set", "model_dir=/srv/w-cut", "--json"]
+    running = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while hub_call(the_lab, "/_lab/stats").get("clients", {}).get(cpu1, 0) < 11 * 2**20 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    veth = the_lab.state()["hosts"]["cpu-1"]["veth"]
+    subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+    cut = time.monotonic()
+    try:
+        out, _ = running.communicate(timeout=240)
+    finally:
+        took = time.monotonic() - cut
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+    report = json.loads(out)
+    assert running.returncode == 1 and "error" in report["hosts"]["cpu-1"], report
+    assert "cpu-1" in report["hosts"]["cpu-1"]["error"] and "weights" in report["hosts"]["cpu-1"]["error"]
+    assert report["hosts"]["ws-5090"]["fetched"]["bytes"] > 0  # the other host finished
+    assert took < 120, took  # the dead connection is noticed in about 30 s, not hours
+    hub_call(the_lab, "/_lab/reset", {})
+    again = run_invoke(*args, "--wait", "180")  # the host's own run may still hold its lock a moment
+    assert again.returncode == 0, again.stdout + again.stderr
+    size = json.loads(again.stdout)["hosts"]["cpu-1"]["weights"]["bytes"]
+    assert 0 < served(the_lab, "test/cut") < size  # resumed from what reached the disk before the cut
