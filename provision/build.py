@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from provision import config
+from provision import config, programs
 from provision.errors import ProvisionError
 from provision.facts import HostFacts
 
@@ -60,7 +60,10 @@ def source_dir(spec: str) -> Path:
             if done.returncode != 0:
                 raise BuildError(f"cannot clone {url}{'@' + ref if ref else ''}: {done.stderr.strip()[-300:]}")
         return target
-    path = Path(spec).expanduser()
+    try:
+        path = Path(spec).expanduser()
+    except RuntimeError:
+        raise BuildError(f"venv_source {spec}: cannot expand '~' (no such user)") from None
     if not path.is_dir() or not ((path / "pyproject.toml").exists() or (path / "setup.py").exists()):
         raise BuildError(f"venv_source {spec}: not a directory with pyproject.toml or setup.py")
     return path
@@ -152,22 +155,11 @@ def build(runner: Any, recipe: Recipe, on_line: Callable[[str], None] = lambda l
 
     spec = {"tarball": remote_tar, "workdir": f"{REMOTE_BUILD}/{recipe.key}", "wheelhouse": REMOTE_WHEELHOUSE,
             "requires": list(recipe.requires), "env": dict(recipe.env)}
-    answer: dict[str, Any] = {}
-
-    def line(text: str) -> None:
-        try:
-            event = json.loads(text)
-        except json.JSONDecodeError:
-            return
-        if event.get("event") == "log":
-            on_line(str(event.get("line", "")))
-        elif event.get("event") == "result":
-            answer.update(event)
-
-    program = PROGRAM.read_text(encoding="utf-8") + f"\nbuild_main(json.loads({json.dumps(spec)!r}))\n"
-    done = runner.run(["python3", "-"], stdin=program, timeout=6 * 3600, on_line=line)
+    program = programs.source([PROGRAM], "build_main", spec)
+    answer, done = programs.run(runner, program, 6 * 3600, lambda event: on_line(str(event.get("line", "")))
+                                if event.get("event") == "log" else None)
     if not answer.get("ok"):
-        why = answer.get("error") or " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+        why = answer.get("error") or programs.tail(done)
         raise BuildError(f"{runner.host}: building {recipe.source.name} failed: {why}")
     staging = recipe.cache.with_name(recipe.key + ".partial")
     staging.mkdir(parents=True, exist_ok=True)

@@ -597,7 +597,11 @@ class _Reader:
         if not isinstance(value, str) or not value:
             raise InventoryError(f"expected a path, got {_show(value)}", file=source,
                                  line=_line(body, key), entity=entity, key=key)
-        path = Path(value).expanduser()
+        try:
+            path = Path(value).expanduser()
+        except RuntimeError:  # "~someone/..." for a user this machine does not know
+            raise InventoryError(f"cannot expand {value!r}: no such user's home", file=source,
+                                 line=_line(body, key), entity=entity, key=key) from None
         return str(path if path.is_absolute() else (base / path))
 
     @staticmethod

@@ -2,12 +2,12 @@
 completions). Both run on the host through hostserve.py, over loopback; figures are computed here."""
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from provision import programs
 from provision.errors import ProvisionError
 from provision.status import parse_metrics
 
@@ -31,23 +31,12 @@ def served_name(settings: Mapping[str, Any]) -> str:
 
 def _run(runner: Any, spec: Mapping[str, Any], on_progress: Callable[[dict[str, Any]], None],
          timeout: float) -> dict[str, Any]:
-    answer: dict[str, Any] = {}
-
-    def line(text: str) -> None:
-        try:
-            event = json.loads(text)
-        except json.JSONDecodeError:
-            return
-        if event.get("event") == "result":
-            answer.update(event)
-        elif event.get("event") == "progress":
-            on_progress(event)
-
-    program = PROGRAM.read_text(encoding="utf-8") + f"\nserve_main(json.loads({json.dumps(spec)!r}))\n"
-    done = runner.run(["python3", "-"], stdin=program, timeout=timeout, on_line=line)
+    program = programs.source([PROGRAM], "serve_main", spec)
+    answer, done = programs.run(runner, program, timeout, lambda event: on_progress(event)
+                                if event.get("event") == "progress" else None)
     if not answer:
-        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
-        raise ProvisionError(f"{runner.host}: no answer from the server check (exit {done.exited}): {tail}")
+        raise ProvisionError(f"{runner.host}: no answer from the server check (exit {done.exited}): "
+                             f"{programs.tail(done)}")
     return answer
 
 

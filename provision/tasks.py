@@ -428,16 +428,24 @@ def provision_(c: Context, host: list[str] | None = None, cluster: str | None = 
                wait: float = 0, verbose: bool = False) -> None:
     """facts -> gate -> plan -> apply: bring each host's units and environment to the rendered state."""
     _setup_logging(verbose)
+    _plan_and_carry_out(inventory_, host, cluster, all_, set_, profile, force, accept_new_host_keys, wait, json_)
+
+
+def _plan_and_carry_out(inventory_: str | None, host: list[str] | None, cluster: str | None, all_: bool,
+                        set_: list[str] | None, profile: str | None, force: list[str] | None,
+                        accept_new_host_keys: bool, wait: float, json_: bool, only: str | None = None,
+                        verify: bool = False) -> None:
+    """What provision, venv and weights share: plan every target, show it, carry it out, report."""
     inv = _load(inventory_)
     overrides = inventory.parse_overrides(set_ or [])
     targets = inv.select(hosts=host or [], cluster=cluster, everything=all_)
     plans, findings, errors = _plans(inv, targets, overrides, _profile(profile), accept_new_host_keys,
-                                     force or [], may_build=True)
+                                     force or [], only=only, verify=verify, may_build=only != "weights")
     order = [target.name for target in targets]
     if not json_:
         _report_plans(order, plans, findings, errors, show_diff=False)
     applied, failed, fetched = carry_out(inv, plans, order, accept_new_host_keys, wait, secrets.load(inv.secrets),
-                                         quiet=json_)
+                                         quiet=json_, verify_all=verify)
     errors.update(failed)
     _report_applied(order, plans, findings, errors, applied, fetched, json_)
     if errors or len(plans) < len(order):
@@ -587,20 +595,8 @@ def weights_(c: Context, host: list[str] | None = None, cluster: str | None = No
              verify: bool = False, wait: float = 0, verbose: bool = False) -> None:
     """Fetch and verify each host's model weights only (a cluster fetches from the hub once)."""
     _setup_logging(verbose)
-    inv = _load(inventory_)
-    overrides = inventory.parse_overrides(set_ or [])
-    targets = inv.select(hosts=host or [], cluster=cluster, everything=all_)
-    plans, findings, errors = _plans(inv, targets, overrides, _profile(profile), accept_new_host_keys,
-                                     force or [], only="weights", verify=verify)
-    order = [target.name for target in targets]
-    if not json_:
-        _report_plans(order, plans, findings, errors, show_diff=False)
-    applied, failed, fetched = carry_out(inv, plans, order, accept_new_host_keys, wait, secrets.load(inv.secrets),
-                                         quiet=json_, verify_all=verify)
-    errors.update(failed)
-    _report_applied(order, plans, findings, errors, applied, fetched, json_)
-    if errors or len(plans) < len(order):
-        raise Exit(code=1)
+    _plan_and_carry_out(inventory_, host, cluster, all_, set_, profile, force, accept_new_host_keys, wait, json_,
+                        only="weights", verify=verify)
 
 
 @task(auto_shortflags=False, name="venv", help={**HOST_TASK_HELP, "wait": "seconds to wait for another run's lock"},
@@ -612,20 +608,8 @@ def venv_(c: Context, host: list[str] | None = None, cluster: str | None = None,
           wait: float = 0, verbose: bool = False) -> None:
     """Build (a source: once per architecture), push and install each host's venv only."""
     _setup_logging(verbose)
-    inv = _load(inventory_)
-    overrides = inventory.parse_overrides(set_ or [])
-    targets = inv.select(hosts=host or [], cluster=cluster, everything=all_)
-    plans, findings, errors = _plans(inv, targets, overrides, _profile(profile), accept_new_host_keys,
-                                     force or [], only="venv", may_build=True)
-    order = [target.name for target in targets]
-    if not json_:
-        _report_plans(order, plans, findings, errors, show_diff=False)
-    applied, failed, fetched = carry_out(inv, plans, order, accept_new_host_keys, wait, secrets.load(inv.secrets),
-                                         quiet=json_)
-    errors.update(failed)
-    _report_applied(order, plans, findings, errors, applied, fetched, json_)
-    if errors or len(plans) < len(order):
-        raise Exit(code=1)
+    _plan_and_carry_out(inventory_, host, cluster, all_, set_, profile, force, accept_new_host_keys, wait, json_,
+                        only="venv")
 
 
 @task(auto_shortflags=False, name="rollback",

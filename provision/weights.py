@@ -12,13 +12,13 @@ and verify every file themselves. Hosts without a cluster address fetch from the
 from __future__ import annotations
 
 import fnmatch
-import json
 import secrets as random_secrets
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from provision import programs
 from provision.errors import ProvisionError
 from provision.facts import HostFacts
 
@@ -162,8 +162,7 @@ def change_data(settings: Mapping[str, Any], snapshot: Snapshot) -> dict[str, An
 
 
 def program(spec: Mapping[str, Any]) -> str:
-    source = "\n".join(path.read_text(encoding="utf-8") for path in PROGRAM)
-    return source + f"\nweights_main(json.loads({json.dumps(spec)!r}))\n"
+    return programs.source(PROGRAM, "weights_main", spec)
 
 
 @dataclass
@@ -175,24 +174,16 @@ class FetchResult:
 
 def _run(runner: Any, python: str, spec: Mapping[str, Any], on_progress: Callable[[int, int], None],
          on_event: Callable[[dict[str, Any]], None] = lambda event: None) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-
-    def line(text: str) -> None:
-        try:
-            event = json.loads(text)
-        except json.JSONDecodeError:
-            return
-        if event.get("event") == "progress":
-            on_progress(int(event["done"]), int(event["total"]))
-        elif event.get("event") == "result":
-            result.update(event)
+    def event(found: dict[str, Any]) -> None:
+        if found.get("event") == "progress":
+            on_progress(int(found["done"]), int(found["total"]))
         else:
-            on_event(event)
+            on_event(found)
 
-    done = runner.run([python, "-"], stdin=program(spec), timeout=24 * 3600, on_line=line)
+    result, done = programs.run(runner, program(spec), 24 * 3600, event, python=python)
     if not result:
-        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
-        raise WeightsError(f"{runner.host}: the weights step ended without an answer (exit {done.exited}): {tail}")
+        raise WeightsError(f"{runner.host}: the weights step ended without an answer (exit {done.exited}): "
+                           f"{programs.tail(done)}")
     if not result.get("ok"):
         raise WeightsError(f"{runner.host}: {result.get('error')}")
     return result
