@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from provision.errors import CommandFailed, ProvisionError
+from provision.errors import CommandFailed, ProvisionError, UnreachableHost
 from provision.plan import Change
 from provision.remote import Runner
 
@@ -34,7 +34,10 @@ def _program(spec: dict[str, Any]) -> str:
 
 
 def _execute(runner: Runner, spec: dict[str, Any], changes: Sequence[Change]) -> dict[str, Any]:
-    result = runner.run(["python3", "-"], stdin=_program(spec), timeout=900)
+    try:
+        result = runner.run(["python3", "-"], stdin=_program(spec), timeout=900)
+    except UnreachableHost as exc:  # say which step the connection was lost in
+        raise UnreachableHost(runner.host, f"during {spec['action']}: {exc.reason}") from None
     if not result.ok:
         raise CommandFailed(runner.host, spec["action"], result)
     try:

@@ -306,12 +306,20 @@ class SshRunner(_Counting):
             seconds = time.monotonic() - started
             self._record(command, 124, seconds, True)
             return Result(mask(command), 124, exc.result.stdout, exc.result.stderr, seconds, True)
-        except (OSError, paramiko.SSHException, EOFError) as exc:
+        except (OSError, paramiko.SSHException, EOFError, invoke.exceptions.ThreadException) as exc:
+            # ThreadException: Invoke's reader threads saw the connection die under them.
             self.close()
             raise UnreachableHost(self.host, f"connection lost while running {argv[0]}: "
-                                  f"{exc or type(exc).__name__}") from None
+                                  f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+                                  ) from None
         seconds = time.monotonic() - started
         self._record(command, done.exited, seconds, False)
+        transport = self.connection.client.get_transport()
+        if done.exited == -1 and not (transport and transport.is_active()):
+            # No exit status and no connection: the host went away while the command ran.
+            self.close()
+            raise UnreachableHost(self.host, f"connection lost while running {argv[0]} (after {seconds:.0f}s); "
+                                  "what it started on the host finishes or stops there under its lock")
         return Result(mask(command), done.exited, done.stdout, done.stderr, seconds)
 
     def put(self, local: Path, remote: str, progress: Callable[[int, int], None] | None = None) -> None:

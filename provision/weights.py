@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from provision import programs
-from provision.errors import ProvisionError
+from provision.errors import ProvisionError, UnreachableHost
 from provision.facts import HostFacts
 
 HUB_VENV = "/var/lib/provision/hub-venv"  # huggingface_hub for the transfers, apart from vLLM's venv
@@ -180,7 +180,10 @@ def _run(runner: Any, python: str, spec: Mapping[str, Any], on_progress: Callabl
         else:
             on_event(found)
 
-    result, done = programs.run(runner, program(spec), 24 * 3600, event, python=python)
+    try:
+        result, done = programs.run(runner, program(spec), 24 * 3600, event, python=python)
+    except UnreachableHost as exc:  # say which step the connection was lost in
+        raise UnreachableHost(runner.host, f"during the weights {spec['action']}: {exc.reason}") from None
     if not result:
         raise WeightsError(f"{runner.host}: the weights step ended without an answer (exit {done.exited}): "
                            f"{programs.tail(done)}")

@@ -165,3 +165,36 @@ def test_a_host_whose_link_is_cut_mid_run_fails_in_bounded_time_and_the_next_run
     assert again.returncode == 0, again.stdout + again.stderr
     size = json.loads(again.stdout)["hosts"]["cpu-1"]["weights"]["bytes"]
     assert 0 < served(the_lab, "test/cut") < size  # resumed from what reached the disk before the cut
+
+
+def test_the_ssh_connection_cut_during_apply_names_the_host_and_the_next_run_converges(
+        the_lab: lab.Lab, lab_inventory: inventory.Inventory) -> None:
+    venv_dir = "/opt/cut/venv"
+    on_host(lab_inventory, "cpu-1", ["sh", "-c", "rm -rf /opt/cut*"])
+    args = ["venv", "--host", "cpu-1", "--host", "ws-5090", "--profile", "cpu", "--set", f"venv_dir={venv_dir}",
+            "--set", "vllm_spec=ray==2.60.0", "--json"]
+    running = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and running.poll() is None:
+        if on_host(lab_inventory, "cpu-1", ["sh", "-c", "pgrep -f '[c]ut/venv/bin/pip install'; true"]).strip():
+            break
+        time.sleep(0.5)
+    assert running.poll() is None, "the venv install finished before the link could be cut"
+    veth = the_lab.state()["hosts"]["cpu-1"]["veth"]
+    subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+    try:
+        out, _ = running.communicate(timeout=240)
+    finally:
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+    report = json.loads(out)
+    assert running.returncode == 1
+    error = report["hosts"]["cpu-1"]["error"]
+    assert error.startswith("cpu-1: unreachable: during apply: connection lost while running python3"), error
+    assert report["hosts"]["ws-5090"]["applied"] >= 1  # the other host's venv went on
+    again = run_invoke(*args, "--wait", "300")
+    assert again.returncode == 0, again.stdout + again.stderr
+    answer = on_host(lab_inventory, "cpu-1", [f"{venv_dir}/bin/python", "-c", "import ray; print(ray.__version__)"])
+    assert answer.strip() == "2.60.0"
+    for name in ("cpu-1", "ws-5090"):
+        on_host(lab_inventory, name, ["sh", "-c", "rm -rf /opt/cut*"])
