@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from invoke import Collection, Context, task
-from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                           TransferSpeedColumn)
+from rich.console import Console, RenderableType
+from rich.progress import (BarColumn, DownloadColumn, Progress, ProgressColumn, Task, TextColumn,
+                           TimeRemainingColumn, TransferSpeedColumn)
 from invoke.exceptions import Exit
 
 from provision import (build, checks, config, facts, inventory, lab, ops, plan, remote, render, report, secrets,
@@ -452,6 +452,17 @@ def _plan_and_carry_out(inventory_: str | None, host: list[str] | None, cluster:
         raise Exit(code=1)
 
 
+class _BytesOnly(ProgressColumn):
+    """A byte column shown only on tasks that move bytes."""
+
+    def __init__(self, column: ProgressColumn) -> None:
+        super().__init__()
+        self.column = column
+
+    def render(self, task: Task) -> RenderableType:
+        return self.column.render(task) if task.fields.get("moves_bytes", True) else ""
+
+
 Connect = Callable[[str], remote.Runner]
 Bar = Callable[[str], Callable[[int, int], None]]
 # The last step: apply the rest of the plans on the given hosts; returns (changes done, errors).
@@ -467,7 +478,8 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
     built; the weights fetched (the hub once per cluster, then host to host); the rest applied (by
     `final` where given: deploy rolls it host by host). A host that fails leaves the later steps;
     the others go on. `timings` collects each host's seconds per step."""
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), _BytesOnly(DownloadColumn()),
+                        _BytesOnly(TransferSpeedColumn()),
                         TimeRemainingColumn(), console=Console(stderr=True), disable=quiet)
     runners: dict[str, remote.Runner] = {}
     lock = threading.Lock()
@@ -480,7 +492,9 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
             return runners[name]
 
     def bar(description: str) -> Callable[[int, int], None]:
-        task_id = progress.add_task(description, total=None)
+        # Steps that move bytes say "MB"; others (apply, waits for health) just show the bar.
+        moves_bytes = description.endswith(("wheel(s)", "from the hub")) or ": from " in description
+        task_id = progress.add_task(description, total=None, moves_bytes=moves_bytes)
         return lambda done, total: progress.update(task_id, completed=done, total=total)
 
     def timed(step: str, work: Callable[[str], int]) -> Callable[[str], int]:
