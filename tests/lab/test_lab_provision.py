@@ -38,9 +38,10 @@ def test_provision_stops_at_the_gate_and_leaves_the_host_untouched(
 @pytest.fixture
 def clean_cpu1(lab_inventory: inventory.Inventory) -> None:
     """cpu-1 as the lab booted it: no service user, units, environment or kept versions."""
-    script = ("systemctl disable --now vllm.service 2>/dev/null; rm -rf /etc/vllm /var/lib/vllm "
-              "/var/lib/provision /etc/systemd/system/vllm*.service; userdel vllm 2>/dev/null; "
-              "systemctl daemon-reload; systemctl reset-failed; true")
+    # A stopped vLLM's last processes can linger a moment; userdel refuses a user that has any.
+    script = ("systemctl disable --now vllm.service 2>/dev/null; pkill -KILL -u vllm; sleep 1; "
+              "rm -rf /etc/vllm /var/lib/vllm /var/lib/provision /etc/systemd/system/vllm*.service; "
+              "userdel -f vllm 2>/dev/null; systemctl daemon-reload; systemctl reset-failed; true")
     on_host(lab_inventory, "cpu-1", ["sh", "-c", script])
 
 
