@@ -55,6 +55,8 @@ class LabHost:
     profile: str
     default: bool = True  # booted by a plain `lab.up`; others only when named
     small_disks: tuple[str, ...] = ()  # "PATH" or "PATH:SIZE": a tiny filesystem (the disk check must fail)
+    # sshd logs every session request (exec, subsystem) to the journal: round trips can be counted.
+    log_sessions: bool = False
 
 
 # The default lab: the two systems of the mission, a Hopper node and a CPU host that serves for real.
@@ -68,6 +70,11 @@ DEFAULT_HOSTS: tuple[LabHost, ...] = (
     LabHost("ws-broken", "rtx5090x1-kernel68-proprietary", "rtx5090", default=False,
             small_disks=("/opt", "/var/lib/vllm")),
 )
+# Plain CPU hosts in numbers, booted only when named (bench-01 ... bench-32): for measuring how the
+# tool scales with the host count (benchmarks/).
+BENCH_HOSTS: tuple[LabHost, ...] = tuple(LabHost(f"bench-{n:02d}", None, "cpu", default=False,
+                                                 log_sessions=True)
+                                         for n in range(1, 33))
 SMALL_DISK = "64M"
 HUB_PORT = 8930
 # The lab hub's repositories, made at lab.up: (repo id, maker in lab/tinymodel.py, gated).
@@ -194,11 +201,12 @@ class Lab:
     def up(self, names: Sequence[str] | None = None, progress: Any = print) -> dict[str, Any]:
         """Boot the named hosts (default all); hosts already running are left alone."""
         preflight()
-        known = {host.name: (index, host) for index, host in enumerate(DEFAULT_HOSTS)}
+        known = {host.name: (index, host) for index, host in enumerate(DEFAULT_HOSTS + BENCH_HOSTS)}
         wanted = list(names) if names else [host.name for host in DEFAULT_HOSTS if host.default]
         unknown = [name for name in wanted if name not in known]
         if unknown:
-            raise LabError(f"no lab host named {', '.join(unknown)} (known: {', '.join(known)})")
+            shown = [host.name for host in DEFAULT_HOSTS] + [f"{BENCH_HOSTS[0].name} ... {BENCH_HOSTS[-1].name}"]
+            raise LabError(f"no lab host named {', '.join(unknown)} (known: {', '.join(shown)})")
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
         self._ensure_base(progress)
@@ -318,6 +326,9 @@ class Lab:
         authorized = ssh_dir / "authorized_keys"
         authorized.write_text(Path(str(self.key) + ".pub").read_text())
         authorized.chmod(0o600)
+        if host.log_sessions:
+            # VERBOSE is the level at which sshd logs "Starting session: command" (or "subsystem").
+            (root / "etc" / "ssh" / "sshd_config.d" / "log-sessions.conf").write_text("LogLevel VERBOSE\n")
         if machine is None:
             return []
         inside = root / INSIDE.lstrip("/")
