@@ -6,6 +6,7 @@ output on every host. Two runners:
 - `SshRunner`: Fabric/paramiko, strict host-key checking against a known_hosts file. An unknown key is
   refused unless the caller explicitly asked to accept and record new keys; a changed key is always
   refused. Keys from the inventory, else the SSH agent and ~/.ssh/id_*. Connect and command timeouts.
+  One connection per host for all its commands; each command is one SSH session on it (one round trip).
 - `LocalRunner`: Invoke's own context on this machine, no SSH.
 
 Secrets (HF token, API key) never travel in argv; they go in stdin or in files. Whatever is logged passes
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import io
 import logging
+import select
 import shlex
 import shutil
 import socket
@@ -26,7 +28,6 @@ from typing import Callable, Mapping, Protocol, Sequence
 import invoke
 import paramiko
 from fabric import Config, Connection
-from fabric.runners import Remote as FabricRemote
 from invoke.runners import Local as InvokeLocal
 
 from provision.errors import HostKeyError, UnreachableHost
@@ -119,10 +120,9 @@ class _WholeStdin:
     """Hand stdin over in one piece.
 
     Invoke's runners copy stdin one byte per loop with a 10 ms sleep (made for terminals): the
-    8 KiB fact probe then took 45 s to send. A StringIO we built is read whole instead.
+    8 KiB fact probe then took 45 s to send. A StringIO we built is read whole instead. The sleep
+    itself stays: at 0 Invoke's loops spin and take the CPU from everything else.
     """
-
-    input_sleep = 0.0
 
     def read_our_stdin(self, input_: object) -> str | None:
         if isinstance(input_, io.StringIO):
@@ -149,10 +149,6 @@ class _LineStream(io.StringIO):
 def _streaming(on_line: Callable[[str], None] | None) -> dict[str, object]:
     """Run options: everything hidden, or stdout streamed line by line to on_line."""
     return {"hide": True} if on_line is None else {"hide": "stderr", "out_stream": _LineStream(on_line)}
-
-
-class _Remote(_WholeStdin, FabricRemote):
-    pass
 
 
 class _Local(_WholeStdin, InvokeLocal):
@@ -244,8 +240,7 @@ class SshRunner(_Counting):
         self.known_hosts = Path(ssh.known_hosts or Path.home() / ".ssh" / "known_hosts")
         key_file = host.key_file or ssh.key_file
         # lazy=True: read no ~/.ssh/config and no invoke config files; the inventory is the one source.
-        config = Config(lazy=True, overrides={"load_ssh_configs": False, "runners": {"remote": _Remote},
-                                              "run": {"hide": True, "warn": True, "in_stream": False}})
+        config = Config(lazy=True, overrides={"load_ssh_configs": False})
         connect_kwargs: dict[str, object] = {
             "look_for_keys": key_file is None,
             "allow_agent": True,
@@ -298,29 +293,26 @@ class SshRunner(_Counting):
         command = command_line(argv, env)
         started = time.monotonic()
         timeout = timeout or self.ssh.command_timeout
-        in_stream: io.StringIO | bool = io.StringIO(stdin) if stdin is not None else False
         try:
-            done = self.connection.run(command, warn=True, in_stream=in_stream, timeout=timeout,
-                                       **_streaming(on_line))
-        except invoke.CommandTimedOut as exc:
-            seconds = time.monotonic() - started
-            self._record(command, 124, seconds, True)
-            return Result(mask(command), 124, exc.result.stdout, exc.result.stderr, seconds, True)
-        except (OSError, paramiko.SSHException, EOFError, invoke.exceptions.ThreadException) as exc:
-            # ThreadException: Invoke's reader threads saw the connection die under them.
+            exited, out, err, timed_out = _exec(self.connection.client.get_transport(), command, stdin,
+                                                timeout, on_line)
+        except (OSError, paramiko.SSHException, EOFError) as exc:
             self.close()
             raise UnreachableHost(self.host, f"connection lost while running {argv[0]}: "
                                   f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
                                   ) from None
         seconds = time.monotonic() - started
-        self._record(command, done.exited, seconds, False)
+        if timed_out:
+            self._record(command, 124, seconds, True)
+            return Result(mask(command), 124, out, err, seconds, True)
+        self._record(command, exited, seconds, False)
         transport = self.connection.client.get_transport()
-        if done.exited == -1 and not (transport and transport.is_active()):
+        if exited == -1 and not (transport and transport.is_active()):
             # No exit status and no connection: the host went away while the command ran.
             self.close()
             raise UnreachableHost(self.host, f"connection lost while running {argv[0]} (after {seconds:.0f}s); "
                                   "what it started on the host finishes or stops there under its lock")
-        return Result(mask(command), done.exited, done.stdout, done.stderr, seconds)
+        return Result(mask(command), exited, out, err, seconds)
 
     def put(self, local: Path, remote: str, progress: Callable[[int, int], None] | None = None) -> None:
         """Copy a file over SFTP to a temporary name, then rename it into place."""
@@ -346,6 +338,55 @@ class SshRunner(_Counting):
 
     def close(self) -> None:
         self.connection.close()
+
+
+def _exec(transport: paramiko.Transport | None, command: str, stdin: str | None, timeout: float,
+          on_line: Callable[[str], None] | None) -> tuple[int, str, str, bool]:
+    """One command in one session of the open connection: stdin sent whole, stdout and stderr read
+    as they come (stdout handed to on_line line by line), waiting on the channel, never spinning.
+    Returns (exit status or -1 when none came, stdout, stderr, timed out)."""
+    if transport is None or not transport.is_active():
+        raise EOFError("the connection is closed")
+    deadline = time.monotonic() + timeout
+    channel = transport.open_session(timeout=min(timeout, 60))
+    try:
+        channel.exec_command(command)
+        to_send = memoryview((stdin or "").encode())
+        if not to_send:
+            channel.shutdown_write()
+        out, err = bytearray(), bytearray()
+        pending = b""
+        while True:
+            if to_send and channel.send_ready():
+                sent = channel.send(to_send[:65536])
+                to_send = to_send[sent:]
+                if not to_send:
+                    channel.shutdown_write()
+            while channel.recv_ready():
+                chunk = channel.recv(65536)
+                out += chunk
+                if on_line is not None:
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for line in lines:
+                        on_line(line.decode(errors="replace"))
+            while channel.recv_stderr_ready():
+                err += channel.recv_stderr(65536)
+            if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+                break
+            if channel.closed or not transport.is_active():
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return 124, out.decode(errors="replace"), err.decode(errors="replace"), True
+            # The channel's descriptor wakes on data, EOF and close; the short cap catches an exit
+            # status that comes alone, and stdin still to send.
+            select.select([channel], [], [], min(left, 0.005 if to_send else 0.1))
+        if on_line is not None and pending:
+            on_line(pending.decode(errors="replace"))
+        exited = channel.recv_exit_status() if channel.exit_status_ready() else -1
+        return exited, out.decode(errors="replace"), err.decode(errors="replace"), False
+    finally:
+        channel.close()
 
 
 # ---------------------------------------------------------------------------------------------
