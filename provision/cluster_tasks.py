@@ -190,16 +190,19 @@ def deploy(c: Context, host: list[str] | None = None, cluster: str | None = None
     targets = inv.select(hosts=host or [], cluster=cluster, everything=all_ or not (host or cluster))
     held = secrets.load(inv.secrets)
     started = time.monotonic()
-    plans, findings, errors = _plans(inv, targets, overrides, _profile(profile), accept_new_host_keys,
-                                     force or [], may_build=True)
-    order = [target.name for target in targets]
-    if not json_:
-        _report_plans(order, plans, findings, errors, show_diff=False)
-    outcomes = {name: Outcome(name) for name in order}
+    outcomes: dict[str, Outcome] = {}
     timings: dict[str, dict[str, float]] = {}
-    applied, failed, fetched = carry_out(inv, plans, order, accept_new_host_keys, wait, held, quiet=json_,
-                                         final=rolling(inv, plans, overrides, held, batch, timeout, wait, outcomes),
-                                         timings=timings)
+    with remote.Pool(inv.ssh, accept_new_host_keys=accept_new_host_keys) as pool:
+        plans, findings, errors = _plans(inv, targets, overrides, _profile(profile), accept_new_host_keys,
+                                         force or [], may_build=True, pool=pool)
+        order = [target.name for target in targets]
+        if not json_:
+            _report_plans(order, plans, findings, errors, show_diff=False)
+        outcomes.update({name: Outcome(name) for name in order})
+        applied, failed, fetched = carry_out(inv, plans, order, accept_new_host_keys, wait, held, quiet=json_,
+                                             final=rolling(inv, plans, overrides, held, batch, timeout, wait,
+                                                           outcomes),
+                                             timings=timings, pool=pool)
     errors.update(failed)
     for name, outcome in outcomes.items():
         outcome.steps = {**timings.get(name, {}), **outcome.steps}

@@ -20,6 +20,7 @@ import select
 import shlex
 import shutil
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -371,9 +372,11 @@ def _exec(transport: paramiko.Transport | None, command: str, stdin: str | None,
                         on_line(line.decode(errors="replace"))
             while channel.recv_stderr_ready():
                 err += channel.recv_stderr(65536)
-            if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+            # sshd may send the exit status before the last output: only EOF ends the output.
+            if (channel.eof_received or channel.closed) and not channel.recv_ready() \
+                    and not channel.recv_stderr_ready():
                 break
-            if channel.closed or not transport.is_active():
+            if not transport.is_active():
                 break
             left = deadline - time.monotonic()
             if left <= 0:
@@ -383,7 +386,9 @@ def _exec(transport: paramiko.Transport | None, command: str, stdin: str | None,
             select.select([channel], [], [], min(left, 0.005 if to_send else 0.1))
         if on_line is not None and pending:
             on_line(pending.decode(errors="replace"))
-        exited = channel.recv_exit_status() if channel.exit_status_ready() else -1
+        # The status follows EOF; a channel closed without one (a lost connection) says -1.
+        channel.status_event.wait(max(0.0, min(deadline - time.monotonic(), 10)))
+        exited = channel.exit_status if channel.exit_status_ready() else -1
         return exited, out.decode(errors="replace"), err.decode(errors="replace"), False
     finally:
         channel.close()
@@ -432,6 +437,35 @@ class LocalRunner(_Counting):
 
     def close(self) -> None:
         return None
+
+
+class Pool:
+    """One connection per host for a whole run: its facts, pushes and apply share one SSH login.
+    Runners connect on first use; one that lost its connection connects again when used."""
+
+    def __init__(self, ssh: SshSettings, *, accept_new_host_keys: bool = False) -> None:
+        self.ssh = ssh
+        self.accept_new_host_keys = accept_new_host_keys
+        self._runners: dict[str, Runner] = {}
+        self._lock = threading.Lock()
+
+    def connect(self, host: Host) -> Runner:
+        with self._lock:
+            if host.name not in self._runners:
+                self._runners[host.name] = connect(host, self.ssh, accept_new_host_keys=self.accept_new_host_keys)
+            return self._runners[host.name]
+
+    def close(self) -> None:
+        with self._lock:
+            runners, self._runners = list(self._runners.values()), {}
+        for runner in runners:
+            runner.close()
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 def connect(host: Host, ssh: SshSettings, *, accept_new_host_keys: bool = False) -> Runner:

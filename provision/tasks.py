@@ -93,8 +93,9 @@ def _profile(name: str | None) -> Any:
 
 
 def _gather(inv: inventory.Inventory, targets: list[inventory.Host], overrides: dict[str, Any],
-            assumed: Any, accept_new_host_keys: bool) -> HostResults[facts.HostFacts]:
-    """Every target's facts in parallel, one round trip each; a failing host never stops the others."""
+            assumed: Any, accept_new_host_keys: bool, pool: remote.Pool | None = None) -> HostResults[facts.HostFacts]:
+    """Every target's facts in parallel, one round trip each; a failing host never stops the others.
+    With a pool, the connections stay open for what the run does next."""
 
     def gather(target: inventory.Host) -> facts.HostFacts:
         settings = inv.settings(target.name, overrides, profile=assumed)
@@ -103,12 +104,14 @@ def _gather(inv: inventory.Inventory, targets: list[inventory.Host], overrides: 
             [render.CONFIG_DIR, render.STATE_DIR, *paths[1:], *venv.inspect_paths(settings),
              f"{weights.HUB_VENV}/{venv.VENV_MANIFEST}"], settings["service_user"])
         inspect["weights"] = [weights.root_of(settings)] if weights.managed(settings) else []
-        runner = remote.connect(target, inv.ssh, accept_new_host_keys=accept_new_host_keys)
+        runner = pool.connect(target) if pool else remote.connect(target, inv.ssh,
+                                                                  accept_new_host_keys=accept_new_host_keys)
         try:
             return facts.gather(runner, paths=paths, inspect=inspect,
                                 facts=(*facts.FACTS, facts.venv_fact(settings["venv_dir"])))
         finally:
-            runner.close()
+            if pool is None:
+                runner.close()
 
     return for_each_host(targets, lambda target: target.name, gather)
 
@@ -142,7 +145,7 @@ def run_gate(inv: inventory.Inventory, targets: list[inventory.Host], overrides:
 
 
 def gate_with_contexts(inv: inventory.Inventory, targets: list[inventory.Host], overrides: dict[str, Any],
-                       assumed: Any, accept_new_host_keys: bool, force: list[str]
+                       assumed: Any, accept_new_host_keys: bool, force: list[str], pool: remote.Pool | None = None
                        ) -> tuple[dict[str, list[checks.Finding]], dict[str, BaseException],
                                   dict[str, checks.Context]]:
     """Facts of the targets and of their clusters' other nodes, then every rule on each target."""
@@ -156,7 +159,7 @@ def gate_with_contexts(inv: inventory.Inventory, targets: list[inventory.Host], 
         cluster = inv.cluster_of(target.name)
         everyone.extend(inv.host(name) for name in (cluster.hosts if cluster else ())
                         if name not in {h.name for h in everyone})
-    gathered = _gather(inv, everyone, overrides, assumed, accept_new_host_keys)
+    gathered = _gather(inv, everyone, overrides, assumed, accept_new_host_keys, pool)
     held = secrets.load(inv.secrets)
     contexts = _with_snapshots(checks.contexts(inv, gathered.values, overrides, profile=assumed), held, wanted)
     contexts = {name: dataclasses.replace(ctx, api_key_set=bool(held.vllm_api_key)) for name, ctx in contexts.items()}
@@ -322,11 +325,11 @@ def _builder(inv: inventory.Inventory, accept_new_host_keys: bool) -> Builder:
 
 def _plans(inv: inventory.Inventory, targets: list[inventory.Host], overrides: dict[str, Any],
            assumed: Any, accept_new_host_keys: bool, force: list[str], only: str | None = None,
-           verify: bool = False, may_build: bool = False
+           verify: bool = False, may_build: bool = False, pool: remote.Pool | None = None
            ) -> tuple[dict[str, HostPlan], dict[str, list[checks.Finding]], dict[str, BaseException]]:
     """facts -> gate -> plan for every target; a blocked or failing host gets no plan."""
     findings, errors, contexts = gate_with_contexts(inv, targets, overrides, assumed, accept_new_host_keys,
-                                                    force)
+                                                    force, pool)
     if only:  # only what a fetch or a venv needs
         keep = ONLY_RULES[only]
         findings = {name: [f for f in found if f.id in keep] for name, found in findings.items()}
@@ -439,13 +442,15 @@ def _plan_and_carry_out(inventory_: str | None, host: list[str] | None, cluster:
     inv = _load(inventory_)
     overrides = inventory.parse_overrides(set_ or [])
     targets = inv.select(hosts=host or [], cluster=cluster, everything=all_)
-    plans, findings, errors = _plans(inv, targets, overrides, _profile(profile), accept_new_host_keys,
-                                     force or [], only=only, verify=verify, may_build=only != "weights")
-    order = [target.name for target in targets]
-    if not json_:
-        _report_plans(order, plans, findings, errors, show_diff=False)
-    applied, failed, fetched = carry_out(inv, plans, order, accept_new_host_keys, wait, secrets.load(inv.secrets),
-                                         quiet=json_, verify_all=verify)
+    with remote.Pool(inv.ssh, accept_new_host_keys=accept_new_host_keys) as pool:
+        plans, findings, errors = _plans(inv, targets, overrides, _profile(profile), accept_new_host_keys,
+                                         force or [], only=only, verify=verify, may_build=only != "weights",
+                                         pool=pool)
+        order = [target.name for target in targets]
+        if not json_:
+            _report_plans(order, plans, findings, errors, show_diff=False)
+        applied, failed, fetched = carry_out(inv, plans, order, accept_new_host_keys, wait,
+                                             secrets.load(inv.secrets), quiet=json_, verify_all=verify, pool=pool)
     errors.update(failed)
     _report_applied(order, plans, findings, errors, applied, fetched, json_)
     if errors or len(plans) < len(order):
@@ -472,24 +477,23 @@ Final = Callable[[list[str], Connect, Bar], tuple[dict[str, int], dict[str, Base
 def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[str],
               accept_new_host_keys: bool, wait: float, held: secrets.Secrets, quiet: bool,
               verify_all: bool = False, final: Final | None = None,
-              timings: dict[str, dict[str, float]] | None = None) -> tuple[
+              timings: dict[str, dict[str, float]] | None = None, pool: remote.Pool | None = None) -> tuple[
                   dict[str, int], dict[str, BaseException], dict[str, weights.FetchResult]]:
     """Apply the plans in three steps, all hosts at once in each: wheels pushed and the fetch helper
     built; the weights fetched (the hub once per cluster, then host to host); the rest applied (by
     `final` where given: deploy rolls it host by host). A host that fails leaves the later steps;
-    the others go on. `timings` collects each host's seconds per step."""
+    the others go on. `timings` collects each host's seconds per step. Connections come from `pool`
+    (the ones the facts came over) where given."""
     progress = Progress(TextColumn("{task.description}"), BarColumn(), _BytesOnly(DownloadColumn()),
                         _BytesOnly(TransferSpeedColumn()),
                         TimeRemainingColumn(), console=Console(stderr=True), disable=quiet)
-    runners: dict[str, remote.Runner] = {}
+    own = pool is None
+    connections = pool or remote.Pool(inv.ssh, accept_new_host_keys=accept_new_host_keys)
     lock = threading.Lock()
     clock = timings if timings is not None else {}
 
     def connect(name: str) -> remote.Runner:
-        with lock:
-            if name not in runners:
-                runners[name] = remote.connect(inv.host(name), inv.ssh, accept_new_host_keys=accept_new_host_keys)
-            return runners[name]
+        return connections.connect(inv.host(name))
 
     def bar(description: str) -> Callable[[int, int], None]:
         # Steps that move bytes say "MB"; others (apply, waits for health) just show the bar.
@@ -555,8 +559,8 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
             for name, count in counts.items():
                 done[name] = done.get(name, 0) + count
     finally:
-        for runner in runners.values():
-            runner.close()
+        if own:
+            connections.close()
     return done, errors, fetched
 
 
