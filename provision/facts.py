@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # facts stay importable without Fabric (the recorder runs on 
 MANAGED_UNITS = ("vllm.service", "vllm-ray-head.service", "vllm-ray-worker.service")
 
 PROBE_SOURCE = Path(__file__).with_name("hostprobe.py")
+VENV_MANIFEST = "provision-manifest.json"  # in a venv the tool built: what it installed, and its versions
 CUDA_PTXAS = "/usr/local/cuda/bin/ptxas"
 
 
@@ -37,6 +38,11 @@ class Fact:
     parse: Callable[[str], Any]
     argv: tuple[str, ...] | None = None
     file: str | None = None
+    # A JSON file whose "fact_output" holds what argv printed when the tool last made what it
+    # describes: used instead of running argv while the file is newer than every `unchanged_since`
+    # path (glob patterns). The venv's versions cost an `import torch` (seconds) otherwise.
+    recorded: str | None = None
+    unchanged_since: tuple[str, ...] = ()
 
 
 FACTS: tuple[Fact, ...] = (
@@ -66,8 +72,10 @@ FACTS: tuple[Fact, ...] = (
 
 def venv_fact(venv_dir: str) -> Fact:
     """The service venv's versions (vLLM, torch, its CUDA, arch flags, NCCL); missing until installed."""
-    return Fact("venv", parsers.parse_venv_probe,
-                argv=(f"{venv_dir.rstrip('/')}/bin/python", "-c", parsers.VENV_PROBE))
+    venv = venv_dir.rstrip("/")
+    return Fact("venv", parsers.parse_venv_probe, argv=(f"{venv}/bin/python", "-c", parsers.VENV_PROBE),
+                # pip changes site-packages (a new or removed dist-info) on every install or removal.
+                recorded=f"{venv}/{VENV_MANIFEST}", unchanged_since=(f"{venv}/lib/python*/site-packages",))
 
 
 @dataclass(frozen=True)
@@ -127,6 +135,8 @@ def probe_spec(facts: Sequence[Fact], paths: Iterable[str], timeout: float,
                inspect: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
     return {
         "commands": {fact.name: list(fact.argv) for fact in facts if fact.argv},
+        "recorded": {fact.name: {"file": fact.recorded, "unchanged_since": list(fact.unchanged_since)}
+                     for fact in facts if fact.argv and fact.recorded},
         "files": {fact.name: fact.file for fact in facts if fact.file},
         "paths": sorted(set(paths)),
         "timeout": timeout,

@@ -21,11 +21,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 from provision import config
 from provision.errors import ProvisionError
-from provision.facts import HostFacts
+from provision.facts import VENV_MANIFEST, HostFacts
+from provision.parsers import VENV_PROBE
 
 REMOTE_WHEELHOUSE = "/var/cache/provision/wheels"
 REMOTE_INDEX = f"{REMOTE_WHEELHOUSE}/MANIFEST.json"
-VENV_MANIFEST = "provision-manifest.json"
 PIP_PLATFORMS = {
     "x86_64": ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
                "manylinux2014_x86_64", "linux_x86_64"],
@@ -150,6 +150,7 @@ def venv_change_data(settings: Mapping[str, Any], profile_remove: Sequence[str],
             "requirements": requirements + [f"{REMOTE_WHEELHOUSE}/{name}" for name in local],
             "wheels": {w.name: w.sha256 for w in wheelhouse.wheels}, "remove": list(profile_remove),
             "verify": ["vllm", "torch"] if serves else [],
+            "fact_probe": VENV_PROBE,
             "key": hashlib.sha256(f"{wheelhouse.key} {' '.join(profile_remove)}".encode()).hexdigest()}
 
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 import platform
 import sys
 
@@ -89,3 +91,46 @@ def test_local_connection_gathers_this_machines_real_facts_in_one_execution() ->
     assert gathered.arch == platform.machine()
     assert gathered.python is not None and gathered.python.count(".") == 2
     assert gathered.disks[0].exists and gathered.disks[0].free_bytes > 0
+
+
+def _venv_with_record(tmp_path, output: object) -> tuple[str, str]:
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    record = tmp_path / "venv" / facts.VENV_MANIFEST
+    record.write_text(json.dumps({"key": "k", "fact_output": output}))
+    os.utime(site, ns=(1_000_000_000, 1_000_000_000))  # installed before the record was written
+    return str(tmp_path / "venv"), str(record)
+
+
+def test_a_recorded_venv_fact_answers_without_running_the_venv(tmp_path) -> None:
+    venv, _ = _venv_with_record(tmp_path, '{"python": "3.11.2", "vllm": "0.11.0", "torch": "2.9.0"}\n')
+    fact = facts.venv_fact(venv)
+    spec = facts.probe_spec([fact], [], 5)
+    # bin/python does not even exist: only the record can answer.
+    answer = hostprobe.collect(spec)["results"]["venv"]
+    assert answer["recorded"] is True and answer["exit"] == 0
+    assert fact.parse(answer["stdout"]).vllm == "0.11.0"
+
+
+def test_a_venv_changed_after_its_record_runs_the_probe_again(tmp_path) -> None:
+    venv, _ = _venv_with_record(tmp_path, '{"python": "3.11.2", "vllm": "0.11.0"}\n')
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    os.utime(site, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))  # pip ran after the record
+    answer = hostprobe.collect(facts.probe_spec([facts.venv_fact(venv)], [], 5))["results"]["venv"]
+    assert "recorded" not in answer and answer["missing"] is True  # it tried bin/python
+
+
+@pytest.mark.parametrize("output", [None, 42, {"not": "text"}])
+def test_a_record_without_usable_output_is_ignored(tmp_path, output: object) -> None:
+    venv, _ = _venv_with_record(tmp_path, output)
+    answer = hostprobe.collect(facts.probe_spec([facts.venv_fact(venv)], [], 5))["results"]["venv"]
+    assert "recorded" not in answer
+
+
+def test_probe_commands_run_at_once(tmp_path) -> None:
+    # Each command waits until all four have started: one after the other, the first times out.
+    wait = f"touch {tmp_path}/$0; while [ $(ls {tmp_path} | wc -l) -lt 4 ]; do sleep 0.01; done"
+    spec = {"commands": {f"c{i}": ["sh", "-c", wait, str(i)] for i in range(4)}, "timeout": 3}
+    results = hostprobe.collect(spec)["results"]
+    assert [results[f"c{i}"]["timed_out"] for i in range(4)] == [False] * 4
+    assert all(results[f"c{i}"]["exit"] == 0 for i in range(4))
