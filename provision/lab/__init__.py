@@ -215,6 +215,7 @@ class Lab:
         self._ensure_hub(progress)
         state = self.state()
         to_boot = [known[name] for name in wanted if not self._running(state["hosts"].get(name))]
+        _ensure_inotify(len(set(state["hosts"]) | set(wanted)), progress)
         if to_boot:
             progress(f"booting {', '.join(host.name for _, host in to_boot)} ...")
         results = for_each_host(to_boot, lambda item: item[1].name,
@@ -487,6 +488,23 @@ class Lab:
         if record.get("veth"):
             _sh(["ip", "link", "del", record["veth"]], check=False)
         shutil.rmtree(self.dir / "hosts" / name, ignore_errors=True)
+
+
+INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
+INOTIFY_PER_HOST = 16  # systemd, logind, dbus and getty in each host hold about 7; room for services
+
+
+def _ensure_inotify(hosts: int, progress: Any) -> None:
+    """Every lab host's systemd needs inotify instances, all counted against root: at Debian's
+    default 128, the 19th host or so hangs at boot. Raise the limit to fit (never lower it)."""
+    try:
+        current = int(INOTIFY_LIMIT.read_text())
+    except (OSError, ValueError):
+        return
+    needed = INOTIFY_PER_HOST * hosts + 64
+    if current < needed:
+        progress(f"raising fs.inotify.max_user_instances from {current} to {needed} for {hosts} lab hosts")
+        INOTIFY_LIMIT.write_text(f"{needed}\n")
 
 
 def _small_disk(spec: str) -> str:

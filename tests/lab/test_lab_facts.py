@@ -124,5 +124,6 @@ def test_lab_up_again_changes_nothing_and_status_sees_every_host(the_lab: lab.La
     after = {name: record["pid"] for name, record in the_lab.state()["hosts"].items()}
     assert before == after
     rows = the_lab.status()
-    assert {row["host"] for row in rows} == {host.name for host in lab.DEFAULT_HOSTS}
+    # Hosts booted only when named (ws-broken, bench-NN) may be up too.
+    assert {host.name for host in lab.DEFAULT_HOSTS if host.default} <= {row["host"] for row in rows}
     assert all(row["sshd"] == "answers" and row["process"] == "running" for row in rows)
