@@ -5,12 +5,11 @@ value they print is decided here, and quoted here for systemd.
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
-
-import jinja2
 
 from provision import affinity
 from provision.checks import Context, cluster_network_of
@@ -62,13 +61,21 @@ class RenderError(ValueError):
     """A template or value could not be rendered; names the template and line."""
 
 
-_environment = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False,
-                                  undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+@functools.lru_cache(maxsize=1)
+def _environment() -> Any:
+    # Imported on first render: status, logs and facts never render, and jinja2 (with the asyncio
+    # it pulls in) is a tenth of the tool's start-up.
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False,
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 
 def render(name: str, values: Mapping[str, Any]) -> str:
+    import jinja2
+
     try:
-        return _environment.get_template(name).render(**values)
+        return _environment().get_template(name).render(**values)
     except jinja2.TemplateError as exc:
         line = getattr(exc, "lineno", None)
         raise RenderError(f"{name}{f':{line}' if line else ''}: {exc}") from None
