@@ -36,3 +36,21 @@ def test_every_recording_answers_the_tools_current_commands(host: lab.LabHost) -
         assert entry.get("provenance"), f"{host.machine}/{fact.name} does not say where it comes from"
     for needed in ("uname", "gpus", "nvidia_driver", "lscpu", "lscpu_cpus"):
         assert needed in by_fact, f"{host.machine} lacks {needed}"
+
+
+def test_lab_raises_the_inotify_limit_to_fit_its_hosts_and_never_lowers_it(tmp_path, monkeypatch) -> None:
+    limit = tmp_path / "max_user_instances"
+    monkeypatch.setattr(lab, "INOTIFY_LIMIT", limit)
+    said: list[str] = []
+    limit.write_text("128\n")
+    lab._ensure_inotify(21, said.append)
+    assert int(limit.read_text()) == 21 * lab.INOTIFY_PER_HOST + 64 and "from 128" in said[0]
+    limit.write_text("100000\n")
+    lab._ensure_inotify(21, said.append)
+    assert limit.read_text() == "100000\n" and len(said) == 1
+
+
+def test_bench_hosts_are_plain_cpu_hosts_booted_only_when_named() -> None:
+    assert len(lab.BENCH_HOSTS) == 32 and lab.BENCH_HOSTS[0].name == "bench-01"
+    assert all(h.machine is None and not h.default and h.log_sessions for h in lab.BENCH_HOSTS)
+    assert not {h.name for h in lab.BENCH_HOSTS} & {h.name for h in lab.DEFAULT_HOSTS}
