@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from provision import cuda as cuda_builds
 from provision.facts import HostFacts
 from provision.inventory import Cluster, Inventory, Settings
 from provision.profiles import Profile
@@ -22,10 +23,6 @@ from provision.profiles import Profile
 BLOCKER, WARNING, INFO = "blocker", "warning", "info"
 PASS, FAIL, SKIP, FORCED = "pass", "fail", "skip", "forced"
 
-# NVIDIA CUDA release notes, Table 3 (facts section 1): the driver each CUDA release needs.
-CUDA_MIN_DRIVER = {
-    "12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06", "13.1": "590.44.01",
-}
 DMABUF_MIN_KERNEL = (5, 12)  # RDMA dma-buf needs Linux 5.12 (facts section 3)
 OS_HEADROOM_BYTES = 8 * 2**30  # what a unified-memory host keeps for itself besides vLLM
 KV_HEADROOM = 0.85  # weights above this share of the budget leave too little for the KV cache
@@ -63,6 +60,8 @@ class Context:
     snapshot: Any = None  # weights.Snapshot: the model's files at its resolved commit
     snapshot_error: str | None = None  # why the hub could not say (gated, unknown repo or revision)
     api_key_set: bool = False  # a vllm_api_key is in the secrets
+    # The torch of the wheels a planned venv install brings (plan time): it replaces the venv's.
+    planned_wheels: cuda_builds.WheelCuda | None = None
 
     @property
     def parallel(self) -> int:
@@ -183,27 +182,52 @@ def driver_flavour(ctx: Context) -> Finding | None:
                 flavour=found, required=expectation.flavour)
 
 
+def cuda_to_run(ctx: Context) -> tuple[str | None, str]:
+    """The CUDA the server will really run, and what says so: the wheels a planned install brings, else
+    the venv's torch, else the `cuda_version` setting. (None, why) for a CPU build of torch."""
+    planned = ctx.planned_wheels
+    if planned is not None:
+        return planned.cuda, f"wheels to install: {planned.evidence}"
+    venv = ctx.facts.venv
+    if venv is not None and venv.torch:
+        return venv.cuda, f"the venv's torch {venv.torch} ({ctx.settings['venv_dir']})"
+    return ctx.settings["cuda_version"], "setting cuda_version"
+
+
 @rule("driver.version", BLOCKER)
 def driver_version(ctx: Context) -> Finding | None:
-    """Driver at least the profile's minimum and the minimum for the CUDA of the requested vLLM/torch build
-    (NVIDIA CUDA release notes Table 3, facts section 1)."""
+    """Driver at least the profile's minimum and the minimum for the CUDA the server will run: the venv's
+    torch (or the wheels about to replace it) when known, not only the configured `cuda_version`
+    (NVIDIA CUDA release notes Table 3, provision/cuda_drivers.yaml; facts sections 1 and 2)."""
     expectation = ctx.profile.driver
     if expectation is None or ctx.facts.driver is None:
         return None
-    cuda = ctx.settings["cuda_version"]
-    needed = [expectation.minimum]
-    if cuda:
-        if cuda not in CUDA_MIN_DRIVER:
-            return fail(f"CUDA {cuda} is not in the driver table ({', '.join(CUDA_MIN_DRIVER)})",
-                        "set cuda_version to one of those", cuda_version=cuda)
-        needed.append(CUDA_MIN_DRIVER[cuda])
-    minimum = max(needed, key=version_tuple)
+    cuda, cuda_from = cuda_to_run(ctx)
+    needed = expectation.minimum
     found = ctx.facts.driver.version
-    evidence = {"driver": found, "minimum": minimum, "cuda_version": cuda}
-    if version_tuple(found) >= version_tuple(minimum):
-        return ok(f"driver {found} >= {minimum}", **evidence)
-    return fail(f"driver {found} is older than {minimum} (needed for CUDA {cuda} on {ctx.profile.name})",
-                f"install driver {minimum} or newer (nvidia-driver-580-open covers CUDA up to 13.0)",
+    evidence: dict[str, Any] = {"driver": found, "minimum": needed, "cuda": cuda, "cuda_from": cuda_from}
+    if cuda:
+        for_cuda = cuda_builds.minimum_driver(cuda)
+        if for_cuda is None:
+            known = ", ".join(cuda_builds.driver_table().releases)
+            return fail(f"CUDA {cuda} ({cuda_from}) is not in the driver table ({known})",
+                        "use a build for one of those CUDA releases, or add the release to "
+                        "provision/cuda_drivers.yaml from NVIDIA's table", **evidence)
+        needed = max(needed, for_cuda, key=version_tuple)
+        evidence.update(minimum=needed, source=cuda_builds.driver_table().source)
+    if version_tuple(found) >= version_tuple(needed):
+        return ok(f"driver {found} >= {needed}" + (f" (CUDA {cuda}: {cuda_from})" if cuda else ""), **evidence)
+    if cuda and version_tuple(found) >= version_tuple(expectation.minimum):
+        runs = cuda_builds.newest_cuda_for(found)
+        variant = f"cu{runs.replace('.', '')}" if runs else None
+        return fail(f"driver {found} cannot run CUDA {cuda} ({cuda_from}): CUDA {cuda} needs driver "
+                    f"{needed} or newer",
+                    f"install driver {needed} or newer (nvidia-driver-580-open covers CUDA up to 13.0)"
+                    + (f", or a torch/vLLM build for CUDA {runs} or older ({variant}: set cuda_version "
+                       f"{runs})" if runs else ""), **evidence)
+    return fail(f"driver {found} is older than {needed} (needed on {ctx.profile.name}"
+                + (f" and for CUDA {cuda}: {cuda_from})" if cuda else ")"),
+                f"install driver {needed} or newer (nvidia-driver-580-open covers CUDA up to 13.0)",
                 **evidence)
 
 

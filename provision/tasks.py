@@ -20,7 +20,7 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, ProgressColumn, 
                            TimeRemainingColumn, TransferSpeedColumn)
 from invoke.exceptions import Exit
 
-from provision import (build, checks, config, facts, inventory, lab, ops, plan, remote, render, report, secrets,
+from provision import (build, checks, config, cuda, facts, inventory, lab, ops, plan, remote, render, report, secrets,
                        venv, weights)
 from provision.errors import InventoryError, LabError, ProvisionError
 from provision.fanout import HostResults, for_each_host
@@ -226,6 +226,8 @@ class HostPlan:
     pushes: list[tuple[venv.Wheelhouse, list[venv.Wheel]]] = field(default_factory=list)
     cluster_address: str | None = None  # where the host's cluster peers reach it (weights copies)
     group: str = ""  # the cluster (or the host alone): one fetch from the hub per group
+    # The torch (and its CUDA) a planned venv install brings: the gate checks it against the driver.
+    planned_wheels: cuda.WheelCuda | None = None
 
     @property
     def push_bytes(self) -> int:
@@ -296,11 +298,14 @@ def _host_plan(ctx: checks.Context, found: list[checks.Finding], only: str | Non
         if house and any(c.kind == "venv" and c.target == directory for c in changes):
             pushes.append((house, venv.missing_wheels(house, host_facts)))
     link = render.node_link(ctx) if ctx.cluster and ctx.cluster.multi_node else None
+    installs = wheelhouse is not None and any(
+        c.kind == "venv" and c.target == settings["venv_dir"].rstrip("/") for c in changes)
+    planned = cuda.cuda_of_wheels(w.name for w in wheelhouse.wheels) if installs and wheelhouse else None
     return HostPlan(changes, pushes, link.address if link else None,
-                    ctx.cluster.name if ctx.cluster else ctx.host)
+                    ctx.cluster.name if ctx.cluster else ctx.host, planned)
 
 
-ONLY_RULES = {"weights": ("model.hub", "disk.space"), "venv": ("disk.space", "host.python")}
+ONLY_RULES = {"weights": ("model.hub", "disk.space"), "venv": ("disk.space", "host.python", "driver.version")}
 
 
 def _builder(inv: inventory.Inventory, accept_new_host_keys: bool) -> Builder:
@@ -341,9 +346,17 @@ def _plans(inv: inventory.Inventory, targets: list[inventory.Host], overrides: d
         if checks.verdict(found) == "blocked":
             continue
         try:
-            plans[name] = _host_plan(contexts[name], found, only, verify, builder, api_key)
+            host_plan = _host_plan(contexts[name], found, only, verify, builder, api_key)
         except (render.RenderError, ProvisionError, ValueError) as exc:
             errors[name] = exc if isinstance(exc, ProvisionError) else ProvisionError(f"{name}: {exc}")
+            continue
+        if host_plan.planned_wheels is not None:
+            # The wheels about to replace the venv decide which CUDA the driver must run: gate again.
+            found = checks.evaluate(dataclasses.replace(contexts[name], planned_wheels=host_plan.planned_wheels), force)
+            findings[name] = [f for f in found if f.id in ONLY_RULES[only]] if only else found
+            if checks.verdict(findings[name]) == "blocked":
+                continue
+        plans[name] = host_plan
     return plans, findings, errors
 
 

@@ -34,6 +34,9 @@ def test_every_recording_answers_the_tools_current_commands(host: lab.LabHost) -
             continue
         assert entry.get("argv", entry.get("file")) == (list(fact.argv) if fact.argv else fact.file)
         assert entry.get("provenance"), f"{host.machine}/{fact.name} does not say where it comes from"
+    venv = by_fact.get("venv")
+    if venv is not None:  # the service venv's probe, at the default venv_dir
+        assert venv["argv"] == list(facts.venv_fact("/opt/vllm/venv").argv), f"{host.machine}: stale venv probe"
     for needed in ("uname", "gpus", "nvidia_driver", "lscpu", "lscpu_cpus"):
         assert needed in by_fact, f"{host.machine} lacks {needed}"
 

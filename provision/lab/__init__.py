@@ -69,6 +69,8 @@ DEFAULT_HOSTS: tuple[LabHost, ...] = (
     # A workstation the gate must refuse: 6.8 kernel, proprietary module, one GPU, no disk.
     LabHost("ws-broken", "rtx5090x1-kernel68-proprietary", "rtx5090", default=False,
             small_disks=("/opt", "/var/lib/vllm")),
+    # A workstation whose venv was built for a CUDA its driver cannot run (cu130 torch on 575).
+    LabHost("ws-575", "rtx5090x2-driver575-venv-cu130", "rtx5090", default=False),
 )
 # Plain CPU hosts in numbers, booted only when named (bench-01 ... bench-32): for measuring how the
 # tool scales with the host count (benchmarks/).

@@ -1,0 +1,89 @@
+"""Which CUDA a vLLM/torch build was made for, and the driver that CUDA needs. Pure, plus one data file.
+
+The CUDA that counts is the one the server will really run: the wheels about to be installed, else the
+venv already there, else the `cuda_version` setting (what the inventory intends). Torch says it in its
+version's local part (`2.9.0+cu130`, `2.13.0+cpu`); a torch without one (PyPI's default build) says it
+through the CUDA runtime wheel it depends on (`nvidia_cuda_runtime_cu12-12.8.90`).
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import Iterable, Mapping
+
+import yaml
+
+DATA_FILE = "cuda_drivers.yaml"
+_LOCAL_CUDA = re.compile(r"\+cu(\d+?)(\d)$")  # cu128 -> 12.8, cu130 -> 13.0
+_TORCH_WHEEL = re.compile(r"^torch-([^-]+)-")
+_RUNTIME_WHEEL = re.compile(r"^nvidia_cuda_runtime(?:_cu\d+)?-(\d+)\.(\d+)")
+
+
+@dataclass(frozen=True)
+class DriverTable:
+    """{CUDA release: oldest driver}, e.g. {'13.0': '580.65.06'}, with where the figures come from."""
+
+    releases: Mapping[str, str]
+    source: str
+
+
+@functools.lru_cache(maxsize=1)
+def driver_table() -> DriverTable:
+    text = resources.files("provision").joinpath(DATA_FILE).read_text(encoding="utf-8")
+    data = yaml.safe_load(text)
+    return DriverTable({str(k): str(v) for k, v in data["releases"].items()}, str(data["source"]))
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text.split("-")[0]))
+
+
+def minimum_driver(cuda: str) -> str | None:
+    """'13.0' -> '580.65.06'; None for a release the table does not hold."""
+    return driver_table().releases.get(cuda)
+
+
+def newest_cuda_for(driver: str) -> str | None:
+    """The newest CUDA release a driver runs: '575.57.08' -> '12.9'."""
+    fitting = [cuda for cuda, minimum in driver_table().releases.items()
+               if version_tuple(driver) >= version_tuple(minimum)]
+    return max(fitting, key=version_tuple) if fitting else None
+
+
+def cuda_of_torch_version(version: str) -> str | None:
+    """'2.9.0+cu130' -> '13.0'; '2.13.0+cpu' and '2.9.0' (no variant in the name) -> None."""
+    found = _LOCAL_CUDA.search(version)
+    return f"{found.group(1)}.{found.group(2)}" if found else None
+
+
+def torch_variant(version: str) -> str | None:
+    """'2.9.0+cu130' -> 'cu130'; '2.13.0+cpu' -> 'cpu'; '2.9.0' -> None."""
+    _, plus, local = version.partition("+")
+    return local if plus else None
+
+
+@dataclass(frozen=True)
+class WheelCuda:
+    """What a set of wheels says about CUDA: torch's version, its variant and the CUDA it needs."""
+
+    torch: str | None  # '2.9.0+cu130'
+    cuda: str | None  # '13.0'; None for a CPU build or where nothing says
+    evidence: str  # the file that said it
+
+
+def cuda_of_wheels(names: Iterable[str]) -> WheelCuda | None:
+    """From wheel file names: None when no torch wheel is among them."""
+    names = sorted(names)
+    torch = next((m.group(1) for m in map(_TORCH_WHEEL.match, names) if m), None)
+    if torch is None:
+        return None
+    torch_file = next(name for name in names if name.startswith(f"torch-{torch}-"))
+    if torch_variant(torch) is not None:
+        return WheelCuda(torch, cuda_of_torch_version(torch), torch_file)
+    runtime = next(((m.group(0), f"{m.group(1)}.{m.group(2)}")
+                    for m in map(_RUNTIME_WHEEL.match, names) if m), None)
+    if runtime:
+        return WheelCuda(torch, runtime[1], f"{torch_file} with {runtime[0]}")
+    return WheelCuda(torch, None, torch_file)
