@@ -229,6 +229,36 @@ def _url(value: Any) -> str:
     return text.rstrip("/")
 
 
+def _cuda_release(value: Any) -> str:
+    """'13.0', or 13.0 as YAML reads it unquoted (`--set cuda_version=13.0`): MAJOR.MINOR text."""
+    text = f"{value:.1f}" if isinstance(value, float) else value
+    if not isinstance(text, str) or not re.fullmatch(r"\d{1,2}\.\d{1,2}", text.strip()):
+        raise ValueError(f"expected a CUDA release like \"12.8\" or \"13.0\", got {_show(value)}")
+    return text.strip()
+
+
+def _index_url(value: Any) -> str:
+    text = _text(value)
+    if not re.match(r"^(https?://[^/\s]+|file://)(/\S*)?$", text):
+        raise ValueError(f"expected a package index URL (https://, http:// or file://), got {_show(value)}")
+    return text
+
+
+def _index_urls(value: Any) -> tuple[str, ...]:
+    return tuple(_index_url(item) for item in _string_list(value))
+
+
+_HOST_PORT = re.compile(r"^[A-Za-z0-9.-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:.]+\](:\d{1,5})?$")
+
+
+def _trusted_hosts(value: Any) -> tuple[str, ...]:
+    hosts = _string_list(value)
+    for host in hosts:
+        if not _HOST_PORT.match(host):
+            raise ValueError(f"expected host names (HOST or HOST:PORT), got {_show(host)}")
+    return hosts
+
+
 def _network(value: Any) -> str:
     try:
         return str(ipaddress.ip_network(_text(value), strict=False))
@@ -250,12 +280,19 @@ VAR_SPECS: Mapping[str, VarSpec] = {
     "extra_args": VarSpec("further vLLM server arguments", _string_list, ()),
     "environment": VarSpec("extra environment for the service", _environment, {}),
     "cpu_affinity": VarSpec("auto, all, ccd:N or a CPU list", _affinity, None),
-    "cuda_version": VarSpec("CUDA version of the vLLM/torch build", _optional(_text)),
+    "cuda_version": VarSpec("CUDA release of the vLLM/torch build (picks PyTorch's cuXYZ wheels)",
+                            _optional(_cuda_release)),
     "vllm_spec": VarSpec("pip requirements of the venv, space-separated (e.g. 'vllm==0.11.0')",
                          _optional(_text)),
     "venv_wheels": VarSpec("local wheel files (on the controller) installed into the venv", _string_list, ()),
     "venv_source": VarSpec("source to build into the venv: a directory on the controller or git+URL@REF; "
                            "built once per architecture", _optional(_text)),
+    "pip_index_url": VarSpec("package index the controller resolves the venv's wheels from "
+                             "(default: pip's own configuration)", _optional(_index_url)),
+    "pip_extra_index_urls": VarSpec("further package indexes, e.g. PyTorch's per-CUDA index "
+                                    "https://download.pytorch.org/whl/cu128", _index_urls, ()),
+    "pip_trusted_hosts": VarSpec("index hosts pip may reach over plain http (pip's --trusted-host)",
+                                 _trusted_hosts, ()),
     "venv_dir": VarSpec("virtualenv holding vLLM", _absolute_path, "/opt/vllm/venv"),
     "model_files": VarSpec("glob patterns of the repository's files to fetch (default: all)", _string_list, ()),
     "fetch_weights": VarSpec("download the model from the hub (false: the weights are placed by hand)",

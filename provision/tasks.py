@@ -163,9 +163,42 @@ def gate_with_contexts(inv: inventory.Inventory, targets: list[inventory.Host], 
     held = secrets.load(inv.secrets)
     contexts = _with_snapshots(checks.contexts(inv, gathered.values, overrides, profile=assumed), held, wanted)
     contexts = {name: dataclasses.replace(ctx, api_key_set=bool(held.vllm_api_key)) for name, ctx in contexts.items()}
-    findings = {name: checks.evaluate(contexts[name], force) for name in wanted if name in contexts}
     errors = {name: error for name, error in gathered.errors.items() if name in wanted}
+    contexts = _with_planned_wheels(contexts, wanted, errors)
+    findings = {name: checks.evaluate(contexts[name], force) for name in wanted
+                if name in contexts and name not in errors}
     return findings, errors, contexts
+
+
+def _service_wheelhouse(ctx: checks.Context) -> venv.Wheelhouse | None:
+    """The wheels the service venv is made of, resolved on the controller (once; cached after)."""
+    settings = ctx.settings
+    requirements, local = venv.requirements_of(settings), list(settings["venv_wheels"])
+    if settings["venv_source"] or not (requirements or local):
+        return None  # a source build's wheel is known only once built; nothing to install otherwise
+    return venv.resolve(requirements, local, ctx.facts.arch or "", ctx.facts.python or "",
+                        progress=_progress_line, indexes=venv.indexes_of(settings),
+                        torch_variant=venv.torch_variant_of(ctx.profile, settings))
+
+
+def _with_planned_wheels(contexts: dict[str, checks.Context], wanted: set[str],
+                         errors: dict[str, BaseException]) -> dict[str, checks.Context]:
+    """Each host whose venv would be (re)installed learns which torch its wheels bring: the driver
+    must run that CUDA, not the one of the venv they replace. A resolve that fails is the host's error."""
+    result = dict(contexts)
+    for name in sorted(wanted & set(contexts)):
+        ctx = contexts[name]
+        try:
+            house = _service_wheelhouse(ctx)
+        except ProvisionError as exc:
+            errors[name] = ProvisionError(f"{name}: {exc}")
+            continue
+        if house is None:
+            continue
+        key = venv.venv_change_data(ctx.settings, ctx.profile.venv_remove, house)["key"]
+        if key != venv.installed_key(ctx.facts, ctx.settings["venv_dir"]):
+            result[name] = dataclasses.replace(ctx, planned_wheels=cuda.cuda_of_wheels(w.name for w in house.wheels))
+    return result
 
 
 def _with_snapshots(contexts: dict[str, checks.Context], held: secrets.Secrets,
@@ -226,8 +259,6 @@ class HostPlan:
     pushes: list[tuple[venv.Wheelhouse, list[venv.Wheel]]] = field(default_factory=list)
     cluster_address: str | None = None  # where the host's cluster peers reach it (weights copies)
     group: str = ""  # the cluster (or the host alone): one fetch from the hub per group
-    # The torch (and its CUDA) a planned venv install brings: the gate checks it against the driver.
-    planned_wheels: cuda.WheelCuda | None = None
 
     @property
     def push_bytes(self) -> int:
@@ -269,7 +300,8 @@ def _host_plan(ctx: checks.Context, found: list[checks.Finding], only: str | Non
             local_wheels.append(str(built))
     if only != "weights" and pending_build is None and (venv.requirements_of(settings) or local_wheels):
         wheelhouse = venv.resolve(venv.requirements_of(settings), local_wheels, arch, python,
-                                  progress=_progress_line)
+                                  progress=_progress_line, indexes=venv.indexes_of(settings),
+                                  torch_variant=venv.torch_variant_of(ctx.profile, settings))
         venv_data = venv.venv_change_data(settings, ctx.profile.venv_remove, wheelhouse)
         venv_data["requirements"] = venv_data["requirements"][:len(venv.requirements_of(settings))] + [
             f"{venv.REMOTE_WHEELHOUSE}/{Path(w).name}" for w in local_wheels]
@@ -283,7 +315,8 @@ def _host_plan(ctx: checks.Context, found: list[checks.Finding], only: str | Non
             fetch = {"reason": f"{ctx.snapshot.repo}@{ctx.snapshot.commit[:12]}: {reason} "
                                f"({to_fetch / 2**20:.1f} MiB to fetch)",
                      "data": weights.change_data(settings, ctx.snapshot)}
-            hub_house = venv.resolve([weights.hub_requirement()], [], arch, python, progress=_progress_line)
+            hub_house = venv.resolve([weights.hub_requirement()], [], arch, python, progress=_progress_line,
+                                     indexes=venv.indexes_of(settings))
             hub_data = venv.helper_venv_data(weights.HUB_VENV, [weights.hub_requirement()], hub_house)
     if only:
         desired = render.DesiredState(files=(), directories=(), units=(), absent_units=(),
@@ -298,11 +331,8 @@ def _host_plan(ctx: checks.Context, found: list[checks.Finding], only: str | Non
         if house and any(c.kind == "venv" and c.target == directory for c in changes):
             pushes.append((house, venv.missing_wheels(house, host_facts)))
     link = render.node_link(ctx) if ctx.cluster and ctx.cluster.multi_node else None
-    installs = wheelhouse is not None and any(
-        c.kind == "venv" and c.target == settings["venv_dir"].rstrip("/") for c in changes)
-    planned = cuda.cuda_of_wheels(w.name for w in wheelhouse.wheels) if installs and wheelhouse else None
     return HostPlan(changes, pushes, link.address if link else None,
-                    ctx.cluster.name if ctx.cluster else ctx.host, planned)
+                    ctx.cluster.name if ctx.cluster else ctx.host)
 
 
 ONLY_RULES = {"weights": ("model.hub", "disk.space"), "venv": ("disk.space", "host.python", "driver.version")}
@@ -315,7 +345,8 @@ def _builder(inv: inventory.Inventory, accept_new_host_keys: bool) -> Builder:
         target = inv.host(ctx.host)
         runner = remote.connect(target, inv.ssh, accept_new_host_keys=accept_new_host_keys)
         try:
-            house = venv.resolve(list(recipe.requires), [], recipe.arch, recipe.python, progress=_progress_line)
+            house = venv.resolve(list(recipe.requires), [], recipe.arch, recipe.python, progress=_progress_line,
+                                 indexes=venv.indexes_of(ctx.settings))
             missing = venv.missing_wheels(house, ctx.facts)
             venv.push(runner, house, missing)
             _progress_line(f"{ctx.host}: building {recipe.source} for {recipe.arch}/Python {recipe.python} "
@@ -350,12 +381,6 @@ def _plans(inv: inventory.Inventory, targets: list[inventory.Host], overrides: d
         except (render.RenderError, ProvisionError, ValueError) as exc:
             errors[name] = exc if isinstance(exc, ProvisionError) else ProvisionError(f"{name}: {exc}")
             continue
-        if host_plan.planned_wheels is not None:
-            # The wheels about to replace the venv decide which CUDA the driver must run: gate again.
-            found = checks.evaluate(dataclasses.replace(contexts[name], planned_wheels=host_plan.planned_wheels), force)
-            findings[name] = [f for f in found if f.id in ONLY_RULES[only]] if only else found
-            if checks.verdict(findings[name]) == "blocked":
-                continue
         plans[name] = host_plan
     return plans, findings, errors
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from provision import config
+from provision import config, cuda
 from provision.errors import ProvisionError
 from provision.facts import VENV_MANIFEST, HostFacts
 from provision.parsers import VENV_PROBE
@@ -66,6 +66,69 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+@dataclass(frozen=True)
+class PipIndexes:
+    """Where the controller's `pip download` looks, beside pip's own configuration (which still applies)."""
+
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    trusted_hosts: tuple[str, ...] = ()
+
+    def args(self) -> list[str]:
+        found = ["--index-url", self.index_url] if self.index_url else []
+        found += [arg for url in self.extra_index_urls for arg in ("--extra-index-url", url)]
+        return found + [arg for host in self.trusted_hosts for arg in ("--trusted-host", host)]
+
+
+def indexes_of(settings: Mapping[str, Any]) -> PipIndexes:
+    return PipIndexes(settings["pip_index_url"], tuple(settings["pip_extra_index_urls"]),
+                      tuple(settings["pip_trusted_hosts"]))
+
+
+def torch_variant_of(profile: Any, settings: Mapping[str, Any]) -> str:
+    """The PyTorch build a host needs: 'cu128'... from `cuda_version` on GPU profiles, 'cpu' without a GPU.
+
+    Raises WheelhouseError when the profile lists no such variant (cu126 lacks Blackwell kernels; GB10
+    needs CUDA 13: the profile's `torch_variants` say which fit)."""
+    if profile.cuda is None:
+        variant = "cpu"
+    else:
+        release = str(settings["cuda_version"] or profile.cuda.minimum)
+        variant = "cu" + release.replace(".", "")
+    if profile.torch_variants and variant not in profile.torch_variants:
+        raise WheelhouseError(f"cuda_version {settings['cuda_version']}: PyTorch's {variant} build does not "
+                              f"fit the {profile.name} profile (it takes {', '.join(profile.torch_variants)})")
+    return variant
+
+
+def pin_torch_variant(requirements: Sequence[str], variant: str) -> tuple[str, ...]:
+    """`torch==2.9.0` -> `torch==2.9.0+cu130`: an exact pin takes the profile's build, not whichever
+    build the index serves by default (PyPI's default CUDA changes between releases). Other forms
+    (ranges, an explicit local version, torch left to vLLM's own pin) stay as written and the resolved
+    wheel is checked instead."""
+    pinned = []
+    for requirement in requirements:
+        match = re.fullmatch(r"torch==([0-9][0-9a-z.]*)", requirement.strip())
+        pinned.append(f"torch=={match.group(1)}+{variant}" if match else requirement)
+    return tuple(pinned)
+
+
+def check_torch_variant(wheels: Sequence[str], variant: str) -> str | None:
+    """Why the resolved torch is not the wanted build, or None when it is (or when no torch came)."""
+    found = cuda.cuda_of_wheels(wheels)
+    if found is None or found.torch is None:
+        return None
+    wanted_cuda = None if variant == "cpu" else f"{variant[2:-1]}.{variant[-1]}"
+    if found.cuda == wanted_cuda:
+        return None
+    what = f"a CUDA {found.cuda} build" if found.cuda else "a CPU build"
+    index = f"https://download.pytorch.org/whl/{variant}"
+    return (f"resolved torch {found.torch} ({what}: {found.evidence}), but this host needs the {variant} "
+            f"build: pin torch==VERSION in vllm_spec (the tool adds +{variant}) and add PyTorch's index, "
+            f"pip_extra_index_urls: [{index}]"
+            + ("" if variant == "cpu" else f", or set cuda_version to {found.cuda}" if found.cuda else ""))
+
+
 def requirements_of(settings: Mapping[str, Any]) -> tuple[str, ...]:
     spec = settings["vllm_spec"]
     return tuple(spec.split()) if spec else ()
@@ -77,11 +140,18 @@ def _python_minor(version: str) -> str:
 
 
 def resolve(requirements: Sequence[str], local_wheels: Sequence[str], arch: str, python: str,
-            progress: Callable[[str], None] = lambda line: None) -> Wheelhouse:
-    """The wheelhouse for a host of this architecture and Python, downloaded once and reused."""
+            progress: Callable[[str], None] = lambda line: None, indexes: PipIndexes = PipIndexes(),
+            torch_variant: str | None = None) -> Wheelhouse:
+    """The wheelhouse for a host of this architecture and Python, downloaded once and reused.
+
+    With `torch_variant` ('cu130', 'cpu'), an exact torch pin takes that build and the resolved torch
+    must be it: a wheelhouse holding another build is refused, not kept."""
     python = _python_minor(python)
+    if torch_variant:
+        requirements = pin_torch_variant(requirements, torch_variant)
     recipe = json.dumps({"requirements": sorted(requirements), "wheels": sorted(local_wheels),
-                         "arch": arch, "python": python}, sort_keys=True)
+                         "arch": arch, "python": python, "indexes": indexes.args(),
+                         "torch_variant": torch_variant}, sort_keys=True)
     directory = config.wheelhouse() / f"{arch}-py{python}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
     index = directory / "index.json"
     if index.exists():
@@ -97,23 +167,51 @@ def resolve(requirements: Sequence[str], local_wheels: Sequence[str], arch: str,
     if requirements:
         progress(f"resolving {' '.join(requirements)} for {arch} / Python {python} ...")
         command = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--dest", str(building)]
+        command += ["--progress-bar", "off", *indexes.args()]
         if arch != platform.machine() or python != _python_minor(platform.python_version()):
             if arch not in PIP_PLATFORMS:
                 raise WheelhouseError(f"no pip platform tags known for {arch}")
             command += [arg for tag in PIP_PLATFORMS[arch] for arg in ("--platform", tag)]
             command += ["--python-version", python, "--implementation", "cp"]
         command += [*(str(building / Path(w).name) for w in local_wheels), *requirements]
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
-            tail = " | ".join(done.stderr.strip().splitlines()[-3:])
-            raise WheelhouseError(f"pip download failed for {arch}/Python {python}: {tail}")
-    wheels = tuple(Wheel(path.name, sha256_of(path), path.stat().st_size)
-                   for path in sorted(building.glob("*.whl")))
+        _pip_download(command, arch, python, progress)
+    names = sorted(path.name for path in building.glob("*.whl"))
+    if torch_variant and requirements:
+        wrong = check_torch_variant(names, torch_variant)
+        if wrong:
+            shutil.rmtree(building, ignore_errors=True)
+            raise WheelhouseError(f"{arch}/Python {python}: {wrong}")
+    wheels = tuple(Wheel(name, sha256_of(building / name), (building / name).stat().st_size) for name in names)
     (building / "index.json").write_text(json.dumps({"recipe": json.loads(recipe),
                                                      "wheels": [w.__dict__ for w in wheels]}, indent=1))
     shutil.rmtree(directory, ignore_errors=True)
     building.rename(directory)
     return Wheelhouse(directory, wheels)
+
+
+# What pip takes up and what it fetches; "Saved ..." lines repeat every file and say nothing new.
+_PIP_STEP = re.compile(r"^\s*(Collecting|Processing|Downloading|Obtaining) ")
+
+
+def _pip_download(command: list[str], arch: str, python: str, progress: Callable[[str], None]) -> None:
+    """Run pip, passing on each package it collects or downloads as a progress line (a resolve of
+    vLLM takes a minute and a hundred packages), and keep its last words for an error."""
+    tail: list[str] = []
+    errors: list[str] = []
+    collected = 0
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as pip:
+        assert pip.stdout is not None
+        for line in pip.stdout:
+            line = line.rstrip()
+            tail = (tail + [line])[-3:] if line.strip() else tail
+            if line.startswith("ERROR:") or "conflict is caused by" in line or "requested" in line:
+                errors.append(line.strip())
+            if _PIP_STEP.match(line):
+                collected += line.lstrip().startswith(("Collecting", "Processing"))
+                progress(f"  [{collected}] {line.strip()}")
+    if pip.returncode != 0:
+        said = errors[:6] or tail
+        raise WheelhouseError(f"pip download failed for {arch}/Python {python}: {' | '.join(said)}")
 
 
 def remote_wheels(facts: HostFacts) -> dict[str, str]:

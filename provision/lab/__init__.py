@@ -388,15 +388,25 @@ class Lab:
     def hub_url(self) -> str:
         return f"http://{self.gateway()}:{HUB_PORT}"
 
+    def index_url(self, variant: str) -> str:
+        """The lab hub's package index for one PyTorch variant (cu128, cu129, cu130, cpu)."""
+        return f"{self.hub_url}/simple/{variant}"
+
     @property
     def secrets_file(self) -> Path:
         return self.dir / "secrets.yaml"
 
     def _ensure_hub(self, progress: Any) -> None:
         """The lab's hub on the bridge address: every lab host and this machine reach it."""
+        from provision.lab import hub, wheels
+
+        if not (self.hub_root / "simple").is_dir():
+            with tempfile.TemporaryDirectory() as scratch:
+                for variant, wheel in wheels.torch_variants(Path(scratch)).items():
+                    hub.publish_wheel(self.hub_root, variant, wheel)
         if _http_answers(f"{self.hub_url}/_lab/stats"):
             return
-        from provision.lab import hub, tinymodel  # needs numpy, safetensors, tokenizers (the lab extra)
+        from provision.lab import tinymodel  # needs numpy, safetensors, tokenizers (the lab extra)
 
         progress(f"starting the lab hub at {self.hub_url} ...")
         self.hub_root.mkdir(parents=True, exist_ok=True)

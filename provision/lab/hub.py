@@ -6,6 +6,10 @@ with file sizes and hashes (`/api/models/REPO[/revision/REV]`), file resolution 
 and the hub's error codes (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo). Standard library
 only. PyPI's `olah` mirrors an upstream hub; the lab has no upstream and needs faults on demand.
 
+It also serves a package index (PEP 503 "simple" pages, `/simple/VARIANT/PROJECT/`) the way PyTorch
+serves its per-CUDA indexes (`…/whl/cu130`): wheels whose versions carry the variant as a local part
+(`torch-2.9.0+cu130-py3-none-any.whl`), each link with its `#sha256=`.
+
 For tests it counts what it served (`GET /_lab/stats`) and injects faults (`POST /_lab/faults`):
 cut a file's transfer after N bytes for the next K requests, or slow it down (for one client address
 or all).
@@ -13,6 +17,7 @@ or all).
 Layout under ROOT:  repos/ORG/NAME/repo.json  {"gated": bool, "refs": {"main": SHA}, "commits": [..]}
                     repos/ORG/NAME/commits/SHA/<files>
                     tokens.json  ["hf_..."]  (who may read gated repositories)
+                    simple/VARIANT/<wheels>  (the package index)
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import quote, unquote, urlparse
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".onnx", ".msgpack", ".h5")
 LFS_MIN_SIZE = 10 * 2**20  # the hub's default: anything bigger goes to LFS as well
@@ -92,6 +97,18 @@ def publish(root: Path, repo_id: str, files: Path, *, ref: str = "main", gated: 
     repo.mkdir(parents=True, exist_ok=True)
     meta_path.write_text(json.dumps(meta, indent=1))
     return commit
+
+
+def publish_wheel(root: Path, variant: str, wheel: Path) -> None:
+    """Put a wheel in the index under VARIANT (e.g. cu130): /simple/VARIANT/PROJECT/ lists it."""
+    directory = root / "simple" / variant
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(wheel, directory / wheel.name)
+
+
+def _project(wheel_name: str) -> str:
+    """PEP 503 normalized project name of a wheel file: 'Torch_Thing-1.0-py3-none-any.whl' -> 'torch-thing'."""
+    return re.sub(r"[-_.]+", "-", wheel_name.split("-")[0]).lower()
 
 
 def allow_token(root: Path, token: str) -> None:
@@ -213,6 +230,9 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if path.startswith("/_lab/"):
                 return self._control(path)
+            match = re.fullmatch(r"/simple/([\w.-]+)/(?:([\w.-]+)/(?:([^/]+\.whl))?)?", path)
+            if match:
+                return self._index(match.group(1), match.group(2), match.group(3))
             match = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/(.+))?", path)
             if match:
                 return self._info(match.group(1), match.group(2) or "main")
@@ -295,6 +315,41 @@ class Handler(BaseHTTPRequestHandler):
                 remaining -= len(block)
                 if fault and fault.get("delay"):
                     time.sleep(float(fault["delay"]))
+
+    # -- the package index (PEP 503) -------------------------------------------------------------
+
+    def _index(self, variant: str, project: str | None, wheel: str | None) -> None:
+        directory = self.hub.root / "simple" / variant
+        wheels = sorted(p.name for p in directory.glob("*.whl")) if directory.is_dir() else []
+        if project is None:
+            names = sorted({_project(name) for name in wheels})
+            return self._html("".join(f'<a href="{name}/">{name}</a><br>\n' for name in names))
+        mine = [name for name in wheels if _project(name) == re.sub(r"[-_.]+", "-", project).lower()]
+        if wheel is None:
+            if not mine:
+                raise HubError(404, "EntryNotFound", f"no project {project} in {variant}")
+            links = "".join(f'<a href="{quote(name)}#sha256={_sha256(directory / name)}">{name}</a><br>\n'
+                            for name in mine)
+            return self._html(links)
+        if wheel not in mine:
+            raise HubError(404, "EntryNotFound", f"no file {wheel} in {variant}")
+        data = (directory / wheel).read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+            self.hub.count(f"simple/{variant}/{wheel}", len(data), self.client_address[0])
+
+    def _html(self, body: str) -> None:
+        data = f"<!DOCTYPE html>\n<html><body>\n{body}</body></html>\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
     # -- the lab's controls ----------------------------------------------------------------------
 

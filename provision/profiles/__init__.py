@@ -63,12 +63,15 @@ class Profile:
     defaults: Mapping[str, Any]
     venv_gib: float = 12.0
     venv_remove: tuple[str, ...] = ()  # packages uninstalled after the venv install
+    # PyTorch builds that fit (its per-CUDA wheel indexes: cu128, cu129, cu130; cpu): the one taken
+    # follows cuda_version ("13.0" -> cu130), or is cpu on a profile without CUDA.
+    torch_variants: tuple[str, ...] = ()
     aliases: tuple[str, ...] = field(default=())
 
 
 _TOP_KEYS = {
     "name", "aliases", "description", "arch", "gpu", "kernel", "driver", "cuda", "nccl",
-    "environment", "affinity", "defaults", "venv_gib", "venv_remove",
+    "environment", "affinity", "defaults", "venv_gib", "venv_remove", "torch_variants",
 }
 
 
@@ -141,7 +144,16 @@ def profile_from_mapping(data: Any, source: str) -> Profile:
         defaults=dict(defaults),
         venv_gib=float(data.get("venv_gib", 12)),
         venv_remove=tuple(str(name) for name in data.get("venv_remove") or ()),
+        torch_variants=_torch_variants(data.get("torch_variants"), source),
     )
+
+
+def _torch_variants(value: Any, source: str) -> tuple[str, ...]:
+    variants = tuple(str(v) for v in value or ())
+    bad = [v for v in variants if not re.fullmatch(r"cu\d{3}|cpu|rocm[\d.]+", v)]
+    if bad:
+        raise ProfileError(f"{source}: torch_variants: not a PyTorch variant: {', '.join(bad)} (cu128, cpu, ...)")
+    return variants
 
 
 @functools.lru_cache(maxsize=None)
