@@ -517,6 +517,24 @@ def config_custom_allreduce(ctx: Context) -> Finding | None:
                    resolution={"extra_args": ["--disable-custom-all-reduce"]})
 
 
+ALLOC_CONF_NAMES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+@rule("config.alloc_conf", BLOCKER)
+def config_alloc_conf(ctx: Context) -> Finding | None:
+    """PYTORCH_ALLOC_CONF and its older name PYTORCH_CUDA_ALLOC_CONF must say the same: torch 2.9+ reads
+    the new name (the old one warns as deprecated), torch 2.9.1+cu128 ignores the new name for CUDA
+    (pytorch #183387), so the setting that applies depends on the venv's torch (facts section 4). A layer
+    of the inventory that sets one name sets both; two different values set on purpose block here."""
+    values = {name: ctx.env(name) for name in ALLOC_CONF_NAMES}
+    if not any(values.values()):
+        return None
+    if len(set(values.values())) == 1:
+        return ok(f"both names say {values['PYTORCH_ALLOC_CONF']}", **values)
+    return fail("PYTORCH_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF disagree: which one applies depends on the "
+                "torch version", "set one of them (the other follows) or give both the same value", **values)
+
+
 @rule("config.quantization_awq", WARNING)
 def config_quantization_awq(ctx: Context) -> Finding | None:
     """An explicit `--quantization awq` forces the slow AWQ kernel (~5x slower) instead of the awq_marlin
@@ -557,7 +575,11 @@ def config_dmabuf(ctx: Context) -> Finding | None:
         return fail(f"{ctx.profile.name} has no dma-buf support; NCCL_DMABUF_ENABLE=1 is wrong here", fix,
                     **evidence)
     if ctx.facts.driver is not None and ctx.facts.driver.flavour != "open":
-        return fail("dma-buf needs the open kernel module", fix, **evidence)
+        # The variable is right for this GPU; the driver is what is wrong (driver.flavour says so too).
+        branch = ctx.facts.driver.version.split(".")[0]
+        return fail(f"dma-buf needs the open kernel module; this host runs the {ctx.facts.driver.flavour} "
+                    f"module", f"install the open driver (nvidia-driver-{branch}-open; see driver.flavour)",
+                    **evidence)
     if ctx.facts.kernel and version_tuple(ctx.facts.kernel)[:2] < DMABUF_MIN_KERNEL:
         return fail("dma-buf needs Linux 5.12 or newer", fix, **evidence)
     return ok("dma-buf usable", **evidence)

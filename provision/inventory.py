@@ -440,7 +440,7 @@ class Inventory:
         for layer_name, layer in layers:
             for key, value in layer.items():
                 if key == "environment" and key in values:
-                    values[key] = {**values[key], **value}
+                    values[key] = {**values[key], **_with_aliases(value)}
                 else:
                     values[key] = value
                 origin[key] = layer_name
@@ -448,6 +448,21 @@ class Inventory:
 
     def _where(self) -> str:
         return ", ".join(self.sources) or "inventory"
+
+
+# Names one setting goes by in different versions of a program: a layer that sets one sets the others,
+# so an inventory's PYTORCH_CUDA_ALLOC_CONF never sits beside the profile's PYTORCH_ALLOC_CONF with
+# another value (torch 2.9+ reads the new name, torch 2.9.1+cu128 only the old one for CUDA).
+ENVIRONMENT_ALIASES = (("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"),)
+
+
+def _with_aliases(environment: Mapping[str, Any]) -> dict[str, Any]:
+    result = dict(environment)
+    for names in ENVIRONMENT_ALIASES:
+        given = [name for name in names if name in environment]
+        if len(given) == 1:
+            result.update({name: environment[given[0]] for name in names})
+    return result
 
 
 def local_host(profile: Profile | None = None) -> Host:

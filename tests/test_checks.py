@@ -141,6 +141,14 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
       "config.triton_ptxas": "pass", "cluster.topology": "pass", "cluster.network": "pass",
       "cluster.rdma": "pass", "config.dmabuf": "skip", "pcie.link": "skip", "venv.arch": "skip",
       "config.custom_allreduce": "pass"}),
+    # The inventory sets the old name only: the new one follows it (no True beside the profile's False).
+    ("alloc-conf-one-name-set-both-follow", "rtx5090x2-tr7960x", "rtx5090",
+     {"environment": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, "tensor_parallel_size": 2},
+     None, None, {"config.alloc_conf": "pass", "config.custom_allreduce": "pass"}),
+    ("alloc-conf-two-names-disagree", "rtx5090x2-tr7960x", "rtx5090",
+     {"environment": {"PYTORCH_ALLOC_CONF": "expandable_segments:True",
+                      "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}},
+     None, None, {"config.alloc_conf": "fail"}),
     ("spark-dmabuf-forced", "dgx-spark-gb10", "dgx-spark", {"environment": {"NCCL_DMABUF_ENABLE": "1"}},
      None, None, {"config.dmabuf": "fail"}),
     ("spark-utilization-too-high", "dgx-spark-gb10", "dgx-spark", {"gpu_memory_utilization": 0.97},
@@ -245,6 +253,9 @@ def test_findings_carry_evidence_and_fix() -> None:
     assert kernel.evidence == {"kernel": "6.8.0-45-generic", "minimum": "6.14"}
     assert "linux-generic-hwe-24.04" in (kernel.fix or "")
     assert findings["driver.flavour"].fix and "nvidia-driver-570-open" in findings["driver.flavour"].fix
+    # dma-buf fails because of the proprietary module: the fix is the driver, not the variable.
+    assert "open driver" in (findings["config.dmabuf"].fix or "")
+    assert "NCCL_DMABUF_ENABLE" not in (findings["config.dmabuf"].fix or "")
     assert checks.verdict(list(findings.values())) == "blocked"
 
 
@@ -256,6 +267,23 @@ def test_resolution_is_handed_to_rendering_and_force_marks_not_hides() -> None:
     (bctx,) = context_for(broken).values()
     forced = {f.id: f for f in checks.evaluate(bctx, force=["kernel.version"])}
     assert forced["kernel.version"].status == "forced" and forced["driver.flavour"].status == "fail"
+
+
+def test_one_alloc_conf_name_set_at_any_layer_renders_both_with_its_value() -> None:
+    from provision import render
+
+    case = next(c for c in CASES if c[0] == "alloc-conf-one-name-set-both-follow")
+    (ctx,) = context_for(case).values()
+    rendered = dict(render.service_environment(ctx))
+    assert rendered["PYTORCH_ALLOC_CONF"] == rendered["PYTORCH_CUDA_ALLOC_CONF"] == '"expandable_segments:True"'
+    # A higher layer setting the new name overrides a lower layer's pair, both names together.
+    inv = inventory.Inventory(hosts={}, groups={}, clusters={}, ssh=inventory.SshSettings())
+    host = inventory.Host(name="h", address="10.0.0.1", port=22, user="root", profile=PROFILES["rtx5090"],
+                          connection="ssh", key_file=None, source="t",
+                          vars={"environment": {"PYTORCH_ALLOC_CONF": "backend:cudaMallocAsync"}})
+    inv = dataclasses.replace(inv, hosts={"h": host})
+    env = inv.settings("h", {"environment": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}})["environment"]
+    assert env["PYTORCH_ALLOC_CONF"] == env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
 
 
 def test_gb10_budget_comes_from_meminfo_not_nvidia_smi() -> None:
