@@ -18,6 +18,7 @@ import yaml
 DATA_FILE = "cuda_drivers.yaml"
 _LOCAL_CUDA = re.compile(r"\+cu(\d+?)(\d)$")  # cu128 -> 12.8, cu130 -> 13.0
 _TORCH_WHEEL = re.compile(r"^torch-([^-]+)-")
+_VLLM_WHEEL = re.compile(r"^vllm-([^-]+\+cu\d+)-")  # vLLM's per-CUDA wheels (wheels.vllm.ai/VERSION/cu129)
 _RUNTIME_WHEEL = re.compile(r"^nvidia_cuda_runtime(?:_cu\d+)?-(\d+)\.(\d+)")
 
 
@@ -74,8 +75,18 @@ class WheelCuda:
 
 
 def cuda_of_wheels(names: Iterable[str]) -> WheelCuda | None:
-    """From wheel file names: None when no torch wheel is among them."""
+    """From wheel file names: None when no torch wheel is among them. A vLLM wheel built for a newer
+    CUDA than its torch (`vllm-0.25.1+cu130` beside `torch+cu129`, vllm #44335) needs that newer CUDA."""
     names = sorted(names)
+    found = _torch_cuda(names)
+    vllm = next((m for m in map(_VLLM_WHEEL.match, names) if m), None)
+    vllm_cuda = cuda_of_torch_version(vllm.group(1)) if vllm else None
+    if found and vllm and vllm_cuda and version_tuple(vllm_cuda) > version_tuple(found.cuda or "0"):
+        return WheelCuda(found.torch, vllm_cuda, vllm.string)
+    return found
+
+
+def _torch_cuda(names: list[str]) -> WheelCuda | None:
     torch = next((m.group(1) for m in map(_TORCH_WHEEL.match, names) if m), None)
     if torch is None:
         return None

