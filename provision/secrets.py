@@ -1,7 +1,9 @@
 """Secrets: the hub token and the vLLM API key.
 
-They come from the inventory's `secrets:` file (YAML, mode 0600: nobody else may read it) or, when the
-inventory names none, from HF_TOKEN / VLLM_API_KEY in the controller's environment. Each is registered
+Each comes from HF_TOKEN / VLLM_API_KEY in the controller's environment when set there (what people expect
+of HF_TOKEN, and how a CI job or a one-off run overrides a file), else from the inventory's `secrets:`
+file (YAML, mode 0600: nobody else may read it; checked whenever the inventory names it). Which source
+gave each one is kept (`sources`) so the tool can say it, never the value. Each is registered
 for masking the moment it is read, so no log line or report can carry it; it reaches a host only inside
 a program's stdin or a 0600 file, never in a command line.
 """
@@ -9,8 +11,9 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import yaml
 
@@ -24,19 +27,31 @@ ENVIRONMENT = {"hf_token": "HF_TOKEN", "vllm_api_key": "VLLM_API_KEY"}
 class Secrets:
     hf_token: str | None = None
     vllm_api_key: str | None = None
+    sources: Mapping[str, str] = field(default_factory=dict)  # {"hf_token": "environment (HF_TOKEN)"}
 
     def __repr__(self) -> str:  # never print a secret by accident
         return (f"Secrets(hf_token={'set' if self.hf_token else None}, "
                 f"vllm_api_key={'set' if self.vllm_api_key else None})")
 
+    def describe(self) -> str | None:
+        """'hf_token from the environment (HF_TOKEN); vllm_api_key from the secrets file F', or None."""
+        said = [f"{key} from {source}" for key, source in self.sources.items()]
+        return "; ".join(said) or None
+
 
 def load(path: str | None) -> Secrets:
-    """The secrets file named by the inventory, else the controller's environment."""
-    values = _read_file(Path(path)) if path else {
-        key: os.environ[name] for key, name in ENVIRONMENT.items() if os.environ.get(name)}
+    """Each secret from the controller's environment when set there, else from the inventory's file."""
+    from_file = _read_file(Path(path)) if path else {}
+    values: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    for key, name in ENVIRONMENT.items():
+        if os.environ.get(name, "").strip():
+            values[key], sources[key] = os.environ[name].strip(), f"the environment ({name})"
+        elif key in from_file:
+            values[key], sources[key] = from_file[key], f"the secrets file {path}"
     for value in values.values():
         register_secret(value)
-    return Secrets(**values)
+    return Secrets(**values, sources=sources)
 
 
 def _read_file(path: Path) -> dict[str, str]:

@@ -161,6 +161,8 @@ def gate_with_contexts(inv: inventory.Inventory, targets: list[inventory.Host], 
                         if name not in {h.name for h in everyone})
     gathered = _gather(inv, everyone, overrides, assumed, accept_new_host_keys, pool)
     held = secrets.load(inv.secrets)
+    if held.describe():
+        _progress_line(f"secrets: {held.describe()}")
     contexts = _with_snapshots(checks.contexts(inv, gathered.values, overrides, profile=assumed), held, wanted)
     contexts = {name: dataclasses.replace(ctx, api_key_set=bool(held.vllm_api_key)) for name, ctx in contexts.items()}
     errors = {name: error for name, error in gathered.errors.items() if name in wanted}

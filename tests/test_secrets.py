@@ -9,7 +9,9 @@ from provision import remote, secrets
 from provision.errors import InventoryError
 
 
-def test_a_private_file_is_read_and_its_values_masked(tmp_path: Path) -> None:
+def test_a_private_file_is_read_and_its_values_masked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
     path = tmp_path / "secrets.yaml"
     path.write_text("hf_token: hf_abcdefghijklmnop\nvllm_api_key: key-0123456789\n")
     path.chmod(0o600)
@@ -42,3 +44,21 @@ def test_without_a_file_the_environment_is_used(monkeypatch: pytest.MonkeyPatch)
     assert held.hf_token == "hf_from_environment" and held.vllm_api_key is None
     with pytest.raises(InventoryError, match="does not exist"):
         secrets.load("/nonexistent/secrets.yaml")
+
+
+def test_the_environment_wins_over_the_file_per_secret_and_the_source_is_said(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "secrets.yaml"
+    path.write_text("hf_token: hf_from_the_file_123\nvllm_api_key: key-from-the-file-123\n")
+    path.chmod(0o600)
+    monkeypatch.setenv("HF_TOKEN", "hf_from_environment_456")
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    held = secrets.load(str(path))
+    assert held.hf_token == "hf_from_environment_456" and held.vllm_api_key == "key-from-the-file-123"
+    said = held.describe() or ""
+    assert said == f"hf_token from the environment (HF_TOKEN); vllm_api_key from the secrets file {path}"
+    assert "hf_from" not in said and "key-from" not in said
+    # The file is still checked while the environment overrides it: a readable file is refused.
+    path.chmod(0o644)
+    with pytest.raises(InventoryError, match="others may read it"):
+        secrets.load(str(path))
