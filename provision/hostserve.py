@@ -30,6 +30,20 @@ def _headers(spec):
     return headers
 
 
+def _describe(exc, spec):
+    """An exception from a request, in words; a 401 says what to set (the server wants a key)."""
+    if isinstance(exc, urllib.error.HTTPError) and exc.code == 401:
+        exc.close()
+        if spec.get("api_key"):
+            return ("the server refused the API key sent (HTTP 401): vllm_api_key differs from the "
+                    "server's VLLM_API_KEY")
+        return ("the server wants an API key (HTTP 401): set vllm_api_key (the inventory's secrets file, "
+                "or VLLM_API_KEY in the environment)")
+    if isinstance(exc, urllib.error.HTTPError):
+        return "HTTP %d %s" % (exc.code, exc.read(300).decode("utf-8", "replace"))
+    return "%s: %s" % (type(exc).__name__, exc)
+
+
 def _get(url, timeout=5):
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
@@ -101,10 +115,8 @@ def ready(spec):
                     return {"ok": True, "seconds": round(time.time() - started, 1),
                             "text": reply["choices"][0].get("text", "")}
                 last = "completion without choices"
-            except urllib.error.HTTPError as exc:
-                last = "completion: HTTP %d %s" % (exc.code, exc.read(300).decode("utf-8", "replace"))
             except Exception as exc:
-                last = "completion: %s: %s" % (type(exc).__name__, exc)
+                last = "completion: " + _describe(exc, spec)
         _emit("progress", stage=stage, elapsed=round(time.time() - started, 1), last=last)
         time.sleep(2)
     return {"ok": False, "seconds": round(time.time() - started, 1),
@@ -159,7 +171,7 @@ def bench(spec):
                     _emit("progress", done=len(results) + len(errors), total=count)
             except Exception as exc:
                 with lock:
-                    errors.append("%s: %s" % (type(exc).__name__, exc))
+                    errors.append(_describe(exc, spec))
 
     started = time.time()
     threads = [threading.Thread(target=worker) for _ in range(min(concurrency, count))]

@@ -143,8 +143,17 @@ def _gpu_rows(host_facts: HostFacts) -> tuple[dict[str, Any], ...]:
     return tuple(rows)
 
 
+def unauthorized(key_sent: bool) -> str:
+    """What an HTTP 401 from vLLM means for the person running the tool."""
+    if key_sent:
+        return ("the server refused the API key sent (HTTP 401): vllm_api_key differs from the server's "
+                "VLLM_API_KEY; provision the host again or fix the key")
+    return ("the server wants an API key (HTTP 401): set vllm_api_key (the inventory's secrets file, "
+            "or VLLM_API_KEY in the environment)")
+
+
 def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[str, Any] | None,
-                model_root: str | None, seconds: float) -> HostStatus:
+                model_root: str | None, seconds: float, key_sent: bool = False) -> HostStatus:
     """Pure: the probe's answer -> what status shows, and whether the host is healthy."""
     unit_name = SERVER_UNIT if role == "server" else WORKER_UNIT
     state = host_facts.units.get(unit_name)
@@ -178,9 +187,11 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
     samples = [parse_metrics(sample.get("body") or "") for sample in serving.get("metrics") or []
                if sample.get("status") == 200]
     found = figures(samples[0], samples[1], float(serving.get("window") or 0)) if len(samples) == 2 else None
-    healthy = unit["active"] == "active" and health_text == "ok"
+    refused_key = (serving.get("models") or {}).get("status") == 401
+    healthy = unit["active"] == "active" and health_text == "ok" and not refused_key
     problem = None if healthy else (f"{unit_name} is {unit['active']}" if unit["active"] != "active"
-                                    else f"/health {health_text}")
+                                    else f"/health {health_text}" if health_text != "ok"
+                                    else unauthorized(key_sent))
     return HostStatus(host, role, True, healthy, problem, health=health_text, model=model, figures=found,
                       **common)
 
@@ -207,7 +218,7 @@ def gather_one(runner: Any, host: str, role: str, settings: Mapping[str, Any], a
     host_facts = facts.facts_from_probe(host, result, STATUS_FACTS)
     serving = json.loads(result.stdout).get("serving")
     root = weights.root_of(settings) if weights.managed(settings) else None
-    return host_status(host, role, host_facts, serving, root, time.monotonic() - started)
+    return host_status(host, role, host_facts, serving, root, time.monotonic() - started, key_sent=bool(api_key))
 
 
 def with_deadline(names: Sequence[str], work: Callable[[str], HostStatus], deadline: float,

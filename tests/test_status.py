@@ -142,3 +142,84 @@ def test_a_server_that_is_not_there_reads_as_refused() -> None:
         {"python": "3.11.2", "results": {"units": {"exit": 0, "stdout": "Id=vllm.service\nActiveState=active\n"}}})),
         status.STATUS_FACTS), {"health": answer}, None, 0.1)
     assert found.health == "not answering (connection refused)" and not found.healthy
+
+
+class _KeyedServer:
+    """A loopback server that answers like vLLM started with an API key: /health open, the rest 401
+    unless `Authorization: Bearer KEY` comes with the request."""
+
+    def __init__(self, key: str) -> None:
+        import http.server
+        import threading
+
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _answer(self, code: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                if self.path == "/health":
+                    return self._answer(200, {})
+                if self.path == "/metrics":
+                    return self._answer(200, {})
+                if self.headers.get("Authorization") != f"Bearer {outer.key}":
+                    return self._answer(401, {"error": "Unauthorized"})
+                self._answer(200, {"data": [{"id": "tiny-llama"}]})
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self._answer(401, {"error": "Unauthorized"})
+
+        self.key = key
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+def _status_with(serving: dict, key_sent: bool) -> status.HostStatus:
+    running = facts.facts_from_probe("h", ok(json.dumps(
+        {"python": "3.11.2", "results": {"units": {"exit": 0, "stdout": "Id=vllm.service\nActiveState=active\n"}}})),
+        status.STATUS_FACTS)
+    return status.host_status("h", "server", running, serving, None, 0.1, key_sent=key_sent)
+
+
+def test_a_key_protected_server_is_not_ok_without_the_key_and_says_what_to_set() -> None:
+    from provision import hostprobe
+
+    server_ = _KeyedServer("key-0123456789")
+    try:
+        without = _status_with(hostprobe.serving_first({"base": server_.base, "api_key": None}), key_sent=False)
+        assert not without.healthy and without.model is None
+        assert "wants an API key (HTTP 401): set vllm_api_key" in (without.problem or "")
+        wrong = _status_with(hostprobe.serving_first({"base": server_.base, "api_key": "nope"}), key_sent=True)
+        assert not wrong.healthy and "refused the API key sent" in (wrong.problem or "")
+        right = _status_with(hostprobe.serving_first({"base": server_.base, "api_key": "key-0123456789"}),
+                             key_sent=True)
+        assert right.healthy and right.model == "tiny-llama"
+    finally:
+        server_.server.shutdown()
+        server_.server.server_close()
+
+
+def test_bench_against_a_key_protected_server_says_what_to_set() -> None:
+    from provision import hostserve
+
+    server_ = _KeyedServer("key-0123456789")
+    try:
+        answer = hostserve.bench({"base": server_.base, "model": "tiny-llama", "api_key": None, "count": 1,
+                                  "concurrency": 1, "max_tokens": 2})
+        assert not answer["ok"] and answer["errors"] == [
+            "the server wants an API key (HTTP 401): set vllm_api_key (the inventory's secrets file, "
+            "or VLLM_API_KEY in the environment)"]
+    finally:
+        server_.server.shutdown()
+        server_.server.server_close()
