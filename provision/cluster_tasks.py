@@ -273,14 +273,26 @@ def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:
     return f"{value}{unit}"
 
 
+def status_problems(found: dict[str, status.HostStatus]) -> list[str]:
+    """What is wrong with each host that is not healthy, whole, one line each (under the table)."""
+    lines = []
+    for name, item in found.items():
+        if item.healthy or not item.problem:
+            continue
+        text = item.problem.removeprefix(f"{name}: ")
+        lines.append(f"{name}: {text}")
+    return lines
+
+
 def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
     table = Table(title=title)
     for column in ("host", "unit", "restarts", "health", "model @ revision", "GPUs (mem used/total GiB, °C, util)",
                    "run/wait", "tok/s", "KV %", "prefix hit %"):
         table.add_column(column)
     for name, item in found.items():
-        if not item.reachable:
-            table.add_row(name, "[red]unreachable[/red]", "", "", "", "", "", "", "", item.problem or "")
+        if not item.reachable:  # the whole reason goes below the table, not into a narrow last column
+            table.add_row(f"[red]{name}[/red]", "[red]unreachable[/red]", "-",
+                          status.short_reason(item.problem or ""), "-", "-", "-", "-", "-", "-")
             continue
         gpus = "; ".join(
             f"{g['name'].replace('NVIDIA ', '')} {_fmt((g['memory_used_mib'] or 0) / 1024)}/"
@@ -322,6 +334,8 @@ def status_(c: Context, host: list[str] | None = None, cluster: str | None = Non
                                     "healthy": all(s.healthy for s in found.values())}))
         else:
             report.console().print(status_table(found, title))
+            for line in status_problems(found):
+                report.console().print(line, highlight=False, markup=False)
         if not watch:
             break
         time.sleep(max(0.0, watch - (time.monotonic() - started)))

@@ -14,6 +14,7 @@ through `mask()`, which replaces every registered secret.
 """
 from __future__ import annotations
 
+import errno
 import io
 import logging
 import select
@@ -179,6 +180,20 @@ class _Counting:
 # SSH
 
 
+def _connect_failure(exc: BaseException) -> str:
+    """A failed connect in plain words. paramiko folds the socket errors of every address it tried into
+    NoValidConnectionsError ('[Errno None] Unable to connect to port 22 on …'): say what they were."""
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) and exc.errors:
+        causes = {getattr(error, "errno", None) for error in exc.errors.values()}
+        if causes == {errno.ECONNREFUSED}:
+            return "connection refused (nothing listens on that port)"
+        if causes <= {errno.EHOSTUNREACH, errno.ENETUNREACH}:
+            return "no route to the host (down, or a network between)"
+        first = next(iter(exc.errors.values()))
+        return getattr(first, "strerror", None) or str(first)
+    return str(exc) or type(exc).__name__
+
+
 class _StrictHostKeys(paramiko.MissingHostKeyPolicy):
     """Refuse unknown host keys, or (only when asked) accept and record them in known_hosts."""
 
@@ -283,7 +298,7 @@ class SshRunner(_Counting):
             raise UnreachableHost(
                 self.host, f"no answer from {where} within {self.ssh.connect_timeout:g}s") from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            reason = str(exc) or type(exc).__name__
+            reason = _connect_failure(exc)
             if "No existing session" in reason or "banner" in reason:
                 reason = "something answered but no SSH server spoke (is sshd on that port?)"
             raise UnreachableHost(self.host, f"cannot connect to {where}: {reason}") from None

@@ -250,6 +250,18 @@ def unreachable(host: str, role: str, why: str) -> HostStatus:
     return HostStatus(host, role, False, False, why)
 
 
+# The kinds of "could not ask the host", in the words the table shows; the whole text stays in --json.
+_REASONS = (("host key", "host key refused"), ("authentication failed", "login refused"),
+            ("refused", "connection refused"), ("no answer", "timed out"), ("did not answer", "timed out"),
+            ("timed out", "timed out"), ("no route", "no route to host"), ("connection lost", "connection lost"))
+
+
+def short_reason(why: str) -> str:
+    """'cpu-1: unreachable: cannot connect to root@10.0.0.5:22: connection refused (…)' -> 'connection refused'."""
+    lowered = why.lower()
+    return next((words for needle, words in _REASONS if needle in lowered), "cannot connect")
+
+
 def as_json(status: HostStatus) -> dict[str, Any]:
     data: dict[str, Any] = parsers.json_ready(status)
     return data

@@ -223,3 +223,47 @@ def test_bench_against_a_key_protected_server_says_what_to_set() -> None:
     finally:
         server_.server.shutdown()
         server_.server.server_close()
+
+
+def test_an_unreachable_host_is_one_row_in_our_words_and_its_whole_reason_is_below() -> None:
+    from rich.console import Console
+
+    from provision.cluster_tasks import status_problems, status_table
+    from provision.errors import UnreachableHost
+
+    why = str(UnreachableHost("ws-5090", "cannot connect to root@10.231.77.11:22: connection refused "
+                                         "(nothing listens on that port)"))
+    found = {"ws-5090": status.unreachable("ws-5090", "server", why)}
+    out = Console(width=200, record=True)
+    out.print(status_table(found, "status"))
+    row = next(line for line in out.export_text().splitlines() if "ws-5090" in line)
+    assert "unreachable" in row and "connection refused" in row and "root@" not in row
+    assert status_problems(found) == ["ws-5090: unreachable: cannot connect to root@10.231.77.11:22: "
+                                      "connection refused (nothing listens on that port)"]
+    assert status.short_reason("h: unreachable: no answer from root@h:22 within 5s") == "timed out"
+    assert status.short_reason("h: unreachable: the host key of root@h:22 CHANGED") == "host key refused"
+
+
+def test_a_refused_connection_is_said_in_plain_words_not_paramikos() -> None:
+    import socket as socket_
+
+    from provision import remote
+
+    listener = socket_.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.close()  # nothing listens there now
+    target = inventory.Host(name="gone", address="127.0.0.1", port=port, user="root",
+                            profile=lab_profile(), connection="ssh", key_file=None, vars={}, source="t")
+    runner = remote.SshRunner(target, inventory.SshSettings(connect_timeout=3))
+    with pytest.raises(Exception) as caught:
+        runner.run(["true"])
+    runner.close()
+    assert "connection refused (nothing listens on that port)" in str(caught.value)
+    assert "Errno None" not in str(caught.value)
+
+
+def lab_profile():  # type: ignore[no-untyped-def]
+    from provision.profiles import load_profiles
+
+    return load_profiles()["cpu"]
