@@ -64,6 +64,19 @@ def _cpu(facts: HostFacts) -> str:
     return f"{models}; {detail}"
 
 
+def _venv(facts: HostFacts) -> str:
+    venv = facts.venv
+    if venv is None:
+        return facts.notes.get("venv", "none")
+    if not (venv.vllm or venv.torch):
+        return f"Python {venv.python}, no vLLM or torch"
+    torch = f"torch {venv.torch}" + (f" (CUDA {venv.cuda})" if venv.cuda else " (CPU)") if venv.torch else "no torch"
+    parts = [f"vLLM {venv.vllm}" if venv.vllm else "no vLLM", torch]
+    if venv.nccl:
+        parts.append(f"NCCL {venv.nccl}")
+    return ", ".join(parts) + f"; Python {venv.python}"
+
+
 def facts_rows(facts: HostFacts) -> list[tuple[str, str]]:
     driver = (f"{facts.driver.version} ({facts.driver.flavour} kernel module)" if facts.driver
               else facts.notes.get("nvidia_driver", "-"))
@@ -81,6 +94,7 @@ def facts_rows(facts: HostFacts) -> list[tuple[str, str]]:
         ("driver", driver),
         ("gpus", _gpus(facts)),
         ("python3", facts.python or "-"),
+        ("venv", _venv(facts)),
         ("init", f"{facts.init or '-'}" + ("" if facts.systemd_is_pid1 else " (not systemd)")),
         ("units", units),
         ("rdma", rdma),

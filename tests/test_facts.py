@@ -134,3 +134,17 @@ def test_probe_commands_run_at_once(tmp_path) -> None:
     results = hostprobe.collect(spec)["results"]
     assert [results[f"c{i}"]["timed_out"] for i in range(4)] == [False] * 4
     assert all(results[f"c{i}"]["exit"] == 0 for i in range(4))
+
+
+def test_the_facts_table_shows_the_venv_when_one_exists_and_says_when_none() -> None:
+    from provision import lab, report
+    from tests.fakes import ok, probe_answer_from_recording
+
+    with_venv = (*facts.FACTS, facts.venv_fact("/opt/vllm/venv"))
+    recorded = facts.facts_from_probe("ws-575", ok(probe_answer_from_recording(
+        lab.load_machine("rtx5090x2-driver575-venv-cu130"))), with_venv)
+    rows = dict(report.facts_rows(recorded))
+    assert rows["venv"] == "no vLLM, torch 2.11.0+cu130 (CUDA 13.0), NCCL 2.28.9; Python 3.12.3"
+    bare = facts.facts_from_probe("ws-5090", ok(probe_answer_from_recording(
+        lab.load_machine("rtx5090x2-tr7960x"))), with_venv)
+    assert dict(report.facts_rows(bare))["venv"] == "not collected"
