@@ -751,6 +751,8 @@ def lab_down(c: Context, keep_cache: bool = False) -> None:
     """Stop the lab and remove everything it made (processes, namespaces, links, files)."""
     removed = lab.Lab().down(keep_cache=keep_cache)
     print(f"lab down: stopped {', '.join(removed) or 'no hosts'}")
+    for line in lab.left_in_place():
+        print(line)
 
 
 lab_tasks = Collection("lab", lab_up, lab_status, lab_down)

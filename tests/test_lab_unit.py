@@ -57,3 +57,13 @@ def test_bench_hosts_are_plain_cpu_hosts_booted_only_when_named() -> None:
     assert len(lab.BENCH_HOSTS) == 32 and lab.BENCH_HOSTS[0].name == "bench-01"
     assert all(h.machine is None and not h.default and h.log_sessions for h in lab.BENCH_HOSTS)
     assert not {h.name for h in lab.BENCH_HOSTS} & {h.name for h in lab.DEFAULT_HOSTS}
+
+
+def test_lab_down_says_what_it_leaves_and_how_to_remove_it(tmp_path, monkeypatch) -> None:
+    house = tmp_path / "wheelhouse"
+    monkeypatch.setenv("PROVISION_WHEELHOUSE", str(house))
+    assert lab.left_in_place() == []
+    (house / "x86_64-py3.11-abc").mkdir(parents=True)
+    (house / "x86_64-py3.11-abc" / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"0" * 3 * 2**20)
+    (line,) = lab.left_in_place()
+    assert f"left in place: {house} (3 MiB of wheels" in line and f"`rm -r {house}` removes them" in line

@@ -502,6 +502,20 @@ class Lab:
         shutil.rmtree(self.dir / "hosts" / name, ignore_errors=True)
 
 
+def _size(path: Path) -> int:
+    return sum(item.stat().st_size for item in path.rglob("*") if item.is_file() and not item.is_symlink())
+
+
+def left_in_place() -> list[str]:
+    """What lab.down does not remove, because it is the tool's and not the lab's: the controller's
+    wheelhouse (wheels resolved for any host, lab hosts included; reused by every later run)."""
+    house = config.wheelhouse()
+    if not house.is_dir() or not any(house.iterdir()):
+        return []
+    return [f"left in place: {house} ({_size(house) / 2**20:.0f} MiB of wheels the tool resolved on this "
+            f"controller, for lab hosts and any other; `rm -r {house}` removes them)"]
+
+
 INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
 INOTIFY_PER_HOST = 16  # systemd, logind, dbus and getty in each host hold about 7; room for services
 
