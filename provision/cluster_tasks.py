@@ -300,10 +300,13 @@ def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
             for g in item.gpus) or "-"
         fig = item.figures
         unit = item.unit.get("active", "?") + (f" since {item.unit['since']}" if item.unit.get("since") else "")
+        if item.unit.get("installed") is False:
+            unit = "not installed"
         colour = "green" if item.healthy else "red"
         model = f"{item.model or '-'} @ {item.revision[:12] if item.revision else '-'}"
         table.add_row(f"[{colour}]{name}[/{colour}]", unit, _fmt(item.unit.get("restarts")),
-                      item.health or item.role, model if item.role == "server" else "(Ray worker)", gpus,
+                      item.health or item.role,
+                      model if item.role == "server" or item.unit.get("installed") is False else "(Ray worker)", gpus,
                       f"{_fmt(fig.running, digits=0)}/{_fmt(fig.waiting, digits=0)}" if fig else "-",
                       _fmt(fig.generation_tokens_per_s) if fig else "-",
                       _fmt(fig.kv_cache_usage_pct) if fig else "-", _fmt(fig.prefix_cache_hit_pct) if fig else "-")

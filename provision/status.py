@@ -157,14 +157,18 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
     """Pure: the probe's answer -> what status shows, and whether the host is healthy."""
     unit_name = SERVER_UNIT if role == "server" else WORKER_UNIT
     state = host_facts.units.get(unit_name)
+    installed = state is not None and state.load_state != "not-found"
     unit = {"name": unit_name, "active": state.active_state if state else "unknown",
             "sub": state.sub_state if state else None, "restarts": state.restarts if state else None,
-            "since": state.active_since if state else None}
+            "since": state.active_since if state else None, "installed": installed}
     revision = None
     if model_root:
         revision = (host_facts.weights.get(model_root) or {}).get("current")
     common = dict(kernel=host_facts.kernel, driver=host_facts.driver.version if host_facts.driver else None,
                   gpus=_gpu_rows(host_facts), unit=unit, revision=revision, seconds=round(seconds, 2))
+    if state is not None and not installed:  # never provisioned: say so, not "inactive" or "worker"
+        return HostStatus(host, role, True, False, f"{unit_name} is not installed: provision the host first",
+                          health="-", **common)
     if role != "server":
         healthy = unit["active"] == "active"
         return HostStatus(host, role, True, healthy, None if healthy else f"{unit_name} is {unit['active']}",

@@ -67,3 +67,17 @@ def test_lab_down_says_what_it_leaves_and_how_to_remove_it(tmp_path, monkeypatch
     (house / "x86_64-py3.11-abc" / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"0" * 3 * 2**20)
     (line,) = lab.left_in_place()
     assert f"left in place: {house} (3 MiB of wheels" in line and f"`rm -r {house}` removes them" in line
+
+
+def test_every_lab_machine_says_which_facts_it_cannot_replay() -> None:
+    """A lab host shows the recorded machine, or says which facts come from this machine instead."""
+    said = {host.machine: lab.not_replayed(lab.load_machine(host.machine))
+            for host in lab.DEFAULT_HOSTS if host.machine}
+    # The recorded H200 node replays its module list (lsmod from its verbatim /proc/modules), so the
+    # nouveau check reads the node's modules, not "could not be checked" for this machine's lack of them.
+    assert said["h200x2-driver580"] == [] and said["dgx-spark-gb10"] == []
+    # No memory or /proc/cpuinfo was recorded on the 5090 workstation: this machine's answer, said so.
+    assert said["rtx5090x2-tr7960x"] == ["meminfo", "cpuinfo"]
+    h200 = {e["fact"]: e for e in lab.load_machine("h200x2-driver580")["outputs"]}
+    from provision import parsers
+    assert parsers.parse_lsmod(h200["lsmod"]["stdout"]) == parsers.parse_proc_modules(h200["modules"]["stdout"])

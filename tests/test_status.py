@@ -2,6 +2,7 @@
 answer -> a host's status; bench timings -> the report; the order deploy rolls in."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -267,3 +268,16 @@ def lab_profile():  # type: ignore[no-untyped-def]
     from provision.profiles import load_profiles
 
     return load_profiles()["cpu"]
+
+
+def test_a_host_never_provisioned_says_so_instead_of_inactive_or_ray_worker() -> None:
+    answer = probe_answer_from_recording(lab.load_machine("dgx-spark-gb10"), python="3.12.3")
+    spark = facts.facts_from_probe("spark-b", ok(answer))
+    # What systemctl show answers for a unit file that does not exist (LoadState=not-found).
+    units = facts.parsers.parse_systemctl_show(
+        "Id=vllm-ray-worker.service\nLoadState=not-found\nActiveState=inactive\nSubState=dead\n"
+        "UnitFileState=\nNRestarts=0\nActiveEnterTimestamp=\n")
+    spark = dataclasses.replace(spark, units=units)
+    found = status.host_status("spark-b", "worker", spark, None, None, 0.2)
+    assert not found.healthy and found.unit["installed"] is False
+    assert found.problem == "vllm-ray-worker.service is not installed: provision the host first"

@@ -107,6 +107,29 @@ DEFAULT_CLUSTERS: Mapping[str, Mapping[str, Any]] = {
 }
 
 
+# Facts a lab host answers with this machine's values when its recording lacks them: its kernel, the
+# machine's /proc files, lscpu of the machine's CPU, the root's Debian. (A tool the host lacks, such as
+# nvidia-smi or ibdev2netdev, answers "not present", which is no lie; units, interfaces and PID 1 are the
+# host's own on purpose.)
+FROM_THIS_MACHINE = ("uname", "os_release", "meminfo", "cpuinfo", "lscpu", "lscpu_cpus", "modules")
+
+
+def not_replayed(machine: Mapping[str, Any]) -> list[str]:
+    """The facts a host playing `machine` answers from this machine instead of the recording."""
+    outputs = {entry["fact"]: entry for entry in machine["outputs"]}
+    missing = []
+    for name in FROM_THIS_MACHINE:
+        if name == "modules":  # replayed as a /proc file where this machine has one, else through lsmod
+            here = Path("/proc/modules").exists()
+            replayed = "lsmod" in outputs or ("modules" in outputs and here)
+            if here and not replayed:
+                missing.append(name)
+            continue
+        if name not in outputs:
+            missing.append(name)
+    return missing
+
+
 def load_machine(name: str) -> dict[str, Any]:
     """A recording: {"name", "profile", "provenance", "interfaces", "outputs": [{fact, argv|file, ...}]}."""
     path = MACHINES_DIR / f"{name}.json"
@@ -467,8 +490,10 @@ class Lab:
                 alive = True
             except OSError:
                 alive = False
+            own = ", ".join(not_replayed(load_machine(record["machine"]))) if record["machine"] else "-"
             rows.append({"host": name, "address": record["address"], "profile": record["profile"],
-                         "replays": record["machine"] or "-", "process": "running" if alive else "gone",
+                         "replays": record["machine"] or "-", "not replayed (this machine's)": own or "none",
+                         "process": "running" if alive else "gone",
                          "sshd": "answers" if alive and _sshd_answers(record["address"], 2) else "silent"})
         return rows
 
