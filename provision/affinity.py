@@ -4,18 +4,51 @@ Policies (the `cpu_affinity` setting):
 - `all`: no pinning.
 - `ccd:N`: the CPUs of the N-th L3 domain (a Zen CCD), SMT siblings included.
 - a CPU list (`0-5,24-29`): exactly those.
-- `auto`: on a CPU with several L3 domains, one whole CCD that is not CPU 0's (CPU 0 takes the
-  interrupts and the rest of the system); on a heterogeneous Arm CPU (GB10) its big cores, told apart
-  by maximum frequency or by core part (X925 = 0xd85), never by index ranges; otherwise no pinning.
+- `auto`: the big cores of a CPU with several core types, else one whole CCD that is not CPU 0's
+  on a CPU with several L3 domains (CPU 0 takes the interrupts and the rest of the system), else
+  no pinning. The first source that tells decides:
+
+  1. the Arm part of each CPU (/proc/cpuinfo `CPU part`: 0xd85 Cortex-X925 big, 0xd87 A725 little);
+  2. lscpu's MODELNAME column (the same core names, where util-linux prints them);
+  3. the kernel's x86 hybrid lists (/sys/devices/cpu_core/cpus: P-cores, cpu_atom: E-cores);
+  4. a frequency class: CPUs whose maximum frequency is clearly above all others (a gap, see
+     FREQUENCY_GAP), never "the CPUs at exactly the highest maximum";
+  5. the L3 domains (above).
+
+Core type comes before frequency because per-core maxima differ inside one core type: GB10 units
+report their X925 cores at 3.9 GHz on one cluster and 4.0 GHz on the other, or at one value; Intel
+Turbo Boost Max 3.0 and AMD's CPPC "preferred cores" give single cores a higher maximum. The CPUs
+at the exact top frequency can be two cores of twenty, or half a CCD. Index ranges are never used:
+GB10 numbers its A725 cores first within each cluster (X925 = 5-9,15-19).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from provision.parsers import CpuTopology
 
-# Arm MIDR parts of big cores (GB10: Cortex-X925 big, Cortex-A725 little).
-BIG_ARM_PARTS = {"0xd85": "Cortex-X925", "0xd82": "Cortex-X4", "0xd4e": "Cortex-X3"}
+# Arm cores by MIDR part (Linux arch/arm64/include/asm/cputype.h, util-linux lscpu-arm.c) with a
+# tier: X cores 3, A7xx 2, A5xx 1. The highest tier present is "big"; a part not listed here makes
+# the ranking unknown, and the next source decides.
+ARM_CORES: dict[str, tuple[str, int]] = {
+    "0xd85": ("Cortex-X925", 3), "0xd82": ("Cortex-X4", 3), "0xd4e": ("Cortex-X3", 3),
+    "0xd48": ("Cortex-X2", 3), "0xd44": ("Cortex-X1", 3),
+    "0xd87": ("Cortex-A725", 2), "0xd81": ("Cortex-A720", 2), "0xd4d": ("Cortex-A715", 2),
+    "0xd47": ("Cortex-A710", 2), "0xd41": ("Cortex-A78", 2),
+    "0xd80": ("Cortex-A520", 1), "0xd46": ("Cortex-A510", 1), "0xd05": ("Cortex-A55", 1),
+}
+_TIER_BY_NAME = {name: tier for name, tier in ARM_CORES.values()}
+
+# Two groups of CPUs are separate frequency classes only where the lower group's highest maximum
+# is below FREQUENCY_GAP times the upper group's lowest, i.e. there is a gap of more than 15%
+# between neighbouring maxima. Why 0.85: inside one core type, neighbouring maxima sit within 3-6%
+# of each other (GB10 X925 3900/4004 = 0.97; Intel TBM 3.0 5500/5800 = 0.95; CPPC steps of about
+# 160 MHz, 5352 ... 6482 on a Threadripper PRO 7975WX, 0.97 each), while different core types sit
+# 22% and more apart (GB10 A725/X925 2860/4004 = 0.71, 2808/3900 = 0.72; i9-13900K E/P 4300/5500
+# = 0.78; Zen 5c/Zen 5 3506/5090 = 0.69). Classes chain by neighbours, so a CPPC spread of 17% in
+# 3% steps stays one class.
+FREQUENCY_GAP = 0.85
 
 
 @dataclass(frozen=True)
@@ -55,11 +88,11 @@ class AffinityError(ValueError):
 def choose(policy: str, topology: CpuTopology | None) -> Affinity:
     if policy == "all":
         return Affinity(None, None, "policy all: no pinning")
-    if topology is None or not (topology.cpus or topology.parts):
+    if topology is None or not (topology.cpus or topology.parts or topology.models):
         if policy == "auto":
             return Affinity(None, None, "no per-CPU topology (lscpu -e) on this host: no pinning")
         raise AffinityError(f"cpu_affinity {policy} needs the per-CPU topology, which this host did not give")
-    online = {cpu.cpu for cpu in topology.cpus if cpu.online} or set(topology.parts)
+    online = {cpu.cpu for cpu in topology.cpus if cpu.online} or set(topology.parts) or set(topology.models)
     if policy == "auto":
         cpus, reason = _auto(topology)
     elif policy.startswith("ccd:"):
@@ -80,23 +113,112 @@ def choose(policy: str, topology: CpuTopology | None) -> Affinity:
     return Affinity(tuple(sorted(cpus)), chosen_nodes if len(nodes) > 1 else None, reason)
 
 
+Choice = tuple[tuple[int, ...], str]
+
+
 def _auto(topology: CpuTopology) -> tuple[tuple[int, ...] | None, str]:
-    speeds = {cpu.max_mhz for cpu in topology.cpus if cpu.max_mhz}
-    if len(speeds) > 1 and topology.architecture in ("aarch64", None) and topology.parts:
-        fastest = max(speeds)
-        return (tuple(cpu.cpu for cpu in topology.cpus if cpu.max_mhz == fastest),
-                f"big cores: the CPUs at the highest maximum frequency ({fastest:g} MHz)")
-    big = tuple(cpu for cpu, part in sorted(topology.parts.items()) if part in BIG_ARM_PARTS)
-    if big and len(big) < len(topology.parts):
-        names = sorted({BIG_ARM_PARTS[topology.parts[cpu]] for cpu in big})
-        return big, f"big cores by part ({', '.join(names)})"
-    if len(speeds) > 1 and not topology.l3_domains:
-        fastest = max(speeds)
-        return (tuple(cpu.cpu for cpu in topology.cpus if cpu.max_mhz == fastest),
-                f"the CPUs at the highest maximum frequency ({fastest:g} MHz)")
+    for rule in (_by_arm_part, _by_model_name, _by_kernel_core_type, _by_frequency_class):
+        found = rule(topology)
+        if found:
+            return found
     domains = topology.l3_domains
     if len(domains) > 1:
         first = next(cpus for cpus in domains.values() if 0 not in cpus)
         index = list(domains.values()).index(first)
         return first, f"one whole CCD (L3 domain {index}, SMT siblings included), not CPU 0's"
-    return None, "one L3 domain: no pinning"
+    return None, "one core type and at most one L3 domain: no pinning"
+
+
+def _online(topology: CpuTopology) -> set[int]:
+    return {cpu.cpu for cpu in topology.cpus if cpu.online}
+
+
+def _describes_this_host(topology: CpuTopology, listed: Iterable[int]) -> bool:
+    """A per-CPU source counts only if it covers every online CPU that `lscpu -e` lists and no CPU
+    it does not: two outputs of one host agree; a stale or foreign one is ignored."""
+    if not topology.cpus:
+        return True
+    listed = set(listed)
+    return _online(topology) <= listed <= {cpu.cpu for cpu in topology.cpus}
+
+
+def _usable(topology: CpuTopology, cpus: Iterable[int]) -> tuple[int, ...]:
+    online = _online(topology)
+    return tuple(sorted(cpu for cpu in cpus if not online or cpu in online))
+
+
+def _biggest_tier(topology: CpuTopology, tiers: Mapping[int, int | None]) -> tuple[int, ...] | None:
+    """The CPUs of the highest tier, where every CPU's tier is known and there are at least two."""
+    if not tiers or None in tiers.values() or len(set(tiers.values())) < 2:
+        return None
+    if not _describes_this_host(topology, tiers):
+        return None
+    top = max(tier for tier in tiers.values() if tier is not None)
+    return _usable(topology, (cpu for cpu, tier in tiers.items() if tier == top))
+
+
+def _by_arm_part(topology: CpuTopology) -> Choice | None:
+    tiers = {cpu: ARM_CORES[part][1] if part in ARM_CORES else None
+             for cpu, part in topology.parts.items()}
+    big = _biggest_tier(topology, tiers)
+    if not big:
+        return None
+    names = sorted({ARM_CORES[topology.parts[cpu]][0] for cpu in big})
+    parts = sorted({topology.parts[cpu] for cpu in big})
+    return big, f"big cores by CPU part ({', '.join(names)}: {', '.join(parts)} in /proc/cpuinfo)"
+
+
+def _by_model_name(topology: CpuTopology) -> Choice | None:
+    big = _biggest_tier(topology, {cpu: _TIER_BY_NAME.get(name) for cpu, name in topology.models.items()})
+    if not big:
+        return None
+    names = sorted({topology.models[cpu] for cpu in big})
+    return big, f"big cores by MODELNAME ({', '.join(names)} in lscpu -e)"
+
+
+def _by_kernel_core_type(topology: CpuTopology) -> Choice | None:
+    """Intel P-cores: the kernel's cpu_core list, only where E-cores exist too. Never E-cores alone."""
+    hybrid = topology.hybrid
+    if hybrid is None or not hybrid.core or not hybrid.atom or set(hybrid.core) & set(hybrid.atom):
+        return None
+    if not _describes_this_host(topology, (*hybrid.core, *hybrid.atom)):
+        return None
+    p_cores = _usable(topology, hybrid.core)
+    if not p_cores:
+        return None
+    return p_cores, ("P-cores by the kernel's core type (/sys/devices/cpu_core/cpus; "
+                     f"{len(hybrid.atom)} E-core CPUs in cpu_atom left to the system)")
+
+
+def frequency_classes(maxima: Mapping[int, float]) -> list[tuple[int, ...]]:
+    """{cpu: max MHz} -> CPU groups, fastest first, split only at gaps (FREQUENCY_GAP)."""
+    classes: list[list[float]] = []
+    for mhz in sorted(set(maxima.values()), reverse=True):
+        if classes and mhz >= FREQUENCY_GAP * classes[-1][-1]:
+            classes[-1].append(mhz)
+        else:
+            classes.append([mhz])
+    return [tuple(sorted(cpu for cpu, mhz in maxima.items() if mhz in group)) for group in classes]
+
+
+def _by_frequency_class(topology: CpuTopology) -> Choice | None:
+    online = [cpu for cpu in topology.cpus if cpu.online]
+    if not online or any(cpu.max_mhz is None for cpu in online):
+        return None
+    maxima = {cpu.cpu: float(cpu.max_mhz or 0) for cpu in online}
+    classes = frequency_classes(maxima)
+    if len(classes) < 2:
+        return None
+    fastest = classes[0]
+    # On x86 an L3 domain is a CCD of one core type: a gap inside one is not a core type, so a
+    # class that splits a CCD is refused. On Arm one cluster (one L3) holds both types (GB10: five
+    # X925 and five A725 each), so there the split is the point.
+    if topology.architecture != "aarch64" and not topology.parts:
+        domains = topology.l3_domains.values()
+        if len(domains) > 1 and any(0 < len(set(d) & set(fastest)) < len(d) for d in domains):
+            return None
+    top = [maxima[cpu] for cpu in fastest]
+    below = max(maxima[cpu] for cpu in classes[1])
+    span = f"{min(top):g}-{max(top):g}" if min(top) != max(top) else f"{max(top):g}"
+    return fastest, (f"the fastest frequency class ({span} MHz; the next tops out at {below:g} MHz), "
+                     "no core type reported")

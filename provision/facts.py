@@ -43,6 +43,9 @@ class Fact:
     # path (glob patterns). The venv's versions cost an `import torch` (seconds) otherwise.
     recorded: str | None = None
     unchanged_since: tuple[str, ...] = ()
+    # A file most hosts lack by design (the x86 hybrid lists): its absence is the answer ("not
+    # present": the fact's value stays None) and not worth a note.
+    optional: bool = False
 
 
 FACTS: tuple[Fact, ...] = (
@@ -53,6 +56,13 @@ FACTS: tuple[Fact, ...] = (
     Fact("lscpu", parsers.parse_lscpu, argv=("lscpu",)),
     Fact("lscpu_cpus", parsers.parse_lscpu_extended, argv=("lscpu", "-e")),
     Fact("cpuinfo", parsers.parse_cpuinfo_parts, file="/proc/cpuinfo"),
+    # Each CPU's core type by name (GB10: Cortex-X925 or Cortex-A725); the column list is Arm's
+    # published DGX Spark layout, so that recording is this fact's fixture verbatim.
+    Fact("lscpu_models", parsers.parse_lscpu_models,
+         argv=("lscpu", "-e=CPU,ONLINE,MAXMHZ,MODELNAME")),
+    # x86 hybrid CPUs (Intel P-cores and E-cores): the kernel's list of each type's CPUs.
+    Fact("cpu_core_cpus", parsers.parse_cpu_list, file="/sys/devices/cpu_core/cpus", optional=True),
+    Fact("cpu_atom_cpus", parsers.parse_cpu_list, file="/sys/devices/cpu_atom/cpus", optional=True),
     Fact("nvidia_driver", parsers.parse_nvidia_version, file="/proc/driver/nvidia/version"),
     Fact("gpus", parsers.parse_nvidia_smi_csv,
          argv=("nvidia-smi", "--query-gpu=" + ",".join(parsers.GPU_QUERY_FIELDS),
@@ -192,7 +202,7 @@ def facts_from_probe(host: str, result: Result, facts: Sequence[Fact] = FACTS) -
 def _parse_one(fact: Fact, outcome: Mapping[str, Any]) -> tuple[Any, str | None]:
     source = fact.file or (fact.argv[0] if fact.argv else fact.name)
     if outcome.get("missing"):
-        return None, f"{source}: not present on the host"
+        return None, None if fact.optional else f"{source}: not present on the host"
     if outcome.get("timed_out"):
         return None, f"{source}: timed out"
     if outcome.get("exit") != 0:
@@ -212,8 +222,11 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
     uname: Uname | None = values.get("uname")
     cpu: CpuTopology | None = values.get("lscpu")
     if cpu is not None:
+        core, atom = values.get("cpu_core_cpus"), values.get("cpu_atom_cpus")
+        hybrid = None if core is None and atom is None else parsers.HybridCpus(core or (), atom or ())
         cpu = dataclasses.replace(cpu, cpus=values.get("lscpu_cpus", ()),
-                                  parts=values.get("cpuinfo", {}))
+                                  parts=values.get("cpuinfo", {}),
+                                  models=values.get("lscpu_models", {}), hybrid=hybrid)
     disks = tuple(
         DiskSpace(path=path, checked=str(info["checked"]), exists=bool(info["exists"]),
                   free_bytes=int(info["free"]), total_bytes=int(info["total"]))

@@ -224,11 +224,23 @@ class LogicalCpu:
 
 
 @dataclass(frozen=True)
+class HybridCpus:
+    """The kernel's two CPU lists on an x86 hybrid CPU (Intel Alder Lake and later), from its
+    hybrid PMUs: HybridCpus(core=(0, ..., 15), atom=(16, ..., 31)). `core` are the P-cores,
+    `atom` the E-cores (and Meteor Lake's low-power E-cores). Other CPUs have neither file."""
+
+    core: tuple[int, ...]
+    atom: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class CpuTopology:
-    """The summary (plain `lscpu`), the per-CPU table (`lscpu -e`) and, on Arm, each CPU's part.
+    """The summary (plain `lscpu`), the per-CPU table (`lscpu -e`) and each CPU's core type where
+    the host says it: the Arm part (/proc/cpuinfo), lscpu's MODELNAME column, the x86 hybrid lists.
 
     CpuTopology(architecture='aarch64', vendor='ARM', model_names=('Cortex-X925', 'Cortex-A725'),
-                cpus=(LogicalCpu(cpu=0, ...), ...), parts={0: '0xd87', 5: '0xd85', ...})
+                cpus=(LogicalCpu(cpu=0, ...), ...), parts={0: '0xd87', 5: '0xd85', ...},
+                models={0: 'Cortex-A725', 5: 'Cortex-X925', ...}, hybrid=None)
     """
 
     architecture: str | None
@@ -236,6 +248,8 @@ class CpuTopology:
     model_names: tuple[str, ...]
     cpus: tuple[LogicalCpu, ...] = field(default=())
     parts: Mapping[int, str] = field(default_factory=dict)  # Arm MIDR part per CPU (0xd85 = X925)
+    models: Mapping[int, str] = field(default_factory=dict)  # lscpu MODELNAME per CPU ({} if none)
+    hybrid: HybridCpus | None = None  # None: the kernel lists no core types (not a hybrid x86 CPU)
 
     @property
     def threads_per_core(self) -> int:
@@ -312,6 +326,50 @@ def parse_lscpu_extended(stdout: str) -> tuple[LogicalCpu, ...]:
     if not cpus:
         raise ParseError("lscpu_cpus", "no CPU rows", stdout)
     return tuple(cpus)
+
+
+def parse_lscpu_models(stdout: str) -> dict[int, str]:
+    """`lscpu -e=CPU,ONLINE,MAXMHZ,MODELNAME`: {cpu: model name}, e.g. {0: 'Cortex-A725', 5:
+    'Cortex-X925'} on GB10. x86 prints one name for every CPU, P-cores and E-cores alike.
+
+    MODELNAME is the last column because it is the only one with spaces ("13th Gen Intel(R)
+    Core(TM) i9-13900K"); util-linux has it since 2.39 (older ones exit 1: "unknown column").
+    A CPU whose name lscpu cannot tell ("-") is left out.
+    """
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    header = lines[0].split() if lines else []
+    if not header or header[0] != "CPU" or header[-1] != "MODELNAME":
+        raise ParseError("lscpu_models", "no 'CPU ... MODELNAME' header", stdout)
+    if len(lines) < 2:
+        raise ParseError("lscpu_models", "no CPU rows", stdout)
+    models: dict[int, str] = {}
+    for line in lines[1:]:
+        cells = line.split(None, len(header) - 1)
+        if len(cells) != len(header) or not cells[0].isdigit():
+            raise ParseError("lscpu_models", f"expected {len(header)} columns: {line.strip()!r}", stdout)
+        if cells[-1] != "-":
+            models[int(cells[0])] = cells[-1].strip()
+    return models
+
+
+_CPU_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """A kernel CPU list as sysfs prints it: '0-15' -> (0, ..., 15), '0-7,16-23', '' -> ().
+
+    Read from /sys/devices/cpu_core/cpus and /sys/devices/cpu_atom/cpus (the x86 hybrid PMUs);
+    an empty list is the kernel's own answer for "none of this type online".
+    """
+    cpus: list[int] = []
+    body = text.strip()
+    for part in body.split(",") if body else []:
+        match = _CPU_RANGE.match(part.strip())
+        if not match or (match.group(2) and int(match.group(2)) < int(match.group(1))):
+            raise ParseError("cpu_list", f"not a CPU list: {part.strip()!r}", text)
+        first, last = int(match.group(1)), int(match.group(2) or match.group(1))
+        cpus.extend(range(first, last + 1))
+    return tuple(sorted(set(cpus)))
 
 
 def parse_cpuinfo_parts(text: str) -> dict[int, str]:

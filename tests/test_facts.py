@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
-from provision import facts, hostprobe, inventory, lab, remote
+from provision import facts, hostprobe, inventory, lab, parsers, remote
 from provision.errors import CommandFailed, ParseError, ProvisionError
 from provision.remote import Result
+from tests.conftest import FIXTURES
 from tests.fakes import FakeRunner, ok, probe_answer_from_recording
 
 
@@ -31,7 +32,31 @@ def test_facts_take_exactly_one_execution_and_send_the_probe_on_stdin() -> None:
     assert gathered.gpus[0].name == "NVIDIA GB10"
     assert gathered.memory is not None and gathered.memory.total == 125513720 * 1024
     assert gathered.cpu is not None and gathered.cpu.parts[5] == "0xd85"
+    assert gathered.cpu.models[5] == "Cortex-X925" and gathered.cpu.hybrid is None
     assert gathered.rdma is not None and len(gathered.rdma) == 4
+
+
+def _fixture_output(fact: str, case: str) -> dict[str, object]:
+    data = json.loads((FIXTURES / "facts" / fact / f"{case}.json").read_text())
+    return {"exit": 0, "stdout": data["stdout"], "stderr": "", "missing": False, "timed_out": False}
+
+
+def test_intel_hybrid_lists_reach_the_topology_and_their_absence_is_no_note() -> None:
+    """The i9-13900K class: lscpu names one model for all 32 CPUs; the kernel's lists tell P from E."""
+    results = {"lscpu": _fixture_output("lscpu", "intel-i9-13900k"),
+               "lscpu_cpus": _fixture_output("lscpu_cpus", "intel-8p16e-13900k-class"),
+               "cpu_core_cpus": _fixture_output("cpu_core_cpus", "intel-8p16e-13900k-class"),
+               "cpu_atom_cpus": _fixture_output("cpu_atom_cpus", "intel-8p16e-13900k-class")}
+    answer = json.dumps({"python": "3.12.3", "paths": {}, "results": results})
+    hybrid = facts.gather(FakeRunner("ws", lambda argv, stdin: ok(answer))).cpu
+    assert hybrid is not None and hybrid.hybrid == parsers.HybridCpus(tuple(range(16)), tuple(range(16, 32)))
+    assert len(set(hybrid.model_names)) == 1
+    absent = {"exit": 1, "stdout": "", "stderr": "", "missing": True, "timed_out": False}
+    results.update(cpu_core_cpus=absent, cpu_atom_cpus=absent)
+    answer = json.dumps({"python": "3.12.3", "paths": {}, "results": results})
+    plain = facts.gather(FakeRunner("ws", lambda argv, stdin: ok(answer)))
+    assert plain.cpu is not None and plain.cpu.hybrid is None
+    assert not {"cpu_core_cpus", "cpu_atom_cpus"} & set(plain.notes)
 
 
 def test_a_cpu_host_without_nvidia_tools_is_described_not_crashed() -> None:
