@@ -63,6 +63,9 @@ class Context:
     snapshot: Any = None  # weights.Snapshot: the model's files at its resolved commit
     snapshot_error: str | None = None  # why the hub could not say (gated, unknown repo or revision)
     api_key_set: bool = False  # a vllm_api_key is in the secrets
+    # The model's quantization_config.quant_method from its config.json on the hub ("none": not
+    # quantized); None where the hub was not asked or refused.
+    quantization: str | None = None
 
     @property
     def parallel(self) -> int:
