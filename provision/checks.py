@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from provision import known_issues
 from provision.facts import HostFacts
 from provision.inventory import Cluster, Inventory, Settings
 from provision.profiles import Profile
@@ -690,6 +691,24 @@ def cluster_rdma(ctx: Context) -> Finding | None:
                     "bring them up", rdma=ctx.facts.notes.get("rdma") or "none up")
     return ok(f"NCCL_IB_HCA={','.join(link.device for link in links)}",
               NCCL_IB_HCA=",".join(link.device for link in links), netdevs=[link.netdev for link in links])
+
+
+# ---------------------------------------------------------------------------------------------
+# Known issues: one rule per entry of provision/known_issues.yaml (version-dependent traps as data)
+
+
+def known_issue_rule(issue: known_issues.KnownIssue) -> Callable[[Context], Finding | None]:
+    def check(ctx: Context) -> Finding | None:
+        found = known_issues.judge(issue, known_issues.evidence_of(ctx))
+        return None if found is None else Finding(
+            "", found.severity, found.status, found.message, found.evidence, found.fix)
+
+    check.__doc__ = f"{issue.title} ({issue.source}; data: provision/known_issues.yaml)."
+    return check
+
+
+for _issue in known_issues.load():
+    rule(_issue.id, _issue.severity)(known_issue_rule(_issue))
 
 
 # ---------------------------------------------------------------------------------------------
