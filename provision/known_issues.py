@@ -27,9 +27,10 @@ A judgement on one host:
   affected    every matcher holds: a failed check with the entry's severity, message and fix.
   clear       the host has the entry's hardware but a matcher does not hold: a pass saying which.
   unknown     nothing fails but some evidence is unknown: versions before the venv exists, the model's
-              quantization when the hub was not asked. A blocker whose hardware matches says "could not
+              quantization when the hub was not asked. A blocker lacking only versions says "could not
               be checked", as a warning: as a blocker it would stop the first apply, which is what makes
-              the venv whose versions it lacks. Anything else is skipped until the evidence exists.
+              the venv whose versions it lacks. Anything else is skipped: a model placed by hand keeps
+              its quantization unknown, and a warning that never clears would be noise.
   None        the host's GPU or architecture is not the entry's: the check is skipped.
 Versions come from the venv's facts, overridden by exact pins in `vllm_spec` (`vllm==0.20.0`): a pin is
 what the next apply installs, so pinning lets the gate judge a venv before it exists.
@@ -347,7 +348,9 @@ def judge(issue: KnownIssue, ev: Evidence) -> Judgement | None:
                          "not affected: " + "; ".join(results[key][2] for key in failed), evidence)
     if not unknown:
         return Judgement(FAIL, issue.severity, issue.message, evidence, f"{issue.fix} (see {issue.source})")
-    if issue.severity == "blocker" and not any(key in HARDWARE_KEYS for key in unknown):
+    # Only versions: the apply makes them known. A model's quantization unknown now (weights not
+    # fetched from a hub) stays unknown, and a warning that never clears would only be noise.
+    if issue.severity == "blocker" and all(key in VERSION_KEYS for key in unknown):
         why = "; ".join(results[key][2] for key in unknown)
         return Judgement(FAIL, "warning", f"could not be checked: {why}. If it holds: {issue.title}",
                          evidence, f"check again once that is known (see {issue.source})")

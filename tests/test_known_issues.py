@@ -67,8 +67,10 @@ CASES: list[tuple[str, str, tuple[str, str], dict[str, Any], str, str]] = [
      "fail", "warning"),
     ("spark-fp8-pinned-0.20.0-before-the-venv", "known.sm121-fp8-cutlass", SPARK,
      {"quantization": "fp8", "vllm_spec": "vllm==0.20.0"}, "fail", "blocker"),
+    # Weights placed by hand (fetch_weights off): the quantization stays unknown, so no warning.
     ("spark-model-quantization-unknown", "known.sm121-fp8-cutlass", SPARK,
-     {"venv_info": venv(vllm="0.20.0")}, "fail", "warning"),
+     {"venv_info": venv(vllm="0.20.0")}, "skip", "blocker"),
+    ("spark-versions-and-quantization-unknown", "known.sm121-fp8-cutlass", SPARK, {}, "skip", "blocker"),
     # vllm #41477 (gpt-oss-120b, --quantization mxfp4 as in #37030, vLLM 0.20.0).
     ("spark-mxfp4-vllm-0.20.0", "known.sm121-mxfp4-moe", SPARK,
      {"venv_info": venv(vllm="0.20.0", torch="2.11.0+cu130"), "extra_args": ["--quantization", "mxfp4"]},
