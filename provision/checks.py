@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from provision import cuda as cuda_builds
+from provision import known_issues
 from provision.facts import HostFacts
 from provision.inventory import Cluster, Inventory, Settings
 from provision.profiles import Profile
@@ -62,6 +63,9 @@ class Context:
     api_key_set: bool = False  # a vllm_api_key is in the secrets
     # The torch of the wheels a planned venv install brings (plan time): it replaces the venv's.
     planned_wheels: cuda_builds.WheelCuda | None = None
+    # The model's quantization_config.quant_method from its config.json on the hub ("none": not
+    # quantized); None where the hub was not asked or refused.
+    quantization: str | None = None
 
     @property
     def parallel(self) -> int:
@@ -733,6 +737,24 @@ def cluster_rdma(ctx: Context) -> Finding | None:
                     "bring them up", rdma=ctx.facts.notes.get("rdma") or "none up")
     return ok(f"NCCL_IB_HCA={','.join(link.device for link in links)}",
               NCCL_IB_HCA=",".join(link.device for link in links), netdevs=[link.netdev for link in links])
+
+
+# ---------------------------------------------------------------------------------------------
+# Known issues: one rule per entry of provision/known_issues.yaml (version-dependent traps as data)
+
+
+def known_issue_rule(issue: known_issues.KnownIssue) -> Callable[[Context], Finding | None]:
+    def check(ctx: Context) -> Finding | None:
+        found = known_issues.judge(issue, known_issues.evidence_of(ctx))
+        return None if found is None else Finding(
+            "", found.severity, found.status, found.message, found.evidence, found.fix)
+
+    check.__doc__ = f"{issue.title} ({issue.source}; data: provision/known_issues.yaml)."
+    return check
+
+
+for _issue in known_issues.load():
+    rule(_issue.id, _issue.severity)(known_issue_rule(_issue))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
     ProvisionError
     ├── InventoryError (also ValueError)   bad inventory or usage: exit code 2, nothing contacted
     ├── ProfileError (also ValueError)     a hardware profile file that does not validate
+    ├── KnownIssueError (also ValueError)  an entry of the known-issues file that does not validate
     ├── UnreachableHost                    SSH could not connect or authenticate (host keys included)
     │   └── HostKeyError                   unknown or changed host key: refused, with the command to accept it
     ├── CommandFailed                      a remote command ran and failed; carries the Result
@@ -54,6 +55,10 @@ class InventoryError(ProvisionError, ValueError):
 
 class ProfileError(ProvisionError, ValueError):
     """A hardware profile file is malformed (a defect of the profile data, shipped or user-supplied)."""
+
+
+class KnownIssueError(ProvisionError, ValueError):
+    """An entry of the known-issues data (provision/known_issues.yaml) is malformed; names the entry."""
 
 
 class UnreachableHost(ProvisionError):

