@@ -203,7 +203,8 @@ def deploy(c: Context, host: list[str] | None = None, cluster: str | None = None
                                              final=rolling(inv, plans, overrides, held, batch, timeout, wait,
                                                            outcomes),
                                              timings=timings, pool=pool)
-    errors.update(failed)
+        errors.update(failed)
+        _gate_unchanged(inv, order, plans, overrides, held, timeout, pool, outcomes, errors)
     for name, outcome in outcomes.items():
         outcome.steps = {**timings.get(name, {}), **outcome.steps}
         if name in errors and outcome.state in ("unchanged", "ready"):
@@ -211,8 +212,37 @@ def deploy(c: Context, host: list[str] | None = None, cluster: str | None = None
         elif name not in plans and name not in errors:
             outcome.state, outcome.detail = "blocked", "blocked by the gate, nothing changed"
     _summary(order, plans, outcomes, applied, fetched, errors, time.monotonic() - started, json_)
+    if not json_:
+        scope = f"--cluster {cluster}" if cluster else " ".join(f"--host {name}" for name in order)
+        for name in order:
+            if outcomes[name].state == "ready":
+                for line in server.how_to_query(name, inv.host(name).address, inv.settings(name, overrides),
+                                                bool(held.vllm_api_key), scope):
+                    report.console().print(line, highlight=False, markup=False, soft_wrap=True)
     if errors or len(plans) < len(order):
         raise Exit(code=1)
+
+
+def _gate_unchanged(inv: inventory.Inventory, order: list[str], plans: dict[str, HostPlan],
+                    overrides: dict[str, Any], held: secrets.Secrets, timeout: float, pool: remote.Pool,
+                    outcomes: dict[str, Outcome], errors: dict[str, BaseException]) -> None:
+    """A server this deploy did not touch still has to answer: the declared state is a served model,
+    not only files (right after a provision the server may still be loading). Nothing to roll back."""
+    for name in order:
+        if name not in plans or name in errors or outcomes[name].state != "unchanged" or _role(inv, name) != "server":
+            continue
+        settings = inv.settings(name, overrides)
+        if not settings["model"]:
+            continue
+        started = time.monotonic()
+        try:
+            outcomes[name].ready_s = server.wait_ready(pool.connect(inv.host(name)), settings, held.vllm_api_key,
+                                                       timeout)
+            outcomes[name].state, outcomes[name].detail = "ready", "unchanged; answers /health and a completion"
+        except ProvisionError as exc:
+            errors[name] = exc
+            outcomes[name].detail = report.error_text(exc)
+        outcomes[name].steps["ready"] = round(time.monotonic() - started, 2)
 
 
 def _summary(order: list[str], plans: dict[str, HostPlan], outcomes: dict[str, Outcome], applied: dict[str, int],

@@ -29,6 +29,27 @@ def served_name(settings: Mapping[str, Any]) -> str:
     return str(settings["served_model_name"] or settings["model"])
 
 
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def how_to_query(host: str, address: str, settings: Mapping[str, Any], key_set: bool,
+                 scope: str) -> list[str]:
+    """What to paste to ask a served model: its URL, a completion request, and the status command.
+    A loopback listener is reached on the host itself; beyond loopback from anywhere, with the key
+    (named as $VLLM_API_KEY, never printed)."""
+    bind = str(settings["bind_host"])
+    on_host = bind in LOOPBACK
+    reach = address if bind in ("0.0.0.0", "::") else bind
+    url = base_url(settings) if on_host else f"http://{'[' + reach + ']' if ':' in reach else reach}:{settings['port']}"
+    body = ('{"model": "%s", "prompt": "Hello, my name is", "max_tokens": 16}' % served_name(settings))
+    key = ' -H "Authorization: Bearer $VLLM_API_KEY"' if key_set else ""
+    where = f" (on {host}: it listens on loopback only)" if on_host else ""
+    return [f"{host} serves {served_name(settings)!r} at {url}{where}. Ask it:",
+            f"  curl -s {url}/v1/completions -H 'Content-Type: application/json'{key} -d '{body}'",
+            f"  or from here: invoke bench --host {host} --count 1",
+            f"Watch it: invoke status {scope}"]
+
+
 def _run(runner: Any, spec: Mapping[str, Any], on_progress: Callable[[dict[str, Any]], None],
          timeout: float) -> dict[str, Any]:
     program = programs.source([PROGRAM], "serve_main", spec)

@@ -281,3 +281,14 @@ def test_a_host_never_provisioned_says_so_instead_of_inactive_or_ray_worker() ->
     found = status.host_status("spark-b", "worker", spark, None, None, 0.2)
     assert not found.healthy and found.unit["installed"] is False
     assert found.problem == "vllm-ray-worker.service is not installed: provision the host first"
+
+
+def test_deploy_says_how_to_ask_the_model_it_served() -> None:
+    settings = {"bind_host": "127.0.0.1", "port": 8000, "served_model_name": "tiny-llama", "model": "lab/tiny-llama"}
+    lines = server.how_to_query("cpu-1", "10.231.77.15", settings, False, "--cluster lab-cpu")
+    assert lines[0] == "cpu-1 serves 'tiny-llama' at http://127.0.0.1:8000 (on cpu-1: it listens on loopback only). Ask it:"
+    assert lines[1] == ("  curl -s http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' -d "
+                        "'{\"model\": \"tiny-llama\", \"prompt\": \"Hello, my name is\", \"max_tokens\": 16}'")
+    assert lines[-1] == "Watch it: invoke status --cluster lab-cpu"
+    wide = server.how_to_query("ws", "192.0.2.10", {**settings, "bind_host": "0.0.0.0"}, True, "--host ws")
+    assert "http://192.0.2.10:8000/v1/completions" in wide[1] and '-H "Authorization: Bearer $VLLM_API_KEY"' in wide[1]
