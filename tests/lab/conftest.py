@@ -5,6 +5,7 @@ explicit PROVISION_SKIP_LAB=1 skips them.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -67,3 +68,27 @@ def lab_inventory(the_lab: lab.Lab) -> inventory.Inventory:
 @pytest.fixture
 def lab_key(the_lab: lab.Lab) -> Path:
     return the_lab.key
+
+
+def restore_lab_cpu() -> None:
+    """cpu-1 back to the lab inventory's state, served and answering, and checked: a plan that changes
+    nothing. A test that changes the host (another port, another model, an API key, a rollback to some
+    earlier files) must leave the lab as the README's first command made it."""
+    done = run_invoke("deploy", "--cluster", "lab-cpu", "--json", "--timeout", "420")
+    assert done.returncode == 0, f"restoring lab-cpu failed: {done.stdout[-2000:]} {done.stderr[-2000:]}"
+    planned = run_invoke("plan", "--cluster", "lab-cpu", "--json")
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert json.loads(planned.stdout)["hosts"]["cpu-1"]["changes"] == [], planned.stdout
+
+
+@pytest.fixture(scope="module")
+def restores_lab_cpu(the_lab: lab.Lab) -> Iterator[None]:
+    """For modules whose tests change cpu-1: put it back once they are done, and check that it is."""
+    yield
+    restore_lab_cpu()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked lab_last run after every other test: they check what the suite left behind."""
+    last = [item for item in items if item.get_closest_marker("lab_last")]
+    items[:] = [item for item in items if item not in last] + last

@@ -11,7 +11,7 @@ from provision import inventory, lab
 from tests.lab.conftest import on_host, run_invoke
 from tests.lab.test_lab_provision import SNAPSHOT
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
 
 def invoke_json(*args: str, timeout: float = 900) -> tuple[int, dict, str]:

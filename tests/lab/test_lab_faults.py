@@ -15,7 +15,7 @@ from tests.conftest import REPO
 from tests.lab.conftest import on_host, run_invoke
 from tests.lab.test_lab_weights import hub_call, publish, served
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
 
 def unit(inv: inventory.Inventory) -> dict[str, str]:

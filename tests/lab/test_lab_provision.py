@@ -9,7 +9,7 @@ import pytest
 from provision import inventory, lab, remote, render
 from tests.lab.conftest import on_host, run_invoke
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
 # Everything provision may touch, with content hashes, modes and owners: a host's fingerprint.
 SNAPSHOT = ["sh", "-c", "getent passwd vllm; for p in /etc/vllm /etc/systemd/system /var/lib/vllm "
@@ -72,7 +72,7 @@ def test_plan_changes_nothing_then_provision_creates_then_nothing_to_do(
 
 def test_one_changed_value_changes_one_file_and_rollback_restores_it(
         lab_inventory: inventory.Inventory) -> None:
-    run_invoke("provision", "--host", "cpu-1")
+    assert run_invoke("provision", "--host", "cpu-1").returncode == 0
     unit = "/etc/systemd/system/vllm.service"
     original = on_host(lab_inventory, "cpu-1", ["cat", unit])
     changed = run_invoke("provision", "--host", "cpu-1", "--set", "port=8011", "--json")
@@ -107,7 +107,8 @@ def test_a_second_run_fails_clearly_while_the_lock_is_held_then_waits(
     waited = run_invoke("provision", "--host", "cpu-1", "--set", "port=8012", "--wait", "60")
     assert waited.returncode == 0, waited.stdout + waited.stderr
     assert "--port 8012" in on_host(lab_inventory, "cpu-1", ["cat", "/etc/systemd/system/vllm.service"])
-    run_invoke("provision", "--host", "cpu-1")  # back to the inventory's values
+    back = run_invoke("provision", "--host", "cpu-1")  # back to the inventory's values
+    assert back.returncode == 0, back.stdout + back.stderr
 
 
 def test_rendered_units_pass_systemd_analyze_verify(lab_inventory: inventory.Inventory, tmp_path) -> None:

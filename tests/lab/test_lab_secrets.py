@@ -17,7 +17,7 @@ from provision import inventory, lab
 from tests.conftest import REPO
 from tests.lab.conftest import on_host
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
 SCAN = r'''
 import json, os, stat, sys

@@ -10,7 +10,7 @@ import pytest
 from provision import inventory, lab
 from tests.lab.conftest import on_host, run_invoke
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
 HEALTH = ("import sys, urllib.request\n"
           "try:\n    print(urllib.request.urlopen('http://127.0.0.1:%d/health', timeout=5).status)\n"
@@ -87,7 +87,8 @@ def test_changing_one_value_restarts_the_server_once(
     wait_healthy(lab_inventory, port=8001)
     after = unit_state(lab_inventory)
     assert after["InvocationID"] != served["InvocationID"] and after["NRestarts"] == served["NRestarts"]
-    run_invoke("provision", "--cluster", "lab-cpu")  # back to the inventory
+    back = run_invoke("provision", "--cluster", "lab-cpu")  # back to the inventory
+    assert back.returncode == 0, back.stdout + back.stderr
 
 
 def test_the_venv_was_built_with_no_registry_reachable_and_verified(

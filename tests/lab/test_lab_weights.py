@@ -16,7 +16,7 @@ from provision import inventory, lab
 from provision.lab import hub, tinymodel
 from tests.lab.conftest import on_host, run_invoke
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
 
 def hub_call(the_lab: lab.Lab, path: str, body: Any = None) -> Any:
