@@ -13,12 +13,16 @@ every size with torch.distributed, and it prints one JSON document:
     {"python": "3.12.3", "node_rank": 0,
      "ranks": [{"rank": 0, "local_rank": 0, "exit": 0, "timed_out": false, "device": "NVIDIA H200",
                 "log": "...NCCL INFO..."}],
-     "result": {"torch": "2.11.0+cu130", "nccl": "2.27.7", "world_size": 2, "dtype": "float32",
-                "rows": [{"bytes": 1048576, "count": 262144, "seconds": 1.9e-05, "wrong": 0}]}}
+     "result": {"torch": "2.11.0+cu130", "nccl": "2.28.9", "world_size": 2, "dtype": "float32",
+                "timing": "cuda-events",
+                "rows": [{"bytes": 1048576, "count": 262144, "seconds": 1.4e-05, "wrong": 0}]}}
 
 `result` comes from global rank 0 only (the head node); `seconds` is the slowest rank's mean time of one
-all-reduce. Each process's stdout and stderr (NCCL's INFO log with NCCL_DEBUG=INFO) go to a file that
-comes back as `log`; the controller reads the transport NCCL chose from it.
+all-reduce in a batch of `iters` back to back (HOLD_* below says how it is taken; a row marked
+`"late": true` has the host's pace in it). The result is checked on a separate all-reduce before the
+batch, on ones (`wrong`: elements that are not the number of ranks). Each process's stdout and stderr
+(NCCL's INFO log with NCCL_DEBUG=INFO) go to a file that comes back as `log`; the controller reads the
+transport NCCL chose from it.
 
 Workers are forked before anything imports torch or touches CUDA, so each starts clean. The parent
 waits at most `timeout` seconds and kills only its own children. Secrets in `env` (the service
@@ -35,6 +39,20 @@ import traceback
 from typing import Any, Dict, Optional
 
 MAX_LOG = 1 << 20  # per rank; NCCL's INFO log of a 2-node, 16-rank init stays far below
+
+
+# How a batch is timed, as nccl-tests does: `iters` all-reduces queued back to back between two
+# timestamps, one synchronize at the end, the time divided by `iters`. nccl-tests queues one in a few us
+# from C, ahead of the GPU; torch.distributed takes 40-50 us from Python, slower than NVLink moves 1-2 MiB,
+# so a batch timed as Python queues it times Python. Here the stream waits behind a spin kernel (the
+# hold) while the host queues the batch, and CUDA events on the stream time the GPU's part alone. The
+# hold lasts HOLD_PER_CALL of host time per all-reduce at a clock of at most HOLD_CLOCK; a batch that the
+# GPU reached before the host had queued it all is run again behind a hold HOLD_GROWTH times longer, up
+# to HOLD_TRIES runs, and is marked `late` if it never was.
+HOLD_PER_CALL = 200e-6
+HOLD_CLOCK = 3e9
+HOLD_GROWTH = 4
+HOLD_TRIES = 3
 
 
 def _benchmark(spec: Dict[str, Any], rank: int, local_rank: int, world_size: int, result_path: str,
@@ -67,6 +85,32 @@ def _benchmark(spec: Dict[str, Any], rank: int, local_rank: int, world_size: int
         if backend == "nccl":
             torch.cuda.synchronize(device)
 
+    iters = int(spec["iters"])
+    hold = getattr(torch.cuda, "_sleep", None) if backend == "nccl" else None
+    hold_cycles = int(HOLD_PER_CALL * (iters + 1) * HOLD_CLOCK)
+
+    def timed_batch(buffer: Any) -> "tuple[float, bool]":  # quoted: hosts may run Python 3.8
+        """Seconds of `iters` back-to-back all-reduces on this rank, and whether the GPU reached them
+        before the host had queued them all (then the host's pace is in the time)."""
+        if hold is not None:
+            hold(hold_cycles)
+        # Lines the ranks up: the batch starts on every GPU as this all-reduce ends on all of them.
+        dist.all_reduce(buffer)
+        if backend != "nccl":  # gloo: the host does the work, its clock times it
+            started = time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(buffer)
+            return time.perf_counter() - started, False
+        event: Any = torch.cuda.Event  # untyped in torch: Any keeps mypy --strict quiet
+        start, end = event(enable_timing=True), event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            dist.all_reduce(buffer)
+        end.record()
+        late = bool(start.query())
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3, late
+
     rows = []
     for size in spec["sizes"]:
         count = max(1, int(size) // 4)
@@ -78,21 +122,25 @@ def _benchmark(spec: Dict[str, Any], rank: int, local_rank: int, world_size: int
         for _ in range(spec["warmup"]):
             dist.all_reduce(buffer)
         synchronize()
-        dist.barrier()
-        synchronize()
-        started = time.perf_counter()
-        for _ in range(spec["iters"]):
-            dist.all_reduce(buffer)
-        synchronize()
-        seconds = (time.perf_counter() - started) / spec["iters"]
-        # The slowest rank's time is the collective's time (what nccl-tests reports too).
-        stats = torch.tensor([seconds, float(wrong)], dtype=torch.float64, device=device)
-        slowest = stats[:1].clone()
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        wrongs = stats[1:].clone()
+        for attempt in range(HOLD_TRIES):
+            dist.barrier()
+            synchronize()
+            seconds, late = timed_batch(buffer)
+            # The slowest rank's time is the collective's time. Every rank learns whether any was
+            # late, so that all of them run the batch again or none does.
+            stats = torch.tensor([seconds / iters, float(late)], dtype=torch.float64, device=device)
+            dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+            late = bool(stats[1].item())
+            if not late or hold is None or attempt + 1 == HOLD_TRIES:
+                break
+            hold_cycles *= HOLD_GROWTH
+        wrongs = torch.tensor([float(wrong)], dtype=torch.float64, device=device)
         dist.all_reduce(wrongs)
-        rows.append({"bytes": count * 4, "count": count, "seconds": float(slowest.item()),
-                     "wrong": int(wrongs.item())})
+        row = {"bytes": count * 4, "count": count, "seconds": float(stats[0].item()),
+               "wrong": int(wrongs.item())}
+        if late:
+            row["late"] = True
+        rows.append(row)
         del buffer
     if rank == 0:
         nccl = None
@@ -100,7 +148,8 @@ def _benchmark(spec: Dict[str, Any], rank: int, local_rank: int, world_size: int
             version = torch.cuda.nccl.version()
             nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
         result = {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl,
-                  "backend": backend, "world_size": world_size, "dtype": "float32", "rows": rows}
+                  "backend": backend, "world_size": world_size, "dtype": "float32", "rows": rows,
+                  "timing": "cuda-events" if backend == "nccl" else "wall-clock"}
         with open(result_path, "w") as handle:
             json.dump(result, handle)
     dist.destroy_process_group()

@@ -13,7 +13,12 @@ service environment may hold a token.
 
 Figures follow nccl-tests (doc/PERFORMANCE.md there): algbw = bytes / time of one all-reduce, and
 busbw = algbw * 2(n-1)/n, the rate each link carries in a ring all-reduce over n ranks, comparable
-with the hardware's link bandwidth whatever n is. GB/s are 10^9 bytes per second.
+with the hardware's link bandwidth whatever n is. GB/s are 10^9 bytes per second. The time is taken as
+nccl-tests takes it (src/common.cu there): a batch of `iters` all-reduces queued back to back, timed
+from its start to its end, divided by `iters`; here between two CUDA events on the stream, with the
+batch queued behind a GPU-side hold so that Python's cost per call (40-50 us) stays out of it
+(hostnccl.py says how). A size whose batch the GPU still reached before the host had queued it is
+marked `late`: its time has the host's pace in it.
 
 Everything below `run_node` is pure: the parsers of NCCL's log and of the program's answer are tested
 on a log recorded on a real 2x H200 node (tests/fixtures/nccl/).
@@ -84,7 +89,7 @@ def bus_factor(ranks: int) -> float:
 @dataclass(frozen=True)
 class Bandwidth:
     """One message size: Bandwidth(bytes=1073741824, count=268435456, time_us=2980.1,
-    algbw_gbs=360.3, busbw_gbs=360.3, wrong=0)."""
+    algbw_gbs=360.3, busbw_gbs=360.3, wrong=0). `late`: the host's pace is in the time."""
 
     bytes: int
     count: int
@@ -92,13 +97,15 @@ class Bandwidth:
     algbw_gbs: float
     busbw_gbs: float
     wrong: int
+    late: bool = False
 
 
-def bandwidth(nbytes: int, count: int, seconds: float, ranks: int, wrong: int = 0) -> Bandwidth:
+def bandwidth(nbytes: int, count: int, seconds: float, ranks: int, wrong: int = 0,
+              late: bool = False) -> Bandwidth:
     algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
     return Bandwidth(bytes=nbytes, count=count, time_us=round(seconds * 1e6, 2),
                      algbw_gbs=round(algbw, 2), busbw_gbs=round(algbw * bus_factor(ranks), 2),
-                     wrong=wrong)
+                     wrong=wrong, late=late)
 
 
 def human_size(nbytes: int) -> str:
@@ -431,6 +438,12 @@ class NcclRun:
     rows: tuple[Bandwidth, ...]
     environment: Mapping[str, Mapping[str, str]]  # per host: the NCCL/GLOO/TP/MASTER variables used
     pythons: Mapping[str, str] = field(default_factory=dict)  # per host: the python that ran the ranks
+    timing: str | None = None  # "cuda-events" (NCCL), "wall-clock" (gloo); None from a program before it
+
+    @property
+    def late(self) -> tuple[Bandwidth, ...]:
+        """The sizes whose time has the host's pace in it (see the module's docstring)."""
+        return tuple(row for row in self.rows if row.late)
 
     @property
     def wrong(self) -> int:
@@ -452,8 +465,9 @@ class NcclRun:
             "nvlink_gbs": self.log.nvlink_gbs, "nvswitch": self.log.nvswitch,
             "results": [{"bytes": r.bytes, "count": r.count, "type": "float", "redop": "sum",
                          "time_us": r.time_us, "algbw_gbs": r.algbw_gbs, "busbw_gbs": r.busbw_gbs,
-                         "wrong": r.wrong} for r in self.rows],
+                         "wrong": r.wrong, **({"late": True} if r.late else {})} for r in self.rows],
             "peak_busbw_gbs": self.peak_busbw_gbs,
+            **({"timing": self.timing} if self.timing else {}),
         }
 
 
@@ -473,7 +487,7 @@ def summarize(name: str, launches: Sequence[NodeLaunch], answers: Sequence[NodeA
     result = head.result
     world = int(result["world_size"])
     rows = tuple(bandwidth(int(row["bytes"]), int(row["count"]), float(row["seconds"]), world,
-                           int(row["wrong"])) for row in result["rows"])
+                           int(row["wrong"]), bool(row.get("late", False))) for row in result["rows"])
     try:
         log = parse_nccl_log("\n".join(rank.log for answer in answers for rank in answer.ranks))
     except ParseError:  # the figures still stand; only the transport is unknown
@@ -489,4 +503,5 @@ def summarize(name: str, launches: Sequence[NodeLaunch], answers: Sequence[NodeA
                    devices=tuple(rank.device or "?" for answer in answers for rank in answer.ranks),
                    torch=result.get("torch"),
                    nccl=result.get("nccl") or log.version, log=log, rows=rows,
-                   environment=shown, pythons={launch.host: launch.python for launch in launches})
+                   environment=shown, pythons={launch.host: launch.python for launch in launches},
+                   timing=result.get("timing"))

@@ -170,6 +170,10 @@ def print_runs(order: list[str], runs: dict[str, nccl.NcclRun], failures: dict[s
         out.print(f"  peak busbw {result.peak_busbw_gbs:.2f} GB/s; busbw = algbw x 2(n-1)/n, n = "
                   f"{result.world_size}" + ("" if not result.wrong else
                                              f"; [red]{result.wrong} wrong element(s)[/red]"))
+        if result.late:
+            sizes = ", ".join(nccl.human_size(row.bytes) for row in result.late)
+            out.print(f"  [yellow]at {sizes} the GPU ran ahead of the host queueing the batch: those times "
+                      "include the host's pace (try fewer --iters)[/yellow]")
     sys.stdout.flush()
 
 

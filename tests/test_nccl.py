@@ -2,7 +2,8 @@
 the launch plans (one host; two nodes with their own interfaces), and the task's usage errors.
 
 tests/fixtures/nccl/<hardware>.json holds what the task kept with --log-dir on that machine (`answer`),
-the launch it made, and the summary it printed (`expected`). Cases built by hand below say so.
+the launch it made, and the summary it printed (`expected`); ...-with-nccl-tests.json also holds
+all_reduce_perf's output from the same machine and session (`reference`). Cases built by hand below say so.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from tests.fakes import FakeRunner, ok
 
 CASES = sorted((FIXTURES / "nccl").glob("*.json"))
 H200 = json.loads((FIXTURES / "nccl" / "h200x2-nvswitch-driver580-vm.json").read_text())
+H200_VS_NCCL_TESTS = json.loads((FIXTURES / "nccl" / "h200x2-nvswitch-driver580-vm-with-nccl-tests.json").read_text())
 PROFILES = load_profiles()
 
 
@@ -61,6 +63,60 @@ def test_h200_bandwidth_rows() -> None:
     big = rows[-1]  # 1 GiB: n = 2, so busbw = algbw
     assert big["busbw_gbs"] == big["algbw_gbs"] == pytest.approx(2**30 / (big["time_us"] * 1e-6) / 1e9, rel=1e-3)
     assert 300 < H200["expected"]["peak_busbw_gbs"] < 480  # NV18: 18 links x 26.562 GB/s = 478 GB/s
+
+
+def _all_reduce_perf(output: str) -> dict[int, tuple[float, float]]:
+    """nccl-tests' table: {size in bytes: (out-of-place busbw, in-place busbw)}, GB/s."""
+    rows = {}
+    for line in output.splitlines():
+        fields = line.split()
+        if not line.startswith("#") and len(fields) == 13:
+            rows[int(fields[0])] = (float(fields[7]), float(fields[11]))
+    return rows
+
+
+@pytest.mark.parametrize("reference", H200_VS_NCCL_TESTS["reference"], ids=lambda ref: ref["command"].split(" -f 2 ")[1])
+def test_h200_figures_agree_with_all_reduce_perf(reference: dict[str, str]) -> None:
+    """The same sizes, run minutes apart on one machine: within 10 % of nccl-tests from 2 MiB up."""
+    ours = {row["bytes"]: row["busbw_gbs"] for row in H200_VS_NCCL_TESTS["expected"]["results"]}
+    theirs = _all_reduce_perf(reference["output"])
+    assert sorted(theirs) == sorted(ours) == [1 << (20 + i) for i in range(11)]
+    assert H200_VS_NCCL_TESTS["expected"]["timing"] == "cuda-events"
+    assert not any(row.get("late") for row in H200_VS_NCCL_TESTS["expected"]["results"])
+    for size, busbw in ours.items():
+        out_of_place = theirs[size][0]
+        if size >= 2 << 20:
+            assert busbw == pytest.approx(out_of_place, rel=0.10), size
+        if size >= 32 << 20:
+            assert busbw == pytest.approx(out_of_place, rel=0.02), size
+    # At 1 MiB nccl-tests is host-bound when one thread drives both GPUs (-g 2): 1 MiB takes nearly as
+    # long as 2 MiB there, half as long here. With one thread per GPU (-t 2 -g 1) it comes within 12 %.
+    times = {size: size / (busbw * 1e9) for size, busbw in ours.items()}
+    their_times = {size: size / (bw[0] * 1e9) for size, bw in theirs.items()}
+    assert times[1 << 20] < 0.55 * times[2 << 20]
+    if " -g 2" in reference["command"]:
+        assert their_times[1 << 20] > 0.75 * their_times[2 << 20]
+    else:
+        assert ours[1 << 20] == pytest.approx(theirs[1 << 20][0], rel=0.12)
+
+
+def test_a_late_size_is_kept_shown_and_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    from provision import verify_tasks
+
+    # Built from the real answer: the 1 MiB row marked late, as the program marks a batch that the GPU
+    # reached before the host had queued it all.
+    data = json.loads(H200_VS_NCCL_TESTS["answer"])
+    data["result"]["rows"][0]["late"] = True
+    answer = nccl.parse_answer("local", json.dumps(data))
+    run = nccl.summarize("local", [_launch(H200_VS_NCCL_TESTS)], [answer])
+    assert [row.bytes for row in run.late] == [1 << 20]
+    results = run.as_json()["results"]
+    assert results[0]["late"] is True and "late" not in results[1]
+    verify_tasks.print_runs(["local"], {"local": run}, {})
+    assert "at 1 MiB the GPU ran ahead of the host" in capsys.readouterr().out
+    # An answer from the program before it timed this way has neither `timing` nor `late`.
+    old = nccl.summarize("local", [_launch(H200)], [nccl.parse_answer("local", H200["answer"])])
+    assert old.timing is None and not old.late and "timing" not in old.as_json()
 
 
 # Lines in the formats other NCCL versions and transports print (built by hand, not recorded here).
@@ -281,6 +337,8 @@ def test_host_program_runs_ranks_and_answers_json() -> None:
     answer = nccl.parse_answer("local", done.stdout)
     assert [rank.exit for rank in answer.ranks] == [0, 0]
     assert answer.result is not None and [row["wrong"] for row in answer.result["rows"]] == [0, 0]
+    assert answer.result["timing"] == "wall-clock"  # gloo: no CUDA events, the host's clock
+    assert all(row["seconds"] > 0 and "late" not in row for row in answer.result["rows"])
 
 
 # ---------------------------------------------------------------------------------------------
