@@ -18,6 +18,17 @@ if TYPE_CHECKING:
     from provision.remote import Result
 
 
+_LINE_BREAKS = str.maketrans({"\n": "\\n", "\r": "\\r", "\x85": "\\x85", "\u2028": "\\u2028",
+                              "\u2029": "\\u2029"})
+
+
+def clip(text: str, limit: int = 80) -> str:
+    """At most `limit` characters of `text`, on one line: errors quote what a file holds (a YAML key
+    may hold a line break), and a file may be hostile."""
+    text = text.translate(_LINE_BREAKS)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 class ProvisionError(Exception):
     """Base of every error the tool raises on purpose."""
 
@@ -47,9 +58,9 @@ class InventoryError(ProvisionError, ValueError):
             where += f":{self.line}"
         parts = [where]
         if self.entity:
-            parts.append(self.entity)
+            parts.append(clip(self.entity))
         if self.key:
-            parts.append(f"key '{self.key}'")
+            parts.append(f"key '{clip(self.key)}'")
         return ": ".join(parts) + ": " + self.message
 
 

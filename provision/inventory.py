@@ -32,24 +32,39 @@ Precedence of service settings, highest first: command line (--set KEY=VALUE) > 
 The `environment` mapping merges key by key along the same order.
 
 An inventory PATH is one YAML file or a directory whose *.yaml / *.yml files are read together.
+One without hosts is an error. Its bytes, values (aliases expanded) and nesting are bounded
+(MAX_INVENTORY_* below), so that a hostile file costs under a second and little memory.
 """
 from __future__ import annotations
 
 import ipaddress
 import re
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
-from provision.errors import InventoryError
+from provision.errors import InventoryError, clip
 from provision.profiles import Profile, load_profiles
 
 LOCAL_HOST = "local"  # always available: this machine, over no SSH
 
 # ---------------------------------------------------------------------------------------------
-# YAML with line numbers and duplicate-key detection
+# YAML with line numbers, duplicate-key detection and bounds
+
+# An inventory is read before anything else runs, so a hostile or broken one must cost little.
+# YAML aliases are the danger: a few hundred bytes of nested anchors ("billion laughs") stand for
+# billions of values, and anything that walks them (a repr() in an error message did) builds them
+# all; deep nesting recurses in the composer and constructor past Python's limit. The pure-Python
+# parser spends about 16 us per value and under 0.5 us per byte on a small (2-core) machine, so
+# these limits keep any inventory under a second there, and each is several times what a real one
+# holds: the example inventory is 1.5 KiB, 88 values and 6 levels deep; 1000 hosts, each with its
+# own address, profile, model, environment and extra_args, are 280 KiB and 23 000 values.
+MAX_INVENTORY_BYTES = 512 * 1024  # all files of one inventory together; a bigger file is not read
+MAX_INVENTORY_VALUES = 40_000  # YAML nodes, keys included, an alias counted as all it stands for
+MAX_INVENTORY_DEPTH = 32  # nesting, through aliases too; the schema itself reads 6 levels
 
 
 class _Mapping(dict[str, Any]):
@@ -60,9 +75,70 @@ class _Mapping(dict[str, Any]):
 
 
 class _LineLoader(yaml.SafeLoader):
-    """safe_load, plus line numbers and a refusal of duplicate keys (plain YAML keeps the last one)."""
+    """safe_load, plus line numbers, a refusal of duplicate keys (plain YAML keeps the last one) and
+    the bounds above, enforced while composing: before any value is built, and at the line of the
+    alias or node that crosses one."""
 
-    source = "inventory"
+    def __init__(self, text: str, *, source: str, budget: int) -> None:
+        super().__init__(text)
+        self.source = source
+        self.budget = budget  # values this file may still add to the inventory
+        self.values = 0  # values composed so far, each alias counted as its whole expansion
+        self.depth = 0
+        self.shapes: dict[int, tuple[int, int]] = {}  # id(anchored node) -> (values, height), once composed
+        self.heights: list[int] = []  # per open collection: the tallest child composed so far
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        line = event.start_mark.line + 1
+        if isinstance(event, yaml.AliasEvent):
+            node = super().compose_node(parent, index)  # refuses an undefined alias
+            alias = f"alias *{clip(event.anchor)}"
+            if id(node) not in self.shapes:  # "&a [*a]": the alias stands inside its own anchor
+                raise InventoryError(f"{alias} is used inside the value it names", file=self.source,
+                                     line=line)
+            values, height = self.shapes[id(node)]
+            if self.depth + height > MAX_INVENTORY_DEPTH:
+                raise InventoryError(f"{alias} nests values more than {MAX_INVENTORY_DEPTH} levels deep",
+                                     file=self.source, line=line)
+            self.values += values
+            self._check(line, alias)
+        else:
+            self.depth += 1
+            if self.depth > MAX_INVENTORY_DEPTH:
+                raise InventoryError(f"nested more than {MAX_INVENTORY_DEPTH} levels deep",
+                                     file=self.source, line=line)
+            before = self.values
+            self.values += 1
+            self._check(line, "this value")
+            self.heights.append(0)
+            node = super().compose_node(parent, index)
+            height = self.heights.pop() + 1
+            self.depth -= 1
+            if event.anchor is not None:  # only what an alias may name later needs its shape kept
+                self.shapes[id(node)] = (self.values - before, height)
+        if self.heights:
+            self.heights[-1] = max(self.heights[-1], height)
+        return node
+
+    def _check(self, line: int, what: str) -> None:
+        if self.values > self.budget:
+            raise InventoryError(
+                f"{what} takes the inventory past {MAX_INVENTORY_VALUES} values "
+                "(each use of an alias counts all the values it names)", file=self.source, line=line)
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except InventoryError:
+            raise
+        except (ValueError, OverflowError, IndexError, AttributeError) as exc:
+            # PyYAML's own constructors fail so on some scalars: "2001-02-30" and an integer of over
+            # 4300 digits (ValueError), "!!int ''" (IndexError), "!!timestamp ''" (AttributeError).
+            kind = str(node.tag).rsplit(":", 1)[-1]
+            shown = f" {_brief(node.value)}" if isinstance(node, yaml.ScalarNode) else ""
+            raise InventoryError(f"cannot read the {kind}{shown}: {clip(str(exc))}", file=self.source,
+                                 line=node.start_mark.line + 1) from None
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Mapping:
@@ -78,7 +154,7 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Mapping:
         key = str(key)
         if key in mapping:
             raise InventoryError(
-                f"duplicate key '{key}' (first on line {mapping.key_lines[key]})",
+                f"duplicate key '{clip(key)}' (first on line {mapping.key_lines[key]})",
                 file=loader.source, line=line,
             )
         mapping[key] = loader.construct_object(value_node, deep=True)
@@ -89,19 +165,20 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Mapping:
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def _parse_yaml(text: str, source: str) -> Any:
+def _parse_yaml(text: str, source: str, budget: int = MAX_INVENTORY_VALUES) -> tuple[Any, int]:
+    """The file's one document and the values it holds (aliases expanded); `budget` is how many
+    values the inventory still allows."""
     try:
-        loader = _LineLoader(text)  # the reader refuses control characters here, before parsing
+        loader = _LineLoader(text, source=source, budget=budget)  # the reader refuses control characters
     except yaml.YAMLError as exc:
-        raise InventoryError(f"not valid YAML: {str(exc).splitlines()[0]}", file=source) from None
-    loader.source = source
+        raise InventoryError(f"not valid YAML: {clip(str(exc).splitlines()[0])}", file=source) from None
     try:
-        return loader.get_single_data()
+        return loader.get_single_data(), loader.values
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise InventoryError(
-            f"not valid YAML: {problem}", file=source, line=mark.line + 1 if mark else None
+            f"not valid YAML: {clip(problem)}", file=source, line=mark.line + 1 if mark else None
         ) from None
     finally:
         loader.dispose()
@@ -131,7 +208,7 @@ def _int_range(low: int, high: int) -> Callable[[Any], int]:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"expected an integer, got {_show(value)}")
         if not low <= value <= high:
-            raise ValueError(f"expected an integer from {low} to {high}, got {value}")
+            raise ValueError(f"expected an integer from {low} to {high}, got {_brief(value)}")
         return value
 
     return check
@@ -141,7 +218,7 @@ def _fraction(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"expected a number between 0 and 1, got {_show(value)}")
     if not 0 < float(value) <= 1:
-        raise ValueError(f"expected a number in (0, 1], got {value}")
+        raise ValueError(f"expected a number in (0, 1], got {_brief(value)}")
     return float(value)
 
 
@@ -167,7 +244,7 @@ def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
 def _absolute_path(value: Any) -> str:
     text = _text(value)
     if not text.startswith("/"):
-        raise ValueError(f"expected an absolute path, got {text!r}")
+        raise ValueError(f"expected an absolute path, got {_brief(text)}")
     return text
 
 
@@ -186,9 +263,9 @@ def _environment(value: Any) -> dict[str, str]:
     result: dict[str, str] = {}
     for name, item in value.items():
         if not _ENV_NAME.match(str(name)):
-            raise ValueError(f"'{name}' is not a valid environment variable name")
+            raise ValueError(f"{_brief(name)} is not a valid environment variable name")
         if isinstance(item, (dict, list)) or item is None:
-            raise ValueError(f"environment '{name}' must be a string, number or boolean")
+            raise ValueError(f"environment {_brief(name)} must be a string, number or boolean")
         result[str(name)] = str(item).lower() if isinstance(item, bool) else str(item)
     return result
 
@@ -218,7 +295,7 @@ def _bind_address(value: Any) -> str:
     try:
         ipaddress.ip_address(text)
     except ValueError:
-        raise ValueError(f"expected an IP address to listen on, got {text!r}") from None
+        raise ValueError(f"expected an IP address to listen on, got {_brief(text)}") from None
     return text
 
 
@@ -307,10 +384,32 @@ VAR_SPECS: Mapping[str, VarSpec] = {
 }
 
 
+class _Brief(reprlib.Repr):
+    """repr() that stops early: a value from a hostile file can stand for billions of others through
+    aliases, and a plain repr() of it would build them all as text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxlist, self.maxdict, self.maxset, self.maxstring = 3, 4, 4, 4, 60
+
+    def repr1(self, x: Any, level: int) -> str:
+        if isinstance(x, dict):  # _Mapping too, which reprlib would hand to the full repr()
+            return self.repr_dict(x, level)
+        if isinstance(x, int) and not isinstance(x, bool) and x.bit_length() > 64:
+            return f"<an integer of {x.bit_length()} bits>"  # str() refuses past 4300 digits
+        return super().repr1(x, level)
+
+
+_BRIEF = _Brief()
+
+
+def _brief(value: Any) -> str:
+    """At most about 80 characters of repr(value), however large the value."""
+    return clip(_BRIEF.repr(value))
+
+
 def _show(value: Any) -> str:
-    text = repr(value)
-    kind = type(value).__name__
-    return f"{text[:40]} ({kind})"
+    return f"{_brief(value)} ({type(value).__name__})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,13 +483,13 @@ class Inventory:
         if name == LOCAL_HOST:
             return local_host()
         known = ", ".join(sorted(self.hosts)) or "none"
-        raise InventoryError(f"unknown host '{name}' (known: {known}, or 'local')", file=self._where())
+        raise InventoryError(f"unknown host {_brief(name)} (known: {known}, or 'local')", file=self._where())
 
     def cluster(self, name: str) -> Cluster:
         if name in self.clusters:
             return self.clusters[name]
         known = ", ".join(sorted(self.clusters)) or "none"
-        raise InventoryError(f"unknown cluster '{name}' (known: {known})", file=self._where())
+        raise InventoryError(f"unknown cluster {_brief(name)} (known: {known})", file=self._where())
 
     def cluster_of(self, host: str) -> Cluster | None:
         for cluster in self.clusters.values():
@@ -652,7 +751,7 @@ class _Reader:
         try:
             path = Path(value).expanduser()
         except RuntimeError:  # "~someone/..." for a user this machine does not know
-            raise InventoryError(f"cannot expand {value!r}: no such user's home", file=source,
+            raise InventoryError(f"cannot expand {_brief(value)}: no such user's home", file=source,
                                  line=_line(body, key), entity=entity, key=key) from None
         return str(path if path.is_absolute() else (base / path))
 
@@ -669,7 +768,7 @@ class _Reader:
             for member in body.get(key, []):
                 if member not in self.hosts:
                     known = ", ".join(sorted(self.hosts)) or "none"
-                    raise InventoryError(f"names unknown host '{member}' (known: {known})", file=source,
+                    raise InventoryError(f"names unknown host {_brief(member)} (known: {known})", file=source,
                                          line=_line(body, key), entity=entity, key=key)
         seen: dict[str, str] = {}
         for cluster in self.clusters.values():
@@ -704,11 +803,11 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, text = pair.partition("=")
         if not sep or not key:
-            raise InventoryError(f"--set expects KEY=VALUE, got {pair!r}", file="command line")
+            raise InventoryError(f"--set expects KEY=VALUE, got {_brief(pair)}", file="command line")
         try:
             raw[key.strip()] = yaml.safe_load(text) if text else ""
         except yaml.YAMLError:
-            raise InventoryError(f"cannot read the value of {pair!r}", file="command line") from None
+            raise InventoryError(f"cannot read the value of {_brief(pair)}", file="command line") from None
     return validate_vars(raw, source="command line", entity=None)
 
 
@@ -724,16 +823,33 @@ def inventory_files(path: Path) -> list[Path]:
 
 
 def load(path: str | Path, profiles: Mapping[str, Profile] | None = None) -> Inventory:
-    """Read and validate an inventory file or directory. Raises InventoryError; contacts nothing."""
+    """Read and validate an inventory file or directory. Raises InventoryError; contacts nothing.
+    Bounded: past MAX_INVENTORY_BYTES, _VALUES or _DEPTH it stops and says where."""
     reader = _Reader(profiles if profiles is not None else load_profiles())
     files = inventory_files(Path(path))
+    size = values = 0
     for file in files:
-        try:
-            text = file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InventoryError(f"cannot read: {exc}", file=str(file)) from None
-        reader.read(_parse_yaml(text, str(file)), str(file), file.parent)
+        text = _read_bounded(file, MAX_INVENTORY_BYTES - size)
+        size += len(text.encode("utf-8"))
+        data, used = _parse_yaml(text, str(file), MAX_INVENTORY_VALUES - values)
+        values += used
+        reader.read(data, str(file), file.parent)
+    if not reader.hosts:  # else every task would answer "name a host", even to --all
+        raise InventoryError("the inventory is empty (no hosts)", file=str(path))
     reader.cross_check()
     return Inventory(hosts=dict(reader.hosts), groups=dict(reader.groups),
                      clusters=dict(reader.clusters), ssh=reader.ssh,
                      sources=tuple(str(f) for f in files), secrets=reader.secrets)
+
+
+def _read_bounded(file: Path, allowed: int) -> str:
+    """The file's text, read no further than `allowed` bytes: a huge file is refused unread."""
+    try:
+        with file.open("rb") as stream:
+            data = stream.read(allowed + 1)
+        if len(data) > allowed:
+            raise InventoryError(f"the inventory is larger than {MAX_INVENTORY_BYTES // 1024} KiB",
+                                 file=str(file))
+        return data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InventoryError(f"cannot read: {clip(str(exc))}", file=str(file)) from None

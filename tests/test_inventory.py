@@ -7,6 +7,8 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -156,3 +158,141 @@ def test_unknown_host_and_missing_inventory_are_clear() -> None:
     assert inv.host("local").connection == "local"
     with pytest.raises(InventoryError, match="no such file or directory"):
         inventory.load("/nonexistent/inventory.yaml")
+
+
+def timed_load(path: Path) -> tuple[inventory.Inventory | InventoryError, float, int]:
+    """What load() answers, in how many seconds, at what peak of Python memory (bytes)."""
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        answer: inventory.Inventory | InventoryError = inventory.load(path)
+    except InventoryError as exc:
+        answer = exc
+    elapsed = time.perf_counter() - start
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return answer, elapsed, peak
+
+
+def test_the_alias_bomb_is_refused_at_its_alias_in_a_second_and_little_memory(tmp_path: Path) -> None:
+    """The billion laughs: nine anchors, each nine uses of the one before, 9**9 strings in 480 bytes.
+    Unbounded, its error message built the repr() of all of them: 39 s and 5.7 GB of memory."""
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text((FIXTURES / "inventory" / "bad" / "alias-bomb.yaml").read_text())
+    answer, elapsed, peak = timed_load(bomb)
+    assert isinstance(answer, InventoryError)
+    assert str(answer) == (f"{bomb}:10: alias *d takes the inventory past 40000 values "
+                           "(each use of an alias counts all the values it names)")
+    assert elapsed < 1.0 and peak < 50 * 2**20, (elapsed, peak)
+
+
+def test_a_value_shown_in_an_error_is_cut_short_however_large() -> None:
+    """A value that stands for 9**9 others (as aliases build it) is shown in a few characters."""
+    value: object = ["lol"] * 9
+    for _ in range(8):
+        value = [value] * 9
+    start = time.perf_counter()
+    with pytest.raises(InventoryError) as caught:
+        inventory.validate_vars({"extra_args": value}, source="inv.yaml", entity="host 'h'")
+    assert time.perf_counter() - start < 1.0
+    message = str(caught.value)
+    assert message.startswith("inv.yaml: host 'h': key 'extra_args': expected a list of strings, got [[")
+    assert len(message) < 200, message
+
+
+def test_a_long_value_a_long_name_and_a_huge_integer_are_shown_short(tmp_path: Path) -> None:
+    path = tmp_path / "inv.yaml"
+    path.write_text(f"hosts:\n  h: {{address: {'a' * 5000}.example, profile: cpu}}\n")
+    with pytest.raises(InventoryError, match=r"inv.yaml:2: host 'h': key 'address': not an IP address or "
+                                             r"host name: 'aaa+\.\.\.") as caught:
+        inventory.load(path)
+    assert len(str(caught.value)) < len(str(path)) + 200
+    path.write_text(f"hosts:\n  {'n' * 1000}: {{address: 10.0.0.1, profile: cpu}}\n")
+    with pytest.raises(InventoryError, match="a name may hold") as caught:
+        inventory.load(path)
+    assert len(str(caught.value)) < len(str(path)) + 200
+    path.write_text(f"hosts:\n  h: {{address: 10.0.0.1, profile: cpu, port: 0x{'f' * 5000}}}\n")
+    with pytest.raises(InventoryError, match=r"got <an integer of 20000 bits> \(int\)"):
+        inventory.load(path)
+    path.write_text(f"hosts:\n  h: {{address: 10.0.0.1, profile: cpu, port: {'1' * 5000}}}\n")
+    with pytest.raises(InventoryError, match=r"inv.yaml:2: cannot read the int '1+\.\.\.1+': Exceeds the limit"):
+        inventory.load(path)
+
+
+VALID_HOST = "hosts:\n  h: {address: 10.0.0.1, profile: cpu, vars: {extra_args: VALUE}}\n"
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "--x" + "]" * depth
+
+
+def test_nesting_is_bounded_through_aliases_too(tmp_path: Path) -> None:
+    """A host's settings are 4 levels down: 27 lists below them with the string inside (32 levels)
+    are read (and refused as settings); 28 are past the bound of 32, whether written out or reached
+    through an alias, here of 20 lists placed 8 deep."""
+    path = tmp_path / "inv.yaml"
+    for value in (nested(27), "[" * 7 + "*deep" + "]" * 7):
+        path.write_text("x: &deep " + nested(20) + "\n" + VALID_HOST.replace("VALUE", value))
+        with pytest.raises(InventoryError, match="inv.yaml:1: key 'x': unknown key"):
+            inventory.load(path)
+    path.write_text(VALID_HOST.replace("VALUE", nested(27)))
+    with pytest.raises(InventoryError, match="key 'extra_args': expected a list of strings, got"):
+        inventory.load(path)
+    path.write_text(VALID_HOST.replace("VALUE", nested(28)))
+    with pytest.raises(InventoryError, match=r"inv.yaml:2: nested more than 32 levels deep$"):
+        inventory.load(path)
+    path.write_text("x: &deep " + nested(20) + "\n" + VALID_HOST.replace("VALUE", "[" * 8 + "*deep" + "]" * 8))
+    with pytest.raises(InventoryError, match=r"inv.yaml:3: alias \*deep nests values more than 32 levels"):
+        inventory.load(path)
+
+
+def test_a_file_larger_than_the_bound_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "inv.yaml"
+    path.write_text("hosts:\n  h: {address: 10.0.0.1, profile: cpu}\n" + "#" * inventory.MAX_INVENTORY_BYTES)
+    with pytest.raises(InventoryError, match=r"inv.yaml: the inventory is larger than 512 KiB$"):
+        inventory.load(path)
+    (tmp_path / "more.yaml").write_text("# a second file: the bound holds for the inventory, not each file\n")
+    path.write_text("hosts:\n  h: {address: 10.0.0.1, profile: cpu}\n" + "#" * (inventory.MAX_INVENTORY_BYTES - 100))
+    with pytest.raises(InventoryError, match=r"more.yaml: the inventory is larger than 512 KiB$"):
+        inventory.load(tmp_path)
+
+
+def test_a_thousand_hosts_with_their_own_settings_stay_within_the_bounds(tmp_path: Path) -> None:
+    """The bounds are for hostile files: a large real inventory is far from them."""
+    lines = ["hosts:"]
+    for i in range(1000):
+        lines += [f"  host-{i}:", f"    address: 10.0.{i // 256}.{i % 256}", "    profile: rtx5090",
+                  "    vars:", "      model: Qwen/Qwen3-30B-A3B-Instruct-2507-AWQ", "      tensor_parallel_size: 2",
+                  "      environment: {VLLM_LOGGING_LEVEL: INFO, NCCL_P2P_DISABLE: '1'}",
+                  "      extra_args: [--enable-chunked-prefill, --max-num-seqs, '64']"]
+    path = tmp_path / "inv.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    assert len(inventory.load(path).hosts) == 1000
+
+
+@pytest.mark.parametrize("text", ["", "# hosts come later\n", "---\n...\n", "~\n", "hosts:\n", "hosts: {}\n",
+                                  "ssh: {connect_timeout: 5}\n"],
+                         ids=["empty", "comments", "null-document", "tilde", "hosts-null", "hosts-empty", "ssh-only"])
+def test_an_inventory_without_hosts_says_so_naming_the_file(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "inv.yaml"
+    path.write_text(text)
+    with pytest.raises(InventoryError) as caught:
+        inventory.load(path)
+    assert str(caught.value) == f"{path}: the inventory is empty (no hosts)"
+
+
+def test_a_directory_of_empty_files_is_an_empty_inventory(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("")
+    (tmp_path / "b.yml").write_text("# nothing yet\n")
+    with pytest.raises(InventoryError) as caught:
+        inventory.load(tmp_path)
+    assert str(caught.value) == f"{tmp_path}: the inventory is empty (no hosts)"
+
+
+@pytest.mark.parametrize("task", [["check", "--all"], ["facts", "--all"], ["inventory"]], ids=" ".join)
+def test_cli_says_the_inventory_is_empty_and_exits_2_even_with_all(tmp_path: Path, task: list[str]) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# hosts come later\n")
+    done = run_invoke(*task, "--inventory", str(empty))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"error: {empty}: the inventory is empty (no hosts)" and done.stdout == ""
