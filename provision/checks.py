@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from provision import cuda as cuda_builds
-from provision import known_issues
-from provision.facts import HostFacts
+from provision import hardening, known_issues
+from provision.facts import MANAGED_UNITS, HostFacts
 from provision.inventory import Cluster, Inventory, Settings
 from provision.profiles import Profile
 
@@ -496,6 +496,42 @@ def host_service_user(ctx: Context) -> Finding:
     if user == "root":
         return fail("the server would run as root", "--set service_user=vllm", service_user=user)
     return ok(f"runs as {user}", service_user=user)
+
+
+@rule("unit.security", WARNING)
+def unit_security(ctx: Context) -> Finding | None:
+    """systemd's own score of each installed unit (`systemd-analyze security --offline=yes UNIT`, drop-ins
+    included) against the target of the host's hardening level (provision/hardening.py): info with the
+    score, a warning above it (an operator's drop-in that loosens the sandbox, say). The strict level's
+    device allow-list and system-call filter are not proven on a GPU, and the finding says so."""
+    level = str(ctx.settings["hardening"])
+    target = hardening.EXPOSURE_TARGETS[level]
+    scored = ctx.facts.unit_security or {}
+    installed = sorted({name for name, state in ctx.facts.units.items()
+                        if name in MANAGED_UNITS and state.load_state == "loaded"} | set(scored))
+    note = ctx.facts.notes.get("unit_security", "")
+    if not installed or (ctx.facts.unit_security is None and "not present" in note):
+        return None  # nothing installed yet, or no systemd-analyze to ask
+    evidence: dict[str, Any] = {
+        "units": {name: {"exposure": scored[name].exposure, "level": scored[name].level}
+                  for name in installed if name in scored},
+        "target": target, "hardening": level}
+    unproven = level == "strict" and bool(ctx.profile.devices)
+    caveat = ("; strict's device allow-list and system-call filter are not proven on a GPU"
+              if unproven else "")
+    missing = [name for name in installed if name not in scored]
+    if missing:
+        return warn(f"{', '.join(missing)} could not be scored ({note or 'no score printed'}){caveat}",
+                    "systemd-analyze 250 or newer scores unit files offline (package systemd)",
+                    unscored=missing, **evidence)
+    above = [name for name in installed if scored[name].exposure > target]
+    scores = ", ".join(f"{name} {scored[name].exposure} {scored[name].level}" for name in installed)
+    if above:
+        return warn(f"exposure above {target} (hardening {level}): {scores}{caveat}",
+                    f"`systemctl cat {above[0]}` shows what loosens it (a drop-in?); remove that, or "
+                    "run `invoke provision` to put the rendered unit back", above=above, **evidence)
+    return Finding("", INFO, PASS, f"exposure {scores} (target {target}, hardening {level}){caveat}",
+                   evidence)
 
 
 # ---------------------------------------------------------------------------------------------

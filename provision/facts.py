@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 from provision import parsers
 from provision.errors import CommandFailed, ParseError, ProvisionError
 from provision.parsers import (
-    CpuTopology, Gpu, Interface, Memory, NvidiaDriver, OsRelease, RdmaLink, Uname, UnitState, VenvInfo,
+    CpuTopology, Gpu, Interface, Memory, NvidiaDriver, OsRelease, RdmaLink, Uname, UnitExposure, UnitState,
+    VenvInfo,
 )
 
 if TYPE_CHECKING:  # facts stay importable without Fabric (the recorder runs on bare GPU hosts)
@@ -46,6 +47,9 @@ class Fact:
     # A file most hosts lack by design (the x86 hybrid lists): its absence is the answer ("not
     # present": the fact's value stays None) and not worth a note.
     optional: bool = False
+    # Exit codes whose output is still the answer (systemd-analyze exits 1 when one of the units it
+    # was asked about is not installed, and scores the others all the same).
+    exits: tuple[int, ...] = (0,)
 
 
 FACTS: tuple[Fact, ...] = (
@@ -77,6 +81,10 @@ FACTS: tuple[Fact, ...] = (
     Fact("interfaces", parsers.parse_ip_addr, argv=("ip", "-j", "addr", "show")),
     # Triton on sm_121 needs a CUDA 13 ptxas (the bundled one does not know sm_121a).
     Fact("ptxas", parsers.parse_cuda_release, argv=(CUDA_PTXAS, "--version")),
+    # systemd's own score of the installed units, drop-ins included (the offline form reads the unit
+    # files, so it needs no D-Bus and scores exactly what the unit tests score; systemd 250+).
+    Fact("unit_security", parsers.parse_systemd_security,
+         argv=("systemd-analyze", "security", "--offline=yes", *MANAGED_UNITS), exits=(0, 1)),
 )
 
 
@@ -120,6 +128,7 @@ class HostFacts:
     disks: tuple[DiskSpace, ...] = ()
     ptxas_cuda: str | None = None  # CUDA release of /usr/local/cuda/bin/ptxas, e.g. "13.0"
     venv: VenvInfo | None = None
+    unit_security: Mapping[str, UnitExposure] | None = None  # installed units' systemd exposure
     files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # inspected paths
     users: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # inspected users
     weights: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # inspected model roots
@@ -205,16 +214,21 @@ def _parse_one(fact: Fact, outcome: Mapping[str, Any]) -> tuple[Any, str | None]
         return None, None if fact.optional else f"{source}: not present on the host"
     if outcome.get("timed_out"):
         return None, f"{source}: timed out"
-    if outcome.get("exit") != 0:
+    if outcome.get("exit") not in fact.exits:
         output = (outcome.get("stderr") or "") + (outcome.get("stdout") or "")
         if fact.name == "gpus":
             return None, parsers.describe_nvidia_smi_failure(int(outcome["exit"]), output)
         first = output.strip().splitlines()[0] if output.strip() else "no output"
         return None, f"{source}: exit {outcome.get('exit')}: {first[:200]}"
     try:
-        return fact.parse(outcome.get("stdout") or ""), None
+        value = fact.parse(outcome.get("stdout") or "")
     except ParseError as exc:
         return None, f"{source}: cannot parse: {exc}"
+    if outcome.get("exit") != 0 and not value:
+        # An accepted failure that answered nothing: say why (e.g. an option this version lacks).
+        said = (outcome.get("stderr") or "").strip().splitlines()
+        return value, f"{source}: exit {outcome.get('exit')}: {said[0][:200] if said else 'no output'}"
+    return value, None
 
 
 def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
@@ -250,6 +264,7 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         disks=disks,
         ptxas_cuda=values.get("ptxas"),
         venv=values.get("venv"),
+        unit_security=values.get("unit_security"),
         files=dict((answer.get("inspect") or {}).get("files") or {}),
         users=dict((answer.get("inspect") or {}).get("users") or {}),
         weights=dict((answer.get("inspect") or {}).get("weights") or {}),

@@ -336,6 +336,15 @@ def _trusted_hosts(value: Any) -> tuple[str, ...]:
     return hosts
 
 
+def _choice(*allowed: str) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if value not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}, got {_show(value)}")
+        return str(value)
+
+    return check
+
+
 def _network(value: Any) -> str:
     try:
         return str(ipaddress.ip_network(_text(value), strict=False))
@@ -379,6 +388,8 @@ VAR_SPECS: Mapping[str, VarSpec] = {
     "model_dir": VarSpec("directory for model weights", _absolute_path, "/var/lib/vllm/models"),
     "hf_home": VarSpec("HF_HOME of the service", _absolute_path, "/var/lib/vllm/hf"),
     "service_user": VarSpec("user the service runs as", _user_name, "vllm"),
+    "hardening": VarSpec("systemd sandbox of the units: default, or strict (adds a device allow-list and "
+                         "a system-call filter; not proven on a GPU)", _choice("default", "strict"), "default"),
     "cluster_network": VarSpec("CIDR of the network nodes talk over (default: the head's)",
                                _optional(_network)),
 }

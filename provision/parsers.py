@@ -443,6 +443,35 @@ def parse_systemctl_show(stdout: str) -> dict[str, UnitState]:
 
 
 @dataclass(frozen=True)
+class UnitExposure:
+    """`systemd-analyze security` of one unit: UnitExposure(unit='vllm.service', exposure=3.3, level='OK')."""
+
+    unit: str
+    exposure: float  # 0.0 (confined) to 10.0 (none of the sandbox)
+    level: str  # systemd's word for it: "OK", "MEDIUM", "EXPOSED", "UNSAFE", ...
+
+
+# The last line of each unit's table; "->" and no emoji where the locale is not UTF-8 (LC_ALL=C).
+_EXPOSURE = re.compile(r"^(?:\u2192|->) Overall exposure level for (\S+): (\d+(?:\.\d+)?) ([A-Z]+)\b")
+
+
+def parse_systemd_security(stdout: str) -> dict[str, UnitExposure]:
+    """`systemd-analyze security --offline=yes UNIT...`: each scored unit's overall exposure.
+
+    A unit that is not installed prints nothing here (systemd-analyze names it on stderr and exits
+    1), so empty output means none is installed; output without an overall line is cut short.
+    """
+    found: dict[str, UnitExposure] = {}
+    for line in stdout.splitlines():
+        match = _EXPOSURE.match(line.strip())
+        if match:
+            found[match.group(1)] = UnitExposure(match.group(1), float(match.group(2)), match.group(3))
+    if not found and stdout.strip():
+        raise ParseError("unit_security", "no 'Overall exposure level' line", stdout)
+    return found
+
+
+@dataclass(frozen=True)
 class RdmaLink:
     """`ibdev2netdev`: RdmaLink(device='roceP2p1s0f0', port=1, netdev='enP2p1s0f0np0', up=True)."""
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from provision import affinity
+from provision import affinity, hardening
 from provision.checks import Context, cluster_network_of
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
@@ -179,7 +179,8 @@ def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | 
     chosen = affinity.choose(str(settings["cpu_affinity"]), ctx.facts.cpu)
     writable = sorted({STATE_DIR, settings["model_dir"], settings["hf_home"]})
     common = {"host": ctx.host, "profile": ctx.profile.name, "user": user, "env_file": ENV_FILE,
-              "state_dir": STATE_DIR, "writable_paths": writable, **SUPERVISION}
+              "state_dir": STATE_DIR, "writable_paths": writable, "hardening": hardening.unit_values(ctx),
+              **SUPERVISION}
     files = [DesiredFile(ENV_FILE, render("env/vllm.env.j2", {**common, "environment": service_environment(ctx, api_key)}),
                          "root", "root", 0o600)]
     units: list[str] = []
@@ -206,6 +207,9 @@ def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | 
             **common,
             "served_model_name": str(settings["served_model_name"] or settings["model"]),
             "after": ray_after, "requires": ray_after,
+            # Ray's session (/tmp/ray: the cluster's address, the local raylet's sockets) lives in
+            # the head unit's private /tmp: the server joins it, or ray.init() starts a cluster of its own.
+            "joins_namespace_of": ray_after,
             "exec_start": " ".join(systemd_quote(arg) for arg in server_args(ctx, resolutions)),
             "timeout_start_sec": 1800,
             "cpu_affinity": chosen.cpu_list, "affinity_reason": chosen.reason,

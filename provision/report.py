@@ -97,6 +97,9 @@ def facts_rows(facts: HostFacts) -> list[tuple[str, str]]:
         ("venv", _venv(facts)),
         ("init", f"{facts.init or '-'}" + ("" if facts.systemd_is_pid1 else " (not systemd)")),
         ("units", units),
+        ("exposure", ", ".join(f"{name} {score.exposure} {score.level}"
+                               for name, score in (facts.unit_security or {}).items())
+         or facts.notes.get("unit_security", "no unit installed")),
         ("rdma", rdma),
         ("interfaces", ", ".join(f"{i.name} {' '.join(i.addresses)}".strip()
                                  for i in facts.interfaces if i.name != "lo") or "-"),

@@ -62,6 +62,30 @@ def spark_pair(second: HostFacts | None = None) -> dict[str, HostFacts]:
 
 PAIR = Cluster(name="pair", hosts=("spark-a", "spark-b"), head="spark-a", vars={})
 
+
+def scored(case: str, note: str | None = None) -> Callable[[HostFacts], HostFacts]:
+    """The units of a recorded `systemd-analyze security` output installed (and so scored) on the host."""
+    import json
+
+    from tests.conftest import FIXTURES
+
+    stdout = json.loads((FIXTURES / "facts" / "unit_security" / f"{case}.json").read_text())["stdout"]
+    found = parsers.parse_systemd_security(stdout)
+    units = {name: parsers.UnitState(name, "loaded", "active", "running", "enabled", 0, None) for name in found}
+
+    def change(f: HostFacts) -> HostFacts:
+        notes = {**f.notes, "unit_security": note} if note else f.notes
+        return dataclasses.replace(f, unit_security=found, units=units, notes=notes)
+
+    return change
+
+
+def installed_unscored(note: str) -> Callable[[HostFacts], HostFacts]:
+    """vllm.service installed, but systemd-analyze printed no score (an older systemd, say)."""
+    unit = parsers.UnitState("vllm.service", "loaded", "active", "running", "enabled", 0, None)
+    return lambda f: dataclasses.replace(f, unit_security={} if "exit" in note else None,
+                                         units={"vllm.service": unit}, notes={**f.notes, "unit_security": note})
+
 SNAPSHOT = weights.Snapshot("Qwen/Qwen2.5-7B-Instruct-AWQ", "main", "a" * 40, (
     weights.WeightFile("config.json", 700, "git-sha1:" + "b" * 40),
     weights.WeightFile("model-00001-of-00002.safetensors", 3_900_000_000, "sha256:" + "c" * 64),
@@ -180,6 +204,21 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
      {"bind_host": "0.0.0.0"}, None, None, {"config.api_key": "fail"}),
     ("server-on-all-addresses-with-api-key", "h200x2-driver580", "hopper",
      {"bind_host": "0.0.0.0", "_api_key_set": True}, None, None, {"config.api_key": "pass"}),
+    # systemd's score of the installed units (recorded outputs of systemd-analyze 252).
+    ("units-hardened-within-target", "dgx-spark-gb10", "dgx-spark", {},
+     scored("debian12-systemd252-spark-head-hardened"), None, {"unit.security": "pass"}),
+    ("unit-loosened-by-a-drop-in", "rtx5090x2-tr7960x", "rtx5090", {},
+     scored("debian12-systemd252-ws-dropin-loosened"), None, {"unit.security": "fail"}),
+    ("unit-as-rendered-before-hardening", "rtx5090x2-tr7960x", "rtx5090", {},
+     scored("debian12-systemd252-ws-before-hardening"), None, {"unit.security": "fail"}),
+    ("units-not-installed-yet", "rtx5090x2-tr7960x", "rtx5090", {},
+     lambda f: dataclasses.replace(f, unit_security={}, units={}), None, {"unit.security": "skip"}),
+    ("no-systemd-analyze", "rtx5090x2-tr7960x", "rtx5090", {},
+     installed_unscored("systemd-analyze: not present on the host"), None, {"unit.security": "skip"}),
+    ("systemd-too-old-to-score-offline", "h200x2-driver580", "hopper", {},
+     # getopt's words, as systemd-analyze prints them for an option its version lacks (--offline: 250+)
+     installed_unscored("systemd-analyze: exit 1: systemd-analyze: unrecognized option '--offline=yes'"),
+     None, {"unit.security": "fail"}),
 ]
 
 
@@ -298,3 +337,26 @@ def test_gb10_budget_comes_from_meminfo_not_nvidia_smi() -> None:
 def test_every_rule_says_its_source() -> None:
     for rule_id, _, run in checks.RULES:
         assert run.__doc__ and len(run.__doc__) > 40, rule_id
+
+
+def test_unit_security_reports_the_score_as_info_and_warns_above_the_target() -> None:
+    def finding(case_id: str, **values: Any) -> checks.Finding:
+        name, machine, profile, base, change, peers, expected = next(c for c in CASES if c[0] == case_id)
+        (ctx,) = context_for((name, machine, profile, {**base, **values}, change, peers, expected)).values()
+        return next(f for f in checks.evaluate(ctx) if f.id == "unit.security")
+
+    good = finding("units-hardened-within-target")
+    assert (good.severity, good.status) == ("info", "pass")
+    assert good.message == ("exposure vllm-ray-head.service 3.3 OK, vllm.service 3.3 OK "
+                            "(target 3.5, hardening default)")
+    assert good.evidence["units"]["vllm.service"] == {"exposure": 3.3, "level": "OK"}
+    loosened = finding("unit-loosened-by-a-drop-in")
+    assert (loosened.severity, loosened.status) == ("warning", "fail") and not loosened.blocks
+    assert "vllm.service 4.7 OK" in loosened.message and "systemctl cat vllm.service" in (loosened.fix or "")
+    # Strict on a GPU: the same installed units are measured against 2.0, and the finding says that
+    # the device allow-list and the filter were never run on a GPU from here.
+    strict = finding("units-hardened-within-target", hardening="strict")
+    assert strict.status == "fail" and strict.evidence["target"] == 2.0
+    assert "not proven on a GPU" in strict.message
+    old = finding("systemd-too-old-to-score-offline")
+    assert "could not be scored" in old.message and "unrecognized option" in old.message

@@ -151,6 +151,30 @@ def test_bad_command_line_override_is_a_usage_error() -> None:
         inventory.parse_overrides(["port"])
 
 
+def test_hardening_is_default_or_strict() -> None:
+    assert inventory.VAR_SPECS["hardening"].default == "default"
+    assert inventory.parse_overrides(["hardening=strict"]) == {"hardening": "strict"}
+    with pytest.raises(InventoryError, match="key 'hardening': expected one of default, strict, got 'paranoid'"):
+        inventory.parse_overrides(["hardening=paranoid"])
+
+
+def test_a_gpu_profile_must_say_which_device_nodes_it_opens(tmp_path: Path) -> None:
+    import yaml
+
+    from provision.errors import ProfileError
+    from provision.profiles import PROFILE_DIR, profile_from_mapping
+
+    data = yaml.safe_load((PROFILE_DIR / "rtx5090.yaml").read_text())
+    assert profile_from_mapping(data, "rtx5090.yaml").devices[0][0] == "char-nvidia-frontend rw"
+    without = {k: v for k, v in data.items() if k != "devices"}
+    with pytest.raises(ProfileError, match="a GPU profile must list the device nodes"):
+        profile_from_mapping(without, "site.yaml")
+    with pytest.raises(ProfileError, match="not a DeviceAllow= entry.*: /dev/nvidia\\* rw"):
+        profile_from_mapping({**data, "devices": {"/dev/nvidia* rw": "globs are for group names"}}, "site.yaml")
+    cpu = yaml.safe_load((PROFILE_DIR / "cpu.yaml").read_text())
+    assert profile_from_mapping(cpu, "cpu.yaml").devices == ()
+
+
 def test_unknown_host_and_missing_inventory_are_clear() -> None:
     inv = inventory.load(REPO / "inventory")
     with pytest.raises(InventoryError, match="unknown host 'nope'"):

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from provision import affinity, checks, parsers, plan, render
+from provision import affinity, checks, hardening, parsers, plan, render
 from provision.facts import HostFacts
 from provision.parsers import UnitState
 from tests.conftest import FIXTURES
@@ -17,19 +20,38 @@ from tests.test_topology import stdout
 GOLDEN = FIXTURES / "render"
 
 
+def contexts_of(case_id: str, **values: object) -> dict[str, checks.Context]:
+    """The gate table's case, with settings added (e.g. hardening=strict)."""
+    name, machine, profile, base, change, peers, expected = next(c for c in CASES if c[0] == case_id)
+    return context_for((name, machine, profile, {**base, **values}, change, peers, expected))
+
+
+def _state(ctx: checks.Context) -> render.DesiredState:
+    return render.desired_state(ctx, checks.resolutions(checks.evaluate(ctx)))
+
+
 def seed_states() -> dict[str, render.DesiredState]:
-    ws_case = next(c for c in CASES if c[0] == "rtx5090x2-tp2-awq32b-all-good")
-    (ws,) = context_for(ws_case).values()
-    ws = dataclasses.replace(ws, host="ws-5090")
-    pair = context_for(next(c for c in CASES if c[0] == "spark-pair-good"))
+    (ws,) = contexts_of("rtx5090x2-tp2-awq32b-all-good").values()
+    (ws_strict,) = contexts_of("rtx5090x2-tp2-awq32b-all-good", hardening="strict").values()
+    pair = contexts_of("spark-pair-good")
+    pair_strict = contexts_of("spark-pair-good", hardening="strict")
+    # The lab's serving host: the cpu profile, as its vLLM CPU build runs there.
+    (cpu,) = contexts_of("cpu-host", model="lab/tiny-llama", max_model_len=256).values()
     return {
-        "rtx5090x2-tp2-awq": render.desired_state(ws, checks.resolutions(checks.evaluate(ws))),
-        "spark-pair-head": render.desired_state(pair["spark-a"], checks.resolutions(checks.evaluate(pair["spark-a"]))),
-        "spark-pair-worker": render.desired_state(pair["spark-b"], checks.resolutions(checks.evaluate(pair["spark-b"]))),
+        "rtx5090x2-tp2-awq": _state(dataclasses.replace(ws, host="ws-5090")),
+        "spark-pair-head": _state(pair["spark-a"]),
+        "spark-pair-worker": _state(pair["spark-b"]),
+        "cpu-tiny-llama": _state(dataclasses.replace(cpu, host="cpu-1")),
+        "rtx5090x2-tp2-awq-strict": _state(dataclasses.replace(ws_strict, host="ws-5090")),
+        "spark-pair-worker-strict": _state(pair_strict["spark-b"]),
     }
 
 
-@pytest.mark.parametrize("case", ["rtx5090x2-tp2-awq", "spark-pair-head", "spark-pair-worker"])
+GOLDEN_CASES = ["rtx5090x2-tp2-awq", "spark-pair-head", "spark-pair-worker", "cpu-tiny-llama",
+                "rtx5090x2-tp2-awq-strict", "spark-pair-worker-strict"]
+
+
+@pytest.mark.parametrize("case", GOLDEN_CASES)
 def test_rendered_files_match_golden(case: str) -> None:
     state = seed_states()[case]
     folder = GOLDEN / case
@@ -41,6 +63,85 @@ def test_rendered_files_match_golden(case: str) -> None:
     assert {Path(wanted.path).name for wanted in state.files} == expected
     for wanted in state.files:
         assert wanted.content == (folder / Path(wanted.path).name).read_text(), wanted.path
+
+
+# `systemd-analyze security --offline=yes UNIT_FILE` (systemd 252) of every golden unit: before this
+# sandbox (the same file without the directives it added) and as rendered now. README "Security" shows
+# the same table.
+EXPOSURE = {  # (case, unit): (hardening level, before, after)
+    ("rtx5090x2-tp2-awq", "vllm.service"): ("default", 8.5, 3.3),
+    ("spark-pair-head", "vllm.service"): ("default", 8.5, 3.3),
+    ("spark-pair-head", "vllm-ray-head.service"): ("default", 8.5, 3.3),
+    ("spark-pair-worker", "vllm-ray-worker.service"): ("default", 8.5, 3.3),
+    ("cpu-tiny-llama", "vllm.service"): ("default", 8.5, 2.9),
+    ("rtx5090x2-tp2-awq-strict", "vllm.service"): ("strict", 8.5, 1.9),
+    ("spark-pair-worker-strict", "vllm-ray-worker.service"): ("strict", 8.5, 1.9),
+}
+# What the units held before the sandbox grew; every other directive of hardening.j2 is new.
+KEPT = {"NoNewPrivileges", "ProtectSystem", "ProtectHome", "PrivateTmp", "ReadWritePaths"}
+
+
+def exposure(unit_text: str, unit: str, folder: Path) -> parsers.UnitExposure:
+    path = folder / unit  # the file name is the unit's name: systemd-analyze reads its type from it
+    path.write_text(unit_text)
+    done = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(path)], check=False,
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "LC_ALL": "C"})
+    assert done.returncode == 0, done.stderr
+    return parsers.parse_systemd_security(done.stdout)[unit]
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None,
+                    reason="systemd-analyze is not installed (Debian package systemd, which systemd-container "
+                           "brings: the README's first command)")
+@pytest.mark.parametrize("case,unit", sorted(EXPOSURE), ids=lambda v: str(v))
+def test_every_golden_unit_scores_within_its_target(case: str, unit: str, tmp_path: Path) -> None:
+    level, before, after = EXPOSURE[(case, unit)]
+    text = (GOLDEN / case / unit).read_text()
+    scored = exposure(text, unit, tmp_path)
+    assert scored.exposure == after, f"{case}/{unit} now scores {scored.exposure}: update EXPOSURE and the README"
+    assert scored.exposure <= hardening.EXPOSURE_TARGETS[level], f"{case}/{unit} is above its target"
+    new = {line.split("=", 1)[0] for line in
+           (render.TEMPLATES / "systemd" / "hardening.j2").read_text().splitlines()
+           if re.match(r"^[A-Z][A-Za-z]+=", line)} - KEPT
+    unhardened = "".join(line for line in text.splitlines(keepends=True)
+                         if line.split("=", 1)[0] not in new)
+    assert exposure(unhardened, unit, tmp_path).exposure == before
+
+
+def _directives(case: str, unit: str) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for line in (GOLDEN / case / unit).read_text().splitlines():
+        if re.match(r"^[A-Z][A-Za-z]+=", line):
+            key, value = line.split("=", 1)
+            found.setdefault(key, []).append(value)
+    return found
+
+
+def test_device_access_follows_the_profile_and_the_level() -> None:
+    for case, unit in EXPOSURE:
+        found = _directives(case, unit)
+        # Triton, torch inductor, CUDA and oneDNN write code they then run: never MemoryDenyWriteExecute.
+        assert "MemoryDenyWriteExecute" not in found, case
+        assert found["CapabilityBoundingSet"] == [""] and found["UMask"] == ["0077"], case
+        assert found["NoNewPrivileges"] == ["yes"] and found["ProtectSystem"] == ["strict"], case
+        assert found["RestrictAddressFamilies"] == ["AF_UNIX AF_INET AF_INET6 AF_NETLINK"], case
+    gpu_default = _directives("rtx5090x2-tp2-awq", "vllm.service")
+    # The host's /dev stays (a private one hides /dev/nvidia*), and so no ProtectClock: before systemd
+    # 252 it implied a device allow-list.
+    assert not {"PrivateDevices", "DevicePolicy", "DeviceAllow", "ProtectClock", "SystemCallFilter"} & set(gpu_default)
+    cpu = _directives("cpu-tiny-llama", "vllm.service")
+    assert cpu["PrivateDevices"] == ["yes"] and cpu["ProtectClock"] == ["yes"] and "DeviceAllow" not in cpu
+    ws = _directives("rtx5090x2-tp2-awq-strict", "vllm.service")
+    assert ws["DevicePolicy"] == ["closed"] and ws["SystemCallFilter"] == ["@system-service", "pidfd_getfd"]
+    assert ws["DeviceAllow"] == ["char-nvidia-frontend rw", "char-nvidia-uvm rw", "char-nvidia-caps rw"]
+    worker = _directives("spark-pair-worker-strict", "vllm-ray-worker.service")
+    assert worker["DeviceAllow"][-1] == "char-infiniband_verbs rw"  # NCCL over the CX-7 RDMA links
+
+
+def test_the_server_on_a_ray_head_shares_the_heads_tmp() -> None:
+    head = _directives("spark-pair-head", "vllm.service")
+    assert head["JoinsNamespaceOf"] == ["vllm-ray-head.service"] and head["PrivateTmp"] == ["yes"]
+    assert "JoinsNamespaceOf" not in _directives("rtx5090x2-tp2-awq", "vllm.service")
 
 
 def test_workstation_unit_has_the_seed_settings() -> None:

@@ -66,12 +66,16 @@ class Profile:
     # PyTorch builds that fit (its per-CUDA wheel indexes: cu128, cu129, cu130; cpu): the one taken
     # follows cuda_version ("13.0" -> cu130), or is cpu on a profile without CUDA.
     torch_variants: tuple[str, ...] = ()
+    # The device nodes the server opens: systemd DeviceAllow= entries and the nodes each covers,
+    # (("char-nvidia-uvm rw", "/dev/nvidia-uvm, /dev/nvidia-uvm-tools"), ...). Strict hardening
+    # allows these and closes the rest; none at all gives the units a private /dev.
+    devices: tuple[tuple[str, str], ...] = ()
     aliases: tuple[str, ...] = field(default=())
 
 
 _TOP_KEYS = {
     "name", "aliases", "description", "arch", "gpu", "kernel", "driver", "cuda", "nccl",
-    "environment", "affinity", "defaults", "venv_gib", "venv_remove", "torch_variants",
+    "environment", "affinity", "defaults", "venv_gib", "venv_remove", "torch_variants", "devices",
 }
 
 
@@ -145,6 +149,7 @@ def profile_from_mapping(data: Any, source: str) -> Profile:
         venv_gib=float(data.get("venv_gib", 12)),
         venv_remove=tuple(str(name) for name in data.get("venv_remove") or ()),
         torch_variants=_torch_variants(data.get("torch_variants"), source),
+        devices=_devices(data, source),
     )
 
 
@@ -154,6 +159,29 @@ def _torch_variants(value: Any, source: str) -> tuple[str, ...]:
     if bad:
         raise ProfileError(f"{source}: torch_variants: not a PyTorch variant: {', '.join(bad)} (cu128, cpu, ...)")
     return variants
+
+
+# DeviceAllow=: a device group of /proc/devices (char-NAME, globs allowed) or a /dev path, then its
+# access (r, w, m). systemd.resource-control(5): globs work on group names only, never on paths.
+_DEVICE = re.compile(r"^(?:(?:char|block)-[A-Za-z0-9_*?.-]+|/dev/[A-Za-z0-9_./-]+) [rwm]{1,3}$")
+
+
+def _devices(data: Mapping[str, Any], source: str) -> tuple[tuple[str, str], ...]:
+    if "devices" not in data:
+        if data.get("gpu") is not None:
+            # A GPU profile without the list would get a private /dev, which hides /dev/nvidia*.
+            raise ProfileError(f"{source}: a GPU profile must list the device nodes its server opens "
+                               "(devices: {char-nvidia-frontend rw: /dev/nvidiactl ..., ...})")
+        return ()
+    devices = data.get("devices") or {}
+    if not isinstance(devices, dict):
+        raise ProfileError(f"{source}: 'devices' must map DeviceAllow= entries to the nodes they cover")
+    bad = [str(entry) for entry, nodes in devices.items()
+           if not isinstance(entry, str) or not _DEVICE.match(entry) or not isinstance(nodes, str)]
+    if bad:
+        raise ProfileError(f"{source}: devices: not a DeviceAllow= entry with the nodes it covers: "
+                           f"{', '.join(bad)} (char-GROUP or /dev/PATH, then r, w, m: /dev/...)")
+    return tuple((entry, nodes) for entry, nodes in devices.items())
 
 
 @functools.lru_cache(maxsize=None)
