@@ -43,6 +43,8 @@ def _gib(value: int | None) -> str:
 
 
 def _gpus(facts: HostFacts) -> str:
+    if facts.gpus is None:
+        return f"unknown ({facts.notes.get('gpus', 'unreadable')})"
     if not facts.gpus:
         return facts.notes.get("gpus", "none")
     names: dict[str, int] = {}
