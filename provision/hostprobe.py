@@ -161,8 +161,9 @@ def _inspect_user(name):
 
 
 def _inspect_weights(root):
-    """A model root: the commit `current` points at, its manifest, and each listed file's stat now
-    (a changed size or mtime means the file must be verified again; nothing is hashed here)."""
+    """A model root: the commit `current` points at, its manifest, and each listed file's stat now:
+    [size, mtime_ns, ctime_ns, inode]. Any change means the file must be verified again (nothing is
+    hashed here); ctime is what an edit in place followed by `touch -r` cannot put back."""
     current = os.path.join(root, "current")
     partial = {}  # what broken transfers left, per commit: a resumed fetch needs that much less room
     for base, _, names in os.walk(os.path.join(root, ".partial")):
@@ -188,7 +189,7 @@ def _inspect_weights(root):
     for name in files:
         try:
             info = os.stat(os.path.join(current, name))
-            stats[name] = [info.st_size, info.st_mtime_ns]
+            stats[name] = [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
         except OSError:
             stats[name] = None
     return {"current": commit if manifest.get("commit") == commit else None, "files": files, "stat": stats,
