@@ -139,7 +139,12 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
     return changes
 
 
-def summary(changes: list[Change]) -> str:
+NO_CHANGES = {None: "files, user, directories and units are as rendered",
+              "weights": "the weights are as verified", "venv": "the venv is as resolved"}
+
+
+def summary(changes: list[Change], only: str | None = None) -> str:
+    """One line per host; `only` is what a weights or venv run looked at (and all it vouches for)."""
     if not changes:
-        return "no changes: files, user, directories and units are as rendered"
+        return f"no changes: {NO_CHANGES.get(only, NO_CHANGES[None])}"
     return f"{len(changes)} change(s)"
