@@ -50,6 +50,13 @@ _TIER_BY_NAME = {name: tier for name, tier in ARM_CORES.values()}
 # 3% steps stays one class.
 FREQUENCY_GAP = 0.85
 
+# The facts a choice is made from. Where one of them answered but could not be read (garbage, a
+# timeout), `auto` cannot tell what it would choose: the gate's cpu.affinity blocks ("could not be
+# checked") rather than let the unit lose its CPUAffinity line, which the next apply would restart
+# the server without. Blocking, not keeping the installed unit's line: a first install has none, and
+# a line kept from an unread topology would be a guess that the plan then calls "as rendered".
+SOURCES = ("lscpu", "lscpu_cpus", "cpuinfo", "lscpu_models", "cpu_core_cpus", "cpu_atom_cpus")
+
 
 @dataclass(frozen=True)
 class Affinity:
@@ -85,9 +92,14 @@ class AffinityError(ValueError):
     """The policy cannot be met on this topology (e.g. ccd:5 on a 2-CCD part)."""
 
 
-def choose(policy: str, topology: CpuTopology | None) -> Affinity:
+def choose(policy: str, topology: CpuTopology | None, unreadable: Iterable[str] = ()) -> Affinity:
+    """The CPUs for `policy`. `unreadable` names the SOURCES whose answers could not be read: only a
+    forced cpu.affinity gets this far with any, and then `auto` pins nothing and says why."""
     if policy == "all":
         return Affinity(None, None, "policy all: no pinning")
+    unread = sorted(set(unreadable) & set(SOURCES))
+    if unread and policy == "auto":
+        return Affinity(None, None, f"the CPU topology did not read ({', '.join(unread)}): no pinning")
     if topology is None or not (topology.cpus or topology.parts or topology.models):
         if policy == "auto":
             return Affinity(None, None, "no per-CPU topology (lscpu -e) on this host: no pinning")

@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from provision import affinity, hardening, known_issues
 from provision import cuda as cuda_builds
-from provision import hardening, known_issues
-from provision.facts import MANAGED_UNITS, HostFacts
+from provision.facts import DROP_IN_DIRS, MANAGED_UNITS, HostFacts
 from provision.inventory import Cluster, Inventory, Settings
 from provision.profiles import Profile
 
@@ -261,6 +261,8 @@ def gpu_present(ctx: Context) -> Finding | None:
     """The profile's GPU must be visible to nvidia-smi."""
     if ctx.profile.gpu is None:
         return None
+    if ctx.facts.gpus is None:  # an answer nobody can read is not "no GPU"
+        return unknown("GPUs", ctx, "gpus")
     if not ctx.facts.gpus:
         return fail(f"no GPU visible: {ctx.facts.notes.get('gpus', 'nvidia-smi lists none')}",
                     "check the driver (nvidia-smi) and that the card is seated and powered",
@@ -293,6 +295,8 @@ def gpu_count(ctx: Context) -> Finding | None:
                     "choose tensor/pipeline parallel sizes that are a multiple of the node count",
                     tensor_parallel_size=ctx.settings["tensor_parallel_size"],
                     pipeline_parallel_size=ctx.settings["pipeline_parallel_size"], nodes=ctx.nodes)
+    if ctx.facts.gpus is None:
+        return unknown("GPU count", ctx, "gpus")
     have = len(ctx.facts.gpus)
     evidence = {"gpus": have, "needed": needed, "tensor_parallel_size": ctx.settings["tensor_parallel_size"],
                 "pipeline_parallel_size": ctx.settings["pipeline_parallel_size"], "nodes": ctx.nodes}
@@ -307,7 +311,11 @@ def cluster_topology(ctx: Context) -> Finding | None:
     """Across a multi-node cluster, nodes x GPUs per node = TP x PP (checked once, on the head)."""
     if ctx.cluster is None or not ctx.cluster.multi_node or ctx.host != ctx.cluster.head:
         return None
-    per_node = {name: len(facts.gpus) for name, facts in ctx.peers.items()}
+    unread = sorted(name for name, facts in ctx.peers.items() if facts.gpus is None)
+    if unread:
+        return fail(f"could not be checked: the GPUs of {', '.join(unread)} could not be read",
+                    "make nvidia-smi readable there (see `invoke facts`)", unreadable=unread)
+    per_node = {name: len(facts.gpus or ()) for name, facts in ctx.peers.items()}
     total = sum(per_node.values())
     if len(per_node) < ctx.nodes:
         missing = sorted(set(ctx.cluster.hosts) - set(per_node))
@@ -388,7 +396,7 @@ def memory_unified_headroom(ctx: Context) -> Finding | None:
     evidence = {"mem_total_gib": round(memory.total / 2**30, 1),
                 "mem_available_gib": round(memory.available / 2**30, 1),
                 "gpu_memory_utilization": utilization,
-                "nvidia_smi_memory": [gpu.memory_total_mib for gpu in ctx.facts.gpus]}
+                "nvidia_smi_memory": [gpu.memory_total_mib for gpu in ctx.facts.gpus or ()]}
     if wanted <= room:
         return ok(f"{utilization} of {evidence['mem_total_gib']} GiB leaves the host its headroom", **evidence)
     cap = max(0.05, int(room / memory.total * 100) / 100)
@@ -532,6 +540,53 @@ def unit_security(ctx: Context) -> Finding | None:
                     "run `invoke provision` to put the rendered unit back", above=above, **evidence)
     return Finding("", INFO, PASS, f"exposure {scores} (target {target}, hardening {level}){caveat}",
                    evidence)
+
+
+@rule("cpu.affinity", BLOCKER)
+def cpu_affinity(ctx: Context) -> Finding | None:
+    """The server's CPUAffinity comes from the topology facts (provision/affinity.py). Where one of them
+    answered but could not be read, `auto` cannot be chosen: the gate blocks ("could not be checked")
+    instead of rendering the unit unpinned, which the next apply would restart the server as."""
+    if ctx.cluster and ctx.cluster.multi_node and ctx.host != ctx.cluster.head:
+        return None  # workers run Ray, not the pinned server
+    policy = str(ctx.settings["cpu_affinity"])
+    if policy == "all":
+        return None
+    unread = sorted(set(affinity.SOURCES) & ctx.facts.unreadable)
+    if unread:
+        notes = "; ".join(ctx.facts.notes.get(name, name) for name in unread)
+        return fail(f"could not be checked: the CPU topology that cpu_affinity {policy} is chosen from did "
+                    f"not read ({notes})", f"make {', '.join(unread)} readable on the host (see `invoke facts "
+                    f"--host {ctx.host}`), or --set cpu_affinity=all to run unpinned on purpose",
+                    cpu_affinity=policy, unreadable=unread)
+    try:
+        chosen = affinity.choose(policy, ctx.facts.cpu)
+    except affinity.AffinityError as exc:
+        return fail(str(exc), "choose a cpu_affinity this host has (auto, all, ccd:N or a CPU list)",
+                    cpu_affinity=policy)
+    return ok(f"cpu_affinity {policy}: {chosen.cpu_list or 'no pinning'} ({chosen.reason})",
+              cpu_affinity=policy, cpus=chosen.cpu_list)
+
+
+@rule("unit.dropins", BLOCKER)
+def unit_dropins(ctx: Context) -> Finding | None:
+    """A drop-in (`systemctl edit`, `systemctl set-property`: a *.conf in a unit's .d directory,
+    systemd.unit(5)) overrides the unit the tool renders: the plan would call the unit "as rendered"
+    while systemd runs something else, and the next daemon-reload brings an unloaded one into force.
+    Provision refuses rather than deleting it: it is an operator's change, often a deliberate fix,
+    which belongs in the inventory (environment, extra_args, cpu_affinity) where the plan sees it."""
+    listed = {path: ctx.facts.dirs[path] for path in DROP_IN_DIRS if path in ctx.facts.dirs}
+    if not listed:
+        return None  # not inspected (facts without a plan's inspection)
+    found = [f"{path}/{name}" for path, names in listed.items() for name in names or ()
+             if name.endswith(".conf")]  # systemd reads only *.conf there
+    if found:
+        units = sorted({path.rsplit("/", 2)[1][:-2] for path in found})
+        return fail(f"drift: drop-in {', '.join(found)} overrides {', '.join(units)}",
+                    "move what it sets into the inventory (environment, extra_args, cpu_affinity), then "
+                    f"`rm {' '.join(found)}` and `systemctl daemon-reload`; or --force unit.dropins to keep it",
+                    drop_ins=found)
+    return ok("no drop-in overrides the tool's units", checked=sorted(listed))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -685,11 +740,12 @@ def pcie_link(ctx: Context) -> Finding | None:
     all-reduce bandwidth. Generation is judged on pcie.link.gen.max (what GPU and slot can reach), since
     idle cards drop their current generation."""
     expectation = ctx.profile.gpu
-    if expectation is None or expectation.pcie_gen is None or len(ctx.facts.gpus) < 2:
+    gpus = ctx.facts.gpus or ()
+    if expectation is None or expectation.pcie_gen is None or len(gpus) < 2:
         return None
     slow = {str(gpu.index): {"gen_max": gpu.pcie_gen_max, "width": gpu.pcie_width_current,
                              "width_max": gpu.pcie_width_max}
-            for gpu in ctx.facts.gpus
+            for gpu in gpus
             if (gpu.pcie_gen_max or 0) < expectation.pcie_gen
             or (gpu.pcie_width_current or 0) < (gpu.pcie_width_max or 0)}
     if slow:

@@ -405,7 +405,7 @@ def bench(c: Context, host: str | None = None, inventory_: str | None = None, js
                               lambda event: print(f"  {event.get('done')}/{event.get('total')} requests",
                                                   file=sys.stderr) if not json_ else None)
     except ProvisionError as exc:
-        raise Exit(f"{host}: {report.error_text(exc)}", code=1) from None
+        raise Exit(report.host_error(host, exc), code=1) from None
     finally:
         runner.close()
     if json_:
@@ -446,7 +446,7 @@ def logs(c: Context, host: str | None = None, inventory_: str | None = None, fol
         done = runner.run(argv, timeout=None if not follow else 7 * 24 * 3600,
                           on_line=(lambda line: print(remote.mask(line), flush=True)) if follow else None)
     except ProvisionError as exc:
-        raise Exit(f"{host}: {report.error_text(exc)}", code=1) from None
+        raise Exit(report.host_error(host, exc), code=1) from None
     finally:
         runner.close()
     if not follow:

@@ -72,13 +72,19 @@ class KnownIssueError(ProvisionError, ValueError):
     """An entry of the known-issues data (provision/known_issues.yaml) is malformed; names the entry."""
 
 
+def about(host: str, text: str) -> str:
+    """`text` about `host`, the host named once: 'cpu-1: …', never 'cpu-1: cpu-1: …'."""
+    return text if text.startswith(f"{host}:") else f"{host}: {text}"
+
+
 class UnreachableHost(ProvisionError):
     """The host could not be reached or logged into."""
 
     def __init__(self, host: str, reason: str) -> None:
         self.host = host
-        self.reason = reason
-        super().__init__(f"{host}: unreachable: {reason}")
+        # A reason taken from another error about this host already names it (and says "unreachable").
+        self.reason = reason.removeprefix(f"{host}: ").removeprefix("unreachable: ")
+        super().__init__(f"{host}: unreachable: {self.reason}")
 
 
 class HostKeyError(UnreachableHost):

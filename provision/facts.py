@@ -4,6 +4,10 @@ Each Fact names a command (argv) or a file next to the parser that reads it. `ga
 hostprobe.py with the whole list to the host's python3 on stdin; the probe runs every command there
 and answers one JSON document. A tool the host lacks (no nvidia-smi on a CPU box) is a typed answer
 (`None` or an empty tuple plus a note in `notes`), not a crash.
+
+An answer that came but cannot be read (output the parser refuses, a command that timed out or printed
+more than the probe keeps) is not an absence: the fact is named in `HostFacts.unreadable`, and the
+rules that need it say "could not be checked" instead of reading "nothing there" (no GPU, no topology).
 """
 from __future__ import annotations
 
@@ -25,6 +29,10 @@ if TYPE_CHECKING:  # facts stay importable without Fabric (the recorder runs on 
 
 # Units the tool manages; their state is part of every host's facts.
 MANAGED_UNITS = ("vllm.service", "vllm-ray-head.service", "vllm-ray-worker.service")
+# Where systemd finds drop-ins that override those units: `systemctl edit` writes to /etc,
+# `systemctl set-property` to system.control, their --runtime forms to /run (systemd.unit(5)).
+DROP_IN_DIRS = tuple(f"{base}/{unit}.d" for unit in MANAGED_UNITS for base in (
+    "/etc/systemd/system", "/etc/systemd/system.control", "/run/systemd/system", "/run/systemd/system.control"))
 
 PROBE_SOURCE = Path(__file__).with_name("hostprobe.py")
 VENV_MANIFEST = "provision-manifest.json"  # in a venv the tool built: what it installed, and its versions
@@ -120,7 +128,9 @@ class HostFacts:
     init: str | None = None
     cpu: CpuTopology | None = None
     driver: NvidiaDriver | None = None
-    gpus: tuple[Gpu, ...] = ()
+    # () where nvidia-smi lists none or cannot run (no driver, no GPU: the note says which); None
+    # where its answer could not be read, which says nothing about how many GPUs there are.
+    gpus: tuple[Gpu, ...] | None = ()
     modules: frozenset[str] | None = None
     units: Mapping[str, UnitState] = field(default_factory=dict)
     rdma: tuple[RdmaLink, ...] | None = None
@@ -132,7 +142,9 @@ class HostFacts:
     files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # inspected paths
     users: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # inspected users
     weights: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # inspected model roots
+    dirs: Mapping[str, tuple[str, ...] | None] = field(default_factory=dict)  # listed directories
     notes: Mapping[str, str] = field(default_factory=dict)
+    unreadable: frozenset[str] = frozenset()  # facts whose answer came but could not be read
 
     def disk_for(self, path: str) -> DiskSpace | None:
         return next((disk for disk in self.disks if disk.path == path), None)
@@ -188,51 +200,79 @@ def facts_from_probe(host: str, result: Result, facts: Sequence[Fact] = FACTS) -
         raise ProvisionError(f"{host}: python3 is not installed; facts need it (apt-get install python3)")
     if not result.ok:
         raise CommandFailed(host, "fact probe", result)
-    try:
-        answer = json.loads(result.stdout)
-        raw: Mapping[str, Mapping[str, Any]] = answer["results"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise ParseError("probe", "the fact probe did not answer JSON", result.stdout) from None
+    answer = probe_answer(result.stdout)
+    raw: Mapping[str, Mapping[str, Any]] = answer["results"]
     values: dict[str, Any] = {}
     notes: dict[str, str] = {}
+    unreadable: set[str] = set()
     for fact in facts:
         outcome = raw.get(fact.name)
         if outcome is None:
-            notes[fact.name] = "not collected"
+            notes[fact.name] = "not collected"  # the probe asked for it: only a recording lacks it
             continue
-        value, note = _parse_one(fact, outcome)
+        value, note, readable = _parse_one(fact, outcome)
         if note:
             notes[fact.name] = note
+        if not readable:
+            unreadable.add(fact.name)
         if value is not None:
             values[fact.name] = value
-    return _assemble(host, answer, values, notes)
+    return _assemble(host, answer, values, notes, frozenset(unreadable))
 
 
-def _parse_one(fact: Fact, outcome: Mapping[str, Any]) -> tuple[Any, str | None]:
+def probe_answer(stdout: str) -> dict[str, Any]:
+    """The probe's JSON document. Text before it means the login shell printed something (a banner,
+    a greeting from .bashrc): still an error, since a shell that writes into a command's output can
+    write into any of them (SFTP breaks on it too), but one that says where the text came from."""
+    try:
+        answer = json.loads(stdout)
+        if isinstance(answer, dict) and isinstance(answer.get("results"), dict):
+            return answer
+    except json.JSONDecodeError:
+        pass
+    lines = stdout.splitlines()
+    for index, line in enumerate(lines):
+        if index and line.startswith("{"):
+            try:
+                later = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(later, dict) and "results" in later:
+                banner = " ".join(" ".join(lines[:index]).split())
+                raise ParseError("probe", f"the probe's output starts with text from the login shell: "
+                                 f"{banner[:80]!r}; make the shell's startup files print nothing when "
+                                 "not interactive", stdout)
+    raise ParseError("probe", "the fact probe did not answer JSON", stdout)
+
+
+def _parse_one(fact: Fact, outcome: Mapping[str, Any]) -> tuple[Any, str | None, bool]:
+    """(value, note, readable): readable is False where an answer came but says nothing usable."""
     source = fact.file or (fact.argv[0] if fact.argv else fact.name)
     if outcome.get("missing"):
-        return None, None if fact.optional else f"{source}: not present on the host"
+        return None, None if fact.optional else f"{source}: not present on the host", True
     if outcome.get("timed_out"):
-        return None, f"{source}: timed out"
+        return None, f"{source}: timed out", False
+    if outcome.get("truncated"):
+        return None, f"{source}: printed more than the probe keeps (1 MiB) and was stopped", False
     if outcome.get("exit") not in fact.exits:
         output = (outcome.get("stderr") or "") + (outcome.get("stdout") or "")
         if fact.name == "gpus":
-            return None, parsers.describe_nvidia_smi_failure(int(outcome["exit"]), output)
+            return None, parsers.describe_nvidia_smi_failure(int(outcome["exit"]), output), True
         first = output.strip().splitlines()[0] if output.strip() else "no output"
-        return None, f"{source}: exit {outcome.get('exit')}: {first[:200]}"
+        return None, f"{source}: exit {outcome.get('exit')}: {first[:200]}", True
     try:
         value = fact.parse(outcome.get("stdout") or "")
     except ParseError as exc:
-        return None, f"{source}: cannot parse: {exc}"
+        return None, f"{source}: cannot parse: {exc}", False
     if outcome.get("exit") != 0 and not value:
         # An accepted failure that answered nothing: say why (e.g. an option this version lacks).
         said = (outcome.get("stderr") or "").strip().splitlines()
-        return value, f"{source}: exit {outcome.get('exit')}: {said[0][:200] if said else 'no output'}"
-    return value, None
+        return value, f"{source}: exit {outcome.get('exit')}: {said[0][:200] if said else 'no output'}", True
+    return value, None, True
 
 
 def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
-              notes: Mapping[str, str]) -> HostFacts:
+              notes: Mapping[str, str], unreadable: frozenset[str]) -> HostFacts:
     uname: Uname | None = values.get("uname")
     cpu: CpuTopology | None = values.get("lscpu")
     if cpu is not None:
@@ -256,7 +296,7 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         init=values.get("init"),
         cpu=cpu,
         driver=values.get("nvidia_driver"),
-        gpus=values.get("gpus", ()),
+        gpus=None if "gpus" in unreadable else values.get("gpus", ()),
         modules=values.get("modules", values.get("lsmod")),
         units=values.get("units", {}),
         rdma=values.get("rdma"),
@@ -268,5 +308,8 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         files=dict((answer.get("inspect") or {}).get("files") or {}),
         users=dict((answer.get("inspect") or {}).get("users") or {}),
         weights=dict((answer.get("inspect") or {}).get("weights") or {}),
+        dirs={path: None if names is None else tuple(names)
+              for path, names in ((answer.get("inspect") or {}).get("dirs") or {}).items()},
         notes=dict(notes),
+        unreadable=unreadable,
     )

@@ -9,11 +9,13 @@ host. The controller appends one call, `main(SPEC_JSON)`, where the spec lists w
 and it prints one JSON document:
 
     {"python": "3.11.2", "results": {"NAME": {"exit": 0, "stdout": "...", "stderr": "",
-                                                "missing": false, "timed_out": false}},
+                                                "missing": false, "timed_out": false,
+                                                "truncated": false}},
      "paths": {"/opt/vllm": {"checked": "/opt", "free": 123, "total": 456}}}
 
 A command that is not installed answers `missing: true` (a fact, not a crash); one that hangs (nvidia-smi
-on a GPU that fell off the bus does) is killed after `timeout` seconds and answers `timed_out: true`.
+on a GPU that fell off the bus does) is killed after `timeout` seconds and answers `timed_out: true`;
+one that prints more than MAX_OUTPUT is stopped there and answers `truncated: true`.
 The commands run at once (nvidia-smi, lscpu and an `import torch` each take their time). A command
 with a record (`recorded`) is not run while the record is newer than everything it depends on:
 its "fact_output" answers, with `recorded: true`.
@@ -29,11 +31,17 @@ MAX_OUTPUT = 1 << 20  # 1 MiB per output is plenty for any fact and bounds a run
 
 
 def _run(argv, timeout):
+    """One command, its output read as it comes and at most MAX_OUTPUT of each stream kept: a command
+    that prints more (an `nvidia-smi` that printed 768 MiB did) is stopped there and answers
+    `truncated: true`, so the probe never holds more than the cap, however much a command prints."""
+    import selectors
+    import time
     env = dict(os.environ, LC_ALL="C", LANG="C")
-    result = {"exit": None, "stdout": "", "stderr": "", "missing": False, "timed_out": False}
+    result = {"exit": None, "stdout": "", "stderr": "", "missing": False, "timed_out": False,
+              "truncated": False}
     try:
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, env=env, timeout=timeout)
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, env=env)
     except FileNotFoundError:
         result["missing"] = True
         result["exit"] = 127
@@ -42,13 +50,46 @@ def _run(argv, timeout):
         result["exit"] = 126
         result["stderr"] = str(exc)
         return result
+    out, err = process.stdout, process.stderr
+    assert out is not None and err is not None  # both were asked for as pipes
+    out_fd, err_fd = out.fileno(), err.fileno()
+    kept = {out_fd: [b""], err_fd: [b""]}
+    room = {out_fd: MAX_OUTPUT, err_fd: MAX_OUTPUT}
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        selector.register(out, selectors.EVENT_READ)
+        selector.register(err, selectors.EVENT_READ)
+        while selector.get_map() and not (result["timed_out"] or result["truncated"]):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                result["timed_out"] = True
+                break
+            for key, _ in selector.select(left):
+                data = os.read(key.fd, 65536)
+                if not data:
+                    selector.unregister(key.fileobj)
+                    continue
+                kept[key.fd].append(data[:room[key.fd]])
+                room[key.fd] -= len(data)
+                if room[key.fd] < 0:  # more than the cap: the rest is not read, the command stops
+                    result["truncated"] = True
+                    break
+    try:
+        if not (result["timed_out"] or result["truncated"]):
+            process.wait(max(0.0, deadline - time.monotonic()))  # it closed its output, not yet exited
     except subprocess.TimeoutExpired:
         result["timed_out"] = True
-        result["exit"] = 124
-        return result
-    result["exit"] = done.returncode
-    result["stdout"] = done.stdout[:MAX_OUTPUT].decode("utf-8", "replace")
-    result["stderr"] = done.stderr[:MAX_OUTPUT].decode("utf-8", "replace")
+    if result["timed_out"] or result["truncated"]:
+        process.kill()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            pass  # stuck in the kernel (a GPU off the bus): SIGKILL lands when it returns there
+    out.close()
+    err.close()
+    result["exit"] = 124 if result["timed_out"] else process.returncode
+    result["stdout"] = b"".join(kept[out_fd]).decode("utf-8", "replace")
+    result["stderr"] = b"".join(kept[err_fd]).decode("utf-8", "replace")
     return result
 
 
@@ -96,11 +137,17 @@ def _inspect_file(path, max_content):
     except KeyError:
         state["group"] = str(info.st_gid)
     if stat.S_ISREG(info.st_mode):
+        # Hashed as it is read: a file grown huge by mistake costs time, never the probe's memory.
+        digest, head, size = hashlib.sha256(), [], 0
         with open(path, "rb") as handle:
-            data = handle.read()
-        state["sha256"] = hashlib.sha256(data).hexdigest()
-        if len(data) <= max_content:
-            state["content"] = data.decode("utf-8", "replace")
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+                if size <= max_content:
+                    head.append(block)
+                size += len(block)
+        state["sha256"] = digest.hexdigest()
+        if size <= max_content:
+            state["content"] = b"".join(head).decode("utf-8", "replace")
     return state
 
 
@@ -114,8 +161,9 @@ def _inspect_user(name):
 
 
 def _inspect_weights(root):
-    """A model root: the commit `current` points at, its manifest, and each listed file's stat now
-    (a changed size or mtime means the file must be verified again; nothing is hashed here)."""
+    """A model root: the commit `current` points at, its manifest, and each listed file's stat now:
+    [size, mtime_ns, ctime_ns, inode]. Any change means the file must be verified again (nothing is
+    hashed here); ctime is what an edit in place followed by `touch -r` cannot put back."""
     current = os.path.join(root, "current")
     partial = {}  # what broken transfers left, per commit: a resumed fetch needs that much less room
     for base, _, names in os.walk(os.path.join(root, ".partial")):
@@ -141,7 +189,7 @@ def _inspect_weights(root):
     for name in files:
         try:
             info = os.stat(os.path.join(current, name))
-            stats[name] = [info.st_size, info.st_mtime_ns]
+            stats[name] = [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
         except OSError:
             stats[name] = None
     return {"current": commit if manifest.get("commit") == commit else None, "files": files, "stat": stats,
@@ -149,9 +197,12 @@ def _inspect_weights(root):
 
 
 def inspect(spec):
-    """The state of the files, directories and users a plan manages (small files with their content)."""
+    """The state of the files, directories and users a plan manages (small files with their content),
+    and the names in the directories listed under "dirs"."""
     limit = spec.get("max_content", 65536)
     return {"files": {path: _inspect_file(path, limit) for path in spec.get("files", [])},
+            "dirs": {path: sorted(os.listdir(path)) if os.path.isdir(path) else None
+                     for path in spec.get("dirs", [])},
             "users": {name: _inspect_user(name) for name in spec.get("users", [])},
             "weights": {root: _inspect_weights(root) for root in spec.get("weights", [])}}
 

@@ -60,12 +60,22 @@ def read_manifest(directory):
         return None
 
 
+def stat_of(path):
+    """What a manifest records of a verified file: [size, mtime_ns, ctime_ns, inode]. ctime is what
+    an edit in place followed by `touch -r` cannot put back; it also moves when the file's link count
+    does, which is why manifests are stamped after this run's own links and removals (restamp)."""
+    info = os.stat(path)
+    return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+
+
 def unchanged_since_verified(path, recorded):
+    """The file is as it was verified (a manifest from before ctime and inode: its size and mtime)."""
     try:
-        info = os.stat(path)
+        now = stat_of(path)
     except OSError:
         return False
-    return recorded is not None and [info.st_size, info.st_mtime_ns] == recorded.get("stat")
+    kept = (recorded or {}).get("stat")
+    return isinstance(kept, list) and len(kept) >= 2 and now[:len(kept)] == kept
 
 
 class Counter(object):
@@ -194,12 +204,14 @@ def fetch(spec):
     os.chmod(root, 0o755)
     report = {"fetched": 0, "linked": 0, "kept": 0, "verified": 0, "quarantined": [], "freed": []}
     own = read_manifest(revision) or {}
-    live = read_manifest(current) if os.path.realpath(current) != os.path.realpath(revision) else None
-    shared = {}
+    live_dir = os.path.realpath(current)
+    live = read_manifest(current) if live_dir != os.path.realpath(revision) else None
+    shared, live_unchanged = {}, []
     if live:
         for name, recorded in live.get("files", {}).items():
             if unchanged_since_verified(os.path.join(current, name), recorded):
                 shared[recorded["digest"]] = os.path.join(current, name)
+                live_unchanged.append(name)
     todo = []
     for entry in spec["files"]:
         final = os.path.join(revision, entry["path"])
@@ -231,6 +243,11 @@ def fetch(spec):
     report["fetched"] = progress.fetched
     write_manifest(spec, revision)
     switch(root, commit, report)
+    # Linking into the new revision and removing old ones changed link counts, so ctimes: stamp the
+    # revisions kept again, the new one whole, the one it replaced only where it was unchanged above.
+    write_manifest(spec, revision)
+    if live and os.path.isdir(live_dir):
+        restamp(live_dir, live_unchanged)
     shutil.rmtree(os.path.join(root, ".partial"), ignore_errors=True)
     return report
 
@@ -258,14 +275,27 @@ def _free(path):
     return stats.f_bavail * stats.f_frsize
 
 
-def write_manifest(spec, revision):
-    files = {}
-    for entry in spec["files"]:
-        info = os.stat(os.path.join(revision, entry["path"]))
-        files[entry["path"]] = {"size": entry["size"], "digest": entry["digest"],
-                                "stat": [info.st_size, info.st_mtime_ns]}
-    manifest = {"repo": spec["repo"], "revision": spec.get("revision"), "commit": spec["commit"],
-                "files": files, "verified": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+def restamp(directory, names):
+    """Record the stat now of `names` in a revision's manifest: files this run found unchanged since
+    verified, whose ctime only its own links and removals have moved since."""
+    manifest = read_manifest(directory)
+    if not manifest or not names:
+        return
+    for name in names:
+        if name in manifest.get("files", {}):
+            manifest["files"][name]["stat"] = stat_of(os.path.join(directory, name))
+    write_manifest(None, directory, manifest)
+
+
+def write_manifest(spec, revision, manifest=None):
+    """The revision's manifest: every file of `spec` stamped now, or `manifest` as given."""
+    if manifest is None:
+        files = {}
+        for entry in spec["files"]:
+            files[entry["path"]] = {"size": entry["size"], "digest": entry["digest"],
+                                    "stat": stat_of(os.path.join(revision, entry["path"]))}
+        manifest = {"repo": spec["repo"], "revision": spec.get("revision"), "commit": spec["commit"],
+                    "files": files, "verified": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     write_atomically(os.path.join(revision, MANIFEST), json.dumps(manifest, indent=1).encode(), 0o644, 0, 0)
     for directory, _, _ in os.walk(revision):
         os.chmod(directory, 0o755)

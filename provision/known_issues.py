@@ -265,7 +265,7 @@ def evidence_of(ctx: Context) -> Evidence:
         versions[key] = version
         absent.discard(key)
         notes.pop(key, None)
-    caps = tuple(sorted({gpu.compute_cap for gpu in ctx.facts.gpus if gpu.compute_cap}))
+    caps = tuple(sorted({gpu.compute_cap for gpu in ctx.facts.gpus or () if gpu.compute_cap}))
     if not caps and ctx.profile.gpu is not None:
         caps = (ctx.profile.gpu.compute_capability,)  # before nvidia-smi answers: what the profile expects
     arch = ctx.facts.arch or (ctx.profile.arch if ctx.profile.arch != "any" else None)

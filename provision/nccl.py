@@ -359,6 +359,8 @@ def python_of(ctx: Context) -> str:
 
 
 def _gpus_of(ctx: Context, gpus: int | None) -> int:
+    if ctx.facts.gpus is None:
+        raise ProvisionError(f"{ctx.host}: its GPUs could not be read ({ctx.facts.notes.get('gpus', 'no value')})")
     present = len(ctx.facts.gpus)
     if present == 0:
         note = ctx.facts.notes.get("gpus", "nvidia-smi lists none")

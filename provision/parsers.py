@@ -157,7 +157,9 @@ def parse_nvidia_smi_csv(stdout: str) -> tuple[Gpu, ...]:
     """
     lines = [line for line in stdout.splitlines() if line.strip()]
     if not lines:
-        return ()
+        # With GPUs, `--format=csv` starts with its header line; without one nvidia-smi says "No
+        # devices were found" and fails. An empty success is no answer at all, not zero GPUs.
+        raise ParseError("gpus", "no output (not even the CSV header)", stdout)
     header = [re.sub(r"\s*\[.*\]$", "", cell.strip()) for cell in lines[0].split(",")]
     if not set(header) & set(GPU_QUERY_FIELDS):
         raise ParseError("gpus", f"no CSV header naming query fields: {lines[0][:100]!r}", stdout)

@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from provision.facts import HostFacts
+from provision.facts import DROP_IN_DIRS, HostFacts
 from provision.remote import mask
 from provision.render import ENV_FILE, RAY_HEAD_UNIT, RAY_WORKER_UNIT, SERVER_UNIT, UNIT_DIR, DesiredState
 
@@ -33,8 +33,9 @@ class Change:
 
 
 def inspect_spec(state_paths: list[str], user: str) -> dict[str, list[str]]:
-    """What the probe must look at for a plan: every managed file, the directories, the user."""
-    return {"files": sorted({*MANAGED_FILES, *state_paths}), "users": [user]}
+    """What the probe must look at for a plan: every managed file, the directories, the user, and
+    the managed units' drop-in directories (whose files the gate's unit.dropins reports)."""
+    return {"files": sorted({*MANAGED_FILES, *state_paths}), "users": [user], "dirs": list(DROP_IN_DIRS)}
 
 
 def _octal(mode: int) -> str:
@@ -138,7 +139,12 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
     return changes
 
 
-def summary(changes: list[Change]) -> str:
+NO_CHANGES = {None: "files, user, directories and units are as rendered",
+              "weights": "the weights are as verified", "venv": "the venv is as resolved"}
+
+
+def summary(changes: list[Change], only: str | None = None) -> str:
+    """One line per host; `only` is what a weights or venv run looked at (and all it vouches for)."""
     if not changes:
-        return "no changes: files, user, directories and units are as rendered"
+        return f"no changes: {NO_CHANGES.get(only, NO_CHANGES[None])}"
     return f"{len(changes)} change(s)"

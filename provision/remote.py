@@ -180,6 +180,19 @@ class _Counting:
 # SSH
 
 
+def in_words(exc: BaseException) -> str:
+    """An SSH or socket error's first line, never empty and never ending on a bare colon: paramiko
+    raises 'Server connection dropped: ' (nothing after it) when the server just closes the SFTP
+    channel, and a plain EOFError has no text at all."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0].strip() if lines else ""
+    if text and not text.endswith(":"):
+        return text
+    said = text.rstrip(":").strip() or type(exc).__name__
+    return (f"{said}: the host closed the connection without giving a reason (sshd or the host "
+            "restarting, or something on the network cutting it)")
+
+
 def _connect_failure(exc: BaseException) -> str:
     """A failed connect in plain words. paramiko folds the socket errors of every address it tried into
     NoValidConnectionsError ('[Errno None] Unable to connect to port 22 on …'): say what they were."""
@@ -191,7 +204,7 @@ def _connect_failure(exc: BaseException) -> str:
             return "no route to the host (down, or a network between)"
         first = next(iter(exc.errors.values()))
         return getattr(first, "strerror", None) or str(first)
-    return str(exc) or type(exc).__name__
+    return in_words(exc)
 
 
 class _StrictHostKeys(paramiko.MissingHostKeyPolicy):
@@ -314,9 +327,7 @@ class SshRunner(_Counting):
                                                 timeout, on_line)
         except (OSError, paramiko.SSHException, EOFError) as exc:
             self.close()
-            raise UnreachableHost(self.host, f"connection lost while running {argv[0]}: "
-                                  f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
-                                  ) from None
+            raise UnreachableHost(self.host, f"connection lost while running {argv[0]}: {in_words(exc)}") from None
         seconds = time.monotonic() - started
         if timed_out:
             self._record(command, 124, seconds, True)
@@ -340,7 +351,7 @@ class SshRunner(_Counting):
             sftp.posix_rename(temporary, remote)
         except (OSError, paramiko.SSHException, EOFError) as exc:
             self.close()
-            raise UnreachableHost(self.host, f"copy of {local.name} to {remote} failed: {exc}") from None
+            raise UnreachableHost(self.host, f"copy of {local.name} to {remote} failed: {in_words(exc)}") from None
         log.debug("%s: put %s -> %s", self.host, local, remote)
 
     def get(self, remote: str, local: Path) -> None:
@@ -350,7 +361,7 @@ class SshRunner(_Counting):
             self.connection.sftp().get(remote, str(local))
         except (OSError, paramiko.SSHException, EOFError) as exc:
             self.close()
-            raise UnreachableHost(self.host, f"copy of {remote} from the host failed: {exc}") from None
+            raise UnreachableHost(self.host, f"copy of {remote} from the host failed: {in_words(exc)}") from None
 
     def close(self) -> None:
         self.connection.close()

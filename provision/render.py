@@ -154,7 +154,8 @@ def service_environment(ctx: Context, api_key: str | None = None) -> list[tuple[
     if api_key:
         environment["VLLM_API_KEY"] = api_key
     environment["HF_HOME"] = ctx.settings["hf_home"]
-    if len(ctx.facts.gpus) < 2 and not (ctx.cluster and ctx.cluster.multi_node):
+    # Unknown GPUs (gpu.present blocks on them, unless forced) keep the variable: it does no harm.
+    if ctx.facts.gpus is not None and len(ctx.facts.gpus) < 2 and not (ctx.cluster and ctx.cluster.multi_node):
         environment.pop("NCCL_P2P_LEVEL", None)  # P2P settings matter only between GPUs
     if ctx.cluster and ctx.cluster.multi_node:
         link = node_link(ctx)
@@ -176,7 +177,7 @@ def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | 
     user = str(settings["service_user"])
     multi = bool(ctx.cluster and ctx.cluster.multi_node)
     head = not multi or (ctx.cluster is not None and ctx.cluster.head == ctx.host)
-    chosen = affinity.choose(str(settings["cpu_affinity"]), ctx.facts.cpu)
+    chosen = affinity.choose(str(settings["cpu_affinity"]), ctx.facts.cpu, ctx.facts.unreadable)
     writable = sorted({STATE_DIR, settings["model_dir"], settings["hf_home"]})
     common = {"host": ctx.host, "profile": ctx.profile.name, "user": user, "env_file": ENV_FILE,
               "state_dir": STATE_DIR, "writable_paths": writable, "hardening": hardening.unit_values(ctx),

@@ -30,6 +30,16 @@ def error_text(error: BaseException) -> str:
     return f"internal error ({type(error).__name__}): {error}"  # a defect of the tool: say so
 
 
+def error_for(host: str, error: BaseException) -> str:
+    """One host's error for a line that names the host itself (most errors name it already)."""
+    return error_text(error).removeprefix(f"{host}: ")
+
+
+def host_error(host: str, error: BaseException) -> str:
+    """One host's error for a line of its own, the host named once."""
+    return f"{host}: {error_for(host, error)}"
+
+
 def facts_json(results: HostResults[HostFacts]) -> dict[str, Any]:
     return {
         "hosts": {name: results.values[name].as_json() for name in results.order if name in results.values},
@@ -43,6 +53,8 @@ def _gib(value: int | None) -> str:
 
 
 def _gpus(facts: HostFacts) -> str:
+    if facts.gpus is None:
+        return f"unknown ({facts.notes.get('gpus', 'unreadable')})"
     if not facts.gpus:
         return facts.notes.get("gpus", "none")
     names: dict[str, int] = {}
@@ -204,7 +216,7 @@ def print_check(order: Iterable[str], findings: Mapping[str, list[Finding]],
                 errors: Mapping[str, BaseException], out: Console) -> None:
     for name in order:
         if name in errors:
-            out.print(f"[bold]{name}[/bold]: [red]{error_text(errors[name])}[/red]")
+            out.print(f"[bold]{name}[/bold]: [red]{error_for(name, errors[name])}[/red]")
             continue
         table = Table(title=f"{name}: {verdict(findings[name])}", title_justify="left")
         for column in ("status", "check", "severity", "finding", "fix"):

@@ -132,7 +132,7 @@ class HostStatus:
 def _gpu_rows(host_facts: HostFacts) -> tuple[dict[str, Any], ...]:
     rows = []
     memory = host_facts.memory
-    for gpu in host_facts.gpus:
+    for gpu in host_facts.gpus or ():
         used, total, source = gpu.memory_used_mib, gpu.memory_total_mib, "nvidia-smi"
         if total is None and memory is not None:  # GB10: unified memory, nvidia-smi says [N/A]
             total, used = memory.total // 2**20, (memory.total - memory.available) // 2**20

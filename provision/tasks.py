@@ -22,7 +22,7 @@ from invoke.exceptions import Exit
 
 from provision import (build, checks, config, cuda, facts, inventory, lab, ops, plan, remote, render, report, secrets,
                        venv, weights)
-from provision.errors import InventoryError, LabError, ProvisionError
+from provision.errors import InventoryError, LabError, ProvisionError, about
 from provision.fanout import HostResults, for_each_host
 from provision.profiles import load_profiles
 
@@ -193,7 +193,7 @@ def _with_planned_wheels(contexts: dict[str, checks.Context], wanted: set[str],
         try:
             house = _service_wheelhouse(ctx)
         except ProvisionError as exc:
-            errors[name] = ProvisionError(f"{name}: {exc}")
+            errors[name] = ProvisionError(about(name, str(exc)))
             continue
         if house is None:
             continue
@@ -389,7 +389,7 @@ def _plans(inv: inventory.Inventory, targets: list[inventory.Host], overrides: d
         try:
             host_plan = _host_plan(contexts[name], found, only, verify, builder, api_key)
         except (render.RenderError, ProvisionError, ValueError) as exc:
-            errors[name] = exc if isinstance(exc, ProvisionError) else ProvisionError(f"{name}: {exc}")
+            errors[name] = exc if isinstance(exc, ProvisionError) else ProvisionError(about(name, str(exc)))
             continue
         plans[name] = host_plan
     return plans, findings, errors
@@ -397,18 +397,18 @@ def _plans(inv: inventory.Inventory, targets: list[inventory.Host], overrides: d
 
 def _report_plans(order: list[str], plans: dict[str, HostPlan],
                   findings: dict[str, list[checks.Finding]], errors: dict[str, BaseException],
-                  show_diff: bool) -> None:
+                  show_diff: bool, only: str | None = None) -> None:
     out = report.console()
     for name in order:
         if name in errors:
-            out.print(f"[bold]{name}[/bold]: [red]{report.error_text(errors[name])}[/red]")
+            out.print(f"[bold]{name}[/bold]: [red]{report.error_for(name, errors[name])}[/red]")
         elif name not in plans:
             blockers = [f for f in findings[name] if f.blocks]
             out.print(f"[bold]{name}[/bold]: [red]blocked by the gate, nothing changed[/red]")
             for finding in blockers:
                 out.print(f"  {finding.id}: {finding.message} -> fix: {finding.fix}")
         else:
-            out.print(f"[bold]{name}[/bold]: {plan.summary(plans[name].changes)}")
+            out.print(f"[bold]{name}[/bold]: {plan.summary(plans[name].changes, only)}")
             if plans[name].push_count:
                 out.print(f"  push {plans[name].push_count} wheel(s), {plans[name].push_bytes / 2**20:.0f} MiB")
             for change in plans[name].changes:
@@ -496,7 +496,7 @@ def _plan_and_carry_out(inventory_: str | None, host: list[str] | None, cluster:
                                          pool=pool)
         order = [target.name for target in targets]
         if not json_:
-            _report_plans(order, plans, findings, errors, show_diff=False)
+            _report_plans(order, plans, findings, errors, show_diff=False, only=only)
         applied, failed, fetched = carry_out(inv, plans, order, accept_new_host_keys, wait,
                                              secrets.load(inv.secrets), quiet=json_, verify_all=verify, pool=pool)
     errors.update(failed)
@@ -618,8 +618,7 @@ def remaining(host_plan: HostPlan) -> list[plan.Change]:
 
 
 def _named(name: str, error: BaseException) -> str:
-    text = report.error_text(error)
-    return text if text.startswith(f"{name}:") else f"{name}: {text}"
+    return report.host_error(name, error)
 
 
 def _report_applied(order: list[str], plans: dict[str, HostPlan], findings: dict[str, list[checks.Finding]],
@@ -710,7 +709,7 @@ def rollback_(c: Context, host: list[str] | None = None, cluster: str | None = N
     else:
         for name in results.order:
             if name in results.errors:
-                print(f"{name}: {report.error_text(results.errors[name])}", file=sys.stderr)
+                print(report.host_error(name, results.errors[name]), file=sys.stderr)
             else:
                 print(f"{name}: restored {', '.join(results.values[name]) or 'nothing (no earlier version kept)'}")
     if not results.ok:

@@ -159,7 +159,7 @@ class HostWeights:
 
     current: str | None
     files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # manifest entries
-    stat: Mapping[str, Any] = field(default_factory=dict)  # [size, mtime_ns] now, None if gone
+    stat: Mapping[str, Any] = field(default_factory=dict)  # [size, mtime_ns, ctime_ns, inode] now, None if gone
     partial: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # {commit: {path: bytes kept}}
 
 
@@ -169,10 +169,21 @@ def host_weights(facts: HostFacts, root: str) -> HostWeights:
                        state.get("partial") or {})
 
 
+def unchanged(now: Any, recorded: Any) -> bool:
+    """A file's stat now against the one recorded when it was verified. An edit in place that keeps
+    the size and puts the old mtime back (`touch -r`) still moves ctime, which nothing but the kernel
+    sets; a file replaced by another gets another inode. Manifests written before ctime and inode were
+    recorded hold [size, mtime_ns]: those two are compared until the next fetch or --verify rewrites
+    them (so upgrading the tool does not re-hash every model and restart every server)."""
+    if not isinstance(now, list) or not isinstance(recorded, list) or len(recorded) < 2:
+        return False
+    return now[:len(recorded)] == recorded
+
+
 def compare(snapshot: Snapshot, seen: HostWeights) -> tuple[str | None, int]:
     """(why the host needs a fetch or None, bytes it must fetch). Pure."""
     by_digest = {entry.get("digest"): name for name, entry in seen.files.items()
-                 if seen.stat.get(name) == entry.get("stat")}
+                 if unchanged(seen.stat.get(name), entry.get("stat"))}
     kept = seen.partial.get(snapshot.commit, {})  # a broken transfer resumes from what it left
     to_fetch = sum(max(0, f.size - kept.get(f.path, 0)) for f in snapshot.files if f.digest not in by_digest)
     if seen.current is None:
@@ -183,7 +194,7 @@ def compare(snapshot: Snapshot, seen: HostWeights) -> tuple[str | None, int]:
     have = {name: entry.get("digest") for name, entry in seen.files.items()}
     if any(have.get(path) != digest for path, digest in wanted.items()):
         return "files differ from the manifest", to_fetch
-    changed = sorted(name for name in wanted if seen.stat.get(name) != seen.files[name].get("stat"))
+    changed = sorted(name for name in wanted if not unchanged(seen.stat.get(name), seen.files[name].get("stat")))
     if changed:
         return f"{len(changed)} file(s) changed since verified ({', '.join(changed[:3])}): re-verify", \
             sum(f.size for f in snapshot.files if f.path in changed)

@@ -7,12 +7,13 @@ a pass and a fail of every rule.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import defaultdict
 from typing import Any, Callable
 
 import pytest
 
-from provision import checks, facts, inventory, lab, parsers, weights
+from provision import affinity, checks, facts, inventory, lab, parsers, weights
 from provision.facts import DiskSpace, HostFacts
 from provision.inventory import Cluster, Settings
 from provision.profiles import load_profiles
@@ -22,9 +23,16 @@ PROFILES = load_profiles()
 GIB = 2**30
 
 
-def recorded(machine: str) -> HostFacts:
-    answer = probe_answer_from_recording(lab.load_machine(machine), python="3.12.3")
-    gathered = facts.facts_from_probe(machine, ok(answer))
+GARBAGE = "<html><body>502 Bad Gateway</body></html>\n"  # the facts fixtures' garbage case
+
+
+def recorded(machine: str, **outputs: str) -> HostFacts:
+    """A recorded machine's facts; `outputs` replace what named facts printed (exit 0)."""
+    answer = json.loads(probe_answer_from_recording(lab.load_machine(machine), python="3.12.3"))
+    for name, stdout in outputs.items():
+        answer["results"][name] = {"exit": 0, "stdout": stdout, "stderr": "", "missing": False,
+                                   "timed_out": False}
+    gathered = facts.facts_from_probe(machine, ok(json.dumps(answer)))
     roomy = tuple(DiskSpace(path, "/", False, 500 * GIB, 1000 * GIB)
                   for path in ("/opt/vllm/venv", "/var/lib/vllm/models", "/var/lib/vllm/hf"))
     return dataclasses.replace(gathered, disks=roomy, init="systemd")
@@ -219,6 +227,21 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
      # getopt's words, as systemd-analyze prints them for an option its version lacks (--offline: 250+)
      installed_unscored("systemd-analyze: exit 1: systemd-analyze: unrecognized option '--offline=yes'"),
      None, {"unit.security": "fail"}),
+    # Unreadable is not absent: garbage from nvidia-smi or lscpu is "could not be checked".
+    ("rtx5090-nvidia-smi-garbage", "rtx5090x2-tr7960x", "rtx5090", {},
+     lambda f: recorded("rtx5090x2-tr7960x", gpus=GARBAGE), None,
+     {"gpu.present": "fail", "gpu.count": "fail", "gpu.compute_capability": "skip", "cpu.affinity": "pass"}),
+    ("rtx5090-lscpu-garbage", "rtx5090x2-tr7960x", "rtx5090", {},
+     lambda f: recorded("rtx5090x2-tr7960x", lscpu=GARBAGE), None, {"cpu.affinity": "fail", "gpu.present": "pass"}),
+    ("rtx5090-lscpu-garbage-affinity-all", "rtx5090x2-tr7960x", "rtx5090", {"cpu_affinity": "all"},
+     lambda f: recorded("rtx5090x2-tr7960x", lscpu=GARBAGE), None, {"cpu.affinity": "skip"}),
+    ("h200-no-drop-ins", "h200x2-driver580", "hopper", {},
+     lambda f: dataclasses.replace(f, dirs={path: None for path in facts.DROP_IN_DIRS}), None,
+     {"unit.dropins": "pass"}),
+    ("h200-operator-drop-in", "h200x2-driver580", "hopper", {},
+     lambda f: dataclasses.replace(f, dirs={**{path: None for path in facts.DROP_IN_DIRS},
+                                            "/etc/systemd/system/vllm.service.d": ("override.conf", "notes.txt")}),
+     None, {"unit.dropins": "fail"}),
 ]
 
 
@@ -360,3 +383,49 @@ def test_unit_security_reports_the_score_as_info_and_warns_above_the_target() ->
     assert "not proven on a GPU" in strict.message
     old = finding("systemd-too-old-to-score-offline")
     assert "could not be scored" in old.message and "unrecognized option" in old.message
+
+
+def test_unreadable_gpus_are_could_not_be_checked_and_none_is_still_no_gpu() -> None:
+    """Garbage (or nothing) from nvidia-smi says nothing about how many GPUs there are."""
+    for stdout in (GARBAGE, ""):
+        case = ("x", "rtx5090x2-tr7960x", "rtx5090", {}, lambda f, out=stdout: recorded("rtx5090x2-tr7960x", gpus=out),
+                None, {})
+        (ctx,) = context_for(case).values()
+        assert ctx.facts.gpus is None and "gpus" in ctx.facts.unreadable
+        found = {f.id: f for f in checks.evaluate(ctx)}
+        assert found["gpu.present"].blocks and found["gpu.present"].message.startswith("could not be checked")
+        assert "cannot parse" in found["gpu.present"].message
+        assert found["gpu.count"].message.startswith("could not be checked")
+    # nvidia-smi's own "no GPU" (exit 6) is a real zero.
+    none = dataclasses.replace(recorded("rtx5090x2-tr7960x"), gpus=(),
+                               notes={"gpus": "no NVIDIA GPU found: No devices were found"})
+    ctx = checks.Context(host="h", profile=PROFILES["rtx5090"], settings=settings("rtx5090"), facts=none)
+    found = {f.id: f for f in checks.evaluate(ctx)}
+    assert found["gpu.present"].message.startswith("no GPU visible")
+    assert found["gpu.count"].message.startswith("0 GPU(s)")
+
+
+def test_unreadable_lscpu_blocks_the_affinity_and_names_what_did_not_read() -> None:
+    """Before, garbage lscpu passed the gate and the unit lost its CPUAffinity line (this CCD pinning)."""
+    good = context_for(("x", "rtx5090x2-tr7960x", "rtx5090", {}, None, None, {}))["h"]
+    pinned = {f.id: f for f in checks.evaluate(good)}["cpu.affinity"]
+    assert pinned.status == "pass" and pinned.evidence["cpus"]  # two CCDs: one is pinned
+    for name in ("lscpu", "lscpu_cpus"):
+        bad = dataclasses.replace(good, facts=recorded("rtx5090x2-tr7960x", **{name: GARBAGE}))
+        finding = {f.id: f for f in checks.evaluate(bad)}["cpu.affinity"]
+        assert finding.blocks and finding.message.startswith("could not be checked")
+        assert finding.evidence["unreadable"] == [name] and "cpu_affinity=all" in (finding.fix or "")
+        # Forced past the gate, `auto` pins nothing and says why (it does not pass for a choice).
+        chosen = affinity.choose("auto", bad.facts.cpu, bad.facts.unreadable)
+        assert chosen.cpus is None and name in chosen.reason
+
+
+def test_an_operators_drop_in_is_drift_the_gate_names() -> None:
+    (ctx,) = context_for(next(c for c in CASES if c[0] == "h200-operator-drop-in")).values()
+    finding = {f.id: f for f in checks.evaluate(ctx)}["unit.dropins"]
+    assert finding.blocks
+    assert finding.message == "drift: drop-in /etc/systemd/system/vllm.service.d/override.conf overrides vllm.service"
+    assert finding.evidence["drop_ins"] == ["/etc/systemd/system/vllm.service.d/override.conf"]  # *.conf only
+    # Facts gathered without a plan's inspection (status) do not speak to it.
+    (bare,) = context_for(("x", "h200x2-driver580", "hopper", {}, None, None, {})).values()
+    assert {f.id: f for f in checks.evaluate(bare)}["unit.dropins"].status == "skip"

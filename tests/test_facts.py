@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import platform
+import signal
 import sys
+import time
+import tracemalloc
+from pathlib import Path
 
 import pytest
 
@@ -90,8 +93,66 @@ def test_failed_or_garbled_probe_raises_with_evidence() -> None:
     failed = Result("env python3 -", 1, "", "Traceback ...\nMemoryError", 0.01)
     with pytest.raises(CommandFailed, match="MemoryError"):
         facts.gather(FakeRunner("h", lambda argv, stdin: failed))
-    with pytest.raises(ParseError):
+    with pytest.raises(ParseError, match="did not answer JSON"):
         facts.gather(FakeRunner("h", lambda argv, stdin: ok("Welcome to Ubuntu!\n")))
+
+
+def test_a_login_shell_banner_before_the_answer_is_named_as_such() -> None:
+    """A .bashrc that prints: the answer itself is intact after it, and the error says so."""
+    answer = probe_answer_from_recording(lab.load_machine("h200x2-driver580"))
+    banner = "Welcome to node07 (managed by the lab team)\n  * load average: 0.52\n"
+    with pytest.raises(ParseError) as raised:
+        facts.gather(FakeRunner("h200", lambda argv, stdin: ok(banner + answer + "\n")))
+    message = str(raised.value)
+    assert "starts with text from the login shell: 'Welcome to node07 (managed by the lab team) * load " in message
+    assert "did not answer JSON" not in message
+
+
+def _huge_writer(marker: Path) -> list[str]:
+    """A command printing 64 MiB (64 times the cap), then leaving a mark that it got to the end."""
+    code = ("import sys\nblock = b'x' * (1 << 20)\nfor _ in range(64): sys.stdout.buffer.write(block)\n"
+            "sys.stdout.flush()\nopen(sys.argv[1], 'w').close()\n")
+    return [sys.executable, "-c", code, str(marker)]
+
+
+def test_a_command_printing_far_more_than_the_cap_is_stopped_and_the_probe_stays_small(tmp_path) -> None:
+    """The probe reads at most MAX_OUTPUT of a command, then stops it: before, it held the whole
+    output (768 MiB from one nvidia-smi) and only then cut it to the cap."""
+    marker = tmp_path / "finished"
+    tracemalloc.start()
+    try:
+        started = time.monotonic()
+        answer = hostprobe._run(_huge_writer(marker), 60)
+        seconds = time.monotonic() - started
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert answer["truncated"] is True and len(answer["stdout"]) == hostprobe.MAX_OUTPUT
+    assert peak < 8 * hostprobe.MAX_OUTPUT  # the cap and its decoded text, not the 64 MiB
+    time.sleep(0.5)
+    assert not marker.exists() and seconds < 30  # stopped, not waited for
+    assert answer["exit"] == -signal.SIGKILL
+    # A fact whose command was cut is unreadable, not a short answer.
+    gathered = facts.facts_from_probe("h", ok(json.dumps({"python": "3.11.2", "paths": {}, "results": {
+        "lscpu": {**answer, "exit": 0}}})))
+    assert gathered.cpu is None and "lscpu" in gathered.unreadable
+    assert "printed more than the probe keeps" in gathered.notes["lscpu"]
+
+
+def test_a_command_within_the_cap_is_read_whole_with_its_exit_code() -> None:
+    code = "import sys\nsys.stdout.write('a' * 300000)\nsys.stderr.write('warn\\n')\nsys.exit(3)\n"
+    answer = hostprobe._run([sys.executable, "-c", code], 30)
+    assert answer == {"exit": 3, "stdout": "a" * 300000, "stderr": "warn\n", "missing": False,
+                      "timed_out": False, "truncated": False}
+
+
+def test_the_probe_lists_drop_in_directories(tmp_path) -> None:
+    (tmp_path / "vllm.service.d").mkdir()
+    (tmp_path / "vllm.service.d" / "override.conf").write_text("[Service]\nCPUAffinity=0-3\n")
+    spec = facts.probe_spec([], [], 5, {"dirs": [str(tmp_path / "vllm.service.d"), str(tmp_path / "none.d")]})
+    answer = hostprobe.collect(spec)
+    gathered = facts.facts_from_probe("h", ok(json.dumps(answer)), [])
+    assert gathered.dirs == {str(tmp_path / "vllm.service.d"): ("override.conf",), str(tmp_path / "none.d"): None}
 
 
 def test_probe_reports_missing_commands_timeouts_files_and_space() -> None:

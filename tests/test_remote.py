@@ -1,14 +1,18 @@
 """The remote layer's own rules: quoting, LC_ALL=C, timeouts, masking, the fan-out's reporting."""
 from __future__ import annotations
 
+import io
 import logging
 import shlex
+from pathlib import Path
 
+import paramiko
 import pytest
+from rich.console import Console
 
-from provision import inventory, remote
+from provision import inventory, plan, remote, report
+from provision.errors import ProvisionError, UnreachableHost
 from provision.fanout import for_each_host
-from provision.errors import UnreachableHost
 
 
 def test_command_is_quoted_once_and_runs_in_the_c_locale() -> None:
@@ -62,3 +66,47 @@ def test_unreachable_address_is_a_clear_error_within_the_connect_timeout() -> No
     runner = remote.connect(host, inventory.SshSettings(connect_timeout=2))
     with pytest.raises(UnreachableHost, match=r"gone: unreachable: cannot connect to root@127.0.0.1:1"):
         runner.run(["true"])
+
+
+def test_an_error_names_its_host_once() -> None:
+    inner = UnreachableHost("cpu-1", "cannot connect to root@10.0.0.5:22: connection refused")
+    assert str(UnreachableHost("cpu-1", str(inner))) == str(inner)
+    assert str(inner) == "cpu-1: unreachable: cannot connect to root@10.0.0.5:22: connection refused"
+    out = Console(file=io.StringIO(), width=200)
+    report.print_check(["cpu-1"], {}, {"cpu-1": inner}, out)
+    shown = out.file.getvalue()  # type: ignore[attr-defined]
+    assert shown.startswith("cpu-1: unreachable: cannot connect") and "cpu-1: cpu-1" not in shown
+    assert report.host_error("cpu-1", inner) == str(inner)
+    assert report.host_error("cpu-1", ProvisionError("no facts")) == "cpu-1: no facts"
+
+
+def test_a_connection_dropped_without_a_reason_says_what_happened() -> None:
+    """paramiko's SFTP raises 'Server connection dropped: ' with nothing after the colon."""
+
+    class Dropping:
+        is_connected = True
+
+        def sftp(self) -> None:
+            raise paramiko.SSHException("Server connection dropped: ")
+
+        def close(self) -> None:
+            pass
+
+    host = inventory.Host(name="cpu-1", address="10.0.0.5", port=22, user="root",
+                          profile=inventory.local_host().profile, connection="ssh", key_file=None,
+                          vars={}, source="test")
+    runner = remote.SshRunner(host, inventory.SshSettings(known_hosts="/nonexistent/known_hosts"))
+    runner.connection = Dropping()  # type: ignore[assignment]
+    with pytest.raises(UnreachableHost) as raised:
+        runner.put(Path(__file__), "/tmp/x")
+    message = str(raised.value)
+    assert message.startswith("cpu-1: unreachable: copy of test_remote.py to /tmp/x failed: Server connection "
+                              "dropped: the host closed the connection without giving a reason")
+    assert remote.in_words(EOFError()).startswith("EOFError: the host closed the connection")
+    assert remote.in_words(OSError("Socket is closed")) == "Socket is closed"
+
+
+def test_a_weights_run_with_nothing_to_do_speaks_of_the_weights() -> None:
+    assert plan.summary([], "weights") == "no changes: the weights are as verified"
+    assert plan.summary([], "venv") == "no changes: the venv is as resolved"
+    assert plan.summary([]) == "no changes: files, user, directories and units are as rendered"

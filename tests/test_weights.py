@@ -3,14 +3,16 @@ a cluster -> who fetches from the hub and who copies. And the model's quantizati
 read through the lab's hub on loopback."""
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from provision import weights
+from provision import facts, inventory, remote, weights
 from provision.lab import hub, tinymodel
 from provision.weights import HostWeights, Job, Snapshot, WeightFile
 
@@ -53,6 +55,86 @@ def test_compare_names_why_and_how_many_bytes() -> None:
     new_config = Snapshot("org/m", "main", "e" * 40, (WeightFile("config.json", 610, "git-sha1:" + "0" * 40), BIG))
     reason, size = weights.compare(new_config, older)
     assert reason == f"revision {'9' * 12} -> {'e' * 12}" and size == 610  # the big file is linked, not fetched
+
+
+def test_a_manifest_from_before_ctime_and_inode_compares_size_and_time() -> None:
+    old = HostWeights(SNAP.commit, manifest(SNAP.files, {"config.json": [600, 1], "model.safetensors": [5_000_000, 2]}),
+                      {"config.json": [600, 1, 7, 40], "model.safetensors": [5_000_000, 2, 8, 41]})
+    assert weights.compare(SNAP, old) == (None, 0)  # no re-hash and restart on upgrading the tool
+    new = HostWeights(SNAP.commit, manifest(SNAP.files, {"config.json": [600, 1, 7, 40],
+                                                         "model.safetensors": [5_000_000, 2, 8, 41]}),
+                      {"config.json": [600, 1, 7, 40], "model.safetensors": [5_000_000, 2, 9, 41]})
+    reason, size = weights.compare(SNAP, new)
+    assert reason is not None and "model.safetensors" in reason and size == 5_000_000
+    assert not weights.unchanged(None, [600, 1]) and not weights.unchanged([600, 1, 7, 40], None)
+
+
+def test_an_edit_in_place_that_keeps_size_and_time_is_verified_again_on_the_next_run(tmp_path: Path) -> None:
+    """A real file: verified by the host program, edited in place, its mtime put back (`touch -r`):
+    size and mtime match the manifest, but ctime does not, and the next plan says re-verify."""
+    data = os.urandom(1 << 16)
+    commit = "f" * 40
+    root = tmp_path / "models" / "org" / "m"
+    (root / "revisions" / commit).mkdir(parents=True)
+    target = root / "revisions" / commit / "model.safetensors"
+    target.write_bytes(data)
+    entry = WeightFile("model.safetensors", len(data), "sha256:" + hashlib.sha256(data).hexdigest())
+    snap = Snapshot("org/m", "main", commit, (entry,))
+    runner = remote.connect(inventory.local_host(), inventory.SshSettings())
+    spec = {"action": "fetch", "root": str(root), "repo": snap.repo, "revision": "main", "commit": commit,
+            "files": [entry.__dict__], "verify_all": False, "lock": str(tmp_path / "lock"), "wait": 0,
+            # Nothing is fetched: the file is there and hashes right (the peer is never asked).
+            "source": {"kind": "peer", "url": "http://127.0.0.1:9/none"}}
+    result = weights._run(runner, "python3", spec, lambda done, total: None)
+    assert result["fetched"] == 0 and result["verified"] == 1 and result["kept"] == 1
+
+    def planned() -> tuple[str | None, int]:
+        seen = facts.gather(runner, facts=(), inspect={"weights": [str(root)]})
+        return weights.compare(snap, weights.host_weights(seen, str(root)))
+
+    assert planned() == (None, 0)
+    before = target.stat()
+    with target.open("r+b") as handle:  # one byte flipped, in place: same size, same inode
+        handle.seek(4096)
+        byte = handle.read(1)
+        handle.seek(4096)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = target.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+    reason, size = planned()
+    assert reason == "1 file(s) changed since verified (model.safetensors): re-verify" and size == len(data)
+
+
+def test_revision_changes_and_a_rollback_leave_no_file_looking_changed(tmp_path: Path) -> None:
+    """ctime also moves when a file's link count does: a new revision hard-links the files it shares
+    and drops the oldest revision. Manifests are stamped after those, so nothing shows up as changed."""
+    data = os.urandom(1 << 16)
+    entry = WeightFile("model.safetensors", len(data), "sha256:" + hashlib.sha256(data).hexdigest())
+    root = tmp_path / "org" / "m"
+    runner = remote.connect(inventory.local_host(), inventory.SshSettings())
+    snaps = [Snapshot("org/m", "main", commit * 40, (entry,)) for commit in "abc"]
+    (root / "revisions" / snaps[0].commit).mkdir(parents=True)
+    (root / "revisions" / snaps[0].commit / entry.path).write_bytes(data)
+
+    def fetch(snap: Snapshot) -> dict:
+        spec = {"action": "fetch", "root": str(root), "repo": snap.repo, "revision": "main", "commit": snap.commit,
+                "files": [entry.__dict__], "verify_all": False, "lock": str(tmp_path / "lock"), "wait": 0,
+                "source": {"kind": "peer", "url": "http://127.0.0.1:9/none"}}
+        return weights._run(runner, "python3", spec, lambda done, total: None)
+
+    def planned(snap: Snapshot) -> tuple[str | None, int]:
+        seen = facts.gather(runner, facts=(), inspect={"weights": [str(root)]})
+        return weights.compare(snap, weights.host_weights(seen, str(root)))
+
+    fetch(snaps[0])
+    assert fetch(snaps[1])["linked"] == 1 and planned(snaps[1]) == (None, 0)
+    third = fetch(snaps[2])  # links again, and removes the first revision (keeps current and previous)
+    assert third["linked"] == 1 and snaps[0].commit in third["freed"] and planned(snaps[2]) == (None, 0)
+    for name, commit in (("current", snaps[1].commit), ("previous", snaps[2].commit)):  # a rollback
+        os.remove(root / name)
+        os.symlink(f"revisions/{commit}", root / name)
+    assert planned(snaps[1]) == (None, 0)
 
 
 def test_a_cluster_has_one_seed_per_revision_and_hosts_without_an_address_fetch_alone() -> None:

@@ -198,3 +198,27 @@ def test_the_ssh_connection_cut_during_apply_names_the_host_and_the_next_run_con
     assert answer.strip() == "2.60.0"
     for name in ("cpu-1", "ws-5090"):
         on_host(lab_inventory, name, ["sh", "-c", "rm -rf /opt/cut*"])
+
+
+def test_an_operators_drop_in_is_drift_the_plan_names_and_provision_leaves_alone(
+        the_lab: lab.Lab, lab_inventory: inventory.Inventory) -> None:
+    directory = "/etc/systemd/system/vllm.service.d"
+    drop_in = f"{directory}/override.conf"
+    write = ("import os,sys; os.makedirs(sys.argv[1], exist_ok=True); "
+             "open(sys.argv[2], 'w').write('[Service]\\nCPUAffinity=0\\n')")
+    on_host(lab_inventory, "cpu-1", ["python3", "-c", write, directory, drop_in])
+    try:
+        planned = run_invoke("plan", "--host", "cpu-1", "--json")
+        host = json.loads(planned.stdout)["hosts"]["cpu-1"]
+        assert planned.returncode == 1 and host["verdict"] == "blocked", planned.stdout
+        assert {"id": "unit.dropins", "message": f"drift: drop-in {drop_in} overrides vllm.service"} in [
+            {"id": b["id"], "message": b["message"]} for b in host["blockers"]]
+        applied = run_invoke("provision", "--host", "cpu-1", "--json")
+        assert applied.returncode == 1 and "applied" not in json.loads(applied.stdout)["hosts"]["cpu-1"]
+        # Not reloaded by the tool: systemd has not read it, and the file is still the operator's.
+        loaded = on_host(lab_inventory, "cpu-1", ["systemctl", "show", "-p", "DropInPaths", "vllm.service"])
+        assert drop_in not in loaded
+        assert "CPUAffinity=0" in on_host(lab_inventory, "cpu-1", ["cat", drop_in])
+    finally:
+        on_host(lab_inventory, "cpu-1", ["rm", "-rf", directory])
+    assert run_invoke("plan", "--host", "cpu-1").returncode == 0

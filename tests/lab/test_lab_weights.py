@@ -141,17 +141,23 @@ def test_a_corrupted_file_is_set_aside_and_fetched_again(
     flip = ("import os,sys; p=sys.argv[1]; st=os.stat(p); f=open(p,'r+b'); f.seek(4096); b=f.read(1); "
             "f.seek(4096); f.write(bytes([b[0]^255])); f.close(); "
             "os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns)) if len(sys.argv)>2 else None")
-    # Bit rot that keeps size and time: only --verify, which hashes everything, can see it.
+    # An edit in place that keeps size and time (`touch -r`): its ctime moved, which the plain run sees.
     on_host(lab_inventory, "cpu-1", ["python3", "-c", flip, target, "keep-time"])
-    assert weights(*args)[1]["hosts"]["cpu-1"]["changes"] == []
+    planned = run_invoke("plan", "--host", "cpu-1", "--set", "model=test/corrupt",
+                         "--set", "model_dir=/srv/w-corrupt")
+    assert "1 file(s) changed since verified (model.safetensors): re-verify" in planned.stdout, planned.stdout
     hub_call(the_lab, "/_lab/reset", {})
-    code, report, text = weights(*args, "--verify")
+    code, report, text = weights(*args)
     assert code == 0, text
     fetched = report["hosts"]["cpu-1"]["fetched"]
     assert len(fetched["quarantined"]) == 1 and "/.quarantine/" in fetched["quarantined"][0]
     expected = local_sha256(the_lab, "test/corrupt", commit, "model.safetensors")
     assert host_sha256(lab_inventory, "cpu-1", target) == expected
     assert served(the_lab, "test/corrupt") == served(the_lab, "test/corrupt", "model.safetensors")
+    # --verify hashes every file even where nothing moved (rot below the filesystem keeps ctime too).
+    code, report, text = weights(*args, "--verify")
+    assert code == 0 and report["hosts"]["cpu-1"]["fetched"]["quarantined"] == [], text
+    assert report["bytes_from_hub"] == 0
     # A write that changes the file's time is seen by the plain run, from the probe's stat alone.
     on_host(lab_inventory, "cpu-1", ["python3", "-c", flip, target])
     planned = run_invoke("plan", "--host", "cpu-1", "--set", "model=test/corrupt",
