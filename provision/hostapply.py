@@ -326,7 +326,10 @@ def _decide(spec, result):
         result["generation"] = number
         if load_state(root)["current"] != number:
             return  # superseded by another run: that one is what the host holds now
-        target = rollback_target(root, before=number, good_only=True) or rollback_target(root, before=number)
+        # The newest good generation before it; else what a provision applied; else what the host had
+        # before its first tracked run (a first deploy that fails leaves the host as it found it).
+        target = (rollback_target(root, before=number, good_only=True) or rollback_target(root, before=number)
+                  or rollback_target(root, before=number, states=("found",)))
         if target is None:
             raise StepFailed("generation %s was rejected and no earlier generation is kept to go back to" % number)
         units = load_meta(root, number).get("units_before")

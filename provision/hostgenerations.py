@@ -204,13 +204,13 @@ def set_state(root, number, state, **extra):
 ROLLBACK_STATES = ("good", "applied")  # what a rollback offers; `found` only when named with --to
 
 
-def rollback_target(root, before=None, good_only=False):
+def rollback_target(root, before=None, good_only=False, states=None):
     """The newest generation older than `before` (default: the current one) that may be restored:
     one that passed readiness or that a provision applied, never a rejected or abandoned one; with
     good_only, only one that passed readiness."""
     state = load_state(root)
     limit = before if before is not None else state["current"]
-    allowed = ("good",) if good_only else ROLLBACK_STATES
+    allowed = states or (("good",) if good_only else ROLLBACK_STATES)
     older = [g for g in state["generations"] if (limit is None or g["id"] < limit) and g["state"] in allowed]
     return max(older, key=lambda g: g["id"])["id"] if older else None
 
