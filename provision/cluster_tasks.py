@@ -23,7 +23,7 @@ from provision import inventory, ops, plan, remote, report, secrets, server, sta
 from provision.render import RAY_PORT
 from provision.errors import ProvisionError
 from provision.fanout import for_each_host
-from provision.tasks import (HOST_TASK_HELP, Bar, Connect, HostPlan, _help, _load, _plans, _profile,
+from provision.tasks import (secret_environment, HOST_TASK_HELP, Bar, Connect, HostPlan, _help, _load, _plans, _profile,
                              _report_plans, _setup_logging, carry_out, guarded, remaining)
 
 class RollStopped(ProvisionError):
@@ -94,9 +94,12 @@ def rolling(inv: inventory.Inventory, plans: dict[str, HostPlan], overrides: dic
 def _roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostPlan], overrides: dict[str, Any],
               held: secrets.Secrets, timeout: float, wait: float, connect: Connect, bar: Bar,
               done: dict[str, int], outcomes: dict[str, Outcome]) -> dict[str, BaseException]:
+    """Apply a batch (each host's changes become a pending generation), wait for readiness, then promote
+    every generation the batch made, or reject them all: each host gets back its last good one."""
     cluster = inv.cluster_of(group[0])
     multi = bool(cluster and cluster.multi_node)
     held_back: dict[str, list[plan.Change]] = {}
+    made: dict[str, int] = {}
 
     def apply(name: str) -> int:
         changes = remaining(plans[name])
@@ -104,7 +107,14 @@ def _roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostP
             held_back[name] = [c for c in changes if c.target == "vllm.service" and c.kind in ("start", "restart")]
             changes = [c for c in changes if c not in held_back[name]]
         started = time.monotonic()
-        count = len(ops.apply(connect(name), changes, wait=wait).done) if changes else 0
+        count = 0
+        if changes:
+            outcome = ops.apply(connect(name), changes, wait=wait, scope=plans[name].scope, by="deploy", verify=True,
+                                deadline=timeout + (150 if multi else 30), secrets=secret_environment(held),
+                                model_changed=bool(plans[name].of_kind("weights")))
+            count = len(outcome.done)
+            if outcome.generation is not None:
+                made[name] = outcome.generation
         outcomes[name].steps["apply"] = round(time.monotonic() - started, 2)
         return count
 
@@ -121,7 +131,7 @@ def _roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostP
             errors[head] = RollStopped(
                 f"{head}: Ray sees {nodes} of {len(cluster.hosts)} nodes; vLLM not started (check the "
                 "workers: `invoke status`, `invoke logs --host NODE --unit vllm-ray-worker`)")
-        elif held_back.get(head):
+        elif held_back.get(head):  # part of the head's generation: promote records the units as they run
             done[head] = done.get(head, 0) + len(ops.apply(connect(head), held_back[head], wait=wait).done)
     servers = [name for name in group if not (multi and cluster and name != cluster.head)]
     for name in servers if not errors else []:
@@ -136,40 +146,39 @@ def _roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostP
         except ProvisionError as exc:
             errors[name] = exc
         outcomes[name].steps["ready"] = round(time.monotonic() - started, 2)
-    for name in list(errors):
-        _roll_back(name, inv, plans, overrides, held, timeout, wait, connect, errors, outcomes)
+    for name, number in sorted(made.items()) if not errors else []:
+        try:  # "ready" must be about what this run applied: refused if another run changed the host since
+            ops.promote(connect(name), number, plans[name].scope, wait=wait)
+        except ProvisionError as exc:
+            errors[name] = exc
+            outcomes[name].state = "failed"
+    if errors:
+        cause = "; ".join(report.error_text(error) for error in errors.values())
+        for name in group:
+            if name in made:
+                _roll_back(name, made[name], plans, held, wait, connect, errors, outcomes, cause)
     return errors
 
 
-def _roll_back(name: str, inv: inventory.Inventory, plans: dict[str, HostPlan], overrides: dict[str, Any],
-               held: secrets.Secrets, timeout: float, wait: float, connect: Connect,
-               errors: dict[str, BaseException], outcomes: dict[str, Outcome]) -> None:
-    """Back to what the host ran before this deploy: the files it wrote, the venv, the model."""
-    settings = inv.settings(name, overrides)
-    changes = plans[name].changes
-    written = [c.target for c in changes if c.kind == "file"]
-    venvs = [c.target for c in changes if c.kind == "venv" and c.target != weights.HUB_VENV]
-    models = [c.target for c in changes if c.kind == "weights"]
+def _roll_back(name: str, generation: int, plans: dict[str, HostPlan], held: secrets.Secrets, wait: float,
+               connect: Connect, errors: dict[str, BaseException], outcomes: dict[str, Outcome], cause: str) -> None:
+    """Reject what this deploy applied on the host; it gets back its newest good generation whole (files,
+    venv, model, each unit enabled and running exactly as it was)."""
     outcome = outcomes[name]
-    cause = report.error_text(errors[name]).removeprefix(name + ": ")
+    own = report.error_text(errors[name]).removeprefix(name + ": ") if name in errors else cause
     try:
-        runner = connect(name)
-        ops.rollback(runner, wait=wait, venvs=venvs, models=models, only=written)
-        was_running = any(c.kind == "restart" and c.target == "vllm.service" for c in changes)
-        was_stopped = any(c.kind == "start" and c.target == "vllm.service" for c in changes)
-        if was_running:  # it served before this deploy: serve the previous version again
-            ops.apply(runner, [plan.Change("restart", "vllm.service", "back to the last-known-good version")], wait=wait)
-            server.wait_ready(runner, settings, held.vllm_api_key, timeout)
-            outcome.detail = f"{cause}; rolled back: the previous version is ready again"
-        elif was_stopped:  # it did not run before: it does not run now either
-            ops.apply(runner, [plan.Change("stop", "vllm.service", "it did not run before this deploy")], wait=wait)
-            outcome.detail = f"{cause}; rolled back: vllm.service stopped as it was"
+        back = ops.reject(connect(name), generation, plans[name].scope, own, wait=wait,
+                          secrets=secret_environment(held))
+        if back.to is None:  # another run's generation is current: that is what the host holds now
+            outcome.detail = f"{own}; generation {generation} rejected, the host keeps what the other run applied"
+            outcome.state = "superseded"
         else:
-            outcome.detail = f"{cause}; rolled back"
-        outcome.state = "rolled back"
+            what = ", ".join(back.restored) or "nothing differed"
+            outcome.detail = f"{own}; rolled back to generation {back.to} ({what})"
+            outcome.state = "rolled back"
     except ProvisionError as exc:
         outcome.state = "failed"
-        outcome.detail = f"{cause}; the rollback failed too: {report.error_text(exc)}"
+        outcome.detail = f"{own}; the rollback failed too: {report.error_text(exc)}"
     errors[name] = RollStopped(f"{name}: {outcome.detail}; the roll stopped here")
 
 
@@ -235,13 +244,21 @@ def _gate_unchanged(inv: inventory.Inventory, order: list[str], plans: dict[str,
         if not settings["model"]:
             continue
         started = time.monotonic()
+        runner = pool.connect(inv.host(name))
+        unfinished = plans[name].unfinished
         try:
-            outcomes[name].ready_s = server.wait_ready(pool.connect(inv.host(name)), settings, held.vllm_api_key,
-                                                       timeout)
+            outcomes[name].ready_s = server.wait_ready(runner, settings, held.vllm_api_key, timeout)
             outcomes[name].state, outcomes[name].detail = "ready", "unchanged; answers /health and a completion"
+            if unfinished:  # an earlier deploy stopped before its verdict: this run gives it
+                ops.promote(runner, unfinished["id"], plans[name].scope)
+                outcomes[name].detail = (f"generation {unfinished['id']}, left unfinished by a deploy of "
+                                         f"{unfinished['created']}, answers: promoted to last-known-good")
         except ProvisionError as exc:
             errors[name] = exc
             outcomes[name].detail = report.error_text(exc)
+            if unfinished:
+                _roll_back(name, unfinished["id"], plans, held, 0, lambda host: pool.connect(inv.host(host)),
+                           errors, outcomes, outcomes[name].detail)
         outcomes[name].steps["ready"] = round(time.monotonic() - started, 2)
 
 

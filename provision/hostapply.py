@@ -1,15 +1,22 @@
-"""Applies a plan ON the host: sent as source on stdin to `python3 -`, like the fact probe.
+"""Applies a plan ON the host: sent as source on stdin to `python3 -`, like the fact probe, together
+with hostgenerations.py.
 
 Standard library only, python3 >= 3.6. The controller appends `main(SPEC_JSON)`:
 
-    {"action": "apply" | "rollback", "lock": "/run/lock/provision.lock", "wait": 0,
-     "keep": "/var/lib/provision/last-good", "changes": [{"kind", "target", "data"}, ...]}
+    {"action": "apply" | "promote" | "reject" | "rollback" | "list", "lock": "/run/lock/provision.lock",
+     "wait": 0, "generations": {"root", "files", "units", "venv", "model_root"}, "by": "provision",
+     "verify": false, "deadline": 900, "model_changed": false, "secrets": {"VLLM_API_KEY": "..."},
+     "changes": [{"kind", "target", "data", "describe"}, ...], "generation": N, "to": N}
 
 It holds an exclusive lock for the whole run, so two runs on one host cannot interleave (the second
-fails at once naming the holder, or waits up to `wait` seconds). Files are written to a temporary file
-in the same directory with owner and mode set, fsynced and renamed over the old one, whose content is
-first kept under `keep` as the last-known-good version. It prints one JSON document:
-{"ok": bool, "done": [...], "failed": {"index", "kind", "target", "error"} | null, "restored": [...]}.
+fails at once naming the holder, or waits up to `wait` seconds). Under the lock each step first looks
+at the host as it is now: a step already in place (another run applied the same while this one waited)
+is skipped, and a restart happens only when something it depends on was written by this run. Files are
+written to a temporary file in the same directory with owner and mode set, fsynced and renamed. A run
+that changed anything records a generation (hostgenerations.py): `pending` for a deploy until its
+readiness verdict (`promote` or `reject`), `applied` for a provision. It prints one JSON document:
+{"ok": bool, "done": [...], "skipped": [...], "failed": {...} | null, "generation": N | null,
+ "restored": [...], "unfinished": {...} | null}.
 """
 import errno
 import fcntl
@@ -66,18 +73,6 @@ def write_atomically(path, data, mode, uid, gid):
         os.close(fd)
     os.rename(temporary, path)
     _fsync_dir(directory)
-
-
-def keep_last_good(path, keep):
-    """Copy the current version aside before it is replaced (owner and mode kept)."""
-    if not os.path.isfile(path):
-        return
-    target = os.path.join(keep, path.lstrip("/"))
-    os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
-    with open(path, "rb") as handle:
-        data = handle.read()
-    info = os.stat(path)
-    write_atomically(target, data, info.st_mode & 0o7777, info.st_uid, info.st_gid)
 
 
 def _sha256(path):
@@ -162,7 +157,51 @@ def build_venv(data):
         raise
 
 
-def step(change, keep):
+def _already(change, written, venv_built):
+    """Whether a step is in place on the host as it is now (checked under the lock)."""
+    kind, target, data = change["kind"], change["target"], change.get("data", {})
+    if kind == "user":
+        try:
+            pwd.getpwnam(target)
+            return True
+        except KeyError:
+            return False
+    if kind == "directory":
+        try:
+            info = os.stat(target)
+            return (info.st_mode & 0o7777, info.st_uid, info.st_gid) == (data["mode"],) + _ids(data["owner"], data["group"])
+        except (OSError, KeyError):
+            return False
+    if kind == "file":
+        try:
+            info = os.stat(target)
+            with open(target, "rb") as handle:
+                same = handle.read() == data["content"].encode("utf-8")
+            return same and (info.st_mode & 0o7777, info.st_uid, info.st_gid) == (
+                data["mode"],) + _ids(data["owner"], data["group"])
+        except (OSError, KeyError):
+            return False
+    if kind == "venv":
+        return venv_key(data["venv"]) == data["key"]
+    if kind == "daemon-reload":
+        return not any(path.startswith(UNIT_DIR) for path in written)
+    if kind == "enable":
+        return subprocess.run(["systemctl", "is-enabled", "--quiet", target]).returncode == 0
+    if kind == "start":
+        return subprocess.run(["systemctl", "is-active", "--quiet", target]).returncode == 0
+    if kind == "restart":
+        because = data.get("because")
+        if because is None:
+            return False
+        return not any(cause in written or (cause == "venv" and venv_built) or cause == "model" for cause in because)
+    if kind == "stop":
+        active = subprocess.run(["systemctl", "is-active", "--quiet", target]).returncode == 0
+        enabled = subprocess.run(["systemctl", "is-enabled", "--quiet", target]).returncode == 0
+        return not active and not enabled
+    return False
+
+
+def step(change):
     kind, target, data = change["kind"], change["target"], change.get("data", {})
     if kind == "user":
         _run(["useradd", "--system", "--user-group", "--home-dir", data["home"], "--no-create-home",
@@ -175,7 +214,6 @@ def step(change, keep):
     elif kind == "file":
         uid, gid = _ids(data["owner"], data["group"])
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        keep_last_good(target, keep)
         write_atomically(target, data["content"].encode("utf-8"), data["mode"], uid, gid)
     elif kind == "venv":
         build_venv(data)
@@ -195,71 +233,6 @@ def step(change, keep):
         _run(["systemctl", "disable", "--now", target])
     else:
         raise StepFailed("unknown change kind %r" % kind)
-
-
-def swap_venv(venv):
-    """The venv kept as VENV.last-good and the current one change places."""
-    last = venv + ".last-good"
-    if not os.path.isdir(last):
-        return False
-    aside = venv + ".rollback-tmp"
-    shutil.rmtree(aside, ignore_errors=True)
-    if os.path.isdir(venv):
-        os.rename(venv, aside)
-    os.rename(last, venv)
-    if os.path.isdir(aside):
-        os.rename(aside, last)
-    return True
-
-
-def swap_model(root):
-    """The model's `current` and `previous` revision links change places."""
-    current, previous = os.path.join(root, "current"), os.path.join(root, "previous")
-    if not (os.path.islink(current) and os.path.islink(previous)):
-        return False
-    now, before = os.readlink(current), os.readlink(previous)
-    for name, target in (("current", before), ("previous", now)):
-        temporary = os.path.join(root, ".%s.tmp" % name)
-        if os.path.lexists(temporary):
-            os.remove(temporary)
-        os.symlink(target, temporary)
-        os.rename(temporary, os.path.join(root, name))
-    return True
-
-
-def rollback(keep, venvs=(), models=(), only=None):
-    """Swap every kept file (or only those named) with the current one, the kept venv and model
-    revision too; reload systemd and restart the running units."""
-    restored = [venv for venv in venvs if swap_venv(venv)] + [root for root in models if swap_model(root)]
-    for root, _, names in os.walk(keep):
-        for name in names:
-            kept = os.path.join(root, name)
-            path = "/" + os.path.relpath(kept, keep)
-            if only is not None and path not in only:
-                continue
-            with open(kept, "rb") as handle:
-                data = handle.read()
-            info = os.stat(kept)
-            current = None
-            if os.path.isfile(path):
-                with open(path, "rb") as handle:
-                    current = handle.read()
-                current_info = os.stat(path)
-            write_atomically(path, data, info.st_mode & 0o7777, info.st_uid, info.st_gid)
-            if current is not None:
-                write_atomically(kept, current, current_info.st_mode & 0o7777, current_info.st_uid,
-                                 current_info.st_gid)
-            restored.append(path)
-    if any(path.startswith(UNIT_DIR) for path in restored):
-        _run(["systemctl", "daemon-reload"])
-    units = sorted(os.path.basename(path) for path in restored if path.startswith(UNIT_DIR))
-    if any(not path.startswith(UNIT_DIR) for path in restored):  # environment, venv, model: every unit
-        units = sorted(set(units) | {name for name in os.listdir(UNIT_DIR) if name.startswith("vllm")})
-    for unit in units:
-        active = subprocess.run(["systemctl", "is-active", "--quiet", unit]).returncode == 0
-        if active:
-            _run(["systemctl", "restart", unit])
-    return sorted(restored)
 
 
 def lock(path, wait):
@@ -282,8 +255,100 @@ def lock(path, wait):
     return fd
 
 
+def _apply(spec, result):
+    generations = spec.get("generations")
+    root = generations["root"] if generations else None
+    secrets = spec.get("secrets") or {}
+    if root:
+        state = load_state(root)
+        if state["current"] is not None:
+            meta = load_meta(root, state["current"])
+            if meta["state"] == "pending" and (meta.get("deadline") or 0) < time.time():
+                result["unfinished"] = {"id": meta["id"], "created": meta["created"], "by": meta["by"]}
+    changes = spec.get("changes", [])
+    written, venv_built, baseline = set(), False, None
+    # How each unit was before this run: a rejected deploy puts back exactly this, not what some
+    # earlier generation recorded (a unit stopped by hand stays stopped, an enabled one enabled).
+    units_before = unit_states(generations["units"]) if root else {}
+    for index, change in enumerate(changes):
+        if _already(change, written, venv_built):
+            result["skipped"].append(index)
+            continue
+        if root and baseline is None and load_state(root)["current"] is None:
+            # The host's state before its first tracked run: what a rollback can go back to.
+            model_from = model_target(generations.get("model_root"), "previous") if spec.get("model_changed") else None
+            baseline = snapshot(root, generations, "found", "found on the host", [], secrets,
+                                note="what the host had before its first tracked run", model_from=model_from)
+        step(change)
+        result["done"].append(index)
+        if change["kind"] == "file":
+            written.add(change["target"])
+        venv_built = venv_built or change["kind"] == "venv"
+    if root and spec.get("record") and not result["done"] and load_state(root)["current"] is None:
+        snapshot(root, generations, "found", "found on the host", [], secrets,
+                 note="what the host had before its first tracked run",
+                 model_from=model_target(generations.get("model_root"), "previous"))
+    if root and (result["done"] or spec.get("record")):
+        previous = load_state(root)["current"]
+        if result["unfinished"] and result["unfinished"]["id"] == previous:
+            set_state(root, previous, "abandoned", note="its deploy stopped before readiness; replaced")
+        verify = bool(spec.get("verify"))
+        described = [changes[index].get("describe") or "%s %s" % (changes[index]["kind"], changes[index]["target"])
+                     for index in result["done"]] + list(spec.get("record") or [])
+        result["generation"] = snapshot(
+            root, generations, "pending" if verify else "applied", spec.get("by", "provision"), described, secrets,
+            previous=previous, deadline=time.time() + spec.get("deadline", 900) if verify else None,
+            units_before=units_before)
+        result["previous"] = previous
+
+
+def _decide(spec, result):
+    """promote, reject, rollback or list, on the generations under spec["generations"]["root"]."""
+    generations = spec["generations"]
+    root, action, secrets = generations["root"], spec["action"], spec.get("secrets") or {}
+    if action == "list":
+        result["generations"] = describe(root)
+        return
+    if action == "promote":
+        number, current = spec["generation"], load_state(root)["current"]
+        if current != number:
+            raise StepFailed("another run changed the host while this one waited for readiness: generation %s "
+                             "is current, not %s (what answered is not what this run applied)" % (current, number))
+        if not matches(root, number, generations):
+            raise StepFailed("the managed files changed since generation %s was applied" % number)
+        set_state(root, number, "good", units=unit_states(generations["units"]),
+                  verified=time.strftime("%Y-%m-%d %H:%M:%S"))
+        result["generation"] = number
+        return
+    if action == "reject":
+        number = spec["generation"]
+        set_state(root, number, "rejected", note=spec.get("why"))
+        result["generation"] = number
+        if load_state(root)["current"] != number:
+            return  # superseded by another run: that one is what the host holds now
+        # The newest good generation before it; else what a provision applied; else what the host had
+        # before its first tracked run (a first deploy that fails leaves the host as it found it).
+        target = (rollback_target(root, before=number, good_only=True) or rollback_target(root, before=number)
+                  or rollback_target(root, before=number, states=("found",)))
+        if target is None:
+            raise StepFailed("generation %s was rejected and no earlier generation is kept to go back to" % number)
+        units = load_meta(root, number).get("units_before")
+        result["restored"] = restore(root, target, generations, secrets, write_atomically, _run, units=units)
+        result["to"] = target
+        return
+    if action == "rollback":
+        target = spec.get("to") or rollback_target(root)
+        if target is None:
+            raise StepFailed("no earlier generation to roll back to (see `invoke rollback --list`)")
+        result["restored"] = restore(root, target, generations, secrets, write_atomically, _run)
+        result["to"] = target
+        return
+    raise StepFailed("unknown action %r" % action)
+
+
 def main(spec):
-    result = {"ok": True, "done": [], "failed": None, "restored": []}
+    result = {"ok": True, "done": [], "skipped": [], "failed": None, "restored": [], "generation": None,
+              "unfinished": None}
     try:
         lock(spec["lock"], spec.get("wait", 0))
     except StepFailed as exc:
@@ -291,15 +356,14 @@ def main(spec):
         sys.stdout.write(json.dumps(result) + "\n")
         return
     try:
-        if spec["action"] == "rollback":
-            result["restored"] = rollback(spec["keep"], spec.get("venvs", ()), spec.get("models", ()),
-                                          spec.get("only"))
-        for index, change in enumerate(spec.get("changes", [])):
-            step(change, spec["keep"])
-            result["done"].append(index)
-    except (StepFailed, OSError, KeyError) as exc:
-        index = len(result["done"])
-        change = (spec.get("changes") or [{}])[index] if index < len(spec.get("changes", [])) else {}
-        result.update(ok=False, failed={"index": index, "kind": change.get("kind", spec["action"]),
+        if spec["action"] == "apply":
+            _apply(spec, result)
+        else:
+            _decide(spec, result)
+    except (StepFailed, GenerationError, OSError, KeyError) as exc:
+        index = len(result["done"]) + len(result["skipped"])
+        changes = spec.get("changes") or []
+        change = changes[index] if spec["action"] == "apply" and index < len(changes) else {}
+        result.update(ok=False, failed={"index": index if change else -1, "kind": change.get("kind", spec["action"]),
                                         "target": change.get("target", ""), "error": str(exc)})
     sys.stdout.write(json.dumps(result) + "\n")

@@ -1,24 +1,43 @@
-"""Carry a plan out on a host (or roll it back) in one remote execution of hostapply.py."""
+"""Carry a plan out on a host, and decide or restore its generations, in one remote execution of
+hostapply.py (with hostgenerations.py) each."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from provision.errors import CommandFailed, ProvisionError, UnreachableHost
-from provision.plan import Change
+from provision.facts import MANAGED_UNITS
+from provision.plan import MANAGED_FILES, Change
 from provision.remote import Runner
 
-APPLY_SOURCE = Path(__file__).with_name("hostapply.py")
+APPLY_SOURCES = (Path(__file__).with_name("hostgenerations.py"), Path(__file__).with_name("hostapply.py"))
 LOCK = "/run/lock/provision.lock"
-KEEP = "/var/lib/provision/last-good"
+GENERATIONS = "/var/lib/provision/generations"
 
 
 @dataclass(frozen=True)
 class Outcome:
     done: tuple[Change, ...]
     restored: tuple[str, ...] = ()
+    skipped: tuple[Change, ...] = ()  # already in place when the lock was taken (another run applied them)
+    generation: int | None = None  # what this run's changes were recorded as
+    to: int | None = None  # the generation a reject or rollback restored
+    unfinished: Mapping[str, Any] | None = None  # a deploy's generation left pending by a run that stopped
+    generations: Mapping[str, Any] = field(default_factory=dict)  # rollback --list
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What a host's generations cover: the managed files and units, its venv and model root."""
+
+    venv: str | None = None
+    model_root: str | None = None
+
+    def spec(self) -> dict[str, Any]:
+        return {"root": GENERATIONS, "files": list(MANAGED_FILES), "units": list(MANAGED_UNITS),
+                "venv": self.venv, "model_root": self.model_root}
 
 
 class ApplyFailed(ProvisionError):
@@ -30,7 +49,8 @@ class ApplyFailed(ProvisionError):
 
 
 def _program(spec: dict[str, Any]) -> str:
-    return APPLY_SOURCE.read_text(encoding="utf-8") + f"\nmain(json.loads({json.dumps(spec)!r}))\n"
+    text = "\n".join(path.read_text(encoding="utf-8") for path in APPLY_SOURCES)
+    return text + f"\nmain(json.loads({json.dumps(spec)!r}))\n"
 
 
 def _execute(runner: Runner, spec: dict[str, Any], changes: Sequence[Change]) -> dict[str, Any]:
@@ -47,24 +67,63 @@ def _execute(runner: Runner, spec: dict[str, Any], changes: Sequence[Change]) ->
     failed = answer.get("failed")
     if failed:
         step = (changes[failed["index"]].describe() if 0 <= failed["index"] < len(changes)
-                else f"{failed['kind']} {failed['target']}")
+                else f"{failed['kind']} {failed['target']}".strip())
         raise ApplyFailed(runner.host, step, failed["error"], len(answer.get("done", [])))
     return answer
 
 
-def apply(runner: Runner, changes: Sequence[Change], wait: float = 0) -> Outcome:
-    """Run the changes in order under the host's lock; ApplyFailed names the step that failed."""
-    spec = {"action": "apply", "lock": LOCK, "wait": wait, "keep": KEEP,
-            "changes": [{"kind": c.kind, "target": c.target, "data": dict(c.data)} for c in changes]}
+def _secrets(secrets: Mapping[str, str | None]) -> dict[str, str]:
+    """The environment names a rendered file holds secrets under, with their values (stdin only)."""
+    return {name: value for name, value in secrets.items() if value}
+
+
+def apply(runner: Runner, changes: Sequence[Change], wait: float = 0, *, scope: Scope | None = None,
+          by: str = "provision", verify: bool = False, deadline: float = 900,
+          secrets: Mapping[str, str | None] | None = None, model_changed: bool = False,
+          record: Sequence[str] = ()) -> Outcome:
+    """Run the changes in order under the host's lock (a step already in place is skipped);
+    ApplyFailed names the step that failed. With a scope, what changed is recorded as a generation:
+    pending until promote or reject when `verify` (deploy), applied otherwise. `record` names what
+    changed outside these changes (a model fetched before them): a generation is recorded then too."""
+    spec = {"action": "apply", "lock": LOCK, "wait": wait, "by": by, "verify": verify, "deadline": deadline,
+            "generations": scope.spec() if scope else None, "secrets": _secrets(secrets or {}),
+            "model_changed": model_changed, "record": list(record),
+            "changes": [{"kind": c.kind, "target": c.target, "data": dict(c.data), "describe": c.describe()}
+                        for c in changes]}
     answer = _execute(runner, spec, changes)
-    return Outcome(done=tuple(changes[index] for index in answer["done"]))
+    return Outcome(done=tuple(changes[index] for index in answer["done"]),
+                   skipped=tuple(changes[index] for index in answer.get("skipped", [])),
+                   generation=answer.get("generation"), unfinished=answer.get("unfinished"))
 
 
-def rollback(runner: Runner, wait: float = 0, venvs: Sequence[str] = (), models: Sequence[str] = (),
-             only: Sequence[str] | None = None) -> Outcome:
-    """Swap the last-known-good files back in (all of them, or `only` those a failed deploy wrote; and
-    the kept venv and model revision, where there are), reload systemd, restart what runs."""
-    spec = {"action": "rollback", "lock": LOCK, "wait": wait, "keep": KEEP, "changes": [],
-            "venvs": list(venvs), "models": list(models), "only": list(only) if only is not None else None}
+def _decide(runner: Runner, action: str, scope: Scope, wait: float, secrets: Mapping[str, str | None] | None,
+            **extra: Any) -> Outcome:
+    spec = {"action": action, "lock": LOCK, "wait": wait, "generations": scope.spec(),
+            "secrets": _secrets(secrets or {}), "changes": [], **extra}
     answer = _execute(runner, spec, [])
-    return Outcome(done=(), restored=tuple(answer["restored"]))
+    return Outcome(done=(), restored=tuple(answer.get("restored", [])), generation=answer.get("generation"),
+                   to=answer.get("to"), generations=answer.get("generations") or {})
+
+
+def promote(runner: Runner, generation: int, scope: Scope, wait: float = 0) -> Outcome:
+    """The generation passed readiness: last-known-good. Refused when another run has changed the host
+    since (then what answered is not what this run applied)."""
+    return _decide(runner, "promote", scope, wait, None, generation=generation)
+
+
+def reject(runner: Runner, generation: int, scope: Scope, why: str, wait: float = 0,
+           secrets: Mapping[str, str | None] | None = None) -> Outcome:
+    """The generation failed readiness: never a rollback target again; the host gets back the newest
+    good generation before it (files, venv, model, each unit's enablement and activity)."""
+    return _decide(runner, "reject", scope, wait, secrets, generation=generation, why=why)
+
+
+def rollback(runner: Runner, scope: Scope, to: int | None = None, wait: float = 0,
+             secrets: Mapping[str, str | None] | None = None) -> Outcome:
+    """Restore generation `to`, or the newest one before the current that was not rejected."""
+    return _decide(runner, "rollback", scope, wait, secrets, to=to)
+
+
+def generations(runner: Runner, scope: Scope) -> Mapping[str, Any]:
+    """{"current": N, "generations": [{"id", "state", "created", "by", "changes", "current", "target"}...]}"""
+    return _decide(runner, "list", scope, 0, None).generations

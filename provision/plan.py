@@ -16,6 +16,8 @@ from provision.remote import mask
 from provision.render import ENV_FILE, RAY_HEAD_UNIT, RAY_WORKER_UNIT, SERVER_UNIT, UNIT_DIR, DesiredState
 
 MANAGED_FILES = (ENV_FILE, *(f"{UNIT_DIR}/{unit}" for unit in (SERVER_UNIT, RAY_HEAD_UNIT, RAY_WORKER_UNIT)))
+# The host's record of its generations (hostgenerations.py): the probe reads it with the managed files.
+GENERATIONS_STATE = "/var/lib/provision/generations/state.json"
 
 
 @dataclass(frozen=True)
@@ -33,9 +35,10 @@ class Change:
 
 
 def inspect_spec(state_paths: list[str], user: str) -> dict[str, list[str]]:
-    """What the probe must look at for a plan: every managed file, the directories, the user, and
-    the managed units' drop-in directories (whose files the gate's unit.dropins reports)."""
-    return {"files": sorted({*MANAGED_FILES, *state_paths}), "users": [user], "dirs": list(DROP_IN_DIRS)}
+    """What the probe must look at for a plan: every managed file, the host's generations record, the
+    directories, the user, and the managed units' drop-in directories (which unit.dropins reports)."""
+    return {"files": sorted({*MANAGED_FILES, GENERATIONS_STATE, *state_paths}), "users": [user],
+            "dirs": list(DROP_IN_DIRS)}
 
 
 def _octal(mode: int) -> str:
@@ -133,9 +136,12 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
                                   else "new unit"))
         elif unit in restart_due:
             because = sorted(w.path for w in desired.files if w.path in changed and unit in w.restarts)
+            causes = because + (["venv"] if venv_changed else []) + (
+                ["model"] if weights is not None and unit == SERVER_UNIT else [])
             because += ["the venv"] if venv_changed else []
             because += ["the model"] if weights is not None and unit == SERVER_UNIT else []
-            changes.append(Change("restart", unit, f"{', '.join(because)} changed"))
+            # apply restarts only when one of these was really written in its run (see hostapply)
+            changes.append(Change("restart", unit, f"{', '.join(because)} changed", {"because": causes}))
     return changes
 
 

@@ -227,3 +227,16 @@ def print_check(order: Iterable[str], findings: Mapping[str, list[Finding]],
             table.add_row(_STATUS_STYLE[finding.status], finding.id, finding.severity,
                           finding.message, finding.fix or "" if finding.status != "pass" else "")
         out.print(table)
+
+
+def print_generations(host: str, listing: Mapping[str, Any], out: Console) -> None:
+    """A host's generations, oldest first: which is current and which rollback may restore."""
+    table = Table(title=f"{host}: generations", title_justify="left")
+    for column in ("#", "state", "created", "by", "changes", "rollback target"):
+        table.add_column(column)
+    for row in listing.get("generations", []):
+        number = f"{row['id']}{' (current)' if row.get('current') else ''}"
+        changes = "; ".join(row.get("changes") or []) or (row.get("note") or "-")
+        table.add_row(number, row["state"], row.get("created") or "-", row.get("by") or "-", changes,
+                      "yes" if row.get("target") else "no")
+    out.print(table)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from dataclasses import dataclass, field
 import logging
 import sys
@@ -269,6 +270,9 @@ class HostPlan:
     pushes: list[tuple[venv.Wheelhouse, list[venv.Wheel]]] = field(default_factory=list)
     cluster_address: str | None = None  # where the host's cluster peers reach it (weights copies)
     group: str = ""  # the cluster (or the host alone): one fetch from the hub per group
+    scope: ops.Scope = field(default_factory=ops.Scope)  # what the host's generations cover
+    # A deploy's generation left pending by a run that stopped before its readiness verdict.
+    unfinished: dict[str, Any] | None = None
 
     @property
     def push_bytes(self) -> int:
@@ -341,8 +345,30 @@ def _host_plan(ctx: checks.Context, found: list[checks.Finding], only: str | Non
         if house and any(c.kind == "venv" and c.target == directory for c in changes):
             pushes.append((house, venv.missing_wheels(house, host_facts)))
     link = render.node_link(ctx) if ctx.cluster and ctx.cluster.multi_node else None
+    scope = ops.Scope(venv=settings["venv_dir"].rstrip("/") if venv.requirements_of(settings) or local_wheels
+                      else None, model_root=weights.root_of(settings) if weights.managed(settings) else None)
     return HostPlan(changes, pushes, link.address if link else None,
-                    ctx.cluster.name if ctx.cluster else ctx.host)
+                    ctx.cluster.name if ctx.cluster else ctx.host, scope, unfinished_generation(host_facts))
+
+
+def unfinished_generation(host_facts: facts.HostFacts, now: float | None = None) -> dict[str, Any] | None:
+    """The host's current generation when a deploy left it pending and its readiness deadline passed
+    (the deploy stopped: killed, or its connection lost): the next deploy finishes it."""
+    state = host_facts.files.get(plan.GENERATIONS_STATE, {})
+    try:
+        recorded = json.loads(str(state.get("content") or "{}"))
+        current = next(g for g in recorded.get("generations", []) if g["id"] == recorded.get("current"))
+    except (json.JSONDecodeError, StopIteration, AttributeError, KeyError, TypeError):
+        return None
+    deadline = current.get("deadline") or 0
+    if current.get("state") == "pending" and deadline < (now if now is not None else time.time()):
+        return {"id": current["id"], "created": current.get("created"), "by": current.get("by")}
+    return None
+
+
+def secret_environment(held: secrets.Secrets) -> dict[str, str | None]:
+    """The secrets under the names rendered files hold them (generations keep placeholders instead)."""
+    return {"VLLM_API_KEY": held.vllm_api_key, "HF_TOKEN": held.hf_token}
 
 
 ONLY_RULES = {"weights": ("model.hub", "disk.space"), "venv": ("disk.space", "host.python", "driver.version")}
@@ -409,6 +435,11 @@ def _report_plans(order: list[str], plans: dict[str, HostPlan],
                 out.print(f"  {finding.id}: {finding.message} -> fix: {finding.fix}")
         else:
             out.print(f"[bold]{name}[/bold]: {plan.summary(plans[name].changes, only)}")
+            unfinished = plans[name].unfinished
+            if unfinished:
+                out.print(f"  [yellow]generation {unfinished['id']} was left pending by a deploy that stopped "
+                          f"(started {unfinished['created']}): `invoke deploy` gives its verdict, "
+                          f"`invoke rollback` goes back[/yellow]")
             if plans[name].push_count:
                 out.print(f"  push {plans[name].push_count} wheel(s), {plans[name].push_bytes / 2**20:.0f} MiB")
             for change in plans[name].changes:
@@ -431,6 +462,7 @@ def _plans_json(order: list[str], plans: dict[str, HostPlan],
             body["changes"] = [{"kind": c.kind, "target": c.target, "reason": c.reason}
                                for c in plans[name].changes]
             body["push_bytes"] = plans[name].push_bytes
+            body["unfinished_generation"] = plans[name].unfinished
             fetch = plans[name].of_kind("weights")
             if fetch:
                 body["weights"] = {"repo": fetch[0].data["repo"], "commit": fetch[0].data["commit"],
@@ -576,12 +608,17 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
     def parallel_final(names: list[str], connect: Connect, bar: Bar) -> tuple[dict[str, int], dict[str, BaseException]]:
         def finish(name: str) -> int:
             rest = remaining(plans[name])
+            fetched_model = [c.describe() for c in plans[name].of_kind("weights")]
             if not rest:
+                if fetched_model:  # a new model revision alone is a generation too: rollback brings the old one
+                    ops.apply(connect(name), [], wait=wait, scope=plans[name].scope, by="weights",
+                              secrets=secret_environment(held), model_changed=True, record=fetched_model)
                 return 0
             update = bar(f"{name}: apply {len(rest)} change(s)")
-            count = len(ops.apply(connect(name), rest, wait=wait).done)
+            outcome = ops.apply(connect(name), rest, wait=wait, scope=plans[name].scope, by="provision",
+                                secrets=secret_environment(held), model_changed=bool(plans[name].of_kind("weights")))
             update(1, 1)
-            return count
+            return len(outcome.done)
 
         last = for_each_host(names, lambda name: name, timed("apply", finish))
         return dict(last.values), dict(last.errors)
@@ -679,39 +716,51 @@ def venv_(c: Context, host: list[str] | None = None, cluster: str | None = None,
 
 @task(auto_shortflags=False, name="rollback",
       help=_help("inventory", "host", "cluster", "all", "json", "accept-new-host-keys", "set",
-                 wait="seconds to wait for another run's lock on a host"),
+                 wait="seconds to wait for another run's lock on a host",
+                 list="show each host's generations (when, by what, what changed, passed or not) and change nothing",
+                 to="the generation to restore (default: the newest before the current one that was not rejected)"),
       iterable=["host", "set_"])
 @guarded
 def rollback_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
               inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
-              set_: list[str] | None = None, wait: float = 0) -> None:
-    """Restore each host's last-known-good files, venv and model revision; restart what runs."""
+              set_: list[str] | None = None, wait: float = 0, list_: bool = False, to: int = 0) -> None:
+    """Restore a whole earlier generation (files, units, venv, model revision) on each host, or list them."""
     inv = _load(inventory_)
     overrides = inventory.parse_overrides(set_ or [])
     targets = inv.select(hosts=host or [], cluster=cluster, everything=all_)
+    held = secrets.load(inv.secrets)
 
-    def restore(target: inventory.Host) -> list[str]:
-        settings = inv.settings(target.name, overrides)
-        models = [weights.root_of(settings)] if weights.managed(settings) else []
+    def scope_of(name: str) -> ops.Scope:
+        settings = inv.settings(name, overrides)
+        return ops.Scope(venv=settings["venv_dir"].rstrip("/"),
+                         model_root=weights.root_of(settings) if weights.managed(settings) else None)
+
+    def act(target: inventory.Host) -> ops.Outcome | Any:
         runner = remote.connect(target, inv.ssh, accept_new_host_keys=accept_new_host_keys)
         try:
-            return list(ops.rollback(runner, wait=wait, venvs=[settings["venv_dir"].rstrip("/")],
-                                     models=models).restored)
+            if list_:
+                return ops.generations(runner, scope_of(target.name))
+            return ops.rollback(runner, scope_of(target.name), to=to or None, wait=wait,
+                                secrets=secret_environment(held))
         finally:
             runner.close()
 
-    results = for_each_host(targets, lambda target: target.name, restore)
+    results = for_each_host(targets, lambda target: target.name, act)
     if json_:
-        print(report.dump_json({"hosts": {name: {"restored": results.values.get(name),
-                                                 "error": report.error_text(results.errors[name])
-                                                 if name in results.errors else None}
-                                          for name in results.order}}))
+        body = {name: ({"error": report.error_text(results.errors[name])} if name in results.errors
+                       else results.values[name] if list_
+                       else {"to": results.values[name].to, "restored": list(results.values[name].restored)})
+                for name in results.order}
+        print(report.dump_json({"hosts": body}))
     else:
         for name in results.order:
             if name in results.errors:
                 print(report.host_error(name, results.errors[name]), file=sys.stderr)
+            elif list_:
+                report.print_generations(name, results.values[name], report.console())
             else:
-                print(f"{name}: restored {', '.join(results.values[name]) or 'nothing (no earlier version kept)'}")
+                outcome = results.values[name]
+                print(f"{name}: generation {outcome.to} restored: {', '.join(outcome.restored) or 'it was in place'}")
     if not results.ok:
         raise Exit(code=1)
 

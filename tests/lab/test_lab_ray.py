@@ -3,6 +3,7 @@ start vLLM while a node is missing."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -34,7 +35,7 @@ def pair(the_lab: lab.Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     for host in (HEAD, WORKER):  # leave the hosts as the lab booted them
         on_host(inv, host, ["sh", "-c", "systemctl disable --now vllm.service vllm-ray-head.service "
                                         "vllm-ray-worker.service 2>/dev/null; rm -f /etc/systemd/system/vllm*.service "
-                                        "/etc/vllm/vllm.env; rm -rf /opt/raylab /var/lib/provision/last-good; "
+                                        "/etc/vllm/vllm.env; rm -rf /opt/raylab /var/lib/provision/generations; "
                                         "systemctl daemon-reload; systemctl reset-failed; true"])
 
 
@@ -45,20 +46,30 @@ def ray_nodes(inv: inventory.Inventory) -> tuple[int, str]:
 
 
 def test_the_rendered_units_form_a_two_node_ray_cluster_and_deploy_waits_for_both(pair: Path) -> None:
-    done = run_invoke("deploy", "--inventory", str(pair), "--cluster", "raypair", "--profile", "cpu",
-                      "--timeout", "60", "--json", timeout=1200)
+    provisioned = run_invoke("provision", "--inventory", str(pair), "--cluster", "raypair", "--profile", "cpu",
+                             "--json", timeout=1200)
+    assert provisioned.returncode == 0, provisioned.stdout + provisioned.stderr
     inv = inventory.load(pair)
+    deadline = time.monotonic() + 120
     count, text = ray_nodes(inv)
-    assert count == 2, text + done.stdout + done.stderr  # `ray status` on the head lists both nodes
+    while count < 2 and time.monotonic() < deadline:
+        time.sleep(3)
+        count, text = ray_nodes(inv)
+    assert count == 2, text  # `ray status` on the head lists both nodes
     worker_env = on_host(inv, WORKER, ["cat", "/etc/vllm/vllm.env"])
     assert f'VLLM_HOST_IP="{inv.host(WORKER).address}"' in worker_env
+    done = run_invoke("deploy", "--inventory", str(pair), "--cluster", "raypair", "--profile", "cpu",
+                      "--set", "max_model_len=250", "--timeout", "60", "--json", timeout=1200)
     report = json.loads(done.stdout)
     rows = {row["host"]: row for row in report["hosts"]}
     # Ray saw both nodes, so vLLM was started on the head; with no vLLM in this venv it then crashed:
-    # deploy says so and rolls the head back (Ray keeps running).
+    # deploy says so and rejects what it applied on both nodes: each gets back the provision's
+    # generation, with its units as they ran before (Ray keeps running).
     assert "Ray sees" not in rows[HEAD]["detail"], rows[HEAD]
     assert "crashed" in rows[HEAD]["detail"] or "failed" in rows[HEAD]["detail"], rows[HEAD]
-    assert "vllm.service stopped as it was" in rows[HEAD]["detail"]
+    assert rows[HEAD]["state"] == rows[WORKER]["state"] == "rolled back", rows
+    assert "--max-model-len 250" not in on_host(inv, HEAD, ["cat", "/etc/systemd/system/vllm.service"])
+    assert ray_nodes(inv)[0] == 2
 
 
 def test_deploy_refuses_to_start_vllm_while_a_node_is_missing(pair: Path) -> None:

@@ -1,0 +1,310 @@
+"""Generations: what a run applied, kept whole on the host. Runs ON the host, sent with hostapply.py.
+
+A generation is a complete, consistent set of what the tool manages on a host after one run: every
+managed file (its content, mode and owner, or its absence), each managed unit's enablement and activity,
+the venv's key and the model revision `current` points at. Layout under ROOT (root only, 0700):
+
+    ROOT/state.json          {"current": N, "generations": [{"id", "state", "created", "by", ...}, ...]}
+    ROOT/N/meta.json         the generation's record (files with mode, owner, sha256; units; venv; model)
+    ROOT/N/files/etc/...     the managed files' contents, secrets replaced by placeholders
+
+States: `found` (what the host had before its first tracked run), `applied` (a provision wrote it;
+never checked), `pending` (a deploy wrote it and is waiting for readiness), `good` (it passed
+readiness: last-known-good), `rejected` (it failed readiness: never a rollback target), `abandoned`
+(a deploy stopped before its verdict and a later run replaced it: never a target either).
+
+Secrets never rest here: each secret value in a file is stored as a placeholder (@@secret:NAME@@) and
+filled in from the secrets the controller sends on stdin when a generation is restored.
+"""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+
+GENERATION_STATES = ("found", "applied", "pending", "good", "rejected", "abandoned")
+KEEP_GENERATIONS = 10  # older ones are pruned, never the current or the newest good one
+PLACEHOLDER = "@@secret:%s@@"
+
+
+class GenerationError(Exception):
+    pass
+
+
+def _read_json(path, default):
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return default
+
+
+def _write_json(path, data):
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    temporary = path + ".tmp"
+    with open(temporary, "w") as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.rename(temporary, path)
+
+
+def load_state(root):
+    return _read_json(os.path.join(root, "state.json"), {"current": None, "generations": []})
+
+
+def save_state(root, state):
+    _write_json(os.path.join(root, "state.json"), state)
+
+
+def load_meta(root, number):
+    meta = _read_json(os.path.join(root, str(number), "meta.json"), None)
+    if meta is None:
+        raise GenerationError("generation %s is not kept on this host" % number)
+    return meta
+
+
+def _summary(meta):
+    return {key: meta.get(key) for key in ("id", "state", "created", "by", "changes", "previous", "deadline",
+                                            "note", "models", "venv")}
+
+
+def _store(root, meta):
+    _write_json(os.path.join(root, str(meta["id"]), "meta.json"), meta)
+    state = load_state(root)
+    state["generations"] = [g for g in state["generations"] if g["id"] != meta["id"]] + [_summary(meta)]
+    state["generations"].sort(key=lambda g: g["id"])
+    save_state(root, state)
+
+
+def unit_states(units):
+    found = {}
+    for unit in units:
+        loaded = subprocess.run(["systemctl", "show", "-p", "LoadState", "--value", unit],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.decode().strip()
+        enabled = subprocess.run(["systemctl", "is-enabled", "--quiet", unit]).returncode == 0
+        active = subprocess.run(["systemctl", "is-active", "--quiet", unit]).returncode == 0
+        found[unit] = {"installed": loaded == "loaded", "enabled": enabled, "active": active}
+    return found
+
+
+def venv_key(venv):
+    if not venv:
+        return None
+    return _read_json(os.path.join(venv, "provision-manifest.json"), {}).get("key")
+
+
+def model_target(root, which="current"):
+    if not root:
+        return None
+    link = os.path.join(root, which)
+    return os.readlink(link) if os.path.islink(link) else None
+
+
+def _hide_secrets(data, secrets):
+    for name, value in sorted(secrets.items()):
+        if value:
+            data = data.replace(value.encode(), (PLACEHOLDER % name).encode())
+    return data
+
+
+def _fill_secrets(data, secrets, number, path):
+    for name, value in secrets.items():
+        data = data.replace((PLACEHOLDER % name).encode(), (value or "").encode())
+    if b"@@secret:" in data:
+        missing = data.split(b"@@secret:", 1)[1].split(b"@@", 1)[0].decode("utf-8", "replace")
+        raise GenerationError("generation %s's %s needs the secret %s, which this run does not hold"
+                              % (number, path, missing))
+    return data
+
+
+def snapshot(root, spec, state, by, changes, secrets, previous=None, deadline=None, note=None,
+             model_from=None, units_before=None):
+    """Record what the host holds now as a new generation; returns its number."""
+    current = load_state(root)
+    number = max([g["id"] for g in current["generations"]] + [0]) + 1
+    folder = os.path.join(root, str(number))
+    shutil.rmtree(folder, ignore_errors=True)
+    files = {}
+    for path in spec["files"]:
+        if not os.path.isfile(path):
+            files[path] = None
+            continue
+        with open(path, "rb") as handle:
+            data = handle.read()
+        info = os.stat(path)
+        kept = os.path.join(folder, "files", path.lstrip("/"))
+        os.makedirs(os.path.dirname(kept), mode=0o700, exist_ok=True)
+        with open(kept, "wb") as handle:
+            handle.write(_hide_secrets(data, secrets))
+        os.chmod(kept, 0o600)
+        files[path] = {"mode": info.st_mode & 0o7777, "uid": info.st_uid, "gid": info.st_gid,
+                       "sha256": hashlib.sha256(data).hexdigest()}
+    # Every model root the host's runs have served from, each at the revision it pointed at then.
+    models = {}
+    if current["current"] is not None:
+        models = dict(_read_json(os.path.join(root, str(current["current"]), "meta.json"), {}).get("models") or {})
+    if spec.get("model_root"):
+        target = model_from if model_from is not None else model_target(spec["model_root"])
+        if target:
+            models[spec["model_root"]] = target
+    meta = {"id": number, "state": state, "by": by, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "changes": list(changes), "previous": previous, "deadline": deadline, "note": note,
+            "files": files, "units": unit_states(spec["units"]), "units_before": units_before,
+            "venv": {"dir": spec.get("venv"), "key": venv_key(spec.get("venv"))} if spec.get("venv") else None,
+            "models": models}
+    _store(root, meta)
+    state_now = load_state(root)
+    state_now["current"] = number
+    save_state(root, state_now)
+    _prune(root)
+    return number
+
+
+def _prune(root):
+    state = load_state(root)
+    good = [g["id"] for g in state["generations"] if g["state"] == "good"]
+    keep = {state["current"], max(good) if good else None}
+    ids = [g["id"] for g in state["generations"]]
+    for number in ids[:-KEEP_GENERATIONS]:
+        if number not in keep:
+            shutil.rmtree(os.path.join(root, str(number)), ignore_errors=True)
+            state["generations"] = [g for g in state["generations"] if g["id"] != number]
+    save_state(root, state)
+
+
+def matches(root, number, spec):
+    """Whether the managed files on the host are exactly generation `number`'s."""
+    meta = load_meta(root, number)
+    for path in spec["files"]:
+        recorded = meta["files"].get(path)
+        if recorded is None:
+            if os.path.isfile(path):
+                return False
+            continue
+        if not os.path.isfile(path):
+            return False
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            digest.update(handle.read())
+        if digest.hexdigest() != recorded["sha256"]:
+            return False
+    return True
+
+
+def set_state(root, number, state, **extra):
+    meta = load_meta(root, number)
+    meta["state"] = state
+    meta.update(extra)
+    _store(root, meta)
+
+
+ROLLBACK_STATES = ("good", "applied")  # what a rollback offers; `found` only when named with --to
+
+
+def rollback_target(root, before=None, good_only=False, states=None):
+    """The newest generation older than `before` (default: the current one) that may be restored:
+    one that passed readiness or that a provision applied, never a rejected or abandoned one; with
+    good_only, only one that passed readiness."""
+    state = load_state(root)
+    limit = before if before is not None else state["current"]
+    allowed = states or (("good",) if good_only else ROLLBACK_STATES)
+    older = [g for g in state["generations"] if (limit is None or g["id"] < limit) and g["state"] in allowed]
+    return max(older, key=lambda g: g["id"])["id"] if older else None
+
+
+def restore(root, number, spec, secrets, write, run, units=None):
+    """Make the host hold generation `number` again: its files (written with `write`, removed where it
+    had none), systemd reloaded, its venv and model revision where they are still kept, and each unit
+    enabled and running exactly as it was then (or as `units` says: a rejected run's units before it).
+    Returns what it restored, in words."""
+    meta = load_meta(root, number)
+    if meta["state"] in ("rejected", "abandoned", "pending"):
+        raise GenerationError("generation %s is %s: not a rollback target (see `invoke rollback --list`)"
+                              % (number, meta["state"]))
+    said = []
+    units_changed = False
+    for path, recorded in sorted(meta["files"].items()):
+        if recorded is None:
+            if os.path.isfile(path):
+                os.remove(path)
+                said.append("removed %s" % path)
+                units_changed = units_changed or path.endswith((".service", ".conf"))
+            continue
+        with open(os.path.join(root, str(number), "files", path.lstrip("/")), "rb") as handle:
+            data = _fill_secrets(handle.read(), secrets, number, path)
+        current = None
+        if os.path.isfile(path):
+            with open(path, "rb") as handle:
+                current = handle.read()
+        if current != data:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write(path, data, recorded["mode"], recorded["uid"], recorded["gid"])
+            said.append(path)
+            units_changed = units_changed or path.endswith(".service")
+    venv = meta.get("venv") or {}
+    if venv.get("dir") and venv.get("key") and venv_key(venv["dir"]) != venv["key"]:
+        kept = venv["dir"] + ".last-good"
+        if venv_key(kept) == venv["key"]:
+            aside = venv["dir"] + ".rollback-tmp"
+            shutil.rmtree(aside, ignore_errors=True)
+            if os.path.isdir(venv["dir"]):
+                os.rename(venv["dir"], aside)
+            os.rename(kept, venv["dir"])
+            if os.path.isdir(aside):
+                os.rename(aside, kept)
+            said.append(venv["dir"])
+        else:
+            said.append("%s left as it is (generation %s's venv is no longer kept)" % (venv["dir"], number))
+    for model_root, target in sorted((meta.get("models") or {}).items()):
+        if model_target(model_root) == target:
+            continue
+        if os.path.isdir(os.path.join(model_root, target)):
+            now = model_target(model_root)
+            for name, pointed in (("current", target), ("previous", now)):
+                if pointed is None:
+                    continue
+                temporary = os.path.join(model_root, ".%s.tmp" % name)
+                if os.path.lexists(temporary):
+                    os.remove(temporary)
+                os.symlink(pointed, temporary)
+                os.rename(temporary, os.path.join(model_root, name))
+            said.append("%s -> %s" % (model_root, target))
+        else:
+            said.append("%s left as it is (%s is no longer kept)" % (model_root, target))
+    if units_changed:
+        run(["systemctl", "daemon-reload"])
+    anything = bool(said)
+    for unit, wanted in sorted((units or meta["units"]).items()):
+        now = unit_states([unit])[unit]
+        if not wanted["installed"] or not wanted["enabled"]:
+            if now["enabled"]:
+                subprocess.run(["systemctl", "disable", unit], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        elif not now["enabled"]:
+            run(["systemctl", "enable", unit])
+        if wanted["installed"] and wanted["active"]:
+            subprocess.run(["systemctl", "reset-failed", unit], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if not now["active"]:
+                run(["systemctl", "start", unit])
+            elif anything:
+                run(["systemctl", "restart", unit])  # it must run what was just restored
+        elif now["active"]:
+            subprocess.run(["systemctl", "stop", unit], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = load_state(root)
+    state["current"] = number
+    save_state(root, state)
+    return said
+
+
+def describe(root):
+    """Every kept generation, oldest first, with which is current and which may be restored."""
+    state = load_state(root)
+    rows = []
+    for summary in state["generations"]:
+        row = dict(summary)
+        row["current"] = summary["id"] == state["current"]
+        row["target"] = summary["state"] in ROLLBACK_STATES
+        rows.append(row)
+    return {"current": state["current"], "generations": rows}

@@ -1,0 +1,149 @@
+"""Generations on the lab's cpu-1, against real vLLM: a rejected deploy is never a rollback target, the
+previous state comes back whole (units' enablement and activity included), "ready" is about what this
+run applied, a run that waited for the lock applies nothing already in place, a killed deploy is
+finished by the next one."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from provision import inventory
+from tests.conftest import REPO
+from tests.lab.conftest import on_host, run_invoke
+
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
+
+BOGUS = 'extra_args=["--dtype", "bfloat16", "--enforce-eager", "--no-such-vllm-flag"]'
+STATE = "/var/lib/provision/generations/state.json"
+
+
+def invoke_json(*args: str, timeout: float = 900) -> tuple[int, dict, str]:
+    done = run_invoke(*args, "--json", timeout=timeout)
+    try:
+        return done.returncode, json.loads(done.stdout), done.stdout + done.stderr
+    except json.JSONDecodeError:
+        return done.returncode, {}, done.stdout + done.stderr
+
+
+def generations(inv: inventory.Inventory) -> dict:
+    return json.loads(on_host(inv, "cpu-1", ["cat", STATE]))
+
+
+def current(inv: inventory.Inventory) -> dict:
+    state = generations(inv)
+    return next(g for g in state["generations"] if g["id"] == state["current"])
+
+
+def unit(inv: inventory.Inventory) -> tuple[str, str, str]:
+    text = on_host(inv, "cpu-1", ["systemctl", "show", "-p", "UnitFileState,ActiveState,ExecStart", "vllm.service"])
+    values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    return values["UnitFileState"], values["ActiveState"], values["ExecStart"]
+
+
+def wait_for_pending(inv: inventory.Inventory, after: int, limit: float = 300) -> dict:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            now = current(inv)
+        except (json.JSONDecodeError, StopIteration):
+            now = {}
+        if now.get("id", 0) > after and now.get("state") == "pending":
+            return now
+        time.sleep(0.5)
+    pytest.fail("the deploy never recorded its pending generation")
+
+
+def test_good_rejected_good_then_rollback_restores_a_good_one(lab_inventory: inventory.Inventory) -> None:
+    code, _, text = invoke_json("deploy", "--cluster", "lab-cpu", "--set", "max_model_len=200", "--timeout", "420")
+    assert code == 0, text
+    good = current(lab_inventory)
+    assert good["state"] == "good"
+    code, report, text = invoke_json("deploy", "--cluster", "lab-cpu", "--set", BOGUS, "--timeout", "420")
+    assert code == 1 and report["hosts"][0]["state"] == "rolled back", text
+    assert f"rolled back to generation {good['id']}" in report["hosts"][0]["detail"]
+    assert unit(lab_inventory)[:2] == ("enabled", "active")  # as it was before the deploy
+    code, _, text = invoke_json("deploy", "--cluster", "lab-cpu", "--timeout", "420")
+    assert code == 0, text
+    code, listing, text = invoke_json("rollback", "--host", "cpu-1", "--list")
+    assert code == 0, text
+    rows = listing["hosts"]["cpu-1"]["generations"][-3:]
+    assert [(row["state"], row["target"]) for row in rows] == [("good", True), ("rejected", False), ("good", True)]
+    assert rows[0]["id"] == good["id"] and rows[-1]["current"]
+    # The rejected generation is never restored: rollback goes to the good one before the current.
+    code, rolled, text = invoke_json("rollback", "--host", "cpu-1")
+    assert code == 0 and rolled["hosts"]["cpu-1"]["to"] == good["id"], text
+    state, active, start = unit(lab_inventory)
+    assert "--max-model-len 200" in start and "--no-such-vllm-flag" not in start
+    code, found, text = invoke_json("deploy", "--cluster", "lab-cpu", "--set", "max_model_len=200", "--timeout", "420")
+    assert code == 0 and found["hosts"][0]["state"] == "ready", text  # the restored generation serves
+
+
+def test_a_failed_deploy_leaves_a_stopped_enabled_unit_stopped_and_enabled(lab_inventory: inventory.Inventory) -> None:
+    assert invoke_json("deploy", "--cluster", "lab-cpu", "--timeout", "420")[0] == 0
+    on_host(lab_inventory, "cpu-1", ["systemctl", "stop", "vllm.service"])
+    code, report, text = invoke_json("deploy", "--cluster", "lab-cpu", "--set", BOGUS, "--timeout", "420")
+    assert code == 1 and report["hosts"][0]["state"] == "rolled back", text
+    assert unit(lab_inventory)[:2] == ("enabled", "inactive")
+
+
+def test_ready_is_refused_when_another_run_changed_the_host_during_readiness(
+        lab_inventory: inventory.Inventory) -> None:
+    assert invoke_json("deploy", "--cluster", "lab-cpu", "--timeout", "420")[0] == 0
+    before = current(lab_inventory)["id"]
+    deploy = subprocess.Popen([sys.executable, "-m", "invoke", "deploy", "--cluster", "lab-cpu", "--json",
+                               "--set", "max_model_len=210", "--timeout", "420"], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_pending(lab_inventory, before)
+        meanwhile = run_invoke("provision", "--cluster", "lab-cpu", "--set", "max_model_len=220", "--wait", "120")
+        assert meanwhile.returncode == 0, meanwhile.stdout + meanwhile.stderr
+        out, err = deploy.communicate(timeout=900)
+    finally:
+        deploy.kill()
+    assert deploy.returncode == 1, out + err
+    row = json.loads(out)["hosts"][0]
+    assert row["state"] != "ready" and "another run changed the host" in row["detail"], row
+    assert "--max-model-len 220" in unit(lab_inventory)[2]  # the later run's config stays: it is current
+
+
+def test_two_identical_runs_that_wait_for_the_lock_apply_once(lab_inventory: inventory.Inventory) -> None:
+    assert invoke_json("deploy", "--cluster", "lab-cpu", "--timeout", "420")[0] == 0
+    before = generations(lab_inventory)
+    argv = [sys.executable, "-m", "invoke", "provision", "--cluster", "lab-cpu", "--json", "--set", "port=8013",
+            "--wait", "300"]
+    runs = [subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    answers = [run.communicate(timeout=600) for run in runs]
+    assert all(run.returncode == 0 for run in runs), answers
+    applied = sorted(json.loads(out)["hosts"]["cpu-1"]["applied"] for out, _ in answers)
+    assert applied[0] == 0 and applied[1] > 0  # the second found everything in place after waiting
+    after = generations(lab_inventory)
+    assert len(after["generations"]) == len(before["generations"]) + 1
+    # The last-known-good is still the version before: a rollback restores port 8000.
+    code, rolled, text = invoke_json("rollback", "--host", "cpu-1")
+    assert code == 0 and rolled["hosts"]["cpu-1"]["to"] == before["current"], text
+    assert "--port 8000" in unit(lab_inventory)[2]
+
+
+def test_a_killed_deploy_is_finished_by_the_next_run(lab_inventory: inventory.Inventory) -> None:
+    assert invoke_json("deploy", "--cluster", "lab-cpu", "--timeout", "420")[0] == 0
+    good = current(lab_inventory)
+    args = ["deploy", "--cluster", "lab-cpu", "--set", BOGUS, "--timeout", "15"]
+    killed = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pending = wait_for_pending(lab_inventory, good["id"])
+    killed.kill()
+    killed.wait()
+    assert "--no-such-vllm-flag" in unit(lab_inventory)[2]  # the deploy's change is in place
+    time.sleep(max(0.0, pending["deadline"] - time.time()) + 1)  # its readiness deadline has passed
+    planned = run_invoke("plan", *args[1:4])
+    assert f"generation {pending['id']} was left pending by a deploy that stopped" in planned.stdout
+    code, report, text = invoke_json(*args[:-2], "--timeout", "60")  # the same deploy again
+    assert code == 1, text
+    row = report["hosts"][0]
+    assert row["state"] == "rolled back" and f"rolled back to generation {good['id']}" in row["detail"], row
+    assert "--no-such-vllm-flag" not in unit(lab_inventory)[2]

@@ -1,0 +1,163 @@
+"""Generations, run for real: the host program (hostgenerations.py + hostapply.py, as ops sends it) on this
+machine against files in a temporary directory, under a real lock. No systemd here, so the scope has no
+units and the managed files are plain files: what is checked is which generation the files are, which
+state each generation is in, and what a rollback may restore.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provision import ops
+
+SECRET = "sk-generation-test-0123456789"
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> dict[str, Any]:
+    return {"root": str(tmp_path / "generations"), "files": [str(tmp_path / "etc" / "vllm.env"),
+                                                             str(tmp_path / "etc" / "other.conf")],
+            "units": [], "venv": None, "model_root": None, "lock": str(tmp_path / "lock"), "tmp": tmp_path}
+
+
+def run(host: dict[str, Any], action: str, **spec: Any) -> dict[str, Any]:
+    generations = {key: host[key] for key in ("root", "files", "units", "venv", "model_root")}
+    body = {"action": action, "lock": host["lock"], "wait": 5, "generations": generations,
+            "secrets": {"VLLM_API_KEY": SECRET}, "changes": [], **spec}
+    program = "\n".join(path.read_text() for path in ops.APPLY_SOURCES) + f"\nmain(json.loads({json.dumps(body)!r}))\n"
+    done = subprocess.run([sys.executable, "-"], input=program, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    answer: dict[str, Any] = json.loads(done.stdout)
+    return answer
+
+
+def write(path: str, content: str) -> dict[str, Any]:
+    return {"kind": "file", "target": path, "describe": f"file {path}",
+            "data": {"content": content, "mode": 0o600, "owner": "root", "group": "root"}}
+
+
+def deploy(host: dict[str, Any], content: str, **extra: Any) -> dict[str, Any]:
+    return run(host, "apply", by="deploy", verify=True, deadline=extra.pop("deadline", 900),
+               changes=[write(host["files"][0], content)], **extra)
+
+
+def text(host: dict[str, Any]) -> str:
+    return Path(host["files"][0]).read_text()
+
+
+def test_good_rejected_good_lists_three_and_offers_only_the_good_ones(host: dict[str, Any]) -> None:
+    first = deploy(host, "PORT=8000\n")
+    assert first["ok"] and first["generation"] == 2  # 1 is what the host had before: found
+    assert run(host, "promote", generation=2)["ok"]
+    bad = deploy(host, "PORT=9999\n")
+    assert bad["generation"] == 3 and text(host) == "PORT=9999\n"
+    back = run(host, "reject", generation=3, why="not ready")
+    assert back["ok"] and back["to"] == 2 and text(host) == "PORT=8000\n"  # copied back, not swapped
+    good = deploy(host, "PORT=8001\n")
+    assert run(host, "promote", generation=good["generation"])["ok"]
+    listing = run(host, "list")["generations"]
+    rows = {row["id"]: row for row in listing["generations"]}
+    assert [(rows[n]["state"], rows[n]["target"]) for n in (2, 3, 4)] == [
+        ("good", True), ("rejected", False), ("good", True)]
+    assert rows[1]["state"] == "found" and rows[4]["current"]
+    # The default rollback goes to the newest good one before the current, never to the rejected one.
+    rolled = run(host, "rollback")
+    assert rolled["to"] == 2 and text(host) == "PORT=8000\n"
+    refused = run(host, "rollback", to=3)
+    assert not refused["ok"] and "rejected: not a rollback target" in refused["failed"]["error"]
+    assert text(host) == "PORT=8000\n"
+
+
+def test_a_rejected_deploy_restores_every_managed_file_of_the_good_generation(host: dict[str, Any]) -> None:
+    env, other = host["files"]
+    run(host, "apply", by="deploy", verify=True, changes=[write(env, "A=1\n"), write(other, "x\n")])
+    run(host, "promote", generation=2)
+    # Three runs later the files would be a mix; a generation restores them as they ran together.
+    bad = run(host, "apply", by="deploy", verify=True, changes=[write(env, "A=2\n"), write(other, "y\n")])
+    run(host, "reject", generation=bad["generation"], why="crashed")
+    assert (Path(env).read_text(), Path(other).read_text()) == ("A=1\n", "x\n")
+
+
+def test_a_second_identical_run_after_waiting_for_the_lock_applies_nothing(host: dict[str, Any]) -> None:
+    change = write(host["files"][0], "PORT=8000\n")
+    first = run(host, "apply", changes=[change])
+    again = run(host, "apply", changes=[change])  # planned before the first applied: already in place now
+    assert first["done"] == [0] and again["done"] == [] and again["skipped"] == [0]
+    assert again["generation"] is None
+    states = run(host, "list")["generations"]["generations"]
+    assert [g["state"] for g in states] == ["found", "applied"]  # the earlier version is still kept
+
+
+def test_secrets_rest_as_placeholders_and_come_back_on_restore(host: dict[str, Any]) -> None:
+    deploy(host, f"VLLM_API_KEY={SECRET}\n")
+    run(host, "promote", generation=2)
+    deploy(host, f"VLLM_API_KEY={SECRET}\nPORT=1\n")
+    kept = [path for path in Path(host["root"]).rglob("*") if path.is_file()]
+    assert kept and not any(SECRET.encode() in path.read_bytes() for path in kept)
+    assert all(oct(path.stat().st_mode & 0o777) in ("0o600",) for path in kept if "files" in path.parts)
+    run(host, "reject", generation=3, why="test")
+    assert text(host) == f"VLLM_API_KEY={SECRET}\n"
+
+
+def test_a_deploy_that_stopped_before_its_verdict_is_reported_and_then_abandoned(host: dict[str, Any]) -> None:
+    deploy(host, "PORT=8000\n")
+    run(host, "promote", generation=2)
+    deploy(host, "PORT=7777\n", deadline=-1)  # its deadline passed: the deploy is gone
+    later = deploy(host, "PORT=8002\n")
+    assert later["unfinished"]["id"] == 3
+    rows = {row["id"]: row for row in run(host, "list")["generations"]["generations"]}
+    assert rows[3]["state"] == "abandoned" and not rows[3]["target"]
+    run(host, "reject", generation=later["generation"], why="not ready")
+    assert text(host) == "PORT=8000\n"  # the last good one, not the abandoned one
+
+
+def test_promote_is_refused_when_another_run_changed_the_host_meanwhile(host: dict[str, Any]) -> None:
+    mine = deploy(host, "PORT=8000\n")
+    run(host, "apply", changes=[write(host["files"][0], "PORT=8123\n")])  # a provision during readiness
+    refused = run(host, "promote", generation=mine["generation"])
+    assert not refused["ok"] and "another run changed the host" in refused["failed"]["error"]
+
+
+def test_the_lock_is_held_for_the_whole_run(host: dict[str, Any]) -> None:
+    import fcntl
+
+    os.makedirs(os.path.dirname(host["lock"]), exist_ok=True)
+    fd = os.open(host["lock"], os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.pwrite(fd, b"pid 4242 since test", 0)
+    try:
+        started = time.monotonic()
+        body = {"wait": 0}
+        answer = run(host, "apply", changes=[write(host["files"][0], "X\n")], **body)
+        assert not answer["ok"] and "pid 4242 since test" in answer["failed"]["error"]
+        assert time.monotonic() - started < 30
+    finally:
+        os.close(fd)
+
+
+def test_a_model_revision_alone_is_a_generation_and_rollback_brings_the_old_one(host: dict[str, Any]) -> None:
+    model = host["tmp"] / "models" / "org" / "m"
+    for revision in ("r1", "r2"):
+        (model / "revisions" / revision).mkdir(parents=True)
+    os.symlink("revisions/r1", model / "current")
+    host["model_root"] = str(model)
+    deploy(host, "PORT=8000\n")
+    run(host, "promote", generation=2)
+    # The weights step moved current to r2 (previous r1) before any file changed: recorded as such.
+    os.symlink("revisions/r1", model / ".previous")
+    os.rename(model / ".previous", model / "previous")
+    os.remove(model / "current")
+    os.symlink("revisions/r2", model / "current")
+    fetched = run(host, "apply", model_changed=True, record=["weights org/m: revision r1 -> r2"])
+    assert fetched["generation"] == 3
+    rolled = run(host, "rollback")
+    assert rolled["to"] == 2 and os.readlink(model / "current") == "revisions/r1"
+    assert os.readlink(model / "previous") == "revisions/r2"
+    assert f"{model} -> revisions/r1" in rolled["restored"]
