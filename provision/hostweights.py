@@ -171,11 +171,26 @@ def _short(exc):
     return "%s: %s" % (type(exc).__name__, text[0][:300] if text else "")
 
 
-def quarantine(root, path, commit, name):
-    """Set a bad file aside where nothing serves it; returns where it went."""
+QUARANTINE_KEEP = 1  # bad copies kept per file for a look: the newest; older ones only fill the disk
+
+
+def quarantine(root, path, commit, name, keep_in_place=False):
+    """Set a bad file aside where nothing serves it; returns where it went. With keep_in_place the file
+    stays where it is (a hard link goes aside): it is replaced only once a verified copy exists, so a
+    served revision is never missing a file, even when the fetch of its replacement fails."""
     target = os.path.join(root, ".quarantine", commit, "%s.%d" % (name, int(time.time() * 1000)))
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    os.rename(path, target)
+    if keep_in_place:
+        os.link(path, target)
+    else:
+        os.rename(path, target)
+    prefix = os.path.basename(name) + "."
+    folder = os.path.dirname(target)
+    older = sorted((entry for entry in os.listdir(folder)
+                    if entry.startswith(prefix) and entry[len(prefix):].isdigit()),
+                   key=lambda entry: int(entry[len(prefix):]))[:-QUARANTINE_KEEP]
+    for entry in older:
+        os.remove(os.path.join(folder, entry))
     return target
 
 
@@ -186,7 +201,7 @@ def place(spec, entry, final, part, progress, report):
         if os.path.getsize(part) == entry["size"] and matches(part, entry):
             os.chmod(part, 0o644)
             os.makedirs(os.path.dirname(final), exist_ok=True)
-            os.rename(part, final)
+            os.rename(part, final)  # over a bad copy, if one is still in place: one atomic step
             return
         report["quarantined"].append(quarantine(spec["root"], part, spec["commit"], entry["path"]))
         if attempt == 2:
@@ -225,10 +240,16 @@ def fetch(spec):
             if os.path.getsize(final) == entry["size"] and matches(final, entry):
                 report["kept"] += 1
                 continue
-            report["quarantined"].append(quarantine(root, final, commit, entry["path"]))
+            # A copy goes aside now; the bad file itself stays until its verified replacement takes its
+            # place (the revision may be the one served: it must never lack a file).
+            report["quarantined"].append(quarantine(root, final, commit, entry["path"], keep_in_place=True))
         if entry["digest"] in shared:
             os.makedirs(os.path.dirname(final), exist_ok=True)
-            os.link(shared[entry["digest"]], final)
+            linked = final + ".provision-link"
+            if os.path.lexists(linked):
+                os.remove(linked)
+            os.link(shared[entry["digest"]], linked)
+            os.rename(linked, final)
             report["linked"] += 1
             continue
         todo.append(entry)

@@ -166,9 +166,21 @@ def test_a_corrupted_file_is_set_aside_and_fetched_again(
     code, report, text = weights(*args)
     assert code == 0 and len(report["hosts"]["cpu-1"]["fetched"]["quarantined"]) == 1, text
     assert host_sha256(lab_inventory, "cpu-1", target) == expected
-    # The bad copies stay set aside, never in the served revision.
+    # A bad copy stays set aside, never in the served revision; older ones are pruned (the newest is kept).
     aside = on_host(lab_inventory, "cpu-1", ["find", "/srv/w-corrupt/test/corrupt/.quarantine", "-type", "f"])
-    assert len(aside.split()) == 2
+    assert len(aside.split()) == 1
+    # The served revision is complete at every instant: a replacement whose fetch fails leaves the file
+    # where it was (the bad copy stays in place until a verified one replaces it in one rename).
+    on_host(lab_inventory, "cpu-1", ["python3", "-c", flip, target])
+    hub_call(the_lab, "/_lab/faults", {"match": "test/corrupt/model.safetensors", "cut_after": 0, "times": 50})
+    code, report, text = weights(*args, "--verify")
+    assert code == 1, text
+    assert on_host(lab_inventory, "cpu-1", ["sh", "-c", f"test -f {target}; echo $?"]).strip() == "0"
+    hub_call(the_lab, "/_lab/reset", {})
+    code, report, text = weights(*args)
+    assert code == 0 and host_sha256(lab_inventory, "cpu-1", target) == expected, text
+    aside = on_host(lab_inventory, "cpu-1", ["find", "/srv/w-corrupt/test/corrupt/.quarantine", "-type", "f"])
+    assert len(aside.split()) == 1
 
 
 def test_an_interrupted_fetch_resumes_where_it_stopped(
