@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from provision import programs
+from provision import config, programs
 from provision.errors import ProvisionError, UnreachableHost
 from provision.facts import HostFacts
 
@@ -137,6 +137,11 @@ def model_quantization(repo: str, commit: str, endpoint: str, token: str | None)
     from huggingface_hub import HfApi
     from huggingface_hub.errors import EntryNotFoundError
 
+    cached = config.model_configs() / repo / f"{commit}.json"
+    try:  # a commit is immutable: an unchanged host's plan asks the hub for no file at all
+        return quantization_of(json.loads(cached.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        pass
     api = HfApi(endpoint=endpoint, token=token or False, library_name="provision")
     with tempfile.TemporaryDirectory(prefix="provision-config-") as scratch:
         try:
@@ -147,10 +152,16 @@ def model_quantization(repo: str, commit: str, endpoint: str, token: str | None)
             raise WeightsError(f"cannot read config.json of {repo} from {endpoint}: "
                                f"{type(exc).__name__}: {exc}") from None
         try:
-            config = json.loads(Path(str(path)).read_text(encoding="utf-8"))
+            text = Path(str(path)).read_text(encoding="utf-8")
+            model_config = json.loads(text)
         except (OSError, ValueError) as exc:
             raise WeightsError(f"{repo}: config.json is not JSON: {exc}") from None
-    return quantization_of(config)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_text(text, encoding="utf-8")
+    except OSError:
+        pass  # a cache that cannot be written only costs the next plan one small request
+    return quantization_of(model_config)
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ def test_bench_hosts_are_plain_cpu_hosts_booted_only_when_named() -> None:
 def test_lab_down_says_what_it_leaves_and_how_to_remove_it(tmp_path, monkeypatch) -> None:
     house = tmp_path / "wheelhouse"
     monkeypatch.setenv("PROVISION_WHEELHOUSE", str(house))
+    monkeypatch.setenv("PROVISION_MODEL_CONFIGS", str(tmp_path / "configs"))
     assert lab.left_in_place() == []
     (house / "x86_64-py3.11-abc").mkdir(parents=True)
     (house / "x86_64-py3.11-abc" / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"0" * 3 * 2**20)

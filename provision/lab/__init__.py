@@ -533,12 +533,18 @@ def _size(path: Path) -> int:
 
 def left_in_place() -> list[str]:
     """What lab.down does not remove, because it is the tool's and not the lab's: the controller's
-    wheelhouse (wheels resolved for any host, lab hosts included; reused by every later run)."""
+    wheelhouse (wheels resolved for any host, lab hosts included; reused by every later run) and its
+    cache of models' config.json."""
+    said = []
     house = config.wheelhouse()
-    if not house.is_dir() or not any(house.iterdir()):
-        return []
-    return [f"left in place: {house} ({_size(house) / 2**20:.0f} MiB of wheels the tool resolved on this "
-            f"controller, for lab hosts and any other; `rm -r {house}` removes them)"]
+    if house.is_dir() and any(house.iterdir()):
+        said.append(f"left in place: {house} ({_size(house) / 2**20:.0f} MiB of wheels the tool resolved on "
+                    f"this controller, for lab hosts and any other; `rm -r {house}` removes them)")
+    configs = config.model_configs()
+    if configs.is_dir() and any(configs.iterdir()):
+        said.append(f"left in place: {configs} (models' config.json by commit, read for the gate; "
+                    f"`rm -r {configs}` removes them)")
+    return said
 
 
 INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")

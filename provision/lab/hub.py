@@ -136,7 +136,7 @@ class Hub:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.lock = threading.Lock()
-        self.stats: dict[str, Any] = {"bytes": 0, "files": {}, "requests": [], "clients": {}}
+        self.stats: dict[str, Any] = {"bytes": 0, "files": {}, "requests": [], "clients": {}, "client_files": {}}
         self.faults: list[dict[str, Any]] = []
 
     def repo(self, repo_id: str, token: str | None) -> dict[str, Any]:
@@ -174,6 +174,9 @@ class Hub:
             self.stats["files"][key] = self.stats["files"].get(key, 0) + sent
             clients = self.stats.setdefault("clients", {})
             clients[client] = clients.get(client, 0) + sent
+            # Per client and file: the controller's plan-time reads (config.json) apart from the hosts'.
+            mine = self.stats.setdefault("client_files", {}).setdefault(client, {})
+            mine[key] = mine.get(key, 0) + sent
 
     def fault_for(self, key: str, client: str) -> dict[str, Any] | None:
         with self.lock:
@@ -359,7 +362,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self._json(200, self.hub.stats)
         if path == "/_lab/reset" and self.command == "POST":
             with self.hub.lock:
-                self.hub.stats = {"bytes": 0, "files": {}, "requests": [], "clients": {}}
+                self.hub.stats = {"bytes": 0, "files": {}, "requests": [], "clients": {}, "client_files": {}}
                 self.hub.faults = []
             return self._json(200, {"ok": True})
         if path == "/_lab/faults" and self.command == "POST":

@@ -37,9 +37,18 @@ def hub_counters(the_lab: lab.Lab, lab_inventory: inventory.Inventory) -> Iterat
 
 
 def served(the_lab: lab.Lab, repo: str, name: str | None = None) -> int:
-    files = hub_call(the_lab, "/_lab/stats")["files"]
-    return sum(count for key, count in files.items()
+    """Bytes of the repository the hub sent to the lab's hosts (the controller reads config.json at plan
+    time for the gate: that is not a weights transfer)."""
+    by_client = hub_call(the_lab, "/_lab/stats")["client_files"]
+    return sum(count for client, files in by_client.items() if client != the_lab.gateway()
+               for key, count in files.items()
                if key.startswith(repo + "/") and (name is None or key == f"{repo}/{name}"))
+
+
+def host_bytes(the_lab: lab.Lab) -> int:
+    """Everything the hub sent to the lab's hosts."""
+    clients = hub_call(the_lab, "/_lab/stats")["clients"]
+    return sum(count for client, count in clients.items() if client != the_lab.gateway())
 
 
 def publish(the_lab: lab.Lab, repo: str, change: dict[str, str] | None = None, maker: str = "make",
@@ -218,7 +227,7 @@ def test_too_little_disk_is_refused_before_a_byte_moves(hub_counters: lab.Lab) -
                                  "--set", "model_dir=/srv/small/models")
     assert code == 1
     assert "disk.space" in text and "/srv/small/models" in text
-    assert hub_call(hub_counters, "/_lab/stats")["bytes"] == 0
+    assert host_bytes(hub_counters) == 0
 
 
 def _inventory_variant(the_lab: lab.Lab, directory: Path, *, secrets: bool, extra: dict[str, Any]) -> Path:
@@ -242,7 +251,7 @@ def test_hub_refusals_are_clear_and_change_nothing(hub_counters: lab.Lab, tmp_pa
     for extra_args, message in cases:
         code, _, text = weights("--host", "cpu-1", "--set", "model_dir=/srv/w-refused", *extra_args)
         assert code == 1 and "model.hub" in text and message in text, text
-    assert hub_call(hub_counters, "/_lab/stats")["bytes"] == 0
+    assert hub_call(hub_counters, "/_lab/stats")["bytes"] == 0  # refused: not even config.json was read
     code, report, text = weights("--host", "cpu-1", "--set", "model=lab/gated-llama",
                                  "--set", "model_dir=/srv/w-gated")  # the lab inventory's secrets file
     assert code == 0 and report["bytes_from_hub"] > 0, text
