@@ -24,7 +24,6 @@ from provision.errors import ProvisionError
 from provision.facts import HostFacts
 
 REMOTE_BUILD = "/var/cache/provision/build"
-PROGRAM = Path(__file__).with_name("hostbuild.py")
 SKIP = {".git", "build", "dist", "__pycache__", ".pytest_cache", ".mypy_cache", ".venv"}
 # PEP 517: a source tree without [build-system] builds with setuptools' legacy backend.
 DEFAULT_REQUIRES = ("setuptools>=40.8.0", "wheel")
@@ -155,7 +154,7 @@ def build(runner: Any, recipe: Recipe, on_line: Callable[[str], None] = lambda l
 
     spec = {"tarball": remote_tar, "workdir": f"{REMOTE_BUILD}/{recipe.key}", "wheelhouse": REMOTE_WHEELHOUSE,
             "requires": list(recipe.requires), "env": dict(recipe.env)}
-    program = programs.source([PROGRAM], "build_main", spec)
+    program = programs.ship(("build",), "build_main", spec)
     answer, done = programs.run(runner, program, 6 * 3600, lambda event: on_line(str(event.get("line", "")))
                                 if event.get("event") == "log" else None)
     if not answer.get("ok"):

@@ -9,7 +9,6 @@ must see every node before vLLM starts on the head.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass, field

@@ -1,7 +1,7 @@
 """Facts: what a host is, gathered in ONE remote execution and parsed by pure functions.
 
 Each Fact names a command (argv) or a file next to the parser that reads it. `gather()` sends
-hostprobe.py with the whole list to the host's python3 on stdin; the probe runs every command there
+host/probe.py with the whole list to the host's python3 on stdin; the probe runs every command there
 and answers one JSON document. A tool the host lacks (no nvidia-smi on a CPU box) is a typed answer
 (`None` or an empty tuple plus a note in `notes`), not a crash.
 
@@ -14,10 +14,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
-from provision import parsers
+from provision import parsers, programs
 from provision.errors import CommandFailed, ParseError, ProvisionError
 from provision.parsers import (
     CpuTopology, Gpu, Interface, Memory, NvidiaDriver, OsRelease, RdmaLink, Uname, UnitExposure, UnitState,
@@ -34,7 +33,6 @@ MANAGED_UNITS = ("vllm.service", "vllm-ray-head.service", "vllm-ray-worker.servi
 DROP_IN_DIRS = tuple(f"{base}/{unit}.d" for unit in MANAGED_UNITS for base in (
     "/etc/systemd/system", "/etc/systemd/system.control", "/run/systemd/system", "/run/systemd/system.control"))
 
-PROBE_SOURCE = Path(__file__).with_name("hostprobe.py")
 VENV_MANIFEST = "provision-manifest.json"  # in a venv the tool built: what it installed, and its versions
 CUDA_PTXAS = "/usr/local/cuda/bin/ptxas"
 
@@ -177,7 +175,7 @@ def probe_spec(facts: Sequence[Fact], paths: Iterable[str], timeout: float,
 
 def probe_program(spec: Mapping[str, Any]) -> str:
     """The probe's source with the call that runs it: the whole stdin of the one remote execution."""
-    return PROBE_SOURCE.read_text(encoding="utf-8") + f"\nmain(json.loads({json.dumps(spec)!r}))\n"
+    return programs.ship(("probe",), "main", spec)
 
 
 def gather(runner: Runner, paths: Iterable[str] = (), facts: Sequence[Fact] = FACTS,

@@ -2,7 +2,7 @@
 
 Controller side of `invoke verify.nccl`. For one host it starts one process per GPU there; for a
 multi-node cluster, the same on every node at once, all joined in one NCCL group whose rendezvous is the
-head's address on the cluster network. Each node receives `hostnccl.py` on stdin (one remote execution
+head's address on the cluster network. Each node receives `host/nccl.py` on stdin (one remote execution
 per node, through `remote.py`), runs it with the venv's python (else `python3`) and answers JSON.
 
 The environment is what `render.service_environment` renders for that node's vLLM service (the
@@ -17,7 +17,7 @@ with the hardware's link bandwidth whatever n is. GB/s are 10^9 bytes per second
 nccl-tests takes it (src/common.cu there): a batch of `iters` all-reduces queued back to back, timed
 from its start to its end, divided by `iters`; here between two CUDA events on the stream, with the
 batch queued behind a GPU-side hold so that Python's cost per call (40-50 us) stays out of it
-(hostnccl.py says how). A size whose batch the GPU still reached before the host had queued it is
+(host/nccl.py says how). A size whose batch the GPU still reached before the host had queued it is
 marked `late`: its time has the host's pace in it.
 
 Everything below `run_node` is pure: the parsers of NCCL's log and of the program's answer are tested
@@ -29,17 +29,15 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from provision import render
+from provision import programs, render
 from provision.errors import CommandFailed, ParseError, ProvisionError
 
 if TYPE_CHECKING:
     from provision.checks import Context
     from provision.remote import Runner
 
-PROGRAM_SOURCE = Path(__file__).with_name("hostnccl.py")
 
 # NCCL prints its choices at INFO level: INIT has the channel connections ("via P2P/CUMEM/read"),
 # GRAPH the path type of each searched graph ("type NVL/PIX"), ENV the variables it took from the
@@ -292,7 +290,7 @@ class NodeAnswer:
 
 
 def parse_answer(host: str, stdout: str) -> NodeAnswer:
-    """The JSON that hostnccl.py prints (its shape is in that module's docstring)."""
+    """The JSON that host/nccl.py prints (its shape is in that module's docstring)."""
     try:
         data = json.loads(stdout)
         ranks = tuple(RankOutcome(rank=int(item["rank"]), local_rank=int(item["local_rank"]),
@@ -411,8 +409,8 @@ def plan_cluster(nodes: Sequence[Context], head: str, *, gpus: int | None = None
 
 
 def program(spec: Mapping[str, Any]) -> str:
-    """hostnccl.py with the call that runs it: the whole stdin of one node's remote execution."""
-    return PROGRAM_SOURCE.read_text(encoding="utf-8") + f"\nmain(json.loads({json.dumps(spec)!r}))\n"
+    """host/nccl.py with the call that runs it: the whole stdin of one node's remote execution."""
+    return programs.ship(("nccl",), "main", spec)
 
 
 def run_node(runner: Runner, launch: NodeLaunch, spec: Mapping[str, Any]) -> NodeAnswer:

@@ -1,18 +1,17 @@
 """Carry a plan out on a host, and decide or restore its generations, in one remote execution of
-hostapply.py (with hostgenerations.py) each."""
+host/apply.py (with host/generations.py) each."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from provision import programs
 from provision.errors import CommandFailed, ProvisionError, UnreachableHost
 from provision.facts import MANAGED_UNITS
 from provision.plan import MANAGED_FILES, Change
 from provision.remote import Runner
 
-APPLY_SOURCES = (Path(__file__).with_name("hostgenerations.py"), Path(__file__).with_name("hostapply.py"))
 LOCK = "/run/lock/provision.lock"
 GENERATIONS = "/var/lib/provision/generations"
 
@@ -49,8 +48,7 @@ class ApplyFailed(ProvisionError):
 
 
 def _program(spec: dict[str, Any]) -> str:
-    text = "\n".join(path.read_text(encoding="utf-8") for path in APPLY_SOURCES)
-    return text + f"\nmain(json.loads({json.dumps(spec)!r}))\n"
+    return programs.ship(("generations", "apply"), "main", spec)
 
 
 def _execute(runner: Runner, spec: dict[str, Any], changes: Sequence[Change]) -> dict[str, Any]:

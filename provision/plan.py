@@ -16,7 +16,7 @@ from provision.remote import mask
 from provision.render import ENV_FILE, RAY_HEAD_UNIT, RAY_WORKER_UNIT, SERVER_UNIT, UNIT_DIR, DesiredState
 
 MANAGED_FILES = (ENV_FILE, *(f"{UNIT_DIR}/{unit}" for unit in (SERVER_UNIT, RAY_HEAD_UNIT, RAY_WORKER_UNIT)))
-# The host's record of its generations (hostgenerations.py): the probe reads it with the managed files.
+# The host's record of its generations (host/generations.py): the probe reads it with the managed files.
 GENERATIONS_STATE = "/var/lib/provision/generations/state.json"
 
 

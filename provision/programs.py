@@ -1,18 +1,32 @@
-"""Host programs that report as they go: JSON lines on stdout, events while they work and one
-{"event": "result", ...} at the end (hostweights, hostbuild, hostserve)."""
+"""Shipping the host programs (provision/host/) and reading what they report.
+
+Every host program travels the same way: ship() joins common.py and the named programs into one text,
+drops their `from provision.host.X import` lines (what they name is earlier in the same text), and
+appends the call that runs it on a spec; that text is the stdin of one `python3 -` on the host. Programs
+that report as they go print JSON lines: events while they work and one {"event": "result", ...} at the
+end (weights, build, serve), read by run()."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import re
+from importlib import resources
 from typing import Any, Callable, Sequence
 
 from provision.remote import Result, Runner
 
+_OWN_IMPORT = re.compile(r"^from provision\.host\.\w+ import (\([^)]*\)|[^\n]*)\n", re.MULTILINE)
 
-def source(files: Sequence[Path], call: str, spec: Any) -> str:
-    """The programs' text with the call that runs them on `spec`: the whole stdin of one execution."""
-    text = "\n".join(path.read_text(encoding="utf-8") for path in files)
-    return text + f"\n{call}(json.loads({json.dumps(spec)!r}))\n"
+
+def host_source(name: str) -> str:
+    """One host program's text, read from the installed package: 'probe' -> provision/host/probe.py."""
+    return resources.files("provision.host").joinpath(f"{name}.py").read_text(encoding="utf-8")
+
+
+def ship(names: Sequence[str], call: str, spec: Any) -> str:
+    """common.py, then `names` in order, then `call(SPEC)`: the whole stdin of one remote execution.
+    The spec travels as JSON inside the text (stdin), never in argv: it may hold secrets."""
+    parts = [_OWN_IMPORT.sub("", host_source(name)) for name in ("common", *names)]
+    return "\n".join(parts) + f"\n{call}(json.loads({json.dumps(spec)!r}))\n"
 
 
 def run(runner: Runner, program: str, timeout: float, on_event: Callable[[dict[str, Any]], None],

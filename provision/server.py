@@ -1,17 +1,15 @@
 """Asking a host's vLLM server: ready (health and a real one-token completion) and bench (streamed
-completions). Both run on the host through hostserve.py, over loopback; figures are computed here."""
+completions). Both run on the host through host/serve.py, over loopback; figures are computed here."""
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from provision import programs
 from provision.errors import ProvisionError
 from provision.status import parse_metrics
 
-PROGRAM = Path(__file__).with_name("hostserve.py")
 
 
 class NotReady(ProvisionError):
@@ -52,7 +50,7 @@ def how_to_query(host: str, address: str, settings: Mapping[str, Any], key_set: 
 
 def _run(runner: Any, spec: Mapping[str, Any], on_progress: Callable[[dict[str, Any]], None],
          timeout: float) -> dict[str, Any]:
-    program = programs.source([PROGRAM], "serve_main", spec)
+    program = programs.ship(("serve",), "serve_main", spec)
     answer, done = programs.run(runner, program, timeout, lambda event: on_progress(event)
                                 if event.get("event") == "progress" else None)
     if not answer:

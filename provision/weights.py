@@ -5,7 +5,7 @@ inventory's `hf_endpoint`) turns the inventory's revision into a full commit and
 size and hash, so the plan can name the commit, the gate can check the disk against real sizes, and an
 unchanged host is recognised from its manifest (read by the fact probe) without a byte moving.
 
-Apply time (hostweights.py on the host): a cluster fetches from the hub once. One host (the seed: one
+Apply time (host/weights.py on the host): a cluster fetches from the hub once. One host (the seed: one
 that has the revision already, else the head) fetches; the others copy from it over the cluster network
 and verify every file themselves. Hosts without a cluster address fetch from the hub each.
 """
@@ -26,7 +26,6 @@ from provision.facts import HostFacts
 
 HUB_VENV = "/var/lib/provision/hub-venv"  # huggingface_hub for the transfers, apart from vLLM's venv
 LOCK = "/run/lock/provision.lock"
-PROGRAM = (Path(__file__).with_name("hostapply.py"), Path(__file__).with_name("hostweights.py"))
 
 
 class WeightsError(ProvisionError):
@@ -223,7 +222,7 @@ def change_data(settings: Mapping[str, Any], snapshot: Snapshot) -> dict[str, An
 
 
 def program(spec: Mapping[str, Any]) -> str:
-    return programs.source(PROGRAM, "weights_main", spec)
+    return programs.ship(("weights",), "weights_main", spec)
 
 
 @dataclass

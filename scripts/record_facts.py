@@ -2,7 +2,7 @@
 
     python3 scripts/record_facts.py --name h200x1-driver580 --profile hopper --out FILE.json
 
-Runs the same probe the tool sends over SSH (provision/hostprobe.py with every Fact of
+Runs the same probe the tool sends over SSH (provision/host/probe.py with every Fact of
 provision/facts.py), plus a plain `nvidia-smi` for people to read, and writes each command's argv,
 exit code and output. The file is both a parser fixture and what a lab host replays.
 Needs only the standard library and the repository (no Fabric), so it runs on bare GPU machines.

@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import signal
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from provision import facts, hostprobe, inventory, lab, parsers, remote
+from provision import facts, inventory, lab, parsers, remote
+from provision.host import probe as hostprobe
 from provision.errors import CommandFailed, ParseError, ProvisionError
 from provision.remote import Result
 from tests.conftest import FIXTURES
@@ -234,3 +236,15 @@ def test_the_facts_table_shows_the_venv_when_one_exists_and_says_when_none() -> 
     bare = facts.facts_from_probe("ws-5090", ok(probe_answer_from_recording(
         lab.load_machine("rtx5090x2-tr7960x"))), with_venv)
     assert dict(report.facts_rows(bare))["venv"] == "not collected"
+
+
+@pytest.mark.parametrize("name", ["probe", "apply", "generations", "weights", "build", "nccl", "serve"])
+def test_every_host_program_ships_self_contained(name: str) -> None:
+    """What a host receives imports nothing of this package: it runs where provision is not installed."""
+    from provision import programs
+
+    text = programs.ship(("generations", "apply") if name == "apply" else (name,), "print", {"ok": 1})
+    assert "from provision" not in text and "import provision" not in text
+    done = subprocess.run([sys.executable, "-I", "-"], input=text,
+                          capture_output=True, text=True, timeout=60, cwd="/")
+    assert done.returncode == 0 and done.stdout.strip() == "{'ok': 1}", done.stderr

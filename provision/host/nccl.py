@@ -1,4 +1,4 @@
-"""The all-reduce test: runs ON the host, sent as source on stdin to `PYTHON -`, like hostprobe.py.
+"""The all-reduce test: runs ON the host, sent as source on stdin to `PYTHON -`, like host/probe.py.
 
 The controller appends one call, `main(SPEC)`, where the spec says what this node runs:
 

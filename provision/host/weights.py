@@ -1,5 +1,5 @@
-"""Model weights ON the host: fetch, verify, keep. Sent on stdin after hostapply.py (whose lock and
-atomic writes it uses); the controller appends `weights_main(SPEC_JSON)`.
+"""Model weights ON the host: fetch, verify, keep, under the host lock (common.py). The controller appends
+`weights_main(SPEC_JSON)`.
 
     {"action": "fetch", "root": "/var/lib/vllm/models/ORG/NAME", "repo": "ORG/NAME", "commit": SHA,
      "files": [{"path", "size", "digest": "sha256:HEX" | "git-sha1:HEX"}], "verify_all": false,
@@ -21,21 +21,16 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import threading
 import time
+
+from provision.host.common import StepFailed, emit, lock, write_atomically
 
 MANIFEST = ".provision-weights.json"
 
 
 class WeightsFailed(Exception):
     pass
-
-
-def emit(event, **fields):
-    fields["event"] = event
-    sys.stdout.write(json.dumps(fields) + "\n")
-    sys.stdout.flush()
 
 
 def file_digest(path, kind):

@@ -1,0 +1,76 @@
+"""What every host program uses: JSON-line events on stdout, file hashes, atomic writes, the host lock.
+
+Sent first, ahead of the program itself (provision.programs.ship). Standard library only."""
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import sys
+import time
+
+
+def emit(event, **fields):
+    """One JSON line on stdout: progress events while a program works, {"event": "result"} at the end."""
+    fields["event"] = event
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+def sha256_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path, data, mode, uid, gid):
+    """A temporary file beside `path` with its owner and mode, fsynced, renamed over it."""
+    directory = os.path.dirname(path)
+    temporary = os.path.join(directory, ".%s.provision-tmp" % os.path.basename(path))
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, mode)
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(temporary, path)
+    fsync_dir(directory)
+
+
+class StepFailed(Exception):
+    pass
+
+
+def lock(path, wait):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.time() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            if time.time() >= deadline:
+                holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another run"
+                raise StepFailed("another provision holds %s (%s)" % (path, holder))
+            time.sleep(0.2)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, ("pid %d since %s" % (os.getpid(), time.strftime("%Y-%m-%d %H:%M:%S"))).encode(), 0)
+    return fd
