@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from provision.errors import ProvisionError
 from provision.parsers import CpuTopology
 
 # Arm cores by MIDR part (Linux arch/arm64/include/asm/cputype.h, util-linux lscpu-arm.c) with a
@@ -88,7 +89,7 @@ def expand(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(cpus)))
 
 
-class AffinityError(ValueError):
+class AffinityError(ProvisionError, ValueError):
     """The policy cannot be met on this topology (e.g. ccd:5 on a 2-CCD part)."""
 
 

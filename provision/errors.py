@@ -1,14 +1,25 @@
-"""The exception tree. Every error carries the evidence a user needs to act on it.
+"""The exception tree: every error the tool raises on purpose. Each carries the evidence a user needs to act.
 
     ProvisionError
     ├── InventoryError (also ValueError)   bad inventory or usage: exit code 2, nothing contacted
     ├── ProfileError (also ValueError)     a hardware profile file that does not validate
     ├── KnownIssueError (also ValueError)  an entry of the known-issues file that does not validate
-    ├── UnreachableHost                    SSH could not connect or authenticate (host keys included)
+    ├── RenderError (also ValueError)      render.py: a unit or environment file cannot be rendered
+    ├── AffinityError (also ValueError)    affinity.py: the cpu_affinity policy cannot be met on this CPU
+    ├── UnreachableHost                    SSH could not connect or authenticate, or the link was lost
     │   └── HostKeyError                   unknown or changed host key: refused, with the command to accept it
     ├── CommandFailed                      a remote command ran and failed; carries the Result
     ├── ParseError (also ValueError)       a fact's output could not be understood; carries the output
+    ├── WheelhouseError                    venv.py: the venv's wheels could not be resolved on the controller
+    ├── BuildError                         build.py: a source could not be built into a wheel on its host
+    ├── WeightsError                       weights.py: the hub refused, or a fetch or verification failed
+    ├── ApplyFailed                        ops.py: a step of the plan failed on the host (the step named)
+    ├── NotReady                           server.py: the server did not answer /health and a completion
+    ├── RollStopped                        rolling.py: deploy stopped its roll at this host (why, and what came back)
     └── LabError                           the lab could not be set up or torn down
+
+The programs that run on hosts (provision/host/) report their failures in their JSON answers, which the
+controller turns into these.
 """
 from __future__ import annotations
 

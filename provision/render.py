@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from provision.errors import ProvisionError
 from provision import affinity, hardening
 from provision.checks import Context, cluster_network_of
 
@@ -57,7 +58,7 @@ class DesiredState:
     absent_units: tuple[str, ...]  # managed units this host must not run (e.g. a former role's)
 
 
-class RenderError(ValueError):
+class RenderError(ProvisionError, ValueError):
     """A template or value could not be rendered; names the template and line."""
 
 
