@@ -69,19 +69,19 @@ class Context:
 
     @property
     def parallel(self) -> int:
-        return int(self.settings["tensor_parallel_size"]) * int(self.settings["pipeline_parallel_size"])
+        return int(self.settings.tensor_parallel_size) * int(self.settings.pipeline_parallel_size)
 
     @property
     def nodes(self) -> int:
         return len(self.cluster.hosts) if self.cluster else 1
 
     def env(self, name: str) -> str | None:
-        value = self.settings["environment"].get(name)
+        value = self.settings.environment.get(name)
         return None if value is None else str(value)
 
     @property
     def extra_args(self) -> tuple[str, ...]:
-        return tuple(self.settings["extra_args"])
+        return tuple(self.settings.extra_args)
 
 
 Rule = Callable[[Context], Finding]
@@ -194,8 +194,8 @@ def cuda_to_run(ctx: Context) -> tuple[str | None, str]:
         return planned.cuda, f"wheels to install: {planned.evidence}"
     venv = ctx.facts.venv
     if venv is not None and venv.torch:
-        return venv.cuda, f"the venv's torch {venv.torch} ({ctx.settings['venv_dir']})"
-    return ctx.settings["cuda_version"], "setting cuda_version"
+        return venv.cuda, f"the venv's torch {venv.torch} ({ctx.settings.venv_dir})"
+    return ctx.settings.cuda_version, "setting cuda_version"
 
 
 @rule("driver.version", BLOCKER)
@@ -293,13 +293,13 @@ def gpu_count(ctx: Context) -> Finding | None:
     if remainder:
         return fail(f"TP x PP = {ctx.parallel} does not divide over {ctx.nodes} nodes",
                     "choose tensor/pipeline parallel sizes that are a multiple of the node count",
-                    tensor_parallel_size=ctx.settings["tensor_parallel_size"],
-                    pipeline_parallel_size=ctx.settings["pipeline_parallel_size"], nodes=ctx.nodes)
+                    tensor_parallel_size=ctx.settings.tensor_parallel_size,
+                    pipeline_parallel_size=ctx.settings.pipeline_parallel_size, nodes=ctx.nodes)
     if ctx.facts.gpus is None:
         return unknown("GPU count", ctx, "gpus")
     have = len(ctx.facts.gpus)
-    evidence = {"gpus": have, "needed": needed, "tensor_parallel_size": ctx.settings["tensor_parallel_size"],
-                "pipeline_parallel_size": ctx.settings["pipeline_parallel_size"], "nodes": ctx.nodes}
+    evidence = {"gpus": have, "needed": needed, "tensor_parallel_size": ctx.settings.tensor_parallel_size,
+                "pipeline_parallel_size": ctx.settings.pipeline_parallel_size, "nodes": ctx.nodes}
     if have >= needed:
         return ok(f"{have} GPU(s) for {needed} needed", **evidence)
     return fail(f"{have} GPU(s) but TP x PP needs {needed} on this host",
@@ -351,12 +351,12 @@ def memory_fits(ctx: Context) -> Finding | None:
     if ctx.profile.gpu is None or not ctx.facts.gpus:
         return None
     known = (ctx.weights_bytes, "hub metadata") if ctx.weights_bytes else estimate_weights_bytes(
-        ctx.settings["model"])
+        ctx.settings.model)
     if known is None:
         return None
     weights, how = known
     share = weights / ctx.parallel
-    utilization = float(ctx.settings["gpu_memory_utilization"])
+    utilization = float(ctx.settings.gpu_memory_utilization)
     if ctx.profile.gpu.unified_memory:
         if ctx.facts.memory is None:
             return unknown("memory", ctx, "meminfo")
@@ -389,7 +389,7 @@ def memory_unified_headroom(ctx: Context) -> Finding | None:
         return None
     if ctx.facts.memory is None:
         return unknown("memory", ctx, "meminfo")
-    utilization = float(ctx.settings["gpu_memory_utilization"])
+    utilization = float(ctx.settings.gpu_memory_utilization)
     memory = ctx.facts.memory
     wanted = memory.total * utilization
     room = memory.available - OS_HEADROOM_BYTES
@@ -413,13 +413,13 @@ def memory_unified_headroom(ctx: Context) -> Finding | None:
 def disk_space(ctx: Context) -> Finding:
     """Room for the venv and the weights on the paths the inventory names (together where they share a
     filesystem)."""
-    needs: dict[str, float] = {ctx.settings["venv_dir"]: ctx.profile.venv_gib * 2**30}
+    needs: dict[str, float] = {ctx.settings.venv_dir: ctx.profile.venv_gib * 2**30}
     if ctx.weights_to_fetch is not None:
-        needs[ctx.settings["model_dir"]] = ctx.weights_to_fetch * 1.05
+        needs[ctx.settings.model_dir] = ctx.weights_to_fetch * 1.05
     else:
-        estimate = estimate_weights_bytes(ctx.settings["model"])
+        estimate = estimate_weights_bytes(ctx.settings.model)
         if estimate:
-            needs[ctx.settings["model_dir"]] = estimate[0] * 1.05
+            needs[ctx.settings.model_dir] = estimate[0] * 1.05
     per_filesystem: dict[str, list[Any]] = {}
     for path, need in needs.items():
         disk = ctx.facts.disk_for(path)
@@ -446,11 +446,11 @@ def model_hub(ctx: Context) -> Finding | None:
         return None
     if ctx.snapshot_error:
         return fail(ctx.snapshot_error, "fix model / model_revision in the inventory, or hf_token in its "
-                    "secrets file", model=ctx.settings["model"], revision=ctx.settings["model_revision"])
+                    "secrets file", model=ctx.settings.model, revision=ctx.settings.model_revision)
     snap = ctx.snapshot
     return ok(f"{snap.repo}@{snap.revision} is commit {snap.commit[:12]}: {len(snap.files)} file(s), "
               f"{snap.total_bytes / 2**20:.1f} MiB", commit=snap.commit, files=len(snap.files),
-              bytes=snap.total_bytes, endpoint=ctx.settings["hf_endpoint"])
+              bytes=snap.total_bytes, endpoint=ctx.settings.hf_endpoint)
 
 
 @rule("config.api_key", BLOCKER)
@@ -459,7 +459,7 @@ def api_key(ctx: Context) -> Finding | None:
     reads VLLM_API_KEY from the 0600 environment file)."""
     if ctx.cluster and ctx.cluster.multi_node and ctx.host != ctx.cluster.head:
         return None  # workers serve no API
-    address = ipaddress.ip_address(str(ctx.settings["bind_host"]))
+    address = ipaddress.ip_address(str(ctx.settings.bind_host))
     if address.is_loopback:
         return ok(f"listens on {address} (loopback) only", bind_host=str(address))
     if ctx.api_key_set:
@@ -500,7 +500,7 @@ def host_python(ctx: Context) -> Finding:
 @rule("host.service_user", WARNING)
 def host_service_user(ctx: Context) -> Finding:
     """The server runs as its own unprivileged user, created by provision."""
-    user = ctx.settings["service_user"]
+    user = ctx.settings.service_user
     if user == "root":
         return fail("the server would run as root", "--set service_user=vllm", service_user=user)
     return ok(f"runs as {user}", service_user=user)
@@ -512,7 +512,7 @@ def unit_security(ctx: Context) -> Finding | None:
     included) against the target of the host's hardening level (provision/hardening.py): info with the
     score, a warning above it (an operator's drop-in that loosens the sandbox, say). The strict level's
     device allow-list and system-call filter are not proven on a GPU, and the finding says so."""
-    level = str(ctx.settings["hardening"])
+    level = str(ctx.settings.hardening)
     target = hardening.EXPOSURE_TARGETS[level]
     scored = ctx.facts.unit_security or {}
     installed = sorted({name for name, state in ctx.facts.units.items()
@@ -549,7 +549,7 @@ def cpu_affinity(ctx: Context) -> Finding | None:
     instead of rendering the unit unpinned, which the next apply would restart the server as."""
     if ctx.cluster and ctx.cluster.multi_node and ctx.host != ctx.cluster.head:
         return None  # workers run Ray, not the pinned server
-    policy = str(ctx.settings["cpu_affinity"])
+    policy = str(ctx.settings.cpu_affinity)
     if policy == "all":
         return None
     unread = sorted(set(affinity.SOURCES) & ctx.facts.unreadable)
@@ -599,10 +599,10 @@ def config_custom_allreduce(ctx: Context) -> Finding | None:
     (custom_all_reduce.cuh:455 'invalid argument'; vllm #42609, #56180 on 2x RTX 5090). Resolved by
     passing --disable-custom-all-reduce; forcing it on is warned about."""
     conf = " ".join(filter(None, (ctx.env("PYTORCH_ALLOC_CONF"), ctx.env("PYTORCH_CUDA_ALLOC_CONF"))))
-    if ctx.profile.gpu is None or int(ctx.settings["tensor_parallel_size"]) <= 1 or \
+    if ctx.profile.gpu is None or int(ctx.settings.tensor_parallel_size) <= 1 or \
             "expandable_segments:True" not in conf:
         return None
-    evidence = {"alloc_conf": conf, "tensor_parallel_size": ctx.settings["tensor_parallel_size"]}
+    evidence = {"alloc_conf": conf, "tensor_parallel_size": ctx.settings.tensor_parallel_size}
     if "--no-disable-custom-all-reduce" in ctx.extra_args:
         return fail("custom all-reduce is forced on with expandable_segments and TP > 1: a known startup "
                     "crash", "drop --no-disable-custom-all-reduce or expandable_segments:True", **evidence)
@@ -650,7 +650,7 @@ def config_bitsandbytes(ctx: Context) -> Finding | None:
     if ctx.profile.gpu is None or ctx.profile.gpu.compute_capability != "12.0":
         return None
     chosen = _arg_value(ctx.extra_args, "--quantization") or ""
-    model = str(ctx.settings["model"] or "")
+    model = str(ctx.settings.model or "")
     if chosen == "bitsandbytes" or re.search(r"bnb|bitsandbytes", model, re.IGNORECASE):
         return fail("bitsandbytes on sm_120 gives garbage output", "use an AWQ or GPTQ checkpoint",
                     quantization=chosen or None, model=model)
@@ -717,7 +717,7 @@ def config_attention_backend(ctx: Context) -> Finding | None:
     use --attention-backend."""
     if ctx.env("VLLM_ATTENTION_BACKEND") is None:
         return None
-    spec = ctx.settings["vllm_spec"] or ""
+    spec = ctx.settings.vllm_spec or ""
     pinned = re.search(r"==\s*(\d+\.\d+(?:\.\d+)?)", spec)
     version = pinned.group(1) if pinned else (ctx.facts.venv.vllm if ctx.facts.venv else None)
     evidence = {"VLLM_ATTENTION_BACKEND": ctx.env("VLLM_ATTENTION_BACKEND"), "vllm": version}
@@ -785,8 +785,8 @@ def venv_arch(ctx: Context) -> Finding | None:
 
 
 def cluster_network_of(ctx: Context) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
-    if ctx.settings["cluster_network"]:
-        return ipaddress.ip_network(ctx.settings["cluster_network"])
+    if ctx.settings.cluster_network:
+        return ipaddress.ip_network(ctx.settings.cluster_network)
     head = ctx.peers.get(ctx.cluster.head) if ctx.cluster else None
     if head is None or ctx.head_address is None:
         return None

@@ -125,7 +125,7 @@ def _roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostP
         settings = inv.settings(head, overrides)
         ray_timeout = min(timeout, 120.0)  # nodes join within seconds; a missing one will not
         address = plans[head].cluster_address or inv.host(head).address
-        nodes = _ray_nodes(connect(head), settings["venv_dir"], address, len(cluster.hosts), ray_timeout)
+        nodes = _ray_nodes(connect(head), settings.venv_dir, address, len(cluster.hosts), ray_timeout)
         if nodes < len(cluster.hosts):
             errors[head] = RollStopped(
                 f"{head}: Ray sees {nodes} of {len(cluster.hosts)} nodes; vLLM not started (check the "
@@ -240,7 +240,7 @@ def _gate_unchanged(inv: inventory.Inventory, order: list[str], plans: dict[str,
         if name not in plans or name in errors or outcomes[name].state != "unchanged" or _role(inv, name) != "server":
             continue
         settings = inv.settings(name, overrides)
-        if not settings["model"]:
+        if not settings.model:
             continue
         started = time.monotonic()
         runner = pool.connect(inv.host(name))

@@ -48,7 +48,7 @@ def unit_values(ctx: Context) -> dict[str, Any]:
     GPU profiles keep the host's /dev by default and, at the strict level, a closed device policy
     that allows the profile's devices (and RDMA verbs where NCCL uses them) and nothing else.
     """
-    level = str(ctx.settings["hardening"])
+    level = str(ctx.settings.hardening)
     strict = level == "strict"
     devices = [Allowed(entry, nodes) for entry, nodes in ctx.profile.devices]
     multi = bool(ctx.cluster and ctx.cluster.multi_node)

@@ -469,13 +469,54 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Settings:
-    """A host's resolved service settings plus, for each key, the layer it came from."""
+    """A host's resolved service settings, one typed field per row of VAR_SPECS (a test holds the two
+    equal), so a mistyped setting name fails the type check; `origin` says which layer each came from."""
 
-    values: Mapping[str, Any]
-    origin: Mapping[str, str]  # key -> "command line" | "host" | "group NAME" | "cluster NAME" | "profile NAME" | "default"
+    model: str | None
+    model_revision: str
+    served_model_name: str | None
+    bind_host: str
+    port: int
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    max_model_len: int | None
+    gpu_memory_utilization: float
+    enable_prefix_caching: bool
+    extra_args: tuple[str, ...]
+    environment: Mapping[str, str]
+    cpu_affinity: str | None
+    cuda_version: str | None
+    vllm_spec: str | None
+    venv_wheels: tuple[str, ...]
+    venv_source: str | None
+    pip_index_url: str | None
+    pip_extra_index_urls: tuple[str, ...]
+    pip_trusted_hosts: tuple[str, ...]
+    venv_dir: str
+    model_files: tuple[str, ...]
+    fetch_weights: bool
+    hf_endpoint: str
+    model_dir: str
+    hf_home: str
+    service_user: str
+    hardening: str
+    cluster_network: str | None
+    # key -> "command line" | "host" | "group NAME" | "cluster NAME" | "profile NAME" | "default"
+    origin: Mapping[str, str] = field(default_factory=dict, compare=False)
 
-    def __getitem__(self, key: str) -> Any:
-        return self.values[key]
+    @classmethod
+    def of(cls, values: Mapping[str, Any], origin: Mapping[str, str] | None = None) -> Settings:
+        """From resolved values by name; what `values` lacks takes its built-in default."""
+        given = {name: values.get(name, spec.default) for name, spec in VAR_SPECS.items()}
+        for name in ("extra_args", "venv_wheels", "pip_extra_index_urls", "pip_trusted_hosts", "model_files"):
+            given[name] = tuple(given[name] or ())
+        given["environment"] = dict(given["environment"] or {})
+        return cls(**given, origin=dict(origin or {}))
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """{setting: value} in the order of the settings table."""
+        return {name: getattr(self, name) for name in VAR_SPECS}
 
 
 @dataclass(frozen=True)
@@ -554,7 +595,7 @@ class Inventory:
                 else:
                     values[key] = value
                 origin[key] = layer_name
-        return Settings(values=values, origin=origin)
+        return Settings.of(values, origin)
 
     def _where(self) -> str:
         return ", ".join(self.sources) or "inventory"

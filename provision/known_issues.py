@@ -261,7 +261,7 @@ def evidence_of(ctx: Context) -> Evidence:
                 versions[key] = version
             else:
                 absent.add(key)
-    for key, version in pinned_versions(ctx.settings["vllm_spec"]).items():
+    for key, version in pinned_versions(ctx.settings.vllm_spec).items():
         versions[key] = version
         absent.discard(key)
         notes.pop(key, None)
@@ -269,7 +269,7 @@ def evidence_of(ctx: Context) -> Evidence:
     if not caps and ctx.profile.gpu is not None:
         caps = (ctx.profile.gpu.compute_capability,)  # before nvidia-smi answers: what the profile expects
     arch = ctx.facts.arch or (ctx.profile.arch if ctx.profile.arch != "any" else None)
-    args = tuple(str(arg) for arg in ctx.settings["extra_args"])
+    args = tuple(str(arg) for arg in ctx.settings.extra_args)
     flag = arg_value(args, "--quantization")[1] or arg_value(args, "-q")[1]
     quantization = flag.lower() if flag else ctx.quantization
     if quantization is None:
@@ -278,7 +278,7 @@ def evidence_of(ctx: Context) -> Evidence:
         notes["arch"] = ctx.facts.notes.get("uname", "uname -m unknown")
     return Evidence(versions=versions, absent=frozenset(absent), compute_capability=caps, arch=arch,
                     quantization=quantization, args=args,
-                    env={str(k): str(v) for k, v in ctx.settings["environment"].items()}, notes=notes)
+                    env={str(k): str(v) for k, v in ctx.settings.environment.items()}, notes=notes)
 
 
 # ---------------------------------------------------------------------------------------------

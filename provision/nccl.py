@@ -352,7 +352,7 @@ def python_of(ctx: Context) -> str:
     """The service venv's python where the venv exists with torch in it (the NCCL vLLM will load),
     else the host's python3 (a host not provisioned yet, or a venv still empty)."""
     if ctx.facts.venv is not None and ctx.facts.venv.torch:
-        return f"{str(ctx.settings['venv_dir']).rstrip('/')}/bin/python"
+        return f"{str(ctx.settings.venv_dir).rstrip('/')}/bin/python"
     return "python3"
 
 

@@ -100,12 +100,12 @@ def env_quote(value: str) -> str:
 def model_path(settings: Mapping[str, Any]) -> str:
     """Where the weights live on the host: an absolute `model` as is; a fetched one at
     MODEL_DIR/ORG/NAME/current (the verified revision, see weights.py); else MODEL_DIR/ORG/NAME."""
-    model = str(settings["model"] or "")
+    model = str(settings.model or "")
     if model.startswith("/"):
         return model
-    if settings["fetch_weights"]:
-        return f"{settings['model_dir'].rstrip('/')}/{model}/current"
-    return f"{settings['model_dir'].rstrip('/')}/{model}"
+    if settings.fetch_weights:
+        return f"{settings.model_dir.rstrip('/')}/{model}/current"
+    return f"{settings.model_dir.rstrip('/')}/{model}"
 
 
 @dataclass(frozen=True)
@@ -129,32 +129,32 @@ def node_link(ctx: Context) -> NodeLink | None:
 
 def server_args(ctx: Context, resolutions: Sequence[str]) -> list[str]:
     settings = ctx.settings
-    venv = settings["venv_dir"].rstrip("/")
+    venv = settings.venv_dir.rstrip("/")
     args = [f"{venv}/bin/python", "-m", "vllm.entrypoints.openai.api_server",
             "--model", model_path(settings),
-            "--served-model-name", str(settings["served_model_name"] or settings["model"]),
-            "--host", str(settings["bind_host"]), "--port", str(settings["port"]),
-            "--tensor-parallel-size", str(settings["tensor_parallel_size"]),
-            "--pipeline-parallel-size", str(settings["pipeline_parallel_size"])]
+            "--served-model-name", str(settings.served_model_name or settings.model),
+            "--host", str(settings.bind_host), "--port", str(settings.port),
+            "--tensor-parallel-size", str(settings.tensor_parallel_size),
+            "--pipeline-parallel-size", str(settings.pipeline_parallel_size)]
     if ctx.profile.gpu is not None:
-        args += ["--gpu-memory-utilization", str(settings["gpu_memory_utilization"])]
-    if settings["max_model_len"]:
-        args += ["--max-model-len", str(settings["max_model_len"])]
-    args.append("--enable-prefix-caching" if settings["enable_prefix_caching"] else "--no-enable-prefix-caching")
+        args += ["--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
+    if settings.max_model_len:
+        args += ["--max-model-len", str(settings.max_model_len)]
+    args.append("--enable-prefix-caching" if settings.enable_prefix_caching else "--no-enable-prefix-caching")
     if ctx.cluster and ctx.cluster.multi_node:
         args += ["--distributed-executor-backend", "ray"]
-    args += [arg for arg in resolutions if arg not in settings["extra_args"]]
-    args += list(settings["extra_args"])
+    args += [arg for arg in resolutions if arg not in settings.extra_args]
+    args += list(settings.extra_args)
     return args
 
 
 def service_environment(ctx: Context, api_key: str | None = None) -> list[tuple[str, str]]:
     """The EnvironmentFile's variables: the profile's and the inventory's, plus what this node needs
     (and VLLM_API_KEY, which vLLM reads, from the secrets: this file is root's, mode 0600)."""
-    environment = dict(ctx.settings["environment"])
+    environment = dict(ctx.settings.environment)
     if api_key:
         environment["VLLM_API_KEY"] = api_key
-    environment["HF_HOME"] = ctx.settings["hf_home"]
+    environment["HF_HOME"] = ctx.settings.hf_home
     # Unknown GPUs (gpu.present blocks on them, unless forced) keep the variable: it does no harm.
     if ctx.facts.gpus is not None and len(ctx.facts.gpus) < 2 and not (ctx.cluster and ctx.cluster.multi_node):
         environment.pop("NCCL_P2P_LEVEL", None)  # P2P settings matter only between GPUs
@@ -175,18 +175,18 @@ def service_environment(ctx: Context, api_key: str | None = None) -> list[tuple[
 def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | None = None) -> DesiredState:
     """Every file, directory and unit the host should have, rendered."""
     settings = ctx.settings
-    user = str(settings["service_user"])
+    user = str(settings.service_user)
     multi = bool(ctx.cluster and ctx.cluster.multi_node)
     head = not multi or (ctx.cluster is not None and ctx.cluster.head == ctx.host)
-    chosen = affinity.choose(str(settings["cpu_affinity"]), ctx.facts.cpu, ctx.facts.unreadable)
-    writable = sorted({STATE_DIR, settings["model_dir"], settings["hf_home"]})
+    chosen = affinity.choose(str(settings.cpu_affinity), ctx.facts.cpu, ctx.facts.unreadable)
+    writable = sorted({STATE_DIR, settings.model_dir, settings.hf_home})
     common = {"host": ctx.host, "profile": ctx.profile.name, "user": user, "env_file": ENV_FILE,
               "state_dir": STATE_DIR, "writable_paths": writable, "hardening": hardening.unit_values(ctx),
               **SUPERVISION}
     files = [DesiredFile(ENV_FILE, render("env/vllm.env.j2", {**common, "environment": service_environment(ctx, api_key)}),
                          "root", "root", 0o600)]
     units: list[str] = []
-    venv = settings["venv_dir"].rstrip("/")
+    venv = settings.venv_dir.rstrip("/")
     if multi:
         assert ctx.cluster is not None
         link = node_link(ctx)
@@ -207,7 +207,7 @@ def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | 
         ray_after = [RAY_HEAD_UNIT] if multi else []
         content = render("systemd/vllm.service.j2", {
             **common,
-            "served_model_name": str(settings["served_model_name"] or settings["model"]),
+            "served_model_name": str(settings.served_model_name or settings.model),
             "after": ray_after, "requires": ray_after,
             # Ray's session (/tmp/ray: the cluster's address, the local raylet's sockets) lives in
             # the head unit's private /tmp: the server joins it, or ray.init() starts a cluster of its own.
@@ -224,7 +224,7 @@ def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | 
     directories = (
         DesiredDir(CONFIG_DIR, "root", "root", 0o755),
         DesiredDir(STATE_DIR, user, user, 0o750),
-        *(DesiredDir(path, user, user, 0o750) for path in sorted({settings["model_dir"], settings["hf_home"]})
+        *(DesiredDir(path, user, user, 0o750) for path in sorted({settings.model_dir, settings.hf_home})
           if path != STATE_DIR),
     )
     managed = (SERVER_UNIT, RAY_HEAD_UNIT, RAY_WORKER_UNIT)

@@ -164,7 +164,7 @@ def print_inventory(inventory: Inventory, out: Console) -> None:
         cluster = inventory.cluster_of(name)
         address = "local" if host.connection == "local" else f"{host.user}@{host.address}:{host.port}"
         table.add_row(name, address, host.profile.name, cluster.name if cluster else "-",
-                      str(settings["model"] or "-"), str(settings["tensor_parallel_size"]))
+                      str(settings.model or "-"), str(settings.tensor_parallel_size))
     out.print(table)
 
 

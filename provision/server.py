@@ -17,14 +17,14 @@ class NotReady(ProvisionError):
 
 
 def base_url(settings: Mapping[str, Any]) -> str:
-    address = str(settings["bind_host"])
+    address = str(settings.bind_host)
     if address in ("0.0.0.0", "::"):
         address = "127.0.0.1"
-    return f"http://{'[' + address + ']' if ':' in address else address}:{settings['port']}"
+    return f"http://{'[' + address + ']' if ':' in address else address}:{settings.port}"
 
 
 def served_name(settings: Mapping[str, Any]) -> str:
-    return str(settings["served_model_name"] or settings["model"])
+    return str(settings.served_model_name or settings.model)
 
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -35,10 +35,10 @@ def how_to_query(host: str, address: str, settings: Mapping[str, Any], key_set: 
     """What to paste to ask a served model: its URL, a completion request, and the status command.
     A loopback listener is reached on the host itself; beyond loopback from anywhere, with the key
     (named as $VLLM_API_KEY, never printed)."""
-    bind = str(settings["bind_host"])
+    bind = str(settings.bind_host)
     on_host = bind in LOOPBACK
     reach = address if bind in ("0.0.0.0", "::") else bind
-    url = base_url(settings) if on_host else f"http://{'[' + reach + ']' if ':' in reach else reach}:{settings['port']}"
+    url = base_url(settings) if on_host else f"http://{'[' + reach + ']' if ':' in reach else reach}:{settings.port}"
     body = ('{"model": "%s", "prompt": "Hello, my name is", "max_tokens": 16}' % served_name(settings))
     key = ' -H "Authorization: Bearer $VLLM_API_KEY"' if key_set else ""
     where = f" (on {host}: it listens on loopback only)" if on_host else ""

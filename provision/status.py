@@ -202,14 +202,14 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
 
 def probe_spec(settings: Mapping[str, Any], api_key: str | None, window: float, timeout: float) -> dict[str, Any]:
     """What one host's status execution collects (a probe spec with the server part)."""
-    address = str(settings["bind_host"])
+    address = str(settings.bind_host)
     if address in ("0.0.0.0", "::"):
         address = "127.0.0.1"  # a wildcard listener answers on loopback too
     host = f"[{address}]" if ":" in address else address
     spec = facts.probe_spec(STATUS_FACTS, [], timeout)
     if weights.managed(settings):
         spec["inspect"] = {"weights": [weights.root_of(settings)]}
-    spec["serving"] = {"base": f"http://{host}:{settings['port']}", "api_key": api_key, "window": window,
+    spec["serving"] = {"base": f"http://{host}:{settings.port}", "api_key": api_key, "window": window,
                        "timeout": min(3.0, timeout), "keep": list(METRICS_READ)}
     return spec
 

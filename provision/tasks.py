@@ -100,16 +100,16 @@ def _gather(inv: inventory.Inventory, targets: list[inventory.Host], overrides: 
 
     def gather(target: inventory.Host) -> facts.HostFacts:
         settings = inv.settings(target.name, overrides, profile=assumed)
-        paths = [settings["venv_dir"], settings["model_dir"], settings["hf_home"]]
+        paths = [settings.venv_dir, settings.model_dir, settings.hf_home]
         inspect: dict[str, list[str]] = plan.inspect_spec(
             [render.CONFIG_DIR, render.STATE_DIR, *paths[1:], *venv.inspect_paths(settings),
-             f"{weights.HUB_VENV}/{venv.VENV_MANIFEST}"], settings["service_user"])
+             f"{weights.HUB_VENV}/{venv.VENV_MANIFEST}"], settings.service_user)
         inspect["weights"] = [weights.root_of(settings)] if weights.managed(settings) else []
         runner = pool.connect(target) if pool else remote.connect(target, inv.ssh,
                                                                   accept_new_host_keys=accept_new_host_keys)
         try:
             return facts.gather(runner, paths=paths, inspect=inspect,
-                                facts=(*facts.FACTS, facts.venv_fact(settings["venv_dir"])))
+                                facts=(*facts.FACTS, facts.venv_fact(settings.venv_dir)))
         finally:
             if pool is None:
                 runner.close()
@@ -176,8 +176,8 @@ def gate_with_contexts(inv: inventory.Inventory, targets: list[inventory.Host], 
 def _service_wheelhouse(ctx: checks.Context) -> venv.Wheelhouse | None:
     """The wheels the service venv is made of, resolved on the controller (once; cached after)."""
     settings = ctx.settings
-    requirements, local = venv.requirements_of(settings), list(settings["venv_wheels"])
-    if settings["venv_source"] or not (requirements or local):
+    requirements, local = venv.requirements_of(settings), list(settings.venv_wheels)
+    if settings.venv_source or not (requirements or local):
         return None  # a source build's wheel is known only once built; nothing to install otherwise
     return venv.resolve(requirements, local, ctx.facts.arch or "", ctx.facts.python or "",
                         progress=_progress_line, indexes=venv.indexes_of(settings),
@@ -199,7 +199,7 @@ def _with_planned_wheels(contexts: dict[str, checks.Context], wanted: set[str],
         if house is None:
             continue
         key = venv.venv_change_data(ctx.settings, ctx.profile.venv_remove, house)["key"]
-        if key != venv.installed_key(ctx.facts, ctx.settings["venv_dir"]):
+        if key != venv.installed_key(ctx.facts, ctx.settings.venv_dir):
             result[name] = dataclasses.replace(ctx, planned_wheels=cuda.cuda_of_wheels(w.name for w in house.wheels))
     return result
 
@@ -215,11 +215,11 @@ def _with_snapshots(contexts: dict[str, checks.Context], held: secrets.Secrets,
         if name not in wanted or not weights.managed(ctx.settings):
             continue
         s = ctx.settings
-        key = (s["model"], s["model_revision"], tuple(s["model_files"]), s["hf_endpoint"])
+        key = (s.model, s.model_revision, tuple(s.model_files), s.hf_endpoint)
         if key not in asked:
             try:
-                asked[key] = weights.resolve(s["model"], s["model_revision"], s["model_files"],
-                                             s["hf_endpoint"], held.hf_token)
+                asked[key] = weights.resolve(s.model, s.model_revision, s.model_files,
+                                             s.hf_endpoint, held.hf_token)
             except weights.WeightsError as exc:
                 asked[key] = str(exc)
         answer = asked[key]
@@ -228,7 +228,7 @@ def _with_snapshots(contexts: dict[str, checks.Context], held: secrets.Secrets,
             continue
         if key not in quantization:  # for the known issues; unknown (None) when config.json is unreadable
             try:
-                quantization[key] = weights.model_quantization(answer.repo, answer.commit, s["hf_endpoint"],
+                quantization[key] = weights.model_quantization(answer.repo, answer.commit, s.hf_endpoint,
                                                                held.hf_token)
             except weights.WeightsError as exc:
                 logging.getLogger("provision.weights").info("quantization unknown: %s", exc)
@@ -301,10 +301,10 @@ def _host_plan(ctx: checks.Context, found: list[checks.Finding], only: str | Non
     arch, python = host_facts.arch or "", host_facts.python or ""
     pushes: list[tuple[venv.Wheelhouse, list[venv.Wheel]]] = []
     wheelhouse, venv_data = None, None
-    local_wheels = list(settings["venv_wheels"])
+    local_wheels = list(settings.venv_wheels)
     pending_build: plan.Change | None = None
-    if only != "weights" and settings["venv_source"]:
-        recipe = build.recipe(settings["venv_source"], ctx.profile, host_facts)
+    if only != "weights" and settings.venv_source:
+        recipe = build.recipe(settings.venv_source, ctx.profile, host_facts)
         built = build.cached_wheel(recipe) or (builder(ctx, recipe) if builder else None)
         if built is None:
             pending_build = plan.Change("build", str(recipe.source), (
@@ -334,18 +334,18 @@ def _host_plan(ctx: checks.Context, found: list[checks.Finding], only: str | Non
             hub_data = venv.helper_venv_data(weights.HUB_VENV, [weights.hub_requirement()], hub_house)
     if only:
         desired = render.DesiredState(files=(), directories=(), units=(), absent_units=(),
-                                      user=settings["service_user"], home=render.STATE_DIR)
+                                      user=settings.service_user, home=render.STATE_DIR)
         changes = [c for c in plan.build(desired, host_facts, venv_data, fetch, hub_data) if c.kind != "user"]
     else:
         desired = render.desired_state(ctx, checks.resolutions(found), api_key)
         changes = plan.build(desired, host_facts, venv_data, fetch, hub_data)
     if pending_build is not None:
         changes.insert(0, pending_build)
-    for house, directory in ((wheelhouse, settings["venv_dir"].rstrip("/")), (hub_house, weights.HUB_VENV)):
+    for house, directory in ((wheelhouse, settings.venv_dir.rstrip("/")), (hub_house, weights.HUB_VENV)):
         if house and any(c.kind == "venv" and c.target == directory for c in changes):
             pushes.append((house, venv.missing_wheels(house, host_facts)))
     link = render.node_link(ctx) if ctx.cluster and ctx.cluster.multi_node else None
-    scope = ops.Scope(venv=settings["venv_dir"].rstrip("/") if venv.requirements_of(settings) or local_wheels
+    scope = ops.Scope(venv=settings.venv_dir.rstrip("/") if venv.requirements_of(settings) or local_wheels
                       else None, model_root=weights.root_of(settings) if weights.managed(settings) else None)
     return HostPlan(changes, pushes, link.address if link else None,
                     ctx.cluster.name if ctx.cluster else ctx.host, scope, unfinished_generation(host_facts))
@@ -732,7 +732,7 @@ def rollback_(c: Context, host: list[str] | None = None, cluster: str | None = N
 
     def scope_of(name: str) -> ops.Scope:
         settings = inv.settings(name, overrides)
-        return ops.Scope(venv=settings["venv_dir"].rstrip("/"),
+        return ops.Scope(venv=settings.venv_dir.rstrip("/"),
                          model_root=weights.root_of(settings) if weights.managed(settings) else None)
 
     def act(target: inventory.Host) -> ops.Outcome | Any:

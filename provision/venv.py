@@ -81,8 +81,8 @@ class PipIndexes:
 
 
 def indexes_of(settings: Mapping[str, Any]) -> PipIndexes:
-    return PipIndexes(settings["pip_index_url"], tuple(settings["pip_extra_index_urls"]),
-                      tuple(settings["pip_trusted_hosts"]))
+    return PipIndexes(settings.pip_index_url, tuple(settings.pip_extra_index_urls),
+                      tuple(settings.pip_trusted_hosts))
 
 
 def torch_variant_of(profile: Any, settings: Mapping[str, Any]) -> str:
@@ -93,10 +93,10 @@ def torch_variant_of(profile: Any, settings: Mapping[str, Any]) -> str:
     if profile.cuda is None:
         variant = "cpu"
     else:
-        release = str(settings["cuda_version"] or profile.cuda.minimum)
+        release = str(settings.cuda_version or profile.cuda.minimum)
         variant = "cu" + release.replace(".", "")
     if profile.torch_variants and variant not in profile.torch_variants:
-        raise WheelhouseError(f"cuda_version {settings['cuda_version']}: PyTorch's {variant} build does not "
+        raise WheelhouseError(f"cuda_version {settings.cuda_version}: PyTorch's {variant} build does not "
                               f"fit the {profile.name} profile (it takes {', '.join(profile.torch_variants)})")
     return variant
 
@@ -130,7 +130,7 @@ def check_torch_variant(wheels: Sequence[str], variant: str) -> str | None:
 
 
 def requirements_of(settings: Mapping[str, Any]) -> tuple[str, ...]:
-    spec = settings["vllm_spec"]
+    spec = settings.vllm_spec
     return tuple(spec.split()) if spec else ()
 
 
@@ -241,10 +241,10 @@ def installed_key(facts: HostFacts, venv_dir: str) -> str | None:
 def venv_change_data(settings: Mapping[str, Any], profile_remove: Sequence[str],
                      wheelhouse: Wheelhouse) -> dict[str, Any]:
     requirements = list(requirements_of(settings))
-    local = [Path(w).name for w in settings["venv_wheels"]]
+    local = [Path(w).name for w in settings.venv_wheels]
     serves = any(re.match(r"vllm([-_]cpu)?\b", req) for req in requirements) or any(
         name.startswith(("vllm-", "vllm_")) for name in local)
-    return {"venv": settings["venv_dir"].rstrip("/"), "wheelhouse": REMOTE_WHEELHOUSE,
+    return {"venv": settings.venv_dir.rstrip("/"), "wheelhouse": REMOTE_WHEELHOUSE,
             "requirements": requirements + [f"{REMOTE_WHEELHOUSE}/{name}" for name in local],
             "wheels": {w.name: w.sha256 for w in wheelhouse.wheels}, "remove": list(profile_remove),
             "verify": ["vllm", "torch"] if serves else [],
@@ -253,7 +253,7 @@ def venv_change_data(settings: Mapping[str, Any], profile_remove: Sequence[str],
 
 
 def inspect_paths(settings: Mapping[str, Any]) -> list[str]:
-    return [REMOTE_INDEX, f"{settings['venv_dir'].rstrip('/')}/{VENV_MANIFEST}"]
+    return [REMOTE_INDEX, f"{settings.venv_dir.rstrip('/')}/{VENV_MANIFEST}"]
 
 
 def push(runner: Any, wheelhouse: Wheelhouse, wheels: Sequence[Wheel],

@@ -53,12 +53,12 @@ class Snapshot:
 
 def managed(settings: Mapping[str, Any]) -> bool:
     """The tool fetches the model: a hub repository id, and fetch_weights not turned off."""
-    model = str(settings["model"] or "")
-    return bool(model) and not model.startswith("/") and bool(settings["fetch_weights"])
+    model = str(settings.model or "")
+    return bool(model) and not model.startswith("/") and bool(settings.fetch_weights)
 
 
 def root_of(settings: Mapping[str, Any]) -> str:
-    return f"{settings['model_dir'].rstrip('/')}/{settings['model']}"
+    return f"{settings.model_dir.rstrip('/')}/{settings.model}"
 
 
 def serving_path(settings: Mapping[str, Any]) -> str:
@@ -213,7 +213,7 @@ def compare(snapshot: Snapshot, seen: HostWeights) -> tuple[str | None, int]:
 
 def change_data(settings: Mapping[str, Any], snapshot: Snapshot) -> dict[str, Any]:
     return {"root": root_of(settings), "repo": snapshot.repo, "revision": snapshot.revision,
-            "commit": snapshot.commit, "endpoint": settings["hf_endpoint"],
+            "commit": snapshot.commit, "endpoint": settings.hf_endpoint,
             "files": [f.__dict__ for f in snapshot.files]}
 
 

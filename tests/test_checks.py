@@ -345,7 +345,7 @@ def test_one_alloc_conf_name_set_at_any_layer_renders_both_with_its_value() -> N
                           connection="ssh", key_file=None, source="t",
                           vars={"environment": {"PYTORCH_ALLOC_CONF": "backend:cudaMallocAsync"}})
     inv = dataclasses.replace(inv, hosts={"h": host})
-    env = inv.settings("h", {"environment": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}})["environment"]
+    env = inv.settings("h", {"environment": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}).environment
     assert env["PYTORCH_ALLOC_CONF"] == env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
 
 

@@ -2,6 +2,8 @@
 code 2, before anything is contacted; the shipped inventories load; precedence is as documented."""
 from __future__ import annotations
 
+import dataclasses
+
 import re
 import socket
 import subprocess
@@ -105,7 +107,7 @@ def test_a_valid_inventory_pointing_at_the_listener_does_contact_it(tmp_path: Pa
 def test_example_inventory_describes_the_two_systems() -> None:
     inv = inventory.load(REPO / "inventory")
     workstation = inv.settings("ws-5090")
-    assert workstation["tensor_parallel_size"] == 2 and "AWQ" in workstation["model"]
+    assert workstation.tensor_parallel_size == 2 and "AWQ" in workstation.model
     assert inv.host("ws-5090").profile.name == "rtx5090"
     pair = inv.cluster("spark-pair")
     assert pair.multi_node and pair.head == "spark-1"
@@ -125,14 +127,14 @@ clusters:
 """)
     inv = inventory.load(path)
     a = inv.settings("a", overrides=inventory.parse_overrides(["port=9000"]))
-    assert (a["port"], a.origin["port"]) == (9000, "command line")
-    assert inv.settings("a")["port"] == 8100
+    assert (a.port, a.origin["port"]) == (9000, "command line")
+    assert inv.settings("a").port == 8100
     b = inv.settings("b")
-    assert (b["port"], b.origin["port"]) == (8050, "group g")
-    assert (b["max_model_len"], b["tensor_parallel_size"]) == (4096, 2)
-    assert (b["gpu_memory_utilization"], b.origin["gpu_memory_utilization"]) == (0.85, "profile dgx-spark")
-    assert b["venv_dir"] == "/opt/vllm/venv" and b.origin["venv_dir"] == "default"
-    env = inv.settings("a")["environment"]
+    assert (b.port, b.origin["port"]) == (8050, "group g")
+    assert (b.max_model_len, b.tensor_parallel_size) == (4096, 2)
+    assert (b.gpu_memory_utilization, b.origin["gpu_memory_utilization"]) == (0.85, "profile dgx-spark")
+    assert b.venv_dir == "/opt/vllm/venv" and b.origin["venv_dir"] == "default"
+    env = inv.settings("a").environment
     assert env["FROM_HOST"] == env["FROM_GROUP"] == "1"
     assert env["TRITON_PTXAS_PATH"] == "/usr/local/cuda/bin/ptxas"  # from the profile, merged
 
@@ -320,3 +322,13 @@ def test_cli_says_the_inventory_is_empty_and_exits_2_even_with_all(tmp_path: Pat
     done = run_invoke(*task, "--inventory", str(empty))
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == f"error: {empty}: the inventory is empty (no hosts)" and done.stdout == ""
+
+
+def test_the_typed_settings_hold_exactly_the_rows_of_the_settings_table() -> None:
+    """A setting added to VAR_SPECS without its typed field (or the other way round) fails here; a
+    mistyped name in the code fails mypy, since settings are read as attributes."""
+    fields = [f.name for f in dataclasses.fields(inventory.Settings) if f.name != "origin"]
+    assert fields == list(inventory.VAR_SPECS)
+    defaults = inventory.Settings.of({})
+    assert defaults.values == {name: (tuple(spec.default) if isinstance(spec.default, tuple) else spec.default)
+                               for name, spec in inventory.VAR_SPECS.items()}

@@ -203,7 +203,7 @@ def test_settings_shared_through_an_anchor_load_for_every_host(tmp_path: Path, h
     assert isinstance(answer, inventory.Inventory), answer
     for i in range(hosts):
         settings_ = answer.settings(f"h{i}")
-        assert {key: settings_[key] for key in shared if key != "environment"} == {
+        assert {key: settings_.values[key] for key in shared if key != "environment"} == {
             key: tuple(value) if key == "extra_args" else value for key, value in shared.items()
             if key != "environment"}
 

@@ -35,8 +35,8 @@ def context(machine: str, profile: str, *, venv_info: parsers.VenvInfo | None = 
     host_facts = dataclasses.replace(recorded(machine), venv=venv_info)
     resolved = settings(profile, **values)
     if drop_env:  # a site profile without the variable (inventories cannot unset a profile's)
-        environment = {k: v for k, v in resolved["environment"].items() if k not in drop_env}
-        resolved = dataclasses.replace(resolved, values={**resolved.values, "environment": environment})
+        environment = {k: v for k, v in resolved.environment.items() if k not in drop_env}
+        resolved = dataclasses.replace(resolved, environment=environment)
     return checks.Context(host="h", profile=PROFILES[profile], settings=resolved, facts=host_facts,
                           quantization=quantization)
 

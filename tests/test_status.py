@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from provision import facts, inventory, lab, server, status
+from provision.inventory import Settings
 from provision.cluster_tasks import _batches
 from tests.fakes import ok, probe_answer_from_recording
 
@@ -84,8 +85,8 @@ clusters:
 
 
 def test_base_url_reaches_a_wildcard_listener_on_loopback() -> None:
-    assert server.base_url({"bind_host": "0.0.0.0", "port": 8000}) == "http://127.0.0.1:8000"
-    assert server.base_url({"bind_host": "::1", "port": 9000}) == "http://[::1]:9000"
+    assert server.base_url(Settings.of({"bind_host": "0.0.0.0", "port": 8000})) == "http://127.0.0.1:8000"
+    assert server.base_url(Settings.of({"bind_host": "::1", "port": 9000})) == "http://[::1]:9000"
 
 
 def test_ray_status_counts_the_live_nodes() -> None:
@@ -120,7 +121,7 @@ def test_the_probe_sends_back_only_the_samples_figures_read_and_they_give_the_sa
     server_ = ThreadingHTTPServer(("127.0.0.1", 0), Vllm)
     threading.Thread(target=server_.serve_forever, daemon=True).start()
     try:
-        settings = {"bind_host": "127.0.0.1", "port": server_.server_address[1], "model": None}
+        settings = Settings.of({"bind_host": "127.0.0.1", "port": server_.server_address[1], "model": None})
         spec = status.probe_spec(settings, None, 0.05, 5)
         answer = hostprobe.serving_second(spec["serving"], hostprobe.serving_first(spec["serving"]))
     finally:
@@ -284,11 +285,12 @@ def test_a_host_never_provisioned_says_so_instead_of_inactive_or_ray_worker() ->
 
 
 def test_deploy_says_how_to_ask_the_model_it_served() -> None:
-    settings = {"bind_host": "127.0.0.1", "port": 8000, "served_model_name": "tiny-llama", "model": "lab/tiny-llama"}
+    settings = Settings.of({"bind_host": "127.0.0.1", "port": 8000, "served_model_name": "tiny-llama",
+                           "model": "lab/tiny-llama"})
     lines = server.how_to_query("cpu-1", "10.231.77.15", settings, False, "--cluster lab-cpu")
     assert lines[0] == "cpu-1 serves 'tiny-llama' at http://127.0.0.1:8000 (on cpu-1: it listens on loopback only). Ask it:"
     assert lines[1] == ("  curl -s http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' -d "
                         "'{\"model\": \"tiny-llama\", \"prompt\": \"Hello, my name is\", \"max_tokens\": 16}'")
     assert lines[-1] == "Watch it: invoke status --cluster lab-cpu"
-    wide = server.how_to_query("ws", "192.0.2.10", {**settings, "bind_host": "0.0.0.0"}, True, "--host ws")
+    wide = server.how_to_query("ws", "192.0.2.10", dataclasses.replace(settings, bind_host="0.0.0.0"), True, "--host ws")
     assert "http://192.0.2.10:8000/v1/completions" in wide[1] and '-H "Authorization: Bearer $VLLM_API_KEY"' in wide[1]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from provision import venv
+from provision.inventory import Settings
 from provision.lab import wheels
 from provision.profiles import load_profiles
 
@@ -64,15 +65,15 @@ def test_index_settings_become_pip_flags() -> None:
     ("rtx5090", None, "cu128"), ("rtx5090", "13.0", "cu130"), ("dgx-spark", None, "cu130"),
     ("cpu", None, "cpu"), ("hopper", "12.9", "cu129")])
 def test_each_profile_names_its_torch_variant(profile: str, cuda_version: str | None, variant: str) -> None:
-    settings = {"cuda_version": cuda_version}
+    settings = Settings.of({"cuda_version": cuda_version})
     assert venv.torch_variant_of(load_profiles()[profile], settings) == variant
 
 
 def test_a_variant_the_profile_does_not_take_is_refused() -> None:
     with pytest.raises(venv.WheelhouseError, match="cu126 build does not fit the rtx5090 profile"):
-        venv.torch_variant_of(load_profiles()["rtx5090"], {"cuda_version": "12.6"})
+        venv.torch_variant_of(load_profiles()["rtx5090"], Settings.of({"cuda_version": "12.6"}))
     with pytest.raises(venv.WheelhouseError, match="cu128 build does not fit the dgx-spark profile"):
-        venv.torch_variant_of(load_profiles()["dgx-spark"], {"cuda_version": "12.8"})
+        venv.torch_variant_of(load_profiles()["dgx-spark"], Settings.of({"cuda_version": "12.8"}))
 
 
 def test_exact_torch_pins_take_the_variant_and_nothing_else_changes() -> None:

@@ -3,6 +3,8 @@ a cluster -> who fetches from the hub and who copies. And the model's quantizati
 read through the lab's hub on loopback."""
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import os
@@ -13,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from provision import facts, inventory, remote, weights
+from provision.inventory import Settings
 from provision.lab import hub, tinymodel
 from provision.weights import HostWeights, Job, Snapshot, WeightFile
 
@@ -146,10 +149,10 @@ def test_a_cluster_has_one_seed_per_revision_and_hosts_without_an_address_fetch_
 
 
 def test_managed_only_for_hub_ids_and_served_from_current() -> None:
-    settings = {"model": "org/m", "fetch_weights": True, "model_dir": "/var/lib/vllm/models/"}
+    settings = Settings.of({"model": "org/m", "fetch_weights": True, "model_dir": "/var/lib/vllm/models/"})
     assert weights.managed(settings) and weights.serving_path(settings) == "/var/lib/vllm/models/org/m/current"
-    assert not weights.managed({**settings, "model": "/srv/m"})
-    assert not weights.managed({**settings, "fetch_weights": False})
+    assert not weights.managed(dataclasses.replace(settings, model="/srv/m"))
+    assert not weights.managed(dataclasses.replace(settings, fetch_weights=False))
 
 
 # ---------------------------------------------------------------------------------------------
