@@ -17,9 +17,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from provision import affinity, hardening, known_issues
 from provision import cuda as cuda_builds
-from provision.facts import DROP_IN_DIRS, MANAGED_UNITS, HostFacts
-from provision.inventory import Cluster, Inventory, Settings
-from provision.profiles import Profile
+from provision.context import Context, cluster_network_of
+from provision.facts import DROP_IN_DIRS, MANAGED_UNITS
 
 BLOCKER, WARNING, INFO = "blocker", "warning", "info"
 PASS, FAIL, SKIP, FORCED = "pass", "fail", "skip", "forced"
@@ -43,45 +42,6 @@ class Finding:
     @property
     def blocks(self) -> bool:
         return self.status == FAIL and self.severity == BLOCKER
-
-
-@dataclass(frozen=True)
-class Context:
-    """What a rule may look at: one host, its settings and profile, and its cluster's other nodes."""
-
-    host: str
-    profile: Profile
-    settings: Settings
-    facts: HostFacts
-    cluster: Cluster | None = None
-    peers: Mapping[str, HostFacts] = field(default_factory=dict)  # every node's facts, this one included
-    head_address: str | None = None
-    weights_bytes: int | None = None  # from hub metadata where known
-    weights_to_fetch: int | None = None  # bytes this host still lacks (hub metadata and its manifest)
-    snapshot: Any = None  # weights.Snapshot: the model's files at its resolved commit
-    snapshot_error: str | None = None  # why the hub could not say (gated, unknown repo or revision)
-    api_key_set: bool = False  # a vllm_api_key is in the secrets
-    # The torch of the wheels a planned venv install brings (plan time): it replaces the venv's.
-    planned_wheels: cuda_builds.WheelCuda | None = None
-    # The model's quantization_config.quant_method from its config.json on the hub ("none": not
-    # quantized); None where the hub was not asked or refused.
-    quantization: str | None = None
-
-    @property
-    def parallel(self) -> int:
-        return int(self.settings.tensor_parallel_size) * int(self.settings.pipeline_parallel_size)
-
-    @property
-    def nodes(self) -> int:
-        return len(self.cluster.hosts) if self.cluster else 1
-
-    def env(self, name: str) -> str | None:
-        value = self.settings.environment.get(name)
-        return None if value is None else str(value)
-
-    @property
-    def extra_args(self) -> tuple[str, ...]:
-        return tuple(self.settings.extra_args)
 
 
 Rule = Callable[[Context], Finding]
@@ -784,19 +744,6 @@ def venv_arch(ctx: Context) -> Finding | None:
                 targets=list(targets), wanted=wanted)
 
 
-def cluster_network_of(ctx: Context) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
-    if ctx.settings.cluster_network:
-        return ipaddress.ip_network(ctx.settings.cluster_network)
-    head = ctx.peers.get(ctx.cluster.head) if ctx.cluster else None
-    if head is None or ctx.head_address is None:
-        return None
-    for interface in head.interfaces:
-        for address in interface.addresses:
-            if address.split("/")[0] == ctx.head_address:
-                return ipaddress.ip_interface(address).network
-    return None
-
-
 @rule("cluster.network", BLOCKER)
 def cluster_network(ctx: Context) -> Finding | None:
     """Each node needs an interface on the cluster network: its VLLM_HOST_IP, NCCL_SOCKET_IFNAME and
@@ -863,21 +810,6 @@ def evaluate(ctx: Context, force: Iterable[str] = ()) -> list[Finding]:
             finding = replace(finding, status=FORCED)
         findings.append(finding)
     return findings
-
-
-def contexts(inventory: Inventory, facts: Mapping[str, HostFacts], overrides: Mapping[str, Any],
-             profile: Profile | None = None, weights_bytes: int | None = None) -> dict[str, Context]:
-    """A Context for every host with facts, its cluster peers' facts attached."""
-    result = {}
-    for name, host_facts in facts.items():
-        cluster = inventory.cluster_of(name)
-        peers = {member: facts[member] for member in cluster.hosts if member in facts} if cluster else {}
-        head_address = inventory.host(cluster.head).address if cluster else None
-        result[name] = Context(host=name, profile=profile or inventory.host(name).profile,
-                               settings=inventory.settings(name, overrides, profile=profile),
-                               facts=host_facts, cluster=cluster, peers=peers, head_address=head_address,
-                               weights_bytes=weights_bytes)
-    return result
 
 
 def verdict(findings: Sequence[Finding]) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # checks imports this module for the targets
-    from provision.checks import Context
+    from provision.context import Context
 
 # The most `systemd-analyze security` may score a rendered unit, per hardening level (from 0.0,
 # fully confined, to 10.0). tests/test_render.py holds every golden unit to it; `invoke check` warns

@@ -51,7 +51,7 @@ from packaging.version import InvalidVersion, Version
 from provision.errors import KnownIssueError
 
 if TYPE_CHECKING:
-    from provision.checks import Context
+    from provision.context import Context
 
 DATA = "known_issues.yaml"  # package data, next to this module
 SEVERITIES = ("blocker", "warning", "info")

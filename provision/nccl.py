@@ -35,7 +35,7 @@ from provision import programs, render
 from provision.errors import CommandFailed, ParseError, ProvisionError
 
 if TYPE_CHECKING:
-    from provision.checks import Context
+    from provision.context import Context
     from provision.remote import Runner
 
 

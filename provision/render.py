@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from provision.errors import ProvisionError
 from provision import affinity, hardening
-from provision.checks import Context, cluster_network_of
+from provision.context import Context, cluster_network_of
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 UNIT_DIR = "/etc/systemd/system"

@@ -21,7 +21,7 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, ProgressColumn, 
                            TimeRemainingColumn, TransferSpeedColumn)
 from invoke.exceptions import Exit
 
-from provision import (build, checks, config, cuda, facts, inventory, lab, ops, plan, remote, render, report, secrets,
+from provision import (build, checks, config, context, cuda, facts, inventory, lab, ops, plan, remote, render, report, secrets,
                        venv, weights)
 from provision.errors import InventoryError, LabError, ProvisionError, about
 from provision.fanout import HostResults, for_each_host
@@ -148,7 +148,7 @@ def run_gate(inv: inventory.Inventory, targets: list[inventory.Host], overrides:
 def gate_with_contexts(inv: inventory.Inventory, targets: list[inventory.Host], overrides: dict[str, Any],
                        assumed: Any, accept_new_host_keys: bool, force: list[str], pool: remote.Pool | None = None
                        ) -> tuple[dict[str, list[checks.Finding]], dict[str, BaseException],
-                                  dict[str, checks.Context]]:
+                                  dict[str, context.Context]]:
     """Facts of the targets and of their clusters' other nodes, then every rule on each target."""
     unknown = sorted(set(force) - set(checks.RULE_IDS))
     if unknown:
@@ -164,7 +164,7 @@ def gate_with_contexts(inv: inventory.Inventory, targets: list[inventory.Host], 
     held = secrets.load(inv.secrets)
     if held.describe():
         _progress_line(f"secrets: {held.describe()}")
-    contexts = _with_snapshots(checks.contexts(inv, gathered.values, overrides, profile=assumed), held, wanted)
+    contexts = _with_snapshots(context.contexts(inv, gathered.values, overrides, profile=assumed), held, wanted)
     contexts = {name: dataclasses.replace(ctx, api_key_set=bool(held.vllm_api_key)) for name, ctx in contexts.items()}
     errors = {name: error for name, error in gathered.errors.items() if name in wanted}
     contexts = _with_planned_wheels(contexts, wanted, errors)
@@ -173,7 +173,7 @@ def gate_with_contexts(inv: inventory.Inventory, targets: list[inventory.Host], 
     return findings, errors, contexts
 
 
-def _service_wheelhouse(ctx: checks.Context) -> venv.Wheelhouse | None:
+def _service_wheelhouse(ctx: context.Context) -> venv.Wheelhouse | None:
     """The wheels the service venv is made of, resolved on the controller (once; cached after)."""
     settings = ctx.settings
     requirements, local = venv.requirements_of(settings), list(settings.venv_wheels)
@@ -184,8 +184,8 @@ def _service_wheelhouse(ctx: checks.Context) -> venv.Wheelhouse | None:
                         torch_variant=venv.torch_variant_of(ctx.profile, settings))
 
 
-def _with_planned_wheels(contexts: dict[str, checks.Context], wanted: set[str],
-                         errors: dict[str, BaseException]) -> dict[str, checks.Context]:
+def _with_planned_wheels(contexts: dict[str, context.Context], wanted: set[str],
+                         errors: dict[str, BaseException]) -> dict[str, context.Context]:
     """Each host whose venv would be (re)installed learns which torch its wheels bring: the driver
     must run that CUDA, not the one of the venv they replace. A resolve that fails is the host's error."""
     result = dict(contexts)
@@ -204,8 +204,8 @@ def _with_planned_wheels(contexts: dict[str, checks.Context], wanted: set[str],
     return result
 
 
-def _with_snapshots(contexts: dict[str, checks.Context], held: secrets.Secrets,
-                    wanted: set[str]) -> dict[str, checks.Context]:
+def _with_snapshots(contexts: dict[str, context.Context], held: secrets.Secrets,
+                    wanted: set[str]) -> dict[str, context.Context]:
     """Ask the hub once per (model, revision, files, endpoint) for the commit and the files' sizes and
     hashes; each host's context learns what it must still fetch (its manifest, read by the probe)."""
     asked: dict[tuple[Any, ...], weights.Snapshot | str] = {}
@@ -290,10 +290,10 @@ def _progress_line(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-Builder = Callable[[checks.Context, build.Recipe], "Path | None"]
+Builder = Callable[[context.Context, build.Recipe], "Path | None"]
 
 
-def _host_plan(ctx: checks.Context, found: list[checks.Finding], only: str | None,
+def _host_plan(ctx: context.Context, found: list[checks.Finding], only: str | None,
                verify: bool = False, builder: Builder | None = None, api_key: str | None = None) -> HostPlan:
     """One host's plan: rendered files and units (unless `only` names "weights" or "venv"), the venv
     (with a source built once per architecture by `builder`), the model."""
@@ -377,7 +377,7 @@ ONLY_RULES = {"weights": ("model.hub", "disk.space"), "venv": ("disk.space", "ho
 def _builder(inv: inventory.Inventory, accept_new_host_keys: bool) -> Builder:
     """Builds a source on the host being planned (the first of its architecture to need it)."""
 
-    def run_build(ctx: checks.Context, recipe: build.Recipe) -> Path:
+    def run_build(ctx: context.Context, recipe: build.Recipe) -> Path:
         target = inv.host(ctx.host)
         runner = remote.connect(target, inv.ssh, accept_new_host_keys=accept_new_host_keys)
         try:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import pytest
 
-from provision import affinity, checks, facts, inventory, lab, parsers, weights
+from provision import affinity, checks, context, facts, inventory, lab, parsers, weights
 from provision.facts import DiskSpace, HostFacts
 from provision.inventory import Cluster, Settings
 from provision.profiles import load_profiles
@@ -245,7 +245,7 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
 ]
 
 
-def context_for(case: tuple) -> dict[str, checks.Context]:
+def context_for(case: tuple) -> dict[str, context.Context]:
     name, machine, profile, values, change, peers, _ = case
     host_facts = recorded(machine)
     if change:
@@ -254,12 +254,12 @@ def context_for(case: tuple) -> dict[str, checks.Context]:
     extra = {key[1:]: value for key, value in values.items() if key.startswith("_")}
     resolved = settings(profile, **{k: v for k, v in values.items() if not k.startswith("_")})
     if peers is None:
-        return {"h": checks.Context(host="h", profile=PROFILES[profile], settings=resolved, facts=host_facts,
+        return {"h": context.Context(host="h", profile=PROFILES[profile], settings=resolved, facts=host_facts,
                                     **extra)}
     result = {}
     for node, node_facts in peers.items():
         node_facts = change(node_facts) if change and node == "spark-a" else node_facts
-        result[node] = checks.Context(host=node, profile=PROFILES[profile], settings=resolved,
+        result[node] = context.Context(host=node, profile=PROFILES[profile], settings=resolved,
                                       facts=node_facts, cluster=PAIR, peers=peers,
                                       head_address="192.168.100.10")
     return result
@@ -399,7 +399,7 @@ def test_unreadable_gpus_are_could_not_be_checked_and_none_is_still_no_gpu() -> 
     # nvidia-smi's own "no GPU" (exit 6) is a real zero.
     none = dataclasses.replace(recorded("rtx5090x2-tr7960x"), gpus=(),
                                notes={"gpus": "no NVIDIA GPU found: No devices were found"})
-    ctx = checks.Context(host="h", profile=PROFILES["rtx5090"], settings=settings("rtx5090"), facts=none)
+    ctx = context.Context(host="h", profile=PROFILES["rtx5090"], settings=settings("rtx5090"), facts=none)
     found = {f.id: f for f in checks.evaluate(ctx)}
     assert found["gpu.present"].message.startswith("no GPU visible")
     assert found["gpu.count"].message.startswith("0 GPU(s)")

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from provision import checks, cuda, facts, lab, parsers
+from provision import checks, context, cuda, facts, lab, parsers
 from tests.fakes import ok, probe_answer_from_recording
 from tests.test_checks import PROFILES, recorded, settings
 
@@ -28,7 +28,7 @@ def driver_finding(machine: str, *, venv_torch: str | None = None, planned: list
         host_facts = dataclasses.replace(host_facts, venv=parsers.VenvInfo(
             python="3.12.3", vllm="0.11.0", torch=venv_torch, cuda=cuda.cuda_of_torch_version(venv_torch),
             arch_flags="sm_90 sm_100 sm_120", nccl="2.27.3"))
-    ctx = checks.Context(host="h", profile=PROFILES["rtx5090"], settings=settings("rtx5090", **values),
+    ctx = context.Context(host="h", profile=PROFILES["rtx5090"], settings=settings("rtx5090", **values),
                          facts=host_facts,
                          planned_wheels=cuda.cuda_of_wheels(planned) if planned is not None else None)
     return {f.id: f for f in checks.evaluate(ctx)}["driver.version"]

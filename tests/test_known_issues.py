@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from provision import checks, known_issues, parsers
+from provision.context import Context
 from provision.errors import KnownIssueError
 from tests.conftest import FIXTURES
 from tests.test_checks import PROFILES, recorded, settings
@@ -31,17 +32,17 @@ def venv(**values: Any) -> parsers.VenvInfo:
 
 def context(machine: str, profile: str, *, venv_info: parsers.VenvInfo | None = None,
             quantization: str | None = None, drop_env: tuple[str, ...] = (),
-            **values: Any) -> checks.Context:
+            **values: Any) -> Context:
     host_facts = dataclasses.replace(recorded(machine), venv=venv_info)
     resolved = settings(profile, **values)
     if drop_env:  # a site profile without the variable (inventories cannot unset a profile's)
         environment = {k: v for k, v in resolved.environment.items() if k not in drop_env}
         resolved = dataclasses.replace(resolved, environment=environment)
-    return checks.Context(host="h", profile=PROFILES[profile], settings=resolved, facts=host_facts,
+    return Context(host="h", profile=PROFILES[profile], settings=resolved, facts=host_facts,
                           quantization=quantization)
 
 
-def finding(ctx: checks.Context, issue_id: str) -> checks.Finding:
+def finding(ctx: Context, issue_id: str) -> checks.Finding:
     return next(f for f in checks.evaluate(ctx) if f.id == issue_id)
 
 

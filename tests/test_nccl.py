@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from provision import checks, facts, inventory, nccl, parsers
+from provision import checks, context, facts, inventory, nccl, parsers
 from provision.errors import ParseError, ProvisionError
 from provision.profiles import load_profiles
 from tests.conftest import FIXTURES, REPO
@@ -216,7 +216,7 @@ def test_one_host_runs_every_gpu_in_the_rendered_environment(tmp_path: Path) -> 
     inv = _inventory("hosts:\n  h200: {address: 10.0.0.5, profile: hopper, vars: {environment: "
                      "{NCCL_NVLS_ENABLE: '0', HF_TOKEN: hf_secret_value, NCCL_DEBUG: WARN}}}\n", tmp_path)
     host_facts = dataclasses.replace(_recorded_h200(), host="h200")
-    ctx = checks.contexts(inv, {"h200": host_facts}, {})["h200"]
+    ctx = context.contexts(inv, {"h200": host_facts}, {})["h200"]
     [launch] = nccl.plan_host(ctx, port=29511)
     assert (launch.nproc, launch.world_size, launch.master_addr, launch.master_port) == (2, 2, "127.0.0.1", 29511)
     assert launch.python == "python3"  # no venv on the host yet
@@ -233,15 +233,15 @@ def test_one_host_runs_every_gpu_in_the_rendered_environment(tmp_path: Path) -> 
 
     with_venv = dataclasses.replace(host_facts, venv=parsers.VenvInfo("3.12.3", None, "2.11.0+cu130", "13.0",
                                                                       "sm_90", "2.28.9"))
-    ctx = checks.contexts(inv, {"h200": with_venv}, {})["h200"]
+    ctx = context.contexts(inv, {"h200": with_venv}, {})["h200"]
     assert nccl.plan_host(ctx)[0].python == "/opt/vllm/venv/bin/python"
     empty_venv = dataclasses.replace(host_facts, venv=parsers.VenvInfo("3.12.3", None, None, None, None, None))
-    assert nccl.plan_host(checks.contexts(inv, {"h200": empty_venv}, {})["h200"])[0].python == "python3"
+    assert nccl.plan_host(context.contexts(inv, {"h200": empty_venv}, {})["h200"])[0].python == "python3"
     one_gpu = dataclasses.replace(host_facts, gpus=host_facts.gpus[:1])
     with pytest.raises(ProvisionError, match="one GPU"):
-        nccl.plan_host(checks.contexts(inv, {"h200": one_gpu}, {})["h200"])
+        nccl.plan_host(context.contexts(inv, {"h200": one_gpu}, {})["h200"])
     with pytest.raises(ProvisionError, match="no GPU to test"):
-        nccl.plan_host(checks.contexts(inv, {"h200": dataclasses.replace(host_facts, gpus=())}, {})["h200"])
+        nccl.plan_host(context.contexts(inv, {"h200": dataclasses.replace(host_facts, gpus=())}, {})["h200"])
     with pytest.raises(ProvisionError, match="--gpus 4 but the host has 2"):
         nccl.plan_host(ctx, gpus=4)
 
@@ -270,7 +270,7 @@ def _pair_facts() -> dict[str, facts.HostFacts]:
 
 def test_two_nodes_each_with_its_own_interface(tmp_path: Path) -> None:
     inv = _inventory(PAIR, tmp_path)
-    contexts = checks.contexts(inv, _pair_facts(), inventory.parse_overrides(["cluster_network=192.168.50.0/24"]))
+    contexts = context.contexts(inv, _pair_facts(), inventory.parse_overrides(["cluster_network=192.168.50.0/24"]))
     launches = nccl.plan_cluster([contexts["node-b"], contexts["node-a"]], "node-a", port=29600)
     assert [launch.host for launch in launches] == ["node-a", "node-b"]  # the head holds rank 0
     head, worker = launches
@@ -291,19 +291,19 @@ def test_a_node_off_the_cluster_network_is_refused(tmp_path: Path) -> None:
     inv = _inventory(PAIR, tmp_path)
     pair = _pair_facts()
     pair["node-b"] = dataclasses.replace(pair["node-b"], interfaces=pair["node-b"].interfaces[:1])
-    contexts = checks.contexts(inv, pair, inventory.parse_overrides(["cluster_network=192.168.50.0/24"]))
+    contexts = context.contexts(inv, pair, inventory.parse_overrides(["cluster_network=192.168.50.0/24"]))
     with pytest.raises(ProvisionError, match="node-b has no interface on the cluster network"):
         nccl.plan_cluster(list(contexts.values()), "node-a")
     pair = _pair_facts()
     pair["node-a"] = dataclasses.replace(pair["node-a"], interfaces=pair["node-a"].interfaces[:1])
-    contexts = checks.contexts(inv, pair, inventory.parse_overrides(["cluster_network=192.168.50.0/24"]))
+    contexts = context.contexts(inv, pair, inventory.parse_overrides(["cluster_network=192.168.50.0/24"]))
     with pytest.raises(ProvisionError, match="node-a: no interface on the cluster network"):
         nccl.plan_cluster(list(contexts.values()), "node-a")
 
 
 def test_summary_of_two_nodes_keeps_each_nodes_environment(tmp_path: Path) -> None:
     inv = _inventory(PAIR, tmp_path)
-    contexts = checks.contexts(inv, _pair_facts(), inventory.parse_overrides(["cluster_network=192.168.50.0/24"]))
+    contexts = context.contexts(inv, _pair_facts(), inventory.parse_overrides(["cluster_network=192.168.50.0/24"]))
     launches = nccl.plan_cluster(list(contexts.values()), "node-a")
     data = json.loads(H200["answer"])  # rank 0's measurements stand in for the head's; the worker has none
     data["ranks"] = [dict(rank, log=NET_LOG if rank["rank"] == 0 else "") for rank in data["ranks"]]

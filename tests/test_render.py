@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from provision import affinity, checks, hardening, parsers, plan, render
+from provision import affinity, checks, context, hardening, parsers, plan, render
 from provision.facts import HostFacts
 from provision.parsers import UnitState
 from tests.conftest import FIXTURES
@@ -20,13 +20,13 @@ from tests.test_topology import stdout
 GOLDEN = FIXTURES / "render"
 
 
-def contexts_of(case_id: str, **values: object) -> dict[str, checks.Context]:
+def contexts_of(case_id: str, **values: object) -> dict[str, context.Context]:
     """The gate table's case, with settings added (e.g. hardening=strict)."""
     name, machine, profile, base, change, peers, expected = next(c for c in CASES if c[0] == case_id)
     return context_for((name, machine, profile, {**base, **values}, change, peers, expected))
 
 
-def _state(ctx: checks.Context) -> render.DesiredState:
+def _state(ctx: context.Context) -> render.DesiredState:
     return render.desired_state(ctx, checks.resolutions(checks.evaluate(ctx)))
 
 
