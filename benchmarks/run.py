@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from provision import inventory, lab, tasks  # noqa: E402
+from provision import inventory, lab, run  # noqa: E402
 
 WORK = HERE / "work"  # inventories, rendered files, logs (gitignored)
 RESULTS = HERE / "results"
@@ -152,7 +152,8 @@ def render_files(where: Path, names: Sequence[str]) -> None:
     """This tool's rendered files for each host (same bytes for every tool, so a no-op is a no-op
     for all three), from its plan of the freshly reset hosts."""
     inv = inventory.load(where / "inventory.yaml")
-    plans, _, errors = tasks._plans(inv, inv.select(hosts=list(names)), {}, None, False, [])
+    planned = run.plans(inv, inv.select(hosts=list(names)), run.Options())
+    plans, errors = planned.plans, planned.errors
     if errors:
         raise RuntimeError(f"planning for the rendered files failed: {errors}")
     for name in names:

@@ -31,10 +31,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from provision import programs, render
+from pathlib import Path
+
+from provision import programs, remote, render
 from provision.errors import CommandFailed, ParseError, ProvisionError
+from provision.fanout import for_each_host
+from provision.inventory import Host, Inventory
 
 if TYPE_CHECKING:
+    from provision.run import Options
     from provision.context import Context
     from provision.remote import Runner
 
@@ -505,3 +510,64 @@ def summarize(name: str, launches: Sequence[NodeLaunch], answers: Sequence[NodeA
                    nccl=result.get("nccl") or log.version, log=log, rows=rows,
                    environment=shown, pythons={launch.host: launch.python for launch in launches},
                    timing=result.get("timing"))
+
+
+def verify(inv: Inventory, targets: list[Host], options: Options, *, cluster: str | None, sizes: list[int],
+           iters: int, warmup: int, timeout: int, gpus: int, port: int, log_dir: Path | None
+           ) -> tuple[list[str], dict[str, NcclRun], dict[str, BaseException]]:
+    """One test per named host, or one for the cluster (across its nodes when it has several), every node
+    of every test at once; returns the tests in order, their results and what failed."""
+    from provision import run  # the pipeline builds the contexts; it does not need this module
+
+    gated = run.gate(inv, targets, options)
+    errors, contexts = gated.errors, gated.contexts
+
+    # One test per named host, or one for the cluster (across nodes when it has several).
+    plans: dict[str, list[NodeLaunch]] = {}
+    failures: dict[str, BaseException] = {}
+    tests = [(cluster, list(inv.cluster(cluster).hosts))] if cluster else [(t.name, [t.name]) for t in targets]
+    for name, members in tests:
+        missing = [member for member in members if member not in contexts]
+        if missing:
+            failures[name] = errors.get(missing[0]) or ProvisionError(f"{missing[0]}: no facts")
+            continue
+        try:
+            if len(members) == 1:
+                plans[name] = plan_host(contexts[members[0]], gpus=gpus or None, port=port)
+            else:
+                head = inv.cluster(name).head
+                plans[name] = plan_cluster([contexts[m] for m in members], head,
+                                                gpus=gpus or None, port=port)
+        except ProvisionError as exc:
+            failures[name] = exc
+
+    # Every node of every test at once: a multi-node group only forms when all its nodes run.
+    launches = [(name, launch) for name, node_launches in plans.items() for launch in node_launches]
+
+    def run(item: tuple[str, NodeLaunch]) -> NodeAnswer:
+        _, launch = item
+        runner = remote.connect(inv.host(launch.host), inv.ssh, accept_new_host_keys=options.accept_new_host_keys)
+        try:
+            return run_node(runner, launch, launch.spec(sizes, iters, warmup, timeout))
+        finally:
+            runner.close()
+
+    answers = for_each_host(launches, lambda item: f"{item[0]}/{item[1].host}", run)
+    if log_dir:
+        folder = log_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        for key, answer in answers.values.items():
+            (folder / f"{key.replace('/', '-')}.json").write_text(answer.raw, encoding="utf-8")
+    runs: dict[str, NcclRun] = {}
+    for name, node_launches in plans.items():
+        keys = [f"{name}/{launch.host}" for launch in node_launches]
+        broken = [answers.errors[key] for key in keys if key in answers.errors]
+        try:
+            if broken:
+                raise broken[0]
+            runs[name] = summarize(name, node_launches, [answers.values[key] for key in keys])
+        except ProvisionError as exc:
+            failures[name] = exc
+        except Exception as exc:  # noqa: BLE001 - reported per test (as an internal error), never lost
+            failures[name] = exc
+    return [name for name, _ in tests], runs, failures

@@ -3,16 +3,24 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Iterable, Mapping
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from rich.console import Console
 from rich.table import Table
 
 from provision.checks import Finding, resolutions, verdict
+from provision import status
+from provision.nccl import NcclRun, describe_transport, human_size
+from provision.plan import summary
 from provision.errors import ProvisionError
 from provision.facts import HostFacts
 from provision.fanout import HostResults
 from provision.inventory import Inventory
+
+if TYPE_CHECKING:
+    from provision.rolling import Deployed
+    from provision.run import Applied, HostPlan, Planned
 
 
 def console() -> Console:
@@ -240,3 +248,295 @@ def print_generations(host: str, listing: Mapping[str, Any], out: Console) -> No
         table.add_row(number, row["state"], row.get("created") or "-", row.get("by") or "-", changes,
                       "yes" if row.get("target") else "no")
     out.print(table)
+
+
+# ---------------------------------------------------------------------------------------------
+# plans and what was applied
+
+
+def print_plans(planned: Planned, show_diff: bool, only: str | None = None) -> None:
+    """Each host's plan (or why it has none), before anything changes; diffs verbatim with show_diff."""
+    order, plans, findings, errors = planned.order, planned.plans, planned.findings, planned.errors
+    out = console()
+    for name in order:
+        if name in errors:
+            out.print(f"[bold]{name}[/bold]: [red]{error_for(name, errors[name])}[/red]")
+        elif name not in plans:
+            blockers = [f for f in findings[name] if f.blocks]
+            out.print(f"[bold]{name}[/bold]: [red]blocked by the gate, nothing changed[/red]")
+            for finding in blockers:
+                out.print(f"  {finding.id}: {finding.message} -> fix: {finding.fix}")
+        else:
+            out.print(f"[bold]{name}[/bold]: {summary(plans[name].changes, only)}")
+            unfinished = plans[name].unfinished
+            if unfinished:
+                out.print(f"  [yellow]generation {unfinished['id']} was left pending by a deploy that stopped "
+                          f"(started {unfinished['created']}): `invoke deploy` gives its verdict, "
+                          f"`invoke rollback` goes back[/yellow]")
+            if plans[name].push_count:
+                out.print(f"  push {plans[name].push_count} wheel(s), {plans[name].push_bytes / 2**20:.0f} MiB")
+            for change in plans[name].changes:
+                out.print(f"  {change.describe()}")
+                if show_diff and change.diff:
+                    out.file.flush()
+                    sys.stdout.write(change.diff)  # verbatim: a diff must not be re-wrapped
+
+
+def plans_json(order: list[str], plans: Mapping[str, HostPlan],
+               findings: Mapping[str, list[Finding]], errors: Mapping[str, BaseException],
+                applied: dict[str, Any] | None = None) -> dict[str, Any]:
+    hosts: dict[str, Any] = {}
+    for name in order:
+        body: dict[str, Any] = {"verdict": verdict(findings[name]) if name in findings else None}
+        if body["verdict"] == "blocked":
+            body["blockers"] = [{"id": f.id, "message": f.message, "fix": f.fix, "evidence": f.evidence}
+                                for f in findings[name] if f.blocks]
+        if name in plans:
+            body["changes"] = [{"kind": c.kind, "target": c.target, "reason": c.reason}
+                               for c in plans[name].changes]
+            body["push_bytes"] = plans[name].push_bytes
+            body["unfinished_generation"] = plans[name].unfinished
+            fetch = plans[name].of_kind("weights")
+            if fetch:
+                body["weights"] = {"repo": fetch[0].data["repo"], "commit": fetch[0].data["commit"],
+                                   "bytes": sum(f["size"] for f in fetch[0].data["files"])}
+        if applied is not None and name in applied:
+            body["applied"] = applied[name]
+        if name in errors:
+            body["error"] = error_text(errors[name])
+        hosts[name] = body
+    return {"hosts": hosts}
+
+
+
+
+
+def print_applied(result: Applied, json_: bool) -> None:
+    """What provision (venv, weights) did on each host; JSON with --json."""
+    order, plans, findings, errors = result.order, result.plans, result.findings, result.errors
+    applied, fetched = result.applied, result.fetched
+    from_hub = sum(result.fetched for result in fetched.values() if result.source == "hub")
+    if json_:
+        document = plans_json(order, plans, findings, errors, applied)
+        for name, result in fetched.items():
+            document["hosts"][name]["fetched"] = {"bytes": result.fetched, "from": result.source,
+                                                  "linked": result.detail.get("linked", 0),
+                                                  "quarantined": result.detail.get("quarantined", [])}
+        document["bytes_from_hub"] = from_hub
+        print(dump_json(document))
+        return
+    for name in order:
+        if name in errors and name in plans:
+            print(host_error(name, errors[name]), file=sys.stderr)
+        elif name in applied:
+            line = f"{name}: applied {applied[name]} change(s)"
+            if name in fetched:
+                result = fetched[name]
+                line += f"; weights: {result.fetched / 2**20:.1f} MiB from {result.source}"
+                if result.detail.get("quarantined"):
+                    line += f", {len(result.detail['quarantined'])} bad file(s) set aside and fetched again"
+            print(line)
+    if fetched:
+        print(f"bytes fetched from the hub: {from_hub} ({from_hub / 2**20:.1f} MiB)")
+
+
+def print_rollback(results: HostResults[Any], listing: bool, json_: bool) -> None:
+    """What rollback restored on each host (or each host's generations, with --list)."""
+    if json_:
+        body = {name: ({"error": error_text(results.errors[name])} if name in results.errors
+                       else results.values[name] if listing
+                       else {"to": results.values[name].to, "restored": list(results.values[name].restored)})
+                for name in results.order}
+        print(dump_json({"hosts": body}))
+        return
+    for name in results.order:
+        if name in results.errors:
+            print(host_error(name, results.errors[name]), file=sys.stderr)
+        elif listing:
+            print_generations(name, results.values[name], console())
+        else:
+            outcome = results.values[name]
+            print(f"{name}: generation {outcome.to} restored: {', '.join(outcome.restored) or 'it was in place'}")
+
+
+# ---------------------------------------------------------------------------------------------
+# deploy and status
+
+
+def print_deployed(result: Deployed, json_: bool) -> None:
+    """deploy's summary: each host's state, changes, seconds per step and what happened."""
+    order, plans, outcomes, applied = result.order, result.plans, result.outcomes, result.applied
+    fetched, errors, seconds = result.fetched, result.errors, result.seconds
+    rows = []
+    for name in order:
+        outcome = outcomes[name]
+        changes = plans[name].changes if name in plans else []
+        rows.append({"host": name, "state": outcome.state, "changes": applied.get(name, 0),
+                     "planned": [c.describe() for c in changes], "steps_s": outcome.steps,
+                     "ready_s": outcome.ready_s, "weights_from": fetched[name].source if name in fetched else None,
+                     "detail": outcome.detail or (error_text(errors[name]) if name in errors else "")})
+    if json_:
+        print(dump_json({"hosts": rows, "seconds": round(seconds, 2), "ok": not errors}))
+        return
+    table = Table(title=f"deploy: {len(order)} host(s) in {seconds:.1f}s")
+    for column in ("host", "state", "changes", "steps (s)", "detail"):
+        table.add_column(column)
+    for row in rows:
+        steps = ", ".join(f"{step} {value:g}" for step, value in row["steps_s"].items())
+        style = {"ready": "green", "unchanged": "", "rolled back": "yellow"}.get(row["state"], "red")
+        table.add_row(row["host"], f"[{style}]{row['state']}[/{style}]" if style else row["state"],
+                      str(row["changes"]), steps, row["detail"])
+    console().print(table)
+
+
+def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def status_problems(found: dict[str, status.HostStatus]) -> list[str]:
+    """What is wrong with each host that is not healthy, whole, one line each (under the table)."""
+    lines = []
+    for name, item in found.items():
+        if item.healthy or not item.problem:
+            continue
+        text = item.problem.removeprefix(f"{name}: ")
+        lines.append(f"{name}: {text}")
+    return lines
+
+
+def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
+    table = Table(title=title)
+    for column in ("host", "unit", "restarts", "health", "model @ revision", "GPUs (mem used/total GiB, °C, util)",
+                   "run/wait", "tok/s", "KV %", "prefix hit %"):
+        table.add_column(column)
+    for name, item in found.items():
+        if not item.reachable:  # the whole reason goes below the table, not into a narrow last column
+            table.add_row(f"[red]{name}[/red]", "[red]unreachable[/red]", "-",
+                          status.short_reason(item.problem or ""), "-", "-", "-", "-", "-", "-")
+            continue
+        gpus = "; ".join(
+            f"{g['name'].replace('NVIDIA ', '')} {_fmt((g['memory_used_mib'] or 0) / 1024)}/"
+            f"{_fmt((g['memory_total_mib'] or 0) / 1024)} {_fmt(g['temperature_c'])}° {_fmt(g['utilization_pct'])}%"
+            for g in item.gpus) or "-"
+        fig = item.figures
+        unit = item.unit.get("active", "?") + (f" since {item.unit['since']}" if item.unit.get("since") else "")
+        if item.unit.get("installed") is False:
+            unit = "not installed"
+        colour = "green" if item.healthy else "red"
+        model = f"{item.model or '-'} @ {item.revision[:12] if item.revision else '-'}"
+        table.add_row(f"[{colour}]{name}[/{colour}]", unit, _fmt(item.unit.get("restarts")),
+                      item.health or item.role,
+                      model if item.role == "server" or item.unit.get("installed") is False else "(Ray worker)", gpus,
+                      f"{_fmt(fig.running, digits=0)}/{_fmt(fig.waiting, digits=0)}" if fig else "-",
+                      _fmt(fig.generation_tokens_per_s) if fig else "-",
+                      _fmt(fig.kv_cache_usage_pct) if fig else "-", _fmt(fig.prefix_cache_hit_pct) if fig else "-")
+    return table
+
+
+def print_bench(host: str, result: Any, concurrency: int, json_: bool) -> None:
+    """bench's figures: tokens/s, time to first token, latency and the server's own counters."""
+    if json_:
+        print(dump_json({"host": host, **result.__dict__}))
+        return
+    table = Table(title=f"bench {host}: {result.succeeded}/{result.requests} requests, concurrency {concurrency}")
+    for column in ("tokens/s", "output tokens", "seconds", "TTFT mean", "TTFT p50", "TTFT p90",
+                   "latency p50", "server tokens", "prefix hit %"):
+        table.add_column(column)
+    table.add_row(_fmt(result.tokens_per_s, digits=2), str(result.output_tokens), _fmt(result.seconds, digits=2),
+                  _fmt(result.ttft_mean_s, "s", 3), _fmt(result.ttft_p50_s, "s", 3), _fmt(result.ttft_p90_s, "s", 3),
+                  _fmt(result.latency_p50_s, "s", 3), _fmt(result.server_generation_tokens, digits=0),
+                  _fmt(result.server_prefix_cache_hit_pct))
+    console().print(table)
+    for error in result.errors:
+        print(f"  error: {error}", file=sys.stderr)
+
+
+def print_status(found: Mapping[str, Any], seconds: float, json_: bool) -> None:
+    """status: one table for the whole cluster (what is wrong, whole, under it), or JSON."""
+    if json_:
+        print(dump_json({"hosts": {name: status.as_json(item) for name, item in found.items()},
+                         "healthy": all(item.healthy for item in found.values())}))
+        return
+    title = f"status: {sum(item.healthy for item in found.values())}/{len(found)} healthy ({seconds:.1f}s)"
+    console().print(status_table(dict(found), title))
+    for line in status_problems(dict(found)):
+        console().print(line, highlight=False, markup=False)
+
+
+def print_how_to_query(lines: Iterable[str]) -> None:
+    for line in lines:
+        console().print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# verify.nccl
+
+
+def runs_json(order: list[str], runs: dict[str, NcclRun],
+              failures: dict[str, BaseException]) -> dict[str, Any]:
+    """{"runs": {NAME: NcclRun.as_json()}, "errors": {NAME: "..."}}, NAME a host or the cluster."""
+    return {"runs": {name: runs[name].as_json() for name in order if name in runs},
+            "errors": {name: error_text(failures[name]) for name in order if name in failures}}
+
+
+def print_runs(order: list[str], runs: dict[str, NcclRun], failures: dict[str, BaseException]) -> None:
+    """A table per test in nccl-tests' columns, after the facts needed to read it."""
+    from rich.table import Table
+
+    out = console()
+    for name in order:
+        if name in failures:
+            text = error_text(failures[name])
+            text = text if text.startswith(f"{name}: ") else f"{name}: {text}"
+            out.print(f"[red]{text}[/red]")
+            continue
+        result = runs[name]
+        devices = ", ".join(f"{count}x {device}" for device, count in _count(result.devices).items())
+        out.print(f"[bold]{name}[/bold]: all-reduce (sum, float) across {result.world_size} GPUs on "
+                  f"{len(result.hosts)} node(s) ({devices}); torch {result.torch}, NCCL {result.nccl}")
+        out.print(f"  transport: {describe_transport(result.log)}")
+        if result.log.nvls_channels is not None:
+            out.print(f"  NVLS (NVLink SHARP) channels: {result.log.nvls_channels}")
+        if len(result.hosts) > 1 and result.log.network:
+            out.print(f"  network between nodes: {result.log.network}")
+        for warning in result.log.warnings:
+            out.print(f"  [yellow]warning: {warning}[/yellow]")
+        for host_name, python in result.pythons.items():
+            out.print(f"  python on {host_name}: {python}")
+        for host_name, env in result.environment.items():
+            out.print(f"  environment on {host_name}: "
+                      + " ".join(f"{key}={value}" for key, value in env.items()))
+        table = Table(title_justify="left")
+        for column in ("size", "count", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"):
+            table.add_column(column, justify="right")
+        for row in result.rows:
+            table.add_row(human_size(row.bytes), str(row.count), f"{row.time_us:.1f}",
+                          f"{row.algbw_gbs:.2f}", f"{row.busbw_gbs:.2f}",
+                          str(row.wrong) if not row.wrong else f"[red]{row.wrong}[/red]")
+        out.print(table)
+        out.print(f"  peak busbw {result.peak_busbw_gbs:.2f} GB/s; busbw = algbw x 2(n-1)/n, n = "
+                  f"{result.world_size}" + ("" if not result.wrong else
+                                             f"; [red]{result.wrong} wrong element(s)[/red]"))
+        if result.late:
+            sizes = ", ".join(human_size(row.bytes) for row in result.late)
+            out.print(f"  [yellow]at {sizes} the GPU ran ahead of the host queueing the batch: those times "
+                      "include the host's pace (try fewer --iters)[/yellow]")
+    sys.stdout.flush()
+
+
+def _count(items: tuple[str, ...]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item] = counts.get(item, 0) + 1
+    return counts
+
+
+def plans_shower(json_: bool, only: str | None = None) -> Callable[[Planned], None]:
+    """What a run shows once it has planned and before it changes anything: the plans (not with --json)."""
+    if json_:
+        return lambda planned: None
+    return lambda planned: print_plans(planned, show_diff=False, only=only)

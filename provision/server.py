@@ -119,3 +119,14 @@ def bench(runner: Any, settings: Mapping[str, Any], api_key: str | None, prompt:
     spec = {"action": "bench", "base": base_url(settings), "model": served_name(settings), "api_key": api_key,
             "prompt": prompt, "count": count, "concurrency": concurrency, "max_tokens": max_tokens}
     return bench_report(_run(runner, spec, on_progress, 3600))
+
+
+UNITS = ("vllm", "vllm-ray-head", "vllm-ray-worker")
+
+
+def journal(runner: Any, unit: str, lines: int, follow: bool,
+            on_line: Callable[[str], None] | None = None) -> str:
+    """A unit's journal on the host; with follow, each new line goes to on_line until interrupted."""
+    argv = ["journalctl", "-u", f"{unit}.service", "--no-pager", "-n", str(lines), *(["-f"] if follow else [])]
+    done = runner.run(argv, timeout=None if not follow else 7 * 24 * 3600, on_line=on_line if follow else None)
+    return str(done.stdout)

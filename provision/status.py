@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from provision import facts, parsers, weights
+from provision import facts, inventory, parsers, remote, secrets, weights
 from provision.facts import HostFacts
 from provision.remote import Result
 
@@ -269,3 +269,25 @@ def short_reason(why: str) -> str:
 def as_json(status: HostStatus) -> dict[str, Any]:
     data: dict[str, Any] = parsers.json_ready(status)
     return data
+
+
+def role_of(inv: inventory.Inventory, name: str) -> str:
+    cluster = inv.cluster_of(name)
+    return "worker" if cluster and cluster.multi_node and name != cluster.head else "server"
+
+
+def gather_status(inv: inventory.Inventory, targets: list[inventory.Host], overrides: dict[str, Any],
+                  held: secrets.Secrets, window: float, timeout: float) -> dict[str, HostStatus]:
+    def one(name: str) -> HostStatus:
+        target = inv.host(name)
+        ssh = inventory.SshSettings(**{**inv.ssh.__dict__, "connect_timeout": min(inv.ssh.connect_timeout, timeout)})
+        runner = remote.connect(target, ssh)
+        try:
+            return gather_one(runner, name, role_of(inv, name), inv.settings(name, overrides),
+                                     held.vllm_api_key, window, timeout)
+        finally:
+            runner.close()
+
+    return with_deadline([t.name for t in targets], one, timeout + window + 2,
+                                lambda name, why: unreachable(name, role_of(inv, name), why))
+

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from provision import checks, context, facts, inventory, nccl, parsers
+from provision import checks, context, facts, inventory, nccl, parsers, report
 from provision.errors import ParseError, ProvisionError
 from provision.profiles import load_profiles
 from tests.conftest import FIXTURES, REPO
@@ -101,8 +101,6 @@ def test_h200_figures_agree_with_all_reduce_perf(reference: dict[str, str]) -> N
 
 
 def test_a_late_size_is_kept_shown_and_explained(capsys: pytest.CaptureFixture[str]) -> None:
-    from provision import verify_tasks
-
     # Built from the real answer: the 1 MiB row marked late, as the program marks a batch that the GPU
     # reached before the host had queued it all.
     data = json.loads(H200_VS_NCCL_TESTS["answer"])
@@ -112,7 +110,7 @@ def test_a_late_size_is_kept_shown_and_explained(capsys: pytest.CaptureFixture[s
     assert [row.bytes for row in run.late] == [1 << 20]
     results = run.as_json()["results"]
     assert results[0]["late"] is True and "late" not in results[1]
-    verify_tasks.print_runs(["local"], {"local": run}, {})
+    report.print_runs(["local"], {"local": run}, {})
     assert "at 1 MiB the GPU ran ahead of the host" in capsys.readouterr().out
     # An answer from the program before it timed this way has neither `timing` nor `late`.
     old = nccl.summarize("local", [_launch(H200)], [nccl.parse_answer("local", H200["answer"])])

@@ -10,7 +10,7 @@ import pytest
 
 from provision import facts, inventory, lab, server, status
 from provision.inventory import Settings
-from provision.cluster_tasks import _batches
+from provision.rolling import batches as _batches
 from tests.fakes import ok, probe_answer_from_recording
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
@@ -230,7 +230,7 @@ def test_bench_against_a_key_protected_server_says_what_to_set() -> None:
 def test_an_unreachable_host_is_one_row_in_our_words_and_its_whole_reason_is_below() -> None:
     from rich.console import Console
 
-    from provision.cluster_tasks import status_problems, status_table
+    from provision.report import status_problems, status_table
     from provision.errors import UnreachableHost
 
     why = str(UnreachableHost("ws-5090", "cannot connect to root@10.231.77.11:22: connection refused "

@@ -1,0 +1,255 @@
+"""deploy's roll: apply batch after batch, each gated on readiness; promote or reject each host's
+generation; multi-node clusters roll as one (every node's units, then Ray must see every node before
+vLLM starts on the head).
+
+deploy = the run's facts, gate and plan (provision.run); then, for all hosts at once, what restarts
+nothing (wheels, the fetch helper, the weights); then the rest host by host (or `batch` at a time):
+apply, wait for /health and a real one-token completion. A host that does not become ready gets its
+generation rejected and its last good one back, and the roll stops: the hosts after it are left as
+they were.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from provision import inventory, ops, plan, remote, run, secrets, server, status, weights
+from provision.errors import ProvisionError
+from provision.report import error_text
+from provision.fanout import for_each_host
+from provision.render import RAY_PORT
+from provision.run import Bar, Connect, HostPlan, Options, Planned, remaining, secret_environment
+
+
+class RollStopped(ProvisionError):
+    """A host was not ready after its change: rolled back, and the roll went no further."""
+
+
+@dataclass
+class Outcome:
+    host: str
+    state: str = "unchanged"  # unchanged | ready | rolled back | failed | not rolled
+    ready_s: float | None = None
+    detail: str = ""
+    steps: dict[str, float] = field(default_factory=dict)
+
+
+def batches(order: list[str], inv: inventory.Inventory, size: int) -> list[list[str]]:
+    """Single hosts `size` at a time; a multi-node cluster is one batch of its own (head last)."""
+    batches: list[list[str]] = []
+    loose: list[str] = []
+    seen: set[str] = set()
+    for name in order:
+        cluster = inv.cluster_of(name)
+        if cluster and cluster.multi_node:
+            if cluster.name not in seen:
+                seen.add(cluster.name)
+                members = [h for h in cluster.hosts if h in order]
+                batches.append(sorted(members, key=lambda h: h == cluster.head))
+            continue
+        loose.append(name)
+    for index in range(0, len(loose), max(1, size)):
+        batches.append(loose[index:index + max(1, size)])
+    return batches
+
+
+def ray_nodes(runner: remote.Runner, venv_dir: str, head_address: str, expected: int, timeout: float) -> int:
+    """Live nodes of the Ray cluster as `ray status` on the head reports them, waiting up to
+    `timeout` for all of them to join."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = runner.run([f"{venv_dir.rstrip('/')}/bin/ray", "status", f"--address={head_address}:{RAY_PORT}"],
+                          timeout=60)
+        nodes = status.parse_ray_status(done.stdout) if done.ok else 0
+        if nodes >= expected or time.monotonic() > deadline:
+            return nodes
+        time.sleep(3)
+
+
+def rolling(inv: inventory.Inventory, plans: dict[str, HostPlan], overrides: dict[str, Any], held: secrets.Secrets,
+            batch: int, timeout: float, wait: float, outcomes: dict[str, Outcome]) -> Callable[..., Any]:
+    """The last step of carry_out for deploy: apply batch after batch, each gated on readiness."""
+
+    def final(names: list[str], connect: Connect, bar: Bar) -> tuple[dict[str, int], dict[str, BaseException]]:
+        done: dict[str, int] = {}
+        errors: dict[str, BaseException] = {}
+        for group in batches(names, inv, batch):
+            if errors:
+                for name in group:
+                    outcomes[name].state = "not rolled"
+                    outcomes[name].detail = "the roll stopped before this host"
+                continue
+            failed = roll_one(group, inv, plans, overrides, held, timeout, wait, connect, bar, done, outcomes)
+            errors.update(failed)
+        return done, errors
+
+    return final
+
+
+def roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostPlan], overrides: dict[str, Any],
+              held: secrets.Secrets, timeout: float, wait: float, connect: Connect, bar: Bar,
+              done: dict[str, int], outcomes: dict[str, Outcome]) -> dict[str, BaseException]:
+    """Apply a batch (each host's changes become a pending generation), wait for readiness, then promote
+    every generation the batch made, or reject them all: each host gets back its last good one."""
+    cluster = inv.cluster_of(group[0])
+    multi = bool(cluster and cluster.multi_node)
+    held_back: dict[str, list[plan.Change]] = {}
+    made: dict[str, int] = {}
+
+    def apply(name: str) -> int:
+        changes = remaining(plans[name])
+        if multi and cluster and name == cluster.head:  # vLLM starts only once Ray sees every node
+            held_back[name] = [c for c in changes if c.target == "vllm.service" and c.kind in ("start", "restart")]
+            changes = [c for c in changes if c not in held_back[name]]
+        started = time.monotonic()
+        count = 0
+        if changes:
+            outcome = ops.apply(connect(name), changes, wait=wait, scope=plans[name].scope, by="deploy", verify=True,
+                                deadline=timeout + (150 if multi else 30), secrets=secret_environment(held),
+                                model_changed=bool(plans[name].of_kind("weights")))
+            count = len(outcome.done)
+            if outcome.generation is not None:
+                made[name] = outcome.generation
+        outcomes[name].steps["apply"] = round(time.monotonic() - started, 2)
+        return count
+
+    applied = for_each_host(group, lambda name: name, apply)
+    done.update(applied.values)
+    errors: dict[str, BaseException] = dict(applied.errors)
+    if not errors and multi and cluster:
+        head = cluster.head
+        settings = inv.settings(head, overrides)
+        ray_timeout = min(timeout, 120.0)  # nodes join within seconds; a missing one will not
+        address = plans[head].cluster_address or inv.host(head).address
+        nodes = ray_nodes(connect(head), settings.venv_dir, address, len(cluster.hosts), ray_timeout)
+        if nodes < len(cluster.hosts):
+            errors[head] = RollStopped(
+                f"{head}: Ray sees {nodes} of {len(cluster.hosts)} nodes; vLLM not started (check the "
+                "workers: `invoke status`, `invoke logs --host NODE --unit vllm-ray-worker`)")
+        elif held_back.get(head):  # part of the head's generation: promote records the units as they run
+            done[head] = done.get(head, 0) + len(ops.apply(connect(head), held_back[head], wait=wait).done)
+    servers = [name for name in group if not (multi and cluster and name != cluster.head)]
+    for name in servers if not errors else []:
+        settings = inv.settings(name, overrides)
+        update = bar(f"{name}: waiting for /health and a completion")
+        started = time.monotonic()
+        try:
+            outcomes[name].ready_s = server.wait_ready(
+                connect(name), settings, held.vllm_api_key, timeout,
+                lambda event: update(int(event.get("elapsed", 0)), int(timeout)))
+            outcomes[name].state = "ready"
+        except ProvisionError as exc:
+            errors[name] = exc
+        outcomes[name].steps["ready"] = round(time.monotonic() - started, 2)
+    for name, number in sorted(made.items()) if not errors else []:
+        try:  # "ready" must be about what this run applied: refused if another run changed the host since
+            ops.promote(connect(name), number, plans[name].scope, wait=wait)
+        except ProvisionError as exc:
+            errors[name] = exc
+            outcomes[name].state = "failed"
+    if errors:
+        cause = "; ".join(error_text(error) for error in errors.values())
+        for name in group:
+            if name in made:
+                roll_back(name, made[name], plans, held, wait, connect, errors, outcomes, cause)
+    return errors
+
+
+def roll_back(name: str, generation: int, plans: dict[str, HostPlan], held: secrets.Secrets, wait: float,
+               connect: Connect, errors: dict[str, BaseException], outcomes: dict[str, Outcome], cause: str) -> None:
+    """Reject what this deploy applied on the host; it gets back its newest good generation whole (files,
+    venv, model, each unit enabled and running exactly as it was)."""
+    outcome = outcomes[name]
+    own = error_text(errors[name]).removeprefix(name + ": ") if name in errors else cause
+    try:
+        back = ops.reject(connect(name), generation, plans[name].scope, own, wait=wait,
+                          secrets=secret_environment(held))
+        if back.to is None:  # another run's generation is current: that is what the host holds now
+            outcome.detail = f"{own}; generation {generation} rejected, the host keeps what the other run applied"
+            outcome.state = "superseded"
+        else:
+            what = ", ".join(back.restored) or "nothing differed"
+            outcome.detail = f"{own}; rolled back to generation {back.to} ({what})"
+            outcome.state = "rolled back"
+    except ProvisionError as exc:
+        outcome.state = "failed"
+        outcome.detail = f"{own}; the rollback failed too: {error_text(exc)}"
+    errors[name] = RollStopped(f"{name}: {outcome.detail}; the roll stopped here")
+
+
+def _gate_unchanged(inv: inventory.Inventory, order: list[str], plans: dict[str, HostPlan],
+                    overrides: dict[str, Any], held: secrets.Secrets, timeout: float, pool: remote.Pool,
+                    outcomes: dict[str, Outcome], errors: dict[str, BaseException]) -> None:
+    """A server this deploy did not touch still has to answer: the declared state is a served model,
+    not only files (right after a provision the server may still be loading). Nothing to roll back."""
+    for name in order:
+        if name not in plans or name in errors or outcomes[name].state != "unchanged" or status.role_of(inv, name) != "server":
+            continue
+        settings = inv.settings(name, overrides)
+        if not settings.model:
+            continue
+        started = time.monotonic()
+        runner = pool.connect(inv.host(name))
+        unfinished = plans[name].unfinished
+        try:
+            outcomes[name].ready_s = server.wait_ready(runner, settings, held.vllm_api_key, timeout)
+            outcomes[name].state, outcomes[name].detail = "ready", "unchanged; answers /health and a completion"
+            if unfinished:  # an earlier deploy stopped before its verdict: this run gives it
+                ops.promote(runner, unfinished["id"], plans[name].scope)
+                outcomes[name].detail = (f"generation {unfinished['id']}, left unfinished by a deploy of "
+                                         f"{unfinished['created']}, answers: promoted to last-known-good")
+        except ProvisionError as exc:
+            errors[name] = exc
+            outcomes[name].detail = error_text(exc)
+            if unfinished:
+                roll_back(name, unfinished["id"], plans, held, 0, lambda host: pool.connect(inv.host(host)),
+                           errors, outcomes, outcomes[name].detail)
+        outcomes[name].steps["ready"] = round(time.monotonic() - started, 2)
+
+
+@dataclass
+class Deployed:
+    """What deploy did: each host's outcome (state, detail, seconds per step), plans, applied, fetched, errors."""
+
+    order: list[str]
+    plans: dict[str, HostPlan]
+    outcomes: dict[str, Outcome]
+    applied: dict[str, int]
+    fetched: dict[str, weights.FetchResult]
+    errors: dict[str, BaseException]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and len(self.plans) == len(self.order)
+
+
+def deploy(inv: inventory.Inventory, targets: list[inventory.Host], options: Options, *, batch: int = 1,
+           timeout: float = 600, show: Callable[[Planned], None] = lambda planned: None) -> Deployed:
+    """provision's facts, gate and plan (`show`n before anything changes); then what restarts nothing on
+    every host at once; then the roll, batch by batch, each gated on readiness; then the readiness of
+    servers this deploy did not change."""
+    held = secrets.load(inv.secrets)
+    started = time.monotonic()
+    outcomes: dict[str, Outcome] = {}
+    timings: dict[str, dict[str, float]] = {}
+    with remote.Pool(inv.ssh, accept_new_host_keys=options.accept_new_host_keys) as pool:
+        planned = run.plans(inv, targets, options, pool)
+        show(planned)
+        plans, errors, order = planned.plans, dict(planned.errors), planned.order
+        outcomes.update({name: Outcome(name) for name in order})
+        applied, failed, fetched = run.carry_out(
+            inv, plans, order, options, held,
+            final=rolling(inv, plans, options.overrides, held, batch, timeout, options.wait, outcomes),
+            timings=timings, pool=pool)
+        errors.update(failed)
+        _gate_unchanged(inv, order, plans, options.overrides, held, timeout, pool, outcomes, errors)
+    for name, outcome in outcomes.items():
+        outcome.steps = {**timings.get(name, {}), **outcome.steps}
+        if name in errors and outcome.state in ("unchanged", "ready"):
+            outcome.state, outcome.detail = "failed", error_text(errors[name])
+        elif name not in plans and name not in errors:
+            outcome.state, outcome.detail = "blocked", "blocked by the gate, nothing changed"
+    return Deployed(order, plans, outcomes, applied, fetched, errors, time.monotonic() - started)

@@ -1,0 +1,127 @@
+"""What every task shares: the help of the common flags, the mapping of errors to exit codes, logging,
+and turning the flags into the inventory, the targets and the run's Options (provision.run)."""
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from invoke.exceptions import Exit
+
+from provision import config, inventory, remote
+from provision.errors import InventoryError, LabError
+from provision.profiles import Profile, load_profiles
+from provision.run import Options
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+COMMON_HELP = {
+    "inventory": "inventory file or directory (default: the lab's while it is up, else ./inventory)",
+    "host": "a host name from the inventory, or 'local' for this machine (repeatable)",
+    "cluster": "a cluster name from the inventory",
+    "all": "every host of the inventory",
+    "json": "print JSON for scripts instead of tables",
+    "accept-new-host-keys": "trust and record the key of a host seen for the first time "
+                            "(a changed key is always refused)",
+    "profile": "hardware profile to assume (overrides the inventory's; useful with --host local)",
+    "set": "override a service setting, KEY=VALUE (repeatable; highest precedence)",
+    "verbose": "log every remote command (secrets masked) to stderr",
+}
+
+
+def help_for(*names: str, **extra: str) -> dict[str, str]:
+    return {**{name: COMMON_HELP[name] for name in names}, **extra}
+
+
+def guarded(function: F) -> F:
+    """Map the error tree to exit codes and one clear line on stderr, never a traceback."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except InventoryError as exc:
+            raise Exit(f"error: {exc}", code=2) from None
+        except LabError as exc:
+            raise Exit(f"lab: {exc}", code=1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def setup_logging(verbose: bool) -> None:
+    logger = logging.getLogger("provision")
+    logger.setLevel(logging.DEBUG)
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel(logging.DEBUG if verbose else logging.WARNING)
+    handlers: list[logging.Handler] = [console]
+    path = config.log_file()
+    if path:
+        handlers.append(logging.FileHandler(path))
+    for handler in handlers:
+        handler.addFilter(remote.MaskingFilter())
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+
+
+def load_inventory(path: str | None) -> inventory.Inventory:
+    return inventory.load(Path(path) if path else config.default_inventory())
+
+
+def profile_named(name: str | None) -> Profile | None:
+    if name is None:
+        return None
+    profiles = load_profiles()
+    if name not in profiles:
+        raise InventoryError(f"unknown profile '{name}' (known: {', '.join(sorted(profiles))})",
+                             file="command line", key="--profile")
+    return profiles[name]
+
+
+HOST_TASK_HELP = help_for("inventory", "host", "cluster", "all", "json", "accept-new-host-keys", "profile",
+                       "set", "verbose", force="override a blocker by its check id (repeatable)")
+
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The inventory a task was pointed at, the hosts it names, and the command line's overrides."""
+
+    inventory: inventory.Inventory
+    targets: list[inventory.Host]
+    overrides: dict[str, Any]
+
+    @property
+    def order(self) -> list[str]:
+        return [target.name for target in self.targets]
+
+
+def select(inventory_: str | None, host: Sequence[str] | None = None, cluster: str | None = None,
+           all_: bool = False, set_: Sequence[str] | None = None, default_all: bool = False) -> Selection:
+    """--inventory, --host/--cluster/--all and --set, as every host task reads them (InventoryError: exit 2).
+    With default_all, naming no host means all of them (status, deploy)."""
+    inv = load_inventory(inventory_)
+    overrides = inventory.parse_overrides(list(set_ or []))
+    everything = all_ or (default_all and not (host or cluster))
+    return Selection(inv, inv.select(hosts=list(host or []), cluster=cluster, everything=everything), overrides)
+
+
+def options(selection: Selection, *, profile: str | None = None, accept_new_host_keys: bool = False,
+            force: Sequence[str] | None = None, wait: float = 0, json_: bool = False, only: str | None = None,
+            verify: bool = False, may_build: bool = False) -> Options:
+    """The run's Options from the flags a task was given."""
+    return Options(overrides=selection.overrides, profile=profile_named(profile),
+                   accept_new_host_keys=accept_new_host_keys, force=tuple(force or ()), wait=wait, quiet=json_,
+                   only=only, verify=verify, may_build=may_build)
+
+
+def exit_unless(ok: bool) -> None:
+    """Exit code 1 when something on a host failed (the report is printed already)."""
+    if not ok:
+        raise Exit(code=1)
