@@ -45,6 +45,7 @@ clusters:
 
 @dataclass(frozen=True)
 class Installed:
+    source: Path  # the copy the wheel was built from
     wheel: Path
     venv: Path
     outside: Path  # the working directory of every run: no repository there
@@ -81,6 +82,14 @@ def _dependency_paths() -> list[str]:
     return list(dict.fromkeys(path for path in paths if Path(path).is_dir()))
 
 
+def _make_venv(venv: Path) -> None:
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    purelib = subprocess.run([str(venv / "bin" / "python"), "-c",
+                              "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    (Path(purelib) / "dependencies.pth").write_text("\n".join(_dependency_paths()) + "\n")
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     work = tmp_path_factory.mktemp("wheel")
@@ -91,11 +100,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                     "--no-index", "--wheel-dir", str(dist), str(source)], check=True, timeout=300)
     [wheel] = dist.glob("provision-*.whl")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    purelib = subprocess.run([str(venv / "bin" / "python"), "-c",
-                              "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-    (Path(purelib) / "dependencies.pth").write_text("\n".join(_dependency_paths()) + "\n")
+    _make_venv(venv)
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("PYTHON", "PROVISION_", "PIP_"))}
     env.update({"PROVISION_LAB_DIR": str(work / "no-lab"), "COLUMNS": "250", "PYTHONNOUSERSITE": "1"})
@@ -103,7 +108,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
                     str(wheel)], check=True, timeout=300, cwd=outside, env=env)
     inventory = outside / "hosts.yaml"
     inventory.write_text(INVENTORY)
-    return Installed(wheel, venv, outside, inventory, env)
+    return Installed(source, wheel, venv, outside, inventory, env)
 
 
 def _files_under(folder: Path, prefix: str) -> set[str]:
@@ -184,3 +189,19 @@ def test_lab_recordings_profiles_and_data_load_from_the_wheel(installed: Install
     assert out["replayer"] and out["issues"] > 0 and out["drivers"]
     assert {"cpu", "rtx5090", "dgx-spark", "hopper"} <= set(out["profiles"])
     assert "usage" in installed.run("lab.up", "--help").lower()
+
+
+def test_an_editable_install_imports_the_mapped_templates_package(installed: Installed) -> None:
+    """`pip install -e .` (the README's first command, CI) maps templates/ as provision.templates too."""
+    venv = installed.outside.parent / "editable-venv"
+    _make_venv(venv)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    "--no-build-isolation", "--editable", str(installed.source)],
+                   check=True, timeout=300, cwd=installed.outside, env=installed.env)
+    code = ("import importlib.resources as r; "
+            "print((r.files('provision.templates') / 'systemd' / 'vllm.service.j2').read_text())")
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", code],
+                          cwd=installed.outside, env=installed.env, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip("\n") == (ROOT / "templates" / "systemd" / "vllm.service.j2").read_text().rstrip("\n")
