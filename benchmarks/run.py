@@ -174,7 +174,7 @@ def commands(where: Path, count: int) -> dict[str, dict[str, list[str]]]:
     ours = ["--inventory", str(where / "inventory.yaml"), "--all"]
     playbook = [str(bin_dir / "ansible-playbook"), "-i", str(where / "ansible-hosts.yaml"), "-f", str(max(5, count))]
     pyinfra = [str(bin_dir / "pyinfra"), "-y", str(where / "pyinfra_inventory.py")]
-    status_script = (HERE / "status.sh").read_text()
+    status_program = (HERE / "status.py").read_text()
     return {
         "provision": {"first": [*invoke, "provision", *ours], "noop": [*invoke, "provision", *ours],
                       "status": [*invoke, "status", *ours], "facts": [*invoke, "facts", *ours, "--json"]},
@@ -183,7 +183,8 @@ def commands(where: Path, count: int) -> dict[str, dict[str, list[str]]]:
                     "status": [*playbook, str(HERE / "ansible" / "status.yml")]},
         "pyinfra": {"first": [*pyinfra, str(HERE / "pyinfra" / "provision.py")],
                     "noop": [*pyinfra, str(HERE / "pyinfra" / "provision.py")],
-                    "status": [*pyinfra, "fact", "server.Command", f"command={status_script}"]},
+                    "status": [*pyinfra, "fact", "server.Command",
+                               f"command=python3 -c {shlex.quote(status_program)}"]},
     }
 
 

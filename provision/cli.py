@@ -1,8 +1,24 @@
-"""The command line: every task collection in one namespace (root tasks.py hands it to Invoke)."""
-from invoke import Collection
+"""The command line: every task collection in one namespace.
+
+Two doors to the same tasks: `invoke` in a checkout (the root tasks.py hands it `ns`) and the
+installed `provision` command (main(), the console script of pyproject.toml).
+"""
+from __future__ import annotations
+
+from importlib import metadata
+
+from invoke.collection import Collection
+from invoke.program import Program
 
 from provision import cluster_tasks, tasks, verify_tasks
 
 ns = Collection(tasks.facts_, tasks.check, tasks.plan_, tasks.provision_, tasks.venv_, tasks.weights_,
                 cluster_tasks.deploy, cluster_tasks.status_, cluster_tasks.bench, cluster_tasks.logs,
                 tasks.rollback_, tasks.show_inventory, tasks.lab_tasks, verify_tasks.verify)
+
+
+def main() -> None:
+    """`provision`: Invoke's own parser, help and --list over `ns`; --version from the installed
+    distribution's metadata (the version the wheel was built with)."""
+    Program(namespace=ns, version=metadata.version("provision"), name="provision",
+            binary="provision", binary_names=["provision"]).run()

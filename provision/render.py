@@ -8,14 +8,32 @@ from __future__ import annotations
 import functools
 import ipaddress
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from provision.errors import ProvisionError
 from provision import affinity, hardening
 from provision.context import Context, cluster_network_of
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+
+def _templates() -> Traversable:
+    """The templates as package data: templates/ at the top of the repository is the package
+    provision.templates of a wheel or an editable install (pyproject.toml maps it). A checkout run
+    without installing it (an older install on the path) reads the folder itself."""
+    try:
+        return resources.files("provision.templates")
+    except ModuleNotFoundError:
+        folder = Path(__file__).resolve().parents[1] / "templates"
+        if not folder.is_dir():
+            raise
+        return folder
+
+
+TEMPLATES = _templates()
 UNIT_DIR = "/etc/systemd/system"
 CONFIG_DIR = "/etc/vllm"
 ENV_FILE = f"{CONFIG_DIR}/vllm.env"
@@ -68,7 +86,13 @@ def _environment() -> Any:
     # it pulls in) is a tenth of the tool's start-up.
     import jinja2
 
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False,
+    def source(name: str) -> str | None:  # None: jinja2 raises TemplateNotFound
+        node = TEMPLATES
+        for part in name.split("/"):
+            node = node / part
+        return node.read_text(encoding="utf-8") if node.is_file() else None
+
+    return jinja2.Environment(loader=jinja2.FunctionLoader(source), autoescape=False,
                               undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import importlib.util
+import shlex
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 SPEC = importlib.util.spec_from_file_location("bench_run", Path(__file__).parents[1] / "benchmarks" / "run.py")
 assert SPEC and SPEC.loader
@@ -36,3 +39,15 @@ def test_the_markdown_table_has_a_row_per_host_count_and_dashes_for_tools_not_ru
     lines = [line for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
     assert lines[0].startswith("| 1 | 0.50 (1.0) | - | - | - | - |")
     assert lines[1].startswith("| 2 | 0.60 (1.0) | 6.00 (1.0) | - | 0.10x | - |")
+
+
+def test_ansible_and_pyinfra_run_the_status_program_as_python3_c() -> None:
+    source = (run.HERE / "status.py").read_text()
+    compile(source, "status.py", "exec")
+    pyinfra = run.commands(Path("/work"), 2)["pyinfra"]["status"]
+    assert pyinfra[-2:-1] == ["server.Command"]
+    # pyinfra hands the command to the host's shell: it must split back into exactly this argv.
+    assert shlex.split(pyinfra[-1].removeprefix("command=")) == ["python3", "-c", source]
+    [play] = yaml.safe_load((run.HERE / "ansible" / "status.yml").read_text())
+    argv = play["tasks"][0]["ansible.builtin.command"]["argv"]
+    assert argv[:2] == ["python3", "-c"] and "/../status.py') }}" in argv[2]

@@ -26,6 +26,7 @@ import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -35,7 +36,7 @@ from provision import config
 from provision.errors import LabError
 from provision.fanout import for_each_host
 
-MACHINES_DIR = Path(__file__).with_name("machines")
+MACHINES_DIR = resources.files("provision.lab") / "machines"  # package data: the recordings
 REPLAYER = Path(__file__).with_name("replay.py")
 INSIDE = "/usr/local/lib/provision-lab"  # where a host keeps its recordings, inside its own root
 # libnuma1: vLLM's CPU kernels link it (without it, vllm._C_AVX2 fails to import), as on any server image.

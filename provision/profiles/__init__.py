@@ -8,14 +8,17 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Mapping
+from importlib import resources
+from typing import TYPE_CHECKING, Any, Mapping
 
 import yaml
 
 from provision.errors import ProfileError
 
-PROFILE_DIR = Path(__file__).parent
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+PROFILE_DIR = resources.files("provision.profiles")  # package data: the shipped profiles
 
 
 @dataclass(frozen=True)
@@ -185,12 +188,12 @@ def _devices(data: Mapping[str, Any], source: str) -> tuple[tuple[str, str], ...
 
 
 @functools.lru_cache(maxsize=None)
-def load_profiles(directory: Path = PROFILE_DIR) -> Mapping[str, Profile]:
+def load_profiles(directory: Traversable = PROFILE_DIR) -> Mapping[str, Profile]:
     """All profiles of a directory by name and alias: {'rtx5090': Profile(...), 'h200': Profile(...)}."""
     profiles: dict[str, Profile] = {}
-    for path in sorted(directory.glob("*.yaml")):
-        with path.open(encoding="utf-8") as handle:
-            profile = profile_from_mapping(yaml.safe_load(handle), str(path))
+    files = [entry for entry in directory.iterdir() if entry.name.endswith(".yaml") and entry.is_file()]
+    for path in sorted(files, key=lambda entry: entry.name):
+        profile = profile_from_mapping(yaml.safe_load(path.read_text(encoding="utf-8")), str(path))
         for name in (profile.name, *profile.aliases):
             if name in profiles:
                 raise ProfileError(f"{path}: profile name '{name}' is defined twice")
