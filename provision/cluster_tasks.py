@@ -80,7 +80,7 @@ def bench(c: Context, host: str | None = None, inventory_: str | None = None, js
         raise Exit("error: bench needs --host NAME", code=2)
     if count < 1 or concurrency < 1 or max_tokens < 1:
         raise Exit("error: --count, --concurrency and --max-tokens must be at least 1", code=2)
-    chosen = select(inventory_, set_=set_)
+    chosen = select(inventory_, set_=set_, targets=False)
     held = secrets.load(chosen.inventory.secrets)
     runner = remote.connect(chosen.inventory.host(host), chosen.inventory.ssh)
     try:
@@ -108,7 +108,7 @@ def logs(c: Context, host: str | None = None, inventory_: str | None = None, fol
         raise Exit("error: logs needs --host NAME", code=2)
     if unit not in server.UNITS:
         raise Exit(f"error: --unit must be vllm, vllm-ray-head or vllm-ray-worker, not {unit!r}", code=2)
-    chosen = select(inventory_)
+    chosen = select(inventory_, targets=False)
     secrets.load(chosen.inventory.secrets)  # registered for masking
     runner = remote.connect(chosen.inventory.host(host), chosen.inventory.ssh)
     try:

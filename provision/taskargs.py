@@ -103,11 +103,15 @@ class Selection:
 
 
 def select(inventory_: str | None, host: Sequence[str] | None = None, cluster: str | None = None,
-           all_: bool = False, set_: Sequence[str] | None = None, default_all: bool = False) -> Selection:
+           all_: bool = False, set_: Sequence[str] | None = None, default_all: bool = False,
+           targets: bool = True) -> Selection:
     """--inventory, --host/--cluster/--all and --set, as every host task reads them (InventoryError: exit 2).
-    With default_all, naming no host means all of them (status, deploy)."""
+    With default_all, naming no host means all of them (status, deploy); without targets (inventory,
+    bench, logs: they name their host otherwise) none are chosen."""
     inv = load_inventory(inventory_)
     overrides = inventory.parse_overrides(list(set_ or []))
+    if not targets:
+        return Selection(inv, [], overrides)
     everything = all_ or (default_all and not (host or cluster))
     return Selection(inv, inv.select(hosts=list(host or []), cluster=cluster, everything=everything), overrides)
 

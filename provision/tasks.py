@@ -151,7 +151,7 @@ def rollback_(c: Context, host: list[str] | None = None, cluster: str | None = N
 def show_inventory(c: Context, inventory_: str | None = None, json_: bool = False,
                    set_: list[str] | None = None) -> None:
     """Validate the inventory and show hosts, clusters and each host's resolved settings."""
-    chosen = select(inventory_, set_=set_)
+    chosen = select(inventory_, set_=set_, targets=False)
     if json_:
         print(report.dump_json(report.inventory_json(chosen.inventory, chosen.overrides)))
     else:
