@@ -5,12 +5,21 @@ from __future__ import annotations
 import sys
 import time
 
-from invoke import Context, task
+from invoke.context import Context
 from invoke.exceptions import Exit
+from invoke.tasks import task
 
 from provision import remote, report, rolling, secrets, server, status
 from provision.errors import ProvisionError
-from provision.taskargs import HOST_TASK_HELP, exit_unless, guarded, help_for, options, select, setup_logging
+from provision.taskargs import (
+    HOST_TASK_HELP,
+    exit_unless,
+    guarded,
+    help_for,
+    options,
+    select,
+    setup_logging,
+)
 
 
 @task(auto_shortflags=False, name="deploy",

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from provision.errors import ProvisionError
 from provision import affinity, hardening
 from provision.context import Context, cluster_network_of
+from provision.errors import ProvisionError
+from provision.inventory import Settings
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -100,7 +102,8 @@ def render(name: str, values: Mapping[str, Any]) -> str:
     import jinja2
 
     try:
-        return _environment().get_template(name).render(**values)
+        text: str = _environment().get_template(name).render(**values)
+        return text
     except jinja2.TemplateError as exc:
         line = getattr(exc, "lineno", None)
         raise RenderError(f"{name}{f':{line}' if line else ''}: {exc}") from None
@@ -121,7 +124,7 @@ def env_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def model_path(settings: Mapping[str, Any]) -> str:
+def model_path(settings: Settings) -> str:
     """Where the weights live on the host: an absolute `model` as is; a fetched one at
     MODEL_DIR/ORG/NAME/current (the verified revision, see weights.py); else MODEL_DIR/ORG/NAME."""
     model = str(settings.model or "")

@@ -3,20 +3,20 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
-from provision.checks import Finding, resolutions, verdict
 from provision import status
-from provision.nccl import NcclRun, describe_transport, human_size
-from provision.plan import summary
+from provision.checks import Finding, resolutions, verdict
 from provision.errors import ProvisionError
 from provision.facts import HostFacts
 from provision.fanout import HostResults
 from provision.inventory import Inventory
+from provision.nccl import NcclRun, describe_transport, human_size
+from provision.plan import summary
 
 if TYPE_CHECKING:
     from provision.rolling import Deployed
@@ -139,6 +139,11 @@ def print_facts(results: HostResults[HostFacts], out: Console) -> None:
         out.print(table)
 
 
+def _cluster_name(inventory: Inventory, host: str) -> str | None:
+    cluster = inventory.cluster_of(host)
+    return cluster.name if cluster else None
+
+
 def inventory_json(inventory: Inventory, overrides: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "sources": list(inventory.sources),
@@ -146,7 +151,7 @@ def inventory_json(inventory: Inventory, overrides: Mapping[str, Any]) -> dict[s
             name: {
                 "address": host.address, "port": host.port, "user": host.user,
                 "profile": host.profile.name, "connection": host.connection,
-                "cluster": (inventory.cluster_of(name).name if inventory.cluster_of(name) else None),
+                "cluster": _cluster_name(inventory, name),
                 "settings": _plain(inventory.settings(name, overrides).values),
                 "origin": dict(inventory.settings(name, overrides).origin),
             }
@@ -318,10 +323,10 @@ def print_applied(result: Applied, json_: bool) -> None:
     from_hub = sum(result.fetched for result in fetched.values() if result.source == "hub")
     if json_:
         document = plans_json(order, plans, findings, errors, applied)
-        for name, result in fetched.items():
-            document["hosts"][name]["fetched"] = {"bytes": result.fetched, "from": result.source,
-                                                  "linked": result.detail.get("linked", 0),
-                                                  "quarantined": result.detail.get("quarantined", [])}
+        for name, got in fetched.items():
+            document["hosts"][name]["fetched"] = {"bytes": got.fetched, "from": got.source,
+                                                  "linked": got.detail.get("linked", 0),
+                                                  "quarantined": got.detail.get("quarantined", [])}
         document["bytes_from_hub"] = from_hub
         print(dump_json(document))
         return
@@ -331,10 +336,10 @@ def print_applied(result: Applied, json_: bool) -> None:
         elif name in applied:
             line = f"{name}: applied {applied[name]} change(s)"
             if name in fetched:
-                result = fetched[name]
-                line += f"; weights: {result.fetched / 2**20:.1f} MiB from {result.source}"
-                if result.detail.get("quarantined"):
-                    line += f", {len(result.detail['quarantined'])} bad file(s) set aside and fetched again"
+                got = fetched[name]
+                line += f"; weights: {got.fetched / 2**20:.1f} MiB from {got.source}"
+                if got.detail.get("quarantined"):
+                    line += f", {len(got.detail['quarantined'])} bad file(s) set aside and fetched again"
             print(line)
     if fetched:
         print(f"bytes fetched from the hub: {from_hub} ({from_hub / 2**20:.1f} MiB)")
@@ -367,7 +372,7 @@ def print_deployed(result: Deployed, json_: bool) -> None:
     """deploy's summary: each host's state, changes, seconds per step and what happened."""
     order, plans, outcomes, applied = result.order, result.plans, result.outcomes, result.applied
     fetched, errors, seconds = result.fetched, result.errors, result.seconds
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in order:
         outcome = outcomes[name]
         changes = plans[name].changes if name in plans else []

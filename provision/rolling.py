@@ -11,15 +11,15 @@ they were.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from provision import inventory, ops, plan, remote, run, secrets, server, status, weights
 from provision.errors import ProvisionError
-from provision.report import error_text
 from provision.fanout import for_each_host
 from provision.render import RAY_PORT
+from provision.report import error_text
 from provision.run import Bar, Connect, HostPlan, Options, Planned, remaining, secret_environment
 
 
@@ -68,7 +68,7 @@ def ray_nodes(runner: remote.Runner, venv_dir: str, head_address: str, expected:
         time.sleep(3)
 
 
-def rolling(inv: inventory.Inventory, plans: dict[str, HostPlan], overrides: dict[str, Any], held: secrets.Secrets,
+def rolling(inv: inventory.Inventory, plans: dict[str, HostPlan], overrides: Mapping[str, Any], held: secrets.Secrets,
             batch: int, timeout: float, wait: float, outcomes: dict[str, Outcome]) -> Callable[..., Any]:
     """The last step of carry_out for deploy: apply batch after batch, each gated on readiness."""
 
@@ -88,7 +88,7 @@ def rolling(inv: inventory.Inventory, plans: dict[str, HostPlan], overrides: dic
     return final
 
 
-def roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostPlan], overrides: dict[str, Any],
+def roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostPlan], overrides: Mapping[str, Any],
               held: secrets.Secrets, timeout: float, wait: float, connect: Connect, bar: Bar,
               done: dict[str, int], outcomes: dict[str, Outcome]) -> dict[str, BaseException]:
     """Apply a batch (each host's changes become a pending generation), wait for readiness, then promote
@@ -138,7 +138,7 @@ def roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostPl
         try:
             outcomes[name].ready_s = server.wait_ready(
                 connect(name), settings, held.vllm_api_key, timeout,
-                lambda event: update(int(event.get("elapsed", 0)), int(timeout)))
+                _elapsed_on(update, timeout))
             outcomes[name].state = "ready"
         except ProvisionError as exc:
             errors[name] = exc
@@ -155,6 +155,11 @@ def roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostPl
             if name in made:
                 roll_back(name, made[name], plans, held, wait, connect, errors, outcomes, cause)
     return errors
+
+
+def _elapsed_on(update: Callable[[int, int], None], timeout: float) -> Callable[[dict[str, Any]], None]:
+    """A readiness wait's progress events (seconds elapsed) on its bar, out of the timeout."""
+    return lambda event: update(int(event.get("elapsed", 0)), int(timeout))
 
 
 def roll_back(name: str, generation: int, plans: dict[str, HostPlan], held: secrets.Secrets, wait: float,
@@ -180,7 +185,7 @@ def roll_back(name: str, generation: int, plans: dict[str, HostPlan], held: secr
 
 
 def _gate_unchanged(inv: inventory.Inventory, order: list[str], plans: dict[str, HostPlan],
-                    overrides: dict[str, Any], held: secrets.Secrets, timeout: float, pool: remote.Pool,
+                    overrides: Mapping[str, Any], held: secrets.Secrets, timeout: float, pool: remote.Pool,
                     outcomes: dict[str, Outcome], errors: dict[str, BaseException]) -> None:
     """A server this deploy did not touch still has to answer: the declared state is a served model,
     not only files (right after a provision the server may still be loading). Nothing to roll back."""

@@ -36,7 +36,21 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from provision import build, checks, context, cuda, facts, inventory, ops, plan, remote, render, secrets, venv, weights
+from provision import (
+    build,
+    checks,
+    context,
+    cuda,
+    facts,
+    inventory,
+    ops,
+    plan,
+    remote,
+    render,
+    secrets,
+    venv,
+    weights,
+)
 from provision.errors import InventoryError, ProvisionError, about
 from provision.fanout import HostResults, for_each_host
 from provision.profiles import Profile
@@ -75,7 +89,7 @@ def gather(inv: inventory.Inventory, targets: list[inventory.Host], options: Opt
         paths = [settings.venv_dir, settings.model_dir, settings.hf_home]
         inspect: dict[str, list[str]] = plan.inspect_spec(
             [render.CONFIG_DIR, render.STATE_DIR, *paths[1:], *venv.inspect_paths(settings),
-             f"{weights.HUB_VENV}/{venv.VENV_MANIFEST}"], settings.service_user)
+             f"{weights.HUB_VENV}/{facts.VENV_MANIFEST}"], settings.service_user)
         inspect["weights"] = [weights.root_of(settings)] if weights.managed(settings) else []
         runner = pool.connect(target) if pool else remote.connect(
             target, inv.ssh, accept_new_host_keys=options.accept_new_host_keys)
@@ -155,7 +169,7 @@ def _with_snapshots(contexts: dict[str, context.Context], held: secrets.Secrets,
     quantization: dict[tuple[Any, ...], str | None] = {}
     result = dict(contexts)
     for name, ctx in contexts.items():
-        if name not in wanted or not weights.managed(ctx.settings):
+        if name not in wanted or not weights.managed(ctx.settings) or not ctx.settings.model:
             continue
         s = ctx.settings
         key = (s.model, s.model_revision, tuple(s.model_files), s.hf_endpoint)
@@ -441,8 +455,7 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
         for house, wheels in host_plan.pushes:
             if wheels:
                 total = sum(w.size for w in wheels)
-                update = bar(f"{name}: push {len(wheels)} wheel(s)")
-                venv.push(runner, house, wheels, lambda sent: update(sent, total))
+                venv.push(runner, house, wheels, _sent_of(bar(f"{name}: push {len(wheels)} wheel(s)"), total))
         helper = host_plan.of_kind("venv", target=weights.HUB_VENV)
         return len(ops.apply(runner, helper, wait=wait).done) if helper else 0
 
@@ -488,6 +501,11 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
         if own:
             connections.close()
     return done, errors, fetched
+
+
+def _sent_of(update: Callable[[int, int], None], total: int) -> Callable[[int], None]:
+    """A push's progress (bytes sent) on its bar, out of `total`."""
+    return lambda sent: update(sent, total)
 
 
 def remaining(host_plan: HostPlan) -> list[plan.Change]:

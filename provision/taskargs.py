@@ -14,6 +14,7 @@ from invoke.exceptions import Exit
 
 from provision import config, inventory, remote
 from provision.errors import InventoryError, LabError
+from provision.inventory import Host, Inventory
 from provision.profiles import Profile, load_profiles
 from provision.run import Options
 
@@ -93,8 +94,8 @@ HOST_TASK_HELP = help_for("inventory", "host", "cluster", "all", "json", "accept
 class Selection:
     """The inventory a task was pointed at, the hosts it names, and the command line's overrides."""
 
-    inventory: inventory.Inventory
-    targets: list[inventory.Host]
+    inventory: Inventory
+    targets: list[Host]
     overrides: dict[str, Any]
 
     @property

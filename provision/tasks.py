@@ -7,11 +7,21 @@ from __future__ import annotations
 
 import sys
 
-from invoke import Collection, Context, task
+from invoke.collection import Collection
+from invoke.context import Context
 from invoke.exceptions import Exit
+from invoke.tasks import task
 
 from provision import checks, lab, report, run
-from provision.taskargs import HOST_TASK_HELP, exit_unless, guarded, help_for, options, select, setup_logging
+from provision.taskargs import (
+    HOST_TASK_HELP,
+    exit_unless,
+    guarded,
+    help_for,
+    options,
+    select,
+    setup_logging,
+)
 
 TARGETS = ("inventory", "host", "cluster", "all", "json", "accept-new-host-keys", "profile", "set", "verbose")
 

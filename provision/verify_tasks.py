@@ -9,16 +9,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from invoke import Collection, Context, task
+from invoke.collection import Collection
+from invoke.context import Context
 from invoke.exceptions import Exit
+from invoke.tasks import task
 
 # Made first, filled at the end: provision.tasks adds this same object to its namespace, so either
 # module may be imported first (tasks.py imports this one from its last line).
 verify = Collection("verify")
 
-from provision import nccl, report  # noqa: E402
-from provision.errors import InventoryError  # noqa: E402
-from provision.taskargs import guarded, help_for, options, select, setup_logging  # noqa: E402
+from provision import nccl, report
+from provision.errors import InventoryError
+from provision.taskargs import guarded, help_for, options, select, setup_logging
 
 NCCL_HELP = help_for(
     "inventory", "json", "accept-new-host-keys", "profile", "set", "verbose",
@@ -62,7 +64,7 @@ def nccl_(c: Context, host: list[str] | None = None, cluster: str | None = None,
     chosen = select(inventory_, host, cluster, set_=set_)
     order, runs, failures = nccl.verify(
         chosen.inventory, chosen.targets, options(chosen, profile=profile, accept_new_host_keys=accept_new_host_keys),
-        cluster=cluster, sizes=sizes, iters=iters, warmup=warmup, timeout=timeout, gpus=gpus, port=port,
+        cluster=cluster, sizes=list(sizes), iters=iters, warmup=warmup, timeout=timeout, gpus=gpus, port=port,
         log_dir=Path(log_dir) if log_dir else None)
     if json_:
         print(report.dump_json(report.runs_json(order, runs, failures)))
