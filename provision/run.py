@@ -169,13 +169,14 @@ def _with_snapshots(contexts: dict[str, context.Context], held: secrets.Secrets,
     quantization: dict[tuple[Any, ...], str | None] = {}
     result = dict(contexts)
     for name, ctx in contexts.items():
-        if name not in wanted or not weights.managed(ctx.settings) or not ctx.settings.model:
-            continue
         s = ctx.settings
-        key = (s.model, s.model_revision, tuple(s.model_files), s.hf_endpoint)
+        model = s.model
+        if name not in wanted or not weights.managed(s) or not model:
+            continue
+        key = (model, s.model_revision, tuple(s.model_files), s.hf_endpoint)
         if key not in asked:
             try:
-                asked[key] = weights.resolve(s.model, s.model_revision, s.model_files,
+                asked[key] = weights.resolve(model, s.model_revision, s.model_files,
                                              s.hf_endpoint, held.hf_token)
             except weights.WeightsError as exc:
                 asked[key] = str(exc)
