@@ -8,7 +8,7 @@ import sys
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 TITLES = {"first": "first provision", "noop": "no-op provision", "status": "cluster status"}
 

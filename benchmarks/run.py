@@ -23,9 +23,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import yaml
 
@@ -33,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from provision import inventory, lab, tasks  # noqa: E402
+from provision import inventory, lab, tasks
 
 WORK = HERE / "work"  # inventories, rendered files, logs (gitignored)
 RESULTS = HERE / "results"

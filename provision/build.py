@@ -14,10 +14,12 @@ import io
 import json
 import subprocess
 import tarfile
-import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
+
+import tomllib
 
 from provision import config, programs
 from provision.errors import ProvisionError

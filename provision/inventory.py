@@ -40,9 +40,10 @@ from __future__ import annotations
 import ipaddress
 import re
 import reprlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import yaml
 

@@ -23,9 +23,10 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Protocol
 
 import invoke
 import paramiko
@@ -307,7 +308,7 @@ class SshRunner(_Counting):
             ) from None
         except paramiko.AuthenticationException as exc:
             raise UnreachableHost(self.host, f"authentication failed for {where}: {exc}") from None
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             raise UnreachableHost(
                 self.host, f"no answer from {where} within {self.ssh.connect_timeout:g}s") from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
@@ -487,7 +488,7 @@ class Pool:
         for runner in runners:
             runner.close()
 
-    def __enter__(self) -> "Pool":
+    def __enter__(self) -> Pool:
         return self
 
     def __exit__(self, *_: object) -> None:

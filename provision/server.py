@@ -3,13 +3,13 @@ completions). Both run on the host through host/serve.py, over loopback; figures
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from provision import programs
 from provision.errors import ProvisionError
 from provision.status import parse_metrics
-
 
 
 class NotReady(ProvisionError):

@@ -13,8 +13,9 @@ import math
 import re
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from provision import facts, parsers, weights
 from provision.facts import HostFacts

@@ -16,9 +16,10 @@ import json
 import secrets as random_secrets
 import tempfile
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from provision import config, programs
 from provision.errors import ProvisionError, UnreachableHost
@@ -92,8 +93,12 @@ def snapshot_from_info(repo: str, revision: str, info: Any, patterns: Sequence[s
 def resolve(repo: str, revision: str, patterns: Sequence[str], endpoint: str, token: str | None) -> Snapshot:
     """The revision's full commit and its files, from the hub; clear errors for what users hit."""
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     api = HfApi(endpoint=endpoint, token=token or False, library_name="provision")
     try:

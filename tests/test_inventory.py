@@ -3,7 +3,6 @@ code 2, before anything is contacted; the shipped inventories load; precedence i
 from __future__ import annotations
 
 import dataclasses
-
 import re
 import socket
 import subprocess

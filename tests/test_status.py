@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from provision import facts, inventory, lab, server, status
-from provision.inventory import Settings
 from provision.cluster_tasks import _batches
+from provision.inventory import Settings
 from tests.fakes import ok, probe_answer_from_recording
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
@@ -108,7 +108,7 @@ def test_the_probe_sends_back_only_the_samples_figures_read_and_they_give_the_sa
     pages = [rec["first"], rec["second"]]
 
     class Vllm(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             body = (pages.pop(0) if self.path == "/metrics" else "{}").encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))

@@ -28,8 +28,20 @@ import sys
 import time
 
 from provision.host.common import StepFailed, lock, sha256_of, write_atomically
-from provision.host.generations import (GenerationError, describe, load_meta, load_state, matches, model_target,
-                                        restore, rollback_target, set_state, snapshot, unit_states, venv_key)
+from provision.host.generations import (
+    GenerationError,
+    describe,
+    load_meta,
+    load_state,
+    matches,
+    model_target,
+    restore,
+    rollback_target,
+    set_state,
+    snapshot,
+    unit_states,
+    venv_key,
+)
 
 UNIT_DIR = "/etc/systemd/system/"
 

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tarfile
 
-
 from provision.host.common import emit, sha256_of
 
 

@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any, Dict, Optional
+from typing import Any
 
 MAX_LOG = 1 << 20  # per rank; NCCL's INFO log of a 2-node, 16-rank init stays far below
 
@@ -55,7 +55,7 @@ HOLD_GROWTH = 4
 HOLD_TRIES = 3
 
 
-def _benchmark(spec: Dict[str, Any], rank: int, local_rank: int, world_size: int, result_path: str,
+def _benchmark(spec: dict[str, Any], rank: int, local_rank: int, world_size: int, result_path: str,
                device_path: str) -> None:
     """One rank: join the group, check one all-reduce per size, then time `iters` of them."""
     import datetime
@@ -155,7 +155,7 @@ def _benchmark(spec: Dict[str, Any], rank: int, local_rank: int, world_size: int
     dist.destroy_process_group()
 
 
-def _child(spec: Dict[str, Any], rank: int, local_rank: int, log_path: str, result_path: str,
+def _child(spec: dict[str, Any], rank: int, local_rank: int, log_path: str, result_path: str,
            device_path: str) -> None:
     """In the forked process: output to the log file, torchrun's environment, then the benchmark."""
     descriptor = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -191,10 +191,10 @@ def _read_log(path: str) -> str:
     return data.decode("utf-8", "replace")
 
 
-def run(spec: Dict[str, Any]) -> Dict[str, Any]:
+def run(spec: dict[str, Any]) -> dict[str, Any]:
     workdir = tempfile.mkdtemp(prefix="provision-nccl-")
     result_path = os.path.join(workdir, "result.json")
-    children: Dict[int, Dict[str, Any]] = {}
+    children: dict[int, dict[str, Any]] = {}
     try:
         for local_rank in range(spec["nproc"]):
             rank = spec.get("rank_offset", 0) + local_rank
@@ -223,7 +223,7 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
                 waiting.clear()
             if waiting:
                 time.sleep(0.1)
-        result: Optional[Dict[str, Any]] = None
+        result: dict[str, Any] | None = None
         if os.path.exists(result_path):
             with open(result_path) as handle:
                 result = json.load(handle)
@@ -238,6 +238,6 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def main(spec: Dict[str, Any]) -> None:
+def main(spec: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(run(spec)))
     sys.stdout.write("\n")

@@ -15,7 +15,6 @@ import time
 import urllib.error
 import urllib.request
 
-
 from provision.host.common import emit
 
 

@@ -73,7 +73,7 @@ def unchanged_since_verified(path, recorded):
     return isinstance(kept, list) and len(kept) >= 2 and now[:len(kept)] == kept
 
 
-class Counter(object):
+class Counter:
     """A file object that reports the bytes written through it (huggingface_hub writes into it)."""
 
     def __init__(self, handle, progress):
@@ -89,7 +89,7 @@ class Counter(object):
         return getattr(self._handle, name)
 
 
-class Progress(object):
+class Progress:
     def __init__(self, total):
         self.total = total
         self.done = 0

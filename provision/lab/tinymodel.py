@@ -9,10 +9,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-WORDS = ("the a an and or of to in on for with is are was be it this that we you they he she "
-         "model server node cluster gpu cpu memory token cache prefix batch request reply fast slow "
-         "one two three four five six seven eight nine ten red green blue black white hot cold "
-         "run walk read write open close start stop up down left right yes no hello world").split()
+WORDS = [
+    "the", "a", "an", "and", "or", "of", "to", "in", "on", "for", "with", "is", "are", "was", "be",
+    "it", "this", "that", "we", "you", "they", "he", "she", "model", "server", "node", "cluster",
+    "gpu", "cpu", "memory", "token", "cache", "prefix", "batch", "request", "reply", "fast",
+    "slow", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "red",
+    "green", "blue", "black", "white", "hot", "cold", "run", "walk", "read", "write", "open",
+    "close", "start", "stop", "up", "down", "left", "right", "yes", "no", "hello", "world"
+]
 SPECIAL = ["<unk>", "<s>", "</s>"]
 CONFIG = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
@@ -36,7 +40,7 @@ def make(directory: Path, seed: int = 0) -> Path:
     head_dim = config["head_dim"]
     rng = np.random.default_rng(seed)
 
-    def weight(*shape: int) -> "np.ndarray":
+    def weight(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)
 
     tensors = {"model.embed_tokens.weight": weight(len(vocab), hidden),
@@ -84,7 +88,7 @@ def make_awq(directory: Path, seed: int = 1) -> Path:
     make(directory, seed)
     dense = load_file(str(directory / "model.safetensors"))
     rng = np.random.default_rng(seed)
-    packed: dict[str, "np.ndarray"] = {}
+    packed: dict[str, np.ndarray] = {}
     for name, tensor in dense.items():
         if name.startswith("model.layers.") and name.endswith("_proj.weight"):
             out_features, in_features = tensor.shape

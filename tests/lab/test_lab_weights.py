@@ -6,8 +6,9 @@ import hashlib
 import json
 import tempfile
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -146,7 +147,7 @@ def test_a_corrupted_file_is_set_aside_and_fetched_again(
     commit = publish(the_lab, "test/corrupt")
     args = ("--host", "cpu-1", "--set", "model=test/corrupt", "--set", "model_dir=/srv/w-corrupt")
     assert weights(*args)[0] == 0
-    target = f"/srv/w-corrupt/test/corrupt/current/model.safetensors"
+    target = "/srv/w-corrupt/test/corrupt/current/model.safetensors"
     flip = ("import os,sys; p=sys.argv[1]; st=os.stat(p); f=open(p,'r+b'); f.seek(4096); b=f.read(1); "
             "f.seek(4096); f.write(bytes([b[0]^255])); f.close(); "
             "os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns)) if len(sys.argv)>2 else None")
