@@ -39,7 +39,7 @@ def how_to_query(host: str, address: str, settings: Mapping[str, Any], key_set: 
     on_host = bind in LOOPBACK
     reach = address if bind in ("0.0.0.0", "::") else bind
     url = base_url(settings) if on_host else f"http://{'[' + reach + ']' if ':' in reach else reach}:{settings.port}"
-    body = ('{"model": "%s", "prompt": "Hello, my name is", "max_tokens": 16}' % served_name(settings))
+    body = f'{{"model": "{served_name(settings)}", "prompt": "Hello, my name is", "max_tokens": 16}}'
     key = ' -H "Authorization: Bearer $VLLM_API_KEY"' if key_set else ""
     where = f" (on {host}: it listens on loopback only)" if on_host else ""
     return [f"{host} serves {served_name(settings)!r} at {url}{where}. Ask it:",
@@ -90,7 +90,7 @@ def _percentile(values: list[float], share: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(share * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
 
 
 def bench_report(answer: Mapping[str, Any]) -> BenchReport:

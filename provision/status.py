@@ -165,8 +165,8 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
     revision = None
     if model_root:
         revision = (host_facts.weights.get(model_root) or {}).get("current")
-    common = dict(kernel=host_facts.kernel, driver=host_facts.driver.version if host_facts.driver else None,
-                  gpus=_gpu_rows(host_facts), unit=unit, revision=revision, seconds=round(seconds, 2))
+    common = {"kernel": host_facts.kernel, "driver": host_facts.driver.version if host_facts.driver else None,
+              "gpus": _gpu_rows(host_facts), "unit": unit, "revision": revision, "seconds": round(seconds, 2)}
     if state is not None and not installed:  # never provisioned: say so, not "inactive" or "worker"
         return HostStatus(host, role, True, False, f"{unit_name} is not installed: provision the host first",
                           health="-", **common)

@@ -47,7 +47,7 @@ UNIT_DIR = "/etc/systemd/system/"
 
 
 def _run(argv):
-    done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, check=False,
                           env=dict(os.environ, LC_ALL="C", LANG="C"))
     if done.returncode != 0:
         message = (done.stderr or done.stdout).decode("utf-8", "replace").strip().splitlines()
@@ -77,11 +77,11 @@ def verify_imports(venv, modules):
     if not modules:
         return {}
     done = subprocess.run([os.path.join(venv, "bin", "python"), "-c", VERSIONS] + list(modules),
-                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          stdin=subprocess.DEVNULL, capture_output=True, check=False,
                           env=dict(os.environ, LC_ALL="C", LANG="C"))
     if done.returncode != 0:
         lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise StepFailed("the new venv cannot import %s: %s" % (", ".join(modules), " | ".join(lines[-2:])))
+        raise StepFailed(f"the new venv cannot import {', '.join(modules)}: {' | '.join(lines[-2:])}")
     return json.loads(done.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
 
 
@@ -100,11 +100,12 @@ def build_venv(data):
         if verified.get(name) == digest and os.path.isfile(path):
             continue
         if not os.path.isfile(path):
-            raise StepFailed("wheel %s was not pushed" % name)
+            raise StepFailed(f"wheel {name} was not pushed")
         found = sha256_of(path)
         if found != digest:
             os.rename(path, path + ".bad")
-            raise StepFailed("wheel %s: sha256 %s, expected %s (set aside as .bad)" % (name, found[:12], digest[:12]))
+            raise StepFailed(f"wheel {name}: sha256 {found[:12]}, expected {digest[:12]} "
+                             "(set aside as .bad)")
         verified[name] = digest
     write_atomically(index_path, json.dumps(verified, indent=1, sort_keys=True).encode(), 0o644, 0, 0)
     last = venv + ".last-good"
@@ -207,7 +208,7 @@ def step(change):
     elif kind == "stop":
         _run(["systemctl", "disable", "--now", target])
     else:
-        raise StepFailed("unknown change kind %r" % kind)
+        raise StepFailed(f"unknown change kind {kind!r}")
 
 
 def _apply(spec, result):
@@ -248,7 +249,7 @@ def _apply(spec, result):
         if result["unfinished"] and result["unfinished"]["id"] == previous:
             set_state(root, previous, "abandoned", note="its deploy stopped before readiness; replaced")
         verify = bool(spec.get("verify"))
-        described = [changes[index].get("describe") or "%s %s" % (changes[index]["kind"], changes[index]["target"])
+        described = [changes[index].get("describe") or f"{changes[index]['kind']} {changes[index]['target']}"
                      for index in result["done"]] + list(spec.get("record") or [])
         result["generation"] = snapshot(
             root, generations, "pending" if verify else "applied", spec.get("by", "provision"), described, secrets,
@@ -267,10 +268,11 @@ def _decide(spec, result):
     if action == "promote":
         number, current = spec["generation"], load_state(root)["current"]
         if current != number:
-            raise StepFailed("another run changed the host while this one waited for readiness: generation %s "
-                             "is current, not %s (what answered is not what this run applied)" % (current, number))
+            raise StepFailed(f"another run changed the host while this one waited for readiness: generation "
+                             f"{current} is current, not {number} (what answered is not what this run "
+                             "applied)")
         if not matches(root, number, generations):
-            raise StepFailed("the managed files changed since generation %s was applied" % number)
+            raise StepFailed(f"the managed files changed since generation {number} was applied")
         set_state(root, number, "good", units=unit_states(generations["units"]),
                   verified=time.strftime("%Y-%m-%d %H:%M:%S"))
         result["generation"] = number
@@ -286,7 +288,8 @@ def _decide(spec, result):
         target = (rollback_target(root, before=number, good_only=True) or rollback_target(root, before=number)
                   or rollback_target(root, before=number, states=("found",)))
         if target is None:
-            raise StepFailed("generation %s was rejected and no earlier generation is kept to go back to" % number)
+            raise StepFailed(f"generation {number} was rejected and no earlier generation is kept to go "
+                             "back to")
         units = load_meta(root, number).get("units_before")
         result["restored"] = restore(root, target, generations, secrets, write_atomically, _run, units=units)
         result["to"] = target
@@ -298,7 +301,7 @@ def _decide(spec, result):
         result["restored"] = restore(root, target, generations, secrets, write_atomically, _run)
         result["to"] = target
         return
-    raise StepFailed("unknown action %r" % action)
+    raise StepFailed(f"unknown action {action!r}")
 
 
 def main(spec):

@@ -41,7 +41,7 @@ def build(spec):
     with tarfile.open(spec["tarball"]) as archive:
         for member in archive.getmembers():  # refuse paths that would leave the source directory
             if member.name.startswith("/") or ".." in member.name.split("/") or member.issym() or member.islnk():
-                raise RuntimeError("unsafe path in the source archive: %s" % member.name)
+                raise RuntimeError(f"unsafe path in the source archive: {member.name}")
         archive.extractall(source)
     venv = os.path.join(workdir, "venv")
     _run("creating the build venv", [sys.executable, "-m", "venv", venv])

@@ -36,7 +36,7 @@ def fsync_dir(path):
 def write_atomically(path, data, mode, uid, gid):
     """A temporary file beside `path` with its owner and mode, fsynced, renamed over it."""
     directory = os.path.dirname(path)
-    temporary = os.path.join(directory, ".%s.provision-tmp" % os.path.basename(path))
+    temporary = os.path.join(directory, f".{os.path.basename(path)}.provision-tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.fchown(fd, uid, gid)
@@ -69,7 +69,7 @@ def lock(path, wait):
                 raise
             if time.time() >= deadline:
                 holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another run"
-                raise StepFailed("another provision holds %s (%s)" % (path, holder))
+                raise StepFailed(f"another provision holds {path} ({holder})")
             time.sleep(0.2)
     os.ftruncate(fd, 0)
     os.pwrite(fd, ("pid %d since %s" % (os.getpid(), time.strftime("%Y-%m-%d %H:%M:%S"))).encode(), 0)

@@ -62,7 +62,7 @@ def save_state(root, state):
 def load_meta(root, number):
     meta = _read_json(os.path.join(root, str(number), "meta.json"), None)
     if meta is None:
-        raise GenerationError("generation %s is not kept on this host" % number)
+        raise GenerationError(f"generation {number} is not kept on this host")
     return meta
 
 
@@ -115,8 +115,8 @@ def _fill_secrets(data, secrets, number, path):
         data = data.replace((PLACEHOLDER % name).encode(), (value or "").encode())
     if b"@@secret:" in data:
         missing = data.split(b"@@secret:", 1)[1].split(b"@@", 1)[0].decode("utf-8", "replace")
-        raise GenerationError("generation %s's %s needs the secret %s, which this run does not hold"
-                              % (number, path, missing))
+        raise GenerationError(f"generation {number}'s {path} needs the secret {missing}, which this run "
+                              "does not hold")
     return data
 
 
@@ -222,15 +222,15 @@ def restore(root, number, spec, secrets, write, run, units=None):
     Returns what it restored, in words."""
     meta = load_meta(root, number)
     if meta["state"] in ("rejected", "abandoned", "pending"):
-        raise GenerationError("generation %s is %s: not a rollback target (see `invoke rollback --list`)"
-                              % (number, meta["state"]))
+        raise GenerationError(f"generation {number} is {meta['state']}: not a rollback target "
+                              "(see `invoke rollback --list`)")
     said = []
     units_changed = False
     for path, recorded in sorted(meta["files"].items()):
         if recorded is None:
             if os.path.isfile(path):
                 os.remove(path)
-                said.append("removed %s" % path)
+                said.append(f"removed {path}")
                 units_changed = units_changed or path.endswith((".service", ".conf"))
             continue
         with open(os.path.join(root, str(number), "files", path.lstrip("/")), "rb") as handle:
@@ -257,7 +257,7 @@ def restore(root, number, spec, secrets, write, run, units=None):
                 os.rename(aside, kept)
             said.append(venv["dir"])
         else:
-            said.append("%s left as it is (generation %s's venv is no longer kept)" % (venv["dir"], number))
+            said.append(f"{venv['dir']} left as it is (generation {number}'s venv is no longer kept)")
     for model_root, target in sorted((meta.get("models") or {}).items()):
         if model_target(model_root) == target:
             continue
@@ -266,14 +266,14 @@ def restore(root, number, spec, secrets, write, run, units=None):
             for name, pointed in (("current", target), ("previous", now)):
                 if pointed is None:
                     continue
-                temporary = os.path.join(model_root, ".%s.tmp" % name)
+                temporary = os.path.join(model_root, f".{name}.tmp")
                 if os.path.lexists(temporary):
                     os.remove(temporary)
                 os.symlink(pointed, temporary)
                 os.rename(temporary, os.path.join(model_root, name))
-            said.append("%s -> %s" % (model_root, target))
+            said.append(f"{model_root} -> {target}")
         else:
-            said.append("%s left as it is (%s is no longer kept)" % (model_root, target))
+            said.append(f"{model_root} left as it is ({target} is no longer kept)")
     if units_changed:
         run(["systemctl", "daemon-reload"])
     anything = bool(said)

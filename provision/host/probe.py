@@ -213,7 +213,7 @@ def _get(url, headers, timeout):
     import socket
     address, _, path = url.split("://", 1)[1].partition("/")
     host, _, port = address.rpartition(":")
-    lines = ["GET /%s HTTP/1.0" % path, "Host: %s" % address] + ["%s: %s" % item for item in headers.items()]
+    lines = [f"GET /{path} HTTP/1.0", f"Host: {address}"] + [f"{key}: {value}" for key, value in headers.items()]
     received, size = [], 0
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as sock:
@@ -225,12 +225,12 @@ def _get(url, headers, timeout):
                 received.append(data)
                 size += len(data)
     except Exception as exc:  # refused, reset, timed out: all mean "not answering"
-        return {"status": None, "error": "%s: %s" % (type(exc).__name__, exc)}
+        return {"status": None, "error": f"{type(exc).__name__}: {exc}"}
     head, _, body = b"".join(received).partition(b"\r\n\r\n")
     try:
         status = int(head.split(b" ", 2)[1])
     except (IndexError, ValueError):
-        return {"status": None, "error": "not an HTTP answer: %r" % head[:80]}
+        return {"status": None, "error": f"not an HTTP answer: {head[:80]!r}"}
     text = body[:MAX_OUTPUT if status == 200 else 2000].decode("utf-8", "replace")
     return {"status": status, "body": text}
 

@@ -36,7 +36,7 @@ def _describe(exc, spec):
                 "or VLLM_API_KEY in the environment)")
     if isinstance(exc, urllib.error.HTTPError):
         return "HTTP %d %s" % (exc.code, exc.read(300).decode("utf-8", "replace"))
-    return "%s: %s" % (type(exc).__name__, exc)
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _get(url, timeout=5):
@@ -46,7 +46,7 @@ def _get(url, timeout=5):
     except urllib.error.HTTPError as exc:
         return exc.code, ""
     except Exception as exc:
-        return None, "%s: %s" % (type(exc).__name__, exc)
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 def _complete(spec, max_tokens, prompt, timeout):
@@ -95,7 +95,7 @@ def ready(spec):
             if state == "failed" or (restarts is not None and restarts_before is not None
                                      and restarts > restarts_before):
                 return {"ok": False, "seconds": round(time.time() - started, 1),
-                        "error": "%s %s after start (%s restart(s)): %s" % (
+                        "error": "{} {} after start ({} restart(s)): {}".format(
                             unit, "failed" if state == "failed" else "crashed", restarts, _journal_tail(unit))}
         if stage == "health":
             status, text = _get(spec["base"] + "/health", timeout=5)
@@ -185,5 +185,5 @@ def serve_main(spec):
     try:
         result = ready(spec) if spec["action"] == "ready" else bench(spec)
     except Exception as exc:
-        result = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     emit("result", **result)

@@ -40,7 +40,7 @@ def file_digest(path, kind):
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
-    return "%s:%s" % (kind, digest.hexdigest())
+    return f"{kind}:{digest.hexdigest()}"
 
 
 def matches(path, entry):
@@ -163,7 +163,7 @@ def transfer(spec, entry, part, progress):
 
 def _short(exc):
     text = str(exc).strip().splitlines()
-    return "%s: %s" % (type(exc).__name__, text[0][:300] if text else "")
+    return "{}: {}".format(type(exc).__name__, text[0][:300] if text else "")
 
 
 QUARANTINE_KEEP = 1  # bad copies kept per file for a look: the newest; older ones only fill the disk
@@ -200,8 +200,8 @@ def place(spec, entry, final, part, progress, report):
             return
         report["quarantined"].append(quarantine(spec["root"], part, spec["commit"], entry["path"]))
         if attempt == 2:
-            raise WeightsFailed("%s: hash mismatch twice (expected %s); the fetched copies are set aside "
-                                "in %s/.quarantine" % (entry["path"], entry["digest"], spec["root"]))
+            raise WeightsFailed(f"{entry['path']}: hash mismatch twice (expected {entry['digest']}); the "
+                                f"fetched copies are set aside in {spec['root']}/.quarantine")
 
 
 def fetch(spec):
@@ -318,7 +318,7 @@ def write_manifest(spec, revision, manifest=None):
 
 
 def _relink(root, name, commit):
-    temporary = os.path.join(root, ".%s.tmp" % name)
+    temporary = os.path.join(root, f".{name}.tmp")
     if os.path.lexists(temporary):
         os.remove(temporary)
     os.symlink(os.path.join("revisions", commit), temporary)

@@ -26,5 +26,5 @@ def main():
         real = os.path.join(directory, name)
         if os.access(real, os.X_OK):
             os.execv(real, [real] + sys.argv[1:])
-    sys.stderr.write("%s: this invocation was not recorded for this host\n" % name)
+    sys.stderr.write(f"{name}: this invocation was not recorded for this host\n")
     sys.exit(127)

@@ -79,7 +79,7 @@ def test_the_disk_filling_up_during_a_download_fails_that_host_and_the_next_run_
     while hub_call(the_lab, "/_lab/stats").get("clients", {}).get(cpu1, 0) < 11 * 2**20 and time.monotonic() < deadline:
         time.sleep(0.2)
     on_host(lab_inventory, "cpu-1", ["sh", "-c", "dd if=/dev/zero of=/srv/tight/filler bs=1M count=32 2>/dev/null; true"])
-    out, err = running.communicate(timeout=300)
+    out, _err = running.communicate(timeout=300)
     report = json.loads(out)
     assert running.returncode == 1
     assert "No space left" in report["hosts"]["cpu-1"]["error"] and "extra.safetensors" in report["hosts"]["cpu-1"]["error"]

@@ -212,7 +212,7 @@ def test_an_interrupted_fetch_resumes_where_it_stopped(
     assert on_host(lab_inventory, "cpu-1", ["sh", "-c", "test -e /srv/w-resume/test/resume/current; echo $?"]
                    ).strip() == "1"  # nothing half-fetched is ever served
     hub_call(the_lab, "/_lab/reset", {})
-    code, report, text = weights(*args)
+    code, _report, text = weights(*args)
     assert code == 0, text
     assert served(the_lab, "test/resume", "extra.safetensors") == size - int(part)
     ranges = [r["range"] for r in hub_call(the_lab, "/_lab/stats")["requests"]
@@ -224,7 +224,7 @@ def test_an_interrupted_fetch_resumes_where_it_stopped(
 
 def test_too_little_disk_is_refused_before_a_byte_moves(hub_counters: lab.Lab) -> None:
     # cpu-1's /srv/small is a 2 MiB filesystem; the tiny model is about 5 MB.
-    code, report, text = weights("--host", "cpu-1", "--set", "model=lab/tiny-llama",
+    code, _report, text = weights("--host", "cpu-1", "--set", "model=lab/tiny-llama",
                                  "--set", "model_dir=/srv/small/models")
     assert code == 1
     assert "disk.space" in text and "/srv/small/models" in text
