@@ -14,7 +14,8 @@ TITLES = {"first": "first provision", "noop": "no-op provision", "status": "clus
 
 
 def main(source: str, target: str) -> None:
-    document = json.load(open(source))
+    with open(source) as handle:
+        document = json.load(handle)
     results = document["results"]
     scenarios = [s for s in TITLES if any(r["scenario"] == s for r in results)]
     figure, axes = plt.subplots(1, len(scenarios), figsize=(5 * len(scenarios), 4.2), squeeze=False)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import invoke
 import paramiko
@@ -34,6 +34,9 @@ from fabric import Config, Connection
 from invoke.runners import Local as InvokeLocal
 
 from provision.errors import HostKeyError, UnreachableHost
+
+if TYPE_CHECKING:  # typing.Self is 3.11+; this package runs on 3.10
+    from typing_extensions import Self
 from provision.inventory import Host, SshSettings
 
 log = logging.getLogger("provision.remote")
@@ -488,7 +491,7 @@ class Pool:
         for runner in runners:
             runner.close()
 
-    def __enter__(self) -> Pool:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_: object) -> None:

@@ -38,9 +38,8 @@ def parse_ray_status(text: str) -> int:
             match = re.match(r"^(\d+)\s+node_[0-9a-f]+", stripped)
             if match:
                 count += int(match.group(1))
-            elif stripped.endswith(":") or stripped.startswith("-") or not stripped:
-                if stripped.endswith(":"):
-                    break
+            elif stripped.endswith(":"):  # the next section ("Pending:"): the active nodes are counted
+                break
     return count
 
 

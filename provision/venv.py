@@ -269,7 +269,7 @@ def push(runner: Any, wheelhouse: Wheelhouse, wheels: Sequence[Wheel],
     for wheel in wheels:
         base = sent
         runner.put(wheelhouse.directory / wheel.name, f"{REMOTE_WHEELHOUSE}/{wheel.name}",
-                   lambda done, total: progress(base + done))
+                   lambda done, total, base=base: progress(base + done))
         sent += wheel.size
     return sent
 

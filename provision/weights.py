@@ -115,7 +115,7 @@ def resolve(repo: str, revision: str, patterns: Sequence[str], endpoint: str, to
         raise WeightsError(f"no model repository '{repo}' on {endpoint} (a private one needs hf_token)") from None
     except HfHubHTTPError as exc:
         raise WeightsError(f"{endpoint} refused {repo}@{revision}: {str(exc).splitlines()[0]}") from None
-    except Exception as exc:  # the transport's errors (httpx) differ across versions
+    except Exception as exc:  # noqa: BLE001  the transport's errors (httpx, requests) differ across versions
         raise WeightsError(f"cannot reach {endpoint} for {repo}: {type(exc).__name__}: {exc}") from None
     return snapshot_from_info(repo, revision, info, patterns)
 
@@ -299,7 +299,7 @@ class Seed:
                 self.ready.set()
         try:
             _run(self.runner, "python3", self.spec, lambda done, total: None, on_event)
-        except BaseException as exc:  # reported through .error; the thread must not die silently
+        except BaseException as exc:  # noqa: BLE001  reported through .error; the thread must not die silently
             self.error = exc
         finally:
             self.ready.set()

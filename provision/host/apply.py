@@ -162,17 +162,17 @@ def _already(change, written, venv_built):
     if kind == "daemon-reload":
         return not any(path.startswith(UNIT_DIR) for path in written)
     if kind == "enable":
-        return subprocess.run(["systemctl", "is-enabled", "--quiet", target]).returncode == 0
+        return subprocess.run(["systemctl", "is-enabled", "--quiet", target], check=False).returncode == 0
     if kind == "start":
-        return subprocess.run(["systemctl", "is-active", "--quiet", target]).returncode == 0
+        return subprocess.run(["systemctl", "is-active", "--quiet", target], check=False).returncode == 0
     if kind == "restart":
         because = data.get("because")
         if because is None:
             return False
         return not any(cause in written or (cause == "venv" and venv_built) or cause == "model" for cause in because)
     if kind == "stop":
-        active = subprocess.run(["systemctl", "is-active", "--quiet", target]).returncode == 0
-        enabled = subprocess.run(["systemctl", "is-enabled", "--quiet", target]).returncode == 0
+        active = subprocess.run(["systemctl", "is-active", "--quiet", target], check=False).returncode == 0
+        enabled = subprocess.run(["systemctl", "is-enabled", "--quiet", target], check=False).returncode == 0
         return not active and not enabled
     return False
 
@@ -199,11 +199,11 @@ def step(change):
         _run(["systemctl", "enable", target])
     elif kind == "start":
         subprocess.run(["systemctl", "reset-failed", target], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)  # a unit stopped by its start limit must start again
+                       stderr=subprocess.DEVNULL, check=False)  # a unit stopped by its start limit must start again
         _run(["systemctl", "start", target])
     elif kind == "restart":
         subprocess.run(["systemctl", "reset-failed", target], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)  # a crash loop's start limit must not refuse it
+                       stderr=subprocess.DEVNULL, check=False)  # a crash loop's start limit must not refuse it
         _run(["systemctl", "restart", target])
     elif kind == "stop":
         _run(["systemctl", "disable", "--now", target])

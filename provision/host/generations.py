@@ -83,9 +83,9 @@ def unit_states(units):
     found = {}
     for unit in units:
         loaded = subprocess.run(["systemctl", "show", "-p", "LoadState", "--value", unit],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.decode().strip()
-        enabled = subprocess.run(["systemctl", "is-enabled", "--quiet", unit]).returncode == 0
-        active = subprocess.run(["systemctl", "is-active", "--quiet", unit]).returncode == 0
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False).stdout.decode().strip()
+        enabled = subprocess.run(["systemctl", "is-enabled", "--quiet", unit], check=False).returncode == 0
+        active = subprocess.run(["systemctl", "is-active", "--quiet", unit], check=False).returncode == 0
         found[unit] = {"installed": loaded == "loaded", "enabled": enabled, "active": active}
     return found
 
@@ -281,17 +281,17 @@ def restore(root, number, spec, secrets, write, run, units=None):
         now = unit_states([unit])[unit]
         if not wanted["installed"] or not wanted["enabled"]:
             if now["enabled"]:
-                subprocess.run(["systemctl", "disable", unit], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                subprocess.run(["systemctl", "disable", unit], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
         elif not now["enabled"]:
             run(["systemctl", "enable", unit])
         if wanted["installed"] and wanted["active"]:
-            subprocess.run(["systemctl", "reset-failed", unit], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(["systemctl", "reset-failed", unit], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
             if not now["active"]:
                 run(["systemctl", "start", unit])
             elif anything:
                 run(["systemctl", "restart", unit])  # it must run what was just restored
         elif now["active"]:
-            subprocess.run(["systemctl", "stop", unit], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(["systemctl", "stop", unit], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     state = load_state(root)
     state["current"] = number
     save_state(root, state)

@@ -62,7 +62,7 @@ def _unit(unit):
     import subprocess
     try:
         text = subprocess.run(["systemctl", "show", "-p", "ActiveState,NRestarts", unit], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL).stdout.decode()
+                              stderr=subprocess.DEVNULL, check=False).stdout.decode()
     except OSError:
         return None, None
     values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
@@ -74,7 +74,7 @@ def _journal_tail(unit):
     import subprocess
     try:
         text = subprocess.run(["journalctl", "-u", unit, "--no-pager", "-n", "40", "-o", "cat"],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.decode("utf-8", "replace")
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False).stdout.decode("utf-8", "replace")
     except OSError:
         return ""
     lines = [line for line in text.splitlines() if line.strip()]

@@ -122,8 +122,8 @@ def test_the_tool_killed_during_a_venv_install_leaves_the_host_to_finish_and_the
     assert done.returncode == 0, done.stdout + done.stderr
     answer = on_host(lab_inventory, "cpu-1", [f"{venv_dir}/bin/python", "-c", "import ray; print(ray.__version__)"])
     assert answer.strip() == "2.60.0"
-    leftovers = on_host(lab_inventory, "cpu-1", ["sh", "-c", "find /opt /etc/vllm /var/cache/provision "
-                                                             "-name '*.provision-tmp' -o -name '*.partial' | head"])
+    leftovers = on_host(lab_inventory, "cpu-1", ["sh", "-c", ("find /opt /etc/vllm /var/cache/provision "
+                                                              "-name '*.provision-tmp' -o -name '*.partial' | head")])
     assert leftovers.strip() == ""  # no half-written file anywhere the tool writes
     again = run_invoke(*args, "--json")
     assert json.loads(again.stdout)["hosts"]["cpu-1"]["changes"] == []  # converged: nothing left to do

@@ -24,8 +24,8 @@ METRICS = "import urllib.request\nprint(urllib.request.urlopen('http://127.0.0.1
 
 
 def unit_state(lab_inventory: inventory.Inventory) -> dict[str, str]:
-    text = on_host(lab_inventory, "cpu-1", ["systemctl", "show", "-p", "ActiveState,InvocationID,ActiveEnterTimestamp,"
-                                   "NRestarts,ExecMainStartTimestamp", "vllm.service"])
+    text = on_host(lab_inventory, "cpu-1", ["systemctl", "show", "-p", ("ActiveState,InvocationID,ActiveEnterTimestamp,"
+                                    "NRestarts,ExecMainStartTimestamp"), "vllm.service"])
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 

@@ -206,8 +206,8 @@ def test_an_interrupted_fetch_resumes_where_it_stopped(
     code, _, text = weights(*args)
     assert code == 1
     assert "cpu-1" in text and "extra.safetensors: transfer broke off after" in text and "resume" in text
-    part = on_host(lab_inventory, "cpu-1", ["sh", "-c", "stat -c %s /srv/w-resume/test/resume/.partial/*/"
-                                                         "extra.safetensors.part"]).strip()
+    part = on_host(lab_inventory, "cpu-1", ["sh", "-c", ("stat -c %s /srv/w-resume/test/resume/.partial/*/"
+                                                          "extra.safetensors.part")]).strip()
     assert int(part) >= 10 * 2**20
     assert on_host(lab_inventory, "cpu-1", ["sh", "-c", "test -e /srv/w-resume/test/resume/current; echo $?"]
                    ).strip() == "1"  # nothing half-fetched is ever served
