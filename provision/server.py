@@ -9,6 +9,7 @@ from typing import Any
 
 from provision import programs
 from provision.errors import ProvisionError
+from provision.inventory import Settings
 from provision.status import parse_metrics
 
 
@@ -16,21 +17,21 @@ class NotReady(ProvisionError):
     """The server did not become ready (health and a completion) in time."""
 
 
-def base_url(settings: Mapping[str, Any]) -> str:
+def base_url(settings: Settings) -> str:
     address = str(settings.bind_host)
     if address in ("0.0.0.0", "::"):
         address = "127.0.0.1"
     return f"http://{'[' + address + ']' if ':' in address else address}:{settings.port}"
 
 
-def served_name(settings: Mapping[str, Any]) -> str:
+def served_name(settings: Settings) -> str:
     return str(settings.served_model_name or settings.model)
 
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
-def how_to_query(host: str, address: str, settings: Mapping[str, Any], key_set: bool,
+def how_to_query(host: str, address: str, settings: Settings, key_set: bool,
                  scope: str) -> list[str]:
     """What to paste to ask a served model: its URL, a completion request, and the status command.
     A loopback listener is reached on the host itself; beyond loopback from anywhere, with the key
@@ -59,7 +60,7 @@ def _run(runner: Any, spec: Mapping[str, Any], on_progress: Callable[[dict[str, 
     return answer
 
 
-def wait_ready(runner: Any, settings: Mapping[str, Any], api_key: str | None, timeout: float,
+def wait_ready(runner: Any, settings: Settings, api_key: str | None, timeout: float,
                on_progress: Callable[[dict[str, Any]], None] = lambda event: None) -> float:
     """Seconds until /health answered and a one-token completion came back; NotReady otherwise."""
     spec = {"action": "ready", "base": base_url(settings), "model": served_name(settings), "api_key": api_key,
@@ -114,7 +115,7 @@ def bench_report(answer: Mapping[str, Any]) -> BenchReport:
         errors=tuple(answer.get("errors", [])))
 
 
-def bench(runner: Any, settings: Mapping[str, Any], api_key: str | None, prompt: str, count: int,
+def bench(runner: Any, settings: Settings, api_key: str | None, prompt: str, count: int,
           concurrency: int, max_tokens: int, on_progress: Callable[[dict[str, Any]], None]) -> BenchReport:
     spec = {"action": "bench", "base": base_url(settings), "model": served_name(settings), "api_key": api_key,
             "prompt": prompt, "count": count, "concurrency": concurrency, "max_tokens": max_tokens}

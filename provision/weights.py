@@ -24,6 +24,7 @@ from typing import Any
 from provision import config, programs
 from provision.errors import ProvisionError, UnreachableHost
 from provision.facts import HostFacts
+from provision.inventory import Settings
 
 HUB_VENV = "/var/lib/provision/hub-venv"  # huggingface_hub for the transfers, apart from vLLM's venv
 LOCK = "/run/lock/provision.lock"
@@ -52,17 +53,17 @@ class Snapshot:
         return sum(f.size for f in self.files)
 
 
-def managed(settings: Mapping[str, Any]) -> bool:
+def managed(settings: Settings) -> bool:
     """The tool fetches the model: a hub repository id, and fetch_weights not turned off."""
     model = str(settings.model or "")
     return bool(model) and not model.startswith("/") and bool(settings.fetch_weights)
 
 
-def root_of(settings: Mapping[str, Any]) -> str:
+def root_of(settings: Settings) -> str:
     return f"{settings.model_dir.rstrip('/')}/{settings.model}"
 
 
-def serving_path(settings: Mapping[str, Any]) -> str:
+def serving_path(settings: Settings) -> str:
     """What vLLM is given: the `current` link of the fetched revision."""
     return f"{root_of(settings)}/current"
 
@@ -216,7 +217,7 @@ def compare(snapshot: Snapshot, seen: HostWeights) -> tuple[str | None, int]:
     return None, 0
 
 
-def change_data(settings: Mapping[str, Any], snapshot: Snapshot) -> dict[str, Any]:
+def change_data(settings: Settings, snapshot: Snapshot) -> dict[str, Any]:
     return {"root": root_of(settings), "repo": snapshot.repo, "revision": snapshot.revision,
             "commit": snapshot.commit, "endpoint": settings.hf_endpoint,
             "files": [f.__dict__ for f in snapshot.files]}

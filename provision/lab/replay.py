@@ -13,7 +13,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REAL_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
 
-def main():
+def main() -> None:
     name = os.path.basename(sys.argv[0])
     with open(os.path.join(HERE, "recording.json"), encoding="utf-8") as handle:
         recorded = json.load(handle)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 WORDS = [
     "the", "a", "an", "and", "or", "of", "to", "in", "on", "for", "with", "is", "are", "was", "be",
@@ -18,7 +19,7 @@ WORDS = [
     "close", "start", "stop", "up", "down", "left", "right", "yes", "no", "hello", "world"
 ]
 SPECIAL = ["<unk>", "<s>", "</s>"]
-CONFIG = {
+CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
     "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
     "head_dim": 64, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
