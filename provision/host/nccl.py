@@ -28,6 +28,8 @@ Workers are forked before anything imports torch or touches CUDA, so each starts
 waits at most `timeout` seconds and kills only its own children. Secrets in `env` (the service
 environment may hold a token) arrive on stdin, never in argv. Standard library only at import time.
 """
+from __future__ import annotations
+
 import json
 import os
 import shutil
@@ -60,8 +62,8 @@ def _benchmark(spec: dict[str, Any], rank: int, local_rank: int, world_size: int
     """One rank: join the group, check one all-reduce per size, then time `iters` of them."""
     import datetime
 
-    import torch  # type: ignore[import-not-found]
-    import torch.distributed as dist  # type: ignore[import-not-found]
+    import torch
+    import torch.distributed as dist
 
     backend = spec.get("backend", "nccl")
     if backend == "nccl":
@@ -89,7 +91,7 @@ def _benchmark(spec: dict[str, Any], rank: int, local_rank: int, world_size: int
     hold = getattr(torch.cuda, "_sleep", None) if backend == "nccl" else None
     hold_cycles = int(HOLD_PER_CALL * (iters + 1) * HOLD_CLOCK)
 
-    def timed_batch(buffer: Any) -> "tuple[float, bool]":  # quoted: hosts may run Python 3.8
+    def timed_batch(buffer: Any) -> tuple[float, bool]:
         """Seconds of `iters` back-to-back all-reduces on this rank, and whether the GPU reached them
         before the host had queued them all (then the host's pace is in the time)."""
         if hold is not None:
@@ -172,7 +174,7 @@ def _child(spec: dict[str, Any], rank: int, local_rank: int, log_path: str, resu
         })
         _benchmark(spec, rank, local_rank, spec["world_size"], result_path, device_path)
         code = 0
-    except BaseException:  # noqa: B036 - the child reports any failure in its log and exits 1
+    except BaseException:  # noqa: BLE001  the child reports any failure in its log and exits 1
         traceback.print_exc()
     finally:
         sys.stdout.flush()
@@ -198,8 +200,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         for local_rank in range(spec["nproc"]):
             rank = spec.get("rank_offset", 0) + local_rank
-            log_path = os.path.join(workdir, "rank%d.log" % rank)
-            device_path = os.path.join(workdir, "rank%d.device" % rank)
+            log_path = os.path.join(workdir, f"rank{rank}.log")
+            device_path = os.path.join(workdir, f"rank{rank}.device")
             pid = os.fork()
             if pid == 0:
                 _child(spec, rank, local_rank, log_path, result_path, device_path)
@@ -232,8 +234,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             info["log"] = _read_log(info.pop("log_path"))
             info["device"] = _read_log(info.pop("device_path")) or None
             ranks.append(info)
-        return {"python": "%d.%d.%d" % sys.version_info[:3], "node_rank": spec.get("node_rank", 0),
-                "ranks": ranks, "result": result}
+        return {"python": ".".join(str(part) for part in sys.version_info[:3]),
+                "node_rank": spec.get("node_rank", 0), "ranks": ranks, "result": result}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
