@@ -220,8 +220,12 @@ def test_a_record_without_usable_output_is_ignored(tmp_path, output: object) -> 
 
 def test_probe_commands_run_at_once(tmp_path) -> None:
     # Each command waits until all four have started: one after the other, the first times out.
-    wait = f"touch {tmp_path}/$0; while [ $(ls {tmp_path} | wc -l) -lt 4 ]; do sleep 0.01; done"
-    spec = {"commands": {f"c{i}": ["sh", "-c", wait, str(i)] for i in range(4)}, "timeout": 3}
+    wait = ("import os, sys, time\n"
+            "open(os.path.join(sys.argv[1], sys.argv[2]), 'w').close()\n"
+            "while len(os.listdir(sys.argv[1])) < 4:\n"
+            "    time.sleep(0.01)\n")
+    spec = {"commands": {f"c{i}": [sys.executable, "-c", wait, str(tmp_path), str(i)] for i in range(4)},
+            "timeout": 3}
     results = hostprobe.collect(spec)["results"]
     assert [results[f"c{i}"]["timed_out"] for i in range(4)] == [False] * 4
     assert all(results[f"c{i}"]["exit"] == 0 for i in range(4))

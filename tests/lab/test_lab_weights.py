@@ -129,11 +129,11 @@ def test_revision_change_fetches_only_what_changed_and_keeps_the_previous(
     assert served(the_lab, "test/revs") == served(the_lab, "test/revs", "config.json") > 0
     assert report["hosts"]["cpu-1"]["fetched"]["linked"] >= 1
     root = "/srv/w-revs/test/revs"
-    links = on_host(lab_inventory, "cpu-1", ["sh", "-c", f"readlink {root}/current {root}/previous"]).split()
+    links = on_host(lab_inventory, "cpu-1", ["readlink", f"{root}/current", f"{root}/previous"]).split()
     assert links == [f"revisions/{second}", f"revisions/{first}"]  # the last-known-good revision is kept
     rolled = run_invoke("rollback", *args)
     assert rolled.returncode == 0 and root in rolled.stdout, rolled.stdout + rolled.stderr
-    links = on_host(lab_inventory, "cpu-1", ["sh", "-c", f"readlink {root}/current {root}/previous"]).split()
+    links = on_host(lab_inventory, "cpu-1", ["readlink", f"{root}/current", f"{root}/previous"]).split()
     assert links == [f"revisions/{first}", f"revisions/{second}"]  # back to the last-known-good revision
     hub_call(the_lab, "/_lab/reset", {})
     pinned = weights(*args, "--set", f"model_revision={second}")  # a full commit works as a revision
