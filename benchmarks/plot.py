@@ -8,13 +8,14 @@ import sys
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 TITLES = {"first": "first provision", "noop": "no-op provision", "status": "cluster status"}
 
 
 def main(source: str, target: str) -> None:
-    document = json.load(open(source))
+    with open(source) as handle:
+        document = json.load(handle)
     results = document["results"]
     scenarios = [s for s in TITLES if any(r["scenario"] == s for r in results)]
     figure, axes = plt.subplots(1, len(scenarios), figsize=(5 * len(scenarios), 4.2), squeeze=False)

@@ -23,9 +23,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import yaml
 
@@ -33,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from provision import inventory, lab, run  # noqa: E402
+from provision import inventory, lab, run
 
 WORK = HERE / "work"  # inventories, rendered files, logs (gitignored)
 RESULTS = HERE / "results"
@@ -69,7 +70,7 @@ class Hosts:
     def ssh(self, name: str, command: str, stdin: str | None = None) -> str:
         argv = ["ssh", "-i", str(self.lab.key), "-o", f"UserKnownHostsFile={self.lab.known_hosts}",
                 "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{self.address[name]}", command]
-        done = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=120, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"{name}: `{command[:60]}` exit {done.returncode}: {done.stderr.strip()[-300:]}")
         return done.stdout
@@ -84,7 +85,7 @@ class Hosts:
         def count(name: str) -> tuple[int, int]:
             journal = self.lab.dir / "hosts" / name / "root" / "var" / "log" / "journal"
             text = subprocess.run(["journalctl", "-D", str(journal), "-u", "ssh.service", "-o", "cat",
-                                   "--no-pager"], capture_output=True, text=True).stdout
+                                   "--no-pager"], capture_output=True, text=True, check=False).stdout
             lines = text.splitlines()
             return (sum(line.startswith("Accepted publickey") for line in lines),
                     sum(line.startswith("Starting session:") for line in lines))
@@ -213,7 +214,7 @@ def timed(argv: list[str], log_file: Path) -> tuple[float, float]:
         out.write(f"$ {shlex.join(argv)[:400]}\n")
         out.flush()
         done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=tool_env(), cwd=WORK,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, check=False)
     seconds = time.monotonic() - started
     if done.returncode != 0:
         raise RuntimeError(f"`{shlex.join(argv)[:120]}` exit {done.returncode} (see {log_file})")
@@ -257,18 +258,18 @@ def ratio(results: list[dict[str, Any]], scenario: str, count: int, tool: str, o
 def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     counts = sorted({r["hosts"] for r in results})
     lines = [f"# Benchmark results ({meta['date']})", "",
-             f"Machine: {meta['machine']}. Command: `{meta['command']}`. {meta['repeat']} repetitions; "
-             "median wall seconds, with the machine's CPU seconds in that run (every process: the "
-             "tool, sshd and all the lab hosts, which share these cores) in brackets; ratios are this "
-             "tool's median over the other's; round trips are SSH sessions (logins) per host, counted "
-             "from each host's sshd journal.", ""]
+             (f"Machine: {meta['machine']}. Command: `{meta['command']}`. {meta['repeat']} repetitions; "
+              "median wall seconds, with the machine's CPU seconds in that run (every process: the "
+              "tool, sshd and all the lab hosts, which share these cores) in brackets; ratios are this "
+              "tool's median over the other's; round trips are SSH sessions (logins) per host, counted "
+              "from each host's sshd journal."), ""]
     for scenario in SCENARIOS:
         rows = [r for r in results if r["scenario"] == scenario]
         if not rows:
             continue
         lines += [f"## {scenario}", "",
-                  "| hosts | provision s (CPU s) | ansible s (CPU s) | pyinfra s (CPU s) | vs ansible | vs pyinfra "
-                  "| round trips: provision | ansible | pyinfra |",
+                  ("| hosts | provision s (CPU s) | ansible s (CPU s) | pyinfra s (CPU s) | vs ansible "
+                   "| vs pyinfra | round trips: provision | ansible | pyinfra |"),
                   "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for count in counts:
             cell = {r["tool"]: r for r in rows if r["hosts"] == count}
@@ -390,7 +391,7 @@ def meta(args: argparse.Namespace) -> dict[str, Any]:
     versions = {}
     for name, argv in (("ansible-playbook", [str(TOOLS_VENV / "bin" / "ansible-playbook"), "--version"]),
                        ("pyinfra", [str(TOOLS_VENV / "bin" / "pyinfra"), "--version"])):
-        done = subprocess.run(argv, capture_output=True, text=True)
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
         versions[name] = (done.stdout.splitlines() or ["?"])[0]
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": f"{os.cpu_count()} cores, {os.uname().machine}, Linux {os.uname().release}",

@@ -26,7 +26,7 @@ def main() -> None:
         {"id": args.served_model_name or args.model, "object": "model", "root": args.model}]}).encode()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the http.server name
+        def do_GET(self) -> None:
             body, kind = {"/health": (b"", "text/plain"), "/v1/models": (models, "application/json"),
                           "/metrics": (metrics, "text/plain; version=0.0.4")}.get(self.path, (None, ""))
             if body is None:

@@ -12,10 +12,10 @@ from provision.errors import (
 )
 
 __all__ = [
-    "__version__",
     "CommandFailed",
     "InventoryError",
     "ParseError",
     "ProvisionError",
     "UnreachableHost",
+    "__version__",
 ]

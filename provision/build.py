@@ -14,10 +14,12 @@ import io
 import json
 import subprocess
 import tarfile
-import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
+
+import tomllib
 
 from provision import config, programs
 from provision.errors import ProvisionError
@@ -55,7 +57,7 @@ def source_dir(spec: str) -> Path:
         target = config.wheelhouse() / "sources" / hashlib.sha256(spec.encode()).hexdigest()[:16]
         if not (target / ".git").exists():
             command = ["git", "clone", "--depth", "1", *(["--branch", ref] if ref else []), url, str(target)]
-            done = subprocess.run(command, capture_output=True, text=True)
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 raise BuildError(f"cannot clone {url}{'@' + ref if ref else ''}: {done.stderr.strip()[-300:]}")
         return target

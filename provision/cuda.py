@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Iterable, Mapping
 
 import yaml
 

@@ -13,13 +13,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from provision import parsers, programs
 from provision.errors import CommandFailed, ParseError, ProvisionError
 from provision.parsers import (
-    CpuTopology, Gpu, Interface, Memory, NvidiaDriver, OsRelease, RdmaLink, Uname, UnitExposure, UnitState,
+    CpuTopology,
+    Gpu,
+    Interface,
+    Memory,
+    NvidiaDriver,
+    OsRelease,
+    RdmaLink,
+    Uname,
+    UnitExposure,
+    UnitState,
     VenvInfo,
 )
 

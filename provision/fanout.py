@@ -5,9 +5,10 @@ report on the others (the shape of Fabric's GroupResult).
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Generic, Iterable, Mapping, TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 H = TypeVar("H")

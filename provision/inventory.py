@@ -40,9 +40,10 @@ from __future__ import annotations
 import ipaddress
 import re
 import reprlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import yaml
 
@@ -89,11 +90,11 @@ class _LineLoader(yaml.SafeLoader):
         self.heights: list[int] = []  # per open collection: the tallest child composed so far
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()
+        event = self.peek_event()  # type: ignore[no-untyped-call]  # unannotated in types-PyYAML
         line = event.start_mark.line + 1
         if isinstance(event, yaml.AliasEvent):
             node = super().compose_node(parent, index)  # refuses an undefined alias
-            alias = f"alias *{clip(event.anchor)}"
+            alias = f"alias *{clip(event.anchor or '')}"  # an alias always names its anchor
             if id(node) not in self.shapes:  # "&a [*a]": the alias stands inside its own anchor
                 raise InventoryError(f"{alias} is used inside the value it names", file=self.source,
                                      line=line)
@@ -702,7 +703,7 @@ class _Reader:
         if not isinstance(body, dict):
             raise InventoryError("'ssh' must be a mapping", file=source, line=_line(parent, "ssh"), key="ssh")
         self._unknown(body, _SSH_KEYS, source, entity="ssh")
-        values = {}
+        values: dict[str, str | float] = {}
         for key in ("known_hosts", "key_file"):
             if key in body:
                 values[key] = self._path(body, key, source, base, "ssh")

@@ -28,10 +28,10 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
-
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from provision import programs, remote, render
 from provision.errors import CommandFailed, ParseError, ProvisionError
@@ -39,9 +39,9 @@ from provision.fanout import for_each_host
 from provision.inventory import Host, Inventory
 
 if TYPE_CHECKING:
-    from provision.run import Options
     from provision.context import Context
     from provision.remote import Runner
+    from provision.run import Options
 
 
 # NCCL prints its choices at INFO level: INIT has the channel connections ("via P2P/CUMEM/read"),
@@ -517,9 +517,11 @@ def verify(inv: Inventory, targets: list[Host], options: Options, *, cluster: st
            ) -> tuple[list[str], dict[str, NcclRun], dict[str, BaseException]]:
     """One test per named host, or one for the cluster (across its nodes when it has several), every node
     of every test at once; returns the tests in order, their results and what failed."""
-    from provision import run  # the pipeline builds the contexts; it does not need this module
+    from provision import (
+        run as pipeline,  # the pipeline builds the contexts; it does not need this module
+    )
 
-    gated = run.gate(inv, targets, options)
+    gated = pipeline.gate(inv, targets, options)
     errors, contexts = gated.errors, gated.contexts
 
     # One test per named host, or one for the cluster (across nodes when it has several).
@@ -536,15 +538,14 @@ def verify(inv: Inventory, targets: list[Host], options: Options, *, cluster: st
                 plans[name] = plan_host(contexts[members[0]], gpus=gpus or None, port=port)
             else:
                 head = inv.cluster(name).head
-                plans[name] = plan_cluster([contexts[m] for m in members], head,
-                                                gpus=gpus or None, port=port)
+                plans[name] = plan_cluster([contexts[m] for m in members], head, gpus=gpus or None, port=port)
         except ProvisionError as exc:
             failures[name] = exc
 
     # Every node of every test at once: a multi-node group only forms when all its nodes run.
     launches = [(name, launch) for name, node_launches in plans.items() for launch in node_launches]
 
-    def run(item: tuple[str, NodeLaunch]) -> NodeAnswer:
+    def one_node(item: tuple[str, NodeLaunch]) -> NodeAnswer:
         _, launch = item
         runner = remote.connect(inv.host(launch.host), inv.ssh, accept_new_host_keys=options.accept_new_host_keys)
         try:
@@ -552,7 +553,7 @@ def verify(inv: Inventory, targets: list[Host], options: Options, *, cluster: st
         finally:
             runner.close()
 
-    answers = for_each_host(launches, lambda item: f"{item[0]}/{item[1].host}", run)
+    answers = for_each_host(launches, lambda item: f"{item[0]}/{item[1].host}", one_node)
     if log_dir:
         folder = log_dir
         folder.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,9 @@ host/apply.py (with host/generations.py) each."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from provision import programs
 from provision.errors import CommandFailed, ProvisionError, UnreachableHost

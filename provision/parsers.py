@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from provision.errors import ParseError
 
@@ -171,7 +172,7 @@ def parse_nvidia_smi_csv(stdout: str) -> tuple[Gpu, ...]:
                              f"{line[:100]!r}", stdout)
         row = dict(zip(header, cells))
 
-        def number(name: str) -> int | None:
+        def number(name: str, row: dict[str, str] = row) -> int | None:
             return _maybe_int(row.get(name, ""), name, stdout)
 
         index = number("index")

@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from provision.facts import DROP_IN_DIRS, HostFacts
 from provision.remote import mask
-from provision.render import ENV_FILE, RAY_HEAD_UNIT, RAY_WORKER_UNIT, SERVER_UNIT, UNIT_DIR, DesiredState
+from provision.render import (
+    ENV_FILE,
+    RAY_HEAD_UNIT,
+    RAY_WORKER_UNIT,
+    SERVER_UNIT,
+    UNIT_DIR,
+    DesiredState,
+)
 
 MANAGED_FILES = (ENV_FILE, *(f"{UNIT_DIR}/{unit}" for unit in (SERVER_UNIT, RAY_HEAD_UNIT, RAY_WORKER_UNIT)))
 # The host's record of its generations (host/generations.py): the probe reads it with the managed files.

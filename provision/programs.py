@@ -1,7 +1,8 @@
 """Shipping the host programs (provision/host/) and reading what they report.
 
 Every host program travels the same way: ship() joins common.py and the named programs into one text,
-drops their `from provision.host.X import` lines (what they name is earlier in the same text), and
+drops their `from provision.host.X import` lines (what they name is earlier in the same text) and their
+`from __future__ import annotations` (one goes first instead, where Python accepts it), and
 appends the call that runs it on a spec; that text is the stdin of one `python3 -` on the host. Programs
 that report as they go print JSON lines: events while they work and one {"event": "result", ...} at the
 end (weights, build, serve), read by run()."""
@@ -9,12 +10,17 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Sequence
 from importlib import resources
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from provision.remote import Result, Runner
 
 _OWN_IMPORT = re.compile(r"^from provision\.host\.\w+ import (\([^)]*\)|[^\n]*)\n", re.MULTILINE)
+# A __future__ import must open the text, so it cannot stay in a part that follows another. The probe
+# and common.py have none: they run on any python3 >= 3.6, which has no such feature.
+_FUTURE = "from __future__ import annotations\n"
+_FUTURE_LINE = re.compile(r"^from __future__ import annotations\n", re.MULTILINE)
 
 
 def host_source(name: str) -> str:
@@ -25,8 +31,10 @@ def host_source(name: str) -> str:
 def ship(names: Sequence[str], call: str, spec: Any) -> str:
     """common.py, then `names` in order, then `call(SPEC)`: the whole stdin of one remote execution.
     The spec travels as JSON inside the text (stdin), never in argv: it may hold secrets."""
-    parts = [_OWN_IMPORT.sub("", host_source(name)) for name in ("common", *names)]
-    return "\n".join(parts) + f"\n{call}(json.loads({json.dumps(spec)!r}))\n"
+    sources = [host_source(name) for name in ("common", *names)]
+    future = _FUTURE if any(_FUTURE_LINE.search(text) for text in sources) else ""
+    parts = [_FUTURE_LINE.sub("", _OWN_IMPORT.sub("", text)) for text in sources]
+    return future + "\n".join(parts) + f"\n{call}(json.loads({json.dumps(spec)!r}))\n"
 
 
 def run(runner: Runner, program: str, timeout: float, on_event: Callable[[dict[str, Any]], None],

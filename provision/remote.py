@@ -23,16 +23,22 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol
 
-import invoke
 import paramiko
 from fabric import Config, Connection
+from invoke.config import Config as InvokeConfig
+from invoke.context import Context as InvokeContext
+from invoke.exceptions import CommandTimedOut
 from invoke.runners import Local as InvokeLocal
 
 from provision.errors import HostKeyError, UnreachableHost
+
+if TYPE_CHECKING:  # typing.Self is 3.11+; this package runs on 3.10
+    from typing_extensions import Self
 from provision.inventory import Host, SshSettings
 
 log = logging.getLogger("provision.remote")
@@ -129,7 +135,8 @@ class _WholeStdin:
     def read_our_stdin(self, input_: object) -> str | None:
         if isinstance(input_, io.StringIO):
             return input_.read()
-        return super().read_our_stdin(input_)  # type: ignore[misc]
+        whole: str | None = super().read_our_stdin(input_)  # type: ignore[misc]  # a mixin's super()
+        return whole
 
 
 class _LineStream(io.StringIO):
@@ -307,7 +314,7 @@ class SshRunner(_Counting):
             ) from None
         except paramiko.AuthenticationException as exc:
             raise UnreachableHost(self.host, f"authentication failed for {where}: {exc}") from None
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             raise UnreachableHost(
                 self.host, f"no answer from {where} within {self.ssh.connect_timeout:g}s") from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
@@ -385,7 +392,7 @@ def _exec(transport: paramiko.Transport | None, command: str, stdin: str | None,
         pending = b""
         while True:
             if to_send and channel.send_ready():
-                sent = channel.send(to_send[:65536])
+                sent = channel.send(bytes(to_send[:65536]))
                 to_send = to_send[sent:]
                 if not to_send:
                     channel.shutdown_write()
@@ -431,7 +438,7 @@ class LocalRunner(_Counting):
         self.host = host.name
         self.executions = 0
         self.command_timeout = command_timeout
-        self.context = invoke.Context(invoke.Config(lazy=True, overrides={"runners": {"local": _Local}}))
+        self.context = InvokeContext(InvokeConfig(lazy=True, overrides={"runners": {"local": _Local}}))
 
     def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
             env: Mapping[str, str] | None = None, on_line: Callable[[str], None] | None = None) -> Result:
@@ -441,7 +448,7 @@ class LocalRunner(_Counting):
         try:
             done = self.context.run(command, warn=True, in_stream=in_stream,
                                     timeout=timeout or self.command_timeout, **_streaming(on_line))
-        except invoke.CommandTimedOut as exc:
+        except CommandTimedOut as exc:
             seconds = time.monotonic() - started
             self._record(command, 124, seconds, True)
             return Result(mask(command), 124, exc.result.stdout, exc.result.stderr, seconds, True)
@@ -487,7 +494,7 @@ class Pool:
         for runner in runners:
             runner.close()
 
-    def __enter__(self) -> "Pool":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_: object) -> None:

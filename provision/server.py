@@ -3,34 +3,35 @@ completions). Both run on the host through host/serve.py, over loopback; figures
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from provision import programs
 from provision.errors import ProvisionError
+from provision.inventory import Settings
 from provision.status import parse_metrics
-
 
 
 class NotReady(ProvisionError):
     """The server did not become ready (health and a completion) in time."""
 
 
-def base_url(settings: Mapping[str, Any]) -> str:
+def base_url(settings: Settings) -> str:
     address = str(settings.bind_host)
     if address in ("0.0.0.0", "::"):
         address = "127.0.0.1"
     return f"http://{'[' + address + ']' if ':' in address else address}:{settings.port}"
 
 
-def served_name(settings: Mapping[str, Any]) -> str:
+def served_name(settings: Settings) -> str:
     return str(settings.served_model_name or settings.model)
 
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
-def how_to_query(host: str, address: str, settings: Mapping[str, Any], key_set: bool,
+def how_to_query(host: str, address: str, settings: Settings, key_set: bool,
                  scope: str) -> list[str]:
     """What to paste to ask a served model: its URL, a completion request, and the status command.
     A loopback listener is reached on the host itself; beyond loopback from anywhere, with the key
@@ -39,7 +40,7 @@ def how_to_query(host: str, address: str, settings: Mapping[str, Any], key_set: 
     on_host = bind in LOOPBACK
     reach = address if bind in ("0.0.0.0", "::") else bind
     url = base_url(settings) if on_host else f"http://{'[' + reach + ']' if ':' in reach else reach}:{settings.port}"
-    body = ('{"model": "%s", "prompt": "Hello, my name is", "max_tokens": 16}' % served_name(settings))
+    body = f'{{"model": "{served_name(settings)}", "prompt": "Hello, my name is", "max_tokens": 16}}'
     key = ' -H "Authorization: Bearer $VLLM_API_KEY"' if key_set else ""
     where = f" (on {host}: it listens on loopback only)" if on_host else ""
     return [f"{host} serves {served_name(settings)!r} at {url}{where}. Ask it:",
@@ -59,7 +60,7 @@ def _run(runner: Any, spec: Mapping[str, Any], on_progress: Callable[[dict[str, 
     return answer
 
 
-def wait_ready(runner: Any, settings: Mapping[str, Any], api_key: str | None, timeout: float,
+def wait_ready(runner: Any, settings: Settings, api_key: str | None, timeout: float,
                on_progress: Callable[[dict[str, Any]], None] = lambda event: None) -> float:
     """Seconds until /health answered and a one-token completion came back; NotReady otherwise."""
     spec = {"action": "ready", "base": base_url(settings), "model": served_name(settings), "api_key": api_key,
@@ -90,7 +91,7 @@ def _percentile(values: list[float], share: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(share * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
 
 
 def bench_report(answer: Mapping[str, Any]) -> BenchReport:
@@ -114,7 +115,7 @@ def bench_report(answer: Mapping[str, Any]) -> BenchReport:
         errors=tuple(answer.get("errors", [])))
 
 
-def bench(runner: Any, settings: Mapping[str, Any], api_key: str | None, prompt: str, count: int,
+def bench(runner: Any, settings: Settings, api_key: str | None, prompt: str, count: int,
           concurrency: int, max_tokens: int, on_progress: Callable[[dict[str, Any]], None]) -> BenchReport:
     spec = {"action": "bench", "base": base_url(settings), "model": served_name(settings), "api_key": api_key,
             "prompt": prompt, "count": count, "concurrency": concurrency, "max_tokens": max_tokens}

@@ -13,11 +13,13 @@ import math
 import re
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from provision import facts, inventory, parsers, remote, secrets, weights
 from provision.facts import HostFacts
+from provision.inventory import Settings
 from provision.remote import Result
 
 STATUS_FACTS = tuple(f for f in facts.FACTS if f.name in ("uname", "meminfo", "nvidia_driver", "gpus", "units"))
@@ -37,9 +39,8 @@ def parse_ray_status(text: str) -> int:
             match = re.match(r"^(\d+)\s+node_[0-9a-f]+", stripped)
             if match:
                 count += int(match.group(1))
-            elif stripped.endswith(":") or stripped.startswith("-") or not stripped:
-                if stripped.endswith(":"):
-                    break
+            elif stripped.endswith(":"):  # the next section ("Pending:"): the active nodes are counted
+                break
     return count
 
 
@@ -164,8 +165,9 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
     revision = None
     if model_root:
         revision = (host_facts.weights.get(model_root) or {}).get("current")
-    common = dict(kernel=host_facts.kernel, driver=host_facts.driver.version if host_facts.driver else None,
-                  gpus=_gpu_rows(host_facts), unit=unit, revision=revision, seconds=round(seconds, 2))
+    common: dict[str, Any] = {
+        "kernel": host_facts.kernel, "driver": host_facts.driver.version if host_facts.driver else None,
+        "gpus": _gpu_rows(host_facts), "unit": unit, "revision": revision, "seconds": round(seconds, 2)}
     if state is not None and not installed:  # never provisioned: say so, not "inactive" or "worker"
         return HostStatus(host, role, True, False, f"{unit_name} is not installed: provision the host first",
                           health="-", **common)
@@ -200,7 +202,7 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
                       **common)
 
 
-def probe_spec(settings: Mapping[str, Any], api_key: str | None, window: float, timeout: float) -> dict[str, Any]:
+def probe_spec(settings: Settings, api_key: str | None, window: float, timeout: float) -> dict[str, Any]:
     """What one host's status execution collects (a probe spec with the server part)."""
     address = str(settings.bind_host)
     if address in ("0.0.0.0", "::"):
@@ -214,7 +216,7 @@ def probe_spec(settings: Mapping[str, Any], api_key: str | None, window: float, 
     return spec
 
 
-def gather_one(runner: Any, host: str, role: str, settings: Mapping[str, Any], api_key: str | None,
+def gather_one(runner: Any, host: str, role: str, settings: Settings, api_key: str | None,
                window: float, timeout: float) -> HostStatus:
     started = time.monotonic()
     spec = probe_spec(settings, api_key, window, timeout)

@@ -15,13 +15,15 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from provision import config, cuda
 from provision.errors import ProvisionError
 from provision.facts import VENV_MANIFEST, HostFacts
+from provision.inventory import Settings
 from provision.parsers import VENV_PROBE
 
 REMOTE_WHEELHOUSE = "/var/cache/provision/wheels"
@@ -80,12 +82,12 @@ class PipIndexes:
         return found + [arg for host in self.trusted_hosts for arg in ("--trusted-host", host)]
 
 
-def indexes_of(settings: Mapping[str, Any]) -> PipIndexes:
+def indexes_of(settings: Settings) -> PipIndexes:
     return PipIndexes(settings.pip_index_url, tuple(settings.pip_extra_index_urls),
                       tuple(settings.pip_trusted_hosts))
 
 
-def torch_variant_of(profile: Any, settings: Mapping[str, Any]) -> str:
+def torch_variant_of(profile: Any, settings: Settings) -> str:
     """The PyTorch build a host needs: 'cu128'... from `cuda_version` on GPU profiles, 'cpu' without a GPU.
 
     Raises WheelhouseError when the profile lists no such variant (cu126 lacks Blackwell kernels; GB10
@@ -129,7 +131,7 @@ def check_torch_variant(wheels: Sequence[str], variant: str) -> str | None:
             + ("" if variant == "cpu" else f", or set cuda_version to {found.cuda}" if found.cuda else ""))
 
 
-def requirements_of(settings: Mapping[str, Any]) -> tuple[str, ...]:
+def requirements_of(settings: Settings) -> tuple[str, ...]:
     spec = settings.vllm_spec
     return tuple(spec.split()) if spec else ()
 
@@ -238,7 +240,7 @@ def installed_key(facts: HostFacts, venv_dir: str) -> str | None:
     return str(key) if key else None
 
 
-def venv_change_data(settings: Mapping[str, Any], profile_remove: Sequence[str],
+def venv_change_data(settings: Settings, profile_remove: Sequence[str],
                      wheelhouse: Wheelhouse) -> dict[str, Any]:
     requirements = list(requirements_of(settings))
     local = [Path(w).name for w in settings.venv_wheels]
@@ -252,7 +254,7 @@ def venv_change_data(settings: Mapping[str, Any], profile_remove: Sequence[str],
             "key": hashlib.sha256(f"{wheelhouse.key} {' '.join(profile_remove)}".encode()).hexdigest()}
 
 
-def inspect_paths(settings: Mapping[str, Any]) -> list[str]:
+def inspect_paths(settings: Settings) -> list[str]:
     return [REMOTE_INDEX, f"{settings.venv_dir.rstrip('/')}/{VENV_MANIFEST}"]
 
 
@@ -268,7 +270,7 @@ def push(runner: Any, wheelhouse: Wheelhouse, wheels: Sequence[Wheel],
     for wheel in wheels:
         base = sent
         runner.put(wheelhouse.directory / wheel.name, f"{REMOTE_WHEELHOUSE}/{wheel.name}",
-                   lambda done, total: progress(base + done))
+                   lambda done, total, base=base: progress(base + done))
         sent += wheel.size
     return sent
 

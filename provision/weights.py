@@ -16,13 +16,15 @@ import json
 import secrets as random_secrets
 import tempfile
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from provision import config, programs
 from provision.errors import ProvisionError, UnreachableHost
 from provision.facts import HostFacts
+from provision.inventory import Settings
 
 HUB_VENV = "/var/lib/provision/hub-venv"  # huggingface_hub for the transfers, apart from vLLM's venv
 LOCK = "/run/lock/provision.lock"
@@ -51,17 +53,17 @@ class Snapshot:
         return sum(f.size for f in self.files)
 
 
-def managed(settings: Mapping[str, Any]) -> bool:
+def managed(settings: Settings) -> bool:
     """The tool fetches the model: a hub repository id, and fetch_weights not turned off."""
     model = str(settings.model or "")
     return bool(model) and not model.startswith("/") and bool(settings.fetch_weights)
 
 
-def root_of(settings: Mapping[str, Any]) -> str:
+def root_of(settings: Settings) -> str:
     return f"{settings.model_dir.rstrip('/')}/{settings.model}"
 
 
-def serving_path(settings: Mapping[str, Any]) -> str:
+def serving_path(settings: Settings) -> str:
     """What vLLM is given: the `current` link of the fetched revision."""
     return f"{root_of(settings)}/current"
 
@@ -92,8 +94,12 @@ def snapshot_from_info(repo: str, revision: str, info: Any, patterns: Sequence[s
 def resolve(repo: str, revision: str, patterns: Sequence[str], endpoint: str, token: str | None) -> Snapshot:
     """The revision's full commit and its files, from the hub; clear errors for what users hit."""
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     api = HfApi(endpoint=endpoint, token=token or False, library_name="provision")
     try:
@@ -110,7 +116,7 @@ def resolve(repo: str, revision: str, patterns: Sequence[str], endpoint: str, to
         raise WeightsError(f"no model repository '{repo}' on {endpoint} (a private one needs hf_token)") from None
     except HfHubHTTPError as exc:
         raise WeightsError(f"{endpoint} refused {repo}@{revision}: {str(exc).splitlines()[0]}") from None
-    except Exception as exc:  # the transport's errors (httpx) differ across versions
+    except Exception as exc:  # noqa: BLE001  the transport's errors (httpx, requests) differ across versions
         raise WeightsError(f"cannot reach {endpoint} for {repo}: {type(exc).__name__}: {exc}") from None
     return snapshot_from_info(repo, revision, info, patterns)
 
@@ -211,7 +217,7 @@ def compare(snapshot: Snapshot, seen: HostWeights) -> tuple[str | None, int]:
     return None, 0
 
 
-def change_data(settings: Mapping[str, Any], snapshot: Snapshot) -> dict[str, Any]:
+def change_data(settings: Settings, snapshot: Snapshot) -> dict[str, Any]:
     return {"root": root_of(settings), "repo": snapshot.repo, "revision": snapshot.revision,
             "commit": snapshot.commit, "endpoint": settings.hf_endpoint,
             "files": [f.__dict__ for f in snapshot.files]}
@@ -294,7 +300,7 @@ class Seed:
                 self.ready.set()
         try:
             _run(self.runner, "python3", self.spec, lambda done, total: None, on_event)
-        except BaseException as exc:  # reported through .error; the thread must not die silently
+        except BaseException as exc:  # noqa: BLE001  reported through .error; the thread must not die silently
             self.error = exc
         finally:
             self.ready.set()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from provision import facts  # noqa: E402
+from provision import facts
 
 EXTRA = {"nvidia_smi_table": ["nvidia-smi"]}
 

@@ -36,7 +36,7 @@ def test_ratios_and_verdicts_follow_the_medians() -> None:
 def test_the_markdown_table_has_a_row_per_host_count_and_dashes_for_tools_not_run() -> None:
     results = [row("provision", "noop", 1, 0.5), row("provision", "noop", 2, 0.6), row("ansible", "noop", 2, 6.0)]
     text = run.markdown(results, {"date": "d", "machine": "m", "command": "c", "repeat": 1})
-    lines = [line for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    lines = [line for line in text.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
     assert lines[0].startswith("| 1 | 0.50 (1.0) | - | - | - | - |")
     assert lines[1].startswith("| 2 | 0.60 (1.0) | 6.00 (1.0) | - | 0.10x | - |")
 

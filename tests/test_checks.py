@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import defaultdict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -53,8 +54,8 @@ def with_gpus(count: int) -> Callable[[HostFacts], HostFacts]:
 
 
 def venv(**values: Any) -> Callable[[HostFacts], HostFacts]:
-    base = dict(python="3.12.3", vllm="0.11.0", torch="2.8.0+cu128", cuda="12.8",
-                arch_flags="-gencode compute=compute_120,code=sm_120", nccl="2.27.3")
+    base = {"python": "3.12.3", "vllm": "0.11.0", "torch": "2.8.0+cu128", "cuda": "12.8",
+            "arch_flags": "-gencode compute=compute_120,code=sm_120", "nccl": "2.27.3"}
     base.update(values)
     return lambda f: dataclasses.replace(f, venv=parsers.VenvInfo(**base))
 
@@ -246,7 +247,7 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
 
 
 def context_for(case: tuple) -> dict[str, context.Context]:
-    name, machine, profile, values, change, peers, _ = case
+    _name, machine, profile, values, change, peers, _ = case
     host_facts = recorded(machine)
     if change:
         host_facts = change(host_facts)

@@ -1,9 +1,11 @@
 """Gathering: one execution per host, the probe's answer turned into HostFacts, missing tools as facts."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from provision import facts, inventory, lab, parsers, remote
-from provision.host import probe as hostprobe
 from provision.errors import CommandFailed, ParseError, ProvisionError
+from provision.host import probe as hostprobe
 from provision.remote import Result
 from tests.conftest import FIXTURES
 from tests.fakes import FakeRunner, ok, probe_answer_from_recording
@@ -32,7 +34,8 @@ def test_facts_take_exactly_one_execution_and_send_the_probe_on_stdin() -> None:
     assert runner.executions == 1
     ((argv, stdin),) = runner.calls
     assert argv == ["python3", "-"]
-    assert stdin is not None and "def collect(spec)" in stdin and '"/opt/vllm/venv"' in stdin
+    assert stdin is not None and '"/opt/vllm/venv"' in stdin
+    assert "def collect(spec: Dict[str, Any]) -> Dict[str, Any]:" in stdin
     assert gathered.kernel == "6.17.0-1014-nvidia" and gathered.arch == "aarch64"
     assert gathered.gpus[0].name == "NVIDIA GB10"
     assert gathered.memory is not None and gathered.memory.total == 125513720 * 1024
@@ -217,8 +220,12 @@ def test_a_record_without_usable_output_is_ignored(tmp_path, output: object) -> 
 
 def test_probe_commands_run_at_once(tmp_path) -> None:
     # Each command waits until all four have started: one after the other, the first times out.
-    wait = f"touch {tmp_path}/$0; while [ $(ls {tmp_path} | wc -l) -lt 4 ]; do sleep 0.01; done"
-    spec = {"commands": {f"c{i}": ["sh", "-c", wait, str(i)] for i in range(4)}, "timeout": 3}
+    wait = ("import os, sys, time\n"
+            "open(os.path.join(sys.argv[1], sys.argv[2]), 'w').close()\n"
+            "while len(os.listdir(sys.argv[1])) < 4:\n"
+            "    time.sleep(0.01)\n")
+    spec = {"commands": {f"c{i}": [sys.executable, "-c", wait, str(tmp_path), str(i)] for i in range(4)},
+            "timeout": 3}
     results = hostprobe.collect(spec)["results"]
     assert [results[f"c{i}"]["timed_out"] for i in range(4)] == [False] * 4
     assert all(results[f"c{i}"]["exit"] == 0 for i in range(4))
@@ -246,5 +253,32 @@ def test_every_host_program_ships_self_contained(name: str) -> None:
     text = programs.ship(("generations", "apply") if name == "apply" else (name,), "print", {"ok": 1})
     assert "from provision" not in text and "import provision" not in text
     done = subprocess.run([sys.executable, "-I", "-"], input=text,
-                          capture_output=True, text=True, timeout=60, cwd="/")
+                          capture_output=True, text=True, timeout=60, cwd="/", check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "{'ok': 1}", done.stderr
+
+
+def _python(version: str) -> str | None:
+    """An interpreter of that version that starts, if this machine has one (pyenv keeps old ones)."""
+    candidates = [shutil.which(f"python{version}"),
+                  *sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")))]
+    for candidate in candidates:
+        if candidate and subprocess.run([candidate, "-c", "pass"], capture_output=True, timeout=30,
+                                        check=False).returncode == 0:
+            return candidate
+    return None
+
+
+@pytest.mark.parametrize(("name", "oldest"), [("probe", "3.6"), ("apply", "3.7"), ("weights", "3.7"),
+                                              ("build", "3.7"), ("nccl", "3.7"), ("serve", "3.7")])
+def test_every_host_program_runs_on_the_oldest_python3_it_promises(name: str, oldest: str) -> None:
+    """The probe must answer on any python3 (it reports the version the gate refuses); the others
+    need 3.7 for their `from __future__ import annotations` (provision/host/__init__.py)."""
+    from provision import programs
+
+    python = _python(oldest)
+    if python is None:
+        pytest.skip(f"no python{oldest} on this machine")
+    text = programs.ship(("generations", "apply") if name == "apply" else (name,), "print", {"ok": 1})
+    done = subprocess.run([python, "-I", "-"], input=text, capture_output=True, text=True, timeout=60,
+                          cwd="/", check=False)
     assert done.returncode == 0 and done.stdout.strip() == "{'ok': 1}", done.stderr

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from provision import checks, context, facts, inventory, nccl, parsers, report
+from provision import context, facts, inventory, nccl, parsers, report
 from provision.errors import ParseError, ProvisionError
 from provision.profiles import load_profiles
 from tests.conftest import FIXTURES, REPO

@@ -23,7 +23,8 @@ def test_command_is_quoted_once_and_runs_in_the_c_locale() -> None:
 
 def test_local_runner_runs_for_real_and_reports_exit_codes() -> None:
     runner = remote.connect(inventory.local_host(), inventory.SshSettings())
-    done = runner.run(["sh", "-c", 'printf "%s" "$LC_ALL"; exit 3'])
+    done = runner.run(["python3", "-c",
+                       "import os, sys; print(os.environ.get('LC_ALL', ''), end=''); sys.exit(3)"])
     assert (done.exited, done.stdout, done.ok) == (3, "C", False)
     piped = runner.run(["cat"], stdin="x" * 100_000)
     assert piped.stdout == "x" * 100_000

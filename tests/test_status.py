@@ -108,7 +108,7 @@ def test_the_probe_sends_back_only_the_samples_figures_read_and_they_give_the_sa
     pages = [rec["first"], rec["second"]]
 
     class Vllm(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             body = (pages.pop(0) if self.path == "/metrics" else "{}").encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
@@ -220,8 +220,8 @@ def test_bench_against_a_key_protected_server_says_what_to_set() -> None:
         answer = hostserve.bench({"base": server_.base, "model": "tiny-llama", "api_key": None, "count": 1,
                                   "concurrency": 1, "max_tokens": 2})
         assert not answer["ok"] and answer["errors"] == [
-            "the server wants an API key (HTTP 401): set vllm_api_key (the inventory's secrets file, "
-            "or VLLM_API_KEY in the environment)"]
+            ("the server wants an API key (HTTP 401): set vllm_api_key (the inventory's secrets file, "
+             "or VLLM_API_KEY in the environment)")]
     finally:
         server_.server.shutdown()
         server_.server.server_close()
@@ -230,8 +230,8 @@ def test_bench_against_a_key_protected_server_says_what_to_set() -> None:
 def test_an_unreachable_host_is_one_row_in_our_words_and_its_whole_reason_is_below() -> None:
     from rich.console import Console
 
-    from provision.report import status_problems, status_table
     from provision.errors import UnreachableHost
+    from provision.report import status_problems, status_table
 
     why = str(UnreachableHost("ws-5090", "cannot connect to root@10.231.77.11:22: connection refused "
                                          "(nothing listens on that port)"))
@@ -240,8 +240,8 @@ def test_an_unreachable_host_is_one_row_in_our_words_and_its_whole_reason_is_bel
     out.print(status_table(found, "status"))
     row = next(line for line in out.export_text().splitlines() if "ws-5090" in line)
     assert "unreachable" in row and "connection refused" in row and "root@" not in row
-    assert status_problems(found) == ["ws-5090: unreachable: cannot connect to root@10.231.77.11:22: "
-                                      "connection refused (nothing listens on that port)"]
+    assert status_problems(found) == [("ws-5090: unreachable: cannot connect to root@10.231.77.11:22: "
+                                       "connection refused (nothing listens on that port)")]
     assert status.short_reason("h: unreachable: no answer from root@h:22 within 5s") == "timed out"
     assert status.short_reason("h: unreachable: the host key of root@h:22 CHANGED") == "host key refused"
 

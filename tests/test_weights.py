@@ -4,7 +4,6 @@ read through the lab's hub on loopback."""
 from __future__ import annotations
 
 import dataclasses
-
 import hashlib
 import json
 import os

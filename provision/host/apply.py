@@ -1,7 +1,7 @@
 """Applies a plan ON the host: sent as source on stdin to `python3 -`, like the fact probe, together
 with host/generations.py.
 
-Standard library only, python3 >= 3.6. The controller appends `main(SPEC_JSON)`:
+Standard library only, python3 >= 3.7 (see host/__init__.py). The controller appends `main(SPEC_JSON)`:
 
     {"action": "apply" | "promote" | "reject" | "rollback" | "list", "lock": "/run/lock/provision.lock",
      "wait": 0, "generations": {"root", "files", "units", "venv", "model_root"}, "by": "provision",
@@ -18,6 +18,8 @@ readiness verdict (`promote` or `reject`), `applied` for a provision. It prints 
 {"ok": bool, "done": [...], "skipped": [...], "failed": {...} | null, "generation": N | null,
  "restored": [...], "unfinished": {...} | null}.
 """
+from __future__ import annotations
+
 import grp
 import json
 import os
@@ -26,24 +28,38 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from provision.host.common import StepFailed, lock, sha256_of, write_atomically
-from provision.host.generations import (GenerationError, describe, load_meta, load_state, matches, model_target,
-                                        restore, rollback_target, set_state, snapshot, unit_states, venv_key)
+from provision.host.generations import (
+    GenerationError,
+    describe,
+    load_meta,
+    load_state,
+    matches,
+    model_target,
+    restore,
+    rollback_target,
+    set_state,
+    snapshot,
+    unit_states,
+    venv_key,
+)
 
 UNIT_DIR = "/etc/systemd/system/"
 
 
-def _run(argv):
-    done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+def _run(argv: list[str]) -> str:
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, check=False,
                           env=dict(os.environ, LC_ALL="C", LANG="C"))
     if done.returncode != 0:
         message = (done.stderr or done.stdout).decode("utf-8", "replace").strip().splitlines()
-        raise StepFailed("%s: exit %d: %s" % (" ".join(argv), done.returncode, " | ".join(message[-3:])))
+        raise StepFailed(f"{' '.join(argv)}: exit {done.returncode}: {' | '.join(message[-3:])}")
     return done.stdout.decode("utf-8", "replace")
 
 
-def _ids(owner, group):
+def _ids(owner: str, group: str) -> tuple[int, int]:
     return pwd.getpwnam(owner).pw_uid, grp.getgrnam(group).gr_gid
 
 
@@ -60,24 +76,27 @@ print(json.dumps(found))
 """
 
 
-def verify_imports(venv, modules):
+def verify_imports(venv: str, modules: Sequence[str]) -> dict[str, Any]:
     """The new venv must import what it is for (vLLM, torch): a venv that cannot is not kept."""
     if not modules:
         return {}
     done = subprocess.run([os.path.join(venv, "bin", "python"), "-c", VERSIONS] + list(modules),
-                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          stdin=subprocess.DEVNULL, capture_output=True, check=False,
                           env=dict(os.environ, LC_ALL="C", LANG="C"))
     if done.returncode != 0:
         lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise StepFailed("the new venv cannot import %s: %s" % (", ".join(modules), " | ".join(lines[-2:])))
-    return json.loads(done.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+        raise StepFailed(f"the new venv cannot import {', '.join(modules)}: {' | '.join(lines[-2:])}")
+    last_line = done.stdout.decode("utf-8", "replace").strip().splitlines()[-1]
+    versions: dict[str, Any] = json.loads(last_line)
+    return versions
 
 
-def build_venv(data):
+def build_venv(data: dict[str, Any]) -> None:
     """Verify the pushed wheels, then build the venv from them with no index; the old one is kept
     as VENV.last-good and comes back if anything fails."""
     wheelhouse, venv = data["wheelhouse"], data["venv"]
     index_path = os.path.join(wheelhouse, "MANIFEST.json")
+    verified: dict[str, str]
     try:
         with open(index_path) as handle:
             verified = json.load(handle)
@@ -88,11 +107,12 @@ def build_venv(data):
         if verified.get(name) == digest and os.path.isfile(path):
             continue
         if not os.path.isfile(path):
-            raise StepFailed("wheel %s was not pushed" % name)
+            raise StepFailed(f"wheel {name} was not pushed")
         found = sha256_of(path)
         if found != digest:
             os.rename(path, path + ".bad")
-            raise StepFailed("wheel %s: sha256 %s, expected %s (set aside as .bad)" % (name, found[:12], digest[:12]))
+            raise StepFailed(f"wheel {name}: sha256 {found[:12]}, expected {digest[:12]} "
+                             "(set aside as .bad)")
         verified[name] = digest
     write_atomically(index_path, json.dumps(verified, indent=1, sort_keys=True).encode(), 0o644, 0, 0)
     last = venv + ".last-good"
@@ -120,7 +140,7 @@ def build_venv(data):
         raise
 
 
-def _already(change, written, venv_built):
+def _already(change: dict[str, Any], written: set[str], venv_built: bool) -> bool:
     """Whether a step is in place on the host as it is now (checked under the lock)."""
     kind, target, data = change["kind"], change["target"], change.get("data", {})
     if kind == "user":
@@ -132,7 +152,8 @@ def _already(change, written, venv_built):
     if kind == "directory":
         try:
             info = os.stat(target)
-            return (info.st_mode & 0o7777, info.st_uid, info.st_gid) == (data["mode"],) + _ids(data["owner"], data["group"])
+            return (info.st_mode & 0o7777, info.st_uid, info.st_gid) == (
+                data["mode"], *_ids(data["owner"], data["group"]))
         except (OSError, KeyError):
             return False
     if kind == "file":
@@ -141,30 +162,32 @@ def _already(change, written, venv_built):
             with open(target, "rb") as handle:
                 same = handle.read() == data["content"].encode("utf-8")
             return same and (info.st_mode & 0o7777, info.st_uid, info.st_gid) == (
-                data["mode"],) + _ids(data["owner"], data["group"])
+                data["mode"], *_ids(data["owner"], data["group"]))
         except (OSError, KeyError):
             return False
     if kind == "venv":
-        return venv_key(data["venv"]) == data["key"]
+        wanted: str | None = data["key"]
+        return venv_key(data["venv"]) == wanted
     if kind == "daemon-reload":
         return not any(path.startswith(UNIT_DIR) for path in written)
     if kind == "enable":
-        return subprocess.run(["systemctl", "is-enabled", "--quiet", target]).returncode == 0
+        return subprocess.run(["systemctl", "is-enabled", "--quiet", target], check=False).returncode == 0
     if kind == "start":
-        return subprocess.run(["systemctl", "is-active", "--quiet", target]).returncode == 0
+        return subprocess.run(["systemctl", "is-active", "--quiet", target], check=False).returncode == 0
     if kind == "restart":
         because = data.get("because")
         if because is None:
             return False
-        return not any(cause in written or (cause == "venv" and venv_built) or cause == "model" for cause in because)
+        return not any(cause in written or (cause == "venv" and venv_built) or cause == "model"
+                       for cause in because)
     if kind == "stop":
-        active = subprocess.run(["systemctl", "is-active", "--quiet", target]).returncode == 0
-        enabled = subprocess.run(["systemctl", "is-enabled", "--quiet", target]).returncode == 0
+        active = subprocess.run(["systemctl", "is-active", "--quiet", target], check=False).returncode == 0
+        enabled = subprocess.run(["systemctl", "is-enabled", "--quiet", target], check=False).returncode == 0
         return not active and not enabled
     return False
 
 
-def step(change):
+def step(change: dict[str, Any]) -> None:
     kind, target, data = change["kind"], change["target"], change.get("data", {})
     if kind == "user":
         _run(["useradd", "--system", "--user-group", "--home-dir", data["home"], "--no-create-home",
@@ -185,21 +208,23 @@ def step(change):
     elif kind == "enable":
         _run(["systemctl", "enable", target])
     elif kind == "start":
+        # a unit stopped by its start limit must start again
         subprocess.run(["systemctl", "reset-failed", target], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)  # a unit stopped by its start limit must start again
+                       stderr=subprocess.DEVNULL, check=False)
         _run(["systemctl", "start", target])
     elif kind == "restart":
+        # a crash loop's start limit must not refuse it
         subprocess.run(["systemctl", "reset-failed", target], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)  # a crash loop's start limit must not refuse it
+                       stderr=subprocess.DEVNULL, check=False)
         _run(["systemctl", "restart", target])
     elif kind == "stop":
         _run(["systemctl", "disable", "--now", target])
     else:
-        raise StepFailed("unknown change kind %r" % kind)
+        raise StepFailed(f"unknown change kind {kind!r}")
 
 
-def _apply(spec, result):
-    generations = spec.get("generations")
+def _apply(spec: dict[str, Any], result: dict[str, Any]) -> None:
+    generations: dict[str, Any] = spec.get("generations") or {}
     root = generations["root"] if generations else None
     secrets = spec.get("secrets") or {}
     if root:
@@ -209,7 +234,9 @@ def _apply(spec, result):
             if meta["state"] == "pending" and (meta.get("deadline") or 0) < time.time():
                 result["unfinished"] = {"id": meta["id"], "created": meta["created"], "by": meta["by"]}
     changes = spec.get("changes", [])
-    written, venv_built, baseline = set(), False, None
+    written: set[str] = set()
+    venv_built = False
+    baseline: int | None = None
     # How each unit was before this run: a rejected deploy puts back exactly this, not what some
     # earlier generation recorded (a unit stopped by hand stays stopped, an enabled one enabled).
     units_before = unit_states(generations["units"]) if root else {}
@@ -219,7 +246,8 @@ def _apply(spec, result):
             continue
         if root and baseline is None and load_state(root)["current"] is None:
             # The host's state before its first tracked run: what a rollback can go back to.
-            model_from = model_target(generations.get("model_root"), "previous") if spec.get("model_changed") else None
+            model_from = (model_target(generations.get("model_root"), "previous") if spec.get("model_changed")
+                          else None)
             baseline = snapshot(root, generations, "found", "found on the host", [], secrets,
                                 note="what the host had before its first tracked run", model_from=model_from)
         step(change)
@@ -236,16 +264,17 @@ def _apply(spec, result):
         if result["unfinished"] and result["unfinished"]["id"] == previous:
             set_state(root, previous, "abandoned", note="its deploy stopped before readiness; replaced")
         verify = bool(spec.get("verify"))
-        described = [changes[index].get("describe") or "%s %s" % (changes[index]["kind"], changes[index]["target"])
+        described = [changes[index].get("describe") or f"{changes[index]['kind']} {changes[index]['target']}"
                      for index in result["done"]] + list(spec.get("record") or [])
         result["generation"] = snapshot(
-            root, generations, "pending" if verify else "applied", spec.get("by", "provision"), described, secrets,
+            root, generations, "pending" if verify else "applied", spec.get("by", "provision"), described,
+            secrets,
             previous=previous, deadline=time.time() + spec.get("deadline", 900) if verify else None,
             units_before=units_before)
         result["previous"] = previous
 
 
-def _decide(spec, result):
+def _decide(spec: dict[str, Any], result: dict[str, Any]) -> None:
     """promote, reject, rollback or list, on the generations under spec["generations"]["root"]."""
     generations = spec["generations"]
     root, action, secrets = generations["root"], spec["action"], spec.get("secrets") or {}
@@ -255,10 +284,11 @@ def _decide(spec, result):
     if action == "promote":
         number, current = spec["generation"], load_state(root)["current"]
         if current != number:
-            raise StepFailed("another run changed the host while this one waited for readiness: generation %s "
-                             "is current, not %s (what answered is not what this run applied)" % (current, number))
+            raise StepFailed(f"another run changed the host while this one waited for readiness: generation "
+                             f"{current} is current, not {number} (what answered is not what this run "
+                             "applied)")
         if not matches(root, number, generations):
-            raise StepFailed("the managed files changed since generation %s was applied" % number)
+            raise StepFailed(f"the managed files changed since generation {number} was applied")
         set_state(root, number, "good", units=unit_states(generations["units"]),
                   verified=time.strftime("%Y-%m-%d %H:%M:%S"))
         result["generation"] = number
@@ -274,7 +304,8 @@ def _decide(spec, result):
         target = (rollback_target(root, before=number, good_only=True) or rollback_target(root, before=number)
                   or rollback_target(root, before=number, states=("found",)))
         if target is None:
-            raise StepFailed("generation %s was rejected and no earlier generation is kept to go back to" % number)
+            raise StepFailed(f"generation {number} was rejected and no earlier generation is kept to go "
+                             "back to")
         units = load_meta(root, number).get("units_before")
         result["restored"] = restore(root, target, generations, secrets, write_atomically, _run, units=units)
         result["to"] = target
@@ -286,16 +317,17 @@ def _decide(spec, result):
         result["restored"] = restore(root, target, generations, secrets, write_atomically, _run)
         result["to"] = target
         return
-    raise StepFailed("unknown action %r" % action)
+    raise StepFailed(f"unknown action {action!r}")
 
 
-def main(spec):
-    result = {"ok": True, "done": [], "skipped": [], "failed": None, "restored": [], "generation": None,
-              "unfinished": None}
+def main(spec: dict[str, Any]) -> None:
+    result: dict[str, Any] = {"ok": True, "done": [], "skipped": [], "failed": None, "restored": [],
+                              "generation": None, "unfinished": None}
     try:
         lock(spec["lock"], spec.get("wait", 0))
     except StepFailed as exc:
-        result.update(ok=False, failed={"index": -1, "kind": "lock", "target": spec["lock"], "error": str(exc)})
+        result.update(ok=False, failed={"index": -1, "kind": "lock", "target": spec["lock"],
+                                        "error": str(exc)})
         sys.stdout.write(json.dumps(result) + "\n")
         return
     try:
@@ -307,6 +339,7 @@ def main(spec):
         index = len(result["done"]) + len(result["skipped"])
         changes = spec.get("changes") or []
         change = changes[index] if spec["action"] == "apply" and index < len(changes) else {}
-        result.update(ok=False, failed={"index": index if change else -1, "kind": change.get("kind", spec["action"]),
+        result.update(ok=False, failed={"index": index if change else -1,
+                                        "kind": change.get("kind", spec["action"]),
                                         "target": change.get("target", ""), "error": str(exc)})
     sys.stdout.write(json.dumps(result) + "\n")

@@ -9,31 +9,35 @@ The build tools come from the pushed wheelhouse into a build venv (no index: air
 too); the build runs without isolation so it sees them. Output: JSON lines, {"event": "log", "line"}
 while the compiler works and one {"event": "result", "ok", "wheel", "sha256", "size", "error"}.
 """
+from __future__ import annotations
+
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
-
+from collections.abc import Mapping
+from typing import Any
 
 from provision.host.common import emit, sha256_of
 
 
-def _run(step, argv, env=None):
+def _run(step: str, argv: list[str], env: Mapping[str, str] | None = None) -> None:
     """Run a step, streaming its output as log events; the last lines are kept for the error."""
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, env=env)
-    lines = []
+    lines: list[str] = []
+    assert process.stdout is not None  # asked for as a pipe
     for raw in process.stdout:
         line = raw.decode("utf-8", "replace").rstrip()
         lines.append(line)
         del lines[:-20]
         emit("log", line=line)
     if process.wait() != 0:
-        raise RuntimeError("%s failed (exit %d): %s" % (step, process.returncode, " | ".join(lines[-4:])))
+        raise RuntimeError(f"{step} failed (exit {process.returncode}): {' | '.join(lines[-4:])}")
 
 
-def build(spec):
+def build(spec: dict[str, Any]) -> dict[str, Any]:
     workdir = spec["workdir"]
     shutil.rmtree(workdir, ignore_errors=True)
     source, out = os.path.join(workdir, "src"), os.path.join(workdir, "out")
@@ -41,8 +45,9 @@ def build(spec):
     os.makedirs(out)
     with tarfile.open(spec["tarball"]) as archive:
         for member in archive.getmembers():  # refuse paths that would leave the source directory
-            if member.name.startswith("/") or ".." in member.name.split("/") or member.issym() or member.islnk():
-                raise RuntimeError("unsafe path in the source archive: %s" % member.name)
+            if (member.name.startswith("/") or ".." in member.name.split("/") or member.issym()
+                    or member.islnk()):
+                raise RuntimeError(f"unsafe path in the source archive: {member.name}")
         archive.extractall(source)
     venv = os.path.join(workdir, "venv")
     _run("creating the build venv", [sys.executable, "-m", "venv", venv])
@@ -51,17 +56,17 @@ def build(spec):
     _run("installing the build requirements", pip + ["install"] + quiet + list(spec["requires"]))
     env = dict(os.environ, **spec.get("env", {}))
     env["PATH"] = os.path.join(venv, "bin") + os.pathsep + env.get("PATH", "")
-    _run("building the wheel", pip + ["wheel"] + quiet + ["--no-build-isolation", "--no-deps", "--wheel-dir", out,
-                                                         source], env=env)
+    _run("building the wheel",
+         pip + ["wheel"] + quiet + ["--no-build-isolation", "--no-deps", "--wheel-dir", out, source], env=env)
     wheels = [name for name in os.listdir(out) if name.endswith(".whl")]
     if len(wheels) != 1:
-        raise RuntimeError("the build made %d wheels in %s, expected one" % (len(wheels), out))
+        raise RuntimeError(f"the build made {len(wheels)} wheels in {out}, expected one")
     path = os.path.join(out, wheels[0])
     return {"wheel": path, "sha256": sha256_of(path), "size": os.path.getsize(path)}
 
 
-def build_main(spec):
-    result = {"ok": True, "error": None}
+def build_main(spec: dict[str, Any]) -> None:
+    result: dict[str, Any] = {"ok": True, "error": None}
     try:
         result.update(build(spec))
     except (RuntimeError, OSError, tarfile.TarError) as exc:

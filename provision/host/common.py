@@ -1,6 +1,7 @@
 """What every host program uses: JSON-line events on stdout, file hashes, atomic writes, the host lock.
 
-Sent first, ahead of the program itself (provision.programs.ship). Standard library only."""
+Sent first, ahead of the program itself (provision.programs.ship). Standard library only, and
+runnable by python3 >= 3.6 like the probe it goes with: typing's names, not PEP 585/604 annotations."""
 import errno
 import fcntl
 import hashlib
@@ -8,16 +9,17 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 
-def emit(event, **fields):
+def emit(event: str, **fields: Any) -> None:
     """One JSON line on stdout: progress events while a program works, {"event": "result"} at the end."""
     fields["event"] = event
     sys.stdout.write(json.dumps(fields) + "\n")
     sys.stdout.flush()
 
 
-def sha256_of(path):
+def sha256_of(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -25,7 +27,7 @@ def sha256_of(path):
     return digest.hexdigest()
 
 
-def fsync_dir(path):
+def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -33,10 +35,10 @@ def fsync_dir(path):
         os.close(fd)
 
 
-def write_atomically(path, data, mode, uid, gid):
+def write_atomically(path: str, data: bytes, mode: int, uid: int, gid: int) -> None:
     """A temporary file beside `path` with its owner and mode, fsynced, renamed over it."""
     directory = os.path.dirname(path)
-    temporary = os.path.join(directory, ".%s.provision-tmp" % os.path.basename(path))
+    temporary = os.path.join(directory, f".{os.path.basename(path)}.provision-tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.fchown(fd, uid, gid)
@@ -56,7 +58,7 @@ class StepFailed(Exception):
     pass
 
 
-def lock(path, wait):
+def lock(path: str, wait: float) -> int:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     deadline = time.time() + wait
@@ -69,8 +71,8 @@ def lock(path, wait):
                 raise
             if time.time() >= deadline:
                 holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another run"
-                raise StepFailed("another provision holds %s (%s)" % (path, holder))
+                raise StepFailed(f"another provision holds {path} ({holder})")
             time.sleep(0.2)
     os.ftruncate(fd, 0)
-    os.pwrite(fd, ("pid %d since %s" % (os.getpid(), time.strftime("%Y-%m-%d %H:%M:%S"))).encode(), 0)
+    os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
     return fd

@@ -16,12 +16,16 @@ readiness: last-known-good), `rejected` (it failed readiness: never a rollback t
 Secrets never rest here: each secret value in a file is stored as a placeholder (@@secret:NAME@@) and
 filled in from the secrets the controller sends on stdin when a generation is restored.
 """
+from __future__ import annotations
+
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 GENERATION_STATES = ("found", "applied", "pending", "good", "rejected", "abandoned")
 KEEP_GENERATIONS = 10  # older ones are pruned, never the current or the newest good one
@@ -32,7 +36,7 @@ class GenerationError(Exception):
     pass
 
 
-def _read_json(path, default):
+def _read_json(path: str, default: Any) -> Any:
     try:
         with open(path) as handle:
             return json.load(handle)
@@ -40,7 +44,7 @@ def _read_json(path, default):
         return default
 
 
-def _write_json(path, data):
+def _write_json(path: str, data: Any) -> None:
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     temporary = path + ".tmp"
@@ -51,27 +55,28 @@ def _write_json(path, data):
     os.rename(temporary, path)
 
 
-def load_state(root):
-    return _read_json(os.path.join(root, "state.json"), {"current": None, "generations": []})
+def load_state(root: str) -> dict[str, Any]:
+    state: dict[str, Any] = _read_json(os.path.join(root, "state.json"), {"current": None, "generations": []})
+    return state
 
 
-def save_state(root, state):
+def save_state(root: str, state: dict[str, Any]) -> None:
     _write_json(os.path.join(root, "state.json"), state)
 
 
-def load_meta(root, number):
-    meta = _read_json(os.path.join(root, str(number), "meta.json"), None)
+def load_meta(root: str, number: int) -> dict[str, Any]:
+    meta: dict[str, Any] | None = _read_json(os.path.join(root, str(number), "meta.json"), None)
     if meta is None:
-        raise GenerationError("generation %s is not kept on this host" % number)
+        raise GenerationError(f"generation {number} is not kept on this host")
     return meta
 
 
-def _summary(meta):
+def _summary(meta: dict[str, Any]) -> dict[str, Any]:
     return {key: meta.get(key) for key in ("id", "state", "created", "by", "changes", "previous", "deadline",
                                             "note", "models", "venv")}
 
 
-def _store(root, meta):
+def _store(root: str, meta: dict[str, Any]) -> None:
     _write_json(os.path.join(root, str(meta["id"]), "meta.json"), meta)
     state = load_state(root)
     state["generations"] = [g for g in state["generations"] if g["id"] != meta["id"]] + [_summary(meta)]
@@ -79,55 +84,59 @@ def _store(root, meta):
     save_state(root, state)
 
 
-def unit_states(units):
+def unit_states(units: Iterable[str]) -> dict[str, dict[str, bool]]:
     found = {}
     for unit in units:
         loaded = subprocess.run(["systemctl", "show", "-p", "LoadState", "--value", unit],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.decode().strip()
-        enabled = subprocess.run(["systemctl", "is-enabled", "--quiet", unit]).returncode == 0
-        active = subprocess.run(["systemctl", "is-active", "--quiet", unit]).returncode == 0
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                check=False).stdout.decode().strip()
+        enabled = subprocess.run(["systemctl", "is-enabled", "--quiet", unit], check=False).returncode == 0
+        active = subprocess.run(["systemctl", "is-active", "--quiet", unit], check=False).returncode == 0
         found[unit] = {"installed": loaded == "loaded", "enabled": enabled, "active": active}
     return found
 
 
-def venv_key(venv):
+def venv_key(venv: str | None) -> str | None:
     if not venv:
         return None
-    return _read_json(os.path.join(venv, "provision-manifest.json"), {}).get("key")
+    key: str | None = _read_json(os.path.join(venv, "provision-manifest.json"), {}).get("key")
+    return key
 
 
-def model_target(root, which="current"):
+def model_target(root: str | None, which: str = "current") -> str | None:
     if not root:
         return None
     link = os.path.join(root, which)
     return os.readlink(link) if os.path.islink(link) else None
 
 
-def _hide_secrets(data, secrets):
+def _hide_secrets(data: bytes, secrets: Mapping[str, str | None]) -> bytes:
     for name, value in sorted(secrets.items()):
         if value:
             data = data.replace(value.encode(), (PLACEHOLDER % name).encode())
     return data
 
 
-def _fill_secrets(data, secrets, number, path):
+def _fill_secrets(data: bytes, secrets: Mapping[str, str | None], number: int, path: str) -> bytes:
     for name, value in secrets.items():
         data = data.replace((PLACEHOLDER % name).encode(), (value or "").encode())
     if b"@@secret:" in data:
         missing = data.split(b"@@secret:", 1)[1].split(b"@@", 1)[0].decode("utf-8", "replace")
-        raise GenerationError("generation %s's %s needs the secret %s, which this run does not hold"
-                              % (number, path, missing))
+        raise GenerationError(f"generation {number}'s {path} needs the secret {missing}, which this run "
+                              "does not hold")
     return data
 
 
-def snapshot(root, spec, state, by, changes, secrets, previous=None, deadline=None, note=None,
-             model_from=None, units_before=None):
+def snapshot(root: str, spec: dict[str, Any], state: str, by: str, changes: Iterable[str],
+             secrets: Mapping[str, str | None], previous: int | None = None, deadline: float | None = None,
+             note: str | None = None, model_from: str | None = None,
+             units_before: Mapping[str, Mapping[str, bool]] | None = None) -> int:
     """Record what the host holds now as a new generation; returns its number."""
     current = load_state(root)
-    number = max([g["id"] for g in current["generations"]] + [0]) + 1
+    number: int = max([g["id"] for g in current["generations"]] + [0]) + 1
     folder = os.path.join(root, str(number))
     shutil.rmtree(folder, ignore_errors=True)
-    files = {}
+    files: dict[str, dict[str, Any] | None] = {}
     for path in spec["files"]:
         if not os.path.isfile(path):
             files[path] = None
@@ -143,9 +152,10 @@ def snapshot(root, spec, state, by, changes, secrets, previous=None, deadline=No
         files[path] = {"mode": info.st_mode & 0o7777, "uid": info.st_uid, "gid": info.st_gid,
                        "sha256": hashlib.sha256(data).hexdigest()}
     # Every model root the host's runs have served from, each at the revision it pointed at then.
-    models = {}
+    models: dict[str, str] = {}
     if current["current"] is not None:
-        models = dict(_read_json(os.path.join(root, str(current["current"]), "meta.json"), {}).get("models") or {})
+        kept_meta = _read_json(os.path.join(root, str(current["current"]), "meta.json"), {})
+        models = dict(kept_meta.get("models") or {})
     if spec.get("model_root"):
         target = model_from if model_from is not None else model_target(spec["model_root"])
         if target:
@@ -153,7 +163,8 @@ def snapshot(root, spec, state, by, changes, secrets, previous=None, deadline=No
     meta = {"id": number, "state": state, "by": by, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
             "changes": list(changes), "previous": previous, "deadline": deadline, "note": note,
             "files": files, "units": unit_states(spec["units"]), "units_before": units_before,
-            "venv": {"dir": spec.get("venv"), "key": venv_key(spec.get("venv"))} if spec.get("venv") else None,
+            "venv": ({"dir": spec.get("venv"), "key": venv_key(spec.get("venv"))} if spec.get("venv")
+                     else None),
             "models": models}
     _store(root, meta)
     state_now = load_state(root)
@@ -163,7 +174,7 @@ def snapshot(root, spec, state, by, changes, secrets, previous=None, deadline=No
     return number
 
 
-def _prune(root):
+def _prune(root: str) -> None:
     state = load_state(root)
     good = [g["id"] for g in state["generations"] if g["state"] == "good"]
     keep = {state["current"], max(good) if good else None}
@@ -175,7 +186,7 @@ def _prune(root):
     save_state(root, state)
 
 
-def matches(root, number, spec):
+def matches(root: str, number: int, spec: dict[str, Any]) -> bool:
     """Whether the managed files on the host are exactly generation `number`'s."""
     meta = load_meta(root, number)
     for path in spec["files"]:
@@ -194,7 +205,7 @@ def matches(root, number, spec):
     return True
 
 
-def set_state(root, number, state, **extra):
+def set_state(root: str, number: int, state: str, **extra: Any) -> None:
     meta = load_meta(root, number)
     meta["state"] = state
     meta.update(extra)
@@ -204,38 +215,42 @@ def set_state(root, number, state, **extra):
 ROLLBACK_STATES = ("good", "applied")  # what a rollback offers; `found` only when named with --to
 
 
-def rollback_target(root, before=None, good_only=False, states=None):
+def rollback_target(root: str, before: int | None = None, good_only: bool = False,
+                    states: Sequence[str] | None = None) -> int | None:
     """The newest generation older than `before` (default: the current one) that may be restored:
     one that passed readiness or that a provision applied, never a rejected or abandoned one; with
     good_only, only one that passed readiness."""
     state = load_state(root)
     limit = before if before is not None else state["current"]
     allowed = states or (("good",) if good_only else ROLLBACK_STATES)
-    older = [g for g in state["generations"] if (limit is None or g["id"] < limit) and g["state"] in allowed]
-    return max(older, key=lambda g: g["id"])["id"] if older else None
+    older: list[int] = [g["id"] for g in state["generations"]
+                        if (limit is None or g["id"] < limit) and g["state"] in allowed]
+    return max(older) if older else None
 
 
-def restore(root, number, spec, secrets, write, run, units=None):
+def restore(root: str, number: int, spec: dict[str, Any], secrets: Mapping[str, str | None],
+            write: Callable[[str, bytes, int, int, int], None], run: Callable[[list[str]], str],
+            units: Mapping[str, Mapping[str, bool]] | None = None) -> list[str]:
     """Make the host hold generation `number` again: its files (written with `write`, removed where it
     had none), systemd reloaded, its venv and model revision where they are still kept, and each unit
     enabled and running exactly as it was then (or as `units` says: a rejected run's units before it).
     Returns what it restored, in words."""
     meta = load_meta(root, number)
     if meta["state"] in ("rejected", "abandoned", "pending"):
-        raise GenerationError("generation %s is %s: not a rollback target (see `invoke rollback --list`)"
-                              % (number, meta["state"]))
-    said = []
+        raise GenerationError(f"generation {number} is {meta['state']}: not a rollback target "
+                              "(see `invoke rollback --list`)")
+    said: list[str] = []
     units_changed = False
     for path, recorded in sorted(meta["files"].items()):
         if recorded is None:
             if os.path.isfile(path):
                 os.remove(path)
-                said.append("removed %s" % path)
+                said.append(f"removed {path}")
                 units_changed = units_changed or path.endswith((".service", ".conf"))
             continue
         with open(os.path.join(root, str(number), "files", path.lstrip("/")), "rb") as handle:
             data = _fill_secrets(handle.read(), secrets, number, path)
-        current = None
+        current: bytes | None = None
         if os.path.isfile(path):
             with open(path, "rb") as handle:
                 current = handle.read()
@@ -257,23 +272,23 @@ def restore(root, number, spec, secrets, write, run, units=None):
                 os.rename(aside, kept)
             said.append(venv["dir"])
         else:
-            said.append("%s left as it is (generation %s's venv is no longer kept)" % (venv["dir"], number))
+            said.append(f"{venv['dir']} left as it is (generation {number}'s venv is no longer kept)")
     for model_root, target in sorted((meta.get("models") or {}).items()):
         if model_target(model_root) == target:
             continue
         if os.path.isdir(os.path.join(model_root, target)):
-            now = model_target(model_root)
-            for name, pointed in (("current", target), ("previous", now)):
+            was = model_target(model_root)
+            for name, pointed in (("current", target), ("previous", was)):
                 if pointed is None:
                     continue
-                temporary = os.path.join(model_root, ".%s.tmp" % name)
+                temporary = os.path.join(model_root, f".{name}.tmp")
                 if os.path.lexists(temporary):
                     os.remove(temporary)
                 os.symlink(pointed, temporary)
                 os.rename(temporary, os.path.join(model_root, name))
-            said.append("%s -> %s" % (model_root, target))
+            said.append(f"{model_root} -> {target}")
         else:
-            said.append("%s left as it is (%s is no longer kept)" % (model_root, target))
+            said.append(f"{model_root} left as it is ({target} is no longer kept)")
     if units_changed:
         run(["systemctl", "daemon-reload"])
     anything = bool(said)
@@ -281,24 +296,27 @@ def restore(root, number, spec, secrets, write, run, units=None):
         now = unit_states([unit])[unit]
         if not wanted["installed"] or not wanted["enabled"]:
             if now["enabled"]:
-                subprocess.run(["systemctl", "disable", unit], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                subprocess.run(["systemctl", "disable", unit], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, check=False)
         elif not now["enabled"]:
             run(["systemctl", "enable", unit])
         if wanted["installed"] and wanted["active"]:
-            subprocess.run(["systemctl", "reset-failed", unit], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(["systemctl", "reset-failed", unit], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, check=False)
             if not now["active"]:
                 run(["systemctl", "start", unit])
             elif anything:
                 run(["systemctl", "restart", unit])  # it must run what was just restored
         elif now["active"]:
-            subprocess.run(["systemctl", "stop", unit], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(["systemctl", "stop", unit], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           check=False)
     state = load_state(root)
     state["current"] = number
     save_state(root, state)
     return said
 
 
-def describe(root):
+def describe(root: str) -> dict[str, Any]:
     """Every kept generation, oldest first, with which is current and which may be restored."""
     state = load_state(root)
     rows = []

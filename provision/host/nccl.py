@@ -28,6 +28,8 @@ Workers are forked before anything imports torch or touches CUDA, so each starts
 waits at most `timeout` seconds and kills only its own children. Secrets in `env` (the service
 environment may hold a token) arrive on stdin, never in argv. Standard library only at import time.
 """
+from __future__ import annotations
+
 import json
 import os
 import shutil
@@ -36,7 +38,7 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any, Dict, Optional
+from typing import Any
 
 MAX_LOG = 1 << 20  # per rank; NCCL's INFO log of a 2-node, 16-rank init stays far below
 
@@ -55,13 +57,13 @@ HOLD_GROWTH = 4
 HOLD_TRIES = 3
 
 
-def _benchmark(spec: Dict[str, Any], rank: int, local_rank: int, world_size: int, result_path: str,
+def _benchmark(spec: dict[str, Any], rank: int, local_rank: int, world_size: int, result_path: str,
                device_path: str) -> None:
     """One rank: join the group, check one all-reduce per size, then time `iters` of them."""
     import datetime
 
-    import torch  # type: ignore[import-not-found]
-    import torch.distributed as dist  # type: ignore[import-not-found]
+    import torch
+    import torch.distributed as dist
 
     backend = spec.get("backend", "nccl")
     if backend == "nccl":
@@ -89,7 +91,7 @@ def _benchmark(spec: Dict[str, Any], rank: int, local_rank: int, world_size: int
     hold = getattr(torch.cuda, "_sleep", None) if backend == "nccl" else None
     hold_cycles = int(HOLD_PER_CALL * (iters + 1) * HOLD_CLOCK)
 
-    def timed_batch(buffer: Any) -> "tuple[float, bool]":  # quoted: hosts may run Python 3.8
+    def timed_batch(buffer: Any) -> tuple[float, bool]:
         """Seconds of `iters` back-to-back all-reduces on this rank, and whether the GPU reached them
         before the host had queued them all (then the host's pace is in the time)."""
         if hold is not None:
@@ -155,7 +157,7 @@ def _benchmark(spec: Dict[str, Any], rank: int, local_rank: int, world_size: int
     dist.destroy_process_group()
 
 
-def _child(spec: Dict[str, Any], rank: int, local_rank: int, log_path: str, result_path: str,
+def _child(spec: dict[str, Any], rank: int, local_rank: int, log_path: str, result_path: str,
            device_path: str) -> None:
     """In the forked process: output to the log file, torchrun's environment, then the benchmark."""
     descriptor = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -172,7 +174,7 @@ def _child(spec: Dict[str, Any], rank: int, local_rank: int, log_path: str, resu
         })
         _benchmark(spec, rank, local_rank, spec["world_size"], result_path, device_path)
         code = 0
-    except BaseException:  # noqa: B036 - the child reports any failure in its log and exits 1
+    except BaseException:  # noqa: BLE001  the child reports any failure in its log and exits 1
         traceback.print_exc()
     finally:
         sys.stdout.flush()
@@ -191,15 +193,15 @@ def _read_log(path: str) -> str:
     return data.decode("utf-8", "replace")
 
 
-def run(spec: Dict[str, Any]) -> Dict[str, Any]:
+def run(spec: dict[str, Any]) -> dict[str, Any]:
     workdir = tempfile.mkdtemp(prefix="provision-nccl-")
     result_path = os.path.join(workdir, "result.json")
-    children: Dict[int, Dict[str, Any]] = {}
+    children: dict[int, dict[str, Any]] = {}
     try:
         for local_rank in range(spec["nproc"]):
             rank = spec.get("rank_offset", 0) + local_rank
-            log_path = os.path.join(workdir, "rank%d.log" % rank)
-            device_path = os.path.join(workdir, "rank%d.device" % rank)
+            log_path = os.path.join(workdir, f"rank{rank}.log")
+            device_path = os.path.join(workdir, f"rank{rank}.device")
             pid = os.fork()
             if pid == 0:
                 _child(spec, rank, local_rank, log_path, result_path, device_path)
@@ -223,7 +225,7 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
                 waiting.clear()
             if waiting:
                 time.sleep(0.1)
-        result: Optional[Dict[str, Any]] = None
+        result: dict[str, Any] | None = None
         if os.path.exists(result_path):
             with open(result_path) as handle:
                 result = json.load(handle)
@@ -232,12 +234,12 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
             info["log"] = _read_log(info.pop("log_path"))
             info["device"] = _read_log(info.pop("device_path")) or None
             ranks.append(info)
-        return {"python": "%d.%d.%d" % sys.version_info[:3], "node_rank": spec.get("node_rank", 0),
-                "ranks": ranks, "result": result}
+        return {"python": ".".join(str(part) for part in sys.version_info[:3]),
+                "node_rank": spec.get("node_rank", 0), "ranks": ranks, "result": result}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def main(spec: Dict[str, Any]) -> None:
+def main(spec: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(run(spec)))
     sys.stdout.write("\n")

@@ -26,19 +26,20 @@ import os
 import subprocess
 import sys
 import threading
+from typing import Any, Dict, List, Optional
 
 MAX_OUTPUT = 1 << 20  # 1 MiB per output is plenty for any fact and bounds a runaway command
 
 
-def _run(argv, timeout):
+def _run(argv: List[str], timeout: float) -> Dict[str, Any]:
     """One command, its output read as it comes and at most MAX_OUTPUT of each stream kept: a command
     that prints more (an `nvidia-smi` that printed 768 MiB did) is stopped there and answers
     `truncated: true`, so the probe never holds more than the cap, however much a command prints."""
     import selectors
     import time
     env = dict(os.environ, LC_ALL="C", LANG="C")
-    result = {"exit": None, "stdout": "", "stderr": "", "missing": False, "timed_out": False,
-              "truncated": False}
+    result: Dict[str, Any] = {"exit": None, "stdout": "", "stderr": "", "missing": False, "timed_out": False,
+                              "truncated": False}
     try:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, env=env)
@@ -93,8 +94,8 @@ def _run(argv, timeout):
     return result
 
 
-def _read(path):
-    result = {"exit": 0, "stdout": "", "stderr": "", "missing": False, "timed_out": False}
+def _read(path: str) -> Dict[str, Any]:
+    result: Dict[str, Any] = {"exit": 0, "stdout": "", "stderr": "", "missing": False, "timed_out": False}
     try:
         with open(path, "rb") as handle:
             result["stdout"] = handle.read(MAX_OUTPUT).decode("utf-8", "replace")
@@ -107,7 +108,7 @@ def _read(path):
     return result
 
 
-def _space(path):
+def _space(path: str) -> Dict[str, Any]:
     """Free space where `path` is or would be created: the nearest existing ancestor's filesystem."""
     checked = os.path.abspath(path)
     while not os.path.exists(checked):
@@ -117,7 +118,7 @@ def _space(path):
             "free": stats.f_bavail * stats.f_frsize, "total": stats.f_blocks * stats.f_frsize}
 
 
-def _inspect_file(path, max_content):
+def _inspect_file(path: str, max_content: int) -> Dict[str, Any]:
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -126,8 +127,8 @@ def _inspect_file(path, max_content):
     import hashlib
     import pwd
     import stat
-    state = {"exists": True, "is_dir": stat.S_ISDIR(info.st_mode), "mode": stat.S_IMODE(info.st_mode),
-             "uid": info.st_uid, "gid": info.st_gid}
+    state: Dict[str, Any] = {"exists": True, "is_dir": stat.S_ISDIR(info.st_mode),
+                             "mode": stat.S_IMODE(info.st_mode), "uid": info.st_uid, "gid": info.st_gid}
     try:
         state["owner"] = pwd.getpwuid(info.st_uid).pw_name
     except KeyError:
@@ -138,7 +139,8 @@ def _inspect_file(path, max_content):
         state["group"] = str(info.st_gid)
     if stat.S_ISREG(info.st_mode):
         # Hashed as it is read: a file grown huge by mistake costs time, never the probe's memory.
-        digest, head, size = hashlib.sha256(), [], 0
+        digest, size = hashlib.sha256(), 0
+        head: List[bytes] = []
         with open(path, "rb") as handle:
             for block in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(block)
@@ -151,7 +153,7 @@ def _inspect_file(path, max_content):
     return state
 
 
-def _inspect_user(name):
+def _inspect_user(name: str) -> Dict[str, Any]:
     import pwd
     try:
         entry = pwd.getpwnam(name)
@@ -160,12 +162,13 @@ def _inspect_user(name):
     return {"exists": True, "uid": entry.pw_uid, "home": entry.pw_dir}
 
 
-def _inspect_weights(root):
+def _inspect_weights(root: str) -> Dict[str, Any]:
     """A model root: the commit `current` points at, its manifest, and each listed file's stat now:
     [size, mtime_ns, ctime_ns, inode]. Any change means the file must be verified again (nothing is
     hashed here); ctime is what an edit in place followed by `touch -r` cannot put back."""
     current = os.path.join(root, "current")
-    partial = {}  # what broken transfers left, per commit: a resumed fetch needs that much less room
+    # What broken transfers left, per commit: a resumed fetch needs that much less room.
+    partial: Dict[str, Dict[str, int]] = {}
     for base, _, names in os.walk(os.path.join(root, ".partial")):
         for name in names:
             if name.endswith(".part"):
@@ -185,7 +188,7 @@ def _inspect_weights(root):
     except (OSError, ValueError):
         return {"current": commit, "files": {}, "stat": {}, "partial": partial}
     files = manifest.get("files") or {}
-    stats = {}
+    stats: Dict[str, Optional[List[int]]] = {}
     for name in files:
         try:
             info = os.stat(os.path.join(current, name))
@@ -196,7 +199,7 @@ def _inspect_weights(root):
             "partial": partial}
 
 
-def inspect(spec):
+def inspect(spec: Dict[str, Any]) -> Dict[str, Any]:
     """The state of the files, directories and users a plan manages (small files with their content),
     and the names in the directories listed under "dirs"."""
     limit = spec.get("max_content", 65536)
@@ -207,14 +210,15 @@ def inspect(spec):
             "weights": {root: _inspect_weights(root) for root in spec.get("weights", [])}}
 
 
-def _get(url, headers, timeout):
+def _get(url: str, headers: Dict[str, str], timeout: float) -> Dict[str, Any]:
     """GET over HTTP/1.0 with a plain socket: the answer ends when the server closes (no chunks),
     and importing urllib would cost more than the whole request."""
     import socket
     address, _, path = url.split("://", 1)[1].partition("/")
     host, _, port = address.rpartition(":")
-    lines = ["GET /%s HTTP/1.0" % path, "Host: %s" % address] + ["%s: %s" % item for item in headers.items()]
-    received, size = [], 0
+    lines = [f"GET /{path} HTTP/1.0", f"Host: {address}"] + [f"{key}: {value}" for key, value in headers.items()]
+    received: List[bytes] = []
+    size = 0
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as sock:
             sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
@@ -224,18 +228,18 @@ def _get(url, headers, timeout):
                     break
                 received.append(data)
                 size += len(data)
-    except Exception as exc:  # refused, reset, timed out: all mean "not answering"
-        return {"status": None, "error": "%s: %s" % (type(exc).__name__, exc)}
+    except (OSError, ValueError) as exc:  # refused, reset, timed out, no such name: "not answering"
+        return {"status": None, "error": f"{type(exc).__name__}: {exc}"}
     head, _, body = b"".join(received).partition(b"\r\n\r\n")
     try:
         status = int(head.split(b" ", 2)[1])
     except (IndexError, ValueError):
-        return {"status": None, "error": "not an HTTP answer: %r" % head[:80]}
+        return {"status": None, "error": f"not an HTTP answer: {head[:80]!r}"}
     text = body[:MAX_OUTPUT if status == 200 else 2000].decode("utf-8", "replace")
     return {"status": status, "body": text}
 
 
-def _metrics(base, spec):
+def _metrics(base: str, spec: Dict[str, Any]) -> Dict[str, Any]:
     """/metrics, only the samples named in spec["keep"] (when given): the page is mostly histograms
     nobody reads here, and it crosses the network twice per host."""
     answer = _get(base + "/metrics", {}, spec.get("timeout", 3))
@@ -247,12 +251,12 @@ def _metrics(base, spec):
     return answer
 
 
-def serving_first(spec):
+def serving_first(spec: Dict[str, Any]) -> Dict[str, Any]:
     """The server's own view, first part: /health, /v1/models (with the API key), /metrics."""
     import time
     base, timeout = spec["base"].rstrip("/"), spec.get("timeout", 3)
     headers = {"Authorization": "Bearer " + spec["api_key"]} if spec.get("api_key") else {}
-    answer = {"health": _get(base + "/health", {}, timeout)}
+    answer: Dict[str, Any] = {"health": _get(base + "/health", {}, timeout)}
     if answer["health"].get("status") is None:
         return answer
     answer["models"] = _get(base + "/v1/models", headers, timeout)
@@ -261,7 +265,7 @@ def serving_first(spec):
     return answer
 
 
-def serving_second(spec, answer):
+def serving_second(spec: Dict[str, Any], answer: Dict[str, Any]) -> Dict[str, Any]:
     """/metrics again `window` seconds after the first, so the controller can turn counters into rates."""
     import time
     started = answer.pop("started", None)
@@ -275,7 +279,7 @@ def serving_second(spec, answer):
     return answer
 
 
-def _from_record(record):
+def _from_record(record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """The output kept in a record file, or None when the record is missing, has none, or is older
     than one of the paths it depends on."""
     try:
@@ -296,16 +300,17 @@ def _from_record(record):
     return {"exit": 0, "stdout": output, "stderr": "", "missing": False, "timed_out": False, "recorded": True}
 
 
-def _run_all(commands, records, timeout):
-    results = {}
-    threads = []
+def _run_all(commands: Dict[str, List[str]], records: Dict[str, Dict[str, Any]],
+             timeout: float) -> Dict[str, Dict[str, Any]]:
+    results: Dict[str, Dict[str, Any]] = {}
+    threads: List[threading.Thread] = []
     for name, argv in commands.items():
         kept = _from_record(records[name]) if name in records else None
         if kept is not None:
             results[name] = kept
             continue
 
-        def work(name=name, argv=argv):
+        def work(name: str = name, argv: List[str] = argv) -> None:
             results[name] = _run(argv, timeout)
 
         thread = threading.Thread(target=work)
@@ -316,15 +321,15 @@ def _run_all(commands, records, timeout):
     return results
 
 
-def collect(spec):
+def collect(spec: Dict[str, Any]) -> Dict[str, Any]:
     timeout = spec.get("timeout", 20)
     # The server's two /metrics samples are a window apart: everything else is done meanwhile.
     served = serving_first(spec["serving"]) if spec.get("serving") else None
     results = _run_all(spec.get("commands", {}), spec.get("recorded", {}), timeout)
     for name, path in spec.get("files", {}).items():
         results[name] = _read(path)
-    answer = {
-        "python": "%d.%d.%d" % sys.version_info[:3],
+    answer: Dict[str, Any] = {
+        "python": ".".join(str(part) for part in sys.version_info[:3]),
         "results": results,
         "paths": {path: _space(path) for path in spec.get("paths", [])},
         "inspect": inspect(spec.get("inspect", {})),
@@ -335,6 +340,6 @@ def collect(spec):
     return answer
 
 
-def main(spec):
+def main(spec: Dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(collect(spec)))
     sys.stdout.write("\n")

@@ -9,24 +9,27 @@ ready: waits for /health, then for a real one-token completion (readiness, not o
 bench: streamed completions, timing the first token of each, with /metrics read before and after.
 Output: JSON lines, {"event": "progress", ...} and one {"event": "result", ...}.
 """
+from __future__ import annotations
+
+import http.client
 import json
 import threading
 import time
 import urllib.error
 import urllib.request
-
+from typing import Any
 
 from provision.host.common import emit
 
 
-def _headers(spec):
+def _headers(spec: dict[str, Any]) -> dict[str, str]:
     headers = {"Content-Type": "application/json"}
     if spec.get("api_key"):
         headers["Authorization"] = "Bearer " + spec["api_key"]
     return headers
 
 
-def _describe(exc, spec):
+def _describe(exc: BaseException, spec: dict[str, Any]) -> str:
     """An exception from a request, in words; a 401 says what to set (the server wants a key)."""
     if isinstance(exc, urllib.error.HTTPError) and exc.code == 401:
         exc.close()
@@ -36,21 +39,22 @@ def _describe(exc, spec):
         return ("the server wants an API key (HTTP 401): set vllm_api_key (the inventory's secrets file, "
                 "or VLLM_API_KEY in the environment)")
     if isinstance(exc, urllib.error.HTTPError):
-        return "HTTP %d %s" % (exc.code, exc.read(300).decode("utf-8", "replace"))
-    return "%s: %s" % (type(exc).__name__, exc)
+        return f"HTTP {exc.code} {exc.read(300).decode('utf-8', 'replace')}"
+    return f"{type(exc).__name__}: {exc}"
 
 
-def _get(url, timeout=5):
+def _get(url: str, timeout: float = 5) -> tuple[int | None, str]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status, response.read().decode("utf-8", "replace")
+            status: int = response.status
+            return status, response.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, ""
-    except Exception as exc:
-        return None, "%s: %s" % (type(exc).__name__, exc)
+    except (OSError, http.client.HTTPException, ValueError) as exc:  # refused, reset, timed out, garbled
+        return None, f"{type(exc).__name__}: {exc}"
 
 
-def _complete(spec, max_tokens, prompt, timeout):
+def _complete(spec: dict[str, Any], max_tokens: int, prompt: str, timeout: float) -> Any:
     body = json.dumps({"model": spec["model"], "prompt": prompt, "max_tokens": max_tokens,
                        "temperature": 0}).encode()
     request = urllib.request.Request(spec["base"] + "/v1/completions", body, _headers(spec))
@@ -58,12 +62,12 @@ def _complete(spec, max_tokens, prompt, timeout):
         return json.loads(response.read().decode("utf-8", "replace"))
 
 
-def _unit(unit):
+def _unit(unit: str) -> tuple[str | None, int | None]:
     """(ActiveState, NRestarts) of the unit, or (None, None) without systemd."""
     import subprocess
     try:
-        text = subprocess.run(["systemctl", "show", "-p", "ActiveState,NRestarts", unit], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL).stdout.decode()
+        text = subprocess.run(["systemctl", "show", "-p", "ActiveState,NRestarts", unit],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False).stdout.decode()
     except OSError:
         return None, None
     values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
@@ -71,11 +75,12 @@ def _unit(unit):
     return values.get("ActiveState"), int(restarts) if restarts.isdigit() else None
 
 
-def _journal_tail(unit):
+def _journal_tail(unit: str) -> str:
     import subprocess
     try:
         text = subprocess.run(["journalctl", "-u", unit, "--no-pager", "-n", "40", "-o", "cat"],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.decode("utf-8", "replace")
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              check=False).stdout.decode("utf-8", "replace")
     except OSError:
         return ""
     lines = [line for line in text.splitlines() if line.strip()]
@@ -83,7 +88,7 @@ def _journal_tail(unit):
     return " | ".join((errors or lines)[-3:])[:600]
 
 
-def ready(spec):
+def ready(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.time()
     deadline = started + spec.get("timeout", 600)
     last = ""
@@ -96,11 +101,11 @@ def ready(spec):
             if state == "failed" or (restarts is not None and restarts_before is not None
                                      and restarts > restarts_before):
                 return {"ok": False, "seconds": round(time.time() - started, 1),
-                        "error": "%s %s after start (%s restart(s)): %s" % (
-                            unit, "failed" if state == "failed" else "crashed", restarts, _journal_tail(unit))}
+                        "error": f"{unit} {'failed' if state == 'failed' else 'crashed'} after start "
+                                 f"({restarts} restart(s)): {_journal_tail(unit)}"}
         if stage == "health":
             status, text = _get(spec["base"] + "/health", timeout=5)
-            last = "/health: %s" % (status if status is not None else text)
+            last = f"/health: {status if status is not None else text}"
             if status == 200:
                 stage = "completion"
                 continue
@@ -111,22 +116,24 @@ def ready(spec):
                     return {"ok": True, "seconds": round(time.time() - started, 1),
                             "text": reply["choices"][0].get("text", "")}
                 last = "completion without choices"
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001  any failed attempt means "not ready yet": try again
                 last = "completion: " + _describe(exc, spec)
         emit("progress", stage=stage, elapsed=round(time.time() - started, 1), last=last)
         time.sleep(2)
     return {"ok": False, "seconds": round(time.time() - started, 1),
-            "error": "not ready within %ds (%s)" % (spec.get("timeout", 600), last)}
+            "error": f"not ready within {int(spec.get('timeout', 600))}s ({last})"}
 
 
-def _stream(spec, prompt, max_tokens):
+def _stream(spec: dict[str, Any], prompt: str, max_tokens: int) -> tuple[float | None, float, int]:
     """One streamed completion: (seconds to the first token, total seconds, tokens)."""
     body = json.dumps({"model": spec["model"], "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                        "stream": True, "stream_options": {"include_usage": True},
                        "ignore_eos": True}).encode()
     request = urllib.request.Request(spec["base"] + "/v1/completions", body, _headers(spec))
     started = time.time()
-    first, tokens, chunks = None, None, 0
+    first: float | None = None
+    tokens: int | None = None
+    chunks = 0
     with urllib.request.urlopen(request, timeout=600) as response:
         for raw in response:
             line = raw.decode("utf-8", "replace").strip()
@@ -142,30 +149,31 @@ def _stream(spec, prompt, max_tokens):
     return first, time.time() - started, tokens if tokens is not None else chunks
 
 
-def _metrics(spec):
+def _metrics(spec: dict[str, Any]) -> str:
     status, text = _get(spec["base"] + "/metrics")
     return text if status == 200 else ""
 
 
-def bench(spec):
+def bench(spec: dict[str, Any]) -> dict[str, Any]:
     count, concurrency = spec.get("count", 16), max(1, spec.get("concurrency", 4))
     before = _metrics(spec)
-    results, errors = [], []
+    results: list[tuple[float | None, float, int]] = []
+    errors: list[str] = []
     lock = threading.Lock()
     queue = list(range(count))
 
-    def worker():
+    def worker() -> None:
         while True:
             with lock:
                 if not queue:
                     return
                 index = queue.pop()
             try:
-                outcome = _stream(spec, "%s (%d)" % (spec.get("prompt", "Hello"), index), spec.get("max_tokens", 32))
+                outcome = _stream(spec, f"{spec.get('prompt', 'Hello')} ({index})", spec.get("max_tokens", 32))
                 with lock:
                     results.append(outcome)
                     emit("progress", done=len(results) + len(errors), total=count)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001  a failed request is counted; the thread goes on
                 with lock:
                     errors.append(_describe(exc, spec))
 
@@ -182,9 +190,9 @@ def bench(spec):
             "metrics_before": before, "metrics_after": _metrics(spec)}
 
 
-def serve_main(spec):
+def serve_main(spec: dict[str, Any]) -> None:
     try:
         result = ready(spec) if spec["action"] == "ready" else bench(spec)
-    except Exception as exc:
-        result = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
+    except Exception as exc:  # noqa: BLE001  the result line says what broke, never a bare traceback
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     emit("result", **result)

@@ -17,12 +17,17 @@ headers); it runs under the helper venv's python. Peers copy from a host of thei
 HTTP with ranges, standard library only. Output: JSON lines, {"event": "progress", ...} while bytes
 move and one {"event": "result", ...} at the end.
 """
+from __future__ import annotations
+
 import hashlib
+import http.client
 import json
 import os
 import shutil
 import threading
 import time
+from collections.abc import Callable, Mapping
+from typing import Any, BinaryIO, cast
 
 from provision.host.common import StepFailed, emit, lock, write_atomically
 
@@ -33,29 +38,31 @@ class WeightsFailed(Exception):
     pass
 
 
-def file_digest(path, kind):
+def file_digest(path: str, kind: str) -> str:
     digest = hashlib.sha256() if kind == "sha256" else hashlib.sha1()
     if kind == "git-sha1":
         digest.update(b"blob %d\0" % os.path.getsize(path))
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
-    return "%s:%s" % (kind, digest.hexdigest())
+    return f"{kind}:{digest.hexdigest()}"
 
 
-def matches(path, entry):
-    return file_digest(path, entry["digest"].split(":", 1)[0]) == entry["digest"]
+def matches(path: str, entry: Mapping[str, Any]) -> bool:
+    expected: str = entry["digest"]
+    return file_digest(path, expected.split(":", 1)[0]) == expected
 
 
-def read_manifest(directory):
+def read_manifest(directory: str) -> dict[str, Any] | None:
     try:
         with open(os.path.join(directory, MANIFEST)) as handle:
-            return json.load(handle)
+            manifest: dict[str, Any] = json.load(handle)
+            return manifest
     except (OSError, ValueError):
         return None
 
 
-def stat_of(path):
+def stat_of(path: str) -> list[int]:
     """What a manifest records of a verified file: [size, mtime_ns, ctime_ns, inode]. ctime is what
     an edit in place followed by `touch -r` cannot put back; it also moves when the file's link count
     does, which is why manifests are stamped after this run's own links and removals (restamp)."""
@@ -63,7 +70,7 @@ def stat_of(path):
     return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
 
 
-def unchanged_since_verified(path, recorded):
+def unchanged_since_verified(path: str, recorded: Mapping[str, Any] | None) -> bool:
     """The file is as it was verified (a manifest from before ctime and inode: its size and mtime)."""
     try:
         now = stat_of(path)
@@ -73,31 +80,31 @@ def unchanged_since_verified(path, recorded):
     return isinstance(kept, list) and len(kept) >= 2 and now[:len(kept)] == kept
 
 
-class Counter(object):
+class Counter:
     """A file object that reports the bytes written through it (huggingface_hub writes into it)."""
 
-    def __init__(self, handle, progress):
+    def __init__(self, handle: BinaryIO, progress: Callable[[int], None]) -> None:
         self._handle = handle
         self._progress = progress
 
-    def write(self, data):
+    def write(self, data: bytes) -> int:
         written = self._handle.write(data)
         self._progress(len(data))
         return written
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._handle, name)
 
 
-class Progress(object):
-    def __init__(self, total):
+class Progress:
+    def __init__(self, total: int) -> None:
         self.total = total
         self.done = 0
         self.fetched = 0
         self.last = 0.0
         self.lock = threading.Lock()
 
-    def add(self, count, fetched=True):
+    def add(self, count: int, fetched: bool = True) -> None:
         with self.lock:
             self.done += count
             if fetched:
@@ -108,26 +115,29 @@ class Progress(object):
                 emit("progress", done=self.done, total=self.total)
 
 
-def fetch_hub(source, repo, commit, entry, handle, resume, progress):
+def fetch_hub(source: dict[str, Any], repo: str, commit: str, entry: dict[str, Any], handle: BinaryIO,
+              resume: int, progress: Progress) -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     from huggingface_hub import hf_hub_url
     from huggingface_hub.file_download import http_get
-    from huggingface_hub.utils import build_hf_headers
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # an implicit re-export
 
     url = hf_hub_url(repo, entry["path"], revision=commit, endpoint=source["endpoint"])
     headers = build_hf_headers(token=source.get("token") or False, library_name="provision")
-    http_get(url, Counter(handle, progress.add), resume_size=resume, headers=headers,
+    # http_get only writes to its file: the Counter stands in for one.
+    http_get(url, cast(BinaryIO, Counter(handle, progress.add)), resume_size=resume, headers=headers,
              expected_size=entry["size"])
 
 
-def fetch_peer(source, repo, commit, entry, handle, resume, progress):
+def fetch_peer(source: dict[str, Any], repo: str, commit: str, entry: dict[str, Any], handle: BinaryIO,
+               resume: int, progress: Progress) -> None:
     import urllib.request
     from urllib.parse import quote
 
     request = urllib.request.Request(source["url"].rstrip("/") + "/" + quote(entry["path"]))
     if resume:
-        request.add_header("Range", "bytes=%d-" % resume)
+        request.add_header("Range", f"bytes={resume}-")
     with urllib.request.urlopen(request, timeout=60) as response:
         if resume and response.status != 206:
             handle.seek(0)
@@ -138,7 +148,7 @@ def fetch_peer(source, repo, commit, entry, handle, resume, progress):
             progress.add(len(block))
 
 
-def transfer(spec, entry, part, progress):
+def transfer(spec: dict[str, Any], entry: dict[str, Any], part: str, progress: Progress) -> None:
     """Fetch one file into its .part file, resuming what an earlier run left there."""
     os.makedirs(os.path.dirname(part), exist_ok=True)
     resume = os.path.getsize(part) if os.path.exists(part) else 0
@@ -151,29 +161,29 @@ def transfer(spec, entry, part, progress):
         try:
             if resume < entry["size"] or entry["size"] == 0:
                 fetch(spec["source"], spec["repo"], spec["commit"], entry, handle, resume, progress)
-        except Exception as exc:  # the transport's own error, said once, with what is kept
+        except Exception as exc:  # the transport's own error (hub or peer), said once, with what is kept
             try:
                 handle.flush()
             except OSError:
                 pass  # a full disk refuses the rest of the buffer too; what reached the file stays
             got = os.path.getsize(part)
-            raise WeightsFailed("%s: transfer broke off after %d of %d bytes (kept for the next run to "
-                                "resume): %s" % (entry["path"], got, entry["size"], _short(exc)))
+            raise WeightsFailed(f"{entry['path']}: transfer broke off after {got} of {entry['size']} bytes "
+                                f"(kept for the next run to resume): {_short(exc)}") from exc
 
 
-def _short(exc):
+def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return "%s: %s" % (type(exc).__name__, text[0][:300] if text else "")
+    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
 
 
 QUARANTINE_KEEP = 1  # bad copies kept per file for a look: the newest; older ones only fill the disk
 
 
-def quarantine(root, path, commit, name, keep_in_place=False):
+def quarantine(root: str, path: str, commit: str, name: str, keep_in_place: bool = False) -> str:
     """Set a bad file aside where nothing serves it; returns where it went. With keep_in_place the file
     stays where it is (a hard link goes aside): it is replaced only once a verified copy exists, so a
     served revision is never missing a file, even when the fetch of its replacement fails."""
-    target = os.path.join(root, ".quarantine", commit, "%s.%d" % (name, int(time.time() * 1000)))
+    target = os.path.join(root, ".quarantine", commit, f"{name}.{int(time.time() * 1000)}")
     os.makedirs(os.path.dirname(target), exist_ok=True)
     if keep_in_place:
         os.link(path, target)
@@ -189,7 +199,8 @@ def quarantine(root, path, commit, name, keep_in_place=False):
     return target
 
 
-def place(spec, entry, final, part, progress, report):
+def place(spec: dict[str, Any], entry: dict[str, Any], final: str, part: str, progress: Progress,
+          report: dict[str, Any]) -> None:
     """Bring one file of the revision in place: verified, fetched (at most twice) or set aside."""
     for attempt in (1, 2):
         transfer(spec, entry, part, progress)
@@ -200,11 +211,11 @@ def place(spec, entry, final, part, progress, report):
             return
         report["quarantined"].append(quarantine(spec["root"], part, spec["commit"], entry["path"]))
         if attempt == 2:
-            raise WeightsFailed("%s: hash mismatch twice (expected %s); the fetched copies are set aside "
-                                "in %s/.quarantine" % (entry["path"], entry["digest"], spec["root"]))
+            raise WeightsFailed(f"{entry['path']}: hash mismatch twice (expected {entry['digest']}); the "
+                                f"fetched copies are set aside in {spec['root']}/.quarantine")
 
 
-def fetch(spec):
+def fetch(spec: dict[str, Any]) -> dict[str, Any]:
     root, commit = spec["root"], spec["commit"]
     revision = os.path.join(root, "revisions", commit)
     partial = os.path.join(root, ".partial", commit)
@@ -212,17 +223,19 @@ def fetch(spec):
     for directory in (revision, partial):
         os.makedirs(directory, exist_ok=True)
     os.chmod(root, 0o755)
-    report = {"fetched": 0, "linked": 0, "kept": 0, "verified": 0, "quarantined": [], "freed": []}
+    report: dict[str, Any] = {"fetched": 0, "linked": 0, "kept": 0, "verified": 0, "quarantined": [],
+                              "freed": []}
     own = read_manifest(revision) or {}
     live_dir = os.path.realpath(current)
     live = read_manifest(current) if live_dir != os.path.realpath(revision) else None
-    shared, live_unchanged = {}, []
+    shared: dict[str, str] = {}
+    live_unchanged: list[str] = []
     if live:
         for name, recorded in live.get("files", {}).items():
             if unchanged_since_verified(os.path.join(current, name), recorded):
                 shared[recorded["digest"]] = os.path.join(current, name)
                 live_unchanged.append(name)
-    todo = []
+    todo: list[dict[str, Any]] = []
     for entry in spec["files"]:
         final = os.path.join(revision, entry["path"])
         recorded = own.get("files", {}).get(entry["path"])
@@ -237,7 +250,8 @@ def fetch(spec):
                 continue
             # A copy goes aside now; the bad file itself stays until its verified replacement takes its
             # place (the revision may be the one served: it must never lack a file).
-            report["quarantined"].append(quarantine(root, final, commit, entry["path"], keep_in_place=True))
+            report["quarantined"].append(quarantine(root, final, commit, entry["path"],
+                                                    keep_in_place=True))
         if entry["digest"] in shared:
             os.makedirs(os.path.dirname(final), exist_ok=True)
             linked = final + ".provision-link"
@@ -268,7 +282,7 @@ def fetch(spec):
     return report
 
 
-def make_room(root, need, commit, report):
+def make_room(root: str, need: int, commit: str, report: dict[str, Any]) -> None:
     """Free space for the fetch: the kept previous revision goes first, if it must."""
     free = _free(root)
     if free >= need:
@@ -282,16 +296,16 @@ def make_room(root, need, commit, report):
             report["freed"].append(os.path.basename(kept))
             free = _free(root)
     if free < need:
-        raise WeightsFailed("too little disk at %s: %d MiB to fetch, %d MiB free" % (
-            root, need // 2**20 + 1, free // 2**20))
+        raise WeightsFailed(f"too little disk at {root}: {need // 2**20 + 1} MiB to fetch, "
+                            f"{free // 2**20} MiB free")
 
 
-def _free(path):
+def _free(path: str) -> int:
     stats = os.statvfs(path)
     return stats.f_bavail * stats.f_frsize
 
 
-def restamp(directory, names):
+def restamp(directory: str, names: list[str]) -> None:
     """Record the stat now of `names` in a revision's manifest: files this run found unchanged since
     verified, whose ctime only its own links and removals have moved since."""
     manifest = read_manifest(directory)
@@ -303,29 +317,32 @@ def restamp(directory, names):
     write_manifest(None, directory, manifest)
 
 
-def write_manifest(spec, revision, manifest=None):
+def write_manifest(spec: dict[str, Any] | None, revision: str,
+                   manifest: dict[str, Any] | None = None) -> None:
     """The revision's manifest: every file of `spec` stamped now, or `manifest` as given."""
     if manifest is None:
+        assert spec is not None, "a manifest, or the spec to make it from"
         files = {}
         for entry in spec["files"]:
             files[entry["path"]] = {"size": entry["size"], "digest": entry["digest"],
                                     "stat": stat_of(os.path.join(revision, entry["path"]))}
         manifest = {"repo": spec["repo"], "revision": spec.get("revision"), "commit": spec["commit"],
                     "files": files, "verified": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    write_atomically(os.path.join(revision, MANIFEST), json.dumps(manifest, indent=1).encode(), 0o644, 0, 0)
+    write_atomically(os.path.join(revision, MANIFEST), json.dumps(manifest, indent=1).encode(), 0o644,
+                     0, 0)
     for directory, _, _ in os.walk(revision):
         os.chmod(directory, 0o755)
 
 
-def _relink(root, name, commit):
-    temporary = os.path.join(root, ".%s.tmp" % name)
+def _relink(root: str, name: str, commit: str) -> None:
+    temporary = os.path.join(root, f".{name}.tmp")
     if os.path.lexists(temporary):
         os.remove(temporary)
     os.symlink(os.path.join("revisions", commit), temporary)
     os.rename(temporary, os.path.join(root, name))
 
 
-def switch(root, commit, report):
+def switch(root: str, commit: str, report: dict[str, Any]) -> None:
     """Point `current` at the commit; the one it pointed at becomes `previous`; older ones go."""
     current = os.path.join(root, "current")
     before = os.path.basename(os.readlink(current)) if os.path.islink(current) else None
@@ -342,7 +359,7 @@ def switch(root, commit, report):
             report["freed"].append(name)
 
 
-def serve(spec):
+def serve(spec: dict[str, Any]) -> dict[str, Any]:
     """Serve one verified revision to the cluster's other hosts until each said it is done."""
     from http.server import BaseHTTPRequestHandler, HTTPServer
     from socketserver import ThreadingMixIn
@@ -350,13 +367,13 @@ def serve(spec):
 
     base = os.path.realpath(os.path.join(spec["root"], "revisions", spec["commit"]))
     prefix = "/" + spec["secret"] + "/"
-    state = {"done": 0, "last": time.time()}
+    state: dict[str, float] = {"done": 0, "last": time.time()}
 
     class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
+        def log_message(self, *args: Any) -> None:
             pass
 
-        def do_GET(self):
+        def do_GET(self) -> None:
             state["last"] = time.time()
             path = unquote(self.path)
             if not path.startswith(prefix):
@@ -380,7 +397,7 @@ def serve(spec):
             self.send_response(206 if ranged else 200)
             self.send_header("Content-Length", str(size - start))
             if ranged:
-                self.send_header("Content-Range", "bytes %d-%d/%d" % (start, size - 1, size))
+                self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
             self.end_headers()
             with open(target, "rb") as handle:
                 handle.seek(start)
@@ -400,8 +417,8 @@ def serve(spec):
     return {"served_peers": state["done"]}
 
 
-def weights_main(spec):
-    result = {"ok": True, "error": None}
+def weights_main(spec: dict[str, Any]) -> None:
+    result: dict[str, Any] = {"ok": True, "error": None}
     try:
         if spec["action"] == "serve":
             result.update(serve(spec))
@@ -419,10 +436,10 @@ def weights_main(spec):
     emit("result", **result)
 
 
-def _tell_seed_done(url):
+def _tell_seed_done(url: str) -> None:
     """The seed serves until every peer said it is done (or it idles out)."""
     import urllib.request
     try:
         urllib.request.urlopen(url.rstrip("/") + "/_done", timeout=10).close()
-    except Exception:
-        pass
+    except (OSError, http.client.HTTPException):
+        pass  # a seed that does not hear it stops when it idles out

@@ -25,10 +25,11 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import yaml
 
@@ -147,7 +148,7 @@ def load_machine(name: str) -> dict[str, Any]:
 
 def _sh(argv: Sequence[str], *, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, check=False)
     if check and done.returncode != 0:
         detail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         raise LabError(f"`{' '.join(argv)}` failed (exit {done.returncode}): {' | '.join(detail)}")

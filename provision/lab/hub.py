@@ -77,7 +77,8 @@ def publish(root: Path, repo_id: str, files: Path, *, ref: str = "main", gated: 
     """Commit the directory `files` to `repo_id` on branch `ref` (and tags); returns the commit sha."""
     repo = root / "repos" / repo_id
     meta_path = repo / "repo.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {"gated": gated, "refs": {}, "commits": []}
+    meta: dict[str, Any] = (json.loads(meta_path.read_text()) if meta_path.exists()
+                            else {"gated": gated, "refs": {}, "commits": []})
     meta["gated"] = gated
     listing = sorted(str(p.relative_to(files)) for p in files.rglob("*") if p.is_file())
     tree = [describe_file(files / name, name) for name in listing]

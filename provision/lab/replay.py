@@ -13,7 +13,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REAL_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
 
-def main():
+def main() -> None:
     name = os.path.basename(sys.argv[0])
     with open(os.path.join(HERE, "recording.json"), encoding="utf-8") as handle:
         recorded = json.load(handle)
@@ -26,5 +26,5 @@ def main():
         real = os.path.join(directory, name)
         if os.access(real, os.X_OK):
             os.execv(real, [real] + sys.argv[1:])
-    sys.stderr.write("%s: this invocation was not recorded for this host\n" % name)
+    sys.stderr.write(f"{name}: this invocation was not recorded for this host\n")
     sys.exit(127)

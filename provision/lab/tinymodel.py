@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-WORDS = ("the a an and or of to in on for with is are was be it this that we you they he she "
-         "model server node cluster gpu cpu memory token cache prefix batch request reply fast slow "
-         "one two three four five six seven eight nine ten red green blue black white hot cold "
-         "run walk read write open close start stop up down left right yes no hello world").split()
+WORDS = [
+    "the", "a", "an", "and", "or", "of", "to", "in", "on", "for", "with", "is", "are", "was", "be",
+    "it", "this", "that", "we", "you", "they", "he", "she", "model", "server", "node", "cluster",
+    "gpu", "cpu", "memory", "token", "cache", "prefix", "batch", "request", "reply", "fast",
+    "slow", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "red",
+    "green", "blue", "black", "white", "hot", "cold", "run", "walk", "read", "write", "open",
+    "close", "start", "stop", "up", "down", "left", "right", "yes", "no", "hello", "world"
+]
 SPECIAL = ["<unk>", "<s>", "</s>"]
-CONFIG = {
+CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
     "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
     "head_dim": 64, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
@@ -36,7 +41,7 @@ def make(directory: Path, seed: int = 0) -> Path:
     head_dim = config["head_dim"]
     rng = np.random.default_rng(seed)
 
-    def weight(*shape: int) -> "np.ndarray":
+    def weight(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)
 
     tensors = {"model.embed_tokens.weight": weight(len(vocab), hidden),
@@ -84,7 +89,7 @@ def make_awq(directory: Path, seed: int = 1) -> Path:
     make(directory, seed)
     dense = load_file(str(directory / "model.safetensors"))
     rng = np.random.default_rng(seed)
-    packed: dict[str, "np.ndarray"] = {}
+    packed: dict[str, np.ndarray] = {}
     for name, tensor in dense.items():
         if name.startswith("model.layers.") and name.endswith("_proj.weight"):
             out_features, in_features = tensor.shape

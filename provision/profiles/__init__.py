@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -187,7 +188,7 @@ def _devices(data: Mapping[str, Any], source: str) -> tuple[tuple[str, str], ...
     return tuple((entry, nodes) for entry, nodes in devices.items())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_profiles(directory: Traversable = PROFILE_DIR) -> Mapping[str, Profile]:
     """All profiles of a directory by name and alias: {'rtx5090': Profile(...), 'h200': Profile(...)}."""
     profiles: dict[str, Profile] = {}

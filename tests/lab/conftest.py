@@ -9,8 +9,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -22,7 +22,7 @@ from tests.conftest import REPO
 def run_invoke(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     """The tool as a user runs it: a separate process, its real exit code and output."""
     return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, check=False)
 
 
 def on_host(lab_inventory: inventory.Inventory, name: str, argv: list[str], stdin: str | None = None) -> str:
@@ -53,9 +53,9 @@ def the_lab() -> Iterator[lab.Lab]:
 
 def assert_nothing_left(instance: lab.Lab) -> None:
     """lab.down removed every process, namespace, link and file it made."""
-    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
     assert "plab-" not in namespaces
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=False).stdout
     assert "plab" not in links
     assert not lab._nspawn_pids("plab-cpu-1") and not instance.dir.exists()
 

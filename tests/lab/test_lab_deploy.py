@@ -107,7 +107,7 @@ def test_status_with_a_host_down_returns_within_its_timeout(the_lab: lab.Lab) ->
     subprocess.run(["ip", "link", "set", veth, "down"], check=True)
     try:
         started = time.monotonic()
-        code, found, text = invoke_json("status", "--all", "--timeout", "3")
+        code, found, _text = invoke_json("status", "--all", "--timeout", "3")
         took = time.monotonic() - started
     finally:
         subprocess.run(["ip", "link", "set", veth, "up"], check=True)

@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 
@@ -79,8 +78,8 @@ def test_the_disk_filling_up_during_a_download_fails_that_host_and_the_next_run_
     deadline = time.monotonic() + 60
     while hub_call(the_lab, "/_lab/stats").get("clients", {}).get(cpu1, 0) < 11 * 2**20 and time.monotonic() < deadline:
         time.sleep(0.2)
-    on_host(lab_inventory, "cpu-1", ["sh", "-c", "dd if=/dev/zero of=/srv/tight/filler bs=1M count=32 2>/dev/null; true"])
-    out, err = running.communicate(timeout=300)
+    on_host(lab_inventory, "cpu-1", ["dd", "if=/dev/zero", "of=/srv/tight/filler", "bs=1M", "count=32"])
+    out, _err = running.communicate(timeout=300)
     report = json.loads(out)
     assert running.returncode == 1
     assert "No space left" in report["hosts"]["cpu-1"]["error"] and "extra.safetensors" in report["hosts"]["cpu-1"]["error"]
@@ -93,7 +92,7 @@ def test_the_disk_filling_up_during_a_download_fails_that_host_and_the_next_run_
     assert again.returncode == 0, again.stdout + again.stderr
     size = json.loads(again.stdout)["hosts"]["cpu-1"]["weights"]["bytes"]
     assert served(the_lab, "test/tight") < size  # resumed: what was on disk before the fill was kept
-    ok = on_host(lab_inventory, "cpu-1", ["sh", "-c", "cd /srv/tight/m/test/tight/current && sha256sum extra.safetensors"])
+    ok = on_host(lab_inventory, "cpu-1", ["sha256sum", "/srv/tight/m/test/tight/current/extra.safetensors"])
     commit = json.loads(again.stdout)["hosts"]["cpu-1"]["weights"]["commit"]
     local = (the_lab.hub_root / "repos/test/tight/commits" / commit / "extra.safetensors").read_bytes()
     import hashlib
@@ -111,7 +110,7 @@ def test_the_tool_killed_during_a_venv_install_leaves_the_host_to_finish_and_the
     installing = ""
     while time.monotonic() < deadline and running.poll() is None:
         # "[k]" keeps the pattern from matching this very shell's command line
-        installing = on_host(lab_inventory, "cpu-1", ["sh", "-c", "pgrep -f '[k]illed/venv/bin/pip install'; true"])
+        installing = on_host(lab_inventory, "cpu-1", ["pgrep", "-f", "[k]illed/venv/bin/pip install"])
         if installing.strip():
             break
         time.sleep(0.5)
@@ -123,8 +122,8 @@ def test_the_tool_killed_during_a_venv_install_leaves_the_host_to_finish_and_the
     assert done.returncode == 0, done.stdout + done.stderr
     answer = on_host(lab_inventory, "cpu-1", [f"{venv_dir}/bin/python", "-c", "import ray; print(ray.__version__)"])
     assert answer.strip() == "2.60.0"
-    leftovers = on_host(lab_inventory, "cpu-1", ["sh", "-c", "find /opt /etc/vllm /var/cache/provision "
-                                                             "-name '*.provision-tmp' -o -name '*.partial' | head"])
+    leftovers = on_host(lab_inventory, "cpu-1", ["sh", "-c", ("find /opt /etc/vllm /var/cache/provision "
+                                                              "-name '*.provision-tmp' -o -name '*.partial' | head")])
     assert leftovers.strip() == ""  # no half-written file anywhere the tool writes
     again = run_invoke(*args, "--json")
     assert json.loads(again.stdout)["hosts"]["cpu-1"]["changes"] == []  # converged: nothing left to do
@@ -134,7 +133,7 @@ def test_the_tool_killed_during_a_venv_install_leaves_the_host_to_finish_and_the
 def test_a_host_whose_link_is_cut_mid_run_fails_in_bounded_time_and_the_next_run_resumes(
         the_lab: lab.Lab, lab_inventory: inventory.Inventory) -> None:
     for name in ("cpu-1", "ws-5090"):
-        on_host(lab_inventory, name, ["sh", "-c", "rm -rf /srv/w-cut"])
+        on_host(lab_inventory, name, ["rm", "-rf", "/srv/w-cut"])
     publish(the_lab, "test/cut", big=24 * 2**20)
     hub_call(the_lab, "/_lab/reset", {})
     cpu1 = lab_inventory.host("cpu-1").address
@@ -177,7 +176,7 @@ def test_the_ssh_connection_cut_during_apply_names_the_host_and_the_next_run_con
                                stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and running.poll() is None:
-        if on_host(lab_inventory, "cpu-1", ["sh", "-c", "pgrep -f '[c]ut/venv/bin/pip install'; true"]).strip():
+        if on_host(lab_inventory, "cpu-1", ["pgrep", "-f", "[c]ut/venv/bin/pip install"]).strip():
             break
         time.sleep(0.5)
     assert running.poll() is None, "the venv install finished before the link could be cut"

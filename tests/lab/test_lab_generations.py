@@ -76,7 +76,7 @@ def test_good_rejected_good_then_rollback_restores_a_good_one(lab_inventory: inv
     # The rejected generation is never restored: rollback goes to the good one before the current.
     code, rolled, text = invoke_json("rollback", "--host", "cpu-1")
     assert code == 0 and rolled["hosts"]["cpu-1"]["to"] == good["id"], text
-    state, active, start = unit(lab_inventory)
+    _state, _active, start = unit(lab_inventory)
     assert "--max-model-len 200" in start and "--no-such-vllm-flag" not in start
     code, found, text = invoke_json("deploy", "--cluster", "lab-cpu", "--set", "max_model_len=200", "--timeout", "420")
     assert code == 0 and found["hosts"][0]["state"] == "ready", text  # the restored generation serves

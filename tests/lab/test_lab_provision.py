@@ -12,10 +12,10 @@ from tests.lab.conftest import on_host, run_invoke
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
 # Everything provision may touch, with content hashes, modes and owners: a host's fingerprint.
-SNAPSHOT = ["sh", "-c", "getent passwd vllm; for p in /etc/vllm /etc/systemd/system /var/lib/vllm "
-            "/var/lib/provision; do find $p -xdev -printf '%p %m %u:%g\\n' 2>/dev/null | sort; "
-            "find $p -xdev -type f -exec sha256sum {} + 2>/dev/null | sort; done; "
-            "systemctl show -p ActiveState,NRestarts,InvocationID vllm.service"]
+SNAPSHOT = ["sh", "-c", ("getent passwd vllm; for p in /etc/vllm /etc/systemd/system /var/lib/vllm "
+                         "/var/lib/provision; do find $p -xdev -printf '%p %m %u:%g\\n' 2>/dev/null | sort; "
+                         "find $p -xdev -type f -exec sha256sum {} + 2>/dev/null | sort; done; "
+                         "systemctl show -p ActiveState,NRestarts,InvocationID vllm.service")]
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import yaml
@@ -33,10 +33,10 @@ def pair(the_lab: lab.Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     yield path
     inv = inventory.load(path)
     for host in (HEAD, WORKER):  # leave the hosts as the lab booted them
-        on_host(inv, host, ["sh", "-c", "systemctl disable --now vllm.service vllm-ray-head.service "
-                                        "vllm-ray-worker.service 2>/dev/null; rm -f /etc/systemd/system/vllm*.service "
-                                        "/etc/vllm/vllm.env; rm -rf /opt/raylab /var/lib/provision/generations; "
-                                        "systemctl daemon-reload; systemctl reset-failed; true"])
+        on_host(inv, host, ["sh", "-c", ("systemctl disable --now vllm.service vllm-ray-head.service "
+                                         "vllm-ray-worker.service 2>/dev/null; rm -f /etc/systemd/system/vllm*.service "
+                                         "/etc/vllm/vllm.env; rm -rf /opt/raylab /var/lib/provision/generations; "
+                                         "systemctl daemon-reload; systemctl reset-failed; true")])
 
 
 def ray_nodes(inv: inventory.Inventory) -> tuple[int, str]:

@@ -24,8 +24,8 @@ METRICS = "import urllib.request\nprint(urllib.request.urlopen('http://127.0.0.1
 
 
 def unit_state(lab_inventory: inventory.Inventory) -> dict[str, str]:
-    text = on_host(lab_inventory, "cpu-1", ["systemctl", "show", "-p", "ActiveState,InvocationID,ActiveEnterTimestamp,"
-                                   "NRestarts,ExecMainStartTimestamp", "vllm.service"])
+    text = on_host(lab_inventory, "cpu-1", ["systemctl", "show", "-p", ("ActiveState,InvocationID,ActiveEnterTimestamp,"
+                                    "NRestarts,ExecMainStartTimestamp"), "vllm.service"])
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
@@ -102,5 +102,5 @@ def test_the_venv_was_built_with_no_registry_reachable_and_verified(
     manifest = json.loads(on_host(lab_inventory, "cpu-1", ["cat", "/opt/vllm/venv/provision-manifest.json"]))
     assert manifest["versions"]["vllm"].startswith("0.32") and manifest["versions"]["torch"].startswith("2.13")
     assert manifest["versions"]["torch_cuda"] is None  # the CPU build: no CUDA arch list to check
-    path = on_host(lab_inventory, "cpu-1", ["sh", "-c", "systemctl show -p ExecStart vllm.service"])
+    path = on_host(lab_inventory, "cpu-1", ["systemctl", "show", "-p", "ExecStart", "vllm.service"])
     assert "/var/lib/vllm/models/lab/tiny-llama/current" in path  # the verified revision from the hub

@@ -6,8 +6,9 @@ import hashlib
 import json
 import tempfile
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -128,11 +129,11 @@ def test_revision_change_fetches_only_what_changed_and_keeps_the_previous(
     assert served(the_lab, "test/revs") == served(the_lab, "test/revs", "config.json") > 0
     assert report["hosts"]["cpu-1"]["fetched"]["linked"] >= 1
     root = "/srv/w-revs/test/revs"
-    links = on_host(lab_inventory, "cpu-1", ["sh", "-c", f"readlink {root}/current {root}/previous"]).split()
+    links = on_host(lab_inventory, "cpu-1", ["readlink", f"{root}/current", f"{root}/previous"]).split()
     assert links == [f"revisions/{second}", f"revisions/{first}"]  # the last-known-good revision is kept
     rolled = run_invoke("rollback", *args)
     assert rolled.returncode == 0 and root in rolled.stdout, rolled.stdout + rolled.stderr
-    links = on_host(lab_inventory, "cpu-1", ["sh", "-c", f"readlink {root}/current {root}/previous"]).split()
+    links = on_host(lab_inventory, "cpu-1", ["readlink", f"{root}/current", f"{root}/previous"]).split()
     assert links == [f"revisions/{first}", f"revisions/{second}"]  # back to the last-known-good revision
     hub_call(the_lab, "/_lab/reset", {})
     pinned = weights(*args, "--set", f"model_revision={second}")  # a full commit works as a revision
@@ -146,7 +147,7 @@ def test_a_corrupted_file_is_set_aside_and_fetched_again(
     commit = publish(the_lab, "test/corrupt")
     args = ("--host", "cpu-1", "--set", "model=test/corrupt", "--set", "model_dir=/srv/w-corrupt")
     assert weights(*args)[0] == 0
-    target = f"/srv/w-corrupt/test/corrupt/current/model.safetensors"
+    target = "/srv/w-corrupt/test/corrupt/current/model.safetensors"
     flip = ("import os,sys; p=sys.argv[1]; st=os.stat(p); f=open(p,'r+b'); f.seek(4096); b=f.read(1); "
             "f.seek(4096); f.write(bytes([b[0]^255])); f.close(); "
             "os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns)) if len(sys.argv)>2 else None")
@@ -205,13 +206,13 @@ def test_an_interrupted_fetch_resumes_where_it_stopped(
     code, _, text = weights(*args)
     assert code == 1
     assert "cpu-1" in text and "extra.safetensors: transfer broke off after" in text and "resume" in text
-    part = on_host(lab_inventory, "cpu-1", ["sh", "-c", "stat -c %s /srv/w-resume/test/resume/.partial/*/"
-                                                         "extra.safetensors.part"]).strip()
+    part = on_host(lab_inventory, "cpu-1", ["sh", "-c", ("stat -c %s /srv/w-resume/test/resume/.partial/*/"
+                                                          "extra.safetensors.part")]).strip()
     assert int(part) >= 10 * 2**20
     assert on_host(lab_inventory, "cpu-1", ["sh", "-c", "test -e /srv/w-resume/test/resume/current; echo $?"]
                    ).strip() == "1"  # nothing half-fetched is ever served
     hub_call(the_lab, "/_lab/reset", {})
-    code, report, text = weights(*args)
+    code, _report, text = weights(*args)
     assert code == 0, text
     assert served(the_lab, "test/resume", "extra.safetensors") == size - int(part)
     ranges = [r["range"] for r in hub_call(the_lab, "/_lab/stats")["requests"]
@@ -223,7 +224,7 @@ def test_an_interrupted_fetch_resumes_where_it_stopped(
 
 def test_too_little_disk_is_refused_before_a_byte_moves(hub_counters: lab.Lab) -> None:
     # cpu-1's /srv/small is a 2 MiB filesystem; the tiny model is about 5 MB.
-    code, report, text = weights("--host", "cpu-1", "--set", "model=lab/tiny-llama",
+    code, _report, text = weights("--host", "cpu-1", "--set", "model=lab/tiny-llama",
                                  "--set", "model_dir=/srv/small/models")
     assert code == 1
     assert "disk.space" in text and "/srv/small/models" in text
