@@ -25,6 +25,15 @@ def run_invoke(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[
                           text=True, timeout=timeout, check=False)
 
 
+def invoke_json(*args: str, timeout: float = 900) -> tuple[int, dict, str]:
+    """A task with --json: its exit code, its document ({} when it printed none) and all it printed."""
+    done = run_invoke(*args, "--json", timeout=timeout)
+    try:
+        return done.returncode, json.loads(done.stdout), done.stdout + done.stderr
+    except json.JSONDecodeError:
+        return done.returncode, {}, done.stdout + done.stderr
+
+
 def on_host(lab_inventory: inventory.Inventory, name: str, argv: list[str], stdin: str | None = None) -> str:
     """Run a command on a lab host over the tool's own SSH layer; its stdout."""
     runner = remote.SshRunner(lab_inventory.host(name), lab_inventory.ssh)

@@ -1,30 +1,19 @@
 """deploy, status, bench and logs against real vLLM (the CPU build) on the lab's cpu-1."""
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 
 import pytest
 
 from provision import inventory, lab
-from tests.lab.conftest import on_host, run_invoke
+from tests.lab.conftest import invoke_json, on_host, run_invoke
 from tests.lab.test_lab_provision import SNAPSHOT
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
-
-def invoke_json(*args: str, timeout: float = 900) -> tuple[int, dict, str]:
-    done = run_invoke(*args, "--json", timeout=timeout)
-    try:
-        return done.returncode, json.loads(done.stdout), done.stdout + done.stderr
-    except json.JSONDecodeError:
-        return done.returncode, {}, done.stdout + done.stderr
-
-
 def unit_file(inv: inventory.Inventory) -> str:
     return on_host(inv, "cpu-1", ["sha256sum", "/etc/systemd/system/vllm.service", "/etc/vllm/vllm.env"])
-
 
 @pytest.fixture(scope="module")
 def deployed(the_lab: lab.Lab, lab_inventory: inventory.Inventory) -> dict:
@@ -32,7 +21,6 @@ def deployed(the_lab: lab.Lab, lab_inventory: inventory.Inventory) -> dict:
     code, report, text = invoke_json("deploy", "--cluster", "lab-cpu", "--timeout", "420")
     assert code == 0, text
     return report
-
 
 def test_deploy_leaves_a_ready_server_and_a_summary(deployed: dict, lab_inventory: inventory.Inventory) -> None:
     (row,) = deployed["hosts"]
@@ -47,7 +35,6 @@ def test_deploy_leaves_a_ready_server_and_a_summary(deployed: dict, lab_inventor
     assert row["state"] == "ready" and row["ready_s"] > 0 and "apply" in row["steps_s"]
     assert any("restart vllm.service" in change for change in row["planned"])
     assert "--max-model-len 200" in on_host(lab_inventory, "cpu-1", ["systemctl", "cat", "vllm.service"])
-
 
 def test_status_and_bench_show_the_servers_own_figures(deployed: dict) -> None:
     code, report, text = invoke_json("bench", "--host", "cpu-1", "--count", "6", "--concurrency", "2",
@@ -68,7 +55,6 @@ def test_status_and_bench_show_the_servers_own_figures(deployed: dict) -> None:
     lines = logs.stdout.splitlines()
     assert logs.returncode == 0 and 0 < len(lines) <= 51 and '"GET /metrics HTTP/1.1" 200' in logs.stdout
 
-
 def test_a_killed_server_is_restarted_by_systemd_and_status_shows_it(deployed: dict,
                                                                      lab_inventory: inventory.Inventory) -> None:
     before = invoke_json("status", "--host", "cpu-1")[1]["hosts"]["cpu-1"]["unit"]["restarts"]
@@ -82,7 +68,6 @@ def test_a_killed_server_is_restarted_by_systemd_and_status_shows_it(deployed: d
             break
         time.sleep(5)
     assert host["unit"]["restarts"] == before + 1 and host["health"] == "ok", host
-
 
 def test_a_broken_config_stops_the_roll_and_the_host_returns_to_what_worked(
         deployed: dict, lab_inventory: inventory.Inventory, the_lab: lab.Lab) -> None:
@@ -100,7 +85,6 @@ def test_a_broken_config_stops_the_roll_and_the_host_returns_to_what_worked(
     assert on_host(inv, "h200", SNAPSHOT) == other  # the host after it was never touched
     code, found, text = invoke_json("status", "--host", "cpu-1")
     assert code == 0 and found["hosts"]["cpu-1"]["health"] == "ok", text
-
 
 def test_status_with_a_host_down_returns_within_its_timeout(the_lab: lab.Lab) -> None:
     veth = the_lab.state()["hosts"]["h200"]["veth"]

@@ -13,20 +13,13 @@ import pytest
 
 from provision import inventory
 from tests.conftest import REPO
-from tests.lab.conftest import on_host, run_invoke
+from tests.lab.conftest import invoke_json, on_host, run_invoke
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
 BOGUS = 'extra_args=["--dtype", "bfloat16", "--enforce-eager", "--no-such-vllm-flag"]'
 STATE = "/var/lib/provision/generations/state.json"
 
-
-def invoke_json(*args: str, timeout: float = 900) -> tuple[int, dict, str]:
-    done = run_invoke(*args, "--json", timeout=timeout)
-    try:
-        return done.returncode, json.loads(done.stdout), done.stdout + done.stderr
-    except json.JSONDecodeError:
-        return done.returncode, {}, done.stdout + done.stderr
 
 
 def generations(inv: inventory.Inventory) -> dict:
