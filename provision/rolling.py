@@ -153,7 +153,8 @@ def roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostPl
         cause = "; ".join(error_text(error) for error in errors.values())
         for name in group:
             if name in made:
-                roll_back(name, made[name], plans, held, wait, connect, errors, outcomes, cause)
+                roll_back(name, made[name], plans, held, wait, connect, errors, outcomes, cause,
+                          ready=_ready_again(connect, name, inv.settings(name, overrides), held, timeout))
     return errors
 
 
@@ -163,9 +164,11 @@ def _elapsed_on(update: Callable[[int, int], None], timeout: float) -> Callable[
 
 
 def roll_back(name: str, generation: int, plans: dict[str, HostPlan], held: secrets.Secrets, wait: float,
-               connect: Connect, errors: dict[str, BaseException], outcomes: dict[str, Outcome], cause: str) -> None:
+              connect: Connect, errors: dict[str, BaseException], outcomes: dict[str, Outcome], cause: str,
+              ready: Callable[[], float] | None = None) -> None:
     """Reject what this deploy applied on the host; it gets back its newest good generation whole (files,
-    venv, model, each unit enabled and running exactly as it was)."""
+    venv, model, each unit enabled and running exactly as it was). Where the server ran before the
+    deploy, `ready` waits until the restored one answers again."""
     outcome = outcomes[name]
     own = error_text(errors[name]).removeprefix(name + ": ") if name in errors else cause
     try:
@@ -178,10 +181,20 @@ def roll_back(name: str, generation: int, plans: dict[str, HostPlan], held: secr
             what = ", ".join(back.restored) or "nothing differed"
             outcome.detail = f"{own}; rolled back to generation {back.to} ({what})"
             outcome.state = "rolled back"
+            ran_before = any(c.kind == "restart" and c.target == "vllm.service" for c in plans[name].changes)
+            if ready is not None and ran_before:
+                ready()
+                outcome.detail += ": the previous version is ready again"
     except ProvisionError as exc:
         outcome.state = "failed"
         outcome.detail = f"{own}; the rollback failed too: {error_text(exc)}"
     errors[name] = RollStopped(f"{name}: {outcome.detail}; the roll stopped here")
+
+
+def _ready_again(connect: Connect, name: str, settings: inventory.Settings, held: secrets.Secrets,
+                 timeout: float) -> Callable[[], float]:
+    """The readiness wait of a host that was rolled back (NotReady when the restored version fails too)."""
+    return lambda: server.wait_ready(connect(name), settings, held.vllm_api_key, timeout)
 
 
 def _gate_unchanged(inv: inventory.Inventory, order: list[str], plans: dict[str, HostPlan],
