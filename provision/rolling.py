@@ -183,8 +183,11 @@ def roll_back(name: str, generation: int, plans: dict[str, HostPlan], held: secr
             outcome.state = "rolled back"
             ran_before = any(c.kind == "restart" and c.target == "vllm.service" for c in plans[name].changes)
             if ready is not None and ran_before:
-                ready()
-                outcome.detail += ": the previous version is ready again"
+                try:  # the rollback itself is done; whether what it restored serves is worth saying
+                    ready()
+                    outcome.detail += ": the previous version is ready again"
+                except ProvisionError as exc:
+                    outcome.detail += f"; the restored version does not answer either: {error_text(exc)}"
     except ProvisionError as exc:
         outcome.state = "failed"
         outcome.detail = f"{own}; the rollback failed too: {error_text(exc)}"

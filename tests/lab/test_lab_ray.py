@@ -77,6 +77,11 @@ def test_deploy_refuses_to_start_vllm_while_a_node_is_missing(pair: Path) -> Non
     # The worker's Ray cannot run (deploy starts its unit again, and it dies at once): a node missing.
     on_host(inv, WORKER, ["sh", "-c", f"systemctl stop vllm-ray-worker.service; chmod -x {VENV}/bin/ray"])
     on_host(inv, HEAD, ["sh", "-c", "systemctl stop vllm.service; systemctl reset-failed vllm.service; true"])
+    # Ray's head counts a stopped node as alive until its health checks time out: wait until it sees one.
+    deadline = time.monotonic() + 180
+    while ray_nodes(inv)[0] > 1 and time.monotonic() < deadline:
+        time.sleep(3)
+    assert ray_nodes(inv)[0] == 1
     before = on_host(inv, HEAD, ["systemctl", "show", "-p", "InvocationID,ActiveState", "vllm.service"])
     done = run_invoke("deploy", "--inventory", str(pair), "--cluster", "raypair", "--profile", "cpu",
                       "--set", "max_model_len=300", "--timeout", "30", "--json", timeout=600)
