@@ -42,7 +42,7 @@ def deploy(c: Context, host: list[str] | None = None, cluster: str | None = None
     report.print_deployed(result, json_)
     if not json_:
         scope = f"--cluster {cluster}" if cluster else " ".join(f"--host {name}" for name in result.order)
-        key_set = bool(secrets.load(chosen.inventory.secrets).vllm_api_key)
+        key_set = bool(result.held.vllm_api_key)
         for name in result.order:
             if result.outcomes[name].state == "ready":
                 report.print_how_to_query(server.how_to_query(

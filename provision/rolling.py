@@ -241,6 +241,7 @@ class Deployed:
     fetched: dict[str, weights.FetchResult]
     errors: dict[str, BaseException]
     seconds: float
+    held: secrets.Secrets
 
     @property
     def ok(self) -> bool:
@@ -252,14 +253,13 @@ def deploy(inv: inventory.Inventory, targets: list[inventory.Host], options: Opt
     """provision's facts, gate and plan (`show`n before anything changes); then what restarts nothing on
     every host at once; then the roll, batch by batch, each gated on readiness; then the readiness of
     servers this deploy did not change."""
-    held = secrets.load(inv.secrets)
     started = time.monotonic()
     outcomes: dict[str, Outcome] = {}
     timings: dict[str, dict[str, float]] = {}
     with remote.Pool(inv.ssh, accept_new_host_keys=options.accept_new_host_keys) as pool:
         planned = run.plans(inv, targets, options, pool)
         show(planned)
-        plans, errors, order = planned.plans, dict(planned.errors), planned.order
+        plans, errors, order, held = planned.plans, dict(planned.errors), planned.order, planned.held
         outcomes.update({name: Outcome(name) for name in order})
         applied, failed, fetched = run.carry_out(
             inv, plans, order, options, held,
@@ -273,4 +273,4 @@ def deploy(inv: inventory.Inventory, targets: list[inventory.Host], options: Opt
             outcome.state, outcome.detail = "failed", error_text(errors[name])
         elif name not in plans and name not in errors:
             outcome.state, outcome.detail = "blocked", "blocked by the gate, nothing changed"
-    return Deployed(order, plans, outcomes, applied, fetched, errors, time.monotonic() - started)
+    return Deployed(order, plans, outcomes, applied, fetched, errors, time.monotonic() - started, held)

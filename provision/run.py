@@ -77,6 +77,7 @@ class Gated:
     findings: dict[str, list[checks.Finding]]
     errors: dict[str, BaseException]
     contexts: dict[str, context.Context]
+    held: secrets.Secrets  # read once per run: the gate, the plan and carry_out share them
 
 
 def gather(inv: inventory.Inventory, targets: list[inventory.Host], options: Options,
@@ -127,7 +128,7 @@ def gate(inv: inventory.Inventory, targets: list[inventory.Host], options: Optio
     contexts = _with_planned_wheels(contexts, wanted, errors)
     findings = {name: checks.evaluate(contexts[name], options.force) for name in wanted
                 if name in contexts and name not in errors}
-    return Gated([target.name for target in targets], findings, errors, contexts)
+    return Gated([target.name for target in targets], findings, errors, contexts, held)
 
 
 def _service_wheelhouse(ctx: context.Context) -> venv.Wheelhouse | None:
@@ -225,6 +226,7 @@ class Planned:
     plans: dict[str, HostPlan]
     findings: dict[str, list[checks.Finding]]
     errors: dict[str, BaseException]
+    held: secrets.Secrets
 
 
 @dataclass
@@ -249,7 +251,7 @@ def provision(inv: inventory.Inventory, targets: list[inventory.Host], options: 
     with remote.Pool(inv.ssh, accept_new_host_keys=options.accept_new_host_keys) as pool:
         planned = plans(inv, targets, options, pool)
         show(planned)
-        applied, failed, fetched = carry_out(inv, planned.plans, planned.order, options, secrets.load(inv.secrets),
+        applied, failed, fetched = carry_out(inv, planned.plans, planned.order, options, planned.held,
                                              pool=pool)
     return Applied(planned.order, planned.plans, planned.findings, {**planned.errors, **failed}, applied, fetched)
 
@@ -374,7 +376,7 @@ def plans(inv: inventory.Inventory, targets: list[inventory.Host], options: Opti
         keep = ONLY_RULES[only]
         findings = {name: [f for f in found if f.id in keep] for name, found in findings.items()}
     build_with = builder(inv, options.accept_new_host_keys) if options.may_build else None
-    api_key = secrets.load(inv.secrets).vllm_api_key
+    api_key = gated.held.vllm_api_key
     result: dict[str, HostPlan] = {}
     # One host after the other: the first host of an architecture builds a source, the rest reuse it.
     for name, found in findings.items():
@@ -386,7 +388,7 @@ def plans(inv: inventory.Inventory, targets: list[inventory.Host], options: Opti
             errors[name] = exc if isinstance(exc, ProvisionError) else ProvisionError(about(name, str(exc)))
             continue
         result[name] = planned
-    return Planned(gated.order, result, findings, errors)
+    return Planned(gated.order, result, findings, errors, gated.held)
 
 
 class _BytesOnly(ProgressColumn):
