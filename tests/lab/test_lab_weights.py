@@ -185,7 +185,8 @@ def test_a_corrupted_file_is_set_aside_and_fetched_again(
     hub_call(the_lab, "/_lab/faults", {"match": "test/corrupt/model.safetensors", "cut_after": 0, "times": 50})
     code, report, text = weights(*args, "--verify")
     assert code == 1, text
-    assert on_host(lab_inventory, "cpu-1", ["sh", "-c", f"test -f {target}; echo $?"]).strip() == "0"
+    assert on_host(lab_inventory, "cpu-1", ["python3", "-c", "import os, sys; print(os.path.isfile(sys.argv[1]))",
+                                            target]).strip() == "True"
     hub_call(the_lab, "/_lab/reset", {})
     code, report, text = weights(*args)
     assert code == 0 and host_sha256(lab_inventory, "cpu-1", target) == expected, text
