@@ -48,13 +48,25 @@ CUDA_PTXAS = "/usr/local/cuda/bin/ptxas"
 
 
 @dataclass(frozen=True)
+class Tree:
+    """Files read in every directory a glob matches, kept where the `where` files hold those values
+    (sysfs: one directory per PCI device). The probe answers them as JSON text,
+    {"DIRECTORY NAME": {"FILE": "content" or null}}, so the parser stays a function of a string."""
+
+    pattern: str
+    read: tuple[str, ...]
+    where: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Fact:
-    """One fact: where its raw text comes from (argv or file) and the parser that reads it."""
+    """One fact: where its raw text comes from (argv, file or tree) and the parser that reads it."""
 
     name: str
     parse: Callable[[str], Any]
     argv: tuple[str, ...] | None = None
     file: str | None = None
+    tree: Tree | None = None
     # A JSON file whose "fact_output" holds what argv printed when the tool last made what it
     # describes: used instead of running argv while the file is newer than every `unchanged_since`
     # path (glob patterns). The venv's versions cost an `import torch` (seconds) otherwise.
@@ -87,6 +99,11 @@ FACTS: tuple[Fact, ...] = (
     Fact("gpus", parsers.parse_nvidia_smi_csv,
          argv=("nvidia-smi", "--query-gpu=" + ",".join(parsers.GPU_QUERY_FIELDS),
                "--format=csv,nounits")),
+    # Where each GPU sits: the kernel's NUMA node and local CPUs of its PCI device (vendor 0x10de),
+    # and the driver's own view of the same (`topo -m`, "CPU Affinity" / "NUMA Affinity").
+    Fact("pci_gpus", parsers.parse_pci_gpus,
+         tree=Tree("/sys/bus/pci/devices/*", ("class", "numa_node", "local_cpulist"), {"vendor": "0x10de"})),
+    Fact("gpu_topology", parsers.parse_nvidia_topo, argv=("nvidia-smi", "topo", "-m")),
     Fact("modules", parsers.parse_proc_modules, file="/proc/modules"),
     # The same list through kmod, for hosts whose /proc hides modules (some sandboxes do).
     Fact("lsmod", parsers.parse_lsmod, argv=("lsmod",)),
@@ -177,6 +194,8 @@ def probe_spec(facts: Sequence[Fact], paths: Iterable[str], timeout: float,
         "recorded": {fact.name: {"file": fact.recorded, "unchanged_since": list(fact.unchanged_since)}
                      for fact in facts if fact.argv and fact.recorded},
         "files": {fact.name: fact.file for fact in facts if fact.file},
+        "trees": {fact.name: {"pattern": fact.tree.pattern, "read": list(fact.tree.read), "where": dict(fact.tree.where)}
+                  for fact in facts if fact.tree},
         "paths": sorted(set(paths)),
         "timeout": timeout,
         "inspect": {key: list(values) for key, values in (inspect or {}).items()},
@@ -255,7 +274,7 @@ def probe_answer(stdout: str) -> dict[str, Any]:
 
 def _parse_one(fact: Fact, outcome: Mapping[str, Any]) -> tuple[Any, str | None, bool]:
     """(value, note, readable): readable is False where an answer came but says nothing usable."""
-    source = fact.file or (fact.argv[0] if fact.argv else fact.name)
+    source = fact.file or (fact.argv[0] if fact.argv else fact.tree.pattern if fact.tree else fact.name)
     if outcome.get("missing"):
         return None, None if fact.optional else f"{source}: not present on the host", True
     if outcome.get("timed_out"):
@@ -304,7 +323,8 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         init=values.get("init"),
         cpu=cpu,
         driver=values.get("nvidia_driver"),
-        gpus=None if "gpus" in unreadable else values.get("gpus", ()),
+        gpus=None if "gpus" in unreadable else placed(values.get("gpus", ()), values.get("pci_gpus", ()),
+                                                      values.get("gpu_topology", {})),
         modules=values.get("modules", values.get("lsmod")),
         units=values.get("units", {}),
         rdma=values.get("rdma"),
@@ -321,3 +341,17 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         notes=dict(notes),
         unreadable=unreadable,
     )
+
+
+def placed(gpus: Sequence[Gpu], pci: Sequence[parsers.PciGpu], topology: Mapping[int, parsers.TopoGpu]) -> tuple[Gpu, ...]:
+    """nvidia-smi's GPUs with where each sits: the kernel's view matched by PCI address, the
+    driver's (`topo -m`) by index. Both are kept, so a rule can tell when they disagree."""
+    by_address = {device.address: device for device in pci}
+    result = []
+    for gpu in gpus:
+        device = by_address.get(parsers.pci_address(gpu.bus_id))
+        topo = topology.get(gpu.index)
+        result.append(dataclasses.replace(
+            gpu, numa_node=device.numa_node if device else None, local_cpus=device.local_cpus if device else None,
+            topo_numa_node=topo.numa_node if topo else None, topo_cpus=topo.cpus if topo else None))
+    return tuple(result)

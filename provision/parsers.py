@@ -135,6 +135,16 @@ class Gpu:
     pcie_width_current: int | None
     temperature_c: int | None
     utilization_pct: int | None
+    # Where the GPU sits (facts._assemble adds these from sysfs and `nvidia-smi topo -m`; None: not said).
+    numa_node: int | None = None  # /sys/bus/pci/devices/<bus id>/numa_node (-1 there: None)
+    local_cpus: tuple[int, ...] | None = None  # .../local_cpulist
+    topo_numa_node: int | None = None  # nvidia-smi topo -m, "NUMA Affinity"
+    topo_cpus: tuple[int, ...] | None = None  # nvidia-smi topo -m, "CPU Affinity"
+
+    @property
+    def node(self) -> int | None:
+        """The GPU's NUMA node: the kernel's (sysfs), else the driver's (topo -m)."""
+        return self.numa_node if self.numa_node is not None else self.topo_numa_node
 
 
 _UNAVAILABLE = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", ""}
@@ -253,6 +263,8 @@ class CpuTopology:
     parts: Mapping[int, str] = field(default_factory=dict)  # Arm MIDR part per CPU (0xd85 = X925)
     models: Mapping[int, str] = field(default_factory=dict)  # lscpu MODELNAME per CPU ({} if none)
     hybrid: HybridCpus | None = None  # None: the kernel lists no core types (not a hybrid x86 CPU)
+    # {node: CPUs} from the summary's "NUMA node1 CPU(s): 56-111,168-223" lines; {} on one node.
+    numa_cpus: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def threads_per_core(self) -> int:
@@ -272,7 +284,17 @@ class CpuTopology:
 
     @property
     def numa_nodes(self) -> tuple[int, ...]:
-        return tuple(sorted({cpu.node for cpu in self.cpus if cpu.node is not None}))
+        return tuple(sorted({cpu.node for cpu in self.cpus if cpu.node is not None} or set(self.numa_cpus)))
+
+    def cpus_of_node(self, node: int) -> tuple[LogicalCpu, ...]:
+        """The online CPUs of a NUMA node: lscpu -e's rows where it has a NODE column, else the
+        summary's list for that node (rows without cache or core detail)."""
+        if any(cpu.node is not None for cpu in self.cpus):
+            return tuple(cpu for cpu in self.cpus if cpu.node == node and cpu.online)
+        known = {cpu.cpu: cpu for cpu in self.cpus}
+        return tuple(known.get(number) or LogicalCpu(cpu=number, core=number, socket=0, node=node, l3=None,
+                                                     max_mhz=None)
+                     for number in self.numa_cpus.get(node, ()))
 
 
 _LSCPU_LINE = re.compile(r"^\s*([^:]+?):\s*(.*?)\s*$")
@@ -289,8 +311,17 @@ def parse_lscpu(stdout: str) -> CpuTopology:
     if "CPU(s)" not in values:
         raise ParseError("lscpu", "no 'CPU(s):' line", stdout)
     models = tuple(dict.fromkeys(data for name, data in fields if name == "Model name" and data))
+    numa_cpus = {}
+    for name, data in fields:
+        node = re.fullmatch(r"NUMA node(\d+) CPU\(s\)", name)
+        if node:
+            try:
+                numa_cpus[int(node.group(1))] = parse_cpu_list(data)
+            except ParseError:
+                raise ParseError("lscpu", f"{name}: not a CPU list: {data!r}", stdout) from None
     return CpuTopology(architecture=values.get("Architecture") or None,
-                       vendor=values.get("Vendor ID") or None, model_names=models)
+                       vendor=values.get("Vendor ID") or None, model_names=models,
+                       numa_cpus=numa_cpus if len(numa_cpus) > 1 else {})
 
 
 def _number(cell: str) -> int | None:
@@ -673,3 +704,122 @@ def json_ready(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_ready(v) for v in value]
     return value
+
+
+def pci_address(bus_id: str) -> str:
+    """nvidia-smi's '00000000:C1:00.0' and sysfs's '0000:c1:00.0' -> '0000:c1:00.0' (one spelling)."""
+    parts = bus_id.strip().lower().split(":")
+    if len(parts) != 3:
+        return bus_id.strip().lower()
+    try:
+        return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
+    except ValueError:
+        return bus_id.strip().lower()
+
+
+@dataclass(frozen=True)
+class PciGpu:
+    """An NVIDIA display or 3D controller as the kernel sees it (/sys/bus/pci/devices/ADDRESS)."""
+
+    address: str  # 0000:c1:00.0
+    numa_node: int | None  # None where the kernel says -1 (no NUMA information: VMs, one-node hosts)
+    local_cpus: tuple[int, ...] | None
+
+
+# PCI class codes of a GPU (the PCI Code and ID Assignment Specification): 0x0300 VGA-compatible
+# display controller, 0x0302 3D controller (data-centre GPUs and most headless boards).
+GPU_PCI_CLASSES = ("0x0300", "0x0302")
+
+
+def parse_pci_gpus(text: str) -> tuple[PciGpu, ...]:
+    """The probe's reading of /sys/bus/pci/devices/* for vendor 0x10de, as JSON:
+    {"0000:c1:00.0": {"class": "0x030200", "numa_node": "1", "local_cpulist": "24-47,72-95"}}.
+    NVIDIA's audio and USB functions on the same card are left out by their class."""
+    try:
+        devices = json.loads(text or "{}")
+    except json.JSONDecodeError:
+        raise ParseError("pci_gpus", "not the probe's JSON", text) from None
+    if not isinstance(devices, dict):
+        raise ParseError("pci_gpus", "not a JSON object", text)
+    gpus = []
+    for address, attributes in sorted(devices.items()):
+        if not isinstance(attributes, dict) or not str(attributes.get("class") or "").startswith(GPU_PCI_CLASSES):
+            continue
+        node = str(attributes.get("numa_node") or "").strip()
+        if node and not re.fullmatch(r"-?\d+", node):
+            raise ParseError("pci_gpus", f"{address}: numa_node {node!r}", text)
+        listed = attributes.get("local_cpulist")
+        gpus.append(PciGpu(address=pci_address(address),
+                           numa_node=int(node) if node and int(node) >= 0 else None,
+                           local_cpus=parse_cpu_list(listed) if listed else None))
+    return tuple(gpus)
+
+
+@dataclass(frozen=True)
+class TopoGpu:
+    """One GPU row of `nvidia-smi topo -m`: its CPU and NUMA affinity as the driver reports them."""
+
+    index: int
+    cpus: tuple[int, ...] | None  # "CPU Affinity"; None where N/A
+    numa_node: int | None  # "NUMA Affinity"; None where N/A, absent (old drivers) or several nodes
+
+
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+TOPO_AFFINITY_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+_TOPO_GPU_ROW = re.compile(r"^GPU(\d+)\s")
+
+
+def parse_nvidia_topo(stdout: str) -> dict[int, TopoGpu]:
+    """`nvidia-smi topo -m`: {GPU index: TopoGpu}.
+
+    The header names the device columns (GPU0 ... NIC0 ...) and then the affinity columns
+    ("CPU Affinity", "NUMA Affinity", and "GPU NUMA ID" on drivers 525+; older ones lack the NUMA
+    ones). Every cell is one word, so a GPU row is its name, one link word per device column, then
+    the affinity values in header order. "CPU Affinity" is the one cell nvidia-smi leaves empty (a
+    GPU outside the job's cpuset, under Slurm): a row one value short lacks that one. Cells are
+    read as words, not at tab stops: nvidia-smi does not pad an empty cell to its column, and
+    pasted copies lose the tabs. Legend and NIC rows are not read.
+    """
+    # nvidia-smi 580 underlines the header with terminal escapes even into a pipe: "\t\x1b[4mGPU0\t...".
+    lines = _ANSI_ESCAPE.sub("", stdout).splitlines()
+    header_at = next((n for n, line in enumerate(lines) if re.match(r"^\s+GPU0\b", line)), None)
+    if header_at is None:
+        raise ParseError("gpu_topology", "no header line starting with GPU0", stdout)
+    header = lines[header_at]
+    if "CPU Affinity" not in header:
+        raise ParseError("gpu_topology", "no 'CPU Affinity' column", stdout)
+    devices = header.partition("CPU Affinity")[0].split()
+    # Named, not split on whitespace: the names have spaces.
+    columns = sorted((name for name in TOPO_AFFINITY_COLUMNS if name in header), key=header.index)
+    rows: dict[int, TopoGpu] = {}
+    for line in lines[header_at + 1:]:
+        match = _TOPO_GPU_ROW.match(line)
+        if not match:
+            if rows and not line.strip():
+                break  # the blank line before the legend
+            continue
+        values = line.split()[1 + len(devices):]
+        if len(values) == len(columns) - 1:
+            values = ["", *values]  # no CPU Affinity
+        if len(values) != len(columns):
+            raise ParseError("gpu_topology", f"expected {len(columns)} affinity cells: {line.strip()!r}", stdout)
+        cells = dict(zip(columns, values))
+        rows[int(match.group(1))] = TopoGpu(index=int(match.group(1)),
+                                            cpus=_topo_cpus(cells["CPU Affinity"], stdout),
+                                            numa_node=_topo_node(cells.get("NUMA Affinity")))
+    if not rows:
+        raise ParseError("gpu_topology", "no GPU rows", stdout)
+    return rows
+
+
+def _topo_cpus(cell: str | None, stdout: str) -> tuple[int, ...] | None:
+    if not cell or cell in _UNAVAILABLE:
+        return None
+    try:
+        return parse_cpu_list(cell)
+    except ParseError:
+        raise ParseError("gpu_topology", f"CPU Affinity {cell!r} is not a CPU list", stdout) from None
+
+
+def _topo_node(cell: str | None) -> int | None:
+    return int(cell) if cell is not None and cell.isdigit() else None  # "0-1" (several) or N/A: None

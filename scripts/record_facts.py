@@ -39,6 +39,8 @@ def main() -> int:
         entry = {"fact": name}
         if name in spec["commands"]:
             entry["argv"] = spec["commands"][name]
+        elif name in spec["trees"]:
+            entry["tree"] = spec["trees"][name]
         else:
             entry["file"] = spec["files"][name]
         entry.update(result)

@@ -24,17 +24,26 @@ def _output(case: dict, fact: facts.Fact) -> str:
         recording = lab.load_machine(case["machine"])
         entries = [entry for entry in recording["outputs"] if entry["fact"] == fact.name]
         assert entries, f"{case['machine']} has no {fact.name} output"
-        assert entries[0].get("argv", entries[0].get("file")) == (
-            list(fact.argv) if fact.argv else fact.file), "recording made with another command"
+        assert _source(entries[0]) == _source(_wanted(fact)), "recording made with another command"
         return str(entries[0]["stdout"])
     if case.get("recorded_with_earlier_program"):
         # A program whose output format did not change (the case says how it differed): the
         # interpreter and its flags must still be the fact's own.
         assert fact.argv and case["command"][:2] == list(fact.argv[:2]), "re-record this fixture"
     else:
-        assert case["command"] == (list(fact.argv) if fact.argv else fact.file), \
-            "the fact's command changed: re-record this fixture"
+        assert case["command"] == _source(_wanted(fact)), "the fact's command changed: re-record this fixture"
     return str(case["stdout"])
+
+
+def _wanted(fact: facts.Fact) -> dict:
+    """The fact's source in a recording's terms: argv, file or tree."""
+    tree = fact.tree and {"pattern": fact.tree.pattern, "read": list(fact.tree.read), "where": dict(fact.tree.where)}
+    return {"argv": list(fact.argv) if fact.argv else None, "file": fact.file, "tree": tree}
+
+
+def _source(entry: dict) -> object:
+    """An entry's argv, file or {"tree": ...}: what a fixture's "command" holds."""
+    return entry.get("argv") or entry.get("file") or {"tree": entry.get("tree")}
 
 
 @pytest.mark.parametrize("path", CASES, ids=lambda path: f"{path.parent.name}/{path.stem}")

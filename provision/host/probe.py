@@ -4,6 +4,7 @@ It must run on any python3 >= 3.6 and import nothing but the standard library; i
 host. The controller appends one call, `main(SPEC_JSON)`, where the spec lists what to collect:
 
     {"commands": {"NAME": ["argv", ...]}, "files": {"NAME": "/path"}, "paths": ["/opt/vllm", ...],
+     "trees": {"NAME": {"pattern": "/sys/bus/pci/devices/*", "read": ["numa_node"], "where": {"vendor": "0x10de"}}},
      "timeout": 20, "recorded": {"NAME": {"file": "/path.json", "unchanged_since": ["/glob", ...]}}}
 
 and it prints one JSON document:
@@ -106,6 +107,24 @@ def _read(path: str) -> Dict[str, Any]:
         result["exit"] = 1
         result["stderr"] = str(exc)
     return result
+
+
+def _read_tree(tree: Dict[str, Any]) -> Dict[str, Any]:
+    """The `read` files of every directory `pattern` matches whose `where` files hold the values
+    given, as JSON text: {"0000:c1:00.0": {"numa_node": "1", ...}}. No match is an empty object."""
+    found: Dict[str, Dict[str, Optional[str]]] = {}
+    for directory in sorted(glob.glob(tree["pattern"])):
+        values: Dict[str, Optional[str]] = {}
+        for name in list(tree.get("where", {})) + list(tree["read"]):
+            try:
+                with open(os.path.join(directory, name), "rb") as handle:
+                    values[name] = handle.read(65536).decode("utf-8", "replace").strip()
+            except OSError:
+                values[name] = None
+        if all(values.get(name) == value for name, value in tree.get("where", {}).items()):
+            found[os.path.basename(directory)] = {name: values[name] for name in tree["read"]}
+    return {"exit": 0, "stdout": json.dumps(found, sort_keys=True), "stderr": "", "missing": False,
+            "timed_out": False}
 
 
 def _space(path: str) -> Dict[str, Any]:
@@ -328,6 +347,8 @@ def collect(spec: Dict[str, Any]) -> Dict[str, Any]:
     results = _run_all(spec.get("commands", {}), spec.get("recorded", {}), timeout)
     for name, path in spec.get("files", {}).items():
         results[name] = _read(path)
+    for name, tree in spec.get("trees", {}).items():
+        results[name] = _read_tree(tree)
     answer: Dict[str, Any] = {
         "python": ".".join(str(part) for part in sys.version_info[:3]),
         "results": results,
