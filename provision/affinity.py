@@ -4,9 +4,16 @@ Policies (the `cpu_affinity` setting):
 - `all`: no pinning.
 - `ccd:N`: the CPUs of the N-th L3 domain (a Zen CCD), SMT siblings included.
 - a CPU list (`0-5,24-29`): exactly those.
-- `auto`: the big cores of a CPU with several core types, else one whole CCD that is not CPU 0's
-  on a CPU with several L3 domains (CPU 0 takes the interrupts and the rest of the system), else
-  no pinning. The first source that tells decides:
+- `auto` on a host with several NUMA nodes (two sockets; EPYC NPS2/NPS4; Xeon SNC): the CPUs of
+  the node the server's GPUs sit on, whole L3 domains of it with SMT siblings, CPU 0's L3 domain
+  left out only where that node holds it and has others; memory bound to that node (NUMAMask=).
+  GPUs on several nodes (tensor parallel across sockets): the union, which the gate warns about.
+  A GPU's node is the kernel's (sysfs numa_node of its PCI device), else the driver's (nvidia-smi
+  topo -m "NUMA Affinity"): the scope at which NVIDIA defines a GPU's ideal CPU and memory
+  affinity (NVML's CPU/memory affinity). Where neither says, the rules below decide, as on one node.
+- `auto` otherwise: the big cores of a CPU with several core types, else one whole CCD that is not
+  CPU 0's on a CPU with several L3 domains (CPU 0 takes the interrupts and the rest of the system),
+  else no pinning. The first source that tells decides:
 
   1. the Arm part of each CPU (/proc/cpuinfo `CPU part`: 0xd85 Cortex-X925 big, 0xd87 A725 little);
   2. lscpu's MODELNAME column (the same core names, where util-linux prints them);
@@ -23,11 +30,11 @@ GB10 numbers its A725 cores first within each cluster (X925 = 5-9,15-19).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from provision.errors import ProvisionError
-from provision.parsers import CpuTopology
+from provision.parsers import CpuTopology, Gpu
 
 # Arm cores by MIDR part (Linux arch/arm64/include/asm/cputype.h, util-linux lscpu-arm.c) with a
 # tier: X cores 3, A7xx 2, A5xx 1. The highest tier present is "big"; a part not listed here makes
@@ -93,21 +100,24 @@ class AffinityError(ProvisionError, ValueError):
     """The policy cannot be met on this topology (e.g. ccd:5 on a 2-CCD part)."""
 
 
-def choose(policy: str, topology: CpuTopology | None, unreadable: Iterable[str] = ()) -> Affinity:
+def choose(policy: str, topology: CpuTopology | None, unreadable: Iterable[str] = (),
+           gpus: Sequence[Gpu] = ()) -> Affinity:
     """The CPUs for `policy`. `unreadable` names the SOURCES whose answers could not be read: only a
-    forced cpu.affinity gets this far with any, and then `auto` pins nothing and says why."""
+    forced cpu.affinity gets this far with any, and then `auto` pins nothing and says why. `gpus` are
+    the GPUs the server runs on (Context.server_gpus), whose NUMA node `auto` pins to."""
     if policy == "all":
         return Affinity(None, None, "policy all: no pinning")
     unread = sorted(set(unreadable) & set(SOURCES))
     if unread and policy == "auto":
         return Affinity(None, None, f"the CPU topology did not read ({', '.join(unread)}): no pinning")
-    if topology is None or not (topology.cpus or topology.parts or topology.models):
+    if topology is None or not (topology.cpus or topology.parts or topology.models or topology.numa_cpus):
         if policy == "auto":
             return Affinity(None, None, "no per-CPU topology (lscpu -e) on this host: no pinning")
         raise AffinityError(f"cpu_affinity {policy} needs the per-CPU topology, which this host did not give")
-    online = {cpu.cpu for cpu in topology.cpus if cpu.online} or set(topology.parts) or set(topology.models)
+    online = ({cpu.cpu for cpu in topology.cpus if cpu.online} or set(topology.parts) or set(topology.models)
+              or {cpu for cpus in topology.numa_cpus.values() for cpu in cpus})
     if policy == "auto":
-        cpus, reason = _auto(topology)
+        cpus, reason = _auto(topology, gpus)
     elif policy.startswith("ccd:"):
         domains = list(topology.l3_domains.values())
         index = int(policy.split(":", 1)[1])
@@ -122,14 +132,19 @@ def choose(policy: str, topology: CpuTopology | None, unreadable: Iterable[str] 
     if cpus is None:
         return Affinity(None, None, reason)
     nodes = topology.numa_nodes
-    chosen_nodes = tuple(sorted({c.node for c in topology.cpus if c.cpu in cpus and c.node is not None}))
+    chosen_nodes = tuple(sorted(node for node in nodes
+                                if any(cpu.cpu in cpus for cpu in topology.cpus_of_node(node))))
     return Affinity(tuple(sorted(cpus)), chosen_nodes if len(nodes) > 1 else None, reason)
 
 
 Choice = tuple[tuple[int, ...], str]
 
 
-def _auto(topology: CpuTopology) -> tuple[tuple[int, ...] | None, str]:
+def _auto(topology: CpuTopology, gpus: Sequence[Gpu]) -> tuple[tuple[int, ...] | None, str]:
+    if len(topology.numa_nodes) > 1 and gpus:
+        near = near_gpus(topology, gpus)
+        if near:
+            return near
     for rule in (_by_arm_part, _by_model_name, _by_kernel_core_type, _by_frequency_class):
         found = rule(topology)
         if found:
@@ -235,3 +250,74 @@ def _by_frequency_class(topology: CpuTopology) -> Choice | None:
     span = f"{min(top):g}-{max(top):g}" if min(top) != max(top) else f"{max(top):g}"
     return fastest, (f"the fastest frequency class ({span} MHz; the next tops out at {below:g} MHz), "
                      "no core type reported")
+
+
+def gpu_nodes(gpus: Sequence[Gpu]) -> tuple[int, ...] | None:
+    """The NUMA nodes of `gpus`, or None where one of them has none known."""
+    nodes = [gpu.node for gpu in gpus]
+    if not nodes or None in nodes:
+        return None
+    return tuple(sorted({node for node in nodes if node is not None}))
+
+
+def near_gpus(topology: CpuTopology, gpus: Sequence[Gpu]) -> Choice | None:
+    """The CPUs of the GPUs' NUMA node(s) as whole L3 domains, or None where a GPU's node is not
+    known or holds no online CPU (a memory-only node)."""
+    nodes = gpu_nodes(gpus)
+    if not nodes:
+        return None
+    chosen: list[int] = []
+    spared = []
+    for node in nodes:
+        cpus = topology.cpus_of_node(node)
+        if not cpus:
+            return None
+        domains: dict[int | None, list[int]] = {}
+        for cpu in cpus:
+            domains.setdefault(cpu.l3, []).append(cpu.cpu)
+        # CPU 0 takes the interrupts and the rest of the system: its L3 domain stays free where the
+        # node has another (never on a one-L3 socket, where it is all the node has).
+        kept = [members for members in domains.values() if 0 not in members or len(domains) == 1]
+        if len(kept) < len(domains):
+            spared.append(node)
+        chosen.extend(cpu for members in kept for cpu in members)
+    indices = ",".join(str(gpu.index) for gpu in gpus)
+    where = f"NUMA node {nodes[0]}" if len(nodes) == 1 else f"NUMA nodes {', '.join(map(str, nodes))}"
+    which = f"GPU {indices} sits" if len(gpus) == 1 else f"GPUs {indices} sit"
+    whole = "whole L3 domains, " if any(cpu.l3 is not None for cpu in topology.cpus) else ""
+    spare = "; CPU 0's L3 domain left to the system" if spared else ""
+    return tuple(sorted(chosen)), f"the CPUs of {where}, where {which} ({whole}SMT siblings included{spare})"
+
+
+def placement_concerns(topology: CpuTopology | None, gpus: Sequence[Gpu], chosen: Affinity) -> list[tuple[str, str]]:
+    """What the gate should warn about where the server's CPUs and its GPUs meet: (what, fix) pairs."""
+    concerns = []
+    for gpu in gpus:
+        if gpu.numa_node is not None and gpu.topo_numa_node is not None and gpu.numa_node != gpu.topo_numa_node:
+            what = (f"GPU {gpu.index}: the kernel puts it on NUMA node {gpu.numa_node}, nvidia-smi topo -m "
+                    f"on node {gpu.topo_numa_node}")
+            fix = "the kernel's node is used; check the firmware's NUMA tables (ACPI SRAT/_PXM) and the driver"
+            concerns.append((what, fix))
+    if topology is None or len(topology.numa_nodes) < 2 or not gpus:
+        return concerns
+    nodes = gpu_nodes(gpus)
+    if nodes is None:
+        what = (f"this host has NUMA nodes {', '.join(map(str, topology.numa_nodes))} but the node of the server's "
+                "GPUs is not known (sysfs numa_node -1, no NUMA Affinity in nvidia-smi topo -m): the CPUs pinned "
+                "may sit on the other socket")
+        fix = ("enable NUMA reporting in the firmware (ACPI SRAT; NPS/SNC settings), or set cpu_affinity to the "
+               "CPUs of the GPUs' socket")
+        return [*concerns, (what, fix)]
+    if len(nodes) > 1:
+        what = (f"the server's GPUs ({', '.join(str(gpu.index) for gpu in gpus)}) span NUMA nodes "
+                f"{', '.join(map(str, nodes))}: tensor parallel crosses the inter-socket link, and the server is "
+                "pinned to the union")
+        fix = ("where the model fits, keep one server's GPUs on one node (CUDA_VISIBLE_DEVICES in environment, "
+               "or a smaller tensor_parallel_size)")
+        concerns.append((what, fix))
+    if chosen.numa_nodes and not set(chosen.numa_nodes) <= set(nodes):
+        away = sorted(set(chosen.numa_nodes) - set(nodes))
+        what = (f"the CPUs pinned sit on NUMA node {', '.join(map(str, away))}, away from the GPUs' node "
+                f"{', '.join(map(str, nodes))}")
+        concerns.append((what, "use cpu_affinity auto, or a CPU list of the GPUs' node"))
+    return concerns

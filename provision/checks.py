@@ -520,13 +520,21 @@ def cpu_affinity(ctx: Context) -> Finding | None:
                     f"not read ({notes})", f"make {', '.join(unread)} readable on the host (see `invoke facts "
                     f"--host {ctx.host}`), or --set cpu_affinity=all to run unpinned on purpose",
                     cpu_affinity=policy, unreadable=unread)
+    gpus = ctx.server_gpus
     try:
-        chosen = affinity.choose(policy, ctx.facts.cpu)
+        chosen = affinity.choose(policy, ctx.facts.cpu, gpus=gpus)
     except affinity.AffinityError as exc:
         return fail(str(exc), "choose a cpu_affinity this host has (auto, all, ccd:N or a CPU list)",
                     cpu_affinity=policy)
-    return ok(f"cpu_affinity {policy}: {chosen.cpu_list or 'no pinning'} ({chosen.reason})",
-              cpu_affinity=policy, cpus=chosen.cpu_list)
+    message = f"cpu_affinity {policy}: {chosen.cpu_list or 'no pinning'} ({chosen.reason})"
+    evidence = {"cpu_affinity": policy, "cpus": chosen.cpu_list,
+                "numa_mask": list(chosen.numa_nodes) if chosen.numa_nodes else None,
+                "gpu_numa_nodes": {gpu.index: gpu.node for gpu in gpus}}
+    concerns = affinity.placement_concerns(ctx.facts.cpu, gpus, chosen)
+    if concerns:
+        return warn(f"{message}; " + "; ".join(what for what, _ in concerns),
+                    "; ".join(dict.fromkeys(fix for _, fix in concerns)), **evidence)
+    return ok(message, **evidence)
 
 
 @rule("unit.dropins", BLOCKER)

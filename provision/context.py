@@ -11,6 +11,7 @@ from typing import Any
 from provision import cuda as cuda_builds
 from provision.facts import HostFacts
 from provision.inventory import Cluster, Inventory, Settings
+from provision.parsers import Gpu
 from provision.profiles import Profile
 
 
@@ -43,6 +44,25 @@ class Context:
     @property
     def nodes(self) -> int:
         return len(self.cluster.hosts) if self.cluster else 1
+
+    @property
+    def server_gpus(self) -> tuple[Gpu, ...]:
+        """The GPUs this host's share of the server runs on: the first TP x PP / nodes of those it may
+        see. CUDA_VISIBLE_DEVICES in the environment setting (indices or GPU-UUID prefixes, read as
+        CUDA reads it: up to the first entry that names no GPU) narrows them; nvidia-smi's order is
+        taken as CUDA's, which holds for GPUs of one model (CUDA orders by speed, then PCI bus)."""
+        gpus = self.facts.gpus or ()
+        visible = self.env("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            chosen: list[Gpu] = []
+            for entry in (part.strip() for part in visible.split(",")):
+                found = next((gpu for gpu in gpus if (entry.isdigit() and gpu.index == int(entry))
+                              or (entry.startswith("GPU-") and gpu.uuid.startswith(entry))), None)
+                if found is None:
+                    break
+                chosen.append(found)
+            gpus = tuple(chosen)
+        return tuple(gpus[:max(1, self.parallel // self.nodes)])
 
     def env(self, name: str) -> str | None:
         value = self.settings.environment.get(name)

@@ -205,7 +205,7 @@ def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | 
     user = str(settings.service_user)
     multi = bool(ctx.cluster and ctx.cluster.multi_node)
     head = not multi or (ctx.cluster is not None and ctx.cluster.head == ctx.host)
-    chosen = affinity.choose(str(settings.cpu_affinity), ctx.facts.cpu, ctx.facts.unreadable)
+    chosen = affinity.choose(str(settings.cpu_affinity), ctx.facts.cpu, ctx.facts.unreadable, ctx.server_gpus)
     writable = sorted({STATE_DIR, settings.model_dir, settings.hf_home})
     common = {"host": ctx.host, "profile": ctx.profile.name, "user": user, "env_file": ENV_FILE,
               "state_dir": STATE_DIR, "writable_paths": writable, "hardening": hardening.unit_values(ctx),

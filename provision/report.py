@@ -3,19 +3,21 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from provision import status
+from provision.affinity import compress
 from provision.checks import Finding, resolutions, verdict
 from provision.errors import ProvisionError
 from provision.facts import HostFacts
 from provision.fanout import HostResults
 from provision.inventory import Inventory
 from provision.nccl import NcclRun, describe_transport, human_size
+from provision.parsers import Gpu
 from provision.plan import summary
 
 if TYPE_CHECKING:
@@ -70,7 +72,22 @@ def _gpus(facts: HostFacts) -> str:
         memory = f"{gpu.memory_total_mib} MiB" if gpu.memory_total_mib is not None else "memory N/A"
         label = f"{gpu.name} (sm {gpu.compute_cap or '?'}, {memory})"
         names[label] = names.get(label, 0) + 1
-    return ", ".join(f"{count}x {label}" for label, count in names.items())
+    return ", ".join(f"{count}x {label}" for label, count in names.items()) + _gpu_nodes(facts.gpus)
+
+
+def _gpu_nodes(gpus: Sequence[Gpu]) -> str:
+    """'; NUMA node: GPU 0-3 on 0, GPU 4-7 on 1', and where the kernel and the driver disagree, both."""
+    def where(gpu: Gpu) -> str:
+        if gpu.numa_node is not None and gpu.topo_numa_node not in (None, gpu.numa_node):
+            return f"{gpu.numa_node} (topo -m: {gpu.topo_numa_node})"
+        return "?" if gpu.node is None else str(gpu.node)
+
+    groups: dict[str, list[int]] = {}
+    for gpu in gpus:
+        groups.setdefault(where(gpu), []).append(gpu.index)
+    if set(groups) == {"?"}:
+        return "; NUMA node not reported"
+    return "; NUMA node: " + ", ".join(f"GPU {compress(tuple(indices))} on {node}" for node, indices in groups.items())
 
 
 def _cpu(facts: HostFacts) -> str:
