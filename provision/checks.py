@@ -11,12 +11,13 @@ Sources are the sections of blackwell-facts (kept with the project's shared note
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from provision import affinity, hardening, known_issues
+from provision import affinity, hardening, known_issues, kvcache
 from provision import cuda as cuda_builds
 from provision.context import Context, cluster_network_of
 from provision.facts import DROP_IN_DIRS, MANAGED_UNITS
@@ -27,6 +28,7 @@ PASS, FAIL, SKIP, FORCED = "pass", "fail", "skip", "forced"
 DMABUF_MIN_KERNEL = (5, 12)  # RDMA dma-buf needs Linux 5.12 (facts section 3)
 OS_HEADROOM_BYTES = 8 * 2**30  # what a unified-memory host keeps for itself besides vLLM
 KV_HEADROOM = 0.85  # weights above this share of the budget leave too little for the KV cache
+MAX_DISCRETE_UTILIZATION = 0.95  # above this a discrete GPU has no room left for the CUDA context itself
 VLLM_PYTHON = ((3, 10), (3, 13))  # the Python versions vLLM publishes wheels for
 
 
@@ -307,39 +309,164 @@ def estimate_weights_bytes(model: str | None) -> tuple[int, str] | None:
 
 @rule("memory.fits", BLOCKER)
 def memory_fits(ctx: Context) -> Finding | None:
-    """The model's share of the weights fits in each GPU's budget with room for the KV cache; on GB10 the
-    budget comes from /proc/meminfo, never from nvidia-smi's [N/A] (facts sections 1 and 5)."""
-    if ctx.profile.gpu is None or not ctx.facts.gpus:
+    """Each GPU holds its share of the weights, a runtime allowance and the KV cache of one sequence of
+    max_model_len (provision/kvcache.py, from the model's config.json and the hub's file sizes); warns
+    below MIN_CONCURRENT_SEQUENCES such sequences. On GB10 the budget comes from /proc/meminfo, never
+    from nvidia-smi's [N/A] (facts sections 1 and 5); on vLLM's CPU build it is VLLM_CPU_KVCACHE_SPACE."""
+    if ctx.profile.gpu is None:
+        return _cpu_kv_space(ctx)
+    if not ctx.facts.gpus:
         return None
-    known = (ctx.weights_bytes, "hub metadata") if ctx.weights_bytes else estimate_weights_bytes(
-        ctx.settings.model)
+    known = (ctx.weights_bytes, "hub file sizes") if ctx.weights_bytes else estimate_weights_bytes(ctx.settings.model)
     if known is None:
         return None
     weights, how = known
-    share = weights / ctx.parallel
+    budget = _gpu_budget(ctx)
+    if isinstance(budget, Finding):
+        return budget
+    budget_bytes, source = budget
+    shape, why = _model_shape(ctx)
+    if shape is None:
+        return _weights_only(ctx, weights, how, budget_bytes, source, why)
+    length, length_from = _context_length(ctx, shape)
+    layout = kvcache.Layout(int(ctx.settings.tensor_parallel_size), int(ctx.settings.pipeline_parallel_size))
+    est = kvcache.estimate(shape, layout, weights_total=weights, budget=int(budget_bytes), max_model_len=length,
+                           args=ctx.extra_args)
+    evidence = {**est.as_evidence(), "weights_from": how, "budget_from": source, "attention": shape.attention,
+                "max_model_len_from": length_from}
+    terms = (f"per GPU {_gib(est.weights)} weights + {_gib(est.allowance)} allowance of {_gib(est.budget)}; "
+             f"KV {est.kv_per_token / 1024:g} KiB/token ({shape.attention}, {est.kv_dtype})")
+    if not est.fits:
+        return fail(f"{terms}: one sequence of {length} tokens needs {_gib(est.kv_per_sequence)} of KV cache, "
+                    f"{_gib(max(0, est.kv_budget))} is left", _fit_fixes(ctx, shape, layout, est, weights, 1),
+                    **evidence)
+    summary = (f"{terms}; {_gib(est.kv_budget)} left holds {est.context_tokens:,} tokens, "
+               f"{est.concurrent_sequences:.1f} sequences of {length}")
+    if est.concurrent_sequences < kvcache.MIN_CONCURRENT_SEQUENCES:
+        return warn(f"{summary}: fewer than {kvcache.MIN_CONCURRENT_SEQUENCES} full-length sequences at once",
+                    _fit_fixes(ctx, shape, layout, est, weights, kvcache.MIN_CONCURRENT_SEQUENCES), **evidence)
+    return ok(summary, **evidence)
+
+
+def _gib(value: float) -> str:
+    return f"{value / 2**30:.1f} GiB"
+
+
+def _gpu_budget(ctx: Context) -> tuple[float, str] | Finding:
+    """What vLLM may take on each GPU: gpu_memory_utilization of the smallest GPU, or on unified memory
+    the smaller of that share of RAM and MemAvailable less the host's headroom."""
     utilization = float(ctx.settings.gpu_memory_utilization)
+    assert ctx.profile.gpu is not None
     if ctx.profile.gpu.unified_memory:
         if ctx.facts.memory is None:
             return unknown("memory", ctx, "meminfo")
-        budget = min(ctx.facts.memory.available - OS_HEADROOM_BYTES,
-                     ctx.facts.memory.total * utilization)
-        source = "MemAvailable - host headroom (unified memory)"
-    else:
-        sizes = [gpu.memory_total_mib for gpu in ctx.facts.gpus]
-        if None in sizes:
-            return unknown("GPU memory", ctx, "gpus")
-        budget = min(size for size in sizes if size is not None) * 2**20 * utilization
-        source = "smallest GPU's memory x gpu_memory_utilization"
+        return (min(ctx.facts.memory.available - OS_HEADROOM_BYTES, ctx.facts.memory.total * utilization),
+                "MemAvailable - host headroom (unified memory)")
+    sizes = [gpu.memory_total_mib for gpu in ctx.facts.gpus or ()]
+    if None in sizes or not sizes:
+        return unknown("GPU memory", ctx, "gpus")
+    return min(size for size in sizes if size is not None) * 2**20 * utilization, \
+        "smallest GPU's memory x gpu_memory_utilization"
+
+
+def _model_shape(ctx: Context) -> tuple[kvcache.ModelShape | None, str]:
+    if ctx.model_config is None:
+        return None, "no config.json from the hub"
+    try:
+        return kvcache.shape_of(ctx.model_config), ""
+    except kvcache.KvError as exc:
+        return None, str(exc)
+
+
+def _context_length(ctx: Context, shape: kvcache.ModelShape) -> tuple[int, str]:
+    if ctx.settings.max_model_len:
+        return int(ctx.settings.max_model_len), "max_model_len"
+    if shape.max_position_embeddings:
+        return shape.max_position_embeddings, "max_model_len not set: the model's max_position_embeddings"
+    return 4096, "max_model_len not set and config.json names no length: 4096 assumed"
+
+
+def _weights_only(ctx: Context, weights: int, how: str, budget: float, source: str, why: str) -> Finding:
+    """Where config.json is not known: the weights alone against the budget, as before the KV estimate."""
+    share = weights / ctx.parallel
     evidence = {"weights_gib": round(weights / 2**30, 1), "per_gpu_gib": round(share / 2**30, 1),
-                "budget_gib": round(budget / 2**30, 1), "weights_from": how, "budget_from": source}
+                "budget_gib": round(budget / 2**30, 1), "weights_from": how, "budget_from": source,
+                "kv_cache": f"not estimated: {why}"}
     if share > budget:
-        return fail(f"{evidence['per_gpu_gib']} GiB of weights per GPU exceed the "
-                    f"{evidence['budget_gib']} GiB budget", "raise tensor_parallel_size, use a smaller or "
-                    "more quantized model", **evidence)
+        return fail(f"{evidence['per_gpu_gib']} GiB of weights per GPU exceed the {evidence['budget_gib']} GiB "
+                    "budget", "raise tensor_parallel_size, use a smaller or more quantized model", **evidence)
     if share > budget * KV_HEADROOM:
-        return warn(f"weights take {share / budget:.0%} of the budget: little room for the KV cache",
-                    "lower max_model_len or raise tensor_parallel_size", **evidence)
-    return ok(f"{evidence['per_gpu_gib']} GiB per GPU of {evidence['budget_gib']} GiB", **evidence)
+        return warn(f"weights take {share / budget:.0%} of the budget: little room for the KV cache "
+                    f"(not estimated: {why})", "lower max_model_len or raise tensor_parallel_size", **evidence)
+    return ok(f"{evidence['per_gpu_gib']} GiB per GPU of {evidence['budget_gib']} GiB (KV cache not estimated: "
+              f"{why})", **evidence)
+
+
+def _fit_fixes(ctx: Context, shape: kvcache.ModelShape, layout: kvcache.Layout, est: kvcache.Estimate,
+               weights: int, sequences: int) -> str:
+    """What would make `sequences` full-length sequences fit: the largest max_model_len, a larger TP this
+    host has GPUs for, or a gpu_memory_utilization (never above the unified-memory headroom rule)."""
+    _, kv_bytes = kvcache.kv_dtype(shape, ctx.extra_args)
+    fixes = []
+    longest = kvcache.largest_context(shape, layout, kv_bytes, est.kv_budget // sequences)
+    if longest >= 256:
+        fixes.append(f"--set max_model_len={longest}")
+    gpus = len(ctx.facts.gpus or ()) * ctx.nodes
+    for tp in (2, 4, 8):
+        if layout.tensor_parallel < tp <= gpus // layout.pipeline_parallel:
+            wider = kvcache.estimate(shape, kvcache.Layout(tp, layout.pipeline_parallel), weights_total=weights,
+                                     budget=est.budget, max_model_len=est.max_model_len, args=ctx.extra_args)
+            if wider.concurrent_sequences >= sequences:
+                fixes.append(f"--set tensor_parallel_size={tp}")
+                break
+    needed = est.weights + est.allowance + est.kv_per_sequence * sequences
+    utilization = _utilization_for(ctx, needed)
+    if utilization is not None:
+        fixes.append(f"--set gpu_memory_utilization={utilization}")
+    if not fixes:
+        return "a smaller or more quantized model, or more GPUs (tensor_parallel_size)"
+    return " or ".join(fixes) + (" (fewer concurrent full-length sequences, or)" if sequences > 1 else "")
+
+
+def _utilization_for(ctx: Context, needed: float) -> float | None:
+    """The gpu_memory_utilization that gives `needed` bytes per GPU, where the host allows it: at most
+    0.95 of a discrete GPU; on unified memory never past MemAvailable less the host's headroom."""
+    assert ctx.profile.gpu is not None
+    if ctx.profile.gpu.unified_memory:
+        memory = ctx.facts.memory
+        if memory is None or needed > memory.available - OS_HEADROOM_BYTES:
+            return None
+        wanted = math.ceil(needed / memory.total * 100) / 100
+    else:
+        smallest = min(gpu.memory_total_mib or 0 for gpu in ctx.facts.gpus or ()) * 2**20
+        wanted = math.ceil(needed / smallest * 100) / 100 if smallest else 1.0
+        if wanted > MAX_DISCRETE_UTILIZATION:
+            return None
+    return wanted if wanted > float(ctx.settings.gpu_memory_utilization) else None
+
+
+def _cpu_kv_space(ctx: Context) -> Finding | None:
+    """vLLM's CPU build: the KV cache is VLLM_CPU_KVCACHE_SPACE GiB, apart from the weights."""
+    space = ctx.env("VLLM_CPU_KVCACHE_SPACE")
+    shape, _ = _model_shape(ctx)
+    if shape is None or not space:
+        return None
+    try:
+        budget = int(float(space) * 2**30)
+    except ValueError:
+        return fail(f"VLLM_CPU_KVCACHE_SPACE={space!r} is not a number of GiB", "set it to a whole number of GiB",
+                    VLLM_CPU_KVCACHE_SPACE=space)
+    length, length_from = _context_length(ctx, shape)
+    est = kvcache.estimate(shape, kvcache.Layout(), weights_total=0, budget=budget, max_model_len=length,
+                           args=ctx.extra_args, allowance=0)
+    evidence = {**est.as_evidence(), "budget_from": "VLLM_CPU_KVCACHE_SPACE", "attention": shape.attention,
+                "max_model_len_from": length_from}
+    summary = (f"KV {est.kv_per_token / 1024:g} KiB/token ({shape.attention}, {est.kv_dtype}); "
+               f"VLLM_CPU_KVCACHE_SPACE {space} GiB holds {est.context_tokens:,} tokens, "
+               f"{est.concurrent_sequences:.1f} sequences of {length}")
+    if not est.fits:
+        return fail(summary, "raise VLLM_CPU_KVCACHE_SPACE or lower max_model_len", **evidence)
+    return ok(summary, **evidence)
 
 
 @rule("memory.unified_headroom", BLOCKER)

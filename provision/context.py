@@ -33,8 +33,9 @@ class Context:
     api_key_set: bool = False  # a vllm_api_key is in the secrets
     # The torch of the wheels a planned venv install brings (plan time): it replaces the venv's.
     planned_wheels: cuda_builds.WheelCuda | None = None
-    # The model's quantization_config.quant_method from its config.json on the hub ("none": not
-    # quantized); None where the hub was not asked or refused.
+    # The model's config.json at its resolved commit, and its quantization_config.quant_method ("none":
+    # not quantized); None where the hub was not asked or refused.
+    model_config: Mapping[str, Any] | None = None
     quantization: str | None = None
 
     @property

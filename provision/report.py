@@ -290,6 +290,10 @@ def print_plans(planned: Planned, show_diff: bool, only: str | None = None) -> N
                 out.print(f"  {finding.id}: {finding.message} -> fix: {finding.fix}")
         else:
             out.print(f"[bold]{name}[/bold]: {summary(plans[name].changes, only)}")
+            memory = memory_estimate(findings.get(name, []))
+            if memory is not None:
+                style = "yellow" if memory.status == "fail" else "dim"
+                out.print(f"  [{style}]memory: {memory.message}[/{style}]")
             unfinished = plans[name].unfinished
             if unfinished:
                 out.print(f"  [yellow]generation {unfinished['id']} was left pending by a deploy that stopped "
@@ -304,6 +308,11 @@ def print_plans(planned: Planned, show_diff: bool, only: str | None = None) -> N
                     sys.stdout.write(change.diff)  # verbatim: a diff must not be re-wrapped
 
 
+def memory_estimate(findings: Iterable[Finding]) -> Finding | None:
+    """The memory.fits finding where it judged this host (weights, KV cache, context that fits)."""
+    return next((f for f in findings if f.id == "memory.fits" and f.status != "skip"), None)
+
+
 def plans_json(order: list[str], plans: Mapping[str, HostPlan],
                findings: Mapping[str, list[Finding]], errors: Mapping[str, BaseException],
                 applied: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -313,6 +322,9 @@ def plans_json(order: list[str], plans: Mapping[str, HostPlan],
         if body["verdict"] == "blocked":
             body["blockers"] = [{"id": f.id, "message": f.message, "fix": f.fix, "evidence": f.evidence}
                                 for f in findings[name] if f.blocks]
+        memory = memory_estimate(findings.get(name, []))
+        if memory is not None:
+            body["memory"] = finding_json(memory)
         if name in plans:
             body["changes"] = [{"kind": c.kind, "target": c.target, "reason": c.reason}
                                for c in plans[name].changes]
@@ -433,12 +445,12 @@ def status_problems(found: dict[str, status.HostStatus]) -> list[str]:
 def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
     table = Table(title=title)
     for column in ("host", "unit", "restarts", "health", "model @ revision", "GPUs (mem used/total GiB, °C, util)",
-                   "run/wait", "tok/s", "KV %", "prefix hit %"):
+                   "run/wait", "tok/s", "KV %", "KV tokens (est.)", "prefix hit %"):
         table.add_column(column)
     for name, item in found.items():
         if not item.reachable:  # the whole reason goes below the table, not into a narrow last column
             table.add_row(f"[red]{name}[/red]", "[red]unreachable[/red]", "-",
-                          status.short_reason(item.problem or ""), "-", "-", "-", "-", "-", "-")
+                          status.short_reason(item.problem or ""), "-", "-", "-", "-", "-", "-", "-")
             continue
         gpus = "; ".join(
             f"{g['name'].replace('NVIDIA ', '')} {_fmt((g['memory_used_mib'] or 0) / 1024)}/"
@@ -455,8 +467,23 @@ def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
                       model if item.role == "server" or item.unit.get("installed") is False else "(Ray worker)", gpus,
                       f"{_fmt(fig.running, digits=0)}/{_fmt(fig.waiting, digits=0)}" if fig else "-",
                       _fmt(fig.generation_tokens_per_s) if fig else "-",
-                      _fmt(fig.kv_cache_usage_pct) if fig else "-", _fmt(fig.prefix_cache_hit_pct) if fig else "-")
+                      _fmt(fig.kv_cache_usage_pct) if fig else "-", _kv_tokens(item),
+                      _fmt(fig.prefix_cache_hit_pct) if fig else "-")
     return table
+
+
+def _tokens(count: int | None) -> str:
+    if count is None:
+        return "-"
+    return f"{count / 1e6:.2f}M" if count >= 1e6 else f"{count / 1e3:.1f}k" if count >= 1e4 else str(count)
+
+
+def _kv_tokens(item: status.HostStatus) -> str:
+    """The server's KV cache size in tokens, the gate's estimate in brackets."""
+    reported = item.figures.kv_capacity_tokens if item.figures else None
+    if reported is None and item.kv_estimate_tokens is None:
+        return "-"
+    return f"{_tokens(reported)} ({_tokens(item.kv_estimate_tokens)})"
 
 
 def print_bench(host: str, result: Any, concurrency: int, json_: bool) -> None:

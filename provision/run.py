@@ -162,12 +162,22 @@ def _with_planned_wheels(contexts: dict[str, context.Context], wanted: set[str],
     return result
 
 
+def _quantization(model_config: dict[str, Any] | None) -> str | None:
+    if model_config is None:
+        return None
+    try:
+        return weights.quantization_of(model_config)
+    except weights.WeightsError as exc:
+        logging.getLogger("provision.weights").info("quantization unknown: %s", exc)
+        return None
+
+
 def _with_snapshots(contexts: dict[str, context.Context], held: secrets.Secrets,
                     wanted: set[str]) -> dict[str, context.Context]:
     """Ask the hub once per (model, revision, files, endpoint) for the commit and the files' sizes and
     hashes; each host's context learns what it must still fetch (its manifest, read by the probe)."""
     asked: dict[tuple[Any, ...], weights.Snapshot | str] = {}
-    quantization: dict[tuple[Any, ...], str | None] = {}
+    configs: dict[tuple[Any, ...], dict[str, Any] | None] = {}
     result = dict(contexts)
     for name, ctx in contexts.items():
         s = ctx.settings
@@ -185,16 +195,16 @@ def _with_snapshots(contexts: dict[str, context.Context], held: secrets.Secrets,
         if isinstance(answer, str):
             result[name] = dataclasses.replace(ctx, snapshot_error=answer)
             continue
-        if key not in quantization:  # for the known issues; unknown (None) when config.json is unreadable
+        if key not in configs:  # known issues and the KV cache estimate; None when config.json is unreadable
             try:
-                quantization[key] = weights.model_quantization(answer.repo, answer.commit, s.hf_endpoint,
-                                                               held.hf_token)
+                configs[key] = weights.model_config(answer.repo, answer.commit, s.hf_endpoint, held.hf_token)
             except weights.WeightsError as exc:
-                logging.getLogger("provision.weights").info("quantization unknown: %s", exc)
-                quantization[key] = None
+                logging.getLogger("provision.weights").info("config.json unknown: %s", exc)
+                configs[key] = None
         _, to_fetch = weights.compare(answer, weights.host_weights(ctx.facts, weights.root_of(s)))
-        result[name] = dataclasses.replace(ctx, snapshot=answer, weights_bytes=answer.total_bytes,
-                                           weights_to_fetch=to_fetch, quantization=quantization[key])
+        result[name] = dataclasses.replace(ctx, snapshot=answer, weights_bytes=answer.weight_bytes,
+                                           weights_to_fetch=to_fetch, model_config=configs[key],
+                                           quantization=_quantization(configs[key]))
     return result
 
 

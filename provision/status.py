@@ -8,6 +8,7 @@ deadline is reported as such while the others are not kept waiting.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -17,9 +18,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from provision import facts, inventory, parsers, remote, secrets, weights
+from provision import checks, facts, inventory, parsers, remote, secrets, weights
+from provision.context import Context
 from provision.facts import HostFacts
 from provision.inventory import Settings
+from provision.profiles import Profile
 from provision.remote import Result
 
 STATUS_FACTS = tuple(f for f in facts.FACTS if f.name in ("uname", "meminfo", "nvidia_driver", "gpus", "units"))
@@ -74,6 +77,7 @@ class Figures:
     kv_cache_usage_pct: float | None = None
     prefix_cache_hit_pct: float | None = None  # since the server started
     generation_tokens_total: float | None = None
+    kv_capacity_tokens: int | None = None  # the server's own KV cache size (vllm:cache_config_info)
 
 
 # Every sample `figures` reads (V1 engine names, then V0's): the probe sends back only these.
@@ -82,14 +86,40 @@ GENERATED, PROMPTED = "vllm:generation_tokens_total", "vllm:prompt_tokens_total"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
-METRICS_READ = (RUNNING, WAITING, GENERATED, PROMPTED, *KV_USAGE, *PREFIX_HITS, *PREFIX_QUERIES)
+CACHE_INFO = "vllm:cache_config_info"  # an info gauge: the figures are its labels
+METRICS_READ = (RUNNING, WAITING, GENERATED, PROMPTED, *KV_USAGE, *PREFIX_HITS, *PREFIX_QUERIES, CACHE_INFO)
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def info_labels(text: str, name: str) -> dict[str, str]:
+    """The labels of the first sample of an info metric: vllm:cache_config_info{block_size="16",...} 1.0."""
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match and match.group(1) == name and match.group(2):
+            return dict(_LABEL.findall(match.group(2)))
+    return {}
+
+
+def kv_capacity(labels: Mapping[str, str]) -> int | None:
+    """Tokens the server's KV cache holds: kv_cache_size_tokens where vLLM reports it, else its blocks
+    times the block size (num_gpu_blocks is set on every backend, the CPU one too)."""
+    def number(key: str) -> int | None:
+        value = labels.get(key, "")
+        return int(float(value)) if re.fullmatch(r"\d+(\.0+)?", value) else None
+
+    tokens = number("kv_cache_size_tokens")
+    if tokens is not None:
+        return tokens
+    blocks, size = number("num_gpu_blocks"), number("block_size")
+    return blocks * size if blocks is not None and size is not None else None
 
 
 def _first(values: Mapping[str, float], *names: str) -> float | None:
     return next((values[name] for name in names if name in values), None)
 
 
-def figures(first: Mapping[str, float], second: Mapping[str, float], window: float) -> Figures:
+def figures(first: Mapping[str, float], second: Mapping[str, float], window: float,
+            capacity: int | None = None) -> Figures:
     """Pure: two /metrics samples `window` seconds apart -> the figures status shows.
     Names of vLLM's V1 engine first, then the V0 ones where they differ."""
     def rate(*names: str) -> float | None:
@@ -109,6 +139,7 @@ def figures(first: Mapping[str, float], second: Mapping[str, float], window: flo
         kv_cache_usage_pct=None if kv is None else round(kv * 100, 2),
         prefix_cache_hit_pct=round(hits / queries * 100, 2) if hits is not None and queries else None,
         generation_tokens_total=_first(second, GENERATED),
+        kv_capacity_tokens=capacity,
     )
 
 
@@ -128,6 +159,9 @@ class HostStatus:
     revision: str | None = None
     figures: Figures | None = None
     seconds: float | None = None
+    # The gate's estimate of the KV cache's tokens (memory.fits, from the model's config.json on the host),
+    # beside the server's own figure (figures.kv_capacity_tokens).
+    kv_estimate_tokens: int | None = None
 
 
 def _gpu_rows(host_facts: HostFacts) -> tuple[dict[str, Any], ...]:
@@ -190,9 +224,11 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
         model = listed[0]["id"] if listed else None
     except (json.JSONDecodeError, AttributeError, KeyError, TypeError):
         model = None
-    samples = [parse_metrics(sample.get("body") or "") for sample in serving.get("metrics") or []
-               if sample.get("status") == 200]
-    found = figures(samples[0], samples[1], float(serving.get("window") or 0)) if len(samples) == 2 else None
+    bodies = [sample.get("body") or "" for sample in serving.get("metrics") or [] if sample.get("status") == 200]
+    samples = [parse_metrics(body) for body in bodies]
+    capacity = kv_capacity(info_labels(bodies[-1], CACHE_INFO)) if bodies else None
+    found = (figures(samples[0], samples[1], float(serving.get("window") or 0), capacity) if len(samples) == 2
+             else None)
     refused_key = (serving.get("models") or {}).get("status") == 401
     healthy = unit["active"] == "active" and health_text == "ok" and not refused_key
     problem = None if healthy else (f"{unit_name} is {unit['active']}" if unit["active"] != "active"
@@ -210,21 +246,46 @@ def probe_spec(settings: Settings, api_key: str | None, window: float, timeout: 
     host = f"[{address}]" if ":" in address else address
     spec = facts.probe_spec(STATUS_FACTS, [], timeout)
     if weights.managed(settings):
-        spec["inspect"] = {"weights": [weights.root_of(settings)]}
+        spec["inspect"] = {"weights": [weights.root_of(settings)], "files": [served_config(settings)]}
     spec["serving"] = {"base": f"http://{host}:{settings.port}", "api_key": api_key, "window": window,
                        "timeout": min(3.0, timeout), "keep": list(METRICS_READ)}
     return spec
 
 
+def served_config(settings: Settings) -> str:
+    return f"{weights.root_of(settings)}/current/config.json"
+
+
+def kv_estimate(host: str, profile: Profile, settings: Settings, host_facts: HostFacts) -> int | None:
+    """The gate's estimate of the KV cache in tokens (memory.fits), from the config.json and the
+    manifest of the revision the host serves: the same figure `invoke check` showed before the start."""
+    if not weights.managed(settings):
+        return None
+    try:
+        config = json.loads(host_facts.files.get(served_config(settings), {}).get("content") or "")
+    except ValueError:
+        return None
+    manifest = (host_facts.weights.get(weights.root_of(settings)) or {}).get("files") or {}
+    sizes = {path: int(entry.get("size") or 0) for path, entry in manifest.items() if isinstance(entry, dict)}
+    ctx = Context(host=host, profile=profile, settings=settings, facts=host_facts, model_config=config,
+                  weights_bytes=weights.tensor_bytes(sizes) if sizes else None)
+    found = checks.memory_fits(ctx)
+    tokens = found.evidence.get("context_tokens")
+    return int(tokens) if isinstance(tokens, int) else None
+
+
 def gather_one(runner: Any, host: str, role: str, settings: Settings, api_key: str | None,
-               window: float, timeout: float) -> HostStatus:
+               window: float, timeout: float, profile: Profile | None = None) -> HostStatus:
     started = time.monotonic()
     spec = probe_spec(settings, api_key, window, timeout)
     result: Result = runner.run(["python3", "-"], stdin=facts.probe_program(spec), timeout=timeout + window + 5)
     host_facts = facts.facts_from_probe(host, result, STATUS_FACTS)
     serving = json.loads(result.stdout).get("serving")
     root = weights.root_of(settings) if weights.managed(settings) else None
-    return host_status(host, role, host_facts, serving, root, time.monotonic() - started, key_sent=bool(api_key))
+    found = host_status(host, role, host_facts, serving, root, time.monotonic() - started, key_sent=bool(api_key))
+    if role == "server" and profile is not None:
+        found = dataclasses.replace(found, kv_estimate_tokens=kv_estimate(host, profile, settings, host_facts))
+    return found
 
 
 def with_deadline(names: Sequence[str], work: Callable[[str], HostStatus], deadline: float,
@@ -286,7 +347,7 @@ def gather_status(inv: inventory.Inventory, targets: list[inventory.Host], overr
         runner = remote.connect(target, ssh)
         try:
             return gather_one(runner, name, role_of(inv, name), inv.settings(name, overrides),
-                                     held.vllm_api_key, window, timeout)
+                              held.vllm_api_key, window, timeout, target.profile)
         finally:
             runner.close()
 

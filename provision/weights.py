@@ -52,6 +52,21 @@ class Snapshot:
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
+    @property
+    def weight_bytes(self) -> int:
+        return tensor_bytes({f.path: f.size for f in self.files})
+
+
+def tensor_bytes(sizes: Mapping[str, int]) -> int:
+    """{path: size} -> the bytes of the tensors' files (safetensors, or PyTorch .bin/.pt where a repository
+    has no safetensors): what the GPUs hold. Tokenizer and config files are left out; all files count
+    where none is a tensor file."""
+    for suffixes in ((".safetensors",), (".bin", ".pt", ".pth")):
+        found = [size for path, size in sizes.items() if path.endswith(suffixes)]
+        if found:
+            return sum(found)
+    return sum(sizes.values())
+
 
 def managed(settings: Settings) -> bool:
     """The tool fetches the model: a hub repository id, and fetch_weights not turned off."""
@@ -135,16 +150,19 @@ def quantization_of(config: Any) -> str:
     return method.lower()
 
 
-def model_quantization(repo: str, commit: str, endpoint: str, token: str | None) -> str:
-    """The quantization method of the model at its resolved commit, for the known issues: only its
-    config.json is fetched, into a directory thrown away after (the controller's hub cache stays
-    untouched), through the same endpoint and token as `resolve`."""
+def model_config(repo: str, commit: str, endpoint: str, token: str | None) -> dict[str, Any]:
+    """The model's config.json at its resolved commit (its quantization for the known issues, its
+    layers and heads for the KV cache estimate): only that file is fetched, into a directory thrown
+    away after (the controller's hub cache stays untouched), through the same endpoint and token as
+    `resolve`, and kept per commit, which never changes."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import EntryNotFoundError
 
     cached = config.model_configs() / repo / f"{commit}.json"
     try:  # a commit is immutable: an unchanged host's plan asks the hub for no file at all
-        return quantization_of(json.loads(cached.read_text(encoding="utf-8")))
+        kept = json.loads(cached.read_text(encoding="utf-8"))
+        if isinstance(kept, dict):
+            return kept
     except (OSError, ValueError):
         pass
     api = HfApi(endpoint=endpoint, token=token or False, library_name="provision")
@@ -158,15 +176,17 @@ def model_quantization(repo: str, commit: str, endpoint: str, token: str | None)
                                f"{type(exc).__name__}: {exc}") from None
         try:
             text = Path(str(path)).read_text(encoding="utf-8")
-            model_config = json.loads(text)
+            found = json.loads(text)
         except (OSError, ValueError) as exc:
             raise WeightsError(f"{repo}: config.json is not JSON: {exc}") from None
+    if not isinstance(found, dict):
+        raise WeightsError(f"{repo}: config.json is not a JSON object")
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         cached.write_text(text, encoding="utf-8")
     except OSError:
         pass  # a cache that cannot be written only costs the next plan one small request
-    return quantization_of(model_config)
+    return found
 
 
 @dataclass(frozen=True)

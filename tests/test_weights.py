@@ -165,7 +165,7 @@ def test_quantization_of_a_config() -> None:
         weights.quantization_of({"quantization_config": {"bits": 4}})
 
 
-def test_model_quantization_reads_config_json_from_the_hub(tmp_path: Path) -> None:
+def test_model_config_reads_config_json_from_the_hub(tmp_path: Path) -> None:
     awq, plain, bare = tmp_path / "awq", tmp_path / "plain", tmp_path / "bare"
     for folder in (awq, plain, bare):
         folder.mkdir()
@@ -180,10 +180,13 @@ def test_model_quantization_reads_config_json_from_the_hub(tmp_path: Path) -> No
     thread.start()
     endpoint = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        assert weights.model_quantization("lab/tiny-llama-awq", commits["tiny-llama-awq"], endpoint, None) == "awq"
-        assert weights.model_quantization("lab/tiny-llama", commits["tiny-llama"], endpoint, None) == "none"
+        awq_config = weights.model_config("lab/tiny-llama-awq", commits["tiny-llama-awq"], endpoint, None)
+        assert weights.quantization_of(awq_config) == "awq"
+        plain_config = weights.model_config("lab/tiny-llama", commits["tiny-llama"], endpoint, None)
+        assert weights.quantization_of(plain_config) == "none"
+        assert plain_config["num_key_value_heads"] == tinymodel.CONFIG["num_key_value_heads"]
         with pytest.raises(weights.WeightsError, match="has no config.json"):
-            weights.model_quantization("lab/bare", commits["bare"], endpoint, None)
+            weights.model_config("lab/bare", commits["bare"], endpoint, None)
     finally:
         server.shutdown()
         server.server_close()

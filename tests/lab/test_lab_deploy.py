@@ -55,6 +55,23 @@ def test_status_and_bench_show_the_servers_own_figures(deployed: dict) -> None:
     lines = logs.stdout.splitlines()
     assert logs.returncode == 0 and 0 < len(lines) <= 51 and '"GET /metrics HTTP/1.1" 200' in logs.stdout
 
+def test_the_kv_estimate_agrees_with_the_running_servers_own_capacity(deployed: dict) -> None:
+    """memory.fits estimates the tiny model's KV cache from its config.json on the hub (check, plan) and on the
+    host (status); the server reports its own (vllm:cache_config_info). They must agree within 1 %: vLLM's
+    CPU build allocates VLLM_CPU_KVCACHE_SPACE in whole blocks, the only rounding between the two."""
+    code, found, text = invoke_json("status", "--host", "cpu-1")
+    assert code == 0, text
+    host = found["hosts"]["cpu-1"]
+    reported, estimated = host["figures"]["kv_capacity_tokens"], host["kv_estimate_tokens"]
+    assert reported and estimated, text
+    assert abs(reported - estimated) <= 0.01 * reported, (reported, estimated)
+    code, checked, text = invoke_json("check", "--host", "cpu-1")
+    fits = next(f for f in checked["hosts"]["cpu-1"]["findings"] if f["id"] == "memory.fits")
+    assert fits["status"] == "pass" and fits["evidence"]["context_tokens"] == estimated, text
+    code, planned, text = invoke_json("plan", "--host", "cpu-1")
+    assert planned["hosts"]["cpu-1"]["memory"]["evidence"]["kv_bytes_per_token"] == 1024, text
+
+
 def test_a_killed_server_is_restarted_by_systemd_and_status_shows_it(deployed: dict,
                                                                      lab_inventory: inventory.Inventory) -> None:
     before = invoke_json("status", "--host", "cpu-1")[1]["hosts"]["cpu-1"]["unit"]["restarts"]
