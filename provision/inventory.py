@@ -380,6 +380,8 @@ VAR_SPECS: Mapping[str, VarSpec] = {
                                     "https://download.pytorch.org/whl/cu128", _index_urls, ()),
     "pip_trusted_hosts": VarSpec("index hosts pip may reach over plain http (pip's --trusted-host)",
                                  _trusted_hosts, ()),
+    "apt_proxy": VarSpec("HTTP proxy apt uses on the host when prepare installs packages (an "
+                         "apt-cacher-ng of an air-gapped site), e.g. http://10.0.0.2:3142", _optional(_url)),
     "venv_dir": VarSpec("virtualenv holding vLLM", _absolute_path, "/opt/vllm/venv"),
     "model_files": VarSpec("glob patterns of the repository's files to fetch (default: all)", _string_list, ()),
     "fetch_weights": VarSpec("download the model from the hub (false: the weights are placed by hand)",
@@ -493,6 +495,7 @@ class Settings:
     pip_index_url: str | None
     pip_extra_index_urls: tuple[str, ...]
     pip_trusted_hosts: tuple[str, ...]
+    apt_proxy: str | None
     venv_dir: str
     model_files: tuple[str, ...]
     fetch_weights: bool

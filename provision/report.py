@@ -19,6 +19,7 @@ from provision.inventory import Inventory
 from provision.nccl import NcclRun, describe_transport, human_size
 from provision.parsers import Gpu
 from provision.plan import summary
+from provision.prepare import Prepared
 
 if TYPE_CHECKING:
     from provision.rolling import Deployed
@@ -589,3 +590,55 @@ def plans_shower(json_: bool, only: str | None = None) -> Callable[[Planned], No
     if json_:
         return lambda planned: None
     return lambda planned: print_plans(planned, show_diff=False, only=only)
+
+
+# ---------------------------------------------------------------------------------------------
+# prepare
+
+
+def prepared_json(result: Prepared) -> dict[str, Any]:
+    return {"hosts": {name: result.reports[name].as_json() for name in result.order if name in result.reports},
+            "errors": {name: error_text(error) for name, error in result.errors.items()},
+            "stopped": result.stopped, "dry_run": result.dry_run, "ok": result.ok}
+
+
+def print_prepared(result: Prepared, out: Console) -> None:
+    """Each host: its preparation plan (or what was done), then the gate before and after, side by side."""
+    for name in result.order:
+        if name in result.errors:
+            out.print(f"[bold]{name}[/bold]: [red]{error_for(name, result.errors[name])}[/red]")
+            continue
+        item = result.reports.get(name)
+        if item is None:
+            out.print(f"[bold]{name}[/bold]: [yellow]not prepared: the roll stopped before its turn[/yellow]")
+            continue
+        prepared = item.prepared
+        steps = prepared.steps() if prepared else []
+        verb = "would" if result.dry_run else ("did" if item.applied or item.rebooted_s is not None else "has")
+        out.print(f"[bold]{name}[/bold]: " + (f"{verb}: " + "; ".join(steps) if steps else "nothing to change"))
+        for problem in prepared.problems if prepared else ():
+            out.print(f"  [red]{problem}[/red]")
+        if item.applied and item.applied.get("skipped"):
+            out.print(f"  skipped: {'; '.join(item.applied['skipped'])}")
+        if item.error:
+            out.print(f"  [red]{item.error}[/red]")
+        if item.rebooted_s is not None:
+            out.print(f"  rebooted and back in {item.rebooted_s:.0f}s")
+        elif item.waiting_for_reboot and not result.dry_run:
+            out.print(f"  [yellow]reboot pending: {', '.join(item.waiting_for_reboot)} take effect at the next boot "
+                      "(`invoke prepare --reboot`, or reboot the host yourself)[/yellow]")
+        table = Table(title_justify="left")
+        for column in ("check", "before", "after", "fix"):
+            table.add_column(column, overflow="fold")
+        after = {f.id: f for f in item.after or []}
+        for finding in item.before:
+            if finding.status == "skip" or (finding.status == "pass" and after.get(finding.id, finding).status == "pass"):
+                continue
+            now = after.get(finding.id)
+            fix = "" if now is not None and now.status == "pass" else (finding.fix or "")
+            table.add_row(finding.id, _STATUS_STYLE[finding.status],
+                          _STATUS_STYLE[now.status] if now is not None else "-", fix)
+        if table.row_count:
+            out.print(table)
+    if result.stopped:
+        out.print(f"[red]the roll stopped: {result.stopped}[/red]")

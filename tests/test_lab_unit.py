@@ -1,6 +1,9 @@
 """The lab's refusals and its recordings, without booting anything."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from provision import facts, lab
@@ -82,3 +85,27 @@ def test_every_lab_machine_says_which_facts_it_cannot_replay() -> None:
     h200 = {e["fact"]: e for e in lab.load_machine("h200x2-driver580")["outputs"]}
     from provision import parsers
     assert parsers.parse_lsmod(h200["lsmod"]["stdout"]) == parsers.parse_proc_modules(h200["modules"]["stdout"])
+
+
+def test_the_keeper_replays_what_the_stand_ins_left_for_the_next_boot(tmp_path: Path) -> None:
+    """A reboot applies pending.json: the new /proc/driver/nvidia/version, the new `uname -r -m`, and the
+    driver version nvidia-smi reports; the record is used up."""
+    from provision.lab import keeper
+
+    inside = tmp_path / keeper.INSIDE
+    (inside / "proc" / "driver" / "nvidia").mkdir(parents=True)
+    (inside / "proc" / "driver" / "nvidia" / "version").write_text(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.133.07  Fri Mar 14 13:12:07 UTC 2025\n")
+    (inside / "recording.json").write_text(json.dumps([
+        {"argv": ["uname", "-r", "-m"], "stdout": "6.8.0-45-generic\nx86_64\n", "exit": 0},
+        {"argv": ["nvidia-smi", "--query-gpu=driver_version"], "stdout": "570.133.07\n", "exit": 0}]))
+    (inside / "pending.json").write_text(json.dumps({
+        "files": {"/proc/driver/nvidia/version": "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  "
+                                                 "570.172.08  Release Build\n"},
+        "commands": {"uname -r -m": "6.14.0-29-generic\nx86_64\n"}, "driver": "570.172.08"}))
+    changed = keeper.apply_pending(tmp_path)
+    assert changed == ["/proc/driver/nvidia/version", "uname -r -m"]
+    recording = {entry["argv"][0]: entry["stdout"] for entry in json.loads((inside / "recording.json").read_text())}
+    assert recording == {"uname": "6.14.0-29-generic\nx86_64\n", "nvidia-smi": "570.172.08\n"}
+    assert "Open Kernel Module" in (inside / "proc" / "driver" / "nvidia" / "version").read_text()
+    assert not (inside / "pending.json").exists() and keeper.apply_pending(tmp_path) == []

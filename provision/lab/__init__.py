@@ -44,7 +44,7 @@ INSIDE = "/usr/local/lib/provision-lab"  # where a host keeps its recordings, in
 # gcc, libc6-dev, python3-dev: a source build's host compiles C extensions, as a build host would.
 BASE_PACKAGES = ("systemd,systemd-sysv,openssh-server,dbus,python3,python3-venv,iproute2,libnuma1,"
                  "gcc,libc6-dev,python3-dev")
-FIX = "apt-get update && apt-get install -y systemd-container debootstrap openssh-server iproute2"
+FIX = "apt-get update && apt-get install -y systemd-container debootstrap openssh-server iproute2 gnupg"
 SUITE = "bookworm"
 
 
@@ -159,7 +159,7 @@ def preflight() -> None:
     """Refuse clearly when the lab cannot work here, with the command that fixes it."""
     if os.geteuid() != 0:
         raise LabError("the lab needs root (network namespaces, systemd-nspawn): run it as root")
-    missing = [tool for tool in ("systemd-nspawn", "debootstrap", "ip", "ssh-keygen")
+    missing = [tool for tool in ("systemd-nspawn", "debootstrap", "ip", "ssh-keygen", "gpg", "dpkg-deb")
                if shutil.which(tool) is None]
     if missing:
         raise LabError(f"missing {', '.join(missing)}; install them with: {FIX}")
@@ -241,7 +241,7 @@ class Lab:
         self._ensure_bridge()
         self._ensure_hub(progress)
         state = self.state()
-        to_boot = [known[name] for name in wanted if not self._running(state["hosts"].get(name))]
+        to_boot = [known[name] for name in wanted if not self._running(state["hosts"].get(name), name)]
         _ensure_inotify(len(set(state["hosts"]) | set(wanted)), progress)
         if to_boot:
             progress(f"booting {', '.join(host.name for _, host in to_boot)} ...")
@@ -287,14 +287,13 @@ class Lab:
         _sh(["ip", "link", "set", self.bridge, "up"])
 
     @staticmethod
-    def _running(record: Mapping[str, Any] | None) -> bool:
+    def _running(record: Mapping[str, Any] | None, name: str = "") -> bool:
+        """A host is running while its nspawn is (by machine name: a reboot starts a new nspawn) and
+        sshd answers."""
         if not record:
             return False
-        try:
-            os.kill(int(record["pid"]), 0)
-        except (OSError, ValueError, KeyError):
-            return False
-        return _sshd_answers(record["address"], timeout=2)
+        alive = bool(_nspawn_pids(f"plab-{name}")) if name else _pid_alive(record.get("pid"))
+        return alive and _sshd_answers(record["address"], timeout=2)
 
     def _boot(self, index: int, host: LabHost) -> dict[str, Any]:
         home = self.dir / "hosts" / host.name
@@ -316,11 +315,12 @@ class Lab:
         _sh(["ip", "-n", netns, "link", "set", "lo", "up"])
         _sh(["ip", "-n", netns, "route", "add", "default", "via", self.gateway()])
         machine_name = f"plab-{host.name}"
-        # setsid --fork detaches nspawn from this process: the host outlives the command that
-        # booted it, and nothing here has to reap it.
+        # setsid --fork detaches the host from this process: it outlives the command that booted it,
+        # and nothing here has to reap it. The keeper starts nspawn again when the host reboots.
         with (home / "console.log").open("w") as log:
             subprocess.run(
-                ["setsid", "--fork", "systemd-nspawn", "-D", str(root), "--boot", "--register=no",
+                ["setsid", "--fork", sys.executable, "-m", "provision.lab.keeper", str(root), "--",
+                 "systemd-nspawn", "-D", str(root), "--boot", "--register=no",
                  "--keep-unit", f"--network-namespace-path=/run/netns/{netns}",
                  f"--machine={machine_name}", "--console=passive", *binds,
                  *(_small_disk(path) for path in host.small_disks)],
@@ -359,6 +359,7 @@ class Lab:
             (root / "etc" / "ssh" / "sshd_config.d" / "log-sessions.conf").write_text("LogLevel VERBOSE\n")
         if machine is None:
             return []
+        self._trust_apt_repository(root)
         inside = root / INSIDE.lstrip("/")
         inside.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPLAYER, inside / "replay.py")
@@ -387,6 +388,17 @@ class Lab:
                     target.unlink()  # /etc/os-release links to /usr/lib/os-release
                 target.write_text(entry["stdout"])
         return sorted(set(binds))
+
+    def _trust_apt_repository(self, root: Path) -> None:
+        """The lab's apt repository is the host's only package source (a site mirror: nothing else is
+        reachable), signed with the lab's key, which the host trusts."""
+        from provision.lab import aptrepo
+
+        keyring = root / aptrepo.HOST_KEYRING.lstrip("/")
+        keyring.parent.mkdir(parents=True, exist_ok=True)
+        keyring.write_bytes((self.hub_root / "apt" / "key.asc").read_bytes())
+        (root / "etc" / "apt" / "sources.list").write_text(
+            f"deb [signed-by={aptrepo.HOST_KEYRING}] {self.hub_url}/apt ./\n")
 
     @staticmethod
     def _proc_bind(inside: Path, path: str, content: str) -> str:
@@ -423,12 +435,15 @@ class Lab:
 
     def _ensure_hub(self, progress: Any) -> None:
         """The lab's hub on the bridge address: every lab host and this machine reach it."""
-        from provision.lab import hub, wheels
+        from provision.lab import aptrepo, hub, wheels
 
         if not (self.hub_root / "simple").is_dir():
             with tempfile.TemporaryDirectory() as scratch:
                 for variant, wheel in wheels.torch_variants(Path(scratch)).items():
                     hub.publish_wheel(self.hub_root, variant, wheel)
+        if not (self.hub_root / "apt" / "InRelease").exists():
+            progress("building the lab's apt repository (stand-in driver and kernel packages) ...")
+            aptrepo.build(self.hub_root / "apt", self.dir / "gnupg")
         if _http_answers(f"{self.hub_url}/_lab/stats"):
             return
         from provision.lab import tinymodel  # needs numpy, safetensors, tokenizers (the lab extra)
@@ -487,11 +502,7 @@ class Lab:
     def status(self) -> list[dict[str, Any]]:
         rows = []
         for name, record in self.state()["hosts"].items():
-            try:
-                os.kill(int(record["pid"]), 0)
-                alive = True
-            except OSError:
-                alive = False
+            alive = bool(_nspawn_pids(f"plab-{name}"))  # by machine name: a reboot starts a new nspawn
             own = ", ".join(not_replayed(load_machine(record["machine"]))) if record["machine"] else "-"
             rows.append({"host": name, "address": record["address"], "profile": record["profile"],
                          "replays": record["machine"] or "-", "not replayed (this machine's)": own or "none",
@@ -518,6 +529,15 @@ class Lab:
         if not keep_cache:
             shutil.rmtree(self.cache, ignore_errors=True)
         return removed
+
+    def reset(self, names: Sequence[str], progress: Any = print) -> dict[str, Any]:
+        """Boot the named hosts again from the base root: whatever was installed or changed on them is gone."""
+        state = self.state()
+        for name in names:
+            record = state["hosts"].pop(name, None) or {}
+            self._stop_one(name, {"netns": f"plab-{name}", **record})
+        self._save(state)
+        return self.up(names, progress)
 
     def _stop_one(self, name: str, record: Mapping[str, Any]) -> None:
         for pid in _nspawn_pids(f"plab-{name}"):
@@ -569,6 +589,14 @@ def _ensure_inotify(hosts: int, progress: Any) -> None:
 def _small_disk(spec: str) -> str:
     path, _, size = spec.partition(":")
     return f"--tmpfs={path}:size={size or SMALL_DISK}"
+
+
+def _pid_alive(pid: Any) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, ValueError, TypeError):
+        return False
+    return True
 
 
 def _nspawn_pids(machine: str) -> list[int]:

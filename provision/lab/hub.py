@@ -234,6 +234,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if path.startswith("/_lab/"):
                 return self._control(path)
+            if path.startswith("/apt/"):
+                return self._apt(path.removeprefix("/apt/"))
             match = re.fullmatch(r"/simple/([\w.-]+)/(?:([\w.-]+)/(?:([^/]+\.whl))?)?", path)
             if match:
                 return self._index(match.group(1), match.group(2), match.group(3))
@@ -248,6 +250,20 @@ class Handler(BaseHTTPRequestHandler):
             self._error(error)
         except (BrokenPipeError, ConnectionResetError):
             pass
+
+    def _apt(self, name: str) -> None:
+        """A file of the lab's apt repository (provision/lab/aptrepo.py), served as a plain web server would."""
+        base = (self.hub.root / "apt").resolve()
+        path = (base / name).resolve()
+        if base not in path.parents or not path.is_file():
+            raise HubError(404, "EntryNotFound", f"no apt file {name}")
+        data = path.read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
     # -- the hub's API ---------------------------------------------------------------------------
 
