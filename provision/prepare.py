@@ -123,6 +123,7 @@ class Preparation:
     unfixable: tuple[Finding, ...] = ()
     problems: tuple[str, ...] = ()  # what stops the plan: no candidate, a held package, apt refused
     sources: Mapping[str, str] = field(default_factory=dict)  # rule -> where its fix comes from
+    rule_files: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # rule -> files written for it
 
     @property
     def changes(self) -> bool:
@@ -131,6 +132,18 @@ class Preparation:
     @property
     def needs_reboot(self) -> bool:
         return bool(self.reboot_after or self.reboot_pending)
+
+    def by_rule(self) -> dict[str, str]:
+        """{rule: what this plan does for it}: its packages and files, and whether a reboot finishes it."""
+        done: dict[str, list[str]] = {}
+        for change in self.packages:
+            for rule in change.rules:
+                done.setdefault(rule, []).append(change.name)
+        for rule, paths in self.rule_files.items():
+            done.setdefault(rule, []).extend(paths)
+        later = set(self.reboot_after)
+        return {rule: ", ".join(names) + (" (at the next boot)" if rule in later else "")
+                for rule, names in done.items()} | {rule: "at the next boot" for rule in later if rule not in done}
 
     def steps(self) -> list[str]:
         lines = [f"install {change.describe()}" for change in self.packages]
@@ -183,7 +196,9 @@ def plan(host: str, fixes: Sequence[Fix], unfixable: Sequence[Finding], survey: 
     return Preparation(host=host, packages=tuple(packages), files=files, commands=commands,
                        reboot_after=tuple(dict.fromkeys(waiting)), reboot_pending=pending,
                        unfixable=tuple(unfixable), problems=tuple(problems),
-                       sources={fix.rule: fix.source for fix in fixes})
+                       sources={fix.rule: fix.source for fix in fixes},
+                       rule_files={fix.rule: tuple(path for path in fix.files if path in files) for fix in fixes
+                                   if any(path in files for path in fix.files)})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -628,16 +628,18 @@ def print_prepared(result: Prepared, out: Console) -> None:
             out.print(f"  [yellow]reboot pending: {', '.join(item.waiting_for_reboot)} take effect at the next boot "
                       "(`invoke prepare --reboot`, or reboot the host yourself)[/yellow]")
         table = Table(title_justify="left")
-        for column in ("check", "before", "after", "fix"):
+        for column in ("check", "before", "after", "prepare", "fix"):
             table.add_column(column, overflow="fold")
         after = {f.id: f for f in item.after or []}
+        by_rule = prepared.by_rule() if prepared else {}
         for finding in item.before:
             if finding.status == "skip" or (finding.status == "pass" and after.get(finding.id, finding).status == "pass"):
                 continue
             now = after.get(finding.id)
             fix = "" if now is not None and now.status == "pass" else (finding.fix or "")
             table.add_row(finding.id, _STATUS_STYLE[finding.status],
-                          _STATUS_STYLE[now.status] if now is not None else "-", fix)
+                          _STATUS_STYLE[now.status] if now is not None else "-",
+                          by_rule.get(finding.id, "manual fix" if finding.status == "fail" else ""), fix)
         if table.row_count:
             out.print(table)
     if result.stopped:

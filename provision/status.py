@@ -101,17 +101,18 @@ def info_labels(text: str, name: str) -> dict[str, str]:
 
 
 def kv_capacity(labels: Mapping[str, str]) -> int | None:
-    """Tokens the server's KV cache holds: kv_cache_size_tokens where vLLM reports it, else its blocks
-    times the block size (num_gpu_blocks is set on every backend, the CPU one too)."""
+    """Tokens the server's KV cache holds: its blocks times the block size (num_gpu_blocks is set on every
+    backend, the CPU one too), else kv_cache_size_tokens. Blocks first: vLLM's kv_cache_size_tokens counts
+    whole requests of max_model_len in whole blocks (8192 blocks of 128 with max_model_len 200 report
+    4096 x 200 = 819,200 tokens, seen on the lab's server), not what the cache holds."""
     def number(key: str) -> int | None:
         value = labels.get(key, "")
         return int(float(value)) if re.fullmatch(r"\d+(\.0+)?", value) else None
 
-    tokens = number("kv_cache_size_tokens")
-    if tokens is not None:
-        return tokens
     blocks, size = number("num_gpu_blocks"), number("block_size")
-    return blocks * size if blocks is not None and size is not None else None
+    if blocks is not None and size is not None:
+        return blocks * size
+    return number("kv_cache_size_tokens")
 
 
 def _first(values: Mapping[str, float], *names: str) -> float | None:

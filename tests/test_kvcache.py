@@ -169,7 +169,10 @@ def test_cpu_build_kv_space_is_judged_from_vllm_cpu_kvcache_space() -> None:
 
 @pytest.mark.parametrize("labels,tokens", [
     ({"kv_cache_size_tokens": "1048576", "num_gpu_blocks": "8192", "block_size": "128"}, 1_048_576),
-    ({"num_gpu_blocks": "2000", "block_size": "16"}, 32_000),  # older vLLM: blocks x block size
+    # The lab's server with max_model_len 200 (vLLM 0.32.0 CPU): it reports whole requests in whole blocks.
+    ({"kv_cache_size_tokens": "819200", "num_gpu_blocks": "8192", "block_size": "128"}, 1_048_576),
+    ({"num_gpu_blocks": "2000", "block_size": "16"}, 32_000),  # older vLLM: no kv_cache_size_tokens
+    ({"num_gpu_blocks": "None", "block_size": "16", "kv_cache_size_tokens": "4000"}, 4000),
     ({"num_gpu_blocks": "None", "block_size": "16"}, None),
 ])
 def test_the_servers_own_kv_capacity(labels: dict[str, str], tokens: int | None) -> None:
