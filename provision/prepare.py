@@ -164,6 +164,25 @@ class Preparation:
 
 def plan(host: str, fixes: Sequence[Fix], unfixable: Sequence[Finding], survey: Mapping[str, Any]) -> Preparation:
     """Pure: the fixes against what the host has (its survey) -> the preparation plan."""
+    packages, problems = _package_changes(fixes, survey)
+    present = survey.get("files") or {}
+    files = {path: content for fix in fixes for path, content in fix.files.items() if present.get(path) != content}
+    writes = {fix.rule: tuple(path for path in fix.files if path in files) for fix in fixes}
+    rule_files = {rule: paths for rule, paths in writes.items() if paths}
+    commands = tuple(argv for fix in fixes if rule_files.get(fix.rule) for argv in fix.commands)
+    touched = {rule for change in packages for rule in change.rules} | set(rule_files)
+    # What already waits for a boot: the packages /run/reboot-required.pkgs names, or the file alone.
+    pending = tuple(survey.get("reboot_packages") or ()) or (
+        ("an earlier change",) if survey.get("reboot_required") else ())
+    waiting = tuple(dict.fromkeys(fix.rule for fix in fixes if fix.reboot and (fix.rule in touched or pending)))
+    return Preparation(host=host, packages=tuple(packages), files=files, commands=commands, reboot_after=waiting,
+                       reboot_pending=pending, unfixable=tuple(unfixable), problems=tuple(problems),
+                       sources={fix.rule: fix.source for fix in fixes}, rule_files=rule_files)
+
+
+def _package_changes(fixes: Sequence[Fix], survey: Mapping[str, Any]) -> tuple[list[PackageChange], list[str]]:
+    """Each package the fixes name, pinned to its candidate unless installed at it already; and what stops
+    the plan: apt-get update refused, a package no source has, a held package."""
     installed, candidates = survey.get("installed") or {}, survey.get("candidates") or {}
     held = set(survey.get("held") or ())
     rules_of: dict[str, list[str]] = {}
@@ -185,20 +204,7 @@ def plan(host: str, fixes: Sequence[Fix], unfixable: Sequence[Finding], survey: 
                             f"`apt-mark unhold {name}` to let it change")
         elif installed.get(name) != candidate:
             packages.append(PackageChange(name, installed.get(name), candidate, tuple(rules)))
-    present = survey.get("files") or {}
-    files = {path: content for fix in fixes for path, content in fix.files.items() if present.get(path) != content}
-    commands = tuple(argv for fix in fixes if any(path in files for path in fix.files) for argv in fix.commands)
-    changed_rules = {rule for change in packages for rule in change.rules} | {
-        fix.rule for fix in fixes if any(path in files for path in fix.files)}
-    pending = tuple(survey.get("reboot_packages") or (("an earlier change",) if survey.get("reboot_required")
-                                                       else ()))
-    waiting = tuple(fix.rule for fix in fixes if fix.reboot and (fix.rule in changed_rules or pending))
-    return Preparation(host=host, packages=tuple(packages), files=files, commands=commands,
-                       reboot_after=tuple(dict.fromkeys(waiting)), reboot_pending=pending,
-                       unfixable=tuple(unfixable), problems=tuple(problems),
-                       sources={fix.rule: fix.source for fix in fixes},
-                       rule_files={fix.rule: tuple(path for path in fix.files if path in files) for fix in fixes
-                                   if any(path in files for path in fix.files)})
+    return packages, problems
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,8 +212,8 @@ def plan(host: str, fixes: Sequence[Fix], unfixable: Sequence[Finding], survey: 
 
 
 @dataclass(frozen=True)
-class Settings:
-    """What the prepare task was asked (flags)."""
+class Flags:
+    """What the prepare task was asked on its command line."""
 
     reboot: bool = False
     dry_run: bool = False
@@ -222,24 +228,24 @@ def apt_options(ctx: Context) -> list[str]:
     return ["-o", f"Acquire::http::Proxy={proxy}", "-o", f"Acquire::https::Proxy={proxy}"] if proxy else []
 
 
-def survey(runner: remote.Runner, ctx: Context, fixes: Sequence[Fix], settings: Settings) -> dict[str, Any]:
+def survey(runner: remote.Runner, ctx: Context, fixes: Sequence[Fix], flags: Flags) -> dict[str, Any]:
     spec = {"packages": sorted({name for fix in fixes for name in fix.packages}),
             "files": sorted({path for fix in fixes for path in fix.files}), "update": True,
-            "apt_options": apt_options(ctx), "lock_wait": settings.lock_wait}
+            "apt_options": apt_options(ctx), "lock_wait": flags.lock_wait}
     done = runner.run(["python3", "-"], stdin=programs.ship(("prepare",), "survey", spec),
-                      timeout=settings.lock_wait + 900)
+                      timeout=flags.lock_wait + 900)
     if not done.ok:
         raise CommandFailed(ctx.host, "prepare survey", done)
     answer: dict[str, Any] = json.loads(done.stdout)
     return answer
 
 
-def apply(runner: remote.Runner, ctx: Context, prepared: Preparation, settings: Settings) -> dict[str, Any]:
+def apply(runner: remote.Runner, ctx: Context, prepared: Preparation, flags: Flags) -> dict[str, Any]:
     spec = {"install": {change.name: change.candidate for change in prepared.packages},
             "write": dict(prepared.files), "commands": [list(argv) for argv in prepared.commands],
-            "apt_options": apt_options(ctx), "lock_wait": settings.lock_wait, "lock": LOCK, "wait": 0}
+            "apt_options": apt_options(ctx), "lock_wait": flags.lock_wait, "lock": LOCK, "wait": 0}
     done = runner.run(["python3", "-"], stdin=programs.ship(("prepare",), "apply", spec),
-                      timeout=settings.lock_wait + 3600)
+                      timeout=flags.lock_wait + 3600)
     if not done.stdout.strip():
         raise CommandFailed(ctx.host, "prepare apply", done)
     answer: dict[str, Any] = json.loads(done.stdout)
@@ -336,7 +342,7 @@ class Prepared:
             report.ok and (self.dry_run or not report.remaining) for report in self.reports.values())
 
 
-def prepare(inv: Inventory, targets: list[Host], options: run.Options, settings: Settings,
+def prepare(inv: Inventory, targets: list[Host], options: run.Options, flags: Flags,
             progress: Callable[[str], None] = lambda line: None) -> Prepared:
     """The whole task: gate every target, then one host (or `batch`) at a time plan, apply, reboot when
     asked, and gate again. A host that fails or does not come back stops the roll."""
@@ -348,12 +354,12 @@ def prepare(inv: Inventory, targets: list[Host], options: run.Options, settings:
     def one(target: Host) -> HostReport:
         report = HostReport(target.name, gated.findings[target.name])
         try:
-            _prepare_one(inv, target, gated.contexts[target.name], options, settings, report, progress)
+            _prepare_one(inv, target, gated.contexts[target.name], options, flags, report, progress)
         except ProvisionError as exc:
             report.error = str(exc)
         return report
 
-    size = max(1, settings.batch)
+    size = max(1, flags.batch)
     for start in range(0, len(ready), size):
         done = for_each_host(ready[start:start + size], lambda target: target.name, one)
         reports.update(done.values)
@@ -363,32 +369,32 @@ def prepare(inv: Inventory, targets: list[Host], options: run.Options, settings:
             stopped = "; ".join([f"{r.host}: {r.error or '; '.join(r.prepared.problems if r.prepared else [])}"
                                  for r in failed] + [f"{name}: {error}" for name, error in done.errors.items()])
             break
-    return Prepared([t.name for t in targets], reports, errors, stopped, settings.dry_run)
+    return Prepared([t.name for t in targets], reports, errors, stopped, flags.dry_run)
 
 
-def _prepare_one(inv: Inventory, target: Host, ctx: Context, options: run.Options, settings: Settings,
+def _prepare_one(inv: Inventory, target: Host, ctx: Context, options: run.Options, flags: Flags,
                  report: HostReport, progress: Callable[[str], None]) -> None:
     fixes, unfixable = fixes_for(ctx, report.before)
     runner = remote.connect(target, inv.ssh, accept_new_host_keys=options.accept_new_host_keys)
     try:
         progress(f"{target.name}: surveying packages ({len(fixes)} fixable finding(s))")
-        surveyed = survey(runner, ctx, fixes, settings)  # a reboot may be pending with nothing failing
+        surveyed = survey(runner, ctx, fixes, flags)  # a reboot may be pending with nothing failing
         report.prepared = prepared = plan(target.name, fixes, unfixable, surveyed)
-        if settings.dry_run or prepared.problems:
+        if flags.dry_run or prepared.problems:
             return
         if prepared.changes:
             progress(f"{target.name}: " + "; ".join(prepared.steps()))
-            report.applied = apply(runner, ctx, prepared, settings)
+            report.applied = apply(runner, ctx, prepared, flags)
             if not report.applied.get("ok"):
                 report.error = f"apply failed: {report.applied.get('failed')}" + (
                     f"; undone: {', '.join(report.applied['undone'])}" if report.applied.get("undone") else "")
                 return
         wants_reboot = prepared.needs_reboot or bool(report.applied and report.applied.get("reboot_required"))
-        if settings.reboot and wants_reboot:
+        if flags.reboot and wants_reboot:
             progress(f"{target.name}: rebooting")
             report.rebooted_s = reboot_and_wait(
                 lambda: remote.connect(target, inv.ssh, accept_new_host_keys=options.accept_new_host_keys),
-                runner, surveyed.get("boot_id") or boot_id(runner), settings.timeout,
+                runner, surveyed.get("boot_id") or boot_id(runner), flags.timeout,
                 lambda line: progress(f"{target.name}: {line}"))
     finally:
         runner.close()

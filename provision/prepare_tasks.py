@@ -31,9 +31,8 @@ def prepare(c: Context, host: list[str] | None = None, cluster: str | None = Non
     setup_logging(verbose)
     chosen = select(inventory_, host, cluster, all_, set_)
     flags = options(chosen, profile=profile, accept_new_host_keys=accept_new_host_keys, force=force, json_=json_)
-    settings = preparation.Settings(reboot=reboot, dry_run=dry_run, batch=batch, timeout=timeout,
-                                    lock_wait=lock_wait)
-    result = preparation.prepare(chosen.inventory, chosen.targets, flags, settings,
+    asked = preparation.Flags(reboot=reboot, dry_run=dry_run, batch=batch, timeout=timeout, lock_wait=lock_wait)
+    result = preparation.prepare(chosen.inventory, chosen.targets, flags, asked,
                                  progress=run.progress_line)
     if json_:
         print(report.dump_json(report.prepared_json(result)))
