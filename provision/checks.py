@@ -19,7 +19,7 @@ from typing import Any
 
 from provision import affinity, hardening, known_issues, kvcache
 from provision import cuda as cuda_builds
-from provision.context import Context, cluster_network_of
+from provision.context import Context, cluster_network_of, flag_value
 from provision.facts import DROP_IN_DIRS, MANAGED_UNITS
 
 BLOCKER, WARNING, INFO = "blocker", "warning", "info"
@@ -89,15 +89,6 @@ def unknown(what: str, ctx: Context, fact: str) -> Finding:
 
 def version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text.split("-")[0]))
-
-
-def _arg_value(args: Sequence[str], flag: str) -> str | None:
-    for index, arg in enumerate(args):
-        if arg == flag and index + 1 < len(args):
-            return args[index + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -730,7 +721,7 @@ def config_alloc_conf(ctx: Context) -> Finding | None:
 def config_quantization_awq(ctx: Context) -> Finding | None:
     """An explicit `--quantization awq` forces the slow AWQ kernel (~5x slower) instead of the awq_marlin
     vLLM picks by itself (vllm #20112, #21376, #6985)."""
-    chosen = _arg_value(ctx.extra_args, "--quantization") or _arg_value(ctx.extra_args, "-q")
+    chosen = flag_value(ctx.extra_args, "--quantization") or flag_value(ctx.extra_args, "-q")
     if chosen is None:
         return None
     if chosen == "awq":
@@ -745,7 +736,7 @@ def config_bitsandbytes(ctx: Context) -> Finding | None:
     """bitsandbytes quantization produces garbage output on sm_120."""
     if ctx.profile.gpu is None or ctx.profile.gpu.compute_capability != "12.0":
         return None
-    chosen = _arg_value(ctx.extra_args, "--quantization") or ""
+    chosen = flag_value(ctx.extra_args, "--quantization") or ""
     model = str(ctx.settings.model or "")
     if chosen == "bitsandbytes" or re.search(r"bnb|bitsandbytes", model, re.IGNORECASE):
         return fail("bitsandbytes on sm_120 gives garbage output", "use an AWQ or GPTQ checkpoint",

@@ -4,7 +4,7 @@ checks (the gate), render, nccl and report; it depends on none of them."""
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +72,16 @@ class Context:
     @property
     def extra_args(self) -> tuple[str, ...]:
         return tuple(self.settings.extra_args)
+
+
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of a server argument given as `--flag VALUE` or `--flag=VALUE`; None where it is not given."""
+    for index, arg in enumerate(args):
+        if arg == flag and index + 1 < len(args):
+            return args[index + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def cluster_network_of(ctx: Context) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from provision.context import flag_value
 from provision.errors import ProvisionError
 
 GIB = 2**30
@@ -145,22 +146,13 @@ def _layer_kinds(text: Mapping[str, Any], layers: int) -> tuple[int, int, int | 
     return 0, layers, window, notes
 
 
-def _arg(args: Sequence[str], flag: str) -> str | None:
-    for index, arg in enumerate(args):
-        if arg == flag and index + 1 < len(args):
-            return args[index + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
 def kv_dtype(shape: ModelShape, args: Sequence[str] = ()) -> tuple[str, int]:
     """The KV cache's dtype and bytes: --kv-cache-dtype where given (fp8 variants: 1 byte), else the
     served dtype: --dtype, else the checkpoint's, float32 checkpoints served in 16 bit (vLLM's "auto")."""
-    cache = (_arg(args, "--kv-cache-dtype") or "auto").lower()
+    cache = (flag_value(args, "--kv-cache-dtype") or "auto").lower()
     if cache != "auto":
         return cache, _DTYPE_BYTES.get(cache, 1 if cache.startswith("fp8") else 2)
-    served = (_arg(args, "--dtype") or "auto").lower()
+    served = (flag_value(args, "--dtype") or "auto").lower()
     if served == "auto":
         served = "bfloat16" if shape.dtype in ("float32", "float") else shape.dtype
     return served, _DTYPE_BYTES.get(served, 2)
@@ -193,8 +185,8 @@ class Estimate:
 
     @property
     def context_tokens(self) -> int:
-        """Tokens of KV the rest holds: vLLM's own "KV cache size: N tokens" figure (counted as if every
-        layer were full, as vLLM counts it)."""
+        """Tokens of KV the rest holds, every KV layer counted as full: what vLLM's blocks x block size
+        give (its own "KV cache size" log line rounds to whole requests of max_model_len)."""
         return max(0, self.kv_budget) // self.kv_per_token if self.kv_per_token else 0
 
     def as_evidence(self) -> dict[str, Any]:

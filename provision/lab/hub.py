@@ -257,13 +257,18 @@ class Handler(BaseHTTPRequestHandler):
         path = (base / name).resolve()
         if base not in path.parents or not path.is_file():
             raise HubError(404, "EntryNotFound", f"no apt file {name}")
-        data = path.read_bytes()
+        self._send(path.read_bytes(), "application/octet-stream")
+
+    def _send(self, data: bytes, content_type: str) -> bool:
+        """A whole file or page with 200; False where the request was a HEAD (nothing was sent)."""
         self.send_response(200)
-        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
+        if self.command == "HEAD":
+            return False
+        self.wfile.write(data)
+        return True
 
     # -- the hub's API ---------------------------------------------------------------------------
 
@@ -354,22 +359,11 @@ class Handler(BaseHTTPRequestHandler):
         if wheel not in mine:
             raise HubError(404, "EntryNotFound", f"no file {wheel} in {variant}")
         data = (directory / wheel).read_bytes()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
+        if self._send(data, "application/octet-stream"):
             self.hub.count(f"simple/{variant}/{wheel}", len(data), self.client_address[0])
 
     def _html(self, body: str) -> None:
-        data = f"<!DOCTYPE html>\n<html><body>\n{body}</body></html>\n".encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
+        self._send(f"<!DOCTYPE html>\n<html><body>\n{body}</body></html>\n".encode(), "text/html")
 
     # -- the lab's controls ----------------------------------------------------------------------
 

@@ -16,6 +16,9 @@ import sys
 import time
 from pathlib import Path
 
+from provision.errors import ParseError
+from provision.parsers import parse_nvidia_version
+
 REBOOT_STATUS = 133
 INSIDE = "usr/local/lib/provision-lab"
 
@@ -58,11 +61,12 @@ def _driver_of(inside: Path) -> str | None:
     if kept.exists() and kept.read_text().strip():
         return kept.read_text().strip()
     version = inside / "proc" / "driver" / "nvidia" / "version"
-    if version.exists():
-        for word in version.read_text().split():
-            if word.count(".") >= 1 and word.replace(".", "").isdigit():
-                return word
-    return None
+    if not version.exists():
+        return None
+    try:
+        return parse_nvidia_version(version.read_text()).version
+    except ParseError:
+        return None
 
 
 def main(argv: list[str]) -> int:
