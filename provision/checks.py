@@ -20,6 +20,7 @@ from typing import Any
 from provision import affinity, hardening, known_issues, kvcache
 from provision import cuda as cuda_builds
 from provision.context import Context, cluster_network_of, flag_value
+from provision.engines import Verdict, engine_of
 from provision.facts import DROP_IN_DIRS, MANAGED_UNITS
 
 BLOCKER, WARNING, INFO = "blocker", "warning", "info"
@@ -51,11 +52,15 @@ Rule = Callable[[Context], Finding]
 RULES: list[tuple[str, str, Rule]] = []
 
 
-def rule(rule_id: str, severity: str) -> Callable[[Callable[[Context], Finding | None]], Rule]:
-    """Register a rule; a rule returning None does not apply to this host (skip)."""
+def rule(rule_id: str, severity: str, engines: tuple[str, ...] | None = None,
+         ) -> Callable[[Callable[[Context], Finding | None]], Rule]:
+    """Register a rule; a rule returning None does not apply to this host (skip). `engines` names the
+    engines whose flags or environment it reads (None: every engine)."""
 
     def register(function: Callable[[Context], Finding | None]) -> Rule:
         def run(ctx: Context) -> Finding:
+            if engines is not None and ctx.settings.engine not in engines:
+                return Finding(rule_id, severity, SKIP, f"does not apply to the {ctx.settings.engine} engine")
             found = function(ctx)
             if found is None:
                 return Finding(rule_id, severity, SKIP, "does not apply to this host")
@@ -541,11 +546,70 @@ def api_key(ctx: Context) -> Finding | None:
     address = ipaddress.ip_address(str(ctx.settings.bind_host))
     if address.is_loopback:
         return ok(f"listens on {address} (loopback) only", bind_host=str(address))
+    engine = engine_of(ctx.settings)
+    if engine.api_key_variable is None:
+        return fail(f"the server would listen on {address}, and {engine.title}'s server checks no API key",
+                    "keep bind_host 127.0.0.1 and put an authenticating proxy in front of it, or serve with "
+                    f"engine: vllm or llamacpp ({engine.source})", bind_host=str(address), engine=engine.name)
     if ctx.api_key_set:
-        return ok(f"listens on {address}, with an API key", bind_host=str(address))
+        return ok(f"listens on {address}, with an API key ({engine.api_key_variable})", bind_host=str(address))
     return fail(f"the server would listen on {address} without an API key",
-                "put vllm_api_key in the inventory's secrets file, or keep bind_host 127.0.0.1",
-                bind_host=str(address))
+                "put vllm_api_key in the inventory's secrets file (the tool hands it to the engine as "
+                f"{engine.api_key_variable}), or keep bind_host 127.0.0.1", bind_host=str(address))
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine (provision/engines): what it runs on, how it spans nodes, the weights' format
+
+
+def _from_verdict(verdict: Verdict | None) -> Finding | None:
+    if verdict is None:
+        return None
+    evidence = dict(verdict.evidence)
+    if verdict.status == "pass":
+        return ok(verdict.message, **evidence)
+    if verdict.status == "warn":
+        return warn(verdict.message, verdict.fix, **evidence)
+    return fail(verdict.message, verdict.fix, **evidence)
+
+
+@rule("engine.support", BLOCKER)
+def engine_support(ctx: Context) -> Finding | None:
+    """The engine runs this GPU and this checkpoint's quantization (TensorRT-LLM's support matrix;
+    llama.cpp loads GGUF only). Sources: each engine module's docstring."""
+    return _from_verdict(engine_of(ctx.settings).support(ctx))
+
+
+@rule("engine.nodes", BLOCKER)
+def engine_nodes(ctx: Context) -> Finding | None:
+    """The engine can spread the model over this cluster's nodes (vLLM over Ray, TensorRT-LLM over MPI,
+    llama.cpp on one host), with what its launch needs (TensorRT-LLM: the MPI key, the host keys)."""
+    return _from_verdict(engine_of(ctx.settings).nodes(ctx))
+
+
+@rule("engine.model", BLOCKER)
+def engine_model(ctx: Context) -> Finding | None:
+    """The weights are in the engine's format: one GGUF file for llama.cpp, a Hugging Face checkpoint
+    (config.json and safetensors) for vLLM and TensorRT-LLM. Read from the hub's file list."""
+    if ctx.snapshot is None:
+        return None
+    engine = engine_of(ctx.settings)
+    names = [f.path for f in ctx.snapshot.files]
+    ggufs = [name for name in names if name.endswith(".gguf")]
+    if engine.model_format == "gguf":
+        firsts = [name for name in ggufs if "-00001-of-" in name] or ggufs
+        if len(firsts) == 1:
+            return ok(f"{engine.title} loads {firsts[0]}", file=firsts[0])
+        return fail(f"{engine.title} serves one GGUF file; {ctx.snapshot.repo} offers {len(firsts)}",
+                    "name a GGUF repository and narrow model_files to one file (e.g. ['*Q4_K_M.gguf'])",
+                    files=firsts[:6])
+    if "config.json" in names:
+        return ok(f"{ctx.snapshot.repo} is a Hugging Face checkpoint", engine=engine.name)
+    if ggufs:
+        return fail(f"{ctx.snapshot.repo} holds GGUF files, which {engine.title} does not serve",
+                    "serve it with engine: llamacpp, or name the model's Hugging Face checkpoint", files=ggufs[:6])
+    return fail(f"{ctx.snapshot.repo} has no config.json: {engine.title} cannot load it",
+                "name a Hugging Face checkpoint (or add config.json to model_files)", engine=engine.name)
 
 
 @rule("host.systemd", BLOCKER)
@@ -680,7 +744,7 @@ def unit_dropins(ctx: Context) -> Finding | None:
 # Configuration conflicts
 
 
-@rule("config.custom_allreduce", WARNING)
+@rule("config.custom_allreduce", WARNING, engines=("vllm",))
 def config_custom_allreduce(ctx: Context) -> Finding | None:
     """expandable_segments:True + TP > 1 + custom all-reduce crashes at startup
     (custom_all_reduce.cuh:455 'invalid argument'; vllm #42609, #56180 on 2x RTX 5090). Resolved by
@@ -717,7 +781,7 @@ def config_alloc_conf(ctx: Context) -> Finding | None:
                 "torch version", "set one of them (the other follows) or give both the same value", **values)
 
 
-@rule("config.quantization_awq", WARNING)
+@rule("config.quantization_awq", WARNING, engines=("vllm",))
 def config_quantization_awq(ctx: Context) -> Finding | None:
     """An explicit `--quantization awq` forces the slow AWQ kernel (~5x slower) instead of the awq_marlin
     vLLM picks by itself (vllm #20112, #21376, #6985)."""
@@ -731,7 +795,7 @@ def config_quantization_awq(ctx: Context) -> Finding | None:
     return ok(f"--quantization {chosen}", quantization=chosen)
 
 
-@rule("config.bitsandbytes", BLOCKER)
+@rule("config.bitsandbytes", BLOCKER, engines=("vllm",))
 def config_bitsandbytes(ctx: Context) -> Finding | None:
     """bitsandbytes quantization produces garbage output on sm_120."""
     if ctx.profile.gpu is None or ctx.profile.gpu.compute_capability != "12.0":
@@ -781,7 +845,7 @@ def config_peermem(ctx: Context) -> Finding | None:
     return ok("nvidia_peermem not loaded")
 
 
-@rule("config.triton_ptxas", BLOCKER)
+@rule("config.triton_ptxas", BLOCKER, engines=("vllm",))
 def config_triton_ptxas(ctx: Context) -> Finding | None:
     """On sm_121 Triton's bundled ptxas fails ("Value 'sm_121a' is not defined for option 'gpu-name'",
     triton #8539): TRITON_PTXAS_PATH must point to a CUDA 13 ptxas."""
@@ -798,7 +862,7 @@ def config_triton_ptxas(ctx: Context) -> Finding | None:
     return ok(f"Triton uses CUDA {ctx.facts.ptxas_cuda} ptxas", **evidence)
 
 
-@rule("config.attention_backend", WARNING)
+@rule("config.attention_backend", WARNING, engines=("vllm",))
 def config_attention_backend(ctx: Context) -> Finding | None:
     """VLLM_ATTENTION_BACKEND is deprecated since vLLM 0.14 and silently ignored from 0.26 (vllm #50292);
     use --attention-backend."""
@@ -911,6 +975,8 @@ def cluster_rdma(ctx: Context) -> Finding | None:
 
 def known_issue_rule(issue: known_issues.KnownIssue) -> Callable[[Context], Finding | None]:
     def check(ctx: Context) -> Finding | None:
+        if ctx.settings.engine not in issue.engines:
+            return None  # another engine's trap
         found = known_issues.judge(issue, known_issues.evidence_of(ctx))
         return None if found is None else Finding(
             "", found.severity, found.status, found.message, found.evidence, found.fix)

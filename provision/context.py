@@ -37,6 +37,8 @@ class Context:
     # not quantized); None where the hub was not asked or refused.
     model_config: Mapping[str, Any] | None = None
     quantization: str | None = None
+    mpi_key_set: bool = False  # an mpi_ssh_key is in the secrets (multi-node TensorRT-LLM)
+    home: str = "/var/lib/vllm"  # the service user's home (its state directory)
 
     @property
     def parallel(self) -> int:
@@ -65,6 +67,54 @@ class Context:
             gpus = tuple(chosen)
         return tuple(gpus[:max(1, self.parallel // self.nodes)])
 
+    @property
+    def is_head(self) -> bool:
+        """Serves the API: a single host, or the head of a multi-node cluster."""
+        return not (self.cluster and self.cluster.multi_node) or self.cluster.head == self.host
+
+    @property
+    def cluster_head(self) -> str:
+        return self.cluster.head if self.cluster else self.host
+
+    @property
+    def cluster_order(self) -> tuple[str, ...]:
+        """The cluster's nodes, the head first."""
+        if not self.cluster:
+            return (self.host,)
+        return (self.cluster.head, *(name for name in self.cluster.hosts if name != self.cluster.head))
+
+    @property
+    def link(self) -> NodeLink | None:
+        """This node's interface and address on the cluster network; None on a single host."""
+        if not (self.cluster and self.cluster.multi_node):
+            return None
+        return link_of(self.facts, cluster_network_of(self))
+
+    @property
+    def cluster_addresses(self) -> dict[str, str]:
+        """Each node's address on the cluster network, where its facts show one."""
+        network = cluster_network_of(self)
+        found = {}
+        for name, node_facts in self.peers.items():
+            link = link_of(node_facts, network)
+            if link is not None:
+                found[name] = link.address
+        return found
+
+    @property
+    def head_cluster_address(self) -> str | None:
+        return self.cluster_addresses.get(self.cluster_head)
+
+    @property
+    def host_keys(self) -> dict[str, str]:
+        """Each node's SSH host key (ed25519), "TYPE BASE64", from the file its probe read."""
+        keys = {}
+        for name, node_facts in self.peers.items():
+            text = str(node_facts.files.get(HOST_KEY, {}).get("content") or "").split()
+            if len(text) >= 2 and text[0].startswith("ssh-"):
+                keys[name] = f"{text[0]} {text[1]}"
+        return keys
+
     def env(self, name: str) -> str | None:
         value = self.settings.environment.get(name)
         return None if value is None else str(value)
@@ -81,6 +131,27 @@ def flag_value(args: Sequence[str], flag: str) -> str | None:
             return args[index + 1]
         if arg.startswith(flag + "="):
             return arg.split("=", 1)[1]
+    return None
+
+
+HOST_KEY = "/etc/ssh/ssh_host_ed25519_key.pub"  # read with the managed files: mpirun checks host keys
+
+
+@dataclass(frozen=True)
+class NodeLink:
+    interface: str
+    address: str
+
+
+def link_of(host_facts: HostFacts, network: ipaddress.IPv4Network | ipaddress.IPv6Network | None) -> NodeLink | None:
+    """A host's interface and address on `network`."""
+    if network is None:
+        return None
+    for interface in host_facts.interfaces:
+        for address in interface.addresses:
+            parsed = ipaddress.ip_interface(address)
+            if parsed.ip in network:
+                return NodeLink(interface.name, str(parsed.ip))
     return None
 
 

@@ -37,7 +37,8 @@ if TYPE_CHECKING:  # facts stay importable without Fabric (the recorder runs on 
     from provision.remote import Result, Runner
 
 # Units the tool manages; their state is part of every host's facts.
-MANAGED_UNITS = ("vllm.service", "vllm-ray-head.service", "vllm-ray-worker.service")
+MANAGED_UNITS = ("vllm.service", "vllm-ray-head.service", "vllm-ray-worker.service", "trtllm-serve.service",
+                 "llama-server.service")
 # Where systemd finds drop-ins that override those units: `systemctl edit` writes to /etc,
 # `systemctl set-property` to system.control, their --runtime forms to /run (systemd.unit(5)).
 DROP_IN_DIRS = tuple(f"{base}/{unit}.d" for unit in MANAGED_UNITS for base in (

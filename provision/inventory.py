@@ -354,6 +354,10 @@ def _network(value: Any) -> str:
 
 
 VAR_SPECS: Mapping[str, VarSpec] = {
+    "engine": VarSpec("the program that serves the model: vllm, trtllm (TensorRT-LLM) or llamacpp "
+                      "(llama.cpp's server, GGUF)", _choice("vllm", "trtllm", "llamacpp"), "vllm"),
+    "server_program": VarSpec("the server program to run, where the engine's default (in the venv) is not it",
+                              _optional(_absolute_path)),
     "model": VarSpec("Hub repository id (or absolute path) of the model to serve", _optional(_text)),
     "model_revision": VarSpec("branch, tag or commit of the model", _text, "main"),
     "served_model_name": VarSpec("name clients use in requests", _optional(_text)),
@@ -369,7 +373,8 @@ VAR_SPECS: Mapping[str, VarSpec] = {
     "cpu_affinity": VarSpec("auto, all, ccd:N or a CPU list", _affinity, None),
     "cuda_version": VarSpec("CUDA release of the vLLM/torch build (picks PyTorch's cuXYZ wheels)",
                             _optional(_cuda_release)),
-    "vllm_spec": VarSpec("pip requirements of the venv, space-separated (e.g. 'vllm==0.11.0')",
+    "vllm_spec": VarSpec("pip requirements of the service venv, space-separated: the engine's package "
+                         "(e.g. 'vllm==0.11.0', 'tensorrt_llm==1.2.0', 'skulk-llama-server-cuda==0.10434.0')",
                          _optional(_text)),
     "venv_wheels": VarSpec("local wheel files (on the controller) installed into the venv", _string_list, ()),
     "venv_source": VarSpec("source to build into the venv: a directory on the controller or git+URL@REF; "
@@ -475,6 +480,8 @@ class Settings:
     """A host's resolved service settings, one typed field per row of VAR_SPECS (a test holds the two
     equal), so a mistyped setting name fails the type check; `origin` says which layer each came from."""
 
+    engine: str
+    server_program: str | None
     model: str | None
     model_revision: str
     served_model_name: str | None

@@ -19,6 +19,11 @@ gate (checks.py) turns each entry into a check of its own id. An entry:
       fix: ...
       source: https://github.com/...      # the tracker entry the trap is known from
       related: [https://...]              # further threads (optional)
+      engines: [vllm]                     # the engines the trap is in (optional; default: vllm)
+      avoid_with:                         # an engine that serves this hardware and model without it (optional)
+        engine: trtllm
+        why: ...                          # what that engine does instead, in one line
+        source: https://...
 
 `load` validates the file (KnownIssueError names the entry and the key); `evidence_of` reads a check
 Context; `judge` answers for one entry. All three are pure but for `load` reading package data.
@@ -60,7 +65,8 @@ HARDWARE_KEYS = ("compute_capability", "arch")
 LIST_KEYS = (*HARDWARE_KEYS, "quantization")
 SWITCH_KEYS = ("flags", "env")
 WHEN_KEYS = (*LIST_KEYS, *VERSION_KEYS, *SWITCH_KEYS)
-ENTRY_KEYS = ("id", "title", "severity", "when", "message", "fix", "source", "related")
+ENTRY_KEYS = ("id", "title", "severity", "when", "message", "fix", "source", "related", "engines", "avoid_with")
+ENGINE_NAMES = ("vllm", "trtllm", "llamacpp")  # provision/engines (kept apart: this module stays light)
 REQUIRED_KEYS = ("id", "title", "severity", "when", "message", "fix", "source")
 ID_PATTERN = re.compile(r"known\.[a-z0-9]+(?:[.-][a-z0-9]+)*")
 URL_PATTERN = re.compile(r"https?://\S+")
@@ -85,6 +91,16 @@ class KnownIssue:
     fix: str
     source: str
     related: tuple[str, ...] = ()
+    engines: tuple[str, ...] = ("vllm",)
+    avoid_with: Mapping[str, str] | None = None  # {"engine", "why", "source"}
+
+    def fix_with_engine(self) -> str:
+        """The fix, and where another engine avoids the trap, that engine's setting and its source."""
+        if not self.avoid_with:
+            return self.fix
+        other = self.avoid_with
+        return (f"{self.fix}; or avoid the trap: engine: {other['engine']} ({other['why']}; "
+                f"{other['source']})")
 
 
 @dataclass(frozen=True)
@@ -166,9 +182,28 @@ def entry_from_mapping(raw: Any, source: str, index: int) -> KnownIssue:
     for url in (raw["source"], *related):
         if not isinstance(url, str) or not URL_PATTERN.fullmatch(url):
             raise KnownIssueError(f"{where}: {url!r} is not an http(s) URL")
+    engines = raw.get("engines", ["vllm"])
+    if not isinstance(engines, list) or not engines or any(e not in ENGINE_NAMES for e in engines):
+        raise KnownIssueError(f"{where}: 'engines' must be a list of {', '.join(ENGINE_NAMES)}")
     return KnownIssue(id=raw["id"], title=raw["title"].strip(), severity=raw["severity"],
                       when=_when(raw["when"], where), message=" ".join(raw["message"].split()),
-                      fix=" ".join(raw["fix"].split()), source=raw["source"], related=tuple(related))
+                      fix=" ".join(raw["fix"].split()), source=raw["source"], related=tuple(related),
+                      engines=tuple(engines), avoid_with=_avoid_with(raw.get("avoid_with"), where, engines))
+
+
+def _avoid_with(raw: Any, where: str, engines: Sequence[str]) -> dict[str, str] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or sorted(raw) != ["engine", "source", "why"]:
+        raise KnownIssueError(f"{where}: 'avoid_with' must be a mapping of engine, why and source")
+    if raw["engine"] not in ENGINE_NAMES or raw["engine"] in engines:
+        raise KnownIssueError(f"{where}: avoid_with.engine must be another engine than the trap's "
+                              f"({', '.join(e for e in ENGINE_NAMES if e not in engines)})")
+    if not isinstance(raw["why"], str) or not raw["why"].strip():
+        raise KnownIssueError(f"{where}: avoid_with.why must be a non-empty string")
+    if not isinstance(raw["source"], str) or not URL_PATTERN.fullmatch(raw["source"]):
+        raise KnownIssueError(f"{where}: avoid_with.source {raw['source']!r} is not an http(s) URL")
+    return {"engine": raw["engine"], "why": " ".join(raw["why"].split()), "source": raw["source"]}
 
 
 def _when(raw: Any, where: str) -> dict[str, Any]:
@@ -347,7 +382,7 @@ def judge(issue: KnownIssue, ev: Evidence) -> Judgement | None:
         return Judgement(PASS, issue.severity,
                          "not affected: " + "; ".join(results[key][2] for key in failed), evidence)
     if not unknown:
-        return Judgement(FAIL, issue.severity, issue.message, evidence, f"{issue.fix} (see {issue.source})")
+        return Judgement(FAIL, issue.severity, issue.message, evidence, f"{issue.fix_with_engine()} (see {issue.source})")
     # Only versions: the apply makes them known. A model's quantization unknown now (weights not
     # fetched from a hub) stays unknown, and a warning that never clears would only be noise.
     if issue.severity == "blocker" and all(key in VERSION_KEYS for key in unknown):

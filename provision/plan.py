@@ -12,25 +12,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from provision.context import HOST_KEY
 from provision.facts import DROP_IN_DIRS, HostFacts
 from provision.remote import mask
-from provision.render import (
-    ENV_FILE,
-    RAY_HEAD_UNIT,
-    RAY_WORKER_UNIT,
-    SERVER_UNIT,
-    UNIT_DIR,
-    DesiredState,
-)
+from provision.render import UNIT_DIR, DesiredState, managed_paths
 
-MANAGED_FILES = (ENV_FILE, *(f"{UNIT_DIR}/{unit}" for unit in (SERVER_UNIT, RAY_HEAD_UNIT, RAY_WORKER_UNIT)))
+MANAGED_FILES = managed_paths()
 # The host's record of its generations (host/generations.py): the probe reads it with the managed files.
 GENERATIONS_STATE = "/var/lib/provision/generations/state.json"
 
 
 @dataclass(frozen=True)
 class Change:
-    """One step of a plan. `kind`: user, directory, file, daemon-reload, enable, start, restart, stop."""
+    """One step of a plan. `kind`: user, directory, file, remove, daemon-reload, enable, start, restart,
+    stop."""
 
     kind: str
     target: str
@@ -45,7 +40,7 @@ class Change:
 def inspect_spec(state_paths: list[str], user: str) -> dict[str, list[str]]:
     """What the probe must look at for a plan: every managed file, the host's generations record, the
     directories, the user, and the managed units' drop-in directories (which unit.dropins reports)."""
-    return {"files": sorted({*MANAGED_FILES, GENERATIONS_STATE, *state_paths}), "users": [user],
+    return {"files": sorted({*MANAGED_FILES, GENERATIONS_STATE, HOST_KEY, *state_paths}), "users": [user],
             "dirs": list(DROP_IN_DIRS)}
 
 
@@ -91,8 +86,12 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
     fetches it, built first where missing.
     """
     changes: list[Change] = []
-    if not facts.users.get(desired.user, {}).get("exists"):
-        changes.append(Change("user", desired.user, "missing", {"home": desired.home}))
+    account = facts.users.get(desired.user, {})
+    if not account.get("exists"):
+        changes.append(Change("user", desired.user, "missing", {"home": desired.home, "shell": desired.shell}))
+    elif account.get("shell") not in (None, desired.shell):  # None: a probe that did not say
+        changes.append(Change("user", desired.user, f"shell {account.get('shell')} -> {desired.shell}",
+                              {"home": desired.home, "shell": desired.shell, "modify": True}))
     for directory in desired.directories:
         current = facts.files.get(directory.path, {"exists": False})
         data = {"mode": directory.mode, "owner": directory.owner, "group": directory.group}
@@ -122,18 +121,26 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
     file_changes = _file_changes(desired, facts)
     changes.extend(file_changes)
     changed = {change.target for change in file_changes}
-    if any(wanted.unit and wanted.path in changed for wanted in desired.files):
-        changes.append(Change("daemon-reload", "systemd", "a unit file changed"))
     for unit in desired.absent_units:
         state = facts.units.get(unit)
         if state and state.load_state == "loaded" and (state.active_state in ("active", "activating")
                                                        or state.unit_file_state == "enabled"):
-            changes.append(Change("stop", unit, "not part of this host's role any more"))
+            changes.append(Change("stop", unit, "not part of this host's role or engine any more"))
+    removed = [path for path in desired.absent_files if facts.files.get(path, {}).get("exists")]
+    for path in removed:
+        old = str(facts.files[path].get("content", "")) if "content" in facts.files[path] else ""
+        changes.append(Change("remove", path, "not rendered for this host's role or engine",
+                              diff=_diff(path, old, "")))
+    if any(wanted.unit and wanted.path in changed for wanted in desired.files):
+        changes.append(Change("daemon-reload", "systemd", "a unit file changed"))
+    elif any(path.startswith(UNIT_DIR + "/") for path in removed):
+        changes.append(Change("daemon-reload", "systemd", "a unit file was removed"))
     restart_due = {unit for wanted in desired.files if wanted.path in changed for unit in wanted.restarts}
     if venv_changed:
         restart_due |= set(desired.units)  # new code for every unit
-    if weights is not None and SERVER_UNIT in desired.units:
-        restart_due.add(SERVER_UNIT)  # a new revision is read at start
+    server = desired.server_unit
+    if weights is not None and server in desired.units:
+        restart_due.add(str(server))  # a new revision is read at start
     for unit in desired.units:
         state = facts.units.get(unit)
         if state is None or state.unit_file_state != "enabled":
@@ -145,9 +152,9 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
         elif unit in restart_due:
             because = sorted(w.path for w in desired.files if w.path in changed and unit in w.restarts)
             causes = because + (["venv"] if venv_changed else []) + (
-                ["model"] if weights is not None and unit == SERVER_UNIT else [])
+                ["model"] if weights is not None and unit == server else [])
             because += ["the venv"] if venv_changed else []
-            because += ["the model"] if weights is not None and unit == SERVER_UNIT else []
+            because += ["the model"] if weights is not None and unit == server else []
             # apply restarts only when one of these was really written in its run (see hostapply)
             changes.append(Change("restart", unit, f"{', '.join(because)} changed", {"because": causes}))
     return changes

@@ -6,16 +6,17 @@ value they print is decided here, and quoted here for systemd.
 from __future__ import annotations
 
 import functools
-import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from provision import affinity, hardening
-from provision.context import Context, cluster_network_of
+from provision import affinity, engines, hardening
+from provision.context import Context, NodeLink
+from provision.engines.vllm import VLLM
 from provision.errors import ProvisionError
+from provision.facts import MANAGED_UNITS
 from provision.inventory import Settings
 
 if TYPE_CHECKING:
@@ -40,10 +41,7 @@ UNIT_DIR = "/etc/systemd/system"
 CONFIG_DIR = "/etc/vllm"
 ENV_FILE = f"{CONFIG_DIR}/vllm.env"
 STATE_DIR = "/var/lib/vllm"
-SERVER_UNIT = "vllm.service"
-RAY_HEAD_UNIT = "vllm-ray-head.service"
-RAY_WORKER_UNIT = "vllm-ray-worker.service"
-RAY_PORT = 6379
+SERVER_UNIT = VLLM.server_unit  # vLLM's; each engine names its own (engines.engine_of(settings).server_unit)
 SUPERVISION = {"start_limit_interval_sec": 600, "start_limit_burst": 5, "restart_sec": 10}
 
 
@@ -75,7 +73,10 @@ class DesiredState:
     directories: tuple[DesiredDir, ...]
     files: tuple[DesiredFile, ...]
     units: tuple[str, ...]  # in start order
-    absent_units: tuple[str, ...]  # managed units this host must not run (e.g. a former role's)
+    absent_units: tuple[str, ...]  # managed units this host must not run (a former role's or engine's)
+    absent_files: tuple[str, ...] = ()  # managed files this host must not have (removed where found)
+    shell: str = "/usr/sbin/nologin"  # the service user's login shell
+    server_unit: str | None = None  # the unit serving the API here (None on a worker)
 
 
 class RenderError(ProvisionError, ValueError):
@@ -135,76 +136,71 @@ def model_path(settings: Settings) -> str:
     return f"{settings.model_dir.rstrip('/')}/{model}"
 
 
-@dataclass(frozen=True)
-class NodeLink:
-    interface: str
-    address: str
-
-
 def node_link(ctx: Context) -> NodeLink | None:
     """This node's interface and address on the cluster network (multi-node only)."""
-    network = cluster_network_of(ctx)
-    if network is None:
-        return None
-    for interface in ctx.facts.interfaces:
-        for address in interface.addresses:
-            parsed = ipaddress.ip_interface(address)
-            if parsed.ip in network:
-                return NodeLink(interface.name, str(parsed.ip))
-    return None
+    return ctx.link
 
 
-def server_args(ctx: Context, resolutions: Sequence[str]) -> list[str]:
-    settings = ctx.settings
-    venv = settings.venv_dir.rstrip("/")
-    args = [f"{venv}/bin/python", "-m", "vllm.entrypoints.openai.api_server",
-            "--model", model_path(settings),
-            "--served-model-name", str(settings.served_model_name or settings.model),
-            "--host", str(settings.bind_host), "--port", str(settings.port),
-            "--tensor-parallel-size", str(settings.tensor_parallel_size),
-            "--pipeline-parallel-size", str(settings.pipeline_parallel_size)]
-    if ctx.profile.gpu is not None:
-        args += ["--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
-    if settings.max_model_len:
-        args += ["--max-model-len", str(settings.max_model_len)]
-    args.append("--enable-prefix-caching" if settings.enable_prefix_caching else "--no-enable-prefix-caching")
-    if ctx.cluster and ctx.cluster.multi_node:
-        args += ["--distributed-executor-backend", "ray"]
-    args += [arg for arg in resolutions if arg not in settings.extra_args]
-    args += list(settings.extra_args)
-    return args
+def model_file(ctx: Context) -> str:
+    """What the server loads: the weights' directory, or for a one-file engine (llama.cpp's GGUF) the file
+    in it: the first part of a split file, the only model file of the fetched snapshot otherwise."""
+    path = model_path(ctx.settings)
+    if engines.engine_of(ctx.settings).model_format != "gguf" or path.endswith(".gguf"):
+        return path
+    names = sorted(f.path for f in ctx.snapshot.files if f.path.endswith(".gguf")) if ctx.snapshot else []
+    if not names and ctx.settings.model_files:  # placed by hand: model_files names the file
+        names = [pattern for pattern in ctx.settings.model_files if pattern.endswith(".gguf") and "*" not in pattern]
+    firsts = [name for name in names if "-00001-of-" in name] or names
+    if len(firsts) != 1:
+        found = ", ".join(firsts[:4]) or "none"
+        raise RenderError(f"{ctx.host}: llama.cpp serves one GGUF file; the model offers {len(firsts)} ({found}): "
+                          "narrow model_files to one (e.g. ['*Q4_K_M.gguf'])")
+    return f"{path}/{firsts[0]}"
 
 
 def service_environment(ctx: Context, api_key: str | None = None) -> list[tuple[str, str]]:
-    """The EnvironmentFile's variables: the profile's and the inventory's, plus what this node needs
-    (and VLLM_API_KEY, which vLLM reads, from the secrets: this file is root's, mode 0600)."""
+    """The EnvironmentFile's variables: the profile's and the inventory's, plus what this node and its
+    engine need (and the API key under the name the engine reads, from the secrets: this file is
+    root's, mode 0600)."""
+    engine = engines.engine_of(ctx.settings)
     environment = dict(ctx.settings.environment)
-    if api_key:
-        environment["VLLM_API_KEY"] = api_key
+    if api_key and engine.api_key_variable:
+        environment[engine.api_key_variable] = api_key
     environment["HF_HOME"] = ctx.settings.hf_home
     # Unknown GPUs (gpu.present blocks on them, unless forced) keep the variable: it does no harm.
     if ctx.facts.gpus is not None and len(ctx.facts.gpus) < 2 and not (ctx.cluster and ctx.cluster.multi_node):
         environment.pop("NCCL_P2P_LEVEL", None)  # P2P settings matter only between GPUs
     if ctx.cluster and ctx.cluster.multi_node:
-        link = node_link(ctx)
+        link = ctx.link
         if link is None:
             raise RenderError(f"{ctx.host} has no interface on the cluster network (see `invoke check`)")
-        for name in ("VLLM_HOST_IP", "RAY_NODE_IP_ADDRESS", "RAY_OVERRIDE_NODE_IP_ADDRESS"):
-            environment[name] = link.address
-        for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
-            environment[name] = link.interface
         devices = [rdma.device for rdma in ctx.facts.rdma or () if rdma.up]
         if devices:
             environment["NCCL_IB_HCA"] = ",".join(devices)
+    environment = engine.environment(ctx, environment)
     return sorted((name, env_quote(str(value))) for name, value in environment.items())
 
 
-def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | None = None) -> DesiredState:
-    """Every file, directory and unit the host should have, rendered."""
+def _unit_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """An engine's unit values with each exec_* argv list as one quoted ExecStart=/ExecStop= line."""
+    return {key: " ".join(systemd_quote(arg) for arg in value) if key.startswith("exec_") and isinstance(value, list)
+            else value for key, value in values.items()}
+
+
+def managed_paths(home: str = STATE_DIR) -> tuple[str, ...]:
+    """Every file any engine renders on any host: a generation records each one, present or absent."""
+    units = tuple(f"{UNIT_DIR}/{unit}" for unit in MANAGED_UNITS)
+    configs = tuple(path for engine in engines.ENGINES.values() for path in engine.config_paths(home))
+    return (ENV_FILE, *units, *configs)
+
+
+def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | None = None,
+                  secrets: Mapping[str, str | None] | None = None) -> DesiredState:
+    """Every file, directory and unit the host should have, rendered; `secrets` by their secrets-file
+    names (an engine's files may hold one: the MPI key of a TensorRT-LLM cluster)."""
     settings = ctx.settings
+    engine = engines.engine_of(settings)
     user = str(settings.service_user)
-    multi = bool(ctx.cluster and ctx.cluster.multi_node)
-    head = not multi or (ctx.cluster is not None and ctx.cluster.head == ctx.host)
     chosen = affinity.choose(str(settings.cpu_affinity), ctx.facts.cpu, ctx.facts.unreadable, ctx.server_gpus)
     writable = sorted({STATE_DIR, settings.model_dir, settings.hf_home})
     common = {"host": ctx.host, "profile": ctx.profile.name, "user": user, "env_file": ENV_FILE,
@@ -212,40 +208,24 @@ def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | 
               **SUPERVISION}
     files = [DesiredFile(ENV_FILE, render("env/vllm.env.j2", {**common, "environment": service_environment(ctx, api_key)}),
                          "root", "root", 0o600)]
-    units: list[str] = []
-    venv = settings.venv_dir.rstrip("/")
-    if multi:
-        assert ctx.cluster is not None
-        link = node_link(ctx)
-        assert link is not None  # service_environment refused already
-        ray_unit = RAY_HEAD_UNIT if head else RAY_WORKER_UNIT
-        start = ([f"{venv}/bin/ray", "start", "--block", "--head", f"--node-ip-address={link.address}",
-                  f"--port={RAY_PORT}", "--dashboard-host=127.0.0.1"] if head else
-                 [f"{venv}/bin/ray", "start", "--block", f"--address={ctx.head_address}:{RAY_PORT}",
-                  f"--node-ip-address={link.address}"])
-        content = render(f"systemd/{ray_unit}.j2", {
-            **common, "cluster": ctx.cluster.name,
-            "exec_start": " ".join(systemd_quote(arg) for arg in start),
-            "exec_stop": f"{systemd_quote(venv + '/bin/ray')} stop"})
-        files.append(DesiredFile(f"{UNIT_DIR}/{ray_unit}", content, "root", "root", 0o644,
-                                 restarts=(ray_unit,), unit=True))
-        units.append(ray_unit)
-    if head:
-        ray_after = [RAY_HEAD_UNIT] if multi else []
-        content = render("systemd/vllm.service.j2", {
-            **common,
-            "served_model_name": str(settings.served_model_name or settings.model),
-            "after": ray_after, "requires": ray_after,
-            # Ray's session (/tmp/ray: the cluster's address, the local raylet's sockets) lives in
-            # the head unit's private /tmp: the server joins it, or ray.init() starts a cluster of its own.
-            "joins_namespace_of": ray_after,
-            "exec_start": " ".join(systemd_quote(arg) for arg in server_args(ctx, resolutions)),
-            "timeout_start_sec": 1800,
-            "cpu_affinity": chosen.cpu_list, "affinity_reason": chosen.reason,
-            "numa_mask": ",".join(map(str, chosen.numa_nodes)) if chosen.numa_nodes else None})
-        files.append(DesiredFile(f"{UNIT_DIR}/{SERVER_UNIT}", content, "root", "root", 0o644,
-                                 restarts=(SERVER_UNIT,), unit=True))
-        units.append(SERVER_UNIT)
+    server = {"served_model_name": str(settings.served_model_name or settings.model), "engine": engine.title,
+              "model": model_file(ctx) if ctx.is_head else model_path(settings),
+              "timeout_start_sec": 1800, "cpu_affinity": chosen.cpu_list, "affinity_reason": chosen.reason,
+              "numa_mask": ",".join(map(str, chosen.numa_nodes)) if chosen.numa_nodes else None}
+    units = []
+    for unit in engine.unit_files(ctx, common, server, resolutions):
+        content = render(unit.template, _unit_values(unit.values))
+        files.append(DesiredFile(f"{UNIT_DIR}/{unit.name}", content, "root", "root", 0o644,
+                                 restarts=(unit.name,), unit=True))
+        units.append(unit.name)
+    extra_dirs = []
+    for config in engine.config_files(ctx, secrets or {}):
+        owner = user if config.owner == "service" else config.owner
+        content = config.content if config.content is not None else render(config.template, config.values)
+        files.append(DesiredFile(config.path, content, owner, owner, config.mode, restarts=tuple(units)))
+        parent = config.path.rsplit("/", 1)[0]
+        if parent not in (CONFIG_DIR, STATE_DIR):
+            extra_dirs.append(DesiredDir(parent, owner, owner, 0o700))
     # The environment feeds every unit of the host.
     files[0] = DesiredFile(ENV_FILE, files[0].content, "root", "root", 0o600, restarts=tuple(units))
     directories = (
@@ -253,7 +233,10 @@ def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | 
         DesiredDir(STATE_DIR, user, user, 0o750),
         *(DesiredDir(path, user, user, 0o750) for path in sorted({settings.model_dir, settings.hf_home})
           if path != STATE_DIR),
+        *extra_dirs,
     )
-    managed = (SERVER_UNIT, RAY_HEAD_UNIT, RAY_WORKER_UNIT)
+    rendered = {f.path for f in files}
     return DesiredState(user=user, home=STATE_DIR, directories=directories, files=tuple(files),
-                        units=tuple(units), absent_units=tuple(u for u in managed if u not in units))
+                        units=tuple(units), absent_units=tuple(u for u in MANAGED_UNITS if u not in units),
+                        absent_files=tuple(p for p in managed_paths(STATE_DIR) if p not in rendered),
+                        shell=engine.user_shell(ctx), server_unit=engine.server_unit if ctx.is_head else None)

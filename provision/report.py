@@ -458,14 +458,16 @@ def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
             f"{_fmt((g['memory_total_mib'] or 0) / 1024)} {_fmt(g['temperature_c'])}° {_fmt(g['utilization_pct'])}%"
             for g in item.gpus) or "-"
         fig = item.figures
-        unit = item.unit.get("active", "?") + (f" since {item.unit['since']}" if item.unit.get("since") else "")
+        unit = (f"{str(item.unit.get('name', '?')).removesuffix('.service')}: {item.unit.get('active', '?')}"
+                + (f" since {item.unit['since']}" if item.unit.get("since") else ""))
         if item.unit.get("installed") is False:
             unit = "not installed"
         colour = "green" if item.healthy else "red"
         model = f"{item.model or '-'} @ {item.revision[:12] if item.revision else '-'}"
         table.add_row(f"[{colour}]{name}[/{colour}]", unit, _fmt(item.unit.get("restarts")),
                       item.health or item.role,
-                      model if item.role == "server" or item.unit.get("installed") is False else "(Ray worker)", gpus,
+                      model if item.role == "server" or item.unit.get("installed") is False
+                      else f"({item.unit.get('note') or 'Ray worker'})", gpus,
                       f"{_fmt(fig.running, digits=0)}/{_fmt(fig.waiting, digits=0)}" if fig else "-",
                       _fmt(fig.generation_tokens_per_s) if fig else "-",
                       _fmt(fig.kv_cache_usage_pct) if fig else "-", _kv_tokens(item),

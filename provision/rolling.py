@@ -15,12 +15,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from provision import inventory, ops, plan, remote, run, secrets, server, status, weights
+from provision import engines, inventory, ops, plan, remote, run, secrets, server, status, weights
+from provision.engines.vllm import RAY_PORT
 from provision.errors import ProvisionError
 from provision.fanout import for_each_host
-from provision.render import RAY_PORT
 from provision.report import error_text
 from provision.run import Bar, Connect, HostPlan, Options, Planned, remaining, secret_environment
+
+SERVER_UNITS = {engine.server_unit for engine in engines.ENGINES.values()}
 
 
 class RollStopped(ProvisionError):
@@ -95,13 +97,16 @@ def roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostPl
     every generation the batch made, or reject them all: each host gets back its last good one."""
     cluster = inv.cluster_of(group[0])
     multi = bool(cluster and cluster.multi_node)
+    # A Ray cluster's server starts only once Ray sees every node; an MPI launch reaches them itself.
+    ray = multi and cluster is not None and engines.engine_of(inv.settings(cluster.head, overrides)).cluster_launch == "ray"
     held_back: dict[str, list[plan.Change]] = {}
     made: dict[str, int] = {}
 
     def apply(name: str) -> int:
         changes = remaining(plans[name])
-        if multi and cluster and name == cluster.head:  # vLLM starts only once Ray sees every node
-            held_back[name] = [c for c in changes if c.target == "vllm.service" and c.kind in ("start", "restart")]
+        if ray and cluster and name == cluster.head:  # vLLM starts only once Ray sees every node
+            unit = engines.engine_of(inv.settings(name, overrides)).server_unit
+            held_back[name] = [c for c in changes if c.target == unit and c.kind in ("start", "restart")]
             changes = [c for c in changes if c not in held_back[name]]
         started = time.monotonic()
         count = 0
@@ -118,7 +123,7 @@ def roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostPl
     applied = for_each_host(group, lambda name: name, apply)
     done.update(applied.values)
     errors: dict[str, BaseException] = dict(applied.errors)
-    if not errors and multi and cluster:
+    if not errors and ray and cluster:
         head = cluster.head
         settings = inv.settings(head, overrides)
         ray_timeout = min(timeout, 120.0)  # nodes join within seconds; a missing one will not
@@ -154,7 +159,8 @@ def roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostPl
         for name in group:
             if name in made:
                 roll_back(name, made[name], plans, held, wait, connect, errors, outcomes, cause,
-                          ready=_ready_again(connect, name, inv.settings(name, overrides), held, timeout))
+                          ready=_ready_again(connect, name, inv.settings(name, overrides), held, timeout,
+                                             inv.settings(name, {})))
     return errors
 
 
@@ -181,7 +187,9 @@ def roll_back(name: str, generation: int, plans: dict[str, HostPlan], held: secr
             what = ", ".join(back.restored) or "nothing differed"
             outcome.detail = f"{own}; rolled back to generation {back.to} ({what})"
             outcome.state = "rolled back"
-            ran_before = any(c.kind == "restart" and c.target == "vllm.service" for c in plans[name].changes)
+            # A server ran before: restarted by this deploy, or stopped for another engine's.
+            ran_before = any((c.kind == "restart" and c.target in SERVER_UNITS) or
+                             (c.kind == "stop" and c.target in SERVER_UNITS) for c in plans[name].changes)
             if ready is not None and ran_before:
                 try:  # the rollback itself is done; whether what it restored serves is worth saying
                     ready()
@@ -195,9 +203,13 @@ def roll_back(name: str, generation: int, plans: dict[str, HostPlan], held: secr
 
 
 def _ready_again(connect: Connect, name: str, settings: inventory.Settings, held: secrets.Secrets,
-                 timeout: float) -> Callable[[], float]:
-    """The readiness wait of a host that was rolled back (NotReady when the restored version fails too)."""
-    return lambda: server.wait_ready(connect(name), settings, held.vllm_api_key, timeout)
+                 timeout: float, declared: inventory.Settings | None = None) -> Callable[[], float]:
+    """The readiness wait of a host that was rolled back (NotReady when the restored version fails too).
+    Where the deploy switched engines, the restored server is the one the inventory declares
+    (`declared`): asked for its own model, on its own unit."""
+    switched = declared is not None and declared.engine != settings.engine
+    chosen = declared if switched and declared is not None else settings
+    return lambda: server.wait_ready(connect(name), chosen, held.vllm_api_key, timeout)
 
 
 def _gate_unchanged(inv: inventory.Inventory, order: list[str], plans: dict[str, HostPlan],

@@ -41,6 +41,7 @@ from provision import (
     checks,
     context,
     cuda,
+    engines,
     facts,
     inventory,
     ops,
@@ -123,7 +124,8 @@ def gate(inv: inventory.Inventory, targets: list[inventory.Host], options: Optio
         progress_line(f"secrets: {held.describe()}")
     contexts = _with_snapshots(context.contexts(inv, gathered.values, options.overrides, profile=options.profile),
                                held, wanted)
-    contexts = {name: dataclasses.replace(ctx, api_key_set=bool(held.vllm_api_key)) for name, ctx in contexts.items()}
+    contexts = {name: dataclasses.replace(ctx, api_key_set=bool(held.vllm_api_key), mpi_key_set=bool(held.mpi_ssh_key))
+                for name, ctx in contexts.items()}
     errors = {name: error for name, error in gathered.errors.items() if name in wanted}
     contexts = _with_planned_wheels(contexts, wanted, errors)
     findings = {name: checks.evaluate(contexts[name], options.force) for name in wanted
@@ -275,7 +277,8 @@ Builder = Callable[[context.Context, build.Recipe], "Path | None"]
 
 
 def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | None,
-               verify: bool = False, builder: Builder | None = None, api_key: str | None = None) -> HostPlan:
+               verify: bool = False, builder: Builder | None = None, api_key: str | None = None,
+               held: secrets.Secrets | None = None) -> HostPlan:
     """One host's plan: rendered files and units (unless `only` names "weights" or "venv"), the venv
     (with a source built once per architecture by `builder`), the model."""
     settings, host_facts = ctx.settings, ctx.facts
@@ -297,7 +300,9 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
         wheelhouse = venv.resolve(venv.requirements_of(settings), local_wheels, arch, python,
                                   progress=progress_line, indexes=venv.indexes_of(settings),
                                   torch_variant=venv.torch_variant_of(ctx.profile, settings))
-        venv_data = venv.venv_change_data(settings, ctx.profile.venv_remove, wheelhouse)
+        venv_data = venv.venv_change_data(settings, ctx.profile.venv_remove, wheelhouse,
+                                          verify=engines.engine_of(settings).verify_modules(
+                                              venv.requirements_of(settings), local_wheels))
         venv_data["requirements"] = venv_data["requirements"][:len(venv.requirements_of(settings))] + [
             f"{venv.REMOTE_WHEELHOUSE}/{Path(w).name}" for w in local_wheels]
     fetch, hub_data, hub_house = None, None, None
@@ -318,14 +323,15 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
                                       user=settings.service_user, home=render.STATE_DIR)
         changes = [c for c in plan.build(desired, host_facts, venv_data, fetch, hub_data) if c.kind != "user"]
     else:
-        desired = render.desired_state(ctx, checks.resolutions(found), api_key)
+        desired = render.desired_state(ctx, checks.resolutions(found), api_key,
+                                       {"mpi_ssh_key": held.mpi_ssh_key} if held else None)
         changes = plan.build(desired, host_facts, venv_data, fetch, hub_data)
     if pending_build is not None:
         changes.insert(0, pending_build)
     for house, directory in ((wheelhouse, settings.venv_dir.rstrip("/")), (hub_house, weights.HUB_VENV)):
         if house and any(c.kind == "venv" and c.target == directory for c in changes):
             pushes.append((house, venv.missing_wheels(house, host_facts)))
-    link = render.node_link(ctx) if ctx.cluster and ctx.cluster.multi_node else None
+    link = ctx.link
     scope = ops.Scope(venv=settings.venv_dir.rstrip("/") if venv.requirements_of(settings) or local_wheels
                       else None, model_root=weights.root_of(settings) if weights.managed(settings) else None)
     return HostPlan(changes, pushes, link.address if link else None,
@@ -393,7 +399,7 @@ def plans(inv: inventory.Inventory, targets: list[inventory.Host], options: Opti
         if checks.verdict(found) == "blocked":
             continue
         try:
-            planned = host_plan(contexts[name], found, only, options.verify, build_with, api_key)
+            planned = host_plan(contexts[name], found, only, options.verify, build_with, api_key, gated.held)
         except (render.RenderError, ProvisionError, ValueError) as exc:
             errors[name] = exc if isinstance(exc, ProvisionError) else ProvisionError(about(name, str(exc)))
             continue

@@ -20,18 +20,25 @@ import yaml
 from provision.errors import InventoryError
 from provision.remote import register_secret
 
-ENVIRONMENT = {"hf_token": "HF_TOKEN", "vllm_api_key": "VLLM_API_KEY"}
+ENVIRONMENT = {"hf_token": "HF_TOKEN", "vllm_api_key": "VLLM_API_KEY",
+               # The private key a TensorRT-LLM cluster's head starts ranks on its workers with (mpirun over SSH).
+               "mpi_ssh_key": "PROVISION_MPI_SSH_KEY"}
+
+
+MULTI_LINE = ("mpi_ssh_key",)
 
 
 @dataclass(frozen=True)
 class Secrets:
     hf_token: str | None = None
     vllm_api_key: str | None = None
+    mpi_ssh_key: str | None = None
     sources: Mapping[str, str] = field(default_factory=dict)  # {"hf_token": "environment (HF_TOKEN)"}
 
     def __repr__(self) -> str:  # never print a secret by accident
         return (f"Secrets(hf_token={'set' if self.hf_token else None}, "
-                f"vllm_api_key={'set' if self.vllm_api_key else None})")
+                f"vllm_api_key={'set' if self.vllm_api_key else None}, "
+                f"mpi_ssh_key={'set' if self.mpi_ssh_key else None})")
 
     def describe(self) -> str | None:
         """'hf_token from the environment (HF_TOKEN); vllm_api_key from the secrets file F', or None."""
@@ -51,6 +58,9 @@ def load(path: str | None) -> Secrets:
             values[key], sources[key] = from_file[key], f"the secrets file {path}"
     for value in values.values():
         register_secret(value)
+        for line in value.splitlines():  # a key's lines are masked one by one too
+            if len(line.strip()) >= 16 and "PRIVATE KEY" not in line:
+                register_secret(line.strip())
     return Secrets(**values, sources=sources)
 
 
@@ -82,7 +92,11 @@ def _read_file(path: Path) -> dict[str, str]:
     for key, value in data.items():
         if value is None:
             continue
-        if not isinstance(value, str) or not value.strip() or "\n" in value:
+        if key in MULTI_LINE:
+            if not isinstance(value, str) or "PRIVATE KEY-----" not in value:
+                raise InventoryError(f"'{key}' must be an OpenSSH private key (a YAML block: |)",
+                                     file=str(path), key="secrets")
+        elif not isinstance(value, str) or not value.strip() or "\n" in value:
             raise InventoryError(f"'{key}' must be a one-line string", file=str(path), key="secrets")
         values[str(key)] = value.strip()
     return values

@@ -7,10 +7,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from provision import programs
+from provision import engines, programs
 from provision.errors import ProvisionError
 from provision.inventory import Settings
-from provision.status import parse_metrics
+from provision.status import parse_metrics, prefix_counts
 
 
 class NotReady(ProvisionError):
@@ -64,7 +64,7 @@ def wait_ready(runner: Any, settings: Settings, api_key: str | None, timeout: fl
                on_progress: Callable[[dict[str, Any]], None] = lambda event: None) -> float:
     """Seconds until /health answered and a one-token completion came back; NotReady otherwise."""
     spec = {"action": "ready", "base": base_url(settings), "model": served_name(settings), "api_key": api_key,
-            "timeout": timeout, "unit": "vllm.service"}
+            "timeout": timeout, "unit": engines.engine_of(settings).server_unit}
     answer = _run(runner, spec, on_progress, timeout + 60)
     if not answer.get("ok"):
         raise NotReady(f"{runner.host}: {answer.get('error')}")
@@ -94,17 +94,18 @@ def _percentile(values: list[float], share: float) -> float | None:
     return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
 
 
-def bench_report(answer: Mapping[str, Any]) -> BenchReport:
-    """Pure: the host's raw timings and /metrics before and after -> the figures."""
+def bench_report(answer: Mapping[str, Any], names: engines.MetricNames = engines.ENGINES["vllm"].metrics) -> BenchReport:
+    """Pure: the host's raw timings and the engine's metrics before and after -> the figures."""
     ttft = [float(v) for v in answer.get("ttft_s", [])]
     latency = [float(v) for v in answer.get("latency_s", [])]
     tokens = sum(int(t) for t in answer.get("tokens", []))
     seconds = float(answer.get("seconds") or 0)
     before, after = parse_metrics(answer.get("metrics_before", "")), parse_metrics(answer.get("metrics_after", ""))
     generated = None
-    if "vllm:generation_tokens_total" in after:
-        generated = after["vllm:generation_tokens_total"] - before.get("vllm:generation_tokens_total", 0.0)
-    hits, queries = after.get("vllm:prefix_cache_hits_total"), after.get("vllm:prefix_cache_queries_total")
+    counter = next((name for name in names.generated if name in after), None)
+    if counter is not None:
+        generated = after[counter] - before.get(counter, 0.0)
+    hits, queries = prefix_counts(after, names)
     return BenchReport(
         requests=int(answer.get("requests", 0)), succeeded=int(answer.get("succeeded", 0)), seconds=seconds,
         output_tokens=tokens, tokens_per_s=round(tokens / seconds, 2) if seconds else 0.0,
@@ -117,12 +118,14 @@ def bench_report(answer: Mapping[str, Any]) -> BenchReport:
 
 def bench(runner: Any, settings: Settings, api_key: str | None, prompt: str, count: int,
           concurrency: int, max_tokens: int, on_progress: Callable[[dict[str, Any]], None]) -> BenchReport:
+    names = engines.engine_of(settings).metrics
     spec = {"action": "bench", "base": base_url(settings), "model": served_name(settings), "api_key": api_key,
-            "prompt": prompt, "count": count, "concurrency": concurrency, "max_tokens": max_tokens}
-    return bench_report(_run(runner, spec, on_progress, 3600))
+            "prompt": prompt, "count": count, "concurrency": concurrency, "max_tokens": max_tokens,
+            "metrics_path": names.path}
+    return bench_report(_run(runner, spec, on_progress, 3600), names)
 
 
-UNITS = ("vllm", "vllm-ray-head", "vllm-ray-worker")
+UNITS = tuple(unit.removesuffix(".service") for engine in engines.ENGINES.values() for unit in engine.units)
 
 
 def journal(runner: Any, unit: str, lines: int, follow: bool,

@@ -18,15 +18,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from provision import checks, facts, inventory, parsers, remote, secrets, weights
+from provision import checks, engines, facts, inventory, parsers, remote, secrets, weights
 from provision.context import Context
+from provision.engines import MetricNames
 from provision.facts import HostFacts
 from provision.inventory import Settings
 from provision.profiles import Profile
 from provision.remote import Result
 
 STATUS_FACTS = tuple(f for f in facts.FACTS if f.name in ("uname", "meminfo", "nvidia_driver", "gpus", "units"))
-SERVER_UNIT, HEAD_UNIT, WORKER_UNIT = facts.MANAGED_UNITS
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
@@ -80,14 +80,9 @@ class Figures:
     kv_capacity_tokens: int | None = None  # the server's own KV cache size (vllm:cache_config_info)
 
 
-# Every sample `figures` reads (V1 engine names, then V0's): the probe sends back only these.
-RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
-GENERATED, PROMPTED = "vllm:generation_tokens_total", "vllm:prompt_tokens_total"
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
-PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
+VLLM_METRICS = engines.ENGINES["vllm"].metrics
+METRICS_READ = VLLM_METRICS.read  # vLLM's; each engine's are engine.metrics.read
 CACHE_INFO = "vllm:cache_config_info"  # an info gauge: the figures are its labels
-METRICS_READ = (RUNNING, WAITING, GENERATED, PROMPTED, *KV_USAGE, *PREFIX_HITS, *PREFIX_QUERIES, CACHE_INFO)
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
@@ -119,27 +114,34 @@ def _first(values: Mapping[str, float], *names: str) -> float | None:
     return next((values[name] for name in names if name in values), None)
 
 
+def prefix_counts(values: Mapping[str, float], names: MetricNames) -> tuple[float | None, float | None]:
+    """(hits, queries) of the prefix cache in one sample; queries sum the engine's parts (llama.cpp
+    counts cached and new prompt tokens apart)."""
+    parts = [_first(values, *group) for group in names.prefix_queries]
+    queries = sum(part for part in parts if part is not None) if any(p is not None for p in parts) else None
+    return _first(values, *names.prefix_hits), queries
+
+
 def figures(first: Mapping[str, float], second: Mapping[str, float], window: float,
-            capacity: int | None = None) -> Figures:
-    """Pure: two /metrics samples `window` seconds apart -> the figures status shows.
-    Names of vLLM's V1 engine first, then the V0 ones where they differ."""
-    def rate(*names: str) -> float | None:
-        before, after = _first(first, *names), _first(second, *names)
+            capacity: int | None = None, names: MetricNames = VLLM_METRICS) -> Figures:
+    """Pure: two metrics samples `window` seconds apart -> the figures status shows, read with the
+    engine's names (each field's alternatives in order: vLLM's V1 names, then V0's)."""
+    def rate(*metric: str) -> float | None:
+        before, after = _first(first, *metric), _first(second, *metric)
         if before is None or after is None or window <= 0:
             return None
         return max(0.0, after - before) / window
 
-    kv = _first(second, *KV_USAGE)
-    hits = _first(second, *PREFIX_HITS)
-    queries = _first(second, *PREFIX_QUERIES)
+    kv = _first(second, *names.kv_usage)
+    hits, queries = prefix_counts(second, names)
     return Figures(
-        running=_first(second, RUNNING),
-        waiting=_first(second, WAITING),
-        generation_tokens_per_s=rate(GENERATED),
-        prompt_tokens_per_s=rate(PROMPTED),
+        running=_first(second, *names.running),
+        waiting=_first(second, *names.waiting),
+        generation_tokens_per_s=rate(*names.generated),
+        prompt_tokens_per_s=rate(*names.prompted),
         kv_cache_usage_pct=None if kv is None else round(kv * 100, 2),
         prefix_cache_hit_pct=round(hits / queries * 100, 2) if hits is not None and queries else None,
-        generation_tokens_total=_first(second, GENERATED),
+        generation_tokens_total=_first(second, *names.generated),
         kv_capacity_tokens=capacity,
     )
 
@@ -163,6 +165,7 @@ class HostStatus:
     # The gate's estimate of the KV cache's tokens (memory.fits, from the model's config.json on the host),
     # beside the server's own figure (figures.kv_capacity_tokens).
     kv_estimate_tokens: int | None = None
+    engine: str | None = None  # the engine the host's settings name (vllm, trtllm, llamacpp)
 
 
 def _gpu_rows(host_facts: HostFacts) -> tuple[dict[str, Any], ...]:
@@ -189,9 +192,16 @@ def unauthorized(key_sent: bool) -> str:
 
 
 def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[str, Any] | None,
-                model_root: str | None, seconds: float, key_sent: bool = False) -> HostStatus:
+                model_root: str | None, seconds: float, key_sent: bool = False,
+                engine: engines.Engine = engines.ENGINES["vllm"]) -> HostStatus:
     """Pure: the probe's answer -> what status shows, and whether the host is healthy."""
-    unit_name = SERVER_UNIT if role == "server" else WORKER_UNIT
+    unit_name = engine.server_unit if role == "server" else engine.worker_unit
+    if unit_name is None:  # a worker the head's server starts its processes on (TensorRT-LLM over MPI)
+        return HostStatus(host, role, True, True, None, kernel=host_facts.kernel,
+                          driver=host_facts.driver.version if host_facts.driver else None,
+                          gpus=_gpu_rows(host_facts), unit={"name": "-", "active": "n/a", "installed": True,
+                                                            "note": f"{engine.title} ranks started by the head"},
+                          health="-", seconds=round(seconds, 2))
     state = host_facts.units.get(unit_name)
     installed = state is not None and state.load_state != "not-found"
     unit = {"name": unit_name, "active": state.active_state if state else "unknown",
@@ -227,8 +237,10 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
         model = None
     bodies = [sample.get("body") or "" for sample in serving.get("metrics") or [] if sample.get("status") == 200]
     samples = [parse_metrics(body) for body in bodies]
-    capacity = kv_capacity(info_labels(bodies[-1], CACHE_INFO)) if bodies else None
-    found = (figures(samples[0], samples[1], float(serving.get("window") or 0), capacity) if len(samples) == 2
+    info = engine.metrics.cache_info
+    capacity = kv_capacity(info_labels(bodies[-1], info)) if bodies and info else None
+    found = (figures(samples[0], samples[1], float(serving.get("window") or 0), capacity, engine.metrics)
+             if len(samples) == 2
              else None)
     refused_key = (serving.get("models") or {}).get("status") == 401
     healthy = unit["active"] == "active" and health_text == "ok" and not refused_key
@@ -246,10 +258,11 @@ def probe_spec(settings: Settings, api_key: str | None, window: float, timeout: 
         address = "127.0.0.1"  # a wildcard listener answers on loopback too
     host = f"[{address}]" if ":" in address else address
     spec = facts.probe_spec(STATUS_FACTS, [], timeout)
+    names = engines.engine_of(settings).metrics
     if weights.managed(settings):
         spec["inspect"] = {"weights": [weights.root_of(settings)], "files": [served_config(settings)]}
     spec["serving"] = {"base": f"http://{host}:{settings.port}", "api_key": api_key, "window": window,
-                       "timeout": min(3.0, timeout), "keep": list(METRICS_READ)}
+                       "timeout": min(3.0, timeout), "keep": list(names.read), "metrics_path": names.path}
     return spec
 
 
@@ -283,7 +296,10 @@ def gather_one(runner: Any, host: str, role: str, settings: Settings, api_key: s
     host_facts = facts.facts_from_probe(host, result, STATUS_FACTS)
     serving = json.loads(result.stdout).get("serving")
     root = weights.root_of(settings) if weights.managed(settings) else None
-    found = host_status(host, role, host_facts, serving, root, time.monotonic() - started, key_sent=bool(api_key))
+    engine = engines.engine_of(settings)
+    found = host_status(host, role, host_facts, serving, root, time.monotonic() - started, key_sent=bool(api_key),
+                        engine=engine)
+    found = dataclasses.replace(found, engine=engine.name)
     if role == "server" and profile is not None:
         found = dataclasses.replace(found, kv_estimate_tokens=kv_estimate(host, profile, settings, host_facts))
     return found

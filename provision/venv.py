@@ -240,16 +240,15 @@ def installed_key(facts: HostFacts, venv_dir: str) -> str | None:
     return str(key) if key else None
 
 
-def venv_change_data(settings: Settings, profile_remove: Sequence[str],
-                     wheelhouse: Wheelhouse) -> dict[str, Any]:
+def venv_change_data(settings: Settings, profile_remove: Sequence[str], wheelhouse: Wheelhouse,
+                     verify: Sequence[str] = ()) -> dict[str, Any]:
+    """The venv change; `verify` names the modules the finished venv must import (the engine's)."""
     requirements = list(requirements_of(settings))
     local = [Path(w).name for w in settings.venv_wheels]
-    serves = any(re.match(r"vllm([-_]cpu)?\b", req) for req in requirements) or any(
-        name.startswith(("vllm-", "vllm_")) for name in local)
     return {"venv": settings.venv_dir.rstrip("/"), "wheelhouse": REMOTE_WHEELHOUSE,
             "requirements": requirements + [f"{REMOTE_WHEELHOUSE}/{name}" for name in local],
             "wheels": {w.name: w.sha256 for w in wheelhouse.wheels}, "remove": list(profile_remove),
-            "verify": ["vllm", "torch"] if serves else [],
+            "verify": list(verify),
             "fact_probe": VENV_PROBE,
             "key": hashlib.sha256(f"{wheelhouse.key} {' '.join(profile_remove)}".encode()).hexdigest()}
 

@@ -100,6 +100,23 @@ SNAPSHOT = weights.Snapshot("Qwen/Qwen2.5-7B-Instruct-AWQ", "main", "a" * 40, (
     weights.WeightFile("model-00001-of-00002.safetensors", 3_900_000_000, "sha256:" + "c" * 64),
     weights.WeightFile("model-00002-of-00002.safetensors", 1_600_000_000, "sha256:" + "d" * 64)))
 
+GGUF_SNAPSHOT = weights.Snapshot("lab/tiny-gguf", "main", "e" * 40, (
+    weights.WeightFile("README.md", 70, "git-sha1:" + "f" * 40),
+    weights.WeightFile("tiny-llama-f32.gguf", 311_584, "sha256:" + "1" * 64)))
+SPLIT_GGUF = weights.Snapshot("Qwen/Qwen2.5-72B-Instruct-GGUF", "main", "2" * 40, tuple(
+    weights.WeightFile(name, 10 * GIB, "sha256:" + "3" * 64) for name in (
+        "qwen2.5-72b-instruct-q4_k_m-00001-of-00002.gguf", "qwen2.5-72b-instruct-q4_k_m-00002-of-00002.gguf",
+        "qwen2.5-72b-instruct-q8_0-00001-of-00003.gguf"))) 
+# Composed: the SSH host keys the probe reads (/etc/ssh/ssh_host_ed25519_key.pub) on each Spark.
+HOST_KEYS = {"spark-a": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKz7QJ0bJf1mQ2n3lY9rW5b6t0v8Xo1c2D3e4F5g6H7i root@spark-a",
+             "spark-b": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIM1n2B3v4C5x6Z7a8S9d0F1g2H3j4K5l6Q7w8E9r0T1y root@spark-b"}
+
+
+def with_host_keys(peers: dict[str, HostFacts]) -> dict[str, HostFacts]:
+    return {name: dataclasses.replace(node, files={**node.files, context.HOST_KEY: {
+        "exists": True, "content": HOST_KEYS[name] + "\n"}}) for name, node in peers.items()}
+
+
 # (case id, machine, profile, settings, change to the facts, cluster peers or None, expected statuses)
 CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts] | None,
                   dict[str, HostFacts] | None, dict[str, str]]] = [
@@ -236,6 +253,46 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
      lambda f: recorded("rtx5090x2-tr7960x", lscpu=GARBAGE), None, {"cpu.affinity": "fail", "gpu.present": "pass"}),
     ("rtx5090-lscpu-garbage-affinity-all", "rtx5090x2-tr7960x", "rtx5090", {"cpu_affinity": "all"},
      lambda f: recorded("rtx5090x2-tr7960x", lscpu=GARBAGE), None, {"cpu.affinity": "skip"}),
+    # Engines (provision/engines): TensorRT-LLM's support matrix and launch, llama.cpp's one GGUF on one host.
+    ("trtllm-rtx5090x2-nvfp4", "rtx5090x2-tr7960x", "rtx5090",
+     {"engine": "trtllm", "model": "nvidia/Qwen3-30B-A3B-FP4", "tensor_parallel_size": 2,
+      "_quantization": "modelopt", "_snapshot": SNAPSHOT}, None, None,
+     {"engine.support": "pass", "engine.model": "pass", "engine.nodes": "skip", "config.api_key": "pass",
+      "config.custom_allreduce": "skip", "config.quantization_awq": "skip", "gpu.count": "pass"}),
+    ("trtllm-rtx5090-awq-has-no-kernels", "rtx5090x2-tr7960x", "rtx5090",
+     {"engine": "trtllm", "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "_quantization": "awq"}, None, None,
+     {"engine.support": "fail"}),
+    ("trtllm-h200-awq-runs", "h200x2-driver580", "hopper",
+     {"engine": "trtllm", "model": "Qwen/Qwen2.5-7B-Instruct-AWQ", "_quantization": "awq"}, None, None,
+     {"engine.support": "pass"}),
+    ("trtllm-needs-a-gpu", "h200x2-driver580", "cpu", {"engine": "trtllm"},
+     lambda f: dataclasses.replace(f, gpus=(), driver=None), None, {"engine.support": "fail"}),
+    ("trtllm-beyond-loopback-has-no-api-key", "h200x2-driver580", "hopper",
+     {"engine": "trtllm", "bind_host": "0.0.0.0", "_api_key_set": True}, None, None, {"config.api_key": "fail"}),
+    ("trtllm-spark-pair-mpi", "dgx-spark-gb10", "dgx-spark",
+     {"engine": "trtllm", "model": "nvidia/Qwen3-235B-A22B-FP4", "tensor_parallel_size": 2,
+      "_quantization": "modelopt", "_mpi_key_set": True}, None, with_host_keys(spark_pair()),
+     {"engine.nodes": "pass", "engine.support": "pass", "cluster.network": "pass", "config.triton_ptxas": "skip"}),
+    ("trtllm-spark-pair-without-mpi-key", "dgx-spark-gb10", "dgx-spark",
+     {"engine": "trtllm", "tensor_parallel_size": 2, "_quantization": "modelopt"}, None,
+     with_host_keys(spark_pair()), {"engine.nodes": "fail"}),
+    ("trtllm-spark-pair-host-key-unread", "dgx-spark-gb10", "dgx-spark",
+     {"engine": "trtllm", "tensor_parallel_size": 2, "_quantization": "modelopt", "_mpi_key_set": True}, None,
+     spark_pair(), {"engine.nodes": "fail"}),
+    ("llamacpp-cpu-gguf", "h200x2-driver580", "cpu",
+     {"engine": "llamacpp", "model": GGUF_SNAPSHOT.repo, "_snapshot": GGUF_SNAPSHOT, "_quantization": None},
+     lambda f: dataclasses.replace(f, gpus=(), driver=None), None,
+     {"engine.model": "pass", "engine.nodes": "pass", "engine.support": "pass", "config.triton_ptxas": "skip"}),
+    ("llamacpp-split-gguf-offers-two", "h200x2-driver580", "hopper",
+     {"engine": "llamacpp", "model": SPLIT_GGUF.repo, "_snapshot": SPLIT_GGUF}, None, None,
+     {"engine.model": "fail"}),
+    ("llamacpp-given-a-safetensors-checkpoint", "h200x2-driver580", "hopper",
+     {"engine": "llamacpp", "model": SNAPSHOT.repo, "_snapshot": SNAPSHOT, "_quantization": "awq"}, None, None,
+     {"engine.model": "fail", "engine.support": "fail"}),
+    ("vllm-given-gguf-files", "h200x2-driver580", "hopper",
+     {"model": GGUF_SNAPSHOT.repo, "_snapshot": GGUF_SNAPSHOT}, None, None, {"engine.model": "fail"}),
+    ("llamacpp-across-two-sparks", "dgx-spark-gb10", "dgx-spark", {"engine": "llamacpp"}, None, spark_pair(),
+     {"engine.nodes": "fail"}),
     ("h200-no-drop-ins", "h200x2-driver580", "hopper", {},
      lambda f: dataclasses.replace(f, dirs={path: None for path in facts.DROP_IN_DIRS}), None,
      {"unit.dropins": "pass"}),
@@ -262,7 +319,7 @@ def context_for(case: tuple) -> dict[str, context.Context]:
         node_facts = change(node_facts) if change and node == "spark-a" else node_facts
         result[node] = context.Context(host=node, profile=PROFILES[profile], settings=resolved,
                                       facts=node_facts, cluster=PAIR, peers=peers,
-                                      head_address="192.168.100.10")
+                                      head_address="192.168.100.10", **extra)
     return result
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from provision import affinity, checks, context, hardening, parsers, plan, render
+from provision.engines.vllm import RAY_HEAD_UNIT, RAY_WORKER_UNIT
 from provision.facts import HostFacts
 from provision.parsers import UnitState
 from tests.conftest import FIXTURES
@@ -158,8 +159,8 @@ def test_workstation_unit_has_the_seed_settings() -> None:
 
 def test_spark_pair_runs_ray_and_serves_from_the_head() -> None:
     states = seed_states()
-    assert states["spark-pair-head"].units == (render.RAY_HEAD_UNIT, render.SERVER_UNIT)
-    assert states["spark-pair-worker"].units == (render.RAY_WORKER_UNIT,)
+    assert states["spark-pair-head"].units == (RAY_HEAD_UNIT, render.SERVER_UNIT)
+    assert states["spark-pair-worker"].units == (RAY_WORKER_UNIT,)
     head_unit = next(f for f in states["spark-pair-head"].files if f.path.endswith("/vllm.service"))
     assert "--distributed-executor-backend ray" in head_unit.content
     assert "CPUAffinity=5-9,15-19" in head_unit.content  # the X925 cores

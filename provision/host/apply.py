@@ -145,10 +145,10 @@ def _already(change: dict[str, Any], written: set[str], venv_built: bool) -> boo
     kind, target, data = change["kind"], change["target"], change.get("data", {})
     if kind == "user":
         try:
-            pwd.getpwnam(target)
-            return True
+            entry = pwd.getpwnam(target)
         except KeyError:
             return False
+        return not data.get("modify") or entry.pw_shell == data.get("shell")
     if kind == "directory":
         try:
             info = os.stat(target)
@@ -165,6 +165,8 @@ def _already(change: dict[str, Any], written: set[str], venv_built: bool) -> boo
                 data["mode"], *_ids(data["owner"], data["group"]))
         except (OSError, KeyError):
             return False
+    if kind == "remove":
+        return not os.path.lexists(target)
     if kind == "venv":
         wanted: str | None = data["key"]
         return venv_key(data["venv"]) == wanted
@@ -189,9 +191,11 @@ def _already(change: dict[str, Any], written: set[str], venv_built: bool) -> boo
 
 def step(change: dict[str, Any]) -> None:
     kind, target, data = change["kind"], change["target"], change.get("data", {})
-    if kind == "user":
+    if kind == "user" and data.get("modify"):
+        _run(["usermod", "--shell", data.get("shell", "/usr/sbin/nologin"), target])
+    elif kind == "user":
         _run(["useradd", "--system", "--user-group", "--home-dir", data["home"], "--no-create-home",
-              "--shell", "/usr/sbin/nologin", target])
+              "--shell", data.get("shell", "/usr/sbin/nologin"), target])
     elif kind == "directory":
         os.makedirs(target, mode=data["mode"], exist_ok=True)
         uid, gid = _ids(data["owner"], data["group"])
@@ -201,6 +205,9 @@ def step(change: dict[str, Any]) -> None:
         uid, gid = _ids(data["owner"], data["group"])
         os.makedirs(os.path.dirname(target), exist_ok=True)
         write_atomically(target, data["content"].encode("utf-8"), data["mode"], uid, gid)
+    elif kind == "remove":
+        if os.path.lexists(target):
+            os.remove(target)
     elif kind == "venv":
         build_venv(data)
     elif kind == "daemon-reload":
@@ -252,7 +259,7 @@ def _apply(spec: dict[str, Any], result: dict[str, Any]) -> None:
                                 note="what the host had before its first tracked run", model_from=model_from)
         step(change)
         result["done"].append(index)
-        if change["kind"] == "file":
+        if change["kind"] in ("file", "remove"):  # a removed unit file needs the reload too
             written.add(change["target"])
         venv_built = venv_built or change["kind"] == "venv"
     if root and spec.get("record") and not result["done"] and load_state(root)["current"] is None:

@@ -178,7 +178,7 @@ def _inspect_user(name: str) -> Dict[str, Any]:
         entry = pwd.getpwnam(name)
     except KeyError:
         return {"exists": False}
-    return {"exists": True, "uid": entry.pw_uid, "home": entry.pw_dir}
+    return {"exists": True, "uid": entry.pw_uid, "home": entry.pw_dir, "shell": entry.pw_shell}
 
 
 def _inspect_weights(root: str) -> Dict[str, Any]:
@@ -259,9 +259,11 @@ def _get(url: str, headers: Dict[str, str], timeout: float) -> Dict[str, Any]:
 
 
 def _metrics(base: str, spec: Dict[str, Any]) -> Dict[str, Any]:
-    """/metrics, only the samples named in spec["keep"] (when given): the page is mostly histograms
-    nobody reads here, and it crosses the network twice per host."""
-    answer = _get(base + "/metrics", {}, spec.get("timeout", 3))
+    """The engine's metrics page (spec["metrics_path"], with the API key: llama.cpp asks for it), only
+    the samples named in spec["keep"] (when given): the page is mostly histograms nobody reads here,
+    and it crosses the network twice per host."""
+    headers = {"Authorization": "Bearer " + spec["api_key"]} if spec.get("api_key") else {}
+    answer = _get(base + spec.get("metrics_path", "/metrics"), headers, spec.get("timeout", 3))
     keep = spec.get("keep")
     if keep and answer.get("status") == 200:
         wanted = set(keep)

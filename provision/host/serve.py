@@ -150,8 +150,13 @@ def _stream(spec: dict[str, Any], prompt: str, max_tokens: int) -> tuple[float |
 
 
 def _metrics(spec: dict[str, Any]) -> str:
-    status, text = _get(spec["base"] + "/metrics")
-    return text if status == 200 else ""
+    """The engine's metrics page (llama.cpp's wants the API key)."""
+    request = urllib.request.Request(spec["base"] + spec.get("metrics_path", "/metrics"), headers=_headers(spec))
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return str(response.read().decode("utf-8", "replace")) if response.status == 200 else ""
+    except (OSError, http.client.HTTPException, ValueError):
+        return ""
 
 
 def bench(spec: dict[str, Any]) -> dict[str, Any]:

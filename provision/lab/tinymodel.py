@@ -108,3 +108,69 @@ def make_awq(directory: Path, seed: int = 1) -> Path:
     for path in directory.iterdir():
         path.chmod(0o644)
     return directory
+
+
+def make_gguf(directory: Path, seed: int = 2) -> Path:
+    """A tiny random Llama as one GGUF file (llama.cpp's format), written with the `gguf` package.
+
+    The SentencePiece vocabulary has every byte token (any prompt tokenizes) and the lab's words. A
+    constant component of the residual stream (dimension 0: set in every embedding, written by no layer)
+    meets an output row that is negative for bytes and specials and positive for words, so the model only
+    ever says words: a random byte would be invalid UTF-8, which llama-server refuses to send.
+    """
+    import gguf
+    import numpy as np
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    hidden, inter, layers, heads, kv_heads = 64, 128, 2, 4, 2
+    head_dim = hidden // heads
+    specials = ["<unk>", "<s>", "</s>"]
+    byte_tokens = [f"<0x{value:02X}>" for value in range(256)]
+    words = ["\u2581" + word for word in dict.fromkeys(WORDS)]
+    tokens = specials + byte_tokens + words
+    not_words = len(specials) + len(byte_tokens)
+
+    def weights(*shape: int) -> Any:
+        return (rng.standard_normal(shape) * 0.05).astype(np.float32)
+
+    writer = gguf.GGUFWriter(str(directory / "tiny-llama-f32.gguf"), "llama")
+    writer.add_name("tiny-llama-gguf")
+    writer.add_context_length(256)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(inter)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(0)  # all F32
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * not_words + [-float(index) for index in range(len(words))])
+    writer.add_token_types([2, 3, 3] + [6] * len(byte_tokens) + [1] * len(words))  # unknown, control, byte, normal
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    embedding = weights(len(tokens), hidden)
+    embedding[:, 0] = 10.0
+    output = weights(len(tokens), hidden)
+    output[:not_words, 0], output[not_words:, 0] = -5.0, 1.0
+    writer.add_tensor("token_embd.weight", embedding)
+    writer.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    writer.add_tensor("output.weight", output)
+    for block in range(layers):
+        attention_out, ffn_down = weights(hidden, hidden), weights(hidden, inter)
+        attention_out[0, :], ffn_down[0, :] = 0.0, 0.0  # no layer writes dimension 0
+        for name, tensor in (("attn_norm", np.ones(hidden, np.float32)), ("ffn_norm", np.ones(hidden, np.float32)),
+                             ("attn_q", weights(hidden, hidden)), ("attn_k", weights(kv_heads * head_dim, hidden)),
+                             ("attn_v", weights(kv_heads * head_dim, hidden)), ("attn_output", attention_out),
+                             ("ffn_gate", weights(inter, hidden)), ("ffn_up", weights(inter, hidden)),
+                             ("ffn_down", ffn_down)):
+            writer.add_tensor(f"blk.{block}.{name}.weight", tensor)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    (directory / "README.md").write_text("A tiny random Llama in GGUF, made by the lab for llama.cpp's server.\n")
+    return directory

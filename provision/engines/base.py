@@ -1,0 +1,116 @@
+"""What every engine answers (provision.engines documents the whole). Pure: no I/O, no Fabric."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from provision.context import Context
+
+PASS, FAIL, WARN = "pass", "fail", "warn"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """An engine's answer to one gate rule: pass, fail (the rule's severity) or warn."""
+
+    status: str
+    message: str
+    fix: str | None = None
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """Where the server's Prometheus text is and which samples mean what (status and bench)."""
+
+    path: str = "/metrics"
+    running: tuple[str, ...] = ()  # each field: alternatives, the first present wins
+    waiting: tuple[str, ...] = ()
+    generated: tuple[str, ...] = ()  # counters of tokens
+    prompted: tuple[str, ...] = ()
+    kv_usage: tuple[str, ...] = ()  # a 0..1 gauge
+    prefix_hits: tuple[str, ...] = ()
+    prefix_queries: tuple[tuple[str, ...], ...] = ()  # summed over the outer tuple
+    cache_info: str | None = None  # an info gauge whose labels say the KV cache's size (vLLM)
+    needs_key: bool = False  # the endpoint answers 401 without the API key
+
+    @property
+    def read(self) -> tuple[str, ...]:
+        """Every sample these names read: the host sends back only these."""
+        names = (*self.running, *self.waiting, *self.generated, *self.prompted, *self.kv_usage,
+                 *self.prefix_hits, *(name for group in self.prefix_queries for name in group))
+        return (*names, self.cache_info) if self.cache_info else names
+
+
+@dataclass(frozen=True)
+class UnitFile:
+    """One systemd unit an engine runs on a host: its name, template and the values it prints."""
+
+    name: str
+    template: str
+    values: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """A file an engine's server reads (options, a host list), rendered from a template."""
+
+    path: str
+    template: str
+    values: Mapping[str, Any]
+    mode: int = 0o644
+    owner: str = "root"  # "service" means the service user
+    content: str | None = None  # verbatim, instead of the template
+
+
+class Engine:
+    """The defaults are vLLM's answers where engines share them; each engine's module overrides the rest."""
+
+    name = ""
+    title = ""
+    server_unit = ""
+    worker_unit: str | None = None  # what runs on a multi-node cluster's other nodes (None: nothing of ours)
+    units: tuple[str, ...] = ()  # every unit this engine may render
+    api_key_variable: str | None = None  # the environment variable the server reads its API key from
+    cluster_launch: str | None = None  # how a multi-node server reaches its nodes: "ray", "mpi"; None: it cannot
+    metrics = MetricNames()
+    model_format = "safetensors"  # or "gguf": one file the server loads
+    source = ""  # the engine's documentation, for findings
+
+    def server_command(self, ctx: Context, model: str, resolutions: Sequence[str]) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self, ctx: Context, environment: dict[str, str]) -> dict[str, str]:
+        """The service environment with what the engine needs added (the API key is added by render)."""
+        return environment
+
+    def unit_files(self, ctx: Context, common: Mapping[str, Any], server: Mapping[str, Any],
+                   resolutions: Sequence[str]) -> list[UnitFile]:
+        """This host's units, in start order. `common` goes to every unit, `server` to the server's."""
+        raise NotImplementedError
+
+    def config_files(self, ctx: Context, secrets: Mapping[str, str | None]) -> list[ConfigFile]:
+        """Files the server reads besides the environment; `secrets` by their secrets-file names."""
+        return []
+
+    def config_paths(self, home: str) -> tuple[str, ...]:
+        """Every file config_files may render, on any host (a generation records them all)."""
+        return ()
+
+    def verify_modules(self, requirements: Sequence[str], wheels: Sequence[str]) -> list[str]:
+        """Python modules a finished venv install must import (its wheels carry the server)."""
+        return []
+
+    def support(self, ctx: Context) -> Verdict | None:
+        """Whether the engine runs this host's GPU and the model's quantization; None: nothing to say."""
+        return None
+
+    def nodes(self, ctx: Context) -> Verdict | None:
+        """Whether the engine can spread this cluster's model over its nodes."""
+        return None
+
+    def user_shell(self, ctx: Context) -> str:
+        """The service user's login shell: none, unless another node must start processes as it."""
+        return "/usr/sbin/nologin"
