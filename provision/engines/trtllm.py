@@ -125,8 +125,7 @@ class TrtLlm(Engine):
         files = []
         if ctx.is_head:
             files.append(ConfigFile(OPTIONS_FILE, "engines/trtllm-options.yaml.j2", {
-                "host": ctx.host, "free_gpu_memory_fraction": settings.gpu_memory_utilization,
-                "enable_block_reuse": "true" if settings.enable_prefix_caching else "false"}))
+                "host": ctx.host, "enable_block_reuse": "true" if settings.enable_prefix_caching else "false"}))
         if not self._multi(ctx):
             return files
         key = secrets.get("mpi_ssh_key")
