@@ -9,7 +9,7 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import task
 
-from provision import remote, report, rolling, secrets, server, status
+from provision import engines, remote, report, rolling, secrets, server, status
 from provision.errors import ProvisionError
 from provision.taskargs import (
     HOST_TASK_HELP,
@@ -108,16 +108,19 @@ def bench(c: Context, host: str | None = None, inventory_: str | None = None, js
 @task(auto_shortflags=False, name="logs",
       help={**help_for("inventory", "host"), "follow": "keep printing new lines until interrupted",
             "lines": "lines of the journal to show (default 100)",
-            "unit": "vllm (default), vllm-ray-head or vllm-ray-worker"})
+            "unit": "the host's server unit by default (vllm, llama-server, trtllm-serve, by its engine); "
+                    "or vllm-ray-head, vllm-ray-worker"})
 @guarded
 def logs(c: Context, host: str | None = None, inventory_: str | None = None, follow: bool = False,
-         lines: int = 100, unit: str = "vllm") -> None:
+         lines: int = 100, unit: str | None = None) -> None:
     """A unit's journal on a host (secrets masked)."""
     if not host:
         raise Exit("error: logs needs --host NAME", code=2)
-    if unit not in server.UNITS:
-        raise Exit(f"error: --unit must be vllm, vllm-ray-head or vllm-ray-worker, not {unit!r}", code=2)
+    if unit is not None and unit not in server.UNITS:
+        raise Exit(f"error: --unit must be one of {', '.join(server.UNITS)}, not {unit!r}", code=2)
     chosen = select(inventory_, targets=False)
+    if unit is None:
+        unit = engines.engine_of(chosen.inventory.settings(host, {})).server_unit.removesuffix(".service")
     secrets.load(chosen.inventory.secrets)  # registered for masking
     runner = remote.connect(chosen.inventory.host(host), chosen.inventory.ssh)
     try:

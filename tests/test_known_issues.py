@@ -246,6 +246,11 @@ def test_an_entry_without_hardware_applies_everywhere_and_arch_narrows() -> None
     ({"source": "github.com/x/y/issues/1"}, "is not an http(s) URL"),
     ({"link": "https://example.org"}, "unknown keys: link"),
     ({"fix": ""}, "'fix' must be a non-empty string"),
+    ({"engines": ["sglang"]}, "'engines' must be a list of vllm, trtllm, llamacpp"),
+    ({"avoid_with": {"engine": "vllm", "why": "w", "source": "https://example.org/2"}},
+     "avoid_with.engine must be another engine than the trap's"),
+    ({"avoid_with": {"engine": "trtllm", "source": "https://example.org/2"}},
+     "'avoid_with' must be a mapping of engine, why and source"),
 ])
 def test_the_loader_names_the_entry_and_what_is_wrong(entry: dict[str, Any], error: str) -> None:
     base: dict[str, Any] = {"id": "known.sm121-example", "title": "t", "severity": "blocker",
@@ -267,3 +272,19 @@ def test_the_loader_refuses_a_missing_key_a_twice_used_id_and_a_bad_id() -> None
         known_issues.parse(json.dumps([{**base, "id": "sm121"}]), "test.yaml")
     with pytest.raises(KnownIssueError, match="expected a list"):
         known_issues.parse("id: known.x", "test.yaml")
+
+
+def test_a_trap_of_vllm_names_the_engine_that_avoids_it_with_its_source() -> None:
+    ctx = context(*SPARK, drop_env=("TRITON_PTXAS_PATH",))
+    found = finding(ctx, "known.sm121-triton-ptxas")
+    assert found.status == "fail" and found.fix is not None
+    assert "or avoid the trap: engine: trtllm" in found.fix and "https://build.nvidia.com/spark/trt-llm" in found.fix
+    mxfp4 = finding(context(*SPARK, quantization="mxfp4", venv_info=venv(vllm="0.20.0")), "known.sm121-mxfp4-moe")
+    assert mxfp4.status == "fail" and "engine: trtllm" in (mxfp4.fix or "") and "support-matrix" in (mxfp4.fix or "")
+
+
+def test_vllms_traps_skip_a_host_served_by_another_engine() -> None:
+    ctx = context(*SPARK, drop_env=("TRITON_PTXAS_PATH",), engine="trtllm")
+    assert finding(ctx, "known.sm121-triton-ptxas").status == "skip"
+    assert finding(ctx, "config.triton_ptxas").status == "skip"
+    assert "trtllm engine" in finding(ctx, "config.triton_ptxas").message

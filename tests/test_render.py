@@ -300,3 +300,40 @@ def test_the_api_key_lives_only_in_the_0600_environment_file_and_diffs_mask_it()
     changes = plan.build(state, HostFacts(host="ws-5090"))
     env_change = next(c for c in changes if c.target == render.ENV_FILE)
     assert key not in env_change.diff and remote.MASK in env_change.diff
+
+
+def test_an_engine_switch_stops_and_removes_the_old_unit_then_starts_the_new() -> None:
+    states = seed_states()
+    vllm_host = _host_as_rendered(states["cpu-tiny-llama"])  # cpu-1 as vLLM left it
+    changes = plan.build(states["cpu-llamacpp-gguf"], vllm_host)
+    steps = [(c.kind, c.target) for c in changes]
+    unit_file = f"{render.UNIT_DIR}/vllm.service"
+    assert ("stop", "vllm.service") in steps and ("remove", unit_file) in steps
+    order = [kind for kind, _ in steps]
+    # Written, then the old one stopped and removed, systemd reloaded once, then the new one started.
+    assert order.index("file") < order.index("stop") < order.index("remove") < order.index("daemon-reload") \
+        < order.index("start")
+    assert order.count("daemon-reload") == 1 and ("start", "llama-server.service") in steps
+    removed = next(c for c in changes if c.kind == "remove")
+    assert removed.diff.startswith(f"--- {unit_file} (host)") and "-ExecStart=" in removed.diff
+    # Back on vLLM: the llama.cpp unit goes the same way.
+    back = plan.build(states["cpu-tiny-llama"], _host_as_rendered(states["cpu-llamacpp-gguf"]))
+    assert ("remove", f"{render.UNIT_DIR}/llama-server.service") in [(c.kind, c.target) for c in back]
+
+
+def test_an_mpi_worker_gets_a_login_shell_and_loses_it_when_the_cluster_leaves_trtllm() -> None:
+    states = seed_states()
+    worker = states["spark-pair-trtllm-worker"]
+    assert worker.shell == "/bin/sh" and worker.units == () and worker.server_unit is None
+    assert states["spark-pair-trtllm-head"].shell == "/usr/sbin/nologin"
+    as_vllm_worker = _host_as_rendered(states["spark-pair-worker"])
+    as_vllm_worker = dataclasses.replace(as_vllm_worker, users={"vllm": {"exists": True, "shell": "/usr/sbin/nologin"}})
+    to_mpi = plan.build(worker, as_vllm_worker)
+    shell = next(c for c in to_mpi if c.kind == "user")
+    assert shell.data["modify"] and shell.data["shell"] == "/bin/sh"
+    assert ("stop", "vllm-ray-worker.service") in [(c.kind, c.target) for c in to_mpi]
+    assert any(c.target.endswith("/.ssh/authorized_keys") for c in to_mpi)
+    mpi_worker = dataclasses.replace(_host_as_rendered(worker), users={"vllm": {"exists": True, "shell": "/bin/sh"}})
+    back = plan.build(states["spark-pair-worker"], mpi_worker)
+    assert next(c for c in back if c.kind == "user").data["shell"] == "/usr/sbin/nologin"
+    assert ("remove", "/var/lib/vllm/.ssh/authorized_keys") in [(c.kind, c.target) for c in back]

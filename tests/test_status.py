@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from provision import facts, inventory, lab, server, status
+from provision import engines, facts, inventory, lab, server, status
+from provision.facts import HostFacts
 from provision.inventory import Settings
 from provision.rolling import batches as _batches
 from tests.fakes import ok, probe_answer_from_recording
@@ -294,3 +295,38 @@ def test_deploy_says_how_to_ask_the_model_it_served() -> None:
     assert lines[-1] == "Watch it: invoke status --cluster lab-cpu"
     wide = server.how_to_query("ws", "192.0.2.10", dataclasses.replace(settings, bind_host="0.0.0.0"), True, "--host ws")
     assert "http://192.0.2.10:8000/v1/completions" in wide[1] and '-H "Authorization: Bearer $VLLM_API_KEY"' in wide[1]
+
+
+def test_metrics_of_real_llama_server_give_rates_and_its_prompt_cache_share() -> None:
+    """llama.cpp's names (provision/engines/llamacpp.py) on a recorded page of a real llama-server."""
+    rec = recording("llamacpp-b10434-tiny-gguf")
+    names = engines.ENGINES["llamacpp"].metrics
+    first, second = status.parse_metrics(rec["first"]), status.parse_metrics(rec["second"])
+    found = status.figures(first, second, rec["window"], names=names)
+    generated = "llamacpp:tokens_predicted_total"
+    assert found.generation_tokens_per_s == pytest.approx((second[generated] - first[generated]) / rec["window"])
+    assert found.generation_tokens_per_s > 0 and found.running is not None and found.waiting is not None
+    cached, fresh = second["llamacpp:prompt_tokens_cached_total"], second["llamacpp:prompt_tokens_total"]
+    assert found.prefix_cache_hit_pct == round(cached / (cached + fresh) * 100, 2)
+    assert found.kv_cache_usage_pct is None  # this build has no usage gauge: unknown, not 0
+    # vLLM's names read nothing of it: the engine decides what a page means.
+    assert status.figures(first, second, rec["window"]).generation_tokens_per_s is None
+
+
+def test_bench_report_reads_the_engines_own_counters() -> None:
+    rec = recording("llamacpp-b10434-tiny-gguf")
+    answer = {"requests": 2, "succeeded": 2, "seconds": 1.0, "ttft_s": [0.01, 0.02], "latency_s": [0.1, 0.1],
+              "tokens": [64, 64], "metrics_before": rec["first"], "metrics_after": rec["second"]}
+    report = server.bench_report(answer, engines.ENGINES["llamacpp"].metrics)
+    before = status.parse_metrics(rec["first"])["llamacpp:tokens_predicted_total"]
+    after = status.parse_metrics(rec["second"])["llamacpp:tokens_predicted_total"]
+    assert report.server_generation_tokens == after - before > 0
+    assert report.server_prefix_cache_hit_pct is not None and 0 < report.server_prefix_cache_hit_pct < 100
+
+
+def test_a_worker_of_an_mpi_launch_is_reported_without_a_unit_of_its_own() -> None:
+    base = HostFacts(host="spark-b", kernel="6.11.0-1016-nvidia")
+    found = status.host_status("spark-b", "worker", base, None, None, 0.1, engine=engines.ENGINES["trtllm"])
+    assert found.healthy and found.unit["name"] == "-" and "started by the head" in found.unit["note"]
+    vllm_worker = status.host_status("spark-b", "worker", base, None, None, 0.1)
+    assert vllm_worker.unit["name"] == "vllm-ray-worker.service"

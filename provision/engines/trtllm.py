@@ -150,6 +150,11 @@ class TrtLlm(Engine):
     def config_paths(self, home: str) -> tuple[str, ...]:
         return (OPTIONS_FILE, HOSTFILE, MPI_KNOWN_HOSTS, MPI_KEY, f"{home}/.ssh/authorized_keys")
 
+    def verify_modules(self, requirements: Sequence[str], wheels: Sequence[str]) -> list[str]:
+        names = [req.lower().replace("-", "_") for req in requirements] + [
+            name.rsplit("/", 1)[-1].lower() for name in wheels]
+        return ["tensorrt_llm"] if any(name.startswith("tensorrt_llm") for name in names) else []
+
     def user_shell(self, ctx: Context) -> str:
         # mpirun's ssh runs orted through the user's shell on each worker: nologin would refuse it.
         return "/bin/sh" if self._multi(ctx) and not ctx.is_head else "/usr/sbin/nologin"
