@@ -355,7 +355,7 @@ def unfinished_generation(host_facts: facts.HostFacts, now: float | None = None)
 
 def secret_environment(held: secrets.Secrets) -> dict[str, str | None]:
     """The secrets under the names rendered files hold them (generations keep placeholders instead)."""
-    return {"VLLM_API_KEY": held.vllm_api_key, "HF_TOKEN": held.hf_token}
+    return {"VLLM_API_KEY": held.vllm_api_key, "HF_TOKEN": held.hf_token, "MPI_SSH_KEY": held.mpi_ssh_key}
 
 
 ONLY_RULES = {"weights": ("model.hub", "disk.space"), "venv": ("disk.space", "host.python", "driver.version")}

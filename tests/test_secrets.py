@@ -26,6 +26,7 @@ def test_a_private_file_is_read_and_its_values_masked(tmp_path: Path, monkeypatc
     (0o600, "hf_tokn: hf_x1234567\n", "unknown secret(s) hf_tokn"),
     (0o600, "hf_token: [a, b]\n", "'hf_token' must be a one-line string"),
     (0o600, "hf_token: 'hf_secret_value\n", "cannot read the secrets file near line"),
+    (0o600, "mpi_ssh_key: not-a-key\n", "'mpi_ssh_key' must be an OpenSSH private key"),
 ])
 def test_bad_secrets_files_are_refused_without_quoting_them(tmp_path: Path, mode: int, text: str,
                                                             message: str) -> None:
@@ -62,3 +63,34 @@ def test_the_environment_wins_over_the_file_per_secret_and_the_source_is_said(
     path.chmod(0o644)
     with pytest.raises(InventoryError, match="others may read it"):
         secrets.load(str(path))
+
+
+def test_every_secret_is_hidden_in_the_generations_a_host_keeps() -> None:
+    """Generations store the managed files with each secret replaced by a placeholder: the MPI key file
+    of a TensorRT-LLM head is one of them, so every secret must be among those replaced."""
+    import dataclasses
+
+    from provision import run
+    from provision.host import generations
+
+    held = secrets.Secrets(hf_token="hf_x" * 4, vllm_api_key="key-" * 4,
+                           mpi_ssh_key="-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n"
+                                       "-----END OPENSSH PRIVATE KEY-----")
+    names = [f.name for f in dataclasses.fields(held) if f.name != "sources"]
+    values = run.secret_environment(held)
+    assert sorted(v for v in values.values() if v) == sorted(getattr(held, name) for name in names)
+    kept = generations._hide_secrets((held.mpi_ssh_key or "").encode() + b"\n", values)
+    assert b"PRIVATE KEY" not in kept and kept == b"@@secret:MPI_SSH_KEY@@\n"
+
+
+def test_an_mpi_key_is_read_as_a_block_and_each_of_its_lines_masked(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PROVISION_MPI_SSH_KEY", raising=False)
+    body = "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW"
+    path = tmp_path / "secrets.yaml"
+    path.write_text(f"mpi_ssh_key: |\n  -----BEGIN OPENSSH PRIVATE KEY-----\n  {body}\n"
+                    "  -----END OPENSSH PRIVATE KEY-----\n")
+    path.chmod(0o600)
+    held = secrets.load(str(path))
+    assert held.mpi_ssh_key is not None and body in held.mpi_ssh_key and "mpi_ssh_key=set" in repr(held)
+    assert body not in remote.mask(f"a log line quoting {body} by mistake")
