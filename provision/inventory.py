@@ -27,9 +27,10 @@ Schema (every key is checked; an unknown key is an error, not ignored):
         head: NAME             # multi-node only; default the first host
         vars: {...}
 
-Precedence of service settings, highest first: command line (--set KEY=VALUE) > host vars > group vars
-(groups in file order; a later group wins) > cluster vars > profile defaults > built-in defaults.
-The `environment` mapping merges key by key along the same order.
+Precedence of service settings, highest first: command line (--set KEY=VALUE) > tuned (what `invoke tune`
+kept in tuned/HOST.yaml beside the inventory) > host vars > group vars (groups in file order; a later
+group wins) > cluster vars > profile defaults > built-in defaults.
+The `environment` and `server_flags` mappings merge key by key along the same order.
 
 An inventory PATH is one YAML file or a directory whose *.yaml / *.yml files are read together.
 One without hosts is an error. Its bytes, values (aliases expanded) and nesting are bounded
@@ -271,6 +272,25 @@ def _environment(value: Any) -> dict[str, str]:
     return result
 
 
+_FLAG = re.compile(r"^--?[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+
+def _server_flags(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a mapping of --flag: value, got {_show(value)}")
+    result: dict[str, Any] = {}
+    for flag, item in value.items():
+        if not _FLAG.match(str(flag)):
+            raise ValueError(f"{_brief(flag)} is not a flag (--name)")
+        if isinstance(item, (dict, list)) or item is None:
+            raise ValueError(f"server_flags {_brief(flag)} must be a string, number, true or false")
+        result[str(flag)] = item
+    return result
+
+
+MERGED = ("environment", "server_flags")  # mappings merged key by key along the layers
+
+
 _AFFINITY = re.compile(r"^(auto|all|ccd:\d+|\d+(-\d+)?(,\d+(-\d+)?)*)$")
 
 
@@ -370,6 +390,9 @@ VAR_SPECS: Mapping[str, VarSpec] = {
     "enable_prefix_caching": VarSpec("reuse KV cache across requests", _boolean, True),
     "extra_args": VarSpec("further vLLM server arguments", _string_list, ()),
     "environment": VarSpec("extra environment for the service", _environment, {}),
+    "server_flags": VarSpec("the engine's server flags by name, merged key by key like environment "
+                            "({--max-num-seqs: 64}; true: the bare flag, false: left out); `invoke tune` keeps its "
+                            "winners here", _server_flags, {}),
     "cpu_affinity": VarSpec("auto, all, ccd:N or a CPU list", _affinity, None),
     "cuda_version": VarSpec("CUDA release of the vLLM/torch build (picks PyTorch's cuXYZ wheels)",
                             _optional(_cuda_release)),
@@ -494,6 +517,7 @@ class Settings:
     enable_prefix_caching: bool
     extra_args: tuple[str, ...]
     environment: Mapping[str, str]
+    server_flags: Mapping[str, Any]
     cpu_affinity: str | None
     cuda_version: str | None
     vllm_spec: str | None
@@ -522,6 +546,7 @@ class Settings:
         for name in ("extra_args", "venv_wheels", "pip_extra_index_urls", "pip_trusted_hosts", "model_files"):
             given[name] = tuple(given[name] or ())
         given["environment"] = dict(given["environment"] or {})
+        given["server_flags"] = dict(given["server_flags"] or {})
         return cls(**given, origin=dict(origin or {}))
 
     @property
@@ -538,6 +563,10 @@ class Inventory:
     ssh: SshSettings
     sources: tuple[str, ...] = field(default=())
     secrets: str | None = None  # the secrets file (HF token, API key), mode 0600
+    # Settings `invoke tune` kept per host (TUNED_DIR/HOST.yaml beside the inventory): above host vars.
+    tuned: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    tuned_dir: str | None = None  # where they are read from and written to
+    path: str | None = None  # the file or directory it was loaded from
 
     def host(self, name: str) -> Host:
         """The named host; `local` is this machine even when the inventory does not list it."""
@@ -595,13 +624,15 @@ class Inventory:
             layers.append((f"cluster {cluster.name}", cluster.vars))
         layers.extend((f"group {group.name}", group.vars) for group in self.groups_of(host_name))
         layers.append(("host", host.vars))
+        if self.tuned.get(host_name):
+            layers.append((f"tuned {self.tuned_dir}/{host_name}.yaml", self.tuned[host_name]))
         if overrides:
             layers.append(("command line", overrides))
         values: dict[str, Any] = {}
         origin: dict[str, str] = {}
         for layer_name, layer in layers:
             for key, value in layer.items():
-                if key == "environment" and key in values:
+                if key in MERGED and key in values:
                     values[key] = {**values[key], **_with_aliases(value)}
                 else:
                     values[key] = value
@@ -874,6 +905,30 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
     return validate_vars(raw, source="command line", entity=None)
 
 
+TUNED_DIR = "tuned"  # beside an inventory file, or inside an inventory directory
+
+
+def tuned_dir_of(path: Path) -> Path:
+    return (path if path.is_dir() else path.parent) / TUNED_DIR
+
+
+def read_tuned(folder: Path, hosts: Mapping[str, Any], budget: int) -> dict[str, dict[str, Any]]:
+    """TUNED_DIR/*.yaml, each {host: NAME, vars: {...}}: what `invoke tune` kept for that host."""
+    tuned: dict[str, dict[str, Any]] = {}
+    if not folder.is_dir():
+        return tuned
+    for file in sorted(p for p in folder.iterdir() if p.suffix == ".yaml" and p.is_file()):
+        data, used = _parse_yaml(_read_bounded(file, MAX_INVENTORY_BYTES), str(file), budget)
+        budget -= used
+        if not isinstance(data, dict) or set(data) != {"host", "vars"} or not isinstance(data["vars"], dict):
+            raise InventoryError("a tuned file holds `host: NAME` and `vars: {...}`", file=str(file))
+        if data["host"] not in hosts:
+            raise InventoryError(f"tuned settings for unknown host {_brief(data['host'])}", file=str(file),
+                                 line=_line(data, "host"))
+        tuned[str(data["host"])] = validate_vars(data["vars"], source=str(file), entity=f"tuned {data['host']}")
+    return tuned
+
+
 def inventory_files(path: Path) -> list[Path]:
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
@@ -900,9 +955,12 @@ def load(path: str | Path, profiles: Mapping[str, Profile] | None = None) -> Inv
     if not reader.hosts:  # else every task would answer "name a host", even to --all
         raise InventoryError("the inventory is empty (no hosts)", file=str(path))
     reader.cross_check()
+    folder = tuned_dir_of(Path(path))
+    tuned = read_tuned(folder, reader.hosts, MAX_INVENTORY_VALUES - values)
     return Inventory(hosts=dict(reader.hosts), groups=dict(reader.groups),
                      clusters=dict(reader.clusters), ssh=reader.ssh,
-                     sources=tuple(str(f) for f in files), secrets=reader.secrets)
+                     sources=tuple(str(f) for f in files), secrets=reader.secrets, tuned=tuned,
+                     tuned_dir=str(folder), path=str(path))
 
 
 def _read_bounded(file: Path, allowed: int) -> str:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from provision import status
+from provision import parsers, status
 from provision.affinity import compress
 from provision.checks import Finding, resolutions, verdict
 from provision.errors import ProvisionError
@@ -646,3 +646,53 @@ def print_prepared(result: Prepared, out: Console) -> None:
             out.print(table)
     if result.stopped:
         out.print(f"[red]the roll stopped: {result.stopped}[/red]")
+
+
+def tuned_json(results: Sequence[Any], errors: Mapping[str, BaseException]) -> dict[str, Any]:
+    """tune --json: per unit its trials (settings, figures, verdict), the winner, the file, the plot."""
+    units = {}
+    for result in results:
+        slo = result.slo
+        units[result.unit.server] = {
+            "hosts": list(result.unit.hosts), "workload": parsers.json_ready(result.workload),
+            "slo": parsers.json_ready(slo), "interrupted": result.interrupted, "final": result.final, "ok": result.ok,
+            "winner": dict(result.winner.settings) if result.winner else None,
+            "tokens_per_s": result.winner.score(slo) if result.winner else None,
+            "tuned_file": result.tuned_file, "diff": result.diff, "plot": result.plot,
+            "trials": [{**parsers.json_ready(trial), "verdict": trial.verdict(slo), "score": trial.score(slo)}
+                       for trial in result.trials]}
+    return {"units": units, "errors": {name: error_text(error) for name, error in errors.items()}}
+
+
+def print_tuned(results: Sequence[Any], errors: Mapping[str, BaseException], out: Console) -> None:
+    """tune: a table of trials per unit (settings, tokens/s, TTFT p50/p95, ITL p95, verdict), then what was kept."""
+    for result in results:
+        slo = result.slo
+        table = Table(title=f"tune {result.unit.server}: {len(result.trials)} trial(s), workload "
+                            f"{result.workload.name}" + (f" ({result.interrupted})" if result.interrupted else ""))
+        for column in ("#", "settings", "tokens/s", "at c=", "TTFT p50", "TTFT p95", "ITL p95", "s", "verdict"):
+            table.add_column(column)
+        for number, trial in enumerate(result.trials, 1):
+            best = trial.best(slo) or (max(trial.levels, key=lambda lv: lv.tokens_per_s) if trial.levels else None)
+            chosen = result.winner is not None and trial.key == result.winner.key
+            mark = "[green]*[/green]" if chosen else ""
+            verdict = trial.verdict(slo) + (" (kept from an earlier run)" if trial.resumed else "")
+            table.add_row(f"{number}{mark}", _describe_settings(trial.settings),
+                          _fmt(best.tokens_per_s) if best else "-", str(best.concurrency) if best else "-",
+                          _fmt(best.ttft_p50_s, "s", 3) if best else "-", _fmt(best.ttft_p95_s, "s", 3) if best else "-",
+                          _fmt(best.itl_p95_s, "s", 4) if best else "-", _fmt(trial.seconds, digits=0),
+                          verdict[:160])
+        out.print(table)
+        if result.tuned_file:
+            out.print(f"kept in {result.tuned_file}" + ("" if result.diff else " (unchanged)"))
+        elif not result.winner:
+            out.print("no trial passed: nothing kept")
+        if result.plot:
+            out.print(f"plot: {result.plot}")
+        out.print(f"{result.unit.server} {result.final}")
+    for name, error in errors.items():
+        out.print(f"[red]{name}: {error_text(error).removeprefix(name + ': ')}[/red]")
+
+
+def _describe_settings(settings: Mapping[str, Any]) -> str:
+    return ", ".join(f"{name}={value}" for name, value in settings.items()) or "(as it was)"

@@ -3,7 +3,7 @@ completions). Both run on the host through host/serve.py, over loopback; figures
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +82,9 @@ class BenchReport:
     ttft_p50_s: float | None
     ttft_p90_s: float | None
     latency_p50_s: float | None
+    ttft_p95_s: float | None
+    itl_p50_s: float | None  # inter-token latency: the gaps between a stream's tokens after the first
+    itl_p95_s: float | None
     server_generation_tokens: float | None  # the server's own counter, over the run
     server_prefix_cache_hit_pct: float | None
     errors: tuple[str, ...] = ()
@@ -98,6 +101,7 @@ def bench_report(answer: Mapping[str, Any], names: engines.MetricNames = engines
     """Pure: the host's raw timings and the engine's metrics before and after -> the figures."""
     ttft = [float(v) for v in answer.get("ttft_s", [])]
     latency = [float(v) for v in answer.get("latency_s", [])]
+    itl = [float(v) for v in answer.get("itl_s", [])]
     tokens = sum(int(t) for t in answer.get("tokens", []))
     seconds = float(answer.get("seconds") or 0)
     before, after = parse_metrics(answer.get("metrics_before", "")), parse_metrics(answer.get("metrics_after", ""))
@@ -111,17 +115,21 @@ def bench_report(answer: Mapping[str, Any], names: engines.MetricNames = engines
         output_tokens=tokens, tokens_per_s=round(tokens / seconds, 2) if seconds else 0.0,
         ttft_mean_s=round(statistics.mean(ttft), 4) if ttft else None,
         ttft_p50_s=_percentile(ttft, 0.5), ttft_p90_s=_percentile(ttft, 0.9),
-        latency_p50_s=_percentile(latency, 0.5), server_generation_tokens=generated,
+        latency_p50_s=_percentile(latency, 0.5), ttft_p95_s=_percentile(ttft, 0.95),
+        itl_p50_s=_percentile(itl, 0.5), itl_p95_s=_percentile(itl, 0.95), server_generation_tokens=generated,
         server_prefix_cache_hit_pct=round(hits / queries * 100, 2) if hits is not None and queries else None,
         errors=tuple(answer.get("errors", [])))
 
 
 def bench(runner: Any, settings: Settings, api_key: str | None, prompt: str, count: int,
-          concurrency: int, max_tokens: int, on_progress: Callable[[dict[str, Any]], None]) -> BenchReport:
+          concurrency: int, max_tokens: int, on_progress: Callable[[dict[str, Any]], None],
+          prompts: Sequence[str] = ()) -> BenchReport:
+    """`count` streamed completions, `concurrency` at a time; `prompts` (one per request) replace
+    `prompt` + the request's number."""
     names = engines.engine_of(settings).metrics
     spec = {"action": "bench", "base": base_url(settings), "model": served_name(settings), "api_key": api_key,
             "prompt": prompt, "count": count, "concurrency": concurrency, "max_tokens": max_tokens,
-            "metrics_path": names.path}
+            "metrics_path": names.path, "prompts": list(prompts)}
     return bench_report(_run(runner, spec, on_progress, 3600), names)
 
 

@@ -11,6 +11,31 @@ if TYPE_CHECKING:
 PASS, FAIL, WARN = "pass", "fail", "warn"
 
 
+def own_args(extra_args: Sequence[str], server_flags: Mapping[str, Any]) -> list[str]:
+    """The inventory's own server arguments: extra_args, then server_flags ({--flag: value}; true: the
+    bare flag; false: none). A flag server_flags names is taken out of extra_args first (with its value:
+    the next argument unless that is a flag), so a kept or tuned value replaces, never doubles, it."""
+    named = set(server_flags)
+    kept: list[str] = []
+    skip_value = False
+    for arg in extra_args:
+        if skip_value:
+            skip_value = False
+            if not arg.startswith("-"):
+                continue
+        flag = arg.split("=", 1)[0]
+        if flag in named:
+            skip_value = "=" not in arg
+            continue
+        kept.append(arg)
+    for flag, value in server_flags.items():
+        if value is True:
+            kept.append(flag)
+        elif value is not False:
+            kept += [flag, str(value)]
+    return kept
+
+
 @dataclass(frozen=True)
 class Verdict:
     """An engine's answer to one gate rule: pass, fail (the rule's severity) or warn."""

@@ -11,7 +11,16 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from provision.engines.base import FAIL, PASS, WARN, Engine, MetricNames, UnitFile, Verdict
+from provision.engines.base import (
+    FAIL,
+    PASS,
+    WARN,
+    Engine,
+    MetricNames,
+    UnitFile,
+    Verdict,
+    own_args,
+)
 
 if TYPE_CHECKING:
     from provision.context import Context
@@ -63,7 +72,8 @@ class LlamaCpp(Engine):
         args += ["--n-gpu-layers", "999" if ctx.profile.gpu is not None else "0"]
         if not settings.enable_prefix_caching:
             args.append("--no-cache-prompt")
-        return args + [arg for arg in resolutions if arg not in settings.extra_args] + list(settings.extra_args)
+        own = own_args(settings.extra_args, settings.server_flags)
+        return args + [arg for arg in resolutions if arg not in own] + own
 
     def unit_files(self, ctx: Context, common: Mapping[str, Any], server: Mapping[str, Any],
                    resolutions: Sequence[str]) -> list[UnitFile]:

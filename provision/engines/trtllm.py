@@ -27,6 +27,7 @@ from provision.engines.base import (
     MetricNames,
     UnitFile,
     Verdict,
+    own_args,
 )
 
 if TYPE_CHECKING:
@@ -83,7 +84,8 @@ class TrtLlm(Engine):
                  "--extra_llm_api_options", OPTIONS_FILE]
         if settings.max_model_len:
             serve += ["--max_seq_len", str(settings.max_model_len)]
-        serve += [arg for arg in resolutions if arg not in settings.extra_args] + list(settings.extra_args)
+        own = own_args(settings.extra_args, settings.server_flags)
+        serve += [arg for arg in resolutions if arg not in own] + own
         if not self._multi(ctx):
             return serve
         # One rank per GPU of the cluster, from the head, the service environment passed on by name

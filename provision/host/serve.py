@@ -3,7 +3,7 @@ stdin to `python3 -`; standard library only. The controller appends `serve_main(
 
     {"action": "ready", "base": "http://127.0.0.1:8000", "model": NAME, "api_key": KEY|null, "timeout": 600}
     {"action": "bench", "base", "model", "api_key", "prompt": "...", "count": 16, "concurrency": 4,
-     "max_tokens": 32}
+     "max_tokens": 32, "prompts": [...] (optional: one per request, instead of prompt + its number)}
 
 ready: waits for /health, then for a real one-token completion (readiness, not only liveness).
 bench: streamed completions, timing the first token of each, with /metrics read before and after.
@@ -124,8 +124,9 @@ def ready(spec: dict[str, Any]) -> dict[str, Any]:
             "error": f"not ready within {int(spec.get('timeout', 600))}s ({last})"}
 
 
-def _stream(spec: dict[str, Any], prompt: str, max_tokens: int) -> tuple[float | None, float, int]:
-    """One streamed completion: (seconds to the first token, total seconds, tokens)."""
+def _stream(spec: dict[str, Any], prompt: str, max_tokens: int) -> tuple[float | None, float, int, list[float]]:
+    """One streamed completion: (seconds to the first token, total seconds, tokens, the gaps between
+    chunks after the first: the inter-token latencies, a chunk being a token on these servers)."""
     body = json.dumps({"model": spec["model"], "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                        "stream": True, "stream_options": {"include_usage": True},
                        "ignore_eos": True}).encode()
@@ -134,6 +135,8 @@ def _stream(spec: dict[str, Any], prompt: str, max_tokens: int) -> tuple[float |
     first: float | None = None
     tokens: int | None = None
     chunks = 0
+    gaps: list[float] = []
+    last = 0.0
     with urllib.request.urlopen(request, timeout=600) as response:
         for raw in response:
             line = raw.decode("utf-8", "replace").strip()
@@ -142,11 +145,15 @@ def _stream(spec: dict[str, Any], prompt: str, max_tokens: int) -> tuple[float |
             data = json.loads(line[6:])
             if data.get("choices") and data["choices"][0].get("text"):
                 chunks += 1
+                now = time.time() - started
                 if first is None:
-                    first = time.time() - started
+                    first = now
+                else:
+                    gaps.append(now - last)
+                last = now
             if data.get("usage"):
                 tokens = data["usage"].get("completion_tokens")
-    return first, time.time() - started, tokens if tokens is not None else chunks
+    return first, time.time() - started, tokens if tokens is not None else chunks, gaps
 
 
 def _metrics(spec: dict[str, Any]) -> str:
@@ -162,7 +169,7 @@ def _metrics(spec: dict[str, Any]) -> str:
 def bench(spec: dict[str, Any]) -> dict[str, Any]:
     count, concurrency = spec.get("count", 16), max(1, spec.get("concurrency", 4))
     before = _metrics(spec)
-    results: list[tuple[float | None, float, int]] = []
+    results: list[tuple[float | None, float, int, list[float]]] = []
     errors: list[str] = []
     lock = threading.Lock()
     queue = list(range(count))
@@ -174,7 +181,9 @@ def bench(spec: dict[str, Any]) -> dict[str, Any]:
                     return
                 index = queue.pop()
             try:
-                outcome = _stream(spec, f"{spec.get('prompt', 'Hello')} ({index})", spec.get("max_tokens", 32))
+                prompts = spec.get("prompts")  # a workload's own prompts, one per request
+                prompt = prompts[index % len(prompts)] if prompts else f"{spec.get('prompt', 'Hello')} ({index})"
+                outcome = _stream(spec, prompt, spec.get("max_tokens", 32))
                 with lock:
                     results.append(outcome)
                     emit("progress", done=len(results) + len(errors), total=count)
@@ -192,6 +201,7 @@ def bench(spec: dict[str, Any]) -> dict[str, Any]:
     return {"ok": not errors, "requests": count, "succeeded": len(results), "errors": errors[:5],
             "seconds": round(wall, 3), "ttft_s": [round(r[0], 4) for r in results if r[0] is not None],
             "latency_s": [round(r[1], 4) for r in results], "tokens": [r[2] for r in results],
+            "itl_s": [round(gap, 5) for r in results for gap in r[3]],
             "metrics_before": before, "metrics_after": _metrics(spec)}
 
 

@@ -1,0 +1,73 @@
+"""`invoke tune`: trials of serving settings on the real host, the fastest within a latency bound kept.
+Parse the flags, call provision.tune, print through provision.report."""
+from __future__ import annotations
+
+from invoke.context import Context
+from invoke.exceptions import Exit
+from invoke.tasks import task
+
+from provision import report, tune
+from provision.errors import ProvisionError
+from provision.taskargs import HOST_TASK_HELP, exit_unless, guarded, options, select, setup_logging
+
+
+@task(auto_shortflags=False, name="tune",
+      help={**HOST_TASK_HELP,
+            "space": "YAML list of settings and their values to try (default: the profile's, tune_spaces.yaml)",
+            "workload": "YAML workload: requests, concurrency, prompt_words, shared_prefix_words, "
+                        "output_tokens, seed (default: chat-like, seed 0)",
+            "slo-ttft-ms": "bound on the p95 time to first token (ms); a level above it does not count",
+            "slo-itl-ms": "bound on the p95 inter-token latency (ms)",
+            "budget": "minutes the search may take; past it, the best found so far is kept",
+            "timeout": "seconds each trial's server has to become ready (default 600)",
+            "no-plot": "no PNG of throughput against latency"},
+      iterable=["host", "set_", "force"])
+@guarded
+def tune_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
+          inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
+          profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
+          space: str | None = None, workload: str | None = None, slo_ttft_ms: str | None = None,
+          slo_itl_ms: str | None = None, budget: str | None = None, timeout: float = 600,
+          no_plot: bool = False, verbose: bool = False) -> None:
+    """Find the fastest serving settings within a latency bound, on the host itself, and keep them.
+
+    Each trial is a deploy (rendered unit, restart, readiness) and a benchmark; a failed trial is
+    rolled back and recorded. The winner goes to tuned/HOST.yaml beside the inventory (diff shown) and
+    the host is left running it (or its original settings when none passed). Hosts one at a time."""
+    setup_logging(verbose)
+    minutes, ttft, itl = (_positive(value, flag) for value, flag in (
+        (budget, "--budget"), (slo_ttft_ms, "--slo-ttft-ms"), (slo_itl_ms, "--slo-itl-ms")))
+    if timeout <= 0:
+        raise Exit("error: --timeout must be positive", code=2)
+    chosen = select(inventory_, host, cluster, all_, set_)
+    flags = options(chosen, profile=profile, accept_new_host_keys=accept_new_host_keys, force=force, json_=json_)
+    load = tune.load_workload(workload)
+    slo = tune.Slo(ttft, itl)
+    if space:
+        tune.load_space(space, "")  # a bad file is refused before any host changes
+    results: list[tune.Tuned] = []
+    errors: dict[str, BaseException] = {}
+    for unit in tune.units_of(chosen.inventory, chosen.targets):  # one at a time: the others keep serving
+        try:
+            results.append(tune.tune(chosen.inventory, unit, flags, space=space, workload=load, slo=slo,
+                                     budget_s=minutes * 60 if minutes else None, timeout=timeout, plot=not no_plot))
+        except ProvisionError as exc:
+            errors[unit.server] = exc
+    if json_:
+        print(report.dump_json(report.tuned_json(results, errors)))
+    else:
+        report.print_tuned(results, errors, report.console())
+    exit_unless(not errors and all(result.ok and result.winner is not None for result in results))
+
+
+def _positive(value: str | None, flag: str) -> float | None:
+    """A number flag invoke hands over as text (its default is None): positive, or exit 2."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        raise Exit(f"error: {flag} takes a number, not {value!r}", code=2) from None
+    if number <= 0:
+        raise Exit(f"error: {flag} must be positive", code=2)
+    return number

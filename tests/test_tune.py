@@ -1,0 +1,219 @@
+"""invoke tune's pure parts: the search, the scoring under a bound, the files it reads and writes, and the
+inventory layer that carries its winner into the rendered unit. The trials themselves run in the lab
+(tests/lab/test_lab_tune.py)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provision import inventory, tune
+from provision.engines.base import own_args
+from provision.errors import InventoryError
+from tests.test_checks import context_for, recorded
+
+SEQS = tune.Dimension("max_num_seqs", (4, 16, 64), flag="--max-num-seqs")
+BATCHED = tune.Dimension("max_num_batched_tokens", (256, 1024, 4096), flag="--max-num-batched-tokens")
+FP8 = tune.Dimension("kv_cache_dtype", ("auto", "fp8"), flag="--kv-cache-dtype", needs={"compute_capability": ">=8.9"})
+
+
+def level(tokens_per_s: float, ttft_p95_s: float = 0.1, itl_p95_s: float = 0.01, concurrency: int = 4) -> tune.Level:
+    return tune.Level(concurrency, tokens_per_s, ttft_p95_s / 2, ttft_p95_s, itl_p95_s, 8, 8)
+
+
+def fake_measure(table: dict[str, Any]) -> tuple[list[dict[str, Any]], Any]:
+    """A host whose throughput is table[settings key]: a number, or "fail"."""
+    asked: list[dict[str, Any]] = []
+
+    def measure(settings: dict[str, Any]) -> tune.Trial:
+        asked.append(settings)
+        found = table[tune.key_of(settings)]
+        if found == "fail":
+            return tune.Trial(tune.key_of(settings), settings, "failed", "vllm.service crashed after start")
+        return tune.Trial(tune.key_of(settings), settings, "measured", "", (level(found),))
+
+    return asked, measure
+
+
+def run_search(table: dict[str, Any], dimensions: tuple[tune.Dimension, ...] = (SEQS, BATCHED),
+               current: dict[str, Any] | None = None,
+               skip: Any = lambda dimension, value: None, more: Any = lambda: True) -> tuple[list[dict[str, Any]],
+                                                                                               list[tune.Trial]]:
+    asked, measure = fake_measure(table)
+    trials = tune.search(dimensions, current or {}, measure, tune.Slo(), skip, more, lambda trial: None)
+    return asked, trials
+
+
+def k(**settings: Any) -> str:
+    return tune.key_of(settings)
+
+
+def test_the_search_keeps_each_dimensions_best_and_tunes_the_next_from_it() -> None:
+    table = {k(): 100, k(max_num_seqs=4): 60, k(max_num_seqs=16): 120, k(max_num_seqs=64): 150,
+             k(max_num_seqs=64, max_num_batched_tokens=256): 140, k(max_num_seqs=64, max_num_batched_tokens=1024): 170,
+             k(max_num_seqs=64, max_num_batched_tokens=4096): 171}  # +0.6%: not helping
+    asked, trials = run_search(table)
+    assert asked[0] == {}  # the host as it is comes first
+    assert asked[1:] == [{"max_num_seqs": 4}, {"max_num_seqs": 16}, {"max_num_seqs": 64},
+                         {"max_num_seqs": 64, "max_num_batched_tokens": 256},
+                         {"max_num_seqs": 64, "max_num_batched_tokens": 1024},
+                         {"max_num_seqs": 64, "max_num_batched_tokens": 4096}]
+    best = tune.winner(trials, tune.Slo())
+    assert best is not None and best.settings == {"max_num_seqs": 64, "max_num_batched_tokens": 1024}
+
+
+def test_a_failed_value_ends_its_dimension_and_two_misses_in_a_row_do_too() -> None:
+    table = {k(): 100, k(max_num_seqs=4): 120, k(max_num_seqs=16): "fail",
+             k(max_num_seqs=4, max_num_batched_tokens=256): 90, k(max_num_seqs=4, max_num_batched_tokens=1024): 95}
+    asked, trials = run_search(table)
+    assert {"max_num_seqs": 64} not in asked  # 16 failed: 64 asks more of the host, not tried
+    assert {"max_num_seqs": 4, "max_num_batched_tokens": 4096} not in asked  # two misses in a row
+    assert [t.outcome for t in trials].count("failed") == 1
+    assert tune.winner(trials, tune.Slo()).settings == {"max_num_seqs": 4}  # type: ignore[union-attr]
+
+
+def test_the_current_value_is_not_tried_again_and_the_budget_stops_the_search() -> None:
+    table = {k(): 100, k(max_num_seqs=4): 90, k(max_num_seqs=64): 80}
+    asked, _ = run_search(table, (SEQS,), current={"max_num_seqs": 16})
+    assert {"max_num_seqs": 16} not in asked and len(asked) == 3
+    left = iter([True, False])
+    asked, trials = run_search(table, (SEQS,), more=lambda: next(left, False))
+    assert asked == [{}, {"max_num_seqs": 4}] and len(trials) == 2
+
+
+def test_values_the_hardware_cannot_run_are_skipped_with_the_reason_and_cost_no_trial() -> None:
+    h200 = recorded("h200x2-driver580")
+    without_gpu = dataclasses.replace(h200, gpus=())
+    old_gpu = dataclasses.replace(h200, gpus=tuple(dataclasses.replace(g, compute_cap="8.0") for g in h200.gpus or ()))
+    assert tune.unworkable(FP8, "fp8", h200) is None
+    assert "this host has none" in (tune.unworkable(FP8, "fp8", without_gpu) or "")
+    assert "the host's GPUs are 8.0" in (tune.unworkable(FP8, "fp8", old_gpu) or "")
+    assert tune.unworkable(FP8, "auto", without_gpu) is None  # the first value runs anywhere
+    table = {k(): 100}
+    asked, trials = run_search(table, (FP8,), current={"kv_cache_dtype": "auto"},
+                               skip=lambda d, v: tune.unworkable(d, v, without_gpu))
+    assert asked == [{}] and trials[-1].outcome == "skipped" and "needs a GPU" in trials[-1].reason
+
+
+def test_the_score_is_the_fastest_level_within_the_bound() -> None:
+    trial = tune.Trial("x", {}, "measured", "", (level(50, 0.05, concurrency=1), level(200, 0.9, concurrency=8),
+                                                   level(120, 0.3, concurrency=4)))
+    assert trial.score(tune.Slo()) == 200
+    assert trial.score(tune.Slo(ttft_p95_ms=500)) == 120
+    assert trial.score(tune.Slo(ttft_p95_ms=10)) is None
+    assert trial.verdict(tune.Slo(ttft_p95_ms=10)).startswith("missed the bound: c=1 TTFT p95 50 ms > 10 ms")
+    assert trial.score(tune.Slo(itl_p95_ms=5)) is None and trial.verdict(tune.Slo(itl_p95_ms=20)) == "passed"
+    short = tune.Trial("y", {}, "measured", "", (dataclasses.replace(level(300), succeeded=7),))
+    assert short.score(tune.Slo()) is None  # a level with failed requests never counts
+
+
+def test_every_profile_has_a_default_space_the_inventory_accepts() -> None:
+    for profile in ("rtx5090", "dgx-spark", "hopper", "cpu"):
+        dimensions = tune.load_space(None, profile)
+        assert dimensions and all(d.values for d in dimensions)
+    with pytest.raises(tune.TuneError, match="no default space"):
+        tune.load_space(None, "nonesuch")
+
+
+@pytest.mark.parametrize("text, error", [
+    ("- {name: a, values: [1], flag: --a, setting: port}\n", "give one of flag"),
+    ("- {name: a, values: [], flag: --a}\n", "a non-empty list of values"),
+    ("- {name: a, values: [1], setting: no_such}\n", "is not an inventory setting"),
+    ("- {name: a, values: [0.1, 7], setting: gpu_memory_utilization}\n", "expected a number in (0, 1]"),
+    ("- {name: a, values: [1], flag: --a, needs: {gpu: 1}}\n", "needs takes compute_capability"),
+    ("{}\n", "a space is a non-empty list"),
+])
+def test_a_bad_space_file_is_refused_with_exit_2(tmp_path: Path, text: str, error: str) -> None:
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    with pytest.raises(InventoryError, match="space.yaml") as caught:
+        tune.load_space(str(path), "cpu")
+    assert error in str(caught.value)
+
+
+def test_a_workload_gives_the_same_prompts_every_time_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "w.yaml"
+    path.write_text("name: short\nrequests: 6\nconcurrency: [2, 4]\nprompt_words: [10, 20]\noutput_tokens: 8\n")
+    workload = tune.load_workload(str(path))
+    assert workload.concurrency == (2, 4) and workload.prompts() == workload.prompts()
+    prompts = workload.prompts()
+    assert len(prompts) == 6 and len({p.split()[0:40] == prompts[0].split()[0:40] for p in prompts}) == 1
+    assert all(40 + 10 <= len(p.split()) <= 40 + 20 for p in prompts)
+    assert tune.load_workload(None).prompts() != dataclasses.replace(tune.Workload(), seed=1).prompts()
+    path.write_text("requests: 0\n")
+    with pytest.raises(InventoryError, match="requests, output_tokens"):
+        tune.load_workload(str(path))
+    path.write_text("request: 3\n")
+    with pytest.raises(InventoryError, match="a workload is a mapping of"):
+        tune.load_workload(str(path))
+
+
+def test_own_args_replace_a_flag_of_extra_args_and_drop_a_false_one() -> None:
+    extra = ("--dtype", "bfloat16", "--max-num-seqs", "8", "--enforce-eager", "--block-size=32")
+    assert own_args(extra, {"--max-num-seqs": 64, "--enforce-eager": False, "--block-size": 16}) == [
+        "--dtype", "bfloat16", "--max-num-seqs", "64", "--block-size", "16"]
+    assert own_args(extra, {"--enable-chunked-prefill": True})[-1] == "--enable-chunked-prefill"
+
+
+def test_the_kept_file_is_a_layer_above_host_vars_and_reaches_the_unit(tmp_path: Path) -> None:
+    (tmp_path / "hosts.yaml").write_text(
+        "hosts:\n  cpu-1:\n    address: 10.0.0.5\n    profile: cpu\n    vars:\n"
+        "      model: lab/tiny-llama\n      extra_args: [--max-num-seqs, '8', --enforce-eager]\n"
+        "      server_flags: {--block-size: 16}\n")
+    unit = tune.Unit("cpu-1", ("cpu-1",))
+    trial = tune.Trial("k", {"max_num_seqs": 64}, "measured", "", (level(120),))
+    text = tune.tuned_text(unit, {"server_flags": {"--max-num-seqs": 64}}, trial, None, tune.Workload(), tune.Slo())
+    assert text.startswith("# Kept by `invoke tune`") and "120.0 tokens/s" in text
+    (tmp_path / "tuned").mkdir()
+    (tmp_path / "tuned" / "cpu-1.yaml").write_text(text)
+    inv = inventory.load(tmp_path)
+    settings = inv.settings("cpu-1")
+    assert settings.server_flags == {"--block-size": 16, "--max-num-seqs": 64}  # merged key by key
+    assert settings.origin["server_flags"].startswith("tuned ")
+    assert inv.settings("cpu-1", {"server_flags": {"--max-num-seqs": 4}}).server_flags["--max-num-seqs"] == 4
+    (ctx,) = context_for(("t", "h200x2-driver580", "cpu", {}, lambda f: dataclasses.replace(f, gpus=()), None, {}
+                          )).values()
+    from provision import engines
+    argv = engines.ENGINES["vllm"].server_command(dataclasses.replace(ctx, settings=settings), "/m", [])
+    assert argv.count("--max-num-seqs") == 1 and argv[argv.index("--max-num-seqs") + 1] == "64"  # 8 replaced
+    assert "--enforce-eager" in argv and argv[argv.index("--block-size") + 1] == "16"
+    (tmp_path / "tuned" / "cpu-2.yaml").write_text("host: cpu-2\nvars: {}\n")
+    with pytest.raises(InventoryError, match="tuned settings for unknown host"):
+        inventory.load(tmp_path)
+
+
+def test_trials_are_kept_and_a_second_run_resumes_from_them(tmp_path: Path) -> None:
+    store = tune.TrialStore(tmp_path / "trials" / "cpu-abc.json")
+    measured = tune.Trial(k(max_num_seqs=16), {"max_num_seqs": 16}, "measured", "", (level(120),), 41.5)
+    store.keep(measured)
+    store.keep(tune.Trial(k(max_num_seqs=64), {"max_num_seqs": 64}, "skipped", "gate"))  # not measured: not kept
+    again = tune.TrialStore(tmp_path / "trials" / "cpu-abc.json")
+    found = again.get(measured.key)
+    assert found is not None and found.resumed and found.levels == measured.levels and found.seconds == 41.5
+    assert again.get(k(max_num_seqs=64)) is None
+    (tmp_path / "trials" / "cpu-abc.json").write_text('{"trials": [{"key": 1}]}')
+    with pytest.raises(InventoryError, match="move the file away"):
+        tune.TrialStore(tmp_path / "trials" / "cpu-abc.json")
+
+
+def test_hosts_of_one_kind_share_a_fingerprint_and_another_gpu_does_not() -> None:
+    settings = inventory.Settings.of({"model": "m"})
+    h200 = recorded("h200x2-driver580")
+    same = dataclasses.replace(h200, host="other")
+    one_gpu = dataclasses.replace(h200, gpus=(h200.gpus or ())[:1])
+    assert tune.fingerprint("hopper", h200, settings) == tune.fingerprint("hopper", same, settings)
+    assert tune.fingerprint("hopper", h200, settings) != tune.fingerprint("hopper", one_gpu, settings)
+    assert tune.fingerprint("hopper", h200, settings) != tune.fingerprint(
+        "hopper", h200, inventory.Settings.of({"model": "other"}))
+
+
+def test_the_plot_marks_the_chosen_point(tmp_path: Path) -> None:
+    trials = [tune.Trial(k(), {}, "measured", "", (level(100, 0.2, concurrency=1), level(150, 0.4))),
+              tune.Trial(k(max_num_seqs=16), {"max_num_seqs": 16}, "measured", "", (level(180, 0.3),)),
+              tune.Trial(k(max_num_seqs=64), {"max_num_seqs": 64}, "failed", "crashed")]
+    result = tune.Tuned(tune.Unit("cpu-1", ("cpu-1",)), trials, tune.Slo(ttft_p95_ms=350), tune.Workload(), (SEQS,),
+                        winner=trials[1])
+    path = tune.draw(result, tmp_path / "cpu-1.png")
+    assert path and Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and Path(path).stat().st_size > 5000
