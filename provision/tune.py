@@ -336,11 +336,13 @@ def units_of(inv: inventory.Inventory, targets: Sequence[inventory.Host]) -> lis
     return units
 
 
-def fingerprint(profile: str, host_facts: HostFacts, settings: inventory.Settings) -> str:
-    """Hosts with the same hardware and served model measure alike: their trials are shared."""
+def fingerprint(profile: str, host_facts: HostFacts, settings: inventory.Settings,
+                overrides: Mapping[str, Any] | None = None) -> str:
+    """Hosts with the same hardware and served model measure alike: their trials are shared (a run's
+    --set is part of what was measured)."""
     gpus = sorted(f"{gpu.name}" for gpu in host_facts.gpus or ())
     cpu = host_facts.cpu
-    what = {"profile": profile, "arch": host_facts.arch, "gpus": gpus,
+    what = {"profile": profile, "arch": host_facts.arch, "gpus": gpus, "overrides": dict(overrides or {}),
             "cpus": len(getattr(cpu, "cpus", ()) or ()) if cpu is not None else None, "memory": host_facts.memory.total // 2**30
             if host_facts.memory else None, "engine": settings.engine, "model": settings.model,
             "revision": settings.model_revision, "spec": settings.vllm_spec, "max_model_len": settings.max_model_len}
@@ -431,7 +433,7 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, *, space: str |
     settings_now = inv.settings(unit.server, base)
     current = current_values(dimensions, settings_now)
     folder = Path(inv.tuned_dir or "tuned")
-    store = TrialStore(folder / "trials" / f"{ctx.profile.name}-{fingerprint(ctx.profile.name, ctx.facts, settings_now)}"
+    store = TrialStore(folder / "trials" / f"{ctx.profile.name}-{fingerprint(ctx.profile.name, ctx.facts, settings_now, base)}"
                        f"-{workload_key(workload)}.json")
     held = secrets.load(inv.secrets)
     started = time.monotonic()
@@ -440,7 +442,10 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, *, space: str |
     targets = [inv.host(name) for name in unit.hosts]
 
     def measure(trial_settings: dict[str, Any]) -> Trial:
-        key = key_of(trial_settings)
+        # Kept and compared by what the host runs in the end (its current values under the trial's), so a
+        # later run, whose current values a kept winner changed, finds the same trials again.
+        absolute = {name: value for name, value in {**current, **trial_settings}.items() if value is not None}
+        key = key_of(absolute)
         kept = store.get(key)
         if kept is not None:
             progress(f"{unit.server}: {describe(trial_settings)}: measured before ({kept.outcome})")
@@ -456,7 +461,7 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, *, space: str |
                       "; ".join(str(e) for e in deployed.errors.values()) or "not deployed")
             state = outcome.state if outcome else "failed"
             outcome_word = "skipped" if state == "blocked" else "failed"
-            trial = Trial(key, trial_settings, outcome_word, f"{state}: {detail}"[:900],
+            trial = Trial(key, absolute, outcome_word, f"{state}: {detail}"[:900],
                           seconds=round(time.monotonic() - begun, 1))
         else:
             runner = remote.connect(server_host, inv.ssh)
@@ -469,7 +474,7 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, *, space: str |
                 failure = ""
             finally:
                 runner.close()
-            trial = Trial(key, trial_settings, "failed" if failure else "measured", failure, levels,
+            trial = Trial(key, absolute, "failed" if failure else "measured", failure, levels,
                           round(time.monotonic() - begun, 1))
         durations.append(trial.seconds)
         return trial
