@@ -115,6 +115,7 @@ def test_rendered_units_pass_systemd_analyze_verify(lab_inventory: inventory.Inv
     """Every unit of the seed systems, verified by the real systemd of a lab host."""
     from tests.test_render import seed_states
     runner = remote.SshRunner(lab_inventory.host("spark-a"), lab_inventory.ssh)
+    made: list[str] = []
     try:
         assert runner.run(["python3", "-m", "venv", "/opt/vllm/venv"]).ok
         # ray's launcher would come with the venv; the verifier only needs an executable there.
@@ -122,6 +123,15 @@ def test_rendered_units_pass_systemd_analyze_verify(lab_inventory: inventory.Inv
         runner.run(["useradd", "--system", "vllm"])
         assert runner.run(["mkdir", "-p", "/etc/vllm"]).ok
         assert runner.run(["touch", render.ENV_FILE]).ok
+        # The other engines' programs (trtllm-serve, llama-server, mpirun) would come with the venv or
+        # the host's packages too: an executable where each unit starts one is all the verifier checks.
+        programs = sorted({line.split("=", 1)[1].split()[0] for state in seed_states().values()
+                           for wanted in state.files if wanted.unit
+                           for line in wanted.content.splitlines() if line.startswith("ExecStart=")})
+        for program in programs:
+            if not runner.run(["test", "-e", program]).ok:
+                assert runner.run(["install", "-D", "-m", "0755", "/dev/null", program]).ok
+                made.append(program)
         for case, state in seed_states().items():
             folder = f"/tmp/verify/{case}"  # real unit names, so Requires= between them resolve
             assert runner.run(["mkdir", "-p", folder]).ok
@@ -134,5 +144,5 @@ def test_rendered_units_pass_systemd_analyze_verify(lab_inventory: inventory.Inv
             verified = runner.run(["systemd-analyze", "verify", *names])
             assert verified.ok and verified.stderr.strip() == "", f"{case}: {verified.stderr}"
     finally:
-        runner.run(["rm", "-rf", "/tmp/verify", "/opt/vllm", render.ENV_FILE])
+        runner.run(["rm", "-rf", "/tmp/verify", "/opt/vllm", render.ENV_FILE, *made])
         runner.close()
