@@ -407,6 +407,9 @@ class Tuned:
 def measure_levels(runner: Any, settings: inventory.Settings, api_key: str | None, workload: Workload,
                    progress: Callable[[str], None]) -> tuple[Level, ...]:
     prompts = workload.prompts()
+    # A server just restarted answers its first requests slower (caches, allocator, compiled paths):
+    # a few short ones first, not counted, so every trial is measured warm.
+    server.bench(runner, settings, api_key, "", min(4, workload.requests), 1, 4, lambda event: None, prompts=prompts)
     levels = []
     for concurrency in workload.concurrency:
         progress(f"  bench: {workload.requests} requests, concurrency {concurrency}")
@@ -461,7 +464,7 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, *, space: str |
                       "; ".join(str(e) for e in deployed.errors.values()) or "not deployed")
             state = outcome.state if outcome else "failed"
             outcome_word = "skipped" if state == "blocked" else "failed"
-            trial = Trial(key, absolute, outcome_word, f"{state}: {detail}"[:900],
+            trial = Trial(key, absolute, outcome_word, _clip(f"{state}: {detail}"),
                           seconds=round(time.monotonic() - begun, 1))
         else:
             runner = remote.connect(server_host, inv.ssh)
@@ -504,6 +507,11 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, *, space: str |
         progress(f"{unit.server}: interrupted: putting the best settings found so far in place ...")
     result.winner = winner(result.trials, slo)
     return finish(inv, unit, options, result, base, timeout, plot, progress)
+
+
+def _clip(text: str, room: int = 900) -> str:
+    """A long reason keeps its start (what broke) and its end (what the rollback did)."""
+    return text if len(text) <= room else f"{text[:room - 300]} [...] {text[-280:]}"
 
 
 def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:

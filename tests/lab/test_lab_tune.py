@@ -1,5 +1,5 @@
 """invoke tune on the lab's cpu-1 with real vLLM (the CPU build): trials deployed and benchmarked, one that
-fails on purpose (a per-step token budget below the batch: vLLM refuses to start), the winner kept in the
+fails on purpose (a context longer than the model's: vLLM refuses to start), the winner kept in the
 inventory's tuned/ folder and running, a second run resuming from the kept trials, the plot written.
 The module removes what it kept and leaves cpu-1 as the inventory says (restores_lab_cpu checks it)."""
 from __future__ import annotations
@@ -18,8 +18,8 @@ pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
 SPACE = """\
 - {name: max_num_seqs, flag: --max-num-seqs, values: [2, 8]}
-# Fewer tokens per step than sequences in a batch: vLLM's scheduler config refuses it at start.
-- {name: max_num_batched_tokens, flag: --max-num-batched-tokens, values: [1]}
+# A context longer than the model's 512 positions: vLLM refuses to start, whatever won before.
+- {name: max_model_len, setting: max_model_len, values: [100000]}
 """
 WORKLOAD = "name: lab-short\nrequests: 6\nconcurrency: [2]\nprompt_words: [10, 20]\nshared_prefix_words: 10\n" \
            "output_tokens: 8\nseed: 7\n"
@@ -48,10 +48,13 @@ def test_tune_keeps_the_fastest_passing_settings_and_resumes(files: tuple[str, s
     assert code == 0, text
     unit = report["units"]["cpu-1"]
     trials = unit["trials"]
-    assert len(trials) >= 3 and trials[0]["settings"] == {}, text  # the host as it was comes first
+    # The host as it was comes first (its context length, 256, is one of the dimensions).
+    assert len(trials) >= 3 and trials[0]["settings"] == {"max_model_len": 256}, text
     failed = [t for t in trials if t["outcome"] == "failed"]
-    assert len(failed) == 1 and failed[0]["settings"].get("max_num_batched_tokens") == 1, trials
-    assert "rolled back" in failed[0]["reason"] and "max_num_batched_tokens" in failed[0]["reason"], failed[0]
+    shown = json.dumps([{k: t[k] for k in ("settings", "outcome", "reason", "score")} for t in trials])
+    assert len(failed) == 1 and failed[0]["settings"].get("max_model_len") == 100000, shown
+    assert "rolled back" in failed[0]["reason"] and "max_model_len" in failed[0]["reason"], failed[0]
+    assert "the previous version is ready again" in failed[0]["reason"], failed[0]
     measured = [t for t in trials if t["outcome"] == "measured"]
     assert all(t["levels"][0]["succeeded"] == 6 and t["levels"][0]["itl_p95_s"] for t in measured), measured
     winner = unit["winner"]
