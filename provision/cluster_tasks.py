@@ -9,7 +9,6 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import task
 
-from provision import engines, remote, report, rolling, secrets, server, status
 from provision.errors import ProvisionError
 from provision.taskargs import (
     HOST_TASK_HELP,
@@ -33,6 +32,7 @@ def deploy(c: Context, host: list[str] | None = None, cluster: str | None = None
            profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
            batch: int = 1, timeout: float = 600, wait: float = 0, verbose: bool = False) -> None:
     """Bring hosts to the inventory's state without taking them all down: rolling, gated on readiness."""
+    from provision import report, rolling, server
     setup_logging(verbose)
     chosen = select(inventory_, host, cluster, all_, set_, default_all=True)
     flags = options(chosen, profile=profile, accept_new_host_keys=accept_new_host_keys, force=force, wait=wait,
@@ -62,6 +62,7 @@ def status_(c: Context, host: list[str] | None = None, cluster: str | None = Non
             inventory_: str | None = None, json_: bool = False, set_: list[str] | None = None, watch: float = 0,
             timeout: float = 5, window: float = 1.0) -> None:
     """Every host at a glance: unit, restarts, health, model, GPUs, requests, tokens/s, KV and prefix cache."""
+    from provision import report, secrets, status
     chosen = select(inventory_, host, cluster, all_, set_, default_all=True)
     held = secrets.load(chosen.inventory.secrets)
     while True:
@@ -85,6 +86,7 @@ def bench(c: Context, host: str | None = None, inventory_: str | None = None, js
           set_: list[str] | None = None, prompt: str = "Tell me about GPUs", count: int = 16, concurrency: int = 4,
           max_tokens: int = 32) -> None:
     """Real completions against a host's server: tokens/s, time to first token, the server's own figures."""
+    from provision import remote, report, secrets, server
     if not host:
         raise Exit("error: bench needs --host NAME", code=2)
     if count < 1 or concurrency < 1 or max_tokens < 1:
@@ -114,6 +116,7 @@ def bench(c: Context, host: str | None = None, inventory_: str | None = None, js
 def logs(c: Context, host: str | None = None, inventory_: str | None = None, follow: bool = False,
          lines: int = 100, unit: str | None = None) -> None:
     """A unit's journal on a host (secrets masked)."""
+    from provision import engines, remote, report, secrets, server
     if not host:
         raise Exit("error: logs needs --host NAME", code=2)
     if unit is not None and unit not in server.UNITS:

@@ -59,3 +59,6 @@ def wheelhouse() -> Path:
 def model_configs() -> Path:
     """A commit's config.json never changes: read once from the hub, kept here by repository and commit."""
     return Path(os.environ.get("PROVISION_MODEL_CONFIGS", "/var/cache/provision/model-configs"))
+
+
+NCCL_PORT = 29500  # verify.nccl's rendezvous port on the head: torchrun's default

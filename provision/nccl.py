@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from provision import programs, remote, render
+from provision import config, programs, remote, render
 from provision.errors import CommandFailed, ParseError, ProvisionError
 from provision.fanout import for_each_host
 from provision.inventory import Host, Inventory
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 # GRAPH the path type of each searched graph ("type NVL/PIX"), ENV the variables it took from the
 # environment ("NCCL_NVLS_ENABLE set by environment to 0"), NET the network it uses.
 DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,GRAPH,ENV,NET"}
-DEFAULT_PORT = 29500  # torchrun's default rendezvous port
+DEFAULT_PORT = config.NCCL_PORT  # torchrun's default rendezvous port
 DEFAULT_MIN_BYTES = 1 << 20
 DEFAULT_MAX_BYTES = 1 << 30
 FLOAT32 = 4

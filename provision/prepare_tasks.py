@@ -5,8 +5,6 @@ from __future__ import annotations
 from invoke.context import Context
 from invoke.tasks import task
 
-from provision import prepare as preparation
-from provision import report, run
 from provision.taskargs import HOST_TASK_HELP, exit_unless, guarded, options, select, setup_logging
 
 
@@ -28,6 +26,8 @@ def prepare(c: Context, host: list[str] | None = None, cluster: str | None = Non
 
     The packages and versions, files and reboot are shown before anything changes (--dry-run: only
     shown); a prepared host plans nothing."""
+    from provision import prepare as preparation
+    from provision import report, run
     setup_logging(verbose)
     chosen = select(inventory_, host, cluster, all_, set_)
     flags = options(chosen, profile=profile, accept_new_host_keys=accept_new_host_keys, force=force, json_=json_)

@@ -8,15 +8,17 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from invoke.exceptions import Exit
 
-from provision import config, inventory, remote
+from provision import config
 from provision.errors import InventoryError, LabError
-from provision.inventory import Host, Inventory
-from provision.profiles import Profile, load_profiles
-from provision.run import Options
+
+if TYPE_CHECKING:  # the tasks import these where they run: `invoke --list` and -h need none of them
+    from provision.inventory import Host, Inventory
+    from provision.profiles import Profile
+    from provision.run import Options
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -65,19 +67,25 @@ def setup_logging(verbose: bool) -> None:
     path = config.log_file()
     if path:
         handlers.append(logging.FileHandler(path))
+    from provision import remote
+
     for handler in handlers:
         handler.addFilter(remote.MaskingFilter())
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
 
 
-def load_inventory(path: str | None) -> inventory.Inventory:
+def load_inventory(path: str | None) -> Inventory:
+    from provision import inventory
+
     return inventory.load(Path(path) if path else config.default_inventory())
 
 
 def profile_named(name: str | None) -> Profile | None:
     if name is None:
         return None
+    from provision.profiles import load_profiles
+
     profiles = load_profiles()
     if name not in profiles:
         raise InventoryError(f"unknown profile '{name}' (known: {', '.join(sorted(profiles))})",
@@ -109,6 +117,8 @@ def select(inventory_: str | None, host: Sequence[str] | None = None, cluster: s
     """--inventory, --host/--cluster/--all and --set, as every host task reads them (InventoryError: exit 2).
     With default_all, naming no host means all of them (status, deploy); without targets (inventory,
     bench, logs: they name their host otherwise) none are chosen."""
+    from provision import inventory
+
     inv = load_inventory(inventory_)
     overrides = inventory.parse_overrides(list(set_ or []))
     if not targets:
@@ -121,6 +131,8 @@ def options(selection: Selection, *, profile: str | None = None, accept_new_host
             force: Sequence[str] | None = None, wait: float = 0, json_: bool = False, only: str | None = None,
             verify: bool = False, may_build: bool = False) -> Options:
     """The run's Options from the flags a task was given."""
+    from provision.run import Options
+
     return Options(overrides=selection.overrides, profile=profile_named(profile),
                    accept_new_host_keys=accept_new_host_keys, force=tuple(force or ()), wait=wait, quiet=json_,
                    only=only, verify=verify, may_build=may_build)

@@ -12,7 +12,6 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import task
 
-from provision import checks, lab, report, run
 from provision.taskargs import (
     HOST_TASK_HELP,
     exit_unless,
@@ -32,6 +31,7 @@ def facts_(c: Context, host: list[str] | None = None, cluster: str | None = None
            inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
            profile: str | None = None, set_: list[str] | None = None, verbose: bool = False) -> None:
     """Gather each host's facts in one round trip: kernel, CPU topology, memory, driver, GPUs, units."""
+    from provision import report, run
     setup_logging(verbose)
     chosen = select(inventory_, host, cluster, all_, set_)
     results = run.gather(chosen.inventory, chosen.targets,
@@ -52,6 +52,7 @@ def check(c: Context, host: list[str] | None = None, cluster: str | None = None,
           profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
           verbose: bool = False) -> None:
     """The preflight gate: every rule on every host, with evidence and the fix; exit 1 if one blocks."""
+    from provision import checks, report, run
     setup_logging(verbose)
     chosen = select(inventory_, host, cluster, all_, set_)
     gated = run.gate(chosen.inventory, chosen.targets,
@@ -70,6 +71,7 @@ def plan_(c: Context, host: list[str] | None = None, cluster: str | None = None,
           profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
           verbose: bool = False) -> None:
     """Show what provision would change on each host, with a diff per file; changes nothing."""
+    from provision import report, run
     setup_logging(verbose)
     chosen = select(inventory_, host, cluster, all_, set_)
     planned = run.plans(chosen.inventory, chosen.targets,
@@ -90,6 +92,7 @@ def provision_(c: Context, host: list[str] | None = None, cluster: str | None = 
                profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
                wait: float = 0, verbose: bool = False) -> None:
     """facts -> gate -> plan -> apply: bring each host's units and environment to the rendered state."""
+    from provision import report, run
     setup_logging(verbose)
     chosen = select(inventory_, host, cluster, all_, set_)
     flags = options(chosen, profile=profile, accept_new_host_keys=accept_new_host_keys, force=force, wait=wait,
@@ -109,6 +112,7 @@ def weights_(c: Context, host: list[str] | None = None, cluster: str | None = No
              profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
              verify: bool = False, wait: float = 0, verbose: bool = False) -> None:
     """Fetch and verify each host's model weights only (a cluster fetches from the hub once)."""
+    from provision import report, run
     setup_logging(verbose)
     chosen = select(inventory_, host, cluster, all_, set_)
     flags = options(chosen, profile=profile, accept_new_host_keys=accept_new_host_keys, force=force, wait=wait,
@@ -126,6 +130,7 @@ def venv_(c: Context, host: list[str] | None = None, cluster: str | None = None,
           profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
           wait: float = 0, verbose: bool = False) -> None:
     """Build (a source: once per architecture), push and install each host's venv only."""
+    from provision import report, run
     setup_logging(verbose)
     chosen = select(inventory_, host, cluster, all_, set_)
     flags = options(chosen, profile=profile, accept_new_host_keys=accept_new_host_keys, force=force, wait=wait,
@@ -148,6 +153,7 @@ def rollback_(c: Context, host: list[str] | None = None, cluster: str | None = N
               inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
               set_: list[str] | None = None, wait: float = 0, list_: bool = False, to: int = 0) -> None:
     """Restore a whole earlier generation (files, units, venv, model revision) on each host, or list them."""
+    from provision import report, run
     chosen = select(inventory_, host, cluster, all_, set_)
     results = run.rollback(chosen.inventory, chosen.targets,
                            options(chosen, accept_new_host_keys=accept_new_host_keys, wait=wait),
@@ -161,6 +167,7 @@ def rollback_(c: Context, host: list[str] | None = None, cluster: str | None = N
 def show_inventory(c: Context, inventory_: str | None = None, json_: bool = False,
                    set_: list[str] | None = None) -> None:
     """Validate the inventory and show hosts, clusters and each host's resolved settings."""
+    from provision import report
     chosen = select(inventory_, set_=set_, targets=False)
     if json_:
         print(report.dump_json(report.inventory_json(chosen.inventory, chosen.overrides)))
@@ -172,6 +179,7 @@ def show_inventory(c: Context, inventory_: str | None = None, json_: bool = Fals
 @guarded
 def lab_up(c: Context, hosts: str | None = None) -> None:
     """Boot the lab: real hosts (systemd-nspawn, sshd) replaying recorded GPU machines."""
+    from provision import lab, report
     names = [name.strip() for name in hosts.split(",") if name.strip()] if hosts else None
     the_lab = lab.Lab()
     the_lab.up(names, progress=lambda line: print(line, file=sys.stderr))
@@ -182,6 +190,7 @@ def lab_up(c: Context, hosts: str | None = None) -> None:
 @guarded
 def lab_status(c: Context, json_: bool = False) -> None:
     """Show the lab's hosts: address, profile, recording replayed, process and sshd state."""
+    from provision import lab, report
     rows = lab.Lab().status()
     if json_:
         print(report.dump_json(rows))
@@ -196,6 +205,7 @@ def lab_status(c: Context, json_: bool = False) -> None:
 @guarded
 def lab_down(c: Context, keep_cache: bool = False) -> None:
     """Stop the lab and remove everything it made (processes, namespaces, links, files)."""
+    from provision import lab
     removed = lab.Lab().down(keep_cache=keep_cache)
     print(f"lab down: stopped {', '.join(removed) or 'no hosts'}")
     for line in lab.left_in_place():

@@ -6,7 +6,6 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import task
 
-from provision import report, tune
 from provision.errors import ProvisionError
 from provision.taskargs import HOST_TASK_HELP, exit_unless, guarded, options, select, setup_logging
 
@@ -34,6 +33,7 @@ def tune_(c: Context, host: list[str] | None = None, cluster: str | None = None,
     Each trial is a deploy (rendered unit, restart, readiness) and a benchmark; a failed trial is
     rolled back and recorded. The winner goes to tuned/HOST.yaml beside the inventory (diff shown) and
     the host is left running it (or its original settings when none passed). Hosts one at a time."""
+    from provision import report, tune
     setup_logging(verbose)
     minutes, ttft, itl = (_positive(value, flag) for value, flag in (
         (budget, "--budget"), (slo_ttft_ms, "--slo-ttft-ms"), (slo_itl_ms, "--slo-itl-ms")))

@@ -18,7 +18,7 @@ from invoke.tasks import task
 # module may be imported first (tasks.py imports this one from its last line).
 verify = Collection("verify")
 
-from provision import nccl, report
+from provision import config
 from provision.errors import InventoryError
 from provision.taskargs import guarded, help_for, options, select, setup_logging
 
@@ -31,7 +31,7 @@ NCCL_HELP = help_for(
        "iters": "timed all-reduces per size (default 20)",
        "warmup": "untimed all-reduces per size first (default 5)",
        "gpus": "GPUs per host to use (default: all that nvidia-smi lists)",
-       "port": f"rendezvous port on the head (default {nccl.DEFAULT_PORT})",
+       "port": f"rendezvous port on the head (default {config.NCCL_PORT})",
        "timeout": "seconds the whole test may take on a host (default 600)",
        "log-dir": "keep each node's answer, NCCL's INFO log of every rank included, as "
                   "DIR/TEST-HOST.json"},
@@ -43,13 +43,14 @@ NCCL_HELP = help_for(
 def nccl_(c: Context, host: list[str] | None = None, cluster: str | None = None,
           inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
           profile: str | None = None, set_: list[str] | None = None, min_bytes: str = "1M",
-          max_bytes: str = "1G", iters: int = 20, warmup: int = 5, gpus: int = 0, port: int = nccl.DEFAULT_PORT,
+          max_bytes: str = "1G", iters: int = 20, warmup: int = 5, gpus: int = 0, port: int = config.NCCL_PORT,
           timeout: int = 600, log_dir: str | None = None, verbose: bool = False) -> None:
     """Measure all-reduce bus bandwidth across GPUs with NCCL, in the service's rendered environment.
 
     Like nccl-tests' all_reduce_perf: algbw and busbw per message size, each result checked, and the
     transport NCCL chose (P2P over NVLink or PCIe, SHM, NET/Socket, NET/IB) read from its own log.
     """
+    from provision import nccl, report
     setup_logging(verbose)
     if bool(host) == bool(cluster):
         raise InventoryError("name hosts (--host) or one cluster (--cluster), not both or neither",
