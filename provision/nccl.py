@@ -391,7 +391,7 @@ def plan_cluster(nodes: Sequence[Context], head: str, *, gpus: int | None = None
     ordered = sorted(nodes, key=lambda ctx: ctx.host != head)  # the head first: rank 0 is its
     if not ordered or ordered[0].host != head:
         raise ProvisionError(f"the head {head} has no facts: it cannot hold the rendezvous")
-    link = render.node_link(ordered[0])
+    link = ordered[0].link
     if link is None:
         raise ProvisionError(f"{head}: no interface on the cluster network (see `invoke check`)")
     counts = [_gpus_of(ctx, gpus) for ctx in ordered]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from provision import affinity, engines, hardening
-from provision.context import Context, NodeLink
+from provision.context import Context
 from provision.engines.vllm import VLLM
 from provision.errors import ProvisionError
 from provision.facts import MANAGED_UNITS
@@ -134,11 +134,6 @@ def model_path(settings: Settings) -> str:
     if settings.fetch_weights:
         return f"{settings.model_dir.rstrip('/')}/{model}/current"
     return f"{settings.model_dir.rstrip('/')}/{model}"
-
-
-def node_link(ctx: Context) -> NodeLink | None:
-    """This node's interface and address on the cluster network (multi-node only)."""
-    return ctx.link
 
 
 def model_file(ctx: Context) -> str:

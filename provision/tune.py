@@ -205,17 +205,13 @@ def load_workload(path: str | None) -> Workload:
             values["prompt_words"] = (low, high)
         workload = Workload(**values)
         ok = (workload.requests >= 1 and workload.output_tokens >= 1 and workload.concurrency
-              and all(c >= 1 for c in workload.concurrency) and 0 <= low_of(workload) <= workload.prompt_words[1])
+              and all(c >= 1 for c in workload.concurrency) and 0 <= workload.prompt_words[0] <= workload.prompt_words[1])
     except (TypeError, ValueError):
         ok = False
     if not ok:
         raise TuneError("requests, output_tokens and each concurrency at least 1; prompt_words [MIN, MAX]",
                         file=path)
     return workload
-
-
-def low_of(workload: Workload) -> int:
-    return workload.prompt_words[0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,8 +32,4 @@ def engine_of(settings: object) -> Engine:
     return ENGINES[str(getattr(settings, "engine", "vllm") or "vllm")]
 
 
-def server_unit_of(settings: object) -> str:
-    return engine_of(settings).server_unit
-
-
-__all__ = ["ENGINES", "NAMES", "Engine", "MetricNames", "Verdict", "engine_of", "server_unit_of"]
+__all__ = ["ENGINES", "NAMES", "Engine", "MetricNames", "Verdict", "engine_of"]
