@@ -21,6 +21,7 @@ from provision import affinity, hardening, known_issues, kvcache
 from provision import cuda as cuda_builds
 from provision.context import Context, cluster_network_of, flag_value
 from provision.engines import Verdict, engine_of
+from provision.engines.llamacpp import gguf_models
 from provision.facts import DROP_IN_DIRS, MANAGED_UNITS
 
 BLOCKER, WARNING, INFO = "blocker", "warning", "info"
@@ -597,7 +598,7 @@ def engine_model(ctx: Context) -> Finding | None:
     names = [f.path for f in ctx.snapshot.files]
     ggufs = [name for name in names if name.endswith(".gguf")]
     if engine.model_format == "gguf":
-        firsts = [name for name in ggufs if "-00001-of-" in name] or ggufs
+        firsts = gguf_models(names)
         if len(firsts) == 1:
             return ok(f"{engine.title} loads {firsts[0]}", file=firsts[0])
         return fail(f"{engine.title} serves one GGUF file; {ctx.snapshot.repo} offers {len(firsts)}",

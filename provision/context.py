@@ -38,7 +38,6 @@ class Context:
     model_config: Mapping[str, Any] | None = None
     quantization: str | None = None
     mpi_key_set: bool = False  # an mpi_ssh_key is in the secrets (multi-node TensorRT-LLM)
-    home: str = "/var/lib/vllm"  # the service user's home (its state directory)
 
     @property
     def parallel(self) -> int:

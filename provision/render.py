@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from provision import affinity, engines, hardening
 from provision.context import Context
+from provision.engines.llamacpp import gguf_models
 from provision.engines.vllm import VLLM
 from provision.errors import ProvisionError
 from provision.facts import MANAGED_UNITS
@@ -142,10 +143,9 @@ def model_file(ctx: Context) -> str:
     path = model_path(ctx.settings)
     if engines.engine_of(ctx.settings).model_format != "gguf" or path.endswith(".gguf"):
         return path
-    names = sorted(f.path for f in ctx.snapshot.files if f.path.endswith(".gguf")) if ctx.snapshot else []
-    if not names and ctx.settings.model_files:  # placed by hand: model_files names the file
-        names = [pattern for pattern in ctx.settings.model_files if pattern.endswith(".gguf") and "*" not in pattern]
-    firsts = [name for name in names if "-00001-of-" in name] or names
+    firsts = gguf_models([f.path for f in ctx.snapshot.files] if ctx.snapshot else [])
+    if not firsts:  # placed by hand: model_files names the file
+        firsts = gguf_models([pattern for pattern in ctx.settings.model_files if "*" not in pattern])
     if len(firsts) != 1:
         found = ", ".join(firsts[:4]) or "none"
         raise RenderError(f"{ctx.host}: llama.cpp serves one GGUF file; the model offers {len(firsts)} ({found}): "
@@ -214,7 +214,7 @@ def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | 
                                  restarts=(unit.name,), unit=True))
         units.append(unit.name)
     extra_dirs = []
-    for config in engine.config_files(ctx, secrets or {}):
+    for config in engine.config_files(ctx, secrets or {}, STATE_DIR):
         owner = user if config.owner == "service" else config.owner
         content = config.content if config.content is not None else render(config.template, config.values)
         files.append(DesiredFile(config.path, content, owner, owner, config.mode, restarts=tuple(units)))

@@ -97,16 +97,16 @@ def roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostPl
     every generation the batch made, or reject them all: each host gets back its last good one."""
     cluster = inv.cluster_of(group[0])
     multi = bool(cluster and cluster.multi_node)
+    head_engine = engines.engine_of(inv.settings(cluster.head, overrides)) if cluster else None
     # A Ray cluster's server starts only once Ray sees every node; an MPI launch reaches them itself.
-    ray = multi and cluster is not None and engines.engine_of(inv.settings(cluster.head, overrides)).cluster_launch == "ray"
+    ray = multi and head_engine is not None and head_engine.cluster_launch == "ray"
     held_back: dict[str, list[plan.Change]] = {}
     made: dict[str, int] = {}
 
     def apply(name: str) -> int:
         changes = remaining(plans[name])
-        if ray and cluster and name == cluster.head:  # vLLM starts only once Ray sees every node
-            unit = engines.engine_of(inv.settings(name, overrides)).server_unit
-            held_back[name] = [c for c in changes if c.target == unit and c.kind in ("start", "restart")]
+        if ray and cluster and head_engine and name == cluster.head:  # vLLM starts only once Ray sees every node
+            held_back[name] = [c for c in changes if c.target == head_engine.server_unit and c.kind in ("start", "restart")]
             changes = [c for c in changes if c not in held_back[name]]
         started = time.monotonic()
         count = 0
@@ -188,8 +188,7 @@ def roll_back(name: str, generation: int, plans: dict[str, HostPlan], held: secr
             outcome.detail = f"{own}; rolled back to generation {back.to} ({what})"
             outcome.state = "rolled back"
             # A server ran before: restarted by this deploy, or stopped for another engine's.
-            ran_before = any((c.kind == "restart" and c.target in SERVER_UNITS) or
-                             (c.kind == "stop" and c.target in SERVER_UNITS) for c in plans[name].changes)
+            ran_before = any(c.kind in ("restart", "stop") and c.target in SERVER_UNITS for c in plans[name].changes)
             if ready is not None and ran_before:
                 try:  # the rollback itself is done; whether what it restored serves is worth saying
                     ready()

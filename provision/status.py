@@ -195,13 +195,13 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
                 model_root: str | None, seconds: float, key_sent: bool = False,
                 engine: engines.Engine = engines.ENGINES["vllm"]) -> HostStatus:
     """Pure: the probe's answer -> what status shows, and whether the host is healthy."""
+    machine: dict[str, Any] = {
+        "kernel": host_facts.kernel, "driver": host_facts.driver.version if host_facts.driver else None,
+        "gpus": _gpu_rows(host_facts), "seconds": round(seconds, 2)}
     unit_name = engine.server_unit if role == "server" else engine.worker_unit
     if unit_name is None:  # a worker the head's server starts its processes on (TensorRT-LLM over MPI)
-        return HostStatus(host, role, True, True, None, kernel=host_facts.kernel,
-                          driver=host_facts.driver.version if host_facts.driver else None,
-                          gpus=_gpu_rows(host_facts), unit={"name": "-", "active": "n/a", "installed": True,
-                                                            "note": f"{engine.title} ranks started by the head"},
-                          health="-", seconds=round(seconds, 2))
+        return HostStatus(host, role, True, True, None, health="-", **machine, unit={
+            "name": "-", "active": "n/a", "installed": True, "note": f"{engine.title} ranks started by the head"})
     state = host_facts.units.get(unit_name)
     installed = state is not None and state.load_state != "not-found"
     unit = {"name": unit_name, "active": state.active_state if state else "unknown",
@@ -210,9 +210,7 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
     revision = None
     if model_root:
         revision = (host_facts.weights.get(model_root) or {}).get("current")
-    common: dict[str, Any] = {
-        "kernel": host_facts.kernel, "driver": host_facts.driver.version if host_facts.driver else None,
-        "gpus": _gpu_rows(host_facts), "unit": unit, "revision": revision, "seconds": round(seconds, 2)}
+    common: dict[str, Any] = {**machine, "unit": unit, "revision": revision}
     if state is not None and not installed:  # never provisioned: say so, not "inactive" or "worker"
         return HostStatus(host, role, True, False, f"{unit_name} is not installed: provision the host first",
                           health="-", **common)

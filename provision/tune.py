@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from provision import __version__, inventory, rolling, server
+from provision import __version__, inventory, remote, rolling, secrets, server
 from provision.errors import InventoryError, ProvisionError
 from provision.facts import HostFacts
 from provision.run import Options, gate, progress_line
@@ -420,8 +420,6 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, *, space: str |
          slo: Slo, budget_s: float | None, timeout: float, plot: bool = True,
          progress: Callable[[str], None] = progress_line) -> Tuned:
     """Trials on one unit, the winner kept and deployed; the host runs the winner, or what it ran before."""
-    from provision import remote, secrets
-
     server_host = inv.host(unit.server)
     gated = gate(inv, [server_host], dataclasses.replace(options, quiet=True))
     if unit.server in gated.errors:

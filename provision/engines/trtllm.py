@@ -122,7 +122,7 @@ class TrtLlm(Engine):
             **common, **server, "mpi": self._multi(ctx),
             "exec_start": self.server_command(ctx, server["model"], resolutions)})]
 
-    def config_files(self, ctx: Context, secrets: Mapping[str, str | None]) -> list[ConfigFile]:
+    def config_files(self, ctx: Context, secrets: Mapping[str, str | None], home: str) -> list[ConfigFile]:
         settings = ctx.settings
         files = []
         if ctx.is_head:
@@ -144,7 +144,7 @@ class TrtLlm(Engine):
                     (nodes[name], ctx.host_keys[name]) for name in ctx.cluster_order if name != ctx.host]}),
                 ConfigFile(MPI_KEY, "", {}, mode=0o600, owner="service", content=key.strip() + "\n")]
         else:
-            files.append(ConfigFile(f"{ctx.home}/.ssh/authorized_keys", "engines/mpi-authorized-keys.j2", {
+            files.append(ConfigFile(f"{home}/.ssh/authorized_keys", "engines/mpi-authorized-keys.j2", {
                 "host": ctx.host, "head": ctx.head_cluster_address, "cluster": ctx.cluster.name if ctx.cluster else "",
                 "public_key": public_key(key)}, mode=0o600, owner="service"))
         return files
