@@ -201,9 +201,11 @@ def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | 
     common = {"host": ctx.host, "profile": ctx.profile.name, "user": user, "env_file": ENV_FILE,
               "state_dir": STATE_DIR, "writable_paths": writable, "hardening": hardening.unit_values(ctx),
               **SUPERVISION}
-    files = [DesiredFile(ENV_FILE, render("env/vllm.env.j2", {**common, "environment": service_environment(ctx, api_key)}),
+    environment = service_environment(ctx, api_key)
+    files = [DesiredFile(ENV_FILE, render("env/vllm.env.j2", {**common, "environment": environment}),
                          "root", "root", 0o600)]
     server = {"served_model_name": str(settings.served_model_name or settings.model), "engine": engine.title,
+              "environment": [name for name, _ in environment],  # the names the environment file sets
               "model": model_file(ctx) if ctx.is_head else model_path(settings),
               "timeout_start_sec": 1800, "cpu_affinity": chosen.cpu_list, "affinity_reason": chosen.reason,
               "numa_mask": ",".join(map(str, chosen.numa_nodes)) if chosen.numa_nodes else None}

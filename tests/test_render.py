@@ -337,3 +337,14 @@ def test_an_mpi_worker_gets_a_login_shell_and_loses_it_when_the_cluster_leaves_t
     back = plan.build(states["spark-pair-worker"], mpi_worker)
     assert next(c for c in back if c.kind == "user").data["shell"] == "/usr/sbin/nologin"
     assert ("remove", "/var/lib/vllm/.ssh/authorized_keys") in [(c.kind, c.target) for c in back]
+
+
+def test_mpirun_passes_every_variable_of_the_environment_file_to_the_ranks_by_name() -> None:
+    head = seed_states()["spark-pair-trtllm-head"]
+    env = next(f for f in head.files if f.path == render.ENV_FILE).content
+    names = sorted(line.split("=", 1)[0] for line in env.splitlines() if line and not line.startswith("#"))
+    unit = next(f for f in head.files if f.path.endswith("trtllm-serve.service")).content
+    start = next(line for line in unit.splitlines() if line.startswith("ExecStart=")).split()
+    passed = sorted(start[index + 1] for index, arg in enumerate(start) if arg == "-x")
+    assert passed == names and "NCCL_IB_HCA" in passed  # the RDMA devices reach the workers' ranks too
+    assert not any("=" in name for name in passed)  # names only: the values stay in the 0600 file

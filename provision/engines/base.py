@@ -113,7 +113,8 @@ class Engine:
 
     def unit_files(self, ctx: Context, common: Mapping[str, Any], server: Mapping[str, Any],
                    resolutions: Sequence[str]) -> list[UnitFile]:
-        """This host's units, in start order. `common` goes to every unit, `server` to the server's."""
+        """This host's units, in start order. `common` goes to every unit, `server` to the server's
+        (with "model", what it loads, and "environment", the names the environment file sets)."""
         raise NotImplementedError
 
     def config_files(self, ctx: Context, secrets: Mapping[str, str | None], home: str) -> list[ConfigFile]:

@@ -85,14 +85,15 @@ class TrtLlm(Engine):
         if settings.max_model_len:
             serve += ["--max_seq_len", str(settings.max_model_len)]
         own = own_args(settings.extra_args, settings.server_flags)
-        serve += [arg for arg in resolutions if arg not in own] + own
-        if not self._multi(ctx):
-            return serve
-        # One rank per GPU of the cluster, from the head, the service environment passed on by name
-        # (-x NAME: values stay in the 0600 environment file, never in the command line).
-        names = sorted(name for name in self.environment(ctx, dict(ctx.settings.environment)) if name != "HF_TOKEN")
+        return serve + [arg for arg in resolutions if arg not in own] + own
+
+    def _launch(self, ctx: Context, serve: list[str], environment: Sequence[str]) -> list[str]:
+        """One rank per GPU of the cluster, from the head: every variable of the rendered service
+        environment passed on by name (-x NAME: values stay in the 0600 environment file, never in the
+        command line)."""
+        venv = ctx.settings.venv_dir.rstrip("/")
         return [MPIRUN, "--hostfile", HOSTFILE, "-np", str(ctx.parallel), "--map-by", f"ppr:{self._per_node(ctx)}:node",
-                *(arg for name in names for arg in ("-x", name)),
+                *(arg for name in environment for arg in ("-x", name)),
                 f"{venv}/bin/trtllm-llmapi-launch", *serve]
 
     def _per_node(self, ctx: Context) -> int:
@@ -118,9 +119,10 @@ class TrtLlm(Engine):
                    resolutions: Sequence[str]) -> list[UnitFile]:
         if not ctx.is_head:
             return []  # a worker's ranks are started by the head's mpirun, over SSH
+        serve = self.server_command(ctx, server["model"], resolutions)
         return [UnitFile(self.server_unit, "systemd/trtllm-serve.service.j2", {
             **common, **server, "mpi": self._multi(ctx),
-            "exec_start": self.server_command(ctx, server["model"], resolutions)})]
+            "exec_start": self._launch(ctx, serve, server["environment"]) if self._multi(ctx) else serve})]
 
     def config_files(self, ctx: Context, secrets: Mapping[str, str | None], home: str) -> list[ConfigFile]:
         settings = ctx.settings
