@@ -11,6 +11,13 @@ if TYPE_CHECKING:
 PASS, FAIL, WARN = "pass", "fail", "warn"
 
 
+def closing_args(settings: Any, resolutions: Sequence[str]) -> list[str]:
+    """What every engine's command line ends with: the gate's resolutions the inventory does not give
+    itself, then the inventory's own arguments (own_args)."""
+    own = own_args(settings.extra_args, settings.server_flags)
+    return [arg for arg in resolutions if arg not in own] + own
+
+
 def own_args(extra_args: Sequence[str], server_flags: Mapping[str, Any]) -> list[str]:
     """The inventory's own server arguments: extra_args, then server_flags ({--flag: value}; true: the
     bare flag; false: none). A flag server_flags names is taken out of extra_args first (with its value:

@@ -19,7 +19,7 @@ from provision.engines.base import (
     MetricNames,
     UnitFile,
     Verdict,
-    own_args,
+    closing_args,
 )
 
 if TYPE_CHECKING:
@@ -79,8 +79,7 @@ class LlamaCpp(Engine):
         args += ["--n-gpu-layers", "999" if ctx.profile.gpu is not None else "0"]
         if not settings.enable_prefix_caching:
             args.append("--no-cache-prompt")
-        own = own_args(settings.extra_args, settings.server_flags)
-        return args + [arg for arg in resolutions if arg not in own] + own
+        return args + closing_args(settings, resolutions)
 
     def unit_files(self, ctx: Context, common: Mapping[str, Any], server: Mapping[str, Any],
                    resolutions: Sequence[str]) -> list[UnitFile]:

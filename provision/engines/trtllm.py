@@ -27,7 +27,7 @@ from provision.engines.base import (
     MetricNames,
     UnitFile,
     Verdict,
-    own_args,
+    closing_args,
 )
 
 if TYPE_CHECKING:
@@ -84,8 +84,7 @@ class TrtLlm(Engine):
                  "--extra_llm_api_options", OPTIONS_FILE]
         if settings.max_model_len:
             serve += ["--max_seq_len", str(settings.max_model_len)]
-        own = own_args(settings.extra_args, settings.server_flags)
-        return serve + [arg for arg in resolutions if arg not in own] + own
+        return serve + closing_args(settings, resolutions)
 
     def _launch(self, ctx: Context, serve: list[str], environment: Sequence[str]) -> list[str]:
         """One rank per GPU of the cluster, from the head: every variable of the rendered service

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from provision.engines.base import PASS, Engine, MetricNames, UnitFile, Verdict, own_args
+from provision.engines.base import PASS, Engine, MetricNames, UnitFile, Verdict, closing_args
 
 if TYPE_CHECKING:
     from provision.context import Context
@@ -52,10 +52,7 @@ class Vllm(Engine):
         args.append("--enable-prefix-caching" if settings.enable_prefix_caching else "--no-enable-prefix-caching")
         if ctx.cluster and ctx.cluster.multi_node:
             args += ["--distributed-executor-backend", "ray"]
-        own = own_args(settings.extra_args, settings.server_flags)
-        args += [arg for arg in resolutions if arg not in own]
-        args += own
-        return args
+        return args + closing_args(settings, resolutions)
 
     def environment(self, ctx: Context, environment: dict[str, str]) -> dict[str, str]:
         link = ctx.link
