@@ -25,8 +25,8 @@ TO_LLAMA = ["--set", "engine=llamacpp", "--set", "model=lab/tiny-gguf", "--set",
 def unit_state(inv: inventory.Inventory, host: str, unit: str) -> tuple[str, bool]:
     """(is-active, whether the unit file exists) of a unit on a lab host."""
     active = on_host(inv, host, ["systemctl", "is-active", unit]).strip()
-    exists = on_host(inv, host, ["sh", "-c", f"test -e /etc/systemd/system/{unit} && echo yes || echo no"]).strip()
-    return active, exists == "yes"
+    path = f"/etc/systemd/system/{unit}"
+    return active, on_host(inv, host, ["stat", "--format=%n", path]).strip() == path  # nothing when absent
 
 
 @pytest.fixture(scope="module")
