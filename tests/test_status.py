@@ -10,6 +10,7 @@ import pytest
 
 from provision import engines, facts, inventory, lab, server, status
 from provision.facts import HostFacts
+from provision.host import serve
 from provision.inventory import Settings
 from provision.rolling import batches as _batches
 from tests.fakes import ok, probe_answer_from_recording
@@ -330,3 +331,21 @@ def test_a_worker_of_an_mpi_launch_is_reported_without_a_unit_of_its_own() -> No
     assert found.healthy and found.unit["name"] == "-" and "started by the head" in found.unit["note"]
     vllm_worker = status.host_status("spark-b", "worker", base, None, None, 0.1)
     assert vllm_worker.unit["name"] == "vllm-ray-worker.service"
+
+
+def test_a_crash_is_told_by_the_run_that_crashed_not_by_systemd_restarting_it() -> None:
+    """After Restart=, the journal's newest lines are systemd's restart notices; the reason is before them
+    (here a run killed by a signal, which prints no Python error)."""
+    journal = ("INFO 12-01 00:08:41 [api_server.py:1] vLLM API server version 0.32.0\n"
+               "INFO 12-01 00:08:44 [loader.py:2] Loading weights took 0.10 seconds\n"
+               "vllm.service: Main process exited, code=killed, status=9/KILL\n"
+               "vllm.service: Failed with result 'signal'.\n"
+               "vllm.service: Scheduled restart job, restart counter is at 1.\n"
+               "Stopped vllm.service - vLLM OpenAI-compatible server: tiny-llama.\n"
+               "Started vllm.service - vLLM OpenAI-compatible server: tiny-llama.\n")
+    said = serve.why_it_stopped(journal)
+    assert "status=9/KILL" in said and "Failed with result 'signal'" in said
+    assert "Scheduled restart" not in said and "Started" not in said
+    python_error = "Traceback (most recent call last):\nValueError: no such model\nvllm.service: Main process " \
+                   "exited, code=exited, status=1/FAILURE\n"
+    assert serve.why_it_stopped(python_error).startswith("Traceback | ValueError: no such model")

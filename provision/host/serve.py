@@ -83,9 +83,23 @@ def _journal_tail(unit: str) -> str:
                               check=False).stdout.decode("utf-8", "replace")
     except OSError:
         return ""
-    lines = [line for line in text.splitlines() if line.strip()]
-    errors = [line for line in lines if "rror" in line or "Traceback" in line]
+    return why_it_stopped(text)
+
+
+def why_it_stopped(journal: str) -> str:
+    """Pure: a unit's journal (`-o cat`) -> the lines that say why its last run ended."""
+    lines = [line for line in journal.splitlines() if line.strip()]
+    # The failed run's own words: after a restart the newest lines are systemd's restart notices,
+    # which say nothing of why. A process killed by a signal (OOM, SIGSEGV) prints no error: systemd's
+    # "Main process exited, code=..., status=..." is then the reason.
+    restarted = [index for index, line in enumerate(lines) if "Scheduled restart job" in line]
+    if restarted:
+        lines = lines[:restarted[-1]]
+    errors = [line for line in lines if any(word in line for word in ERROR_WORDS)]
     return " | ".join((errors or lines)[-3:])[:600]
+
+
+ERROR_WORDS = ("rror", "Traceback", "Main process exited", "Killed", "Out of memory", "core-dump", "signal")
 
 
 def ready(spec: dict[str, Any]) -> dict[str, Any]:
