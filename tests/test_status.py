@@ -348,4 +348,4 @@ def test_a_crash_is_told_by_the_run_that_crashed_not_by_systemd_restarting_it() 
     assert "Scheduled restart" not in said and "Started" not in said
     python_error = "Traceback (most recent call last):\nValueError: no such model\nvllm.service: Main process " \
                    "exited, code=exited, status=1/FAILURE\n"
-    assert serve.why_it_stopped(python_error).startswith("Traceback | ValueError: no such model")
+    assert serve.why_it_stopped(python_error).startswith("Traceback (most recent call last): | ValueError: no such model")
