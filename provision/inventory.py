@@ -414,6 +414,10 @@ VAR_SPECS: Mapping[str, VarSpec] = {
     "model_files": VarSpec("glob patterns of the repository's files to fetch (default: all)", _string_list, ()),
     "fetch_weights": VarSpec("download the model from the hub (false: the weights are placed by hand)",
                              _boolean, True),
+    "transfer": VarSpec("how a cluster's hosts get the weights and the venv's wheels: relay (a chain: each host "
+                        "passes the bytes on as they arrive; the hub and the controller send one copy), star "
+                        "(one host fetches, then every other copies from it) or hub (every host from the hub)",
+                        _choice("relay", "star", "hub"), "relay"),
     "hf_endpoint": VarSpec("hub (or mirror) the weights come from, like HF_ENDPOINT", _url,
                            "https://huggingface.co"),
     "model_dir": VarSpec("directory for model weights", _absolute_path, "/var/lib/vllm/models"),
@@ -530,6 +534,7 @@ class Settings:
     venv_dir: str
     model_files: tuple[str, ...]
     fetch_weights: bool
+    transfer: str
     hf_endpoint: str
     model_dir: str
     hf_home: str

@@ -24,6 +24,8 @@ from provision.prepare import Prepared
 if TYPE_CHECKING:
     from provision.rolling import Deployed
     from provision.run import Applied, HostPlan, Planned
+    from provision.venv import WheelsSent
+    from provision.weights import FetchResult
 
 
 def console() -> Console:
@@ -350,14 +352,16 @@ def print_applied(result: Applied, json_: bool) -> None:
     """What provision (venv, weights) did on each host; JSON with --json."""
     order, plans, findings, errors = result.order, result.plans, result.findings, result.errors
     applied, fetched = result.applied, result.fetched
-    from_hub = sum(result.fetched for result in fetched.values() if result.source == "hub")
+    from_hub = bytes_from_hub(fetched)
     if json_:
         document = plans_json(order, plans, findings, errors, applied)
         for name, got in fetched.items():
             document["hosts"][name]["fetched"] = {"bytes": got.fetched, "from": got.source,
+                                                  "by_source": got.detail.get("from", {}),
+                                                  "rerouted": got.detail.get("rerouted", []),
                                                   "linked": got.detail.get("linked", 0),
                                                   "quarantined": got.detail.get("quarantined", [])}
-        document["bytes_from_hub"] = from_hub
+        document.update(transfer_json(result.fetched, result.wheels))
         print(dump_json(document))
         return
     for name in order:
@@ -370,9 +374,27 @@ def print_applied(result: Applied, json_: bool) -> None:
                 line += f"; weights: {got.fetched / 2**20:.1f} MiB from {got.source}"
                 if got.detail.get("quarantined"):
                     line += f", {len(got.detail['quarantined'])} bad file(s) set aside and fetched again"
+                for step in got.detail.get("rerouted", []):
+                    line += f"; left {step['source']} for {step['next']} ({step['why']})"
             print(line)
     if fetched:
         print(f"bytes fetched from the hub: {from_hub} ({from_hub / 2**20:.1f} MiB)")
+    pushed = sum(result.wheels.pushed.values())
+    if pushed:
+        print(f"wheel bytes sent by this machine: {pushed} ({pushed / 2**20:.1f} MiB)")
+
+
+def bytes_from_hub(fetched: Mapping[str, FetchResult]) -> int:
+    """What the hosts took from the hub: a relay's host falls back to it only when its relays fail."""
+    return sum(int(got.detail.get("from", {}).get("hub", 0)) for got in fetched.values())
+
+
+def transfer_json(fetched: Mapping[str, FetchResult], wheels: WheelsSent) -> dict[str, Any]:
+    """Bytes by origin for a run: the hub's (weights), this machine's (wheels), and what the hosts passed
+    on to each other."""
+    return {"bytes_from_hub": bytes_from_hub(fetched),
+            "bytes_from_controller": sum(wheels.pushed.values()),
+            "wheels": {"pushed": wheels.pushed, "relayed": wheels.relayed}}
 
 
 def print_rollback(results: HostResults[Any], listing: bool, json_: bool) -> None:
@@ -411,7 +433,8 @@ def print_deployed(result: Deployed, json_: bool) -> None:
                      "ready_s": outcome.ready_s, "weights_from": fetched[name].source if name in fetched else None,
                      "detail": outcome.detail or (error_text(errors[name]) if name in errors else "")})
     if json_:
-        print(dump_json({"hosts": rows, "seconds": round(seconds, 2), "ok": not errors}))
+        print(dump_json({"hosts": rows, "seconds": round(seconds, 2), "ok": not errors,
+                         **transfer_json(fetched, result.wheels)}))
         return
     table = Table(title=f"deploy: {len(order)} host(s) in {seconds:.1f}s")
     for column in ("host", "state", "changes", "steps (s)", "detail"):

@@ -15,7 +15,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from provision import engines, inventory, ops, plan, remote, run, secrets, server, status, weights
+from provision import (
+    engines,
+    inventory,
+    ops,
+    plan,
+    remote,
+    run,
+    secrets,
+    server,
+    status,
+    venv,
+    weights,
+)
 from provision.engines.vllm import RAY_PORT
 from provision.errors import ProvisionError
 from provision.fanout import for_each_host
@@ -253,6 +265,7 @@ class Deployed:
     errors: dict[str, BaseException]
     seconds: float
     held: secrets.Secrets
+    wheels: venv.WheelsSent = field(default_factory=venv.WheelsSent)
 
     @property
     def ok(self) -> bool:
@@ -272,7 +285,7 @@ def deploy(inv: inventory.Inventory, targets: list[inventory.Host], options: Opt
         show(planned)
         plans, errors, order, held = planned.plans, dict(planned.errors), planned.order, planned.held
         outcomes.update({name: Outcome(name) for name in order})
-        applied, failed, fetched = run.carry_out(
+        applied, failed, fetched, wheels_sent = run.carry_out(
             inv, plans, order, options, held,
             final=rolling(inv, plans, options.overrides, held, batch, timeout, options.wait, outcomes),
             timings=timings, pool=pool)
@@ -284,4 +297,5 @@ def deploy(inv: inventory.Inventory, targets: list[inventory.Host], options: Opt
             outcome.state, outcome.detail = "failed", error_text(errors[name])
         elif name not in plans and name not in errors:
             outcome.state, outcome.detail = "blocked", "blocked by the gate, nothing changed"
-    return Deployed(order, plans, outcomes, applied, fetched, errors, time.monotonic() - started, held)
+    return Deployed(order, plans, outcomes, applied, fetched, errors, time.monotonic() - started, held,
+                    wheels_sent)

@@ -19,7 +19,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,6 +219,9 @@ class HostPlan:
     scope: ops.Scope = field(default_factory=ops.Scope)  # what the host's generations cover
     # A deploy's generation left pending by a run that stopped before its readiness verdict.
     unfinished: dict[str, Any] | None = None
+    transfer: str = "relay"  # how the cluster passes weights and wheels around (the `transfer` setting)
+    arch: str = ""  # hosts of one cluster and architecture pass wheels to each other
+    held_wheels: dict[str, str] = field(default_factory=dict)  # {name: sha256} in the host's wheelhouse
 
     @property
     def push_bytes(self) -> int:
@@ -251,6 +254,7 @@ class Applied:
     errors: dict[str, BaseException]
     applied: dict[str, int]
     fetched: dict[str, weights.FetchResult]
+    wheels: venv.WheelsSent = field(default_factory=venv.WheelsSent)
 
     @property
     def ok(self) -> bool:
@@ -263,9 +267,9 @@ def provision(inv: inventory.Inventory, targets: list[inventory.Host], options: 
     with remote.Pool(inv.ssh, accept_new_host_keys=options.accept_new_host_keys) as pool:
         planned = plans(inv, targets, options, pool)
         show(planned)
-        applied, failed, fetched = carry_out(inv, planned.plans, planned.order, options, planned.held,
+        applied, failed, fetched, wheels_sent = carry_out(inv, planned.plans, planned.order, options, planned.held,
                                              pool=pool)
-    return Applied(planned.order, planned.plans, planned.findings, {**planned.errors, **failed}, applied, fetched)
+    return Applied(planned.order, planned.plans, planned.findings, {**planned.errors, **failed}, applied, fetched, wheels_sent)
 
 
 def progress_line(line: str) -> None:
@@ -335,7 +339,8 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
     scope = ops.Scope(venv=settings.venv_dir.rstrip("/") if venv.requirements_of(settings) or local_wheels
                       else None, model_root=weights.root_of(settings) if weights.managed(settings) else None)
     return HostPlan(changes, pushes, link.address if link else None,
-                    ctx.cluster.name if ctx.cluster else ctx.host, scope, unfinished_generation(host_facts))
+                    ctx.cluster.name if ctx.cluster else ctx.host, scope, unfinished_generation(host_facts),
+                    transfer=settings.transfer, arch=arch, held_wheels=venv.remote_wheels(host_facts))
 
 
 def unfinished_generation(host_facts: facts.HostFacts, now: float | None = None) -> dict[str, Any] | None:
@@ -431,7 +436,7 @@ Final = Callable[[list[str], Connect, Bar], tuple[dict[str, int], dict[str, Base
 def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[str], options: Options,
               held: secrets.Secrets, final: Final | None = None,
               timings: dict[str, dict[str, float]] | None = None, pool: remote.Pool | None = None) -> tuple[
-                  dict[str, int], dict[str, BaseException], dict[str, weights.FetchResult]]:
+                  dict[str, int], dict[str, BaseException], dict[str, weights.FetchResult], venv.WheelsSent]:
     """Apply the plans in three steps, all hosts at once in each: wheels pushed and the fetch helper
     built; the weights fetched (the hub once per cluster, then host to host); the rest applied (by
     `final` where given: deploy rolls it host by host). A host that fails leaves the later steps;
@@ -470,13 +475,8 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
     active = [name for name in order if name in plans and plans[name].changes]
 
     def prepare(name: str) -> int:
-        host_plan, runner = plans[name], connect(name)
-        for house, wheels in host_plan.pushes:
-            if wheels:
-                total = sum(w.size for w in wheels)
-                venv.push(runner, house, wheels, _sent_of(bar(f"{name}: push {len(wheels)} wheel(s)"), total))
-        helper = host_plan.of_kind("venv", target=weights.HUB_VENV)
-        return len(ops.apply(runner, helper, wait=wait).done) if helper else 0
+        helper = plans[name].of_kind("venv", target=weights.HUB_VENV)
+        return len(ops.apply(connect(name), helper, wait=wait).done) if helper else 0
 
     def parallel_final(names: list[str], connect: Connect, bar: Bar) -> tuple[dict[str, int], dict[str, BaseException]]:
         def finish(name: str) -> int:
@@ -497,13 +497,21 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
         return dict(last.values), dict(last.errors)
 
     fetched: dict[str, weights.FetchResult] = {}
+    wheels_sent = venv.WheelsSent()
     try:
         with progress:
-            first = for_each_host(active, lambda name: name, timed("prepare", prepare))
+            started = time.monotonic()
+            wheel_jobs_ = wheel_jobs(plans, active)
+            wheels_sent = venv.send_all(wheel_jobs_, connect, bar)
+            for wheel_job in wheel_jobs_:
+                clock.setdefault(wheel_job.host, {})["wheels"] = round(time.monotonic() - started, 2)
+            errors.update(wheels_sent.errors)
+            first = for_each_host([name for name in active if name not in errors], lambda name: name,
+                                  timed("prepare", prepare))
             errors.update(first.errors)
             done.update(first.values)
             jobs = [weights.Job(name, plans[name].group, plans[name].of_kind("weights")[0].data,
-                                plans[name].cluster_address)
+                                plans[name].cluster_address, plans[name].transfer)
                     for name in active if name not in errors and plans[name].of_kind("weights")]
             started = time.monotonic()
             fetched, fetch_errors = weights.fetch_all(jobs, connect, held.hf_token, options.verify, wait, bar)
@@ -519,12 +527,19 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
     finally:
         if own:
             connections.close()
-    return done, errors, fetched
+    return done, errors, fetched, wheels_sent
 
 
-def _sent_of(update: Callable[[int, int], None], total: int) -> Callable[[int], None]:
-    """A push's progress (bytes sent) on its bar, out of `total`."""
-    return lambda sent: update(sent, total)
+def wheel_jobs(plans: Mapping[str, HostPlan], names: Sequence[str]) -> list[venv.WheelJob]:
+    """The hosts that lack wheels, each with its cluster and architecture (the hosts it relays to)."""
+    jobs = []
+    for name in names:
+        host_plan = plans[name]
+        missing = tuple((house.directory / wheel.name, wheel) for house, wheels in host_plan.pushes for wheel in wheels)
+        if missing:
+            jobs.append(venv.WheelJob(name, f"{host_plan.group} {host_plan.arch}", host_plan.cluster_address,
+                                      host_plan.transfer, missing, host_plan.held_wheels))
+    return jobs
 
 
 def remaining(host_plan: HostPlan) -> list[plan.Change]:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import platform
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -279,3 +280,109 @@ def helper_venv_data(directory: str, requirements: Sequence[str], wheelhouse: Wh
     return {"venv": directory, "wheelhouse": REMOTE_WHEELHOUSE, "requirements": list(requirements),
             "wheels": {w.name: w.sha256 for w in wheelhouse.wheels}, "remove": [],
             "key": hashlib.sha256(f"{wheelhouse.key} {directory}".encode()).hexdigest()}
+
+
+# ---------------------------------------------------------------------------------------------
+# A cluster's wheels: from the controller once, then host to host
+
+
+@dataclass(frozen=True)
+class WheelJob:
+    """One host's missing wheels, and where its cluster reaches it."""
+
+    host: str
+    group: str  # the cluster and architecture: hosts that pass wheels on to each other
+    address: str | None  # None: the controller pushes to this host alone
+    transfer: str  # the cluster's `transfer` setting: relay, star or hub (hub: the controller to each host)
+    missing: tuple[tuple[Path, Wheel], ...]  # (the controller's file, the wheel) the host lacks
+    have: Mapping[str, str]  # the wheels it holds already, {name: sha256} (its wheelhouse manifest)
+
+
+@dataclass
+class WheelsSent:
+    """What the wheels' transfers did: bytes the controller sent to each host, bytes each host received
+    from the others (by source), and the hosts that failed."""
+
+    pushed: dict[str, int] = field(default_factory=dict)
+    relayed: dict[str, dict[str, int]] = field(default_factory=dict)
+    errors: dict[str, BaseException] = field(default_factory=dict)
+
+
+def wheel_groups(jobs: Sequence[WheelJob]) -> list[list[WheelJob]]:
+    """Pure: hosts that share one copy from the controller, in order; hosts without an address, and
+    every host where the transfer is `hub` (the origin to each), go alone."""
+    groups: dict[str, list[WheelJob]] = {}
+    alone: list[list[WheelJob]] = []
+    for job in jobs:
+        if job.address is None or job.transfer == "hub":
+            alone.append([job])
+        else:
+            groups.setdefault(job.group, []).append(job)
+    return list(groups.values()) + alone
+
+
+def send_all(jobs: Sequence[WheelJob], connect: Callable[[str], Any],
+             bar: Callable[[str], Callable[[int, int], None]]) -> WheelsSent:
+    """Every host's missing wheels. Per group the controller pushes the wheels any host lacks to the
+    first host only; the others receive them along the relay chain (or from the first host, once it
+    has them all, for a star) as they arrive, each checking every sha256. A host its relays fail is
+    pushed to by the controller, like a host alone."""
+    from provision import relay
+    from provision.fanout import for_each_host
+
+    sent = WheelsSent()
+
+    def push_to(job: WheelJob, wheels: Sequence[tuple[Path, Wheel]]) -> None:
+        total = sum(wheel.size for _, wheel in wheels)
+        update = bar(f"{job.host}: push {len(wheels)} wheel(s)")
+        runner = connect(job.host)
+        made = runner.run(["mkdir", "-p", "-m", "0755", REMOTE_WHEELHOUSE])
+        if not made.ok:
+            raise ProvisionError(f"{job.host}: cannot create {REMOTE_WHEELHOUSE}: {made.stderr.strip()}")
+        done = 0
+        for local, wheel in wheels:
+            runner.put(local, f"{REMOTE_WHEELHOUSE}/{wheel.name}",
+                       lambda now, _total, base=done: update(base + now, total))
+            done += wheel.size
+        sent.pushed[job.host] = sent.pushed.get(job.host, 0) + done
+
+    def lacking(job: WheelJob, union: Sequence[tuple[Path, Wheel]]) -> list[tuple[Path, Wheel]]:
+        return [(local, wheel) for local, wheel in union if job.have.get(wheel.name) != wheel.sha256]
+
+    def receive(job: WheelJob, wheels: Sequence[tuple[Path, Wheel]], sources: list[dict[str, Any]]) -> None:
+        if not wheels:
+            return
+        if not sources:
+            push_to(job, wheels)
+            return
+        spec = {"action": "receive", "directory": REMOTE_WHEELHOUSE, "sources": sources,
+                "files": [{"path": w.name, "size": w.size, "digest": f"sha256:{w.sha256}"} for _, w in wheels]}
+        try:
+            result = relay.run(connect(job.host), relay.program(spec), "python3", "the wheels' relay",
+                               bar(f"{job.host}: {len(wheels)} wheel(s) from {sources[0]['name']}"))
+        except relay.RelayError as exc:  # every relay failed it: the controller sends what is still missing
+            logging.getLogger("provision.venv").info("%s: wheels from the controller instead: %s", job.host, exc)
+            push_to(job, wheels)
+            return
+        sent.relayed[job.host] = {str(k): int(v) for k, v in result.get("from", {}).items()}
+
+    def run_group(members: list[WheelJob]) -> None:
+        union = list({wheel.name: (local, wheel) for job in members for local, wheel in job.missing}.values())
+        by_host = {job.host: job for job in members}
+        files = {wheel.name: wheel.size for _, wheel in union}
+
+        def server(host: str, peers: int) -> relay.Server:
+            address = str(by_host[host].address)
+            return relay.Server(connect(host), lambda secret: relay.program(relay.serve_spec(
+                secret, address, REMOTE_WHEELHOUSE, REMOTE_WHEELHOUSE, ".partial", files, peers)), address)
+
+        def work(host: str, relays: list[dict[str, Any]]) -> None:
+            # The first host (or one whose relays could not start): from the controller.
+            job = by_host[host]
+            receive(job, lacking(job, union) if len(members) > 1 else list(job.missing), relays)
+
+        _, failed = relay.carry(list(by_host), members[0].transfer if len(members) > 1 else relay.HUB, server, work)
+        sent.errors.update(failed)
+
+    for_each_host(wheel_groups(jobs), lambda members: members[0].host, run_group)
+    return sent

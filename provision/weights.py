@@ -5,24 +5,24 @@ inventory's `hf_endpoint`) turns the inventory's revision into a full commit and
 size and hash, so the plan can name the commit, the gate can check the disk against real sizes, and an
 unchanged host is recognised from its manifest (read by the fact probe) without a byte moving.
 
-Apply time (host/weights.py on the host): a cluster fetches from the hub once. One host (the seed: one
-that has the revision already, else the head) fetches; the others copy from it over the cluster network
-and verify every file themselves. Hosts without a cluster address fetch from the hub each.
+Apply time (host/weights.py on the host): a cluster fetches from the hub once. With the `transfer`
+setting at relay (the default), the first host fetches from the hub while the next receives from it,
+and so on down a chain (relay.py), every host verifying every file itself; star: the first host
+fetches, then the others copy from it; hub: every host from the hub. Hosts without a cluster address
+fetch from the hub each.
 """
 from __future__ import annotations
 
 import fnmatch
 import json
-import secrets as random_secrets
 import tempfile
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provision import config, programs
-from provision.errors import ProvisionError, UnreachableHost
+from provision import config, programs, relay
+from provision.errors import ProvisionError
 from provision.facts import HostFacts
 from provision.inventory import Settings
 
@@ -248,93 +248,48 @@ def change_data(settings: Settings, snapshot: Snapshot) -> dict[str, Any]:
 
 
 def program(spec: Mapping[str, Any]) -> str:
-    return programs.ship(("weights",), "weights_main", spec)
+    return programs.ship(("relay", "weights"), "weights_main", spec)
 
 
 @dataclass
 class FetchResult:
     fetched: int = 0  # bytes that crossed the network to this host
-    source: str = ""  # "hub" or "peer HOST"
-    detail: dict[str, Any] = field(default_factory=dict)
+    source: str = ""  # "hub" or "peer HOST": where the host was to get the bytes from first
+    detail: dict[str, Any] = field(default_factory=dict)  # the program's report: "from" bytes per source, ...
 
 
 def _run(runner: Any, python: str, spec: Mapping[str, Any], on_progress: Callable[[int, int], None],
          on_event: Callable[[dict[str, Any]], None] = lambda event: None) -> dict[str, Any]:
-    def event(found: dict[str, Any]) -> None:
-        if found.get("event") == "progress":
-            on_progress(int(found["done"]), int(found["total"]))
-        else:
-            on_event(found)
-
     try:
-        result, done = programs.run(runner, program(spec), 24 * 3600, event, python=python)
-    except UnreachableHost as exc:  # say which step the connection was lost in
-        raise UnreachableHost(runner.host, f"during the weights {spec['action']}: {exc.reason}") from None
-    if not result:
-        raise WeightsError(f"{runner.host}: the weights step ended without an answer (exit {done.exited}): "
-                           f"{programs.tail(done)}")
-    if not result.get("ok"):
-        raise WeightsError(f"{runner.host}: {result.get('error')}")
-    return result
+        return relay.run(runner, program(spec), python, f"the weights {spec['action']}", on_progress, on_event)
+    except relay.RelayError as exc:
+        raise WeightsError(str(exc)) from None
 
 
-def fetch_from_hub(runner: Any, data: Mapping[str, Any], token: str | None, verify_all: bool, wait: float,
-                   on_progress: Callable[[int, int], None]) -> FetchResult:
-    spec = {**_fetch_spec(data, verify_all, wait),
-            "source": {"kind": "hub", "endpoint": data["endpoint"], "token": token}}
-    result = _run(runner, f"{HUB_VENV}/bin/python", spec, on_progress)
-    return FetchResult(int(result.get("fetched", 0)), "hub", result)
+def hub_source(data: Mapping[str, Any], token: str | None) -> dict[str, Any]:
+    return {"kind": "hub", "endpoint": data["endpoint"], "token": token, "repo": data["repo"],
+            "commit": data["commit"]}
 
 
-def fetch_from_peer(runner: Any, data: Mapping[str, Any], url: str, verify_all: bool, wait: float,
-                    on_progress: Callable[[int, int], None], seed: str) -> FetchResult:
-    spec = {**_fetch_spec(data, verify_all, wait), "source": {"kind": "peer", "url": url}}
-    result = _run(runner, "python3", spec, on_progress)
-    return FetchResult(int(result.get("fetched", 0)), f"peer {seed}", result)
-
-
-def _fetch_spec(data: Mapping[str, Any], verify_all: bool, wait: float) -> dict[str, Any]:
-    return {"action": "fetch", "root": data["root"], "repo": data["repo"], "revision": data["revision"],
+def fetch(runner: Any, data: Mapping[str, Any], sources: Sequence[Mapping[str, Any]], verify_all: bool,
+          wait: float, on_progress: Callable[[int, int], None]) -> FetchResult:
+    """One host's fetch from its sources in order (its relays, the hub last), every file verified there."""
+    spec = {"action": "fetch", "root": data["root"], "repo": data["repo"], "revision": data["revision"],
             "commit": data["commit"], "files": data["files"], "verify_all": verify_all, "lock": LOCK,
-            "wait": wait}
+            "wait": wait, "sources": list(sources)}
+    first = sources[0]
+    result = _run(runner, f"{HUB_VENV}/bin/python", spec, on_progress)
+    return FetchResult(int(result.get("fetched", 0)), "hub" if first["kind"] == "hub" else f"peer {first['name']}",
+                       result)
 
 
-class Seed:
-    """A host serving its verified revision to its cluster while the others copy it."""
-
-    def __init__(self, runner: Any, data: Mapping[str, Any], address: str, peers: int) -> None:
-        self.secret = random_secrets.token_urlsafe(24)  # the URL is the only key; it dies with the run
-        self.spec = {"action": "serve", "root": data["root"], "commit": data["commit"], "address": address,
-                     "secret": self.secret, "peers": peers, "idle": 120}
-        self.runner = runner
-        self.address = address
-        self.port: int | None = None
-        self.ready = threading.Event()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-
-    def _serve(self) -> None:
-        def on_event(event: dict[str, Any]) -> None:
-            if event.get("event") == "serving":
-                self.port = int(event["port"])
-                self.ready.set()
-        try:
-            _run(self.runner, "python3", self.spec, lambda done, total: None, on_event)
-        except BaseException as exc:  # noqa: BLE001  reported through .error; the thread must not die silently
-            self.error = exc
-        finally:
-            self.ready.set()
-
-    def start(self, timeout: float = 60) -> str:
-        self.thread.start()
-        self.ready.wait(timeout)
-        if self.port is None:
-            raise WeightsError(f"{self.runner.host}: could not serve the weights to its cluster: "
-                               f"{self.error or 'no answer'}")
-        return f"http://{self.address}:{self.port}/{self.secret}"
-
-    def join(self, timeout: float = 180) -> None:
-        self.thread.join(timeout)
+def relay_server(runner: Any, data: Mapping[str, Any], address: str, peers: int) -> relay.Server:
+    """A host serving the revision to its cluster: the files it holds, and those still arriving."""
+    root, commit = data["root"], data["commit"]
+    files = {f["path"]: f["size"] for f in data["files"]}
+    return relay.Server(runner, lambda secret: program(relay.serve_spec(
+        secret, address, f"{root}/revisions/{commit}", f"{root}/.partial/{commit}", ".part", files, peers)),
+        address)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,57 +302,51 @@ class Job:
     group: str  # hosts of one group share one fetch from the hub (a cluster, or the host alone)
     data: Mapping[str, Any]  # change_data
     address: str | None  # the host's address on its cluster network, where its peers reach it
+    transfer: str = relay.RELAY  # the group's `transfer` setting: relay, star or hub
 
 
-def seeds_and_peers(jobs: Sequence[Job]) -> list[tuple[Job, list[Job]]]:
-    """Pure: per (group, commit), the host that fetches from the hub and those that copy from it.
-    Hosts without a cluster address cannot serve or be served: each is its own seed."""
+def transfer_groups(jobs: Sequence[Job]) -> list[list[Job]]:
+    """Pure: the hosts that share one copy from the hub: per (group, commit, model root), in order.
+    Hosts without a cluster address cannot serve or be served: each is a group of its own."""
     groups: dict[tuple[str, str, str], list[Job]] = {}
-    alone: list[tuple[Job, list[Job]]] = []
+    alone: list[list[Job]] = []
     for job in jobs:
         if job.address is None:
-            alone.append((job, []))
+            alone.append([job])
         else:
             groups.setdefault((job.group, job.data["commit"], job.data["root"]), []).append(job)
-    return [(members[0], members[1:]) for members in groups.values()] + alone
+    return list(groups.values()) + alone
 
 
 def fetch_all(jobs: Sequence[Job], connect: Callable[[str], Any], token: str | None, verify_all: bool,
               wait: float, progress: Callable[[str], Callable[[int, int], None]]) -> tuple[
                   dict[str, FetchResult], dict[str, BaseException]]:
-    """Every job's fetch; seeds (from the hub) first, all groups at once, then each seed's peers."""
+    """Every job's fetch, all groups at once. relay: every host of a group at once, each from the host
+    before it while that one still receives; star: the first host from the hub, then the others from
+    it; hub: every host from the hub. A host's relay that fails is replaced by the next source."""
     from provision.fanout import for_each_host
 
     results: dict[str, FetchResult] = {}
     errors: dict[str, BaseException] = {}
 
-    def run_group(item: tuple[Job, list[Job]]) -> None:
-        seed, peers = item
-        try:
-            results[seed.host] = fetch_from_hub(connect(seed.host), seed.data, token, verify_all, wait,
-                                                progress(f"{seed.host}: from the hub"))
-        except Exception as exc:  # noqa: BLE001 - reported for the seed and its peers
-            errors[seed.host] = exc
-            for peer in peers:
-                errors[peer.host] = WeightsError(f"{peer.host}: not fetched: its seed {seed.host} failed")
-            return
-        if not peers:
-            return
-        server = Seed(connect(seed.host), seed.data, str(seed.address), len(peers))
-        try:
-            url = server.start()
-        except WeightsError as exc:
-            for peer in peers:
-                errors[peer.host] = exc
-            return
-        copied = for_each_host(peers, lambda job: job.host, lambda job: fetch_from_peer(
-            connect(job.host), job.data, url, verify_all, wait, progress(f"{job.host}: from {seed.host}"),
-            seed.host))
-        results.update(copied.values)
-        errors.update(copied.errors)
-        server.join()
+    def run_group(members: list[Job]) -> None:
+        by_host = {job.host: job for job in members}
 
-    for_each_host(seeds_and_peers(jobs), lambda item: item[0].host, run_group)
+        def one(host: str, relays: list[dict[str, Any]]) -> FetchResult:
+            job = by_host[host]
+            sources = [*relays, hub_source(job.data, token)]
+            shown = "from the hub" if sources[0]["kind"] == "hub" else f"from {sources[0]['name']}"
+            return fetch(connect(host), job.data, sources, verify_all, wait, progress(f"{host}: {shown}"))
+
+        def server(host: str, peers: int) -> relay.Server:
+            return relay_server(connect(host), by_host[host].data, str(by_host[host].address), peers)
+
+        strategy = members[0].transfer if len(members) > 1 else relay.HUB
+        done, failed = relay.carry(list(by_host), strategy, server, one)
+        results.update(done)
+        errors.update(failed)
+
+    for_each_host(transfer_groups(jobs), lambda members: members[0].host, run_group)
     return results, errors
 
 

@@ -245,12 +245,15 @@ def test_the_facts_table_shows_the_venv_when_one_exists_and_says_when_none() -> 
     assert dict(report.facts_rows(bare))["venv"] == "not collected"
 
 
-@pytest.mark.parametrize("name", ["probe", "apply", "generations", "weights", "build", "nccl", "serve"])
+SHIPPED_WITH = {"apply": ("generations", "apply"), "weights": ("relay", "weights")}
+
+
+@pytest.mark.parametrize("name", ["probe", "apply", "generations", "relay", "weights", "build", "nccl", "serve"])
 def test_every_host_program_ships_self_contained(name: str) -> None:
     """What a host receives imports nothing of this package: it runs where provision is not installed."""
     from provision import programs
 
-    text = programs.ship(("generations", "apply") if name == "apply" else (name,), "print", {"ok": 1})
+    text = programs.ship(SHIPPED_WITH.get(name, (name,)), "print", {"ok": 1})
     assert "from provision" not in text and "import provision" not in text
     done = subprocess.run([sys.executable, "-I", "-"], input=text,
                           capture_output=True, text=True, timeout=60, cwd="/", check=False)
@@ -268,7 +271,7 @@ def _python(version: str) -> str | None:
     return None
 
 
-@pytest.mark.parametrize(("name", "oldest"), [("probe", "3.6"), ("apply", "3.7"), ("weights", "3.7"),
+@pytest.mark.parametrize(("name", "oldest"), [("probe", "3.6"), ("apply", "3.7"), ("weights", "3.7"), ("relay", "3.7"),
                                               ("build", "3.7"), ("nccl", "3.7"), ("serve", "3.7")])
 def test_every_host_program_runs_on_the_oldest_python3_it_promises(name: str, oldest: str) -> None:
     """The probe must answer on any python3 (it reports the version the gate refuses); the others
@@ -278,7 +281,7 @@ def test_every_host_program_runs_on_the_oldest_python3_it_promises(name: str, ol
     python = _python(oldest)
     if python is None:
         pytest.skip(f"no python{oldest} on this machine")
-    text = programs.ship(("generations", "apply") if name == "apply" else (name,), "print", {"ok": 1})
+    text = programs.ship(SHIPPED_WITH.get(name, (name,)), "print", {"ok": 1})
     done = subprocess.run([python, "-I", "-"], input=text, capture_output=True, text=True, timeout=60,
                           cwd="/", check=False)
     assert done.returncode == 0 and done.stdout.strip() == "{'ok': 1}", done.stderr

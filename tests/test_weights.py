@@ -86,7 +86,7 @@ def test_an_edit_in_place_that_keeps_size_and_time_is_verified_again_on_the_next
     spec = {"action": "fetch", "root": str(root), "repo": snap.repo, "revision": "main", "commit": commit,
             "files": [entry.__dict__], "verify_all": False, "lock": str(tmp_path / "lock"), "wait": 0,
             # Nothing is fetched: the file is there and hashes right (the peer is never asked).
-            "source": {"kind": "peer", "url": "http://127.0.0.1:9/none"}}
+            "sources": [{"kind": "peer", "name": "none", "url": "http://127.0.0.1:9/none"}]}
     result = weights._run(runner, "python3", spec, lambda done, total: None)
     assert result["fetched"] == 0 and result["verified"] == 1 and result["kept"] == 1
 
@@ -122,7 +122,7 @@ def test_revision_changes_and_a_rollback_leave_no_file_looking_changed(tmp_path:
     def fetch(snap: Snapshot) -> dict:
         spec = {"action": "fetch", "root": str(root), "repo": snap.repo, "revision": "main", "commit": snap.commit,
                 "files": [entry.__dict__], "verify_all": False, "lock": str(tmp_path / "lock"), "wait": 0,
-                "source": {"kind": "peer", "url": "http://127.0.0.1:9/none"}}
+                "sources": [{"kind": "peer", "name": "none", "url": "http://127.0.0.1:9/none"}]}
         return weights._run(runner, "python3", spec, lambda done, total: None)
 
     def planned(snap: Snapshot) -> tuple[str | None, int]:
@@ -139,12 +139,12 @@ def test_revision_changes_and_a_rollback_leave_no_file_looking_changed(tmp_path:
     assert planned(snaps[1]) == (None, 0)
 
 
-def test_a_cluster_has_one_seed_per_revision_and_hosts_without_an_address_fetch_alone() -> None:
+def test_a_cluster_shares_one_copy_per_revision_and_hosts_without_an_address_fetch_alone() -> None:
     data = {"commit": SNAP.commit, "root": "/m/org/m"}
     jobs = [Job("a", "c1", data, "10.0.0.1"), Job("b", "c1", data, "10.0.0.2"), Job("c", "c1", data, None),
-            Job("d", "c2", data, "10.0.1.1")]
-    plan = {seed.host: [peer.host for peer in peers] for seed, peers in weights.seeds_and_peers(jobs)}
-    assert plan == {"a": ["b"], "d": [], "c": []}
+            Job("d", "c2", data, "10.0.1.1"), Job("e", "c1", {**data, "root": "/other/org/m"}, "10.0.0.3")]
+    groups = [[job.host for job in group] for group in weights.transfer_groups(jobs)]
+    assert groups == [["a", "b"], ["d"], ["e"], ["c"]]
 
 
 def test_managed_only_for_hub_ids_and_served_from_current() -> None:

@@ -1,35 +1,45 @@
 """Model weights ON the host: fetch, verify, keep, under the host lock (common.py). The controller appends
-`weights_main(SPEC_JSON)`.
+`weights_main(SPEC_JSON)`; relay.py travels ahead of it.
 
     {"action": "fetch", "root": "/var/lib/vllm/models/ORG/NAME", "repo": "ORG/NAME", "commit": SHA,
      "files": [{"path", "size", "digest": "sha256:HEX" | "git-sha1:HEX"}], "verify_all": false,
-     "source": {"kind": "hub", "endpoint": URL, "token": T|null} | {"kind": "peer", "url": URL},
+     "sources": [{"kind": "peer", "name": HOST, "url": URL}, ...,
+                 {"kind": "hub", "endpoint": URL, "token": T|null, "repo": "ORG/NAME", "commit": SHA}],
      "lock": "/run/lock/provision.lock", "wait": 0}
-    {"action": "serve", "root", "commit", "address", "secret", "peers": N, "idle": 120}
+    {"action": "serve", ...}: relay.serve, over ROOT/revisions/SHA and ROOT/.partial/SHA
 
 Layout under ROOT: revisions/SHA/ (one per commit, with its manifest .provision-weights.json),
 `current` and `previous` (relative symlinks; vLLM reads ROOT/current), .partial/SHA/*.part (what a
-broken transfer left, resumed next time), .quarantine/ (files whose hash did not match: set aside,
-never served). A file the new revision shares with the current one is hard-linked, not fetched.
+broken transfer left, resumed next time; what a relay serves while it arrives), .quarantine/ (files
+whose hash did not match: set aside, never served). A file the new revision shares with the current
+one is hard-linked, not fetched.
 
+The sources are tried in order (relay.Route): the nearest relay of the cluster first, the hub last.
 The hub transfer is huggingface_hub's own (`http_get`, HF_ENDPOINT-style endpoint, the token in its
-headers); it runs under the helper venv's python. Peers copy from a host of their cluster over plain
-HTTP with ranges, standard library only. Output: JSON lines, {"event": "progress", ...} while bytes
-move and one {"event": "result", ...} at the end.
+headers); it runs under the helper venv's python. Relays answer plain HTTP ranges, standard library
+only. Output: JSON lines, {"event": "progress", ...} while bytes move, {"event": "rerouted", ...} when
+a source is left, and one {"event": "result", ...} at the end.
 """
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import os
 import shutil
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, BinaryIO, cast
 
 from provision.host.common import StepFailed, emit, lock, write_atomically
+from provision.host.relay import (
+    Progress,
+    Route,
+    Sink,
+    fetch_peer,
+    receive,
+    serve,
+    tell_done,
+)
 
 MANIFEST = ".provision-weights.json"
 
@@ -80,100 +90,21 @@ def unchanged_since_verified(path: str, recorded: Mapping[str, Any] | None) -> b
     return isinstance(kept, list) and len(kept) >= 2 and now[:len(kept)] == kept
 
 
-class Counter:
-    """A file object that reports the bytes written through it (huggingface_hub writes into it)."""
-
-    def __init__(self, handle: BinaryIO, progress: Callable[[int], None]) -> None:
-        self._handle = handle
-        self._progress = progress
-
-    def write(self, data: bytes) -> int:
-        written = self._handle.write(data)
-        self._progress(len(data))
-        return written
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._handle, name)
-
-
-class Progress:
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.done = 0
-        self.fetched = 0
-        self.last = 0.0
-        self.lock = threading.Lock()
-
-    def add(self, count: int, fetched: bool = True) -> None:
-        with self.lock:
-            self.done += count
-            if fetched:
-                self.fetched += count
-            now = time.time()
-            if now - self.last >= 0.3 or self.done >= self.total:
-                self.last = now
-                emit("progress", done=self.done, total=self.total)
-
-
-def fetch_hub(source: dict[str, Any], repo: str, commit: str, entry: dict[str, Any], handle: BinaryIO,
-              resume: int, progress: Progress) -> None:
+def fetch_hub(source: Mapping[str, Any], entry: Mapping[str, Any], sink: Sink, resume: int) -> None:
+    """The file from the hub with huggingface_hub's own transfer (its retries, its headers)."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     from huggingface_hub import hf_hub_url
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # an implicit re-export
 
-    url = hf_hub_url(repo, entry["path"], revision=commit, endpoint=source["endpoint"])
+    url = hf_hub_url(source["repo"], entry["path"], revision=source["commit"], endpoint=source["endpoint"])
     headers = build_hf_headers(token=source.get("token") or False, library_name="provision")
-    # http_get only writes to its file: the Counter stands in for one.
-    http_get(url, cast(BinaryIO, Counter(handle, progress.add)), resume_size=resume, headers=headers,
-             expected_size=entry["size"])
+    # http_get only writes to its file: the Sink stands in for one.
+    http_get(url, cast(BinaryIO, sink), resume_size=resume, headers=headers, expected_size=entry["size"])
 
 
-def fetch_peer(source: dict[str, Any], repo: str, commit: str, entry: dict[str, Any], handle: BinaryIO,
-               resume: int, progress: Progress) -> None:
-    import urllib.request
-    from urllib.parse import quote
-
-    request = urllib.request.Request(source["url"].rstrip("/") + "/" + quote(entry["path"]))
-    if resume:
-        request.add_header("Range", f"bytes={resume}-")
-    with urllib.request.urlopen(request, timeout=60) as response:
-        if resume and response.status != 206:
-            handle.seek(0)
-            handle.truncate()
-            progress.add(-resume, fetched=False)
-        for block in iter(lambda: response.read(1 << 20), b""):
-            handle.write(block)
-            progress.add(len(block))
-
-
-def transfer(spec: dict[str, Any], entry: dict[str, Any], part: str, progress: Progress) -> None:
-    """Fetch one file into its .part file, resuming what an earlier run left there."""
-    os.makedirs(os.path.dirname(part), exist_ok=True)
-    resume = os.path.getsize(part) if os.path.exists(part) else 0
-    if resume > entry["size"]:
-        os.remove(part)
-        resume = 0
-    progress.add(resume, fetched=False)
-    fetch = fetch_hub if spec["source"]["kind"] == "hub" else fetch_peer
-    with open(part, "ab") as handle:
-        try:
-            if resume < entry["size"] or entry["size"] == 0:
-                fetch(spec["source"], spec["repo"], spec["commit"], entry, handle, resume, progress)
-        except Exception as exc:  # the transport's own error (hub or peer), said once, with what is kept
-            try:
-                handle.flush()
-            except OSError:
-                pass  # a full disk refuses the rest of the buffer too; what reached the file stays
-            got = os.path.getsize(part)
-            raise WeightsFailed(f"{entry['path']}: transfer broke off after {got} of {entry['size']} bytes "
-                                f"(kept for the next run to resume): {_short(exc)}") from exc
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
+FETCHERS: Mapping[str, Any] = {"hub": fetch_hub, "peer": fetch_peer}  # relay.Fetcher each
 
 
 QUARANTINE_KEEP = 1  # bad copies kept per file for a look: the newest; older ones only fill the disk
@@ -200,16 +131,21 @@ def quarantine(root: str, path: str, commit: str, name: str, keep_in_place: bool
 
 
 def place(spec: dict[str, Any], entry: dict[str, Any], final: str, part: str, progress: Progress,
-          report: dict[str, Any]) -> None:
-    """Bring one file of the revision in place: verified, fetched (at most twice) or set aside."""
+          report: dict[str, Any], route: Route) -> None:
+    """Bring one file of the revision in place: verified as it arrives (at most twice, the second time
+    from the next source), or set aside."""
     for attempt in (1, 2):
-        transfer(spec, entry, part, progress)
-        if os.path.getsize(part) == entry["size"] and matches(part, entry):
+        try:
+            digest = receive(entry, part, route, progress, FETCHERS)
+        except OSError as exc:
+            raise WeightsFailed(str(exc)) from None
+        if os.path.getsize(part) == entry["size"] and digest == entry["digest"]:
             os.chmod(part, 0o644)
             os.makedirs(os.path.dirname(final), exist_ok=True)
             os.rename(part, final)  # over a bad copy, if one is still in place: one atomic step
             return
         report["quarantined"].append(quarantine(spec["root"], part, spec["commit"], entry["path"]))
+        route.leave(f"{entry['path']}: {digest[:19]}..., expected {entry['digest'][:19]}...")
         if attempt == 2:
             raise WeightsFailed(f"{entry['path']}: hash mismatch twice (expected {entry['digest']}); the "
                                 f"fetched copies are set aside in {spec['root']}/.quarantine")
@@ -267,10 +203,13 @@ def fetch(spec: dict[str, Any]) -> dict[str, Any]:
         if os.path.exists(os.path.join(partial, e["path"] + ".part")))
     make_room(root, need, commit, report)
     progress = Progress(sum(e["size"] for e in todo))
+    route = Route(spec["sources"])
     for entry in todo:
         place(spec, entry, os.path.join(revision, entry["path"]),
-              os.path.join(partial, entry["path"] + ".part"), progress, report)
+              os.path.join(partial, entry["path"] + ".part"), progress, report, route)
     report["fetched"] = progress.fetched
+    report["from"] = route.received
+    report["rerouted"] = route.left
     write_manifest(spec, revision)
     switch(root, commit, report)
     # Linking into the new revision and removing old ones changed link counts, so ctimes: stamp the
@@ -359,64 +298,6 @@ def switch(root: str, commit: str, report: dict[str, Any]) -> None:
             report["freed"].append(name)
 
 
-def serve(spec: dict[str, Any]) -> dict[str, Any]:
-    """Serve one verified revision to the cluster's other hosts until each said it is done."""
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-    from socketserver import ThreadingMixIn
-    from urllib.parse import unquote
-
-    base = os.path.realpath(os.path.join(spec["root"], "revisions", spec["commit"]))
-    prefix = "/" + spec["secret"] + "/"
-    state: dict[str, float] = {"done": 0, "last": time.time()}
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def do_GET(self) -> None:
-            state["last"] = time.time()
-            path = unquote(self.path)
-            if not path.startswith(prefix):
-                self.send_error(404)
-                return
-            name = path[len(prefix):]
-            if name == "_done":
-                state["done"] += 1
-                self.send_response(204)
-                self.end_headers()
-                return
-            target = os.path.realpath(os.path.join(base, name))
-            if not target.startswith(base + os.sep) or not os.path.isfile(target):
-                self.send_error(404)
-                return
-            size = os.path.getsize(target)
-            start = 0
-            ranged = self.headers.get("Range", "")
-            if ranged.startswith("bytes=") and ranged[6:].rstrip("-").isdigit():
-                start = min(int(ranged[6:].rstrip("-")), size)
-            self.send_response(206 if ranged else 200)
-            self.send_header("Content-Length", str(size - start))
-            if ranged:
-                self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
-            self.end_headers()
-            with open(target, "rb") as handle:
-                handle.seek(start)
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    self.wfile.write(block)
-                    state["last"] = time.time()
-
-    class Server(ThreadingMixIn, HTTPServer):
-        daemon_threads = True
-
-    server = Server((spec["address"], 0), Handler)
-    server.timeout = 0.5
-    emit("serving", port=server.server_address[1])
-    while state["done"] < spec["peers"] and time.time() - state["last"] < spec.get("idle", 120):
-        server.handle_request()
-    server.server_close()
-    return {"served_peers": state["done"]}
-
-
 def weights_main(spec: dict[str, Any]) -> None:
     result: dict[str, Any] = {"ok": True, "error": None}
     try:
@@ -431,15 +312,6 @@ def weights_main(spec: dict[str, Any]) -> None:
     except (WeightsFailed, StepFailed, OSError) as exc:
         result.update(ok=False, error=str(exc))
     finally:
-        if spec["action"] == "fetch" and spec["source"]["kind"] == "peer":
-            _tell_seed_done(spec["source"]["url"])
+        if spec["action"] == "fetch":
+            tell_done(spec["sources"])
     emit("result", **result)
-
-
-def _tell_seed_done(url: str) -> None:
-    """The seed serves until every peer said it is done (or it idles out)."""
-    import urllib.request
-    try:
-        urllib.request.urlopen(url.rstrip("/") + "/_done", timeout=10).close()
-    except (OSError, http.client.HTTPException):
-        pass  # a seed that does not hear it stops when it idles out

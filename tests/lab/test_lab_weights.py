@@ -270,8 +270,11 @@ def test_a_cluster_of_three_fetches_from_the_hub_once(
     assert code == 0, text
     total = report["hosts"]["cpu-1"]["weights"]["bytes"]
     assert report["bytes_from_hub"] == total == served(the_lab, "test/trio-awq")  # the hub, once
-    sources = sorted(report["hosts"][name]["fetched"]["from"] for name in ("ws-5090", "h200", "cpu-1"))
-    assert sources == ["hub", "peer ws-5090", "peer ws-5090"]
+    # A chain: each host from the one before it, while that one still receives.
+    sources = [report["hosts"][name]["fetched"]["from"] for name in ("ws-5090", "h200", "cpu-1")]
+    assert sources == ["hub", "peer ws-5090", "peer h200"]
+    assert [report["hosts"][name]["fetched"]["by_source"] for name in ("ws-5090", "h200", "cpu-1")] == [
+        {"hub": total}, {"ws-5090": total}, {"h200": total}]
     expected = local_sha256(the_lab, "test/trio-awq", commit, "model.safetensors")
     for name in ("ws-5090", "h200", "cpu-1"):
         assert report["hosts"][name]["fetched"]["bytes"] == total

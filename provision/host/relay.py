@@ -1,0 +1,361 @@
+"""Passing files on ON the host: serve what this host holds or is still receiving, receive from a list
+of sources with the next one taking over, hash while receiving. Shipped ahead of the programs that use
+it (weights.py for models, relay_main here for wheels); standard library only.
+
+A relay serves a file while its own copy is still arriving: a range past the bytes on disk waits for
+them (up to `stall` seconds without growth), so a chain of hosts moves one copy at the speed of its
+slowest link instead of one copy per hop. A host receiving from a relay hashes as the bytes land and
+checks the digest itself; a relay that stops answering or sends bytes that fail the digest is left for
+the next source in the list (its own upstream, then the origin), resuming the kept part file.
+
+    {"action": "serve", "final": DIR, "partial": DIR, "suffix": ".part", "files": {NAME: SIZE},
+     "address": ADDR, "secret": S, "peers": N, "idle": 120, "stall": 20}
+    {"action": "receive", "directory": DIR, "files": [{"path", "size", "digest": "sha256:HEX"}],
+     "sources": [{"kind": "peer", "name": HOST, "url": URL, "stall": 20}], "index": "MANIFEST.json"}
+"""
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from provision.host.common import emit, write_atomically
+
+STALL = 20  # seconds a relay waits for its own copy to grow, and a receiver for the relay to answer
+
+
+class Progress:
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = 0
+        self.fetched = 0
+        self.last = 0.0
+        self.lock = threading.Lock()
+
+    def add(self, count: int, fetched: bool = True) -> None:
+        with self.lock:
+            self.done += count
+            if fetched:
+                self.fetched += count
+            now = time.time()
+            if now - self.last >= 0.3 or self.done >= self.total:
+                self.last = now
+                emit("progress", done=self.done, total=self.total)
+
+
+def new_digest(kind: str, size: int) -> Any:
+    """sha256, or git's blob id (sha1 over "blob SIZE\\0" and the bytes) for the hub's small files."""
+    if kind == "git-sha1":
+        digest = hashlib.sha1()
+        digest.update(b"blob %d\0" % size)
+        return digest
+    return hashlib.sha256()
+
+
+class Sink:
+    """Where a transfer's bytes go: the part file, its running digest (so the file is read once, as it
+    arrives, not a second time to verify it), the progress, and the bytes per source."""
+
+    def __init__(self, handle: BinaryIO, kind: str, size: int, progress: Progress, route: Route) -> None:
+        self._handle = handle
+        self.kind = kind
+        self.size = size
+        self.progress = progress
+        self.route = route
+        self.digest = new_digest(kind, size)
+        handle.seek(0)
+        for block in iter(lambda: handle.read(1 << 20), b""):  # what an earlier run left: resumed
+            self.digest.update(block)
+        handle.seek(0, os.SEEK_END)
+
+    def write(self, data: bytes) -> int:
+        written = self._handle.write(data)
+        self.digest.update(data)
+        self.progress.add(len(data))
+        self.route.count(len(data))
+        return written
+
+    def restart(self) -> None:
+        """The source ignored the range: start the file over."""
+        kept = self._handle.tell()
+        self._handle.seek(0)
+        self._handle.truncate()
+        self.digest = new_digest(self.kind, self.size)
+        self.progress.add(-kept, fetched=False)
+
+    def hexdigest(self) -> str:
+        return f"{self.kind}:{self.digest.hexdigest()}"
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
+
+
+class Route:
+    """The sources of one host's transfer, nearest first; the current one until it fails."""
+
+    def __init__(self, sources: Sequence[Mapping[str, Any]]) -> None:
+        if not sources:
+            raise ValueError("a transfer needs at least one source")
+        self.sources = list(sources)
+        self.index = 0
+        self.received: dict[str, int] = {}
+        self.left: list[dict[str, str]] = []
+
+    @property
+    def current(self) -> Mapping[str, Any]:
+        return self.sources[self.index]
+
+    def name(self, source: Mapping[str, Any] | None = None) -> str:
+        source = source or self.current
+        return str(source.get("name") or source["kind"])
+
+    def count(self, received: int) -> None:
+        key = self.name()
+        self.received[key] = self.received.get(key, 0) + received
+
+    def leave(self, why: str) -> bool:
+        """Go on with the next source; False when this was the last one."""
+        if self.index + 1 >= len(self.sources):
+            return False
+        before = self.name()
+        self.index += 1
+        self.left.append({"source": before, "why": why, "next": self.name()})
+        emit("rerouted", source=before, why=why, next=self.name())
+        return True
+
+
+def fetch_peer(source: Mapping[str, Any], entry: Mapping[str, Any], sink: Sink, resume: int) -> None:
+    """The file from a relay, by HTTP range from `resume`; a short answer is an error (the caller resumes)."""
+    import urllib.request
+    from urllib.parse import quote
+
+    request = urllib.request.Request(str(source["url"]).rstrip("/") + "/" + quote(entry["path"]))
+    if resume:
+        request.add_header("Range", f"bytes={resume}-")
+    with urllib.request.urlopen(request, timeout=source.get("stall", STALL) + 10) as response:
+        if resume and response.status != 206:
+            sink.restart()
+            resume = 0
+        for block in iter(lambda: response.read(1 << 20), b""):
+            sink.write(block)
+            resume += len(block)
+    if resume < entry["size"]:
+        raise OSError(f"the relay stopped after {resume} of {entry['size']} bytes")
+
+
+if TYPE_CHECKING:  # a name for annotations only: collections.abc.Callable[...] fails on Python 3.7 at run time
+    Fetcher = Callable[[Mapping[str, Any], Mapping[str, Any], Sink, int], None]
+
+
+def receive(entry: Mapping[str, Any], part: str, route: Route, progress: Progress,
+            fetchers: Mapping[str, Fetcher]) -> str:
+    """One file into its part file from the route's sources, resuming what is kept; returns the digest
+    of the whole part file. Raises OSError when the last source failed too (the part file is kept)."""
+    os.makedirs(os.path.dirname(part), exist_ok=True)
+    if os.path.exists(part) and os.path.getsize(part) > entry["size"]:
+        os.remove(part)
+    kind = str(entry["digest"]).split(":", 1)[0]
+    with open(part, "a+b") as handle:
+        sink = Sink(handle, kind, entry["size"], progress, route)
+        progress.add(handle.tell(), fetched=False)
+        while True:
+            have = handle.tell()
+            if have >= entry["size"] and entry["size"] > 0:
+                break
+            try:
+                fetchers[route.current["kind"]](route.current, entry, sink, have)
+                handle.flush()
+                if handle.tell() >= entry["size"]:
+                    break
+                raise OSError(f"{route.name()} ended after {handle.tell()} of {entry['size']} bytes")
+            except Exception as exc:  # the transport's own errors (hub, relay): the next source resumes
+                try:
+                    handle.flush()
+                except OSError:
+                    pass  # a full disk refuses the rest of the buffer too; what reached the file stays
+                why = _short(exc)
+                if not route.leave(f"{entry['path']}: {why}"):
+                    raise OSError(f"{entry['path']}: transfer broke off after {os.path.getsize(part)} of "
+                                  f"{entry['size']} bytes (kept for the next run to resume): {why}") from exc
+        return sink.hexdigest()
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
+
+
+def serve(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Serve the named files to the cluster's other hosts, finished or still arriving, until each
+    host that may ask said it is done (or nobody asked for `idle` seconds)."""
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from socketserver import ThreadingMixIn
+    from urllib.parse import unquote
+
+    sizes: dict[str, int] = {str(k): int(v) for k, v in spec["files"].items()}
+    prefix = "/" + spec["secret"] + "/"
+    stall = float(spec.get("stall", STALL))
+    state: dict[str, float] = {"done": 0, "last": time.time(), "sent": 0}
+    guard = threading.Lock()
+
+    def touch(sent: int = 0) -> None:
+        with guard:
+            state["last"] = time.time()
+            state["sent"] += sent
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            touch()
+            path = unquote(self.path)
+            if not path.startswith(prefix):
+                self.send_error(404)
+                return
+            name = path[len(prefix):]
+            if name == "_done":
+                with guard:
+                    state["done"] += 1
+                self.send_response(204)
+                self.end_headers()
+                return
+            if name not in sizes:
+                self.send_error(404)
+                return
+            handle = _open_growing(spec, name, time.time() + stall)
+            if handle is None:
+                self.send_error(404)
+                return
+            with handle:
+                self._send(spec, name, handle, sizes[name])
+
+        def _send(self, spec: Mapping[str, Any], name: str, handle: BinaryIO, size: int) -> None:
+            start = 0
+            ranged = self.headers.get("Range", "")
+            if ranged.startswith("bytes=") and ranged[6:].rstrip("-").isdigit():
+                start = min(int(ranged[6:].rstrip("-")), size)
+            self.send_response(206 if ranged else 200)
+            self.send_header("Content-Length", str(size - start))
+            if ranged:
+                self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+            self.end_headers()
+            handle.seek(start)
+            sent, grew = start, time.time()
+            while sent < size:
+                block = handle.read(min(1 << 20, size - sent))
+                if block:
+                    self.wfile.write(block)
+                    sent += len(block)
+                    grew = time.time()
+                    touch(len(block))
+                    continue
+                # At the end of what has arrived here: wait for more, unless this copy stalled or was
+                # set aside (a failed digest): the receiver then goes on from another source.
+                if time.time() - grew > stall or not _still_arriving(spec, name, handle):
+                    self.close_connection = True
+                    return
+                touch()
+                time.sleep(0.02)
+
+    class Server(ThreadingMixIn, HTTPServer):
+        daemon_threads = True
+
+    server = Server((spec["address"], 0), Handler)
+    server.timeout = 0.5
+    emit("serving", port=server.server_address[1])
+    while state["done"] < spec["peers"] and time.time() - state["last"] < spec.get("idle", 120):
+        server.handle_request()
+    server.server_close()
+    return {"served_peers": int(state["done"]), "sent": int(state["sent"])}
+
+
+def _paths(spec: Mapping[str, Any], name: str) -> tuple[str, str]:
+    return (os.path.join(spec["final"], name),
+            os.path.join(spec["partial"], name + spec.get("suffix", ".part")))
+
+
+def _open_growing(spec: Mapping[str, Any], name: str, deadline: float) -> BinaryIO | None:
+    """The finished file, else the one arriving; waits for either to appear until `deadline`."""
+    while True:
+        for path in _paths(spec, name):
+            try:
+                return open(path, "rb")
+            except OSError:
+                continue
+        if time.time() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+def _still_arriving(spec: Mapping[str, Any], name: str, handle: BinaryIO) -> bool:
+    """The open copy is still the part file being written (or became the finished file): not a copy
+    set aside after a failed digest, nor one a new transfer replaced."""
+    inode = os.fstat(handle.fileno()).st_ino
+    final, part = _paths(spec, name)
+    for path in (part, final):
+        try:
+            if os.stat(path).st_ino == inode:
+                return path == part
+        except OSError:
+            continue
+    return False
+
+
+def tell_done(sources: Sequence[Mapping[str, Any]]) -> None:
+    """Each relay serves until every host that may ask said it is done (or it idles out)."""
+    import urllib.request
+    for source in sources:
+        if source.get("kind") == "peer":
+            try:
+                urllib.request.urlopen(str(source["url"]).rstrip("/") + "/_done", timeout=5).close()
+            except (OSError, http.client.HTTPException):
+                pass  # a relay that does not hear it stops when it idles out
+
+
+def receive_files(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Files into a directory from relays (the venv's wheels): each verified by sha256 before it takes
+    its name, then recorded in the directory's index of verified files."""
+    directory = spec["directory"]
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    route = Route(spec["sources"])
+    progress = Progress(sum(int(entry["size"]) for entry in spec["files"]))
+    fetchers: dict[str, Fetcher] = {"peer": fetch_peer}
+    index_path = os.path.join(directory, spec.get("index", "MANIFEST.json"))
+    try:
+        with open(index_path) as handle:
+            verified: dict[str, str] = json.load(handle)
+    except (OSError, ValueError):
+        verified = {}
+    for entry in spec["files"]:
+        part = os.path.join(directory, entry["path"] + ".partial")
+        for attempt in (1, 2):
+            digest = receive(entry, part, route, progress, fetchers)
+            if digest == entry["digest"]:
+                os.chmod(part, 0o644)
+                os.rename(part, os.path.join(directory, entry["path"]))
+                verified[entry["path"]] = digest.split(":", 1)[1]
+                break
+            os.remove(part)
+            left = route.leave(f"{entry['path']}: {digest[:19]}..., expected {entry['digest'][:19]}...")
+            if attempt == 2 or not left:
+                raise OSError(f"{entry['path']}: sha256 mismatch from every source tried")
+    write_atomically(index_path, json.dumps(verified, indent=1, sort_keys=True).encode(), 0o644, 0, 0)
+    return {"fetched": progress.fetched, "from": route.received, "rerouted": route.left}
+
+
+def relay_main(spec: dict[str, Any]) -> None:
+    result: dict[str, Any] = {"ok": True, "error": None}
+    try:
+        result.update(serve(spec) if spec["action"] == "serve" else receive_files(spec))
+    except OSError as exc:
+        result.update(ok=False, error=str(exc))
+    finally:
+        if spec["action"] == "receive":
+            tell_done(spec["sources"])
+    emit("result", **result)

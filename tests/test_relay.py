@@ -1,0 +1,162 @@
+"""The relay on loopback: the host program's server and receiver (provision/host/relay.py) run here,
+with real sockets and files; and the controller's routes (provision/relay.py), which are pure."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provision import relay
+from provision.host import relay as host_relay
+
+SIZE = 3 << 20
+
+
+def sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+class Relay:
+    """A relay server in a thread of this process, over `final` and `partial` under tmp_path."""
+
+    def __init__(self, root: Path, files: dict[str, int], peers: int = 1, stall: float = 2) -> None:
+        self.final, self.partial = root / "final", root / "partial"
+        self.final.mkdir(parents=True)
+        self.partial.mkdir(parents=True)
+        self.spec = {"action": "serve", "final": str(self.final), "partial": str(self.partial), "suffix": ".part",
+                     "files": files, "address": "127.0.0.1", "secret": "s3cret", "peers": peers, "idle": 30,
+                     "stall": stall}
+        self.port: int | None = None
+        self.result: dict[str, Any] = {}
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        self.result = host_relay.serve(self.spec)
+
+    def start(self, capsys: pytest.CaptureFixture[str]) -> str:
+        self.thread.start()
+        for _ in range(200):
+            out = capsys.readouterr().out
+            for line in out.splitlines():
+                event = json.loads(line)
+                if event.get("event") == "serving":
+                    self.port = int(event["port"])
+            if self.port:
+                return f"http://127.0.0.1:{self.port}/s3cret"
+            time.sleep(0.01)
+        raise AssertionError("the relay did not start")
+
+
+def write_slowly(path: Path, data: bytes, step: int = 256 << 10, pause: float = 0.02, stop_at: int | None = None,
+                 then: Path | None = None) -> threading.Thread:
+    """A file arriving piece by piece (stopping at `stop_at`), renamed to `then` when whole."""
+    def run() -> None:
+        with path.open("wb") as handle:
+            for offset in range(0, len(data), step):
+                if stop_at is not None and offset >= stop_at:
+                    return
+                handle.write(data[offset:offset + step])
+                handle.flush()
+                time.sleep(pause)
+        if then is not None:
+            os.rename(path, then)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def data() -> Iterator[bytes]:
+    yield os.urandom(SIZE)
+
+
+def test_a_relay_passes_a_file_on_while_it_still_arrives(tmp_path: Path, data: bytes,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    server = Relay(tmp_path / "up", {"model.safetensors": SIZE})
+    url = server.start(capsys)
+    part = server.partial / "model.safetensors.part"
+    writer = write_slowly(part, data, then=server.final / "model.safetensors")
+    time.sleep(0.05)
+    entry = {"path": "model.safetensors", "size": SIZE, "digest": sha256(data)}
+    route = host_relay.Route([{"kind": "peer", "name": "up", "url": url}])
+    started = time.monotonic()
+    digest = host_relay.receive(entry, str(tmp_path / "down.part"), route, host_relay.Progress(SIZE),
+                                {"peer": host_relay.fetch_peer})
+    writer.join()
+    assert digest == entry["digest"] and (tmp_path / "down.part").read_bytes() == data
+    assert route.received == {"up": SIZE} and route.left == []
+    # It began before the upstream copy was whole: 12 pieces 20 ms apart; a copy after it would start late.
+    assert time.monotonic() - started < 5
+    host_relay.tell_done(route.sources)
+    server.thread.join(5)
+    assert server.result["served_peers"] == 1 and server.result["sent"] == SIZE
+
+
+def test_a_relay_that_stalls_is_left_for_the_next_source_which_resumes(tmp_path: Path, data: bytes,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    stalled = Relay(tmp_path / "stalled", {"model.safetensors": SIZE}, stall=0.5)
+    good = Relay(tmp_path / "good", {"model.safetensors": SIZE}, stall=0.5)
+    stalled_url, good_url = stalled.start(capsys), good.start(capsys)
+    write_slowly(stalled.partial / "model.safetensors.part", data, pause=0, stop_at=SIZE // 2).join()
+    (good.final / "model.safetensors").write_bytes(data)
+    entry = {"path": "model.safetensors", "size": SIZE, "digest": sha256(data)}
+    route = host_relay.Route([{"kind": "peer", "name": "stalled", "url": stalled_url, "stall": 0.5},
+                              {"kind": "peer", "name": "good", "url": good_url, "stall": 0.5}])
+    digest = host_relay.receive(entry, str(tmp_path / "down.part"), route, host_relay.Progress(SIZE),
+                                {"peer": host_relay.fetch_peer})
+    assert digest == entry["digest"]
+    # The half the stalled relay sent was kept; the next source sent only the rest.
+    assert route.received == {"stalled": SIZE // 2, "good": SIZE - SIZE // 2}
+    assert [step["source"] for step in route.left] == ["stalled"] and route.left[0]["next"] == "good"
+
+
+def test_a_relay_sending_bad_bytes_is_caught_by_the_digest_and_left(tmp_path: Path, data: bytes,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Wheels: a relay's copy with one chunk corrupted fails its sha256 at the receiver, which throws the
+    copy away and takes the file from the next source; only verified files take their name."""
+    bad = bytearray(data)
+    bad[SIZE // 3:SIZE // 3 + 4096] = os.urandom(4096)
+    corrupt = Relay(tmp_path / "corrupt", {"w-1.0-py3-none-any.whl": SIZE})
+    good = Relay(tmp_path / "good", {"w-1.0-py3-none-any.whl": SIZE})
+    (corrupt.final / "w-1.0-py3-none-any.whl").write_bytes(bytes(bad))
+    (good.final / "w-1.0-py3-none-any.whl").write_bytes(data)
+    sources = [{"kind": "peer", "name": "corrupt", "url": corrupt.start(capsys)},
+               {"kind": "peer", "name": "good", "url": good.start(capsys)}]
+    directory = tmp_path / "wheels"
+    report = host_relay.receive_files({"directory": str(directory), "sources": sources, "files": [
+        {"path": "w-1.0-py3-none-any.whl", "size": SIZE, "digest": sha256(data)}]})
+    assert (directory / "w-1.0-py3-none-any.whl").read_bytes() == data
+    assert not (directory / "w-1.0-py3-none-any.whl.partial").exists()
+    assert report["from"] == {"corrupt": SIZE, "good": SIZE} and report["rerouted"][0]["source"] == "corrupt"
+    index = json.loads((directory / "MANIFEST.json").read_text())
+    assert index == {"w-1.0-py3-none-any.whl": hashlib.sha256(data).hexdigest()}
+
+
+def test_every_source_failing_keeps_the_part_for_the_next_run(tmp_path: Path, data: bytes) -> None:
+    entry = {"path": "model.safetensors", "size": SIZE, "digest": sha256(data)}
+    part = tmp_path / "down.part"
+    part.write_bytes(data[:1000])  # what an earlier run left
+    route = host_relay.Route([{"kind": "peer", "name": "gone", "url": "http://127.0.0.1:9/x", "stall": 1}])
+    with pytest.raises(OSError, match="transfer broke off after 1000 of"):
+        host_relay.receive(entry, str(part), route, host_relay.Progress(SIZE), {"peer": host_relay.fetch_peer})
+    assert part.read_bytes() == data[:1000]
+
+
+def test_a_relay_chain_each_host_from_the_one_before_with_fallbacks_up_to_the_first() -> None:
+    hosts = [f"h{n}" for n in range(1, 8)]
+    routes = relay.upstreams(hosts, relay.RELAY)
+    assert routes["h1"] == [] and routes["h2"] == ["h1"] and routes["h3"] == ["h2", "h1"]
+    assert routes["h7"] == ["h6", "h5", "h4", "h1"]  # FALLBACKS nearest, then the first host
+    counts = relay.downstream_counts(routes)
+    assert counts["h1"] == 6 and counts["h6"] == 1 and "h7" not in counts  # h1 is everyone's last relay
+    assert relay.upstreams(hosts[:3], relay.STAR) == {"h1": [], "h2": ["h1"], "h3": ["h1"]}
+    assert relay.upstreams(hosts[:3], relay.HUB) == {"h1": [], "h2": [], "h3": []}
+    assert relay.peer_sources("h3", routes, {"h1": "http://a/s"}) == [{"kind": "peer", "name": "h1", "url": "http://a/s"}]
