@@ -212,4 +212,16 @@ def lab_down(c: Context, keep_cache: bool = False) -> None:
         print(line)
 
 
-lab_tasks = Collection("lab", lab_up, lab_status, lab_down)
+@task(auto_shortflags=False, name="shape",
+      help={"host-rate": "each lab host's link, both ways, in tc's units (400mbit = 50 MB/s); leave out to lift",
+            "hub-rate": "this machine's side of the lab bridge: the hub's and the controller's uplink"})
+@guarded
+def lab_shape(c: Context, host_rate: str | None = None, hub_rate: str | None = None) -> None:
+    """Limit the lab's links like real networks (tc token buckets); with no rate, lift the limits."""
+    from provision import lab
+    changed = lab.Lab().shape(host_rate, hub_rate)
+    print(f"lab links: hosts {host_rate or 'unlimited'}, hub and controller {hub_rate or 'unlimited'} "
+          f"({len(changed)} links)")
+
+
+lab_tasks = Collection("lab", lab_up, lab_status, lab_down, lab_shape)

@@ -546,6 +546,29 @@ class Lab:
         self._save(state)
         return self.up(names, progress)
 
+    def shape(self, host_rate: str | None, hub_rate: str | None,
+              rates: Mapping[str, str | None] | None = None) -> list[str]:
+        """Real link limits (tc's token bucket, iproute2): each host's link at `host_rate` both ways
+        (its bridge port for what it receives, its own interface for what it sends), or at its own
+        rate in `rates`, and this machine's side of the bridge (the hub's and the controller's uplink)
+        at `hub_rate`, e.g. "400mbit" (50 MB/s). None takes a limit off. Returns the links changed."""
+        changed = []
+        for name, record in self.state()["hosts"].items():
+            rate = (rates or {}).get(name, host_rate)
+            for prefix, device in ((["tc"], record["veth"]),
+                                   (["ip", "netns", "exec", record["netns"], "tc"], record["interface"])):
+                self._limit(prefix, device, rate)
+                changed.append(f"{name}:{device}")
+        self._limit(["tc"], self.bridge, hub_rate)
+        return [*changed, self.bridge]
+
+    @staticmethod
+    def _limit(prefix: list[str], device: str, rate: str | None) -> None:
+        _sh([*prefix, "qdisc", "del", "dev", device, "root"], check=False)  # none there is fine
+        if rate:
+            _sh([*prefix, "qdisc", "add", "dev", device, "root", "tbf", "rate", rate, "burst", "1mb",
+                 "latency", "50ms"])
+
     def _stop_one(self, name: str, record: Mapping[str, Any]) -> None:
         for pid in _nspawn_pids(f"plab-{name}"):
             _terminate(pid)
