@@ -194,7 +194,7 @@ def serve(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Serve the named files to the cluster's other hosts, finished or still arriving, until each
     host that may ask said it is done (or nobody asked for `idle` seconds)."""
     from http.server import BaseHTTPRequestHandler, HTTPServer
-    from socketserver import ThreadingMixIn
+    from socketserver import TCPServer, ThreadingMixIn
     from urllib.parse import unquote
 
     sizes: dict[str, int] = {str(k): int(v) for k, v in spec["files"].items()}
@@ -265,6 +265,12 @@ def serve(spec: Mapping[str, Any]) -> dict[str, Any]:
 
     class Server(ThreadingMixIn, HTTPServer):
         daemon_threads = True
+
+        def server_bind(self) -> None:
+            # HTTPServer's own asks DNS for the address's name (socket.getfqdn): seconds lost on hosts
+            # whose resolver does not answer for cluster addresses, before a single byte is served.
+            TCPServer.server_bind(self)
+            self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
 
     server = Server((spec["address"], 0), Handler)
     server.timeout = 0.5
