@@ -4,9 +4,9 @@ it (weights.py for models, relay_main here for wheels); standard library only.
 
 A relay serves a file while its own copy is still arriving: a range past the bytes on disk waits for
 them (up to `stall` seconds without growth), so a chain of hosts moves one copy at the speed of its
-slowest link instead of one copy per hop. A host receiving from a relay hashes as the bytes land and
-checks the digest itself; a relay that stops answering or sends bytes that fail the digest is left for
-the next source in the list (its own upstream, then the origin), resuming the kept part file.
+slowest link instead of one copy per hop. Every host hashes each file it received on its own disk; a
+relay that stops answering or sends bytes that fail the digest is left for the next source in the list
+(its own upstream, then the origin), resuming the kept part file.
 
     {"action": "serve", "final": DIR, "partial": DIR, "suffix": ".part", "files": {NAME: SIZE},
      "address": ADDR, "secret": S, "peers": N, "idle": 120, "stall": 20}
@@ -15,7 +15,6 @@ the next source in the list (its own upstream, then the origin), resuming the ke
 """
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
 import os
@@ -24,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from provision.host.common import emit, write_atomically
+from provision.host.common import emit, sha256_of, write_atomically
 
 STALL = 20  # seconds a relay waits for its own copy to grow, and a receiver for the relay to answer
 
@@ -48,34 +47,16 @@ class Progress:
                 emit("progress", done=self.done, total=self.total)
 
 
-def new_digest(kind: str, size: int) -> Any:
-    """sha256, or git's blob id (sha1 over "blob SIZE\\0" and the bytes) for the hub's small files."""
-    if kind == "git-sha1":
-        digest = hashlib.sha1()
-        digest.update(b"blob %d\0" % size)
-        return digest
-    return hashlib.sha256()
-
-
 class Sink:
-    """Where a transfer's bytes go: the part file, its running digest (so the file is read once, as it
-    arrives, not a second time to verify it), the progress, and the bytes per source."""
+    """Where a transfer's bytes go: the part file, the progress, and the bytes per source."""
 
-    def __init__(self, handle: BinaryIO, kind: str, size: int, progress: Progress, route: Route) -> None:
+    def __init__(self, handle: BinaryIO, progress: Progress, route: Route) -> None:
         self._handle = handle
-        self.kind = kind
-        self.size = size
         self.progress = progress
         self.route = route
-        self.digest = new_digest(kind, size)
-        handle.seek(0)
-        for block in iter(lambda: handle.read(1 << 20), b""):  # what an earlier run left: resumed
-            self.digest.update(block)
-        handle.seek(0, os.SEEK_END)
 
     def write(self, data: bytes) -> int:
         written = self._handle.write(data)
-        self.digest.update(data)
         self.progress.add(len(data))
         self.route.count(len(data))
         return written
@@ -85,11 +66,7 @@ class Sink:
         kept = self._handle.tell()
         self._handle.seek(0)
         self._handle.truncate()
-        self.digest = new_digest(self.kind, self.size)
         self.progress.add(-kept, fetched=False)
-
-    def hexdigest(self) -> str:
-        return f"{self.kind}:{self.digest.hexdigest()}"
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._handle, name)
@@ -153,25 +130,25 @@ if TYPE_CHECKING:  # a name for annotations only: collections.abc.Callable[...] 
 
 
 def receive(entry: Mapping[str, Any], part: str, route: Route, progress: Progress,
-            fetchers: Mapping[str, Fetcher]) -> str:
-    """One file into its part file from the route's sources, resuming what is kept; returns the digest
-    of the whole part file. Raises OSError when the last source failed too (the part file is kept)."""
+            fetchers: Mapping[str, Fetcher]) -> None:
+    """One file into its part file from the route's sources, resuming what is kept. Raises OSError
+    when the last source failed too (the part file is kept). The caller hashes the file on disk: what
+    is served from it is what was written, not what the network delivered."""
     os.makedirs(os.path.dirname(part), exist_ok=True)
     if os.path.exists(part) and os.path.getsize(part) > entry["size"]:
         os.remove(part)
-    kind = str(entry["digest"]).split(":", 1)[0]
-    with open(part, "a+b") as handle:
-        sink = Sink(handle, kind, entry["size"], progress, route)
+    with open(part, "ab") as handle:
+        sink = Sink(handle, progress, route)
         progress.add(handle.tell(), fetched=False)
         while True:
             have = handle.tell()
             if have >= entry["size"] and entry["size"] > 0:
-                break
+                return
             try:
                 fetchers[route.current["kind"]](route.current, entry, sink, have)
                 handle.flush()
                 if handle.tell() >= entry["size"]:
-                    break
+                    return
                 raise OSError(f"{route.name()} ended after {handle.tell()} of {entry['size']} bytes")
             except Exception as exc:  # the transport's own errors (hub, relay): the next source resumes
                 try:
@@ -182,7 +159,6 @@ def receive(entry: Mapping[str, Any], part: str, route: Route, progress: Progres
                 if not route.leave(f"{entry['path']}: {why}"):
                     raise OSError(f"{entry['path']}: transfer broke off after {os.path.getsize(part)} of "
                                   f"{entry['size']} bytes (kept for the next run to resume): {why}") from exc
-        return sink.hexdigest()
 
 
 def _short(exc: BaseException) -> str:
@@ -341,7 +317,8 @@ def receive_files(spec: Mapping[str, Any]) -> dict[str, Any]:
     for entry in spec["files"]:
         part = os.path.join(directory, entry["path"] + ".partial")
         for attempt in (1, 2):
-            digest = receive(entry, part, route, progress, fetchers)
+            receive(entry, part, route, progress, fetchers)
+            digest = "sha256:" + sha256_of(part)
             if digest == entry["digest"]:
                 os.chmod(part, 0o644)
                 os.rename(part, os.path.join(directory, entry["path"]))

@@ -136,9 +136,10 @@ def place(spec: dict[str, Any], entry: dict[str, Any], final: str, part: str, pr
     from the next source), or set aside."""
     for attempt in (1, 2):
         try:
-            digest = receive(entry, part, route, progress, FETCHERS)
+            receive(entry, part, route, progress, FETCHERS)
         except OSError as exc:
             raise WeightsFailed(str(exc)) from None
+        digest = file_digest(part, entry["digest"].split(":", 1)[0])
         if os.path.getsize(part) == entry["size"] and digest == entry["digest"]:
             os.chmod(part, 0o644)
             os.makedirs(os.path.dirname(final), exist_ok=True)
