@@ -60,15 +60,18 @@ def hub_call(the_lab: lab.Lab, path: str, body: Any = None) -> Any:
         return json.loads(response.read())
 
 
-def publish_model(the_lab: lab.Lab, size: int) -> str:
+def publish_model(the_lab: lab.Lab, size: int, shards: int) -> str:
+    """`size` random bytes in `shards` safetensors files, named as real sharded checkpoints are."""
     import numpy as np
     from safetensors.numpy import save_file
 
+    random = np.random.default_rng(11)
     with tempfile.TemporaryDirectory() as scratch:
         files = Path(scratch) / "files"
         files.mkdir()
-        tensor = np.random.default_rng(11).integers(0, 255, size, dtype=np.uint8)
-        save_file({"weights": tensor}, str(files / "model.safetensors"))
+        for number in range(1, shards + 1):
+            tensor = random.integers(0, 255, size // shards, dtype=np.uint8)
+            save_file({f"weights.{number}": tensor}, str(files / f"model-{number:05d}-of-{shards:05d}.safetensors"))
         (files / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
         return hub.publish(the_lab.hub_root, REPO, files)
 
@@ -99,9 +102,18 @@ def reset(the_lab: lab.Lab, names: list[str]) -> None:
     hub_call(the_lab, "/_lab/reset", {})
 
 
+def busy_seconds() -> float:
+    """CPU seconds this machine has been busy (all but idle and iowait): the tool, the hub, every lab host."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    ticks = [int(value) for value in fields]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def invoke(task: str, inventory: Path, cluster: str, strategy: str) -> tuple[float, float, dict[str, Any]]:
-    """(wall seconds, the controller's CPU seconds, the JSON report) of one task run."""
+    """(wall seconds, the controller's CPU seconds, the JSON report) of one task run; the machine's busy
+    CPU seconds during it go into the report as `machine_cpu_s`."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    busy = busy_seconds()
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(ROOT), task, "--inventory",
                            str(inventory), "--cluster", cluster, "--set", f"transfer={strategy}", "--json"],
@@ -112,7 +124,9 @@ def invoke(task: str, inventory: Path, cluster: str, strategy: str) -> tuple[flo
         raise RuntimeError(f"{task} {cluster} {strategy}: exit {done.returncode}: {done.stdout[-1500:]} "
                            f"{done.stderr[-1500:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, json.loads(done.stdout)
+    report: dict[str, Any] = json.loads(done.stdout)
+    report["machine_cpu_s"] = round(busy_seconds() - busy, 2)
+    return wall, cpu, report
 
 
 def hub_bytes(the_lab: lab.Lab) -> int:
@@ -130,7 +144,8 @@ def one_run(the_lab: lab.Lab, names: list[str], strategy: str, wheels: str) -> d
     hub_sent = hub_bytes(the_lab)
     venv_s, venv_cpu, venv_report = invoke("venv", inventory, cluster, strategy)
     return {"hosts": len(names), "strategy": strategy, "weights_s": round(weights_s, 2),
-            "weights_cpu_s": round(weights_cpu, 2), "hub_bytes": hub_sent, "received": received,
+            "weights_cpu_s": round(weights_cpu, 2), "weights_machine_cpu_s": report["machine_cpu_s"],
+            "hub_bytes": hub_sent, "received": received,
             "rerouted": {name: report["hosts"][name]["fetched"]["rerouted"] for name in names
                          if report["hosts"][name]["fetched"]["rerouted"]},
             "venv_s": round(venv_s, 2), "venv_cpu_s": round(venv_cpu, 2),
@@ -168,8 +183,10 @@ def write_results(runs: list[dict[str, Any]], cpu: dict[str, Any], args: argpars
     lines = [(f"# Weights and wheels into N hosts ({args.size_mb} MB model, hosts at {args.rate}, "
              f"hub and controller at {args.hub_rate})"), "",
              f"Baseline: one host from the hub, {base:.1f} s (median of this run). Times are medians.", "",
-             ("| hosts | strategy | weights s | × one host | hub bytes (× model) | per-host MB received "
-             "| wheels s | controller wheel MB |"), "|---|---|---|---|---|---|---|---|"]
+             ("Machine CPU: seconds the 2 cores were busy during the weights run (tool, hub and hosts "
+              "together); CPU-bound where it nears twice the wall time."), "",
+             ("| hosts | strategy | weights s | × one host | machine CPU s | hub bytes (× model) "
+              "| per-host MB received | wheels s | controller wheel MB |"), "|---|---|---|---|---|---|---|---|---|"]
     for count in sorted({r["hosts"] for r in runs}):
         for strategy in STRATEGIES:
             chosen = [r for r in runs if r["hosts"] == count and r["strategy"] == strategy]
@@ -180,7 +197,9 @@ def write_results(runs: list[dict[str, Any]], cpu: dict[str, Any], args: argpars
             per_host = statistics.median(sum(sum(v.values()) for v in r["received"].values()) / count for r in chosen)
             wheels_s = statistics.median(r["venv_s"] for r in chosen)
             pushed = statistics.median(r["controller_bytes"] for r in chosen)
-            lines.append(f"| {count} | {strategy} | {seconds:.1f} | {seconds / base:.2f} | {hub_sent / size:.2f} "
+            machine = statistics.median(r["weights_machine_cpu_s"] for r in chosen)
+            lines.append(f"| {count} | {strategy} | {seconds:.1f} | {seconds / base:.2f} | {machine:.1f} "
+                         f"| {hub_sent / size:.2f} "
                          f"| {per_host / 1e6:.0f} | {wheels_s:.1f} | {pushed / 1e6:.1f} |")
     relay8 = [r for r in runs if r["hosts"] == max(r["hosts"] for r in runs) and r["strategy"] == "relay"]
     if relay8:
@@ -199,6 +218,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--counts", default="1,2,4,8")
     parser.add_argument("--size-mb", type=int, default=200)
+    parser.add_argument("--shards", type=int, default=4, help="files the model is split into, as real checkpoints")
     parser.add_argument("--rate", default="400mbit", help="each host's link, both ways (tc units)")
     parser.add_argument("--hub-rate", default="400mbit", help="the hub's and the controller's uplink")
     parser.add_argument("--repeat", type=int, default=1)
@@ -212,8 +232,8 @@ def main() -> None:
     the_lab.up(names, progress=log)
     the_lab.shape(args.rate, args.hub_rate)
     try:
-        log(f"publishing a {args.size_mb} MB model on the lab hub ...")
-        publish_model(the_lab, args.size_mb * 10**6)
+        log(f"publishing a {args.size_mb} MB model in {args.shards} files on the lab hub ...")
+        publish_model(the_lab, args.size_mb * 10**6, args.shards)
         # Once before timing: every host gets the fetch helper's venv (kept across resets, as on a host
         # that was provisioned before) and the controller resolves the wheels.
         one_run(the_lab, names, "relay", args.wheels)

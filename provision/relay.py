@@ -149,16 +149,24 @@ def carry(hosts: Sequence[str], strategy: str, server: Callable[[str, int], Serv
         servers[host] = server(host, peers[host])
         return servers[host].start()
 
+    def run_wave(wave: Sequence[str]) -> None:
+        done = for_each_host(wave, lambda host: host, lambda host: work(host, peer_sources(host, routes, urls)))
+        values.update(done.values)
+        errors.update(done.errors)
+
     try:
         for wave in ([hosts[:1], hosts[1:]] if strategy == STAR else [hosts]):
+            # Hosts that receive from no relay (the first) start at once, while the relays start.
+            first = [host for host in wave if not routes[host]]
+            ahead = threading.Thread(target=run_wave, args=(first,), daemon=True)
+            ahead.start()
             wanted = sorted({up for host in wave for up in routes[host]} - set(servers))
             started = for_each_host(wanted, lambda host: host, start)
             urls.update(started.values)
             for host, exc in started.errors.items():
                 log.info("%s: no relay: %s", host, exc)
-            done = for_each_host(wave, lambda host: host, lambda host: work(host, peer_sources(host, routes, urls)))
-            values.update(done.values)
-            errors.update(done.errors)
+            run_wave([host for host in wave if routes[host]])
+            ahead.join()
     finally:
         for running in servers.values():
             running.join()

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,12 +119,13 @@ def gate(inv: inventory.Inventory, targets: list[inventory.Host], options: Optio
         cluster = inv.cluster_of(target.name)
         everyone.extend(inv.host(name) for name in (cluster.hosts if cluster else ())
                         if name not in {h.name for h in everyone})
-    gathered = gather(inv, everyone, options, pool)
     held = secrets.load(inv.secrets)
+    early = _ask_hub_early(inv, sorted(wanted), options.overrides, held)  # while the facts are gathered
+    gathered = gather(inv, everyone, options, pool)
     if held.describe():
         progress_line(f"secrets: {held.describe()}")
     contexts = _with_snapshots(context.contexts(inv, gathered.values, options.overrides, profile=options.profile),
-                               held, wanted)
+                               held, wanted, early)
     contexts = {name: dataclasses.replace(ctx, api_key_set=bool(held.vllm_api_key), mpi_key_set=bool(held.mpi_ssh_key))
                 for name, ctx in contexts.items()}
     errors = {name: error for name, error in gathered.errors.items() if name in wanted}
@@ -174,39 +176,67 @@ def _quantization(model_config: dict[str, Any] | None) -> str | None:
         return None
 
 
-def _with_snapshots(contexts: dict[str, context.Context], held: secrets.Secrets,
-                    wanted: set[str]) -> dict[str, context.Context]:
+HubKey = tuple[str, str, tuple[str, ...], str]  # (model, revision, file patterns, endpoint)
+HubAnswer = tuple["weights.Snapshot | str", "dict[str, Any] | None"]  # (snapshot or why not, config.json)
+
+
+def _hub_key(settings: inventory.Settings) -> HubKey:
+    return str(settings.model), settings.model_revision, tuple(settings.model_files), settings.hf_endpoint
+
+
+def _ask_hub(key: HubKey, token: str | None) -> HubAnswer:
+    """The revision's commit and files, and the model's config.json (None when unreadable)."""
+    model, revision, files, endpoint = key
+    try:
+        snapshot = weights.resolve(model, revision, files, endpoint, token)
+    except weights.WeightsError as exc:
+        return str(exc), None
+    try:  # known issues and the KV cache estimate
+        return snapshot, weights.model_config(snapshot.repo, snapshot.commit, endpoint, token)
+    except weights.WeightsError as exc:
+        logging.getLogger("provision.weights").info("config.json unknown: %s", exc)
+        return snapshot, None
+
+
+def _ask_hub_early(inv: inventory.Inventory, names: Sequence[str], overrides: Mapping[str, Any],
+                   held: secrets.Secrets) -> dict[HubKey, Future[HubAnswer]]:
+    """The hub's answers for the targets' models, asked in threads of their own: the hub and the hosts
+    answer at the same time instead of one after the other."""
+    keys = set()
+    for name in names:
+        settings = inv.settings(name, overrides)
+        if weights.managed(settings):
+            keys.add(_hub_key(settings))
+    if not keys:
+        return {}
+    asking = ThreadPoolExecutor(max_workers=min(8, len(keys)), thread_name_prefix="hub")
+    futures = {key: asking.submit(_ask_hub, key, held.hf_token) for key in keys}
+    asking.shutdown(wait=False)
+    return futures
+
+
+def _with_snapshots(contexts: dict[str, context.Context], held: secrets.Secrets, wanted: set[str],
+                    early: Mapping[HubKey, Future[HubAnswer]]) -> dict[str, context.Context]:
     """Ask the hub once per (model, revision, files, endpoint) for the commit and the files' sizes and
-    hashes; each host's context learns what it must still fetch (its manifest, read by the probe)."""
-    asked: dict[tuple[Any, ...], weights.Snapshot | str] = {}
-    configs: dict[tuple[Any, ...], dict[str, Any] | None] = {}
+    hashes (the answers asked early where the key is the same); each host's context learns what it
+    must still fetch (its manifest, read by the probe)."""
+    asked: dict[HubKey, HubAnswer] = {}
     result = dict(contexts)
     for name, ctx in contexts.items():
         s = ctx.settings
-        model = s.model
-        if name not in wanted or not weights.managed(s) or not model:
+        if name not in wanted or not weights.managed(s) or not s.model:
             continue
-        key = (model, s.model_revision, tuple(s.model_files), s.hf_endpoint)
+        key = _hub_key(s)
         if key not in asked:
-            try:
-                asked[key] = weights.resolve(model, s.model_revision, s.model_files,
-                                             s.hf_endpoint, held.hf_token)
-            except weights.WeightsError as exc:
-                asked[key] = str(exc)
-        answer = asked[key]
+            asked[key] = early[key].result() if key in early else _ask_hub(key, held.hf_token)
+        answer, model_config = asked[key]
         if isinstance(answer, str):
             result[name] = dataclasses.replace(ctx, snapshot_error=answer)
             continue
-        if key not in configs:  # known issues and the KV cache estimate; None when config.json is unreadable
-            try:
-                configs[key] = weights.model_config(answer.repo, answer.commit, s.hf_endpoint, held.hf_token)
-            except weights.WeightsError as exc:
-                logging.getLogger("provision.weights").info("config.json unknown: %s", exc)
-                configs[key] = None
         _, to_fetch = weights.compare(answer, weights.host_weights(ctx.facts, weights.root_of(s)))
         result[name] = dataclasses.replace(ctx, snapshot=answer, weights_bytes=answer.weight_bytes,
-                                           weights_to_fetch=to_fetch, model_config=configs[key],
-                                           quantization=_quantization(configs[key]))
+                                           weights_to_fetch=to_fetch, model_config=model_config,
+                                           quantization=_quantization(model_config))
     return result
 
 
@@ -456,7 +486,7 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
 
     def bar(description: str) -> Callable[[int, int], None]:
         # Steps that move bytes say "MB"; others (apply, waits for health) just show the bar.
-        moves_bytes = description.endswith(("wheel(s)", "from the hub")) or ": from " in description
+        moves_bytes = "wheel(s)" in description or ": from " in description or description.endswith("from the hub")
         task_id = progress.add_task(description, total=None, moves_bytes=moves_bytes)
         return lambda done, total: progress.update(task_id, completed=done, total=total)
 

@@ -160,3 +160,17 @@ def test_a_relay_chain_each_host_from_the_one_before_with_fallbacks_up_to_the_fi
     assert relay.upstreams(hosts[:3], relay.STAR) == {"h1": [], "h2": ["h1"], "h3": ["h1"]}
     assert relay.upstreams(hosts[:3], relay.HUB) == {"h1": [], "h2": [], "h3": []}
     assert relay.peer_sources("h3", routes, {"h1": "http://a/s"}) == [{"kind": "peer", "name": "h1", "url": "http://a/s"}]
+
+
+def test_wheels_enter_a_cluster_once_per_architecture_and_hosts_alone_get_their_own() -> None:
+    from provision import venv
+
+    wheel = venv.Wheel("w-1.0-py3-none-any.whl", "a" * 64, 10)
+    missing = ((Path("/house") / wheel.name, wheel),)
+
+    def job(host: str, group: str, address: str | None, transfer: str = "relay") -> venv.WheelJob:
+        return venv.WheelJob(host, group, address, transfer, missing, {})
+
+    jobs = [job("a", "c1 x86_64", "10.0.0.1"), job("b", "c1 x86_64", "10.0.0.2"), job("s", "c1 aarch64", "10.0.0.3"),
+            job("c", "c1 x86_64", None), job("d", "c2 x86_64", "10.0.1.1", "hub"), job("e", "c2 x86_64", "10.0.1.2", "hub")]
+    assert [[j.host for j in group] for group in venv.wheel_groups(jobs)] == [["a", "b"], ["s"], ["c"], ["d"], ["e"]]

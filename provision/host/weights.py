@@ -130,26 +130,49 @@ def quarantine(root: str, path: str, commit: str, name: str, keep_in_place: bool
     return target
 
 
-def place(spec: dict[str, Any], entry: dict[str, Any], final: str, part: str, progress: Progress,
-          report: dict[str, Any], route: Route) -> None:
-    """Bring one file of the revision in place: verified as it arrives (at most twice, the second time
-    from the next source), or set aside."""
-    for attempt in (1, 2):
+def place_all(spec: dict[str, Any], todo: list[dict[str, Any]], revision: str, partial: str, progress: Progress,
+              report: dict[str, Any], route: Route) -> None:
+    """Bring the revision's missing files in place: each received, then hashed on disk in a thread of
+    its own while the next one arrives (the hash stays off the transfer's path; hashlib releases the
+    GIL), then given its name, or set aside and fetched once more from the next source."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def paths(entry: dict[str, Any]) -> tuple[str, str]:
+        return os.path.join(revision, entry["path"]), os.path.join(partial, entry["path"] + ".part")
+
+    def take(entry: dict[str, Any]) -> None:
         try:
-            receive(entry, part, route, progress, FETCHERS)
+            receive(entry, paths(entry)[1], route, progress, FETCHERS)
         except OSError as exc:
             raise WeightsFailed(str(exc)) from None
-        digest = file_digest(part, entry["digest"].split(":", 1)[0])
-        if os.path.getsize(part) == entry["size"] and digest == entry["digest"]:
+
+    def digest_of(entry: dict[str, Any]) -> str:
+        part = paths(entry)[1]
+        return "" if os.path.getsize(part) != entry["size"] else file_digest(part, entry["digest"].split(":", 1)[0])
+
+    def settle(entry: dict[str, Any], digest: str) -> bool:
+        final, part = paths(entry)
+        if digest == entry["digest"]:
             os.chmod(part, 0o644)
             os.makedirs(os.path.dirname(final), exist_ok=True)
             os.rename(part, final)  # over a bad copy, if one is still in place: one atomic step
-            return
+            return True
         report["quarantined"].append(quarantine(spec["root"], part, spec["commit"], entry["path"]))
-        route.leave(f"{entry['path']}: {digest[:19]}..., expected {entry['digest'][:19]}...")
-        if attempt == 2:
-            raise WeightsFailed(f"{entry['path']}: hash mismatch twice (expected {entry['digest']}); the "
-                                f"fetched copies are set aside in {spec['root']}/.quarantine")
+        return False
+
+    with ThreadPoolExecutor(max_workers=1) as hashing:
+        digests = []
+        for entry in todo:
+            take(entry)
+            digests.append((entry, hashing.submit(digest_of, entry)))
+        for entry, digest in digests:
+            if settle(entry, digest.result()):
+                continue
+            route.leave(f"{entry['path']}: its hash is not {entry['digest'][:19]}...")
+            take(entry)
+            if not settle(entry, digest_of(entry)):
+                raise WeightsFailed(f"{entry['path']}: hash mismatch twice (expected {entry['digest']}); the "
+                                    f"fetched copies are set aside in {spec['root']}/.quarantine")
 
 
 def fetch(spec: dict[str, Any]) -> dict[str, Any]:
@@ -205,9 +228,7 @@ def fetch(spec: dict[str, Any]) -> dict[str, Any]:
     make_room(root, need, commit, report)
     progress = Progress(sum(e["size"] for e in todo))
     route = Route(spec["sources"])
-    for entry in todo:
-        place(spec, entry, os.path.join(revision, entry["path"]),
-              os.path.join(partial, entry["path"] + ".part"), progress, report, route)
+    place_all(spec, todo, revision, partial, progress, report, route)
     report["fetched"] = progress.fetched
     report["from"] = route.received
     report["rerouted"] = route.left

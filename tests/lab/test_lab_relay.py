@@ -164,8 +164,33 @@ def test_a_relay_serving_a_corrupted_chunk_is_caught_and_left(
     report = finish(process)
     cpu1 = report["hosts"]["cpu-1"]["fetched"]
     left = [step for step in cpu1["rerouted"] if step["source"] == "h200"]
-    assert left and "expected sha256:" in left[0]["why"], cpu1  # the digest caught it, at cpu-1 itself
+    assert left and "its hash is not sha256:" in left[0]["why"], cpu1  # the digest caught it, at cpu-1 itself
     assert cpu1["quarantined"], cpu1  # the bad copy set aside, never served
     the_lab.shape(None, None)
     assert_every_host_verified(the_lab, lab_inventory, commit)
     assert_cpu1_serves_it()
+
+
+def test_the_controller_sends_each_wheel_into_the_cluster_once(
+        the_lab: lab.Lab, lab_inventory: inventory.Inventory, chain: Path) -> None:
+    """A venv of two small real wheels on the three hosts: the controller pushes them to ws-5090 only;
+    h200 and cpu-1 receive them along the chain, check every sha256, and install from them."""
+    venv_dir = "/opt/relay-test/venv"
+    wheels = ("idna-3.10-py3-none-any.whl", "certifi-2024.8.30-py3-none-any.whl")
+    for host in CHAIN:
+        on_host(lab_inventory, host, ["rm", "-rf", "/opt/relay-test", *(f"/var/cache/provision/wheels/{w}" for w in wheels)])
+    done = run_invoke("venv", "--inventory", str(chain), "--cluster", "relay", "--set",
+                      "vllm_spec=idna==3.10 certifi==2024.8.30", "--set", f"venv_dir={venv_dir}", "--json")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    sizes = {path.name: path.stat().st_size for path in Path(os.environ.get("PROVISION_WHEELHOUSE",
+                                                                             "/var/cache/provision/wheelhouse")).rglob("*.whl")
+             if path.name in wheels}
+    assert set(sizes) == set(wheels)
+    assert report["wheels"]["pushed"] == {"ws-5090": sum(sizes.values())}  # one copy into the cluster
+    assert report["bytes_from_controller"] == sum(sizes.values())
+    assert report["wheels"]["relayed"] == {"h200": {"ws-5090": sum(sizes.values())},
+                                           "cpu-1": {"h200": sum(sizes.values())}}
+    for host in CHAIN:
+        assert on_host(lab_inventory, host, [f"{venv_dir}/bin/python", "-c", "import idna, certifi; print('ok')"]) == "ok\n"
+        on_host(lab_inventory, host, ["rm", "-rf", "/opt/relay-test"])
