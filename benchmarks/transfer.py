@@ -2,7 +2,7 @@
 today's star (one host from the hub, then every other from it) and the relay (a chain passing bytes on
 as they arrive), all in one run, timed against one host's time.
 
-    python3 benchmarks/transfer.py                        # 1, 2, 4, 8 hosts; 200 MB model; 50 MB/s links
+    python3 benchmarks/transfer.py                        # 1, 2, 4, 8 hosts; 300 MB model in 4 files; 50 MB/s links
     python3 benchmarks/transfer.py --counts 1,8 --size-mb 300 --rate 400mbit --repeat 3
 
 As root, on the machine that runs the lab (see the main README, "The lab"). The lab's links are limited
@@ -217,7 +217,7 @@ def write_results(runs: list[dict[str, Any]], cpu: dict[str, Any], args: argpars
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--counts", default="1,2,4,8")
-    parser.add_argument("--size-mb", type=int, default=200)
+    parser.add_argument("--size-mb", type=int, default=300)
     parser.add_argument("--shards", type=int, default=4, help="files the model is split into, as real checkpoints")
     parser.add_argument("--rate", default="400mbit", help="each host's link, both ways (tc units)")
     parser.add_argument("--hub-rate", default="400mbit", help="the hub's and the controller's uplink")

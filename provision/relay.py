@@ -117,12 +117,6 @@ class Server:
             raise RelayError(f"{self.runner.host}: could not serve its cluster: {self.error or 'no answer'}")
         return f"http://{self.address}:{self.port}/{self.secret}"
 
-    def join(self, timeout: float = 30) -> None:
-        """Wait for the server to end: it does once every host it may serve said it is done. One that
-        died without saying so is not waited for past `timeout`; the server then idles out alone."""
-        if self.thread.ident is not None:
-            self.thread.join(timeout)
-
 
 def serve_spec(secret: str, address: str, final: str, partial: str, suffix: str, files: Mapping[str, int],
                peers: int) -> dict[str, Any]:
@@ -154,22 +148,21 @@ def carry(hosts: Sequence[str], strategy: str, server: Callable[[str, int], Serv
         values.update(done.values)
         errors.update(done.errors)
 
-    try:
-        for wave in ([hosts[:1], hosts[1:]] if strategy == STAR else [hosts]):
-            # Hosts that receive from no relay (the first) start at once, while the relays start.
-            first = [host for host in wave if not routes[host]]
-            ahead = threading.Thread(target=run_wave, args=(first,), daemon=True)
-            ahead.start()
-            wanted = sorted({up for host in wave for up in routes[host]} - set(servers))
-            started = for_each_host(wanted, lambda host: host, start)
-            urls.update(started.values)
-            for host, exc in started.errors.items():
-                log.info("%s: no relay: %s", host, exc)
-            run_wave([host for host in wave if routes[host]])
-            ahead.join()
-    finally:
-        for running in servers.values():
-            running.join()
+    for wave in ([hosts[:1], hosts[1:]] if strategy == STAR else [hosts]):
+        # Hosts that receive from no relay (the first) start at once, while the relays start.
+        first = [host for host in wave if not routes[host]]
+        ahead = threading.Thread(target=run_wave, args=(first,), daemon=True)
+        ahead.start()
+        wanted = sorted({up for host in wave for up in routes[host]} - set(servers))
+        started = for_each_host(wanted, lambda host: host, start)
+        urls.update(started.values)
+        for host, exc in started.errors.items():
+            log.info("%s: no relay: %s", host, exc)
+        run_wave([host for host in wave if routes[host]])
+        ahead.join()
+    # The servers are not waited for: each ends once every host that may ask said it is done (or after
+    # `idle` seconds without a request), and waiting for their programs to exit would only delay the
+    # hosts' next step, which may run beside them on the same connections.
     return values, errors
 
 
