@@ -180,7 +180,7 @@ def write_results(runs: list[dict[str, Any]], cpu: dict[str, Any], args: argpars
     (RESULTS / "transfer.json").write_text(json.dumps({"size_bytes": size, "rate": args.rate, "hub_rate": args.hub_rate,
                                                        "runs": runs, "controller_cpu": cpu}, indent=1))
     base = statistics.median(r["weights_s"] for r in runs if r["hosts"] == 1 and r["strategy"] == "relay")
-    lines = [(f"# Weights and wheels into N hosts ({args.size_mb} MB model, hosts at {args.rate}, "
+    lines = [(f"# Weights and wheels into N hosts ({args.size_mb} MB model in {args.shards} files, hosts at {args.rate}, "
              f"hub and controller at {args.hub_rate})"), "",
              f"Baseline: one host from the hub, {base:.1f} s (median of this run). Times are medians.", "",
              ("Machine CPU: seconds the 2 cores were busy during the weights run (tool, hub and hosts "
