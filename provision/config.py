@@ -8,7 +8,8 @@
     PROVISION_LAB_MIRROR  Debian mirror for the lab's base (default: the first one in this machine's apt sources)
     PROVISION_LOG         a file to append the tool's debug log to (secrets masked)
     PROVISION_WHEELHOUSE  where the controller keeps resolved wheels (default /var/cache/provision/wheelhouse)
-    PROVISION_MODEL_CONFIGS  where it keeps models' config.json by commit (default /var/cache/provision/model-configs)
+    PROVISION_MODEL_CONFIGS  where it keeps models' config.json, and pinned commits' file lists, by commit
+                             (default /var/cache/provision/model-configs)
 """
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ def wheelhouse() -> Path:
 
 
 def model_configs() -> Path:
-    """A commit's config.json never changes: read once from the hub, kept here by repository and commit."""
+    """A commit's config.json and files never change: read once from the hub, kept here by repository
+    and commit."""
     return Path(os.environ.get("PROVISION_MODEL_CONFIGS", "/var/cache/provision/model-configs"))
 
 

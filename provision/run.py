@@ -191,11 +191,25 @@ def _ask_hub(key: HubKey, token: str | None) -> HubAnswer:
         snapshot = weights.resolve(model, revision, files, endpoint, token)
     except weights.WeightsError as exc:
         return str(exc), None
+    weights.keep_snapshot(snapshot, files, endpoint)
     try:  # known issues and the KV cache estimate
         return snapshot, weights.model_config(snapshot.repo, snapshot.commit, endpoint, token)
     except weights.WeightsError as exc:
         logging.getLogger("provision.weights").info("config.json unknown: %s", exc)
         return snapshot, None
+
+
+def _kept(key: HubKey, token: str | None) -> HubAnswer | None:
+    """A pinned commit's files and config.json as the hub gave them before: a plan of hosts that have
+    them asks the hub nothing (and loads no hub client). None when the hub must be asked."""
+    model, revision, files, endpoint = key
+    snapshot = weights.kept_snapshot(model, revision, files, endpoint)
+    if snapshot is None:
+        return None
+    try:
+        return snapshot, weights.model_config(model, snapshot.commit, endpoint, token)
+    except weights.WeightsError:
+        return None
 
 
 def _ask_hub_early(inv: inventory.Inventory, names: Sequence[str], overrides: Mapping[str, Any],
@@ -205,7 +219,7 @@ def _ask_hub_early(inv: inventory.Inventory, names: Sequence[str], overrides: Ma
     keys = set()
     for name in names:
         settings = inv.settings(name, overrides)
-        if weights.managed(settings):
+        if weights.managed(settings) and _kept(_hub_key(settings), held.hf_token) is None:
             keys.add(_hub_key(settings))
     if not keys:
         return {}
@@ -219,8 +233,11 @@ def _with_snapshots(contexts: dict[str, context.Context], held: secrets.Secrets,
                     early: Mapping[HubKey, Future[HubAnswer]]) -> dict[str, context.Context]:
     """Ask the hub once per (model, revision, files, endpoint) for the commit and the files' sizes and
     hashes (the answers asked early where the key is the same); each host's context learns what it
-    must still fetch (its manifest, read by the probe)."""
+    must still fetch (its manifest, read by the probe). A pinned commit's kept answer stands while
+    its hosts have it; once one must fetch, the hub is asked, so the gate's model.hub says what the
+    hub says now (a repository gone, a token refused)."""
     asked: dict[HubKey, HubAnswer] = {}
+    live: set[HubKey] = set()  # pinned commits answered from what was kept, then asked again
     result = dict(contexts)
     for name, ctx in contexts.items():
         s = ctx.settings
@@ -228,12 +245,23 @@ def _with_snapshots(contexts: dict[str, context.Context], held: secrets.Secrets,
             continue
         key = _hub_key(s)
         if key not in asked:
-            asked[key] = early[key].result() if key in early else _ask_hub(key, held.hf_token)
+            kept = None if key in early else _kept(key, held.hf_token)
+            asked[key] = kept or (early[key].result() if key in early else _ask_hub(key, held.hf_token))
+            if kept is None:
+                live.add(key)
         answer, model_config = asked[key]
         if isinstance(answer, str):
             result[name] = dataclasses.replace(ctx, snapshot_error=answer)
             continue
-        _, to_fetch = weights.compare(answer, weights.host_weights(ctx.facts, weights.root_of(s)))
+        reason, to_fetch = weights.compare(answer, weights.host_weights(ctx.facts, weights.root_of(s)))
+        if reason and key not in live:  # a host must fetch: the gate asks the hub itself
+            live.add(key)
+            asked[key] = _ask_hub(key, held.hf_token)
+            answer, model_config = asked[key]
+            if isinstance(answer, str):
+                result[name] = dataclasses.replace(ctx, snapshot_error=answer)
+                continue
+            reason, to_fetch = weights.compare(answer, weights.host_weights(ctx.facts, weights.root_of(s)))
         result[name] = dataclasses.replace(ctx, snapshot=answer, weights_bytes=answer.weight_bytes,
                                            weights_to_fetch=to_fetch, model_config=model_config,
                                            quantization=_quantization(model_config))
@@ -297,9 +325,10 @@ def provision(inv: inventory.Inventory, targets: list[inventory.Host], options: 
     with remote.Pool(inv.ssh, accept_new_host_keys=options.accept_new_host_keys) as pool:
         planned = plans(inv, targets, options, pool)
         show(planned)
-        applied, failed, fetched, wheels_sent = carry_out(inv, planned.plans, planned.order, options, planned.held,
-                                             pool=pool)
-    return Applied(planned.order, planned.plans, planned.findings, {**planned.errors, **failed}, applied, fetched, wheels_sent)
+        applied, failed, fetched, wheels_sent = carry_out(inv, planned.plans, planned.order, options,
+                                                          planned.held, pool=pool)
+    return Applied(planned.order, planned.plans, planned.findings, {**planned.errors, **failed}, applied, fetched,
+                   wheels_sent)
 
 
 def progress_line(line: str) -> None:

@@ -14,6 +14,7 @@ fetch from the hub each.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -136,6 +137,39 @@ def resolve(repo: str, revision: str, patterns: Sequence[str], endpoint: str, to
     return snapshot_from_info(repo, revision, info, patterns)
 
 
+def is_commit(revision: str) -> bool:
+    """A full commit id: what it names never changes (a branch or tag can move)."""
+    return len(revision) == 40 and all(c in "0123456789abcdef" for c in revision)
+
+
+def _kept_path(repo: str, commit: str, patterns: Sequence[str], endpoint: str) -> Path:
+    key = hashlib.sha256(json.dumps([sorted(patterns), endpoint]).encode()).hexdigest()[:12]
+    return config.model_configs() / repo / f"{commit}.files-{key}.json"
+
+
+def kept_snapshot(repo: str, revision: str, patterns: Sequence[str], endpoint: str) -> Snapshot | None:
+    """A pinned commit's files as the hub gave them once (kept by `keep_snapshot`), or None."""
+    if not is_commit(revision):
+        return None
+    try:
+        data = json.loads(_kept_path(repo, revision, patterns, endpoint).read_text(encoding="utf-8"))
+        return Snapshot(repo, revision, revision, tuple(WeightFile(**f) for f in data["files"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def keep_snapshot(snapshot: Snapshot, patterns: Sequence[str], endpoint: str) -> None:
+    """Keep a pinned commit's files: its next plans need not ask the hub while no host must fetch."""
+    if not is_commit(snapshot.revision) or snapshot.commit != snapshot.revision:
+        return
+    path = _kept_path(snapshot.repo, snapshot.commit, patterns, endpoint)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"files": [f.__dict__ for f in snapshot.files]}), encoding="utf-8")
+    except OSError:
+        pass  # a cache that cannot be written only costs the next plan one request
+
+
 def quantization_of(config: Any) -> str:
     """Pure: a model's config.json -> its quantization_config.quant_method, 'none' without one:
     {"quantization_config": {"quant_method": "awq", "bits": 4, ...}} -> 'awq'."""
@@ -155,9 +189,6 @@ def model_config(repo: str, commit: str, endpoint: str, token: str | None) -> di
     layers and heads for the KV cache estimate): only that file is fetched, into a directory thrown
     away after (the controller's hub cache stays untouched), through the same endpoint and token as
     `resolve`, and kept per commit, which never changes."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import EntryNotFoundError
-
     cached = config.model_configs() / repo / f"{commit}.json"
     try:  # a commit is immutable: an unchanged host's plan asks the hub for no file at all
         kept = json.loads(cached.read_text(encoding="utf-8"))
@@ -165,6 +196,9 @@ def model_config(repo: str, commit: str, endpoint: str, token: str | None) -> di
             return kept
     except (OSError, ValueError):
         pass
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import EntryNotFoundError
+
     api = HfApi(endpoint=endpoint, token=token or False, library_name="provision")
     with tempfile.TemporaryDirectory(prefix="provision-config-") as scratch:
         try:

@@ -190,3 +190,18 @@ def test_model_config_reads_config_json_from_the_hub(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_pinned_commits_files_are_kept_and_a_branch_is_never(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROVISION_MODEL_CONFIGS", str(tmp_path))
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    pinned = Snapshot("org/m", commit, commit, (WeightFile("model.safetensors", 5, "sha256:" + "a" * 64),))
+    assert weights.kept_snapshot("org/m", commit, (), "https://hub") is None
+    weights.keep_snapshot(pinned, (), "https://hub")
+    assert weights.kept_snapshot("org/m", commit, (), "https://hub") == pinned
+    # Another file selection or another hub is another answer; a branch is never kept.
+    assert weights.kept_snapshot("org/m", commit, ("*.json",), "https://hub") is None
+    assert weights.kept_snapshot("org/m", commit, (), "https://mirror") is None
+    weights.keep_snapshot(dataclasses.replace(pinned, revision="main"), (), "https://hub")
+    assert weights.kept_snapshot("org/m", "main", (), "https://hub") is None
+    assert not weights.is_commit("main") and not weights.is_commit(commit.upper()) and weights.is_commit(commit)

@@ -281,3 +281,22 @@ def test_a_cluster_of_three_fetches_from_the_hub_once(
         assert host_sha256(lab_inventory, name, "/srv/w-trio/test/trio-awq/current/model.safetensors") == expected
         config = json.loads(on_host(lab_inventory, name, ["cat", "/srv/w-trio/test/trio-awq/current/config.json"]))
         assert config["quantization_config"]["quant_method"] == "awq"
+
+
+def test_a_pinned_commit_is_planned_without_the_hub_until_a_host_must_fetch(
+        hub_counters: lab.Lab, lab_inventory: inventory.Inventory) -> None:
+    """model_revision a full commit: what the hub said of it is kept on the controller, so a plan of a
+    host that has it asks the hub nothing. A host that must fetch makes the plan ask the hub again (the
+    gate's model.hub speaks for the hub as it is now)."""
+    the_lab = hub_counters
+    commit = hub_call(the_lab, "/api/models/lab/tiny-llama")["sha"]
+
+    def plan(*extra: str) -> list[str]:
+        hub_call(the_lab, "/_lab/reset", {})
+        done = run_invoke("plan", "--host", "cpu-1", "--json", "--set", f"model_revision={commit}", *extra)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return [r["path"] for r in hub_call(the_lab, "/_lab/stats")["requests"] if r["path"].startswith("/api/")]
+
+    plan()  # the first plan of this pin may ask (and keeps the answer)
+    assert plan() == []  # cpu-1 has the commit: the hub is not asked
+    assert plan("--set", "model_dir=/srv/w-pinned") != []  # an empty model directory: it is asked
