@@ -83,18 +83,21 @@ def run(runner: Any, text: str, python: str, what: str, on_progress: Callable[[i
 
 
 class Server:
-    """A host serving files to the hosts of its cluster (host/relay.py `serve`), in a thread of its own
-    while the transfers run; its URL carries a random secret and dies with the run."""
+    """A host serving `files` ({name: size}) to the hosts of its cluster (host/relay.py `serve`): the
+    finished ones under `final`, those still arriving as NAME+`suffix` under `partial`; in a thread of
+    its own while the transfers run. Its URL carries a random secret and dies with the run."""
 
-    def __init__(self, runner: Any, text: Callable[[str], str], address: str) -> None:
+    def __init__(self, runner: Any, address: str, final: str, partial: str, suffix: str, files: Mapping[str, int],
+                 peers: int) -> None:
         self.secret = random_secrets.token_urlsafe(24)
-        self.text = text(self.secret)
+        self.text = program({"action": "serve", "final": final, "partial": partial, "suffix": suffix,
+                             "files": dict(files), "address": address, "secret": self.secret, "peers": peers,
+                             "idle": 600})
         self.runner = runner
         self.address = address
         self.port: int | None = None
         self.ready = threading.Event()
         self.error: BaseException | None = None
-        self.result: dict[str, Any] = {}
         self.thread = threading.Thread(target=self._serve, daemon=True)
 
     def _serve(self) -> None:
@@ -103,8 +106,7 @@ class Server:
                 self.port = int(event["port"])
                 self.ready.set()
         try:
-            self.result = run(self.runner, self.text, "python3", "serving its cluster", lambda done, total: None,
-                              on_event)
+            run(self.runner, self.text, "python3", "serving its cluster", lambda done, total: None, on_event)
         except BaseException as exc:  # noqa: BLE001  reported through .error; the thread must not die silently
             self.error = exc
         finally:
@@ -116,12 +118,6 @@ class Server:
         if self.port is None:
             raise RelayError(f"{self.runner.host}: could not serve its cluster: {self.error or 'no answer'}")
         return f"http://{self.address}:{self.port}/{self.secret}"
-
-
-def serve_spec(secret: str, address: str, final: str, partial: str, suffix: str, files: Mapping[str, int],
-               peers: int) -> dict[str, Any]:
-    return {"action": "serve", "final": final, "partial": partial, "suffix": suffix, "files": dict(files),
-            "address": address, "secret": secret, "peers": peers, "idle": 600}
 
 
 def carry(hosts: Sequence[str], strategy: str, server: Callable[[str, int], Server],

@@ -372,9 +372,8 @@ def send_all(jobs: Sequence[WheelJob], connect: Callable[[str], Any],
         files = {wheel.name: wheel.size for _, wheel in union}
 
         def server(host: str, peers: int) -> relay.Server:
-            address = str(by_host[host].address)
-            return relay.Server(connect(host), lambda secret: relay.program(relay.serve_spec(
-                secret, address, REMOTE_WHEELHOUSE, REMOTE_WHEELHOUSE, ".partial", files, peers)), address)
+            return relay.Server(connect(host), str(by_host[host].address), REMOTE_WHEELHOUSE, REMOTE_WHEELHOUSE,
+                                ".partial", files, peers)
 
         def work(host: str, relays: list[dict[str, Any]]) -> None:
             # The first host (or one whose relays could not start): from the controller.

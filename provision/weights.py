@@ -292,10 +292,9 @@ class FetchResult:
     detail: dict[str, Any] = field(default_factory=dict)  # the program's report: "from" bytes per source, ...
 
 
-def _run(runner: Any, python: str, spec: Mapping[str, Any], on_progress: Callable[[int, int], None],
-         on_event: Callable[[dict[str, Any]], None] = lambda event: None) -> dict[str, Any]:
+def _run(runner: Any, python: str, spec: Mapping[str, Any], on_progress: Callable[[int, int], None]) -> dict[str, Any]:
     try:
-        return relay.run(runner, program(spec), python, f"the weights {spec['action']}", on_progress, on_event)
+        return relay.run(runner, program(spec), python, f"the weights {spec['action']}", on_progress)
     except relay.RelayError as exc:
         raise WeightsError(str(exc)) from None
 
@@ -320,10 +319,8 @@ def fetch(runner: Any, data: Mapping[str, Any], sources: Sequence[Mapping[str, A
 def relay_server(runner: Any, data: Mapping[str, Any], address: str, peers: int) -> relay.Server:
     """A host serving the revision to its cluster: the files it holds, and those still arriving."""
     root, commit = data["root"], data["commit"]
-    files = {f["path"]: f["size"] for f in data["files"]}
-    return relay.Server(runner, lambda secret: program(relay.serve_spec(
-        secret, address, f"{root}/revisions/{commit}", f"{root}/.partial/{commit}", ".part", files, peers)),
-        address)
+    return relay.Server(runner, address, f"{root}/revisions/{commit}", f"{root}/.partial/{commit}", ".part",
+                        {f["path"]: f["size"] for f in data["files"]}, peers)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Passing files on ON the host: serve what this host holds or is still receiving, receive from a list
-of sources with the next one taking over, hash while receiving. Shipped ahead of the programs that use
-it (weights.py for models, relay_main here for wheels); standard library only.
+of sources with the next one taking over. Shipped ahead of weights.py (which receives models with it)
+and run alone through relay_main (every relay server; receiving wheels); standard library only.
 
 A relay serves a file while its own copy is still arriving: a range past the bytes on disk waits for
 them (up to `stall` seconds without growth), so a chain of hosts moves one copy at the speed of its

@@ -6,11 +6,10 @@
      "sources": [{"kind": "peer", "name": HOST, "url": URL}, ...,
                  {"kind": "hub", "endpoint": URL, "token": T|null, "repo": "ORG/NAME", "commit": SHA}],
      "lock": "/run/lock/provision.lock", "wait": 0}
-    {"action": "serve", ...}: relay.serve, over ROOT/revisions/SHA and ROOT/.partial/SHA
 
 Layout under ROOT: revisions/SHA/ (one per commit, with its manifest .provision-weights.json),
 `current` and `previous` (relative symlinks; vLLM reads ROOT/current), .partial/SHA/*.part (what a
-broken transfer left, resumed next time; what a relay serves while it arrives), .quarantine/ (files
+broken transfer left, resumed next time; what a relay (relay.serve) serves while it arrives), .quarantine/ (files
 whose hash did not match: set aside, never served). A file the new revision shares with the current
 one is hard-linked, not fetched.
 
@@ -37,7 +36,6 @@ from provision.host.relay import (
     Sink,
     fetch_peer,
     receive,
-    serve,
     tell_done,
 )
 
@@ -323,17 +321,13 @@ def switch(root: str, commit: str, report: dict[str, Any]) -> None:
 def weights_main(spec: dict[str, Any]) -> None:
     result: dict[str, Any] = {"ok": True, "error": None}
     try:
-        if spec["action"] == "serve":
-            result.update(serve(spec))
-        else:
-            fd = lock(spec["lock"], spec.get("wait", 0))
-            try:
-                result.update(fetch(spec))
-            finally:
-                os.close(fd)
+        fd = lock(spec["lock"], spec.get("wait", 0))
+        try:
+            result.update(fetch(spec))
+        finally:
+            os.close(fd)
     except (WeightsFailed, StepFailed, OSError) as exc:
         result.update(ok=False, error=str(exc))
     finally:
-        if spec["action"] == "fetch":
-            tell_done(spec["sources"])
+        tell_done(spec["sources"])
     emit("result", **result)
