@@ -434,8 +434,7 @@ def builder(inv: inventory.Inventory, accept_new_host_keys: bool) -> Builder:
         try:
             house = venv.resolve(list(recipe.requires), [], recipe.arch, recipe.python, progress=progress_line,
                                  indexes=venv.indexes_of(ctx.settings))
-            missing = venv.missing_wheels(house, ctx.facts)
-            venv.push(runner, house, missing)
+            venv.push(runner, house.files(venv.missing_wheels(house, ctx.facts)))
             progress_line(f"{ctx.host}: building {recipe.source} for {recipe.arch}/Python {recipe.python} "
                            f"({', '.join(f'{k}={v}' for k, v in sorted(recipe.env.items()))}) ...")
             return build.build(runner, recipe, on_line=lambda line: logging.getLogger("provision.build").debug(
@@ -560,9 +559,9 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
     try:
         with progress:
             started = time.monotonic()
-            wheel_jobs_ = wheel_jobs(plans, active)
-            wheels_sent = venv.send_all(wheel_jobs_, connect, bar)
-            for wheel_job in wheel_jobs_:
+            wanting = wheel_jobs(plans, active)
+            wheels_sent = venv.send_all(wanting, connect, bar)
+            for wheel_job in wanting:
                 clock.setdefault(wheel_job.host, {})["wheels"] = round(time.monotonic() - started, 2)
             errors.update(wheels_sent.errors)
             first = for_each_host([name for name in active if name not in errors], lambda name: name,
@@ -594,7 +593,7 @@ def wheel_jobs(plans: Mapping[str, HostPlan], names: Sequence[str]) -> list[venv
     jobs = []
     for name in names:
         host_plan = plans[name]
-        missing = tuple((house.directory / wheel.name, wheel) for house, wheels in host_plan.pushes for wheel in wheels)
+        missing = tuple(file for house, wheels in host_plan.pushes for file in house.files(wheels))
         if missing:
             jobs.append(venv.WheelJob(name, f"{host_plan.group} {host_plan.arch}", host_plan.cluster_address,
                                       host_plan.transfer, missing, host_plan.held_wheels))

@@ -53,6 +53,10 @@ class Wheelhouse:
     directory: Path
     wheels: tuple[Wheel, ...]
 
+    def files(self, wheels: Sequence[Wheel]) -> list[tuple[Path, Wheel]]:
+        """Each of `wheels` with its file on the controller: what `push` sends."""
+        return [(self.directory / wheel.name, wheel) for wheel in wheels]
+
     @property
     def key(self) -> str:
         digest = hashlib.sha256()
@@ -258,19 +262,17 @@ def inspect_paths(settings: Settings) -> list[str]:
     return [REMOTE_INDEX, f"{settings.venv_dir.rstrip('/')}/{VENV_MANIFEST}"]
 
 
-def push(runner: Any, wheelhouse: Wheelhouse, wheels: Sequence[Wheel],
-         progress: Callable[[int], None] = lambda sent: None) -> int:
-    """Copy the wheels a host lacks into its wheelhouse; returns the bytes sent."""
-    if not wheels:
+def push(runner: Any, files: Sequence[tuple[Path, Wheel]], progress: Callable[[int], None] = lambda sent: None) -> int:
+    """Copy wheels (the controller's file of each) into the host's wheelhouse; returns the bytes sent."""
+    if not files:
         return 0
     made = runner.run(["mkdir", "-p", "-m", "0755", REMOTE_WHEELHOUSE])
     if not made.ok:
         raise ProvisionError(f"{runner.host}: cannot create {REMOTE_WHEELHOUSE}: {made.stderr.strip()}")
     sent = 0
-    for wheel in wheels:
+    for local, wheel in files:
         base = sent
-        runner.put(wheelhouse.directory / wheel.name, f"{REMOTE_WHEELHOUSE}/{wheel.name}",
-                   lambda done, total, base=base: progress(base + done))
+        runner.put(local, f"{REMOTE_WHEELHOUSE}/{wheel.name}", lambda done, total, base=base: progress(base + done))
         sent += wheel.size
     return sent
 
@@ -335,15 +337,7 @@ def send_all(jobs: Sequence[WheelJob], connect: Callable[[str], Any],
     def push_to(job: WheelJob, wheels: Sequence[tuple[Path, Wheel]]) -> None:
         total = sum(wheel.size for _, wheel in wheels)
         update = bar(f"{job.host}: push {len(wheels)} wheel(s)")
-        runner = connect(job.host)
-        made = runner.run(["mkdir", "-p", "-m", "0755", REMOTE_WHEELHOUSE])
-        if not made.ok:
-            raise ProvisionError(f"{job.host}: cannot create {REMOTE_WHEELHOUSE}: {made.stderr.strip()}")
-        done = 0
-        for local, wheel in wheels:
-            runner.put(local, f"{REMOTE_WHEELHOUSE}/{wheel.name}",
-                       lambda now, _total, base=done: update(base + now, total))
-            done += wheel.size
+        done = push(connect(job.host), wheels, lambda now: update(now, total))
         sent.pushed[job.host] = sent.pushed.get(job.host, 0) + done
 
     def lacking(job: WheelJob, union: Sequence[tuple[Path, Wheel]]) -> list[tuple[Path, Wheel]]:
