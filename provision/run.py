@@ -212,32 +212,49 @@ def _kept(key: HubKey, token: str | None) -> HubAnswer | None:
         return None
 
 
+@dataclass(frozen=True)
+class HubAnswers:
+    """What a plan knows of its models before the facts are in: pinned commits' answers kept from an
+    earlier plan, and the hub's answers being asked meanwhile."""
+
+    kept: Mapping[HubKey, HubAnswer] = field(default_factory=dict)
+    asking: Mapping[HubKey, Future[HubAnswer]] = field(default_factory=dict)
+
+
 def _ask_hub_early(inv: inventory.Inventory, names: Sequence[str], overrides: Mapping[str, Any],
-                   held: secrets.Secrets) -> dict[HubKey, Future[HubAnswer]]:
-    """The hub's answers for the targets' models, asked in threads of their own: the hub and the hosts
-    answer at the same time instead of one after the other."""
+                   held: secrets.Secrets) -> HubAnswers:
+    """The targets' models: each pinned commit answered from what was kept, the others asked of the
+    hub in threads of their own, so the hub and the hosts answer at the same time."""
+    kept: dict[HubKey, HubAnswer] = {}
     keys = set()
     for name in names:
         settings = inv.settings(name, overrides)
-        if weights.managed(settings) and _kept(_hub_key(settings), held.hf_token) is None:
-            keys.add(_hub_key(settings))
+        if not weights.managed(settings):
+            continue
+        key = _hub_key(settings)
+        if key not in kept and key not in keys:
+            answer = _kept(key, held.hf_token)
+            if answer is None:
+                keys.add(key)
+            else:
+                kept[key] = answer
     if not keys:
-        return {}
+        return HubAnswers(kept)
     asking = ThreadPoolExecutor(max_workers=min(8, len(keys)), thread_name_prefix="hub")
     futures = {key: asking.submit(_ask_hub, key, held.hf_token) for key in keys}
     asking.shutdown(wait=False)
-    return futures
+    return HubAnswers(kept, futures)
 
 
 def _with_snapshots(contexts: dict[str, context.Context], held: secrets.Secrets, wanted: set[str],
-                    early: Mapping[HubKey, Future[HubAnswer]]) -> dict[str, context.Context]:
+                    early: HubAnswers) -> dict[str, context.Context]:
     """Ask the hub once per (model, revision, files, endpoint) for the commit and the files' sizes and
     hashes (the answers asked early where the key is the same); each host's context learns what it
     must still fetch (its manifest, read by the probe). A pinned commit's kept answer stands while
     its hosts have it; once one must fetch, the hub is asked, so the gate's model.hub says what the
     hub says now (a repository gone, a token refused)."""
     asked: dict[HubKey, HubAnswer] = {}
-    live: set[HubKey] = set()  # pinned commits answered from what was kept, then asked again
+    live: set[HubKey] = set()  # answers the hub gave in this run (not kept from an earlier one)
     result = dict(contexts)
     for name, ctx in contexts.items():
         s = ctx.settings
@@ -245,9 +262,11 @@ def _with_snapshots(contexts: dict[str, context.Context], held: secrets.Secrets,
             continue
         key = _hub_key(s)
         if key not in asked:
-            kept = None if key in early else _kept(key, held.hf_token)
-            asked[key] = kept or (early[key].result() if key in early else _ask_hub(key, held.hf_token))
-            if kept is None:
+            kept = early.kept.get(key) or (None if key in early.asking else _kept(key, held.hf_token))
+            if kept is not None:
+                asked[key] = kept
+            else:
+                asked[key] = early.asking[key].result() if key in early.asking else _ask_hub(key, held.hf_token)
                 live.add(key)
         answer, model_config = asked[key]
         if isinstance(answer, str):
