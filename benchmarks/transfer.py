@@ -37,6 +37,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from run import busy_seconds  # benchmarks/run.py: the machine's busy CPU seconds
+
 from provision import lab
 from provision.lab import hub
 
@@ -100,13 +102,6 @@ def reset(the_lab: lab.Lab, names: list[str]) -> None:
         list(pool.map(lambda name: ssh(the_lab, name, ["rm", "-rf", MODEL_DIR, "/var/cache/provision/wheels",
                                                        os.path.dirname(VENV)]), names))
     hub_call(the_lab, "/_lab/reset", {})
-
-
-def busy_seconds() -> float:
-    """CPU seconds this machine has been busy (all but idle and iowait): the tool, the hub, every lab host."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    ticks = [int(value) for value in fields]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def invoke(task: str, inventory: Path, cluster: str, strategy: str) -> tuple[float, float, dict[str, Any]]:

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,19 +22,13 @@ from provision import inventory, lab
 from provision.lab import hub, tinymodel
 from tests.conftest import REPO
 from tests.lab.conftest import on_host, run_invoke
+from tests.lab.test_lab_weights import hub_call
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
 CHAIN = ["ws-5090", "h200", "cpu-1"]
 PADDING = 80 * 10**6  # bytes beside the tiny model: seconds of transfer at the limited rates
 ROOT = "/srv/w-relay"
-
-
-def hub_call(the_lab: lab.Lab, path: str, body: Any = None) -> Any:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"{the_lab.hub_url}{path}", data=data, method="POST" if data else "GET")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
 
 
 @pytest.fixture(scope="module")
