@@ -4,6 +4,7 @@
     ├── InventoryError (also ValueError)   bad inventory or usage: exit code 2, nothing contacted
     ├── ProfileError (also ValueError)     a hardware profile file that does not validate
     ├── KnownIssueError (also ValueError)  an entry of the known-issues file that does not validate
+    ├── ContractError (also ValueError)    a row of the engine contracts table that does not validate
     ├── RenderError (also ValueError)      render.py: a unit or environment file cannot be rendered
     ├── AffinityError (also ValueError)    affinity.py: the cpu_affinity policy cannot be met on this CPU
     ├── UnreachableHost                    SSH could not connect or authenticate, or the link was lost
@@ -81,6 +82,10 @@ class ProfileError(ProvisionError, ValueError):
 
 class KnownIssueError(ProvisionError, ValueError):
     """An entry of the known-issues data (provision/known_issues.yaml) is malformed; names the entry."""
+
+
+class ContractError(ProvisionError, ValueError):
+    """A row of the engine contracts table (provision/engine_contracts.yaml) is malformed; names the row."""
 
 
 def about(host: str, text: str) -> str:

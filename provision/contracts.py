@@ -1,0 +1,134 @@
+"""What each engine version accepts, as data (engine_contracts.yaml beside this module).
+
+A row says that releases `versions` of `engine` have a flag, read an environment variable, serve a
+metric or need a dependency, and where that is read from. Render asks before it writes a flag, the
+gate before it trusts a variable, tune before it tries a flag, status before it reads a metric:
+
+    table = contracts.load()
+    table.accepts("trtllm", "flag", "--served_model_name", "1.2.0")   # False: that release lacks it
+    table.accepts("vllm", "flag", "--no-such-flag", "0.32.0")          # None: no row, nothing known
+    table.target("trtllm")                                              # "1.2.0"
+
+`accepts` answers None where the table has no row for the name: the table speaks only where a source
+does. A version that is not known (no venv yet, no pin) is judged as the engine's target release.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from provision.errors import ContractError
+
+DATA = "engine_contracts.yaml"
+KINDS = ("flag", "env", "metric", "dependency")
+ROW_KEYS = ("engine", "kind", "name", "versions", "note", "source")
+REQUIRED_ROW_KEYS = ("engine", "kind", "name", "versions", "source")
+
+
+@dataclass(frozen=True)
+class Row:
+    engine: str
+    kind: str
+    name: str
+    versions: SpecifierSet
+    source: str
+    note: str = ""
+
+    def holds(self, version: str) -> bool:
+        return self.versions.contains(Version(version), prereleases=True)
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    target: str
+    packages: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Contracts:
+    engines: Mapping[str, Engine]
+    rows: tuple[Row, ...]
+
+    def target(self, engine: str) -> str:
+        """The release the tool renders for while the host's own version is not known."""
+        return self.engines[engine].target
+
+    def of(self, engine: str, kind: str) -> Iterator[Row]:
+        return (row for row in self.rows if row.engine == engine and row.kind == kind)
+
+    def row(self, engine: str, kind: str, name: str) -> Row | None:
+        return next((row for row in self.of(engine, kind) if row.name == name), None)
+
+    def accepts(self, engine: str, kind: str, name: str, version: str | None) -> bool | None:
+        """Whether `version` (None: the target release) of the engine has it; None where no row speaks."""
+        found = self.row(engine, kind, name)
+        if found is None:
+            return None
+        return found.holds(_release(version or self.target(engine)))
+
+    def names(self, engine: str, kind: str, version: str | None) -> list[str]:
+        """The names of that kind which the version has, in the file's order."""
+        release = _release(version or self.target(engine))
+        return [row.name for row in self.of(engine, kind) if row.holds(release)]
+
+
+def _release(version: str) -> str:
+    """'0.32.0+cpu' and '1.3.0rc5' compare as PEP 440 versions; anything else is refused by name."""
+    try:
+        return str(Version(version))
+    except InvalidVersion:
+        raise ContractError(f"{version!r} is not a version") from None
+
+
+@functools.cache
+def load() -> Contracts:
+    """The shipped table, validated once per process."""
+    text = resources.files("provision").joinpath(DATA).read_text(encoding="utf-8")
+    return parse(yaml.safe_load(text), DATA)
+
+
+def parse(data: Any, source: str) -> Contracts:
+    """A validated table from its YAML document; ContractError names the row and the key."""
+    if not isinstance(data, dict) or set(data) != {"engines", "rows"}:
+        raise ContractError(f"{source}: expected the keys engines and rows")
+    engines = {name: _engine(name, spec, source) for name, spec in (data["engines"] or {}).items()}
+    if not isinstance(data["rows"], list):
+        raise ContractError(f"{source}: rows must be a list")
+    rows = tuple(_row(index, raw, engines, source) for index, raw in enumerate(data["rows"]))
+    return Contracts(engines=engines, rows=rows)
+
+
+def _engine(name: str, spec: Any, source: str) -> Engine:
+    if not isinstance(spec, dict) or set(spec) != {"target", "packages"}:
+        raise ContractError(f"{source}: engine {name}: expected target and packages")
+    _release(str(spec["target"]))
+    return Engine(name=name, target=str(spec["target"]), packages=tuple(spec["packages"]))
+
+
+def _row(index: int, raw: Any, engines: Mapping[str, Engine], source: str) -> Row:
+    where = f"{source}: row {index + 1}"
+    if not isinstance(raw, dict):
+        raise ContractError(f"{where}: expected a mapping")
+    unknown = sorted(set(raw) - set(ROW_KEYS))
+    missing = [key for key in REQUIRED_ROW_KEYS if not raw.get(key)]
+    if unknown or missing:
+        raise ContractError(f"{where} ({raw.get('name', '?')}): unknown keys {unknown}, missing {missing}")
+    if raw["engine"] not in engines or raw["kind"] not in KINDS:
+        raise ContractError(f"{where} ({raw['name']}): engine must be one of {sorted(engines)}, "
+                            f"kind one of {', '.join(KINDS)}")
+    if not str(raw["source"]).startswith(("https://", "http://")):
+        raise ContractError(f"{where} ({raw['name']}): source must be a link to where the range is read")
+    try:
+        versions = SpecifierSet(str(raw["versions"]))
+    except InvalidSpecifier:
+        raise ContractError(f"{where} ({raw['name']}): versions {raw['versions']!r} are not PEP 440") from None
+    return Row(engine=raw["engine"], kind=raw["kind"], name=str(raw["name"]), versions=versions,
+               source=str(raw["source"]), note=str(raw.get("note", "")))
