@@ -16,7 +16,8 @@ written to a temporary file in the same directory with owner and mode set, fsync
 that changed anything records a generation (host/generations.py): `pending` for a deploy until its
 readiness verdict (`promote` or `reject`), `applied` for a provision. It prints one JSON document:
 {"ok": bool, "done": [...], "skipped": [...], "failed": {...} | null, "generation": N | null,
- "restored": [...], "unfinished": {...} | null}.
+ "restored": [...], "unfinished": {...} | null, "settled": [N, ...]}; a restore adds "to", "serve" (where
+the restored generation's server answers, as recorded with it) and "running" (the units it runs).
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from provision.host.generations import (
     restore,
     rollback_target,
     set_state,
+    settle_pending,
     snapshot,
     unit_states,
     venv_key,
@@ -236,6 +238,11 @@ def _apply(spec: dict[str, Any], result: dict[str, Any]) -> None:
     secrets = spec.get("secrets") or {}
     if root:
         state = load_state(root)
+        # Pending generations of runs that stopped (killed, connection lost) are judged no more: never
+        # left pending for good. The current one stays for this run (deploy promotes or replaces it).
+        result["settled"] = settle_pending(
+            root, time.time(), f"its run stopped before the readiness verdict; settled by the "
+            f"{spec.get('by', 'provision')} of {time.strftime('%Y-%m-%d %H:%M:%S')}", keep=state["current"])
         if state["current"] is not None:
             meta = load_meta(root, state["current"])
             if meta["state"] == "pending" and (meta.get("deadline") or 0) < time.time():
@@ -277,7 +284,7 @@ def _apply(spec: dict[str, Any], result: dict[str, Any]) -> None:
             root, generations, "pending" if verify else "applied", spec.get("by", "provision"), described,
             secrets,
             previous=previous, deadline=time.time() + spec.get("deadline", 900) if verify else None,
-            units_before=units_before)
+            units_before=units_before, serve=spec.get("serve"), overrides=spec.get("overrides") or ())
         result["previous"] = previous
 
 
@@ -315,16 +322,30 @@ def _decide(spec: dict[str, Any], result: dict[str, Any]) -> None:
                              "back to")
         units = load_meta(root, number).get("units_before")
         result["restored"] = restore(root, target, generations, secrets, write_atomically, _run, units=units)
-        result["to"] = target
+        _restored(result, root, target, units)
         return
     if action == "rollback":
         target = spec.get("to") or rollback_target(root)
         if target is None:
             raise StepFailed("no earlier generation to roll back to (see `invoke rollback --list`)")
+        left = load_state(root)["current"]
         result["restored"] = restore(root, target, generations, secrets, write_atomically, _run)
-        result["to"] = target
+        if left is not None and left != target and load_meta(root, left)["state"] == "pending":
+            set_state(root, left, "abandoned", note=f"rolled back to generation {target} before its readiness "
+                                                    "verdict")
+        _restored(result, root, target, None)
         return
     raise StepFailed(f"unknown action {action!r}")
+
+
+def _restored(result: dict[str, Any], root: str, target: int, units: dict[str, Any] | None) -> None:
+    """What the controller needs to judge the restored generation: where its server answers (as
+    recorded with it; None for a generation recorded before that was kept) and the units it runs."""
+    meta = load_meta(root, target)
+    wanted = units or meta["units"]
+    result["to"] = target
+    result["serve"] = meta.get("serve")
+    result["running"] = sorted(unit for unit, was in wanted.items() if was.get("installed") and was.get("active"))
 
 
 def main(spec: dict[str, Any]) -> None:
