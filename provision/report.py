@@ -402,7 +402,8 @@ def print_rollback(results: HostResults[Any], listing: bool, json_: bool) -> Non
     if json_:
         body = {name: ({"error": error_text(results.errors[name])} if name in results.errors
                        else results.values[name] if listing
-                       else {"to": results.values[name].to, "restored": list(results.values[name].restored)})
+                       else {"to": results.values[name].to, "restored": list(results.values[name].restored),
+                             "ready_s": results.values[name].ready_s, "seconds": results.values[name].seconds})
                 for name in results.order}
         print(dump_json({"hosts": body}))
         return
@@ -413,7 +414,10 @@ def print_rollback(results: HostResults[Any], listing: bool, json_: bool) -> Non
             print_generations(name, results.values[name], console())
         else:
             outcome = results.values[name]
-            print(f"{name}: generation {outcome.to} restored: {', '.join(outcome.restored) or 'it was in place'}")
+            serving = ("; it runs no server" if outcome.ready_s is None
+                       else f"; it answers /health and a completion ({outcome.ready_s:.0f}s)")
+            print(f"{name}: generation {outcome.to} restored: {', '.join(outcome.restored) or 'it was in place'}"
+                  f"{serving}")
 
 
 # ---------------------------------------------------------------------------------------------
