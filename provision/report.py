@@ -463,10 +463,10 @@ def status_problems(found: dict[str, status.HostStatus]) -> list[str]:
     """What is wrong with each host that is not healthy, whole, one line each (under the table)."""
     lines = []
     for name, item in found.items():
-        if item.healthy or not item.problem:
-            continue
-        text = item.problem.removeprefix(f"{name}: ")
-        lines.append(f"{name}: {text}")
+        if not item.healthy and item.problem:
+            lines.append(f"{name}: {item.problem.removeprefix(f'{name}: ')}")
+        # A host can serve and still run what the inventory does not declare: said even when healthy.
+        lines.extend(f"{name}: drift: {line}" for line in item.drift)
     return lines
 
 
@@ -489,7 +489,7 @@ def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
                 + (f" since {item.unit['since']}" if item.unit.get("since") else ""))
         if item.unit.get("installed") is False:
             unit = "not installed"
-        colour = "green" if item.healthy else "red"
+        colour = "red" if not item.healthy else "yellow" if item.drift else "green"
         model = f"{item.model or '-'} @ {item.revision[:12] if item.revision else '-'}"
         table.add_row(f"[{colour}]{name}[/{colour}]", unit, _fmt(item.unit.get("restarts")),
                       item.health or item.role,
@@ -538,9 +538,12 @@ def print_status(found: Mapping[str, Any], seconds: float, json_: bool) -> None:
     """status: one table for the whole cluster (what is wrong, whole, under it), or JSON."""
     if json_:
         print(dump_json({"hosts": {name: status.as_json(item) for name, item in found.items()},
-                         "healthy": all(item.healthy for item in found.values())}))
+                         "healthy": all(item.healthy for item in found.values()),
+                         "drift": any(item.drift for item in found.values())}))
         return
-    title = f"status: {sum(item.healthy for item in found.values())}/{len(found)} healthy ({seconds:.1f}s)"
+    drifted = sum(bool(item.drift) for item in found.values())
+    title = (f"status: {sum(item.healthy for item in found.values())}/{len(found)} healthy"
+             f"{f', {drifted} drifted from the inventory' if drifted else ''} ({seconds:.1f}s)")
     console().print(status_table(dict(found), title))
     for line in status_problems(dict(found)):
         console().print(line, highlight=False, markup=False)
