@@ -19,7 +19,7 @@ from provision.inventory import Inventory
 from provision.nccl import NcclRun, describe_transport, human_size
 from provision.parsers import Gpu
 from provision.plan import summary
-from provision.prepare import Prepared
+from provision.prepare import HostReport, Prepared
 
 if TYPE_CHECKING:
     from provision.rolling import Deployed
@@ -634,6 +634,24 @@ def prepared_json(result: Prepared) -> dict[str, Any]:
             "stopped": result.stopped, "dry_run": result.dry_run, "ok": result.ok}
 
 
+def preparation_line(item: HostReport, dry_run: bool) -> str:
+    """What prepare did on a host, in the host's own account of its steps: a run stopped at the lock
+    (or at a failing step) did not do what it planned, and a reboot is said only once it happened."""
+    steps = item.prepared.steps() if item.prepared else []
+    if not steps:
+        return "nothing to change"
+    if dry_run:
+        return "would: " + "; ".join(steps)
+    applied = item.applied
+    if applied is None and item.rebooted_s is None:
+        return "has: " + "; ".join(steps)  # nothing to apply: what already waits for a reboot
+    did = [*(applied.get("done") or [] if applied else []), *(["rebooted"] if item.rebooted_s is not None else [])]
+    parts = [f"did: {'; '.join(did)}"] if did else []
+    if applied is not None and not applied.get("ok"):
+        parts.append(("did not finish: " if did else "did not: ") + "; ".join(steps))
+    return "; ".join(parts) or "did nothing: every step was in place"
+
+
 def print_prepared(result: Prepared, out: Console) -> None:
     """Each host: its preparation plan (or what was done), then the gate before and after, side by side."""
     for name in result.order:
@@ -645,9 +663,7 @@ def print_prepared(result: Prepared, out: Console) -> None:
             out.print(f"[bold]{name}[/bold]: [yellow]not prepared: the roll stopped before its turn[/yellow]")
             continue
         prepared = item.prepared
-        steps = prepared.steps() if prepared else []
-        verb = "would" if result.dry_run else ("did" if item.applied or item.rebooted_s is not None else "has")
-        out.print(f"[bold]{name}[/bold]: " + (f"{verb}: " + "; ".join(steps) if steps else "nothing to change"))
+        out.print(f"[bold]{name}[/bold]: {preparation_line(item, result.dry_run)}")
         for problem in prepared.problems if prepared else ():
             out.print(f"  [red]{problem}[/red]")
         if item.applied and item.applied.get("skipped"):
