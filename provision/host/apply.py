@@ -122,9 +122,9 @@ def build_venv(data: dict[str, Any]) -> None:
         shutil.rmtree(last, ignore_errors=True)
         os.rename(venv, last)
     try:
-        _run([sys.executable, "-m", "venv", venv])
-        _run([os.path.join(venv, "bin", "pip"), "install", "--no-index", "--find-links", wheelhouse,
-              "--no-cache-dir", "--disable-pip-version-check", "--quiet"] + data["requirements"])
+        _in_venv_dir(venv, [sys.executable, "-m", "venv", venv])
+        _in_venv_dir(venv, [os.path.join(venv, "bin", "pip"), "install", "--no-index", "--find-links", wheelhouse,
+                            "--no-cache-dir", "--disable-pip-version-check", "--quiet"] + data["requirements"])
         if data.get("remove"):
             _run([os.path.join(venv, "bin", "pip"), "uninstall", "--yes", "--quiet"] + data["remove"])
         versions = verify_imports(venv, data.get("verify", []))
@@ -140,6 +140,37 @@ def build_venv(data: dict[str, Any]) -> None:
         if os.path.isdir(last):
             os.rename(last, venv)
         raise
+
+
+NEARLY_FULL = 64 * 2**20  # bytes free below which a failed install is put down to the disk
+
+
+def free_space_note(path: str) -> str:
+    """Why a step writing under `path` failed where its own message hides it: `python -m venv` reports
+    only "ensurepip returned non-zero exit status 1" when the disk is full. "" when there is room."""
+    directory = path
+    while directory and not os.path.isdir(directory):
+        directory = os.path.dirname(directory.rstrip("/")) or "/"
+    try:
+        info = os.statvfs(directory)
+    except OSError:
+        return ""
+    free = info.f_bavail * info.f_frsize
+    if free >= NEARLY_FULL:
+        return ""
+    return (f"No space left on device: {free / 2**20:.1f} MiB free on the filesystem of {directory} "
+            f"(of {info.f_blocks * info.f_frsize / 2**20:.0f} MiB)")
+
+
+def _in_venv_dir(venv: str, argv: list[str]) -> str:
+    """_run for a command that writes into the venv: a failure says when the disk is full, measured
+    before the half-built venv is removed (it holds what filled it)."""
+    try:
+        return _run(argv)
+    except StepFailed as exc:
+        text = str(exc)
+        note = "" if "No space left on device" in text else free_space_note(venv)
+        raise StepFailed(f"{note}; {text}" if note else text) from None
 
 
 def _already(change: dict[str, Any], written: set[str], venv_built: bool) -> bool:
