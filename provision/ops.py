@@ -26,6 +26,11 @@ class Outcome:
     to: int | None = None  # the generation a reject or rollback restored
     unfinished: Mapping[str, Any] | None = None  # a deploy's generation left pending by a run that stopped
     generations: Mapping[str, Any] = field(default_factory=dict)  # rollback --list
+    # A restore: where the restored generation's server answers, as recorded with it (None when it was
+    # recorded before generations kept that), and the units that generation runs.
+    serve: Mapping[str, Any] | None = None
+    running: tuple[str, ...] = ()
+    settled: tuple[int, ...] = ()  # pending generations of stopped runs, now abandoned
 
 
 @dataclass(frozen=True)
@@ -79,20 +84,25 @@ def _secrets(secrets: Mapping[str, str | None]) -> dict[str, str]:
 def apply(runner: Runner, changes: Sequence[Change], wait: float = 0, *, scope: Scope | None = None,
           by: str = "provision", verify: bool = False, deadline: float = 900,
           secrets: Mapping[str, str | None] | None = None, model_changed: bool = False,
-          record: Sequence[str] = ()) -> Outcome:
+          record: Sequence[str] = (), serve: Mapping[str, Any] | None = None,
+          overrides: Sequence[str] = ()) -> Outcome:
     """Run the changes in order under the host's lock (a step already in place is skipped);
     ApplyFailed names the step that failed. With a scope, what changed is recorded as a generation:
     pending until promote or reject when `verify` (deploy), applied otherwise. `record` names what
-    changed outside these changes (a model fetched before them): a generation is recorded then too."""
+    changed outside these changes (a model fetched before them): a generation is recorded then too.
+    `serve` (where the host's server answers) and `overrides` (the run's --set keys) are recorded with
+    the generation: a rollback judges it by the first, status names the second as drift."""
     spec = {"action": "apply", "lock": LOCK, "wait": wait, "by": by, "verify": verify, "deadline": deadline,
             "generations": scope.spec() if scope else None, "secrets": _secrets(secrets or {}),
             "model_changed": model_changed, "record": list(record),
+            "serve": dict(serve) if serve else None, "overrides": sorted(overrides),
             "changes": [{"kind": c.kind, "target": c.target, "data": dict(c.data), "describe": c.describe()}
                         for c in changes]}
     answer = _execute(runner, spec, changes)
     return Outcome(done=tuple(changes[index] for index in answer["done"]),
                    skipped=tuple(changes[index] for index in answer.get("skipped", [])),
-                   generation=answer.get("generation"), unfinished=answer.get("unfinished"))
+                   generation=answer.get("generation"), unfinished=answer.get("unfinished"),
+                   settled=tuple(answer.get("settled") or ()))
 
 
 def _decide(runner: Runner, action: str, scope: Scope, wait: float, secrets: Mapping[str, str | None] | None,
@@ -101,7 +111,8 @@ def _decide(runner: Runner, action: str, scope: Scope, wait: float, secrets: Map
             "secrets": _secrets(secrets or {}), "changes": [], **extra}
     answer = _execute(runner, spec, [])
     return Outcome(done=(), restored=tuple(answer.get("restored", [])), generation=answer.get("generation"),
-                   to=answer.get("to"), generations=answer.get("generations") or {})
+                   to=answer.get("to"), generations=answer.get("generations") or {},
+                   serve=answer.get("serve"), running=tuple(answer.get("running") or ()))
 
 
 def promote(runner: Runner, generation: int, scope: Scope, wait: float = 0) -> Outcome:

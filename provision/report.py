@@ -19,7 +19,7 @@ from provision.inventory import Inventory
 from provision.nccl import NcclRun, describe_transport, human_size
 from provision.parsers import Gpu
 from provision.plan import summary
-from provision.prepare import Prepared
+from provision.prepare import HostReport, Prepared
 
 if TYPE_CHECKING:
     from provision.rolling import Deployed
@@ -402,7 +402,8 @@ def print_rollback(results: HostResults[Any], listing: bool, json_: bool) -> Non
     if json_:
         body = {name: ({"error": error_text(results.errors[name])} if name in results.errors
                        else results.values[name] if listing
-                       else {"to": results.values[name].to, "restored": list(results.values[name].restored)})
+                       else {"to": results.values[name].to, "restored": list(results.values[name].restored),
+                             "ready_s": results.values[name].ready_s, "seconds": results.values[name].seconds})
                 for name in results.order}
         print(dump_json({"hosts": body}))
         return
@@ -413,7 +414,10 @@ def print_rollback(results: HostResults[Any], listing: bool, json_: bool) -> Non
             print_generations(name, results.values[name], console())
         else:
             outcome = results.values[name]
-            print(f"{name}: generation {outcome.to} restored: {', '.join(outcome.restored) or 'it was in place'}")
+            serving = ("; it runs no server" if outcome.ready_s is None
+                       else f"; it answers /health and a completion ({outcome.ready_s:.0f}s)")
+            print(f"{name}: generation {outcome.to} restored: {', '.join(outcome.restored) or 'it was in place'}"
+                  f"{serving}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -459,10 +463,10 @@ def status_problems(found: dict[str, status.HostStatus]) -> list[str]:
     """What is wrong with each host that is not healthy, whole, one line each (under the table)."""
     lines = []
     for name, item in found.items():
-        if item.healthy or not item.problem:
-            continue
-        text = item.problem.removeprefix(f"{name}: ")
-        lines.append(f"{name}: {text}")
+        if not item.healthy and item.problem:
+            lines.append(f"{name}: {item.problem.removeprefix(f'{name}: ')}")
+        # A host can serve and still run what the inventory does not declare: said even when healthy.
+        lines.extend(f"{name}: drift: {line}" for line in item.drift)
     return lines
 
 
@@ -485,7 +489,7 @@ def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
                 + (f" since {item.unit['since']}" if item.unit.get("since") else ""))
         if item.unit.get("installed") is False:
             unit = "not installed"
-        colour = "green" if item.healthy else "red"
+        colour = "red" if not item.healthy else "yellow" if item.drift else "green"
         model = f"{item.model or '-'} @ {item.revision[:12] if item.revision else '-'}"
         table.add_row(f"[{colour}]{name}[/{colour}]", unit, _fmt(item.unit.get("restarts")),
                       item.health or item.role,
@@ -534,9 +538,12 @@ def print_status(found: Mapping[str, Any], seconds: float, json_: bool) -> None:
     """status: one table for the whole cluster (what is wrong, whole, under it), or JSON."""
     if json_:
         print(dump_json({"hosts": {name: status.as_json(item) for name, item in found.items()},
-                         "healthy": all(item.healthy for item in found.values())}))
+                         "healthy": all(item.healthy for item in found.values()),
+                         "drift": any(item.drift for item in found.values())}))
         return
-    title = f"status: {sum(item.healthy for item in found.values())}/{len(found)} healthy ({seconds:.1f}s)"
+    drifted = sum(bool(item.drift) for item in found.values())
+    title = (f"status: {sum(item.healthy for item in found.values())}/{len(found)} healthy"
+             f"{f', {drifted} drifted from the inventory' if drifted else ''} ({seconds:.1f}s)")
     console().print(status_table(dict(found), title))
     for line in status_problems(dict(found)):
         console().print(line, highlight=False, markup=False)
@@ -627,6 +634,24 @@ def prepared_json(result: Prepared) -> dict[str, Any]:
             "stopped": result.stopped, "dry_run": result.dry_run, "ok": result.ok}
 
 
+def preparation_line(item: HostReport, dry_run: bool) -> str:
+    """What prepare did on a host, in the host's own account of its steps: a run stopped at the lock
+    (or at a failing step) did not do what it planned, and a reboot is said only once it happened."""
+    steps = item.prepared.steps() if item.prepared else []
+    if not steps:
+        return "nothing to change"
+    if dry_run:
+        return "would: " + "; ".join(steps)
+    applied = item.applied
+    if applied is None and item.rebooted_s is None:
+        return "has: " + "; ".join(steps)  # nothing to apply: what already waits for a reboot
+    did = [*(applied.get("done") or [] if applied else []), *(["rebooted"] if item.rebooted_s is not None else [])]
+    parts = [f"did: {'; '.join(did)}"] if did else []
+    if applied is not None and not applied.get("ok"):
+        parts.append(("did not finish: " if did else "did not: ") + "; ".join(steps))
+    return "; ".join(parts) or "did nothing: every step was in place"
+
+
 def print_prepared(result: Prepared, out: Console) -> None:
     """Each host: its preparation plan (or what was done), then the gate before and after, side by side."""
     for name in result.order:
@@ -638,9 +663,7 @@ def print_prepared(result: Prepared, out: Console) -> None:
             out.print(f"[bold]{name}[/bold]: [yellow]not prepared: the roll stopped before its turn[/yellow]")
             continue
         prepared = item.prepared
-        steps = prepared.steps() if prepared else []
-        verb = "would" if result.dry_run else ("did" if item.applied or item.rebooted_s is not None else "has")
-        out.print(f"[bold]{name}[/bold]: " + (f"{verb}: " + "; ".join(steps) if steps else "nothing to change"))
+        out.print(f"[bold]{name}[/bold]: {preparation_line(item, result.dry_run)}")
         for problem in prepared.problems if prepared else ():
             out.print(f"  [red]{problem}[/red]")
         if item.applied and item.applied.get("skipped"):

@@ -7,6 +7,9 @@ nothing (wheels, the fetch helper, the weights); then the rest host by host (or 
 apply, wait for /health and a real one-token completion. A host that does not become ready gets its
 generation rejected and its last good one back, and the roll stops: the hosts after it are left as
 they were.
+
+rollback = the same roll backwards: host after host, each restored generation gated on readiness at
+the endpoint recorded with it (`restored_endpoint`) before the next host is touched.
 """
 from __future__ import annotations
 
@@ -30,11 +33,9 @@ from provision import (
 )
 from provision.engines.vllm import RAY_PORT
 from provision.errors import ProvisionError
-from provision.fanout import for_each_host
+from provision.fanout import HostResults, for_each_host
 from provision.report import error_text
 from provision.run import Bar, Connect, HostPlan, Options, Planned, remaining, secret_environment
-
-SERVER_UNITS = {engine.server_unit for engine in engines.ENGINES.values()}
 
 
 class RollStopped(ProvisionError):
@@ -83,7 +84,8 @@ def ray_nodes(runner: remote.Runner, venv_dir: str, head_address: str, expected:
 
 
 def rolling(inv: inventory.Inventory, plans: dict[str, HostPlan], overrides: Mapping[str, Any], held: secrets.Secrets,
-            batch: int, timeout: float, wait: float, outcomes: dict[str, Outcome]) -> Callable[..., Any]:
+            batch: int, timeout: float, wait: float, outcomes: dict[str, Outcome],
+            by: str = "deploy") -> Callable[..., Any]:
     """The last step of carry_out for deploy: apply batch after batch, each gated on readiness."""
 
     def final(names: list[str], connect: Connect, bar: Bar) -> tuple[dict[str, int], dict[str, BaseException]]:
@@ -95,7 +97,7 @@ def rolling(inv: inventory.Inventory, plans: dict[str, HostPlan], overrides: Map
                     outcomes[name].state = "not rolled"
                     outcomes[name].detail = "the roll stopped before this host"
                 continue
-            failed = roll_one(group, inv, plans, overrides, held, timeout, wait, connect, bar, done, outcomes)
+            failed = roll_one(group, inv, plans, overrides, held, timeout, wait, connect, bar, done, outcomes, by)
             errors.update(failed)
         return done, errors
 
@@ -104,7 +106,7 @@ def rolling(inv: inventory.Inventory, plans: dict[str, HostPlan], overrides: Map
 
 def roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostPlan], overrides: Mapping[str, Any],
               held: secrets.Secrets, timeout: float, wait: float, connect: Connect, bar: Bar,
-              done: dict[str, int], outcomes: dict[str, Outcome]) -> dict[str, BaseException]:
+              done: dict[str, int], outcomes: dict[str, Outcome], by: str = "deploy") -> dict[str, BaseException]:
     """Apply a batch (each host's changes become a pending generation), wait for readiness, then promote
     every generation the batch made, or reject them all: each host gets back its last good one."""
     cluster = inv.cluster_of(group[0])
@@ -123,9 +125,10 @@ def roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostPl
         started = time.monotonic()
         count = 0
         if changes:
-            outcome = ops.apply(connect(name), changes, wait=wait, scope=plans[name].scope, by="deploy", verify=True,
+            outcome = ops.apply(connect(name), changes, wait=wait, scope=plans[name].scope, by=by, verify=True,
                                 deadline=timeout + (150 if multi else 30), secrets=secret_environment(held),
-                                model_changed=bool(plans[name].of_kind("weights")))
+                                model_changed=bool(plans[name].of_kind("weights")), serve=plans[name].serve,
+                                overrides=plans[name].overrides)
             count = len(outcome.done)
             if outcome.generation is not None:
                 made[name] = outcome.generation
@@ -171,8 +174,7 @@ def roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostPl
         for name in group:
             if name in made:
                 roll_back(name, made[name], plans, held, wait, connect, errors, outcomes, cause,
-                          ready=_ready_again(connect, name, inv.settings(name, overrides), held, timeout,
-                                             inv.settings(name, {})))
+                          ready=_ready_again(connect, name, held, timeout, inv.settings(name, {})))
     return errors
 
 
@@ -183,10 +185,10 @@ def _elapsed_on(update: Callable[[int, int], None], timeout: float) -> Callable[
 
 def roll_back(name: str, generation: int, plans: dict[str, HostPlan], held: secrets.Secrets, wait: float,
               connect: Connect, errors: dict[str, BaseException], outcomes: dict[str, Outcome], cause: str,
-              ready: Callable[[], float] | None = None) -> None:
+              ready: Callable[[ops.Outcome], float | None] | None = None) -> None:
     """Reject what this deploy applied on the host; it gets back its newest good generation whole (files,
-    venv, model, each unit enabled and running exactly as it was). Where the server ran before the
-    deploy, `ready` waits until the restored one answers again."""
+    venv, model, each unit enabled and running exactly as it was). `ready` waits until the restored
+    server answers again (None where the restored generation runs no server)."""
     outcome = outcomes[name]
     own = error_text(errors[name]).removeprefix(name + ": ") if name in errors else cause
     try:
@@ -199,12 +201,10 @@ def roll_back(name: str, generation: int, plans: dict[str, HostPlan], held: secr
             what = ", ".join(back.restored) or "nothing differed"
             outcome.detail = f"{own}; rolled back to generation {back.to} ({what})"
             outcome.state = "rolled back"
-            # A server ran before: restarted by this deploy, or stopped for another engine's.
-            ran_before = any(c.kind in ("restart", "stop") and c.target in SERVER_UNITS for c in plans[name].changes)
-            if ready is not None and ran_before:
+            if ready is not None:
                 try:  # the rollback itself is done; whether what it restored serves is worth saying
-                    ready()
-                    outcome.detail += ": the previous version is ready again"
+                    if ready(back) is not None:
+                        outcome.detail += ": the previous version is ready again"
                 except ProvisionError as exc:
                     outcome.detail += f"; the restored version does not answer either: {error_text(exc)}"
     except ProvisionError as exc:
@@ -213,14 +213,23 @@ def roll_back(name: str, generation: int, plans: dict[str, HostPlan], held: secr
     errors[name] = RollStopped(f"{name}: {outcome.detail}; the roll stopped here")
 
 
-def _ready_again(connect: Connect, name: str, settings: inventory.Settings, held: secrets.Secrets,
-                 timeout: float, declared: inventory.Settings | None = None) -> Callable[[], float]:
-    """The readiness wait of a host that was rolled back (NotReady when the restored version fails too).
-    Where the deploy switched engines, the restored server is the one the inventory declares
-    (`declared`): asked for its own model, on its own unit."""
-    switched = declared is not None and declared.engine != settings.engine
-    chosen = declared if switched and declared is not None else settings
-    return lambda: server.wait_ready(connect(name), chosen, held.vllm_api_key, timeout)
+def restored_endpoint(back: ops.Outcome, declared: inventory.Settings) -> dict[str, Any] | None:
+    """Where the restored generation's server answers: as recorded with that generation (its own port,
+    address, model and unit, never the overrides of the run that restores it); for one recorded before
+    generations kept that, where the inventory declares (`declared`). None when it runs no server."""
+    where = dict(back.serve or server.endpoint(declared))
+    return where if where["unit"] in back.running else None
+
+
+def _ready_again(connect: Connect, name: str, held: secrets.Secrets, timeout: float,
+                 declared: inventory.Settings) -> Callable[[ops.Outcome], float | None]:
+    """The readiness wait of a host that was rolled back (NotReady when the restored version fails too),
+    at the restored generation's own endpoint; None when it runs no server."""
+    def ready(back: ops.Outcome) -> float | None:
+        where = restored_endpoint(back, declared)
+        return None if where is None else server.wait_ready_at(connect(name), where, held.vllm_api_key, timeout)
+
+    return ready
 
 
 def _gate_unchanged(inv: inventory.Inventory, order: list[str], plans: dict[str, HostPlan],
@@ -273,7 +282,8 @@ class Deployed:
 
 
 def deploy(inv: inventory.Inventory, targets: list[inventory.Host], options: Options, *, batch: int = 1,
-           timeout: float = 600, show: Callable[[Planned], None] = lambda planned: None) -> Deployed:
+           timeout: float = 600, show: Callable[[Planned], None] = lambda planned: None,
+           by: str = "deploy") -> Deployed:
     """provision's facts, gate and plan (`show`n before anything changes); then what restarts nothing on
     every host at once; then the roll, batch by batch, each gated on readiness; then the readiness of
     servers this deploy did not change."""
@@ -287,7 +297,7 @@ def deploy(inv: inventory.Inventory, targets: list[inventory.Host], options: Opt
         outcomes.update({name: Outcome(name) for name in order})
         applied, failed, fetched, wheels_sent = run.carry_out(
             inv, plans, order, options, held,
-            final=rolling(inv, plans, options.overrides, held, batch, timeout, options.wait, outcomes),
+            final=rolling(inv, plans, options.overrides, held, batch, timeout, options.wait, outcomes, by),
             timings=timings, pool=pool)
         errors.update(failed)
         _gate_unchanged(inv, order, plans, options.overrides, held, timeout, pool, outcomes, errors)
@@ -299,3 +309,61 @@ def deploy(inv: inventory.Inventory, targets: list[inventory.Host], options: Opt
             outcome.state, outcome.detail = "blocked", "blocked by the gate, nothing changed"
     return Deployed(order, plans, outcomes, applied, fetched, errors, time.monotonic() - started, held,
                     wheels_sent)
+
+
+@dataclass(frozen=True)
+class RolledBack:
+    """What rollback did on one host: the generation restored, what it restored, and the seconds until
+    the restored server answered /health and a completion (None where it runs no server)."""
+
+    to: int | None
+    restored: tuple[str, ...]
+    ready_s: float | None = None
+    seconds: float = 0.0
+
+
+def rollback(inv: inventory.Inventory, targets: list[inventory.Host], options: Options, *, to: int | None = None,
+             listing: bool = False, timeout: float = 600) -> HostResults[Any]:
+    """Each target back to generation `to` (default: the newest good or applied one before the current),
+    one host after the other (a multi-node cluster's head last), each gated on readiness as deploy is:
+    the next host is touched only once the restored server answers /health and a real completion at its
+    own recorded endpoint. A host whose restored generation does not serve fails, and the hosts after it
+    are left as they are. With listing, each host's generations (all at once: it changes nothing)."""
+    held = secrets.load(inv.secrets)
+    with remote.Pool(inv.ssh, accept_new_host_keys=options.accept_new_host_keys) as pool:
+        if listing:
+            return for_each_host(targets, lambda target: target.name, lambda target: ops.generations(
+                pool.connect(target), run.scope_of(inv.settings(target.name, options.overrides))))
+        values: dict[str, Any] = {}
+        errors: dict[str, BaseException] = {}
+        for group in batches([target.name for target in targets], inv, 1):
+            for name in group:
+                if errors:
+                    errors[name] = RollStopped(f"{name}: not rolled back: the rollback stopped at "
+                                               f"{next(iter(errors))}")
+                    continue
+                one = for_each_host([inv.host(name)], lambda target: target.name, lambda target: _roll_back_host(
+                    inv, pool.connect(target), options, held, to, timeout))
+                values.update(one.values)
+                errors.update(one.errors)
+    return HostResults(tuple(target.name for target in targets), values, errors)
+
+
+def _roll_back_host(inv: inventory.Inventory, runner: remote.Runner, options: Options, held: secrets.Secrets,
+                    to: int | None, timeout: float) -> RolledBack:
+    """Restore the generation (its server restarted once, after its files, venv and model are in place),
+    then wait until it serves; NotReady names the generation that does not."""
+    started = time.monotonic()
+    declared = inv.settings(runner.host, options.overrides)
+    back = ops.rollback(runner, run.scope_of(declared), to=to, wait=options.wait,
+                        secrets=secret_environment(held))
+    where = restored_endpoint(back, inv.settings(runner.host, {}))
+    ready_s = None
+    if where is not None:
+        try:
+            ready_s = server.wait_ready_at(runner, where, held.vllm_api_key, timeout)
+        except ProvisionError as exc:
+            raise server.NotReady(f"{runner.host}: generation {back.to} restored "
+                                  f"({', '.join(back.restored) or 'it was in place'}), but it does not serve: "
+                                  f"{error_text(exc).removeprefix(runner.host + ': ')}") from exc
+    return RolledBack(back.to, back.restored, ready_s, round(time.monotonic() - started, 2))

@@ -50,6 +50,7 @@ from provision import (
     remote,
     render,
     secrets,
+    server,
     venv,
     weights,
 )
@@ -299,6 +300,8 @@ class HostPlan:
     transfer: str = "relay"  # how the cluster passes weights and wheels around (the `transfer` setting)
     arch: str = ""  # hosts of one cluster and architecture pass wheels to each other
     held_wheels: dict[str, str] = field(default_factory=dict)  # {name: sha256} in the host's wheelhouse
+    serve: dict[str, str] | None = None  # where the host's server answers: recorded with its generation
+    overrides: tuple[str, ...] = ()  # the run's --set keys that differ from the inventory: drift, in status
 
     @property
     def push_bytes(self) -> int:
@@ -418,7 +421,8 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
                       else None, model_root=weights.root_of(settings) if weights.managed(settings) else None)
     return HostPlan(changes, pushes, link.address if link else None,
                     ctx.cluster.name if ctx.cluster else ctx.host, scope, unfinished_generation(host_facts),
-                    transfer=settings.transfer, arch=arch, held_wheels=venv.remote_wheels(host_facts))
+                    transfer=settings.transfer, arch=arch, held_wheels=venv.remote_wheels(host_facts),
+                    serve=server.endpoint(settings) if settings.model else None)
 
 
 def unfinished_generation(host_facts: facts.HostFacts, now: float | None = None) -> dict[str, Any] | None:
@@ -485,8 +489,19 @@ def plans(inv: inventory.Inventory, targets: list[inventory.Host], options: Opti
         except (render.RenderError, ProvisionError, ValueError) as exc:
             errors[name] = exc if isinstance(exc, ProvisionError) else ProvisionError(about(name, str(exc)))
             continue
+        planned.overrides = departing(inv, name, options)
         result[name] = planned
     return Planned(gated.order, result, findings, errors, gated.held)
+
+
+def departing(inv: inventory.Inventory, name: str, options: Options) -> tuple[str, ...]:
+    """The run's --set keys whose value on the host differs from what the inventory declares (a --set
+    that repeats the inventory is no drift)."""
+    if not options.overrides:
+        return ()
+    asked, declared = inv.settings(name, options.overrides), inv.settings(name, {})
+    return tuple(sorted(key for key in options.overrides
+                        if getattr(asked, key, None) != getattr(declared, key, None)))
 
 
 class _BytesOnly(ProgressColumn):
@@ -562,11 +577,13 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
             if not rest:
                 if fetched_model:  # a new model revision alone is a generation too: rollback brings the old one
                     ops.apply(connect(name), [], wait=wait, scope=plans[name].scope, by="weights",
-                              secrets=secret_environment(held), model_changed=True, record=fetched_model)
+                              secrets=secret_environment(held), model_changed=True, record=fetched_model,
+                              serve=plans[name].serve, overrides=plans[name].overrides)
                 return 0
             update = bar(f"{name}: apply {len(rest)} change(s)")
             outcome = ops.apply(connect(name), rest, wait=wait, scope=plans[name].scope, by="provision",
-                                secrets=secret_environment(held), model_changed=bool(plans[name].of_kind("weights")))
+                                secrets=secret_environment(held), model_changed=bool(plans[name].of_kind("weights")),
+                                serve=plans[name].serve, overrides=plans[name].overrides)
             update(1, 1)
             return len(outcome.done)
 
@@ -628,22 +645,3 @@ def scope_of(settings: inventory.Settings) -> ops.Scope:
     """What a host's generations cover: its venv and the model root it serves from."""
     return ops.Scope(venv=settings.venv_dir.rstrip("/"),
                      model_root=weights.root_of(settings) if weights.managed(settings) else None)
-
-
-def rollback(inv: inventory.Inventory, targets: list[inventory.Host], options: Options, *, to: int | None = None,
-             listing: bool = False) -> HostResults[Any]:
-    """Each target back to generation `to` (default: the newest good or applied one before the current),
-    or, with listing, its generations; every host on its own."""
-    held = secrets.load(inv.secrets)
-
-    def act(target: inventory.Host) -> Any:
-        scope = scope_of(inv.settings(target.name, options.overrides))
-        runner = remote.connect(target, inv.ssh, accept_new_host_keys=options.accept_new_host_keys)
-        try:
-            if listing:
-                return ops.generations(runner, scope)
-            return ops.rollback(runner, scope, to=to, wait=options.wait, secrets=secret_environment(held))
-        finally:
-            runner.close()
-
-    return for_each_host(targets, lambda target: target.name, act)

@@ -60,11 +60,23 @@ def _run(runner: Any, spec: Mapping[str, Any], on_progress: Callable[[dict[str, 
     return answer
 
 
+def endpoint(settings: Settings) -> dict[str, str]:
+    """Where a server of these settings answers, as a generation records it: {"base", "model", "unit"}."""
+    return {"base": base_url(settings), "model": served_name(settings),
+            "unit": engines.engine_of(settings).server_unit}
+
+
 def wait_ready(runner: Any, settings: Settings, api_key: str | None, timeout: float,
                on_progress: Callable[[dict[str, Any]], None] = lambda event: None) -> float:
     """Seconds until /health answered and a one-token completion came back; NotReady otherwise."""
-    spec = {"action": "ready", "base": base_url(settings), "model": served_name(settings), "api_key": api_key,
-            "timeout": timeout, "unit": engines.engine_of(settings).server_unit}
+    return wait_ready_at(runner, endpoint(settings), api_key, timeout, on_progress)
+
+
+def wait_ready_at(runner: Any, where: Mapping[str, Any], api_key: str | None, timeout: float,
+                  on_progress: Callable[[dict[str, Any]], None] = lambda event: None) -> float:
+    """wait_ready at a recorded endpoint (a restored generation's own base URL, model and unit)."""
+    spec = {"action": "ready", "base": where["base"], "model": where["model"], "api_key": api_key,
+            "timeout": timeout, "unit": where["unit"]}
     answer = _run(runner, spec, on_progress, timeout + 60)
     if not answer.get("ok"):
         raise NotReady(f"{runner.host}: {answer.get('error')}")

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from provision import checks, engines, facts, inventory, parsers, remote, secrets, weights
+from provision import checks, engines, facts, inventory, parsers, plan, remote, secrets, weights
 from provision.context import Context
 from provision.engines import MetricNames
 from provision.facts import HostFacts
@@ -166,6 +166,45 @@ class HostStatus:
     # beside the server's own figure (figures.kv_capacity_tokens).
     kv_estimate_tokens: int | None = None
     engine: str | None = None  # the engine the host's settings name (vllm, trtllm, llamacpp)
+    # The generation the host runs ({"id", "state", "by", "created", "overrides"}) and how it departs
+    # from the inventory: a run's --set, a tune trial, a verdict never given (drift, one line each).
+    generation: dict[str, Any] | None = None
+    drift: tuple[str, ...] = ()
+
+
+def current_generation(state_text: str | None) -> dict[str, Any] | None:
+    """Pure: the host's generations state.json -> the current generation's summary (None: none kept)."""
+    try:
+        state = json.loads(state_text or "")
+        return dict(next(g for g in state["generations"] if g["id"] == state["current"]))
+    except (ValueError, StopIteration, KeyError, TypeError):
+        return None
+
+
+def drift_of(generation: Mapping[str, Any] | None, now: float) -> tuple[str, ...]:
+    """Pure: how what the host runs departs from what the inventory declares, in words: a generation
+    applied with --set (its keys), by a tune trial, or pending (its run waits for readiness, or stopped
+    before the verdict: killed, its connection lost)."""
+    if not generation:
+        return ()
+    number, by, created = generation.get("id"), generation.get("by") or "a run", generation.get("created") or "?"
+    lines = []
+    if generation.get("state") == "pending":
+        if (generation.get("deadline") or 0) < now:
+            lines.append(f"generation {number} is pending: the {by} of {created} stopped before its readiness "
+                         "verdict (`invoke deploy` gives it, `invoke rollback` goes back)")
+        else:
+            lines.append(f"generation {number} is pending: the {by} of {created} waits for its readiness")
+    elif generation.get("state") not in ("good", "applied", "found", None):
+        lines.append(f"generation {number} is {generation.get('state')}")
+    if by == "tune trial":
+        lines.append(f"runs a tune trial's settings (generation {number}, {created}), not the inventory's: "
+                     "`invoke deploy` puts the inventory's back")
+    elif generation.get("overrides"):
+        lines.append(f"runs settings the inventory does not declare: generation {number} ({by}, {created}) "
+                     f"was applied with --set {', '.join(generation['overrides'])} (`invoke plan` shows the "
+                     "difference)")
+    return tuple(lines)
 
 
 def _gpu_rows(host_facts: HostFacts) -> tuple[dict[str, Any], ...]:
@@ -257,8 +296,10 @@ def probe_spec(settings: Settings, api_key: str | None, window: float, timeout: 
     host = f"[{address}]" if ":" in address else address
     spec = facts.probe_spec(STATUS_FACTS, [], timeout)
     names = engines.engine_of(settings).metrics
+    spec["inspect"] = {"files": [plan.GENERATIONS_STATE]}  # which generation runs, and how it came
     if weights.managed(settings):
-        spec["inspect"] = {"weights": [weights.root_of(settings)], "files": [served_config(settings)]}
+        spec["inspect"] = {"weights": [weights.root_of(settings)],
+                           "files": [served_config(settings), plan.GENERATIONS_STATE]}
     spec["serving"] = {"base": f"http://{host}:{settings.port}", "api_key": api_key, "window": window,
                        "timeout": min(3.0, timeout), "keep": list(names.read), "metrics_path": names.path}
     return spec
@@ -297,7 +338,9 @@ def gather_one(runner: Any, host: str, role: str, settings: Settings, api_key: s
     engine = engines.engine_of(settings)
     found = host_status(host, role, host_facts, serving, root, time.monotonic() - started, key_sent=bool(api_key),
                         engine=engine)
-    found = dataclasses.replace(found, engine=engine.name)
+    generation = current_generation((host_facts.files.get(plan.GENERATIONS_STATE) or {}).get("content"))
+    found = dataclasses.replace(found, engine=engine.name, generation=generation,
+                                drift=drift_of(generation, time.time()))
     if role == "server" and profile is not None:
         found = dataclasses.replace(found, kv_estimate_tokens=kv_estimate(host, profile, settings, host_facts))
     return found

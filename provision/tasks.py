@@ -146,18 +146,22 @@ def venv_(c: Context, host: list[str] | None = None, cluster: str | None = None,
                     list="show each host's generations (when, by what, what changed, passed or not) and change "
                          "nothing",
                     to="the generation to restore (default: the newest before the current one that was not "
-                       "rejected)"),
+                       "rejected)",
+                    timeout="seconds each host's restored server has to answer /health and a completion "
+                            "(default 600)"),
       iterable=["host", "set_"])
 @guarded
 def rollback_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
               inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
-              set_: list[str] | None = None, wait: float = 0, list_: bool = False, to: int = 0) -> None:
-    """Restore a whole earlier generation (files, units, venv, model revision) on each host, or list them."""
-    from provision import report, run
+              set_: list[str] | None = None, wait: float = 0, list_: bool = False, to: int = 0,
+              timeout: float = 600) -> None:
+    """Restore a whole earlier generation (files, units, venv, model revision) on each host, one host
+    after the other, each once its restored server answers; or list them."""
+    from provision import report, rolling
     chosen = select(inventory_, host, cluster, all_, set_)
-    results = run.rollback(chosen.inventory, chosen.targets,
-                           options(chosen, accept_new_host_keys=accept_new_host_keys, wait=wait),
-                           to=to or None, listing=list_)
+    results = rolling.rollback(chosen.inventory, chosen.targets,
+                               options(chosen, accept_new_host_keys=accept_new_host_keys, wait=wait),
+                               to=to or None, listing=list_, timeout=timeout)
     report.print_rollback(results, list_, json_)
     exit_unless(results.ok)
 

@@ -451,7 +451,7 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, *, space: str |
         begun = time.monotonic()
         overrides = merge(base, overrides_of(dimensions, trial_settings))
         deployed = rolling.deploy(inv, targets, dataclasses.replace(options, overrides=overrides, quiet=True),
-                                  timeout=timeout)
+                                  timeout=timeout, by="tune trial")  # named so in `rollback --list`
         outcome = deployed.outcomes.get(unit.server)
         if not deployed.ok or outcome is None or outcome.state not in ("ready", "unchanged"):
             detail = (outcome.detail if outcome and outcome.detail else

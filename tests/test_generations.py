@@ -161,3 +161,42 @@ def test_a_model_revision_alone_is_a_generation_and_rollback_brings_the_old_one(
     assert rolled["to"] == 2 and os.readlink(model / "current") == "revisions/r1"
     assert os.readlink(model / "previous") == "revisions/r2"
     assert f"{model} -> revisions/r1" in rolled["restored"]
+
+
+def test_a_rollback_from_a_killed_runs_pending_generation_settles_it_as_abandoned(host: dict[str, Any]) -> None:
+    deploy(host, "PORT=8000\n")
+    run(host, "promote", generation=2)
+    run(host, "apply", by="tune trial", verify=True, deadline=-1,  # a tune trial killed before its verdict
+        changes=[write(host["files"][0], "PORT=7777\n")])
+    back = run(host, "rollback")
+    assert back["to"] == 2 and text(host) == "PORT=8000\n"
+    rows = {row["id"]: row for row in run(host, "list")["generations"]["generations"]}
+    assert rows[3]["state"] == "abandoned" and "before its readiness verdict" in rows[3]["note"], rows[3]
+    assert rows[3]["by"] == "tune trial"  # `rollback --list` names it as a trial
+
+
+def test_the_next_apply_settles_an_older_pending_generation_with_the_reason(host: dict[str, Any]) -> None:
+    deploy(host, "PORT=8000\n")
+    run(host, "promote", generation=2)
+    deploy(host, "PORT=7777\n", deadline=-1)  # killed: pending, its deadline passed
+    # The host was put back to generation 2 by some means that left 3 pending and not current (a
+    # rollback by an earlier version of the tool did exactly this).
+    state_path = Path(host["root"]) / "state.json"
+    state = json.loads(state_path.read_text())
+    state["current"] = 2
+    state_path.write_text(json.dumps(state))
+    answer = run(host, "apply", changes=[write(host["files"][1], "x=1\n")])
+    assert answer["settled"] == [3]
+    rows = {row["id"]: row for row in run(host, "list")["generations"]["generations"]}
+    assert rows[3]["state"] == "abandoned" and "stopped before the readiness verdict" in rows[3]["note"]
+
+
+def test_a_restored_generation_answers_with_the_endpoint_recorded_with_it(host: dict[str, Any]) -> None:
+    own = {"base": "http://127.0.0.1:8000", "model": "tiny-llama", "unit": "vllm.service"}
+    deploy(host, "PORT=8000\n", serve=own, overrides=[])
+    run(host, "promote", generation=2)
+    failed = deploy(host, "PORT=8123\n", serve={**own, "base": "http://127.0.0.1:8123"}, overrides=["port"])
+    rows = {row["id"]: row for row in run(host, "list")["generations"]["generations"]}
+    assert rows[3]["overrides"] == ["port"] and rows[2]["overrides"] == []
+    back = run(host, "reject", generation=failed["generation"], why="port taken")
+    assert back["to"] == 2 and back["serve"] == own  # judged at :8000, not at the failed run's :8123

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from rich.console import Console
+
 from provision import checks, context, prepare
 from provision.host import prepare as on_host
 from provision.parsers import NvidiaDriver
@@ -131,3 +133,22 @@ def test_candidate_versions_from_apt_cache_policy() -> None:
     assert on_host.parse_policy(POLICY, ["bash", "nvidia-driver-570-open"]) == {
         "bash": "5.2.15-2+b13", "nvidia-driver-570-open": None}
     assert on_host.parse_policy("foo:\n  Installed: (none)\n  Candidate: (none)\n", ["foo"]) == {"foo": None}
+
+
+def test_a_prepare_stopped_at_the_lock_says_it_did_none_of_its_steps() -> None:
+    from provision import report
+    prepared = prepare.Preparation(host="h200", packages=(prepare.PackageChange("nvidia-driver-570", "550", "570",
+                                                                               ("driver.version",)),),
+                                   reboot_after=("driver.version",))
+    stopped = prepare.HostReport("h200", [], prepared, applied={
+        "ok": False, "done": [], "skipped": [], "undone": [],
+        "failed": "another provision holds /run/lock/provision.lock (pid 42 since 10:00)"})
+    out = Console(record=True, width=300)
+    report.print_prepared(prepare.Prepared(["h200"], {"h200": stopped}, {}, "h200: apply failed"), out)
+    line = out.export_text().splitlines()[0]
+    assert "did:" not in line, line
+    assert line.startswith("h200: did not: install nvidia-driver-570"), line
+    installed = dataclasses.replace(stopped, applied={"ok": True, "done": ["installed nvidia-driver-570 570"]})
+    assert report.preparation_line(installed, dry_run=False) == "did: installed nvidia-driver-570 570"  # no reboot
+    rebooted = dataclasses.replace(installed, rebooted_s=40.0)
+    assert report.preparation_line(rebooted, dry_run=False) == "did: installed nvidia-driver-570 570; rebooted"

@@ -349,3 +349,23 @@ def test_a_crash_is_told_by_the_run_that_crashed_not_by_systemd_restarting_it() 
     python_error = "Traceback (most recent call last):\nValueError: no such model\nvllm.service: Main process " \
                    "exited, code=exited, status=1/FAILURE\n"
     assert serve.why_it_stopped(python_error).startswith("Traceback (most recent call last): | ValueError: no such model")
+
+
+def _state(**current: object) -> str:
+    row = {"id": 7, "state": "good", "by": "deploy", "created": "2026-12-01 10:00:00", "overrides": [], **current}
+    return json.dumps({"current": 7, "generations": [{"id": 6, "state": "good"}, row]})
+
+
+def test_status_reads_which_generation_runs_and_names_its_drift_even_when_healthy() -> None:
+    from provision import plan, report
+    assert plan.GENERATIONS_STATE in status.probe_spec(Settings.of({"model": "m"}), None, 1, 3)["inspect"]["files"]
+    killed_trial = status.current_generation(_state(state="pending", by="tune trial", deadline=1.0))
+    lines = status.drift_of(killed_trial, now=2.0)
+    assert "generation 7 is pending: the tune trial of 2026-12-01 10:00:00 stopped before its readiness" in lines[0]
+    assert "runs a tune trial's settings" in lines[1]
+    overridden = status.drift_of(status.current_generation(_state(overrides=["max_model_len"])), now=2.0)
+    assert overridden and "--set max_model_len" in overridden[0]
+    assert status.drift_of(status.current_generation(_state()), now=2.0) == ()
+    assert status.current_generation("") is None and status.current_generation("{garbage") is None
+    healthy = status.HostStatus("cpu-1", "server", True, True, drift=overridden)
+    assert report.status_problems({"cpu-1": healthy}) == [f"cpu-1: drift: {overridden[0]}"]

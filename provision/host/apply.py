@@ -16,7 +16,8 @@ written to a temporary file in the same directory with owner and mode set, fsync
 that changed anything records a generation (host/generations.py): `pending` for a deploy until its
 readiness verdict (`promote` or `reject`), `applied` for a provision. It prints one JSON document:
 {"ok": bool, "done": [...], "skipped": [...], "failed": {...} | null, "generation": N | null,
- "restored": [...], "unfinished": {...} | null}.
+ "restored": [...], "unfinished": {...} | null, "settled": [N, ...]}; a restore adds "to", "serve" (where
+the restored generation's server answers, as recorded with it) and "running" (the units it runs).
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from provision.host.generations import (
     restore,
     rollback_target,
     set_state,
+    settle_pending,
     snapshot,
     unit_states,
     venv_key,
@@ -120,9 +122,9 @@ def build_venv(data: dict[str, Any]) -> None:
         shutil.rmtree(last, ignore_errors=True)
         os.rename(venv, last)
     try:
-        _run([sys.executable, "-m", "venv", venv])
-        _run([os.path.join(venv, "bin", "pip"), "install", "--no-index", "--find-links", wheelhouse,
-              "--no-cache-dir", "--disable-pip-version-check", "--quiet"] + data["requirements"])
+        _in_venv_dir(venv, [sys.executable, "-m", "venv", venv])
+        _in_venv_dir(venv, [os.path.join(venv, "bin", "pip"), "install", "--no-index", "--find-links", wheelhouse,
+                            "--no-cache-dir", "--disable-pip-version-check", "--quiet"] + data["requirements"])
         if data.get("remove"):
             _run([os.path.join(venv, "bin", "pip"), "uninstall", "--yes", "--quiet"] + data["remove"])
         versions = verify_imports(venv, data.get("verify", []))
@@ -138,6 +140,37 @@ def build_venv(data: dict[str, Any]) -> None:
         if os.path.isdir(last):
             os.rename(last, venv)
         raise
+
+
+NEARLY_FULL = 64 * 2**20  # bytes free below which a failed install is put down to the disk
+
+
+def free_space_note(path: str) -> str:
+    """Why a step writing under `path` failed where its own message hides it: `python -m venv` reports
+    only "ensurepip returned non-zero exit status 1" when the disk is full. "" when there is room."""
+    directory = path
+    while directory and not os.path.isdir(directory):
+        directory = os.path.dirname(directory.rstrip("/")) or "/"
+    try:
+        info = os.statvfs(directory)
+    except OSError:
+        return ""
+    free = info.f_bavail * info.f_frsize
+    if free >= NEARLY_FULL:
+        return ""
+    return (f"No space left on device: {free / 2**20:.1f} MiB free on the filesystem of {directory} "
+            f"(of {info.f_blocks * info.f_frsize / 2**20:.0f} MiB)")
+
+
+def _in_venv_dir(venv: str, argv: list[str]) -> str:
+    """_run for a command that writes into the venv: a failure says when the disk is full, measured
+    before the half-built venv is removed (it holds what filled it)."""
+    try:
+        return _run(argv)
+    except StepFailed as exc:
+        text = str(exc)
+        note = "" if "No space left on device" in text else free_space_note(venv)
+        raise StepFailed(f"{note}; {text}" if note else text) from None
 
 
 def _already(change: dict[str, Any], written: set[str], venv_built: bool) -> bool:
@@ -236,6 +269,11 @@ def _apply(spec: dict[str, Any], result: dict[str, Any]) -> None:
     secrets = spec.get("secrets") or {}
     if root:
         state = load_state(root)
+        # Pending generations of runs that stopped (killed, connection lost) are judged no more: never
+        # left pending for good. The current one stays for this run (deploy promotes or replaces it).
+        result["settled"] = settle_pending(
+            root, time.time(), f"its run stopped before the readiness verdict; settled by the "
+            f"{spec.get('by', 'provision')} of {time.strftime('%Y-%m-%d %H:%M:%S')}", keep=state["current"])
         if state["current"] is not None:
             meta = load_meta(root, state["current"])
             if meta["state"] == "pending" and (meta.get("deadline") or 0) < time.time():
@@ -277,7 +315,7 @@ def _apply(spec: dict[str, Any], result: dict[str, Any]) -> None:
             root, generations, "pending" if verify else "applied", spec.get("by", "provision"), described,
             secrets,
             previous=previous, deadline=time.time() + spec.get("deadline", 900) if verify else None,
-            units_before=units_before)
+            units_before=units_before, serve=spec.get("serve"), overrides=spec.get("overrides") or ())
         result["previous"] = previous
 
 
@@ -315,16 +353,30 @@ def _decide(spec: dict[str, Any], result: dict[str, Any]) -> None:
                              "back to")
         units = load_meta(root, number).get("units_before")
         result["restored"] = restore(root, target, generations, secrets, write_atomically, _run, units=units)
-        result["to"] = target
+        _restored(result, root, target, units)
         return
     if action == "rollback":
         target = spec.get("to") or rollback_target(root)
         if target is None:
             raise StepFailed("no earlier generation to roll back to (see `invoke rollback --list`)")
+        left = load_state(root)["current"]
         result["restored"] = restore(root, target, generations, secrets, write_atomically, _run)
-        result["to"] = target
+        if left is not None and left != target and load_meta(root, left)["state"] == "pending":
+            set_state(root, left, "abandoned", note=f"rolled back to generation {target} before its readiness "
+                                                    "verdict")
+        _restored(result, root, target, None)
         return
     raise StepFailed(f"unknown action {action!r}")
+
+
+def _restored(result: dict[str, Any], root: str, target: int, units: dict[str, Any] | None) -> None:
+    """What the controller needs to judge the restored generation: where its server answers (as
+    recorded with it; None for a generation recorded before that was kept) and the units it runs."""
+    meta = load_meta(root, target)
+    wanted = units or meta["units"]
+    result["to"] = target
+    result["serve"] = meta.get("serve")
+    result["running"] = sorted(unit for unit, was in wanted.items() if was.get("installed") and was.get("active"))
 
 
 def main(spec: dict[str, Any]) -> None:

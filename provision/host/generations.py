@@ -73,7 +73,7 @@ def load_meta(root: str, number: int) -> dict[str, Any]:
 
 def _summary(meta: dict[str, Any]) -> dict[str, Any]:
     return {key: meta.get(key) for key in ("id", "state", "created", "by", "changes", "previous", "deadline",
-                                            "note", "models", "venv")}
+                                            "note", "models", "venv", "overrides")}
 
 
 def _store(root: str, meta: dict[str, Any]) -> None:
@@ -130,8 +130,12 @@ def _fill_secrets(data: bytes, secrets: Mapping[str, str | None], number: int, p
 def snapshot(root: str, spec: dict[str, Any], state: str, by: str, changes: Iterable[str],
              secrets: Mapping[str, str | None], previous: int | None = None, deadline: float | None = None,
              note: str | None = None, model_from: str | None = None,
-             units_before: Mapping[str, Mapping[str, bool]] | None = None) -> int:
-    """Record what the host holds now as a new generation; returns its number."""
+             units_before: Mapping[str, Mapping[str, bool]] | None = None,
+             serve: Mapping[str, Any] | None = None, overrides: Sequence[str] = ()) -> int:
+    """Record what the host holds now as a new generation; returns its number. `serve` is where its
+    server answers (base URL, served model, unit): a restored generation is judged there, not by the
+    settings of whatever run restores it. `overrides` names the run's --set keys: settings the
+    inventory does not declare."""
     current = load_state(root)
     number: int = max([g["id"] for g in current["generations"]] + [0]) + 1
     folder = os.path.join(root, str(number))
@@ -165,7 +169,7 @@ def snapshot(root: str, spec: dict[str, Any], state: str, by: str, changes: Iter
             "files": files, "units": unit_states(spec["units"]), "units_before": units_before,
             "venv": ({"dir": spec.get("venv"), "key": venv_key(spec.get("venv"))} if spec.get("venv")
                      else None),
-            "models": models}
+            "models": models, "serve": dict(serve) if serve else None, "overrides": list(overrides)}
     _store(root, meta)
     state_now = load_state(root)
     state_now["current"] = number
@@ -210,6 +214,18 @@ def set_state(root: str, number: int, state: str, **extra: Any) -> None:
     meta["state"] = state
     meta.update(extra)
     _store(root, meta)
+
+
+def settle_pending(root: str, now: float, why: str, keep: int | None = None) -> list[int]:
+    """Every `pending` generation whose readiness deadline passed (its run stopped before the verdict)
+    becomes `abandoned` with the reason; `keep` (the current one, which the next deploy may still
+    judge) stays. Returns the settled numbers."""
+    settled = []
+    for summary in load_state(root)["generations"]:
+        if summary["state"] == "pending" and summary["id"] != keep and (summary.get("deadline") or 0) < now:
+            set_state(root, summary["id"], "abandoned", note=why)
+            settled.append(summary["id"])
+    return settled
 
 
 ROLLBACK_STATES = ("good", "applied")  # what a rollback offers; `found` only when named with --to

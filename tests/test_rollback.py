@@ -1,0 +1,135 @@
+"""Rollback and a failed deploy's way back, at the project's own boundary: a fake host answers the
+programs ops and server send it (apply, reject, rollback, the readiness check), read from their specs."""
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provision import inventory, plan, rolling, run, secrets
+from provision.remote import Result, command_line
+
+RESTARTED = plan.Change("restart", "vllm.service", "unit changed", {"because": ["/etc/vllm/vllm.env"]})
+
+
+def spec_of(program: str) -> tuple[str, dict[str, Any]]:
+    """The call and spec a shipped program ends with: `main(json.loads('…'))`."""
+    last = program.rstrip().splitlines()[-1]
+    call, _, rest = last.partition("(json.loads(")
+    return call, json.loads(ast.literal_eval(rest.removesuffix("))")))
+
+
+class FakeHost:
+    """Answers each program from `answer(call, spec)`; a result event goes to on_line, as the host's does."""
+
+    def __init__(self, answer: Callable[[str, dict[str, Any]], dict[str, Any]]) -> None:
+        self.host = "cpu-1"
+        self.answer = answer
+        self.asked: list[tuple[str, dict[str, Any]]] = []
+
+    def run(self, argv: Any, *, stdin: str | None = None, timeout: float | None = None,
+            env: Mapping[str, str] | None = None, on_line: Any = None) -> Result:
+        call, spec = spec_of(stdin or "")
+        self.asked.append((call, spec))
+        answer = self.answer(call, spec)
+        if on_line is not None:
+            on_line(json.dumps({"event": "result", **answer}))
+        return Result(command_line(argv), 0, json.dumps(answer), "", 0.01)
+
+    def close(self) -> None:
+        return None
+
+
+@pytest.fixture
+def inv(tmp_path: Path) -> inventory.Inventory:
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts:\n  cpu-1: {address: 10.0.0.5, profile: cpu, vars: {model: lab/tiny-llama, "
+                    "fetch_weights: false}}\n  cpu-2: {address: 10.0.0.6, profile: cpu, vars: {model: "
+                    "lab/tiny-llama, fetch_weights: false}}\n")
+    return inventory.load(path)
+
+
+def restored(serve_port: int | None, running: tuple[str, ...] = ("vllm.service",)) -> dict[str, Any]:
+    serve = ({"base": f"http://127.0.0.1:{serve_port}", "model": "lab/tiny-llama", "unit": "vllm.service"}
+             if serve_port else None)
+    return {"ok": True, "done": [], "skipped": [], "failed": None, "restored": ["/etc/vllm/vllm.env"],
+            "to": 4, "serve": serve, "running": list(running)}
+
+
+def serves_on(port: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The readiness check: ready at `port`, connection refused anywhere else."""
+    return lambda spec: ({"ok": True, "seconds": 1.5} if spec["base"].endswith(f":{port}")
+                         else {"ok": False, "error": f"{spec['base']}/health: connection refused"})
+
+
+def test_a_failed_deploys_way_back_is_judged_on_the_restored_generations_own_port(
+        inv: inventory.Inventory) -> None:
+    """--set port=8123 (taken) crashed; the restored generation serves on :8000 and must be asked there."""
+    ready = serves_on(8000)
+
+    def answer(call: str, spec: dict[str, Any]) -> dict[str, Any]:
+        if call == "serve_main":
+            return ready(spec)
+        if spec["action"] == "apply":
+            return {"ok": True, "done": [0], "skipped": [], "failed": None, "generation": 5, "unfinished": None}
+        assert spec["action"] == "reject"
+        return restored(8000)
+
+    host = FakeHost(answer)
+    overrides = {"port": 8123}
+    plans = {"cpu-1": run.HostPlan([RESTARTED], scope=run.scope_of(inv.settings("cpu-1", overrides)),
+                                   serve={"base": "http://127.0.0.1:8123", "model": "lab/tiny-llama",
+                                          "unit": "vllm.service"})}
+    outcomes = {"cpu-1": rolling.Outcome("cpu-1")}
+    errors = rolling.roll_one(["cpu-1"], inv, plans, overrides, secrets.Secrets(), 5, 0, lambda name: host,
+                              lambda text: lambda done, total: None, {}, outcomes)
+    assert "cpu-1" in errors and outcomes["cpu-1"].state == "rolled back"
+    assert outcomes["cpu-1"].detail.endswith("the previous version is ready again"), outcomes["cpu-1"].detail
+    checked = [spec["base"] for call, spec in host.asked if call == "serve_main"]
+    assert checked == ["http://127.0.0.1:8123", "http://127.0.0.1:8000"]  # the way back: its own port
+
+
+def test_a_generation_recorded_without_its_endpoint_is_asked_where_the_inventory_declares(
+        inv: inventory.Inventory) -> None:
+    back = rolling.ops.Outcome(done=(), to=4, serve=None, running=("vllm.service",))
+    assert rolling.restored_endpoint(back, inv.settings("cpu-1", {}))["base"] == "http://127.0.0.1:8000"
+    stopped = rolling.ops.Outcome(done=(), to=4, serve=restored(8000)["serve"], running=())
+    assert rolling.restored_endpoint(stopped, inv.settings("cpu-1", {})) is None  # it runs no server
+
+
+def test_rollback_goes_host_by_host_and_stops_at_one_whose_restored_generation_does_not_serve(
+        inv: inventory.Inventory, monkeypatch: pytest.MonkeyPatch) -> None:
+    ready = {"cpu-1": serves_on(9999), "cpu-2": serves_on(8000)}  # cpu-1's restored server never answers
+    hosts: dict[str, FakeHost] = {}
+
+    def host_for(target: inventory.Host) -> FakeHost:
+        def answer(call: str, spec: dict[str, Any]) -> dict[str, Any]:
+            return ready[target.name](spec) if call == "serve_main" else restored(8000)
+        hosts[target.name] = FakeHost(answer)
+        hosts[target.name].host = target.name
+        return hosts[target.name]
+
+    monkeypatch.setattr(rolling.remote.Pool, "connect", lambda self, target: host_for(target))
+    results = rolling.rollback(inv, [inv.host("cpu-1"), inv.host("cpu-2")], run.Options(), timeout=5)
+    assert not results.ok
+    assert "generation 4 restored" in str(results.errors["cpu-1"])
+    assert "does not serve" in str(results.errors["cpu-1"])
+    assert "not rolled back" in str(results.errors["cpu-2"]) and "cpu-2" not in hosts  # never touched
+
+
+def test_rollback_says_done_only_after_the_restored_server_answered(
+        inv: inventory.Inventory, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+
+    def answer(call: str, spec: dict[str, Any]) -> dict[str, Any]:
+        asked.append(call if call == "serve_main" else spec["action"])
+        return serves_on(8000)(spec) if call == "serve_main" else restored(8000)
+
+    monkeypatch.setattr(rolling.remote.Pool, "connect", lambda self, target: FakeHost(answer))
+    results = rolling.rollback(inv, [inv.host("cpu-1")], run.Options(), timeout=5)
+    assert results.ok and results.values["cpu-1"].ready_s == 1.5
+    assert asked == ["rollback", "serve_main"]
