@@ -37,3 +37,15 @@ def test_no_shell_scripts_in_the_repository() -> None:
     found = [path.relative_to(REPO) for path in REPO.rglob("*.sh")
              if not any(part.startswith(".") or part in ("build", "dist") for part in path.relative_to(REPO).parts)]
     assert found == []
+
+
+def test_ci_installs_exactly_what_the_readmes_first_command_installs() -> None:
+    """A test that passes in CI passes after the README's first command on a fresh machine too."""
+    first = _readme_block_after("The first installs the tool")
+    installs = [step for step in first.split(" && ") if " install " in f" {step} "]
+    ci = [line for line in _dry_run(sys.executable) if " install " in line]
+    assert len(installs) == len(ci) == 2, (installs, ci)
+    apt_readme, pip_readme = installs
+    apt_ci, pip_ci = ci
+    assert apt_readme.split()[3:] == apt_ci.split()[4:], (apt_readme, apt_ci)  # the packages, after -y [-qq]
+    assert pip_readme.replace("'", "").split()[-2:] == pip_ci.replace("'", "").split()[-2:], (pip_readme, pip_ci)
