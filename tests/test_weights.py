@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -205,3 +206,67 @@ def test_a_pinned_commits_files_are_kept_and_a_branch_is_never(tmp_path: Path, m
     weights.keep_snapshot(dataclasses.replace(pinned, revision="main"), (), "https://hub")
     assert weights.kept_snapshot("org/m", "main", (), "https://hub") is None
     assert not weights.is_commit("main") and not weights.is_commit(commit.upper()) and weights.is_commit(commit)
+
+
+# ---------------------------------------------------------------------------------------------
+# The host program's fetch, in process, on real files
+
+
+def fetch_spec(root: Path, commit: str, files: dict[str, bytes]) -> dict:
+    return {"action": "fetch", "root": str(root), "repo": "org/m", "revision": "main", "commit": commit,
+            "files": [{"path": name, "size": len(data), "digest": "sha256:" + hashlib.sha256(data).hexdigest()}
+                      for name, data in files.items()],
+            "verify_all": False, "sources": [{"kind": "peer", "name": "up", "url": "http://127.0.0.1:9/x"}]}
+
+
+def test_a_part_written_to_after_its_hash_is_not_recorded_as_verified(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts are hashed while the next ones arrive and renamed after: 4 KiB overwritten in a hashed
+    part before its rename must not end as the file the manifest vouches for."""
+    from provision.host import weights as host_weights
+
+    files = {"a.safetensors": os.urandom(1 << 16), "b.safetensors": os.urandom(1 << 16)}
+    root, commit = tmp_path / "org" / "m", "a" * 40
+    part_of_a = root / ".partial" / commit / "a.safetensors.part"
+    asked: list[str] = []
+
+    def peer(source: dict, entry: dict, sink: host_weights.Sink, resume: int) -> None:
+        asked.append(entry["path"])
+        if asked == ["a.safetensors", "b.safetensors"]:
+            time.sleep(0.3)  # a's hash, in its own thread, is done by now
+            with part_of_a.open("r+b") as handle:
+                handle.seek(8192)
+                handle.write(os.urandom(4096))
+        sink.write(files[entry["path"]][resume:])
+
+    monkeypatch.setitem(host_weights.FETCHERS, "peer", peer)
+    report = host_weights.fetch(fetch_spec(root, commit, files))
+    manifest = host_weights.read_manifest(str(root / "revisions" / commit))
+    assert manifest is not None
+    for name, recorded in manifest["files"].items():
+        path = root / "revisions" / commit / name
+        assert host_weights.file_digest(str(path), "sha256") == recorded["digest"], name
+        assert host_weights.unchanged_since_verified(str(path), recorded), name
+    assert (root / "current" / "a.safetensors").read_bytes() == files["a.safetensors"]
+    assert len(report["quarantined"]) == 1 and asked.count("a.safetensors") == 2
+
+
+def test_a_file_written_to_after_it_was_placed_fails_the_run_before_current_moves(tmp_path: Path) -> None:
+    """The window after the rename: the manifest is written once every file is in place; one changed
+    meanwhile is hashed again, and a bad one is never recorded (nor served: `current` does not move)."""
+    from provision.host import weights as host_weights
+
+    data = os.urandom(1 << 16)
+    root, commit = tmp_path / "org" / "m", "b" * 40
+    spec = fetch_spec(root, commit, {"model.safetensors": data})
+    (root / "revisions" / commit).mkdir(parents=True)
+    path = root / "revisions" / commit / "model.safetensors"
+    path.write_bytes(data)
+    verified = {"model.safetensors": host_weights.stat_of(str(path))}
+    host_weights.confirm(str(root / "revisions" / commit), spec["files"], verified)  # untouched: fine
+    os.utime(path, ns=(1, 1))  # touched, same bytes: hashed again, fine
+    host_weights.confirm(str(root / "revisions" / commit), spec["files"], verified)
+    with path.open("r+b") as handle:
+        handle.write(b"\0" * 4096)
+    with pytest.raises(host_weights.WeightsFailed, match="changed on disk after it was verified"):
+        host_weights.confirm(str(root / "revisions" / commit), spec["files"], verified)
