@@ -270,3 +270,32 @@ def test_a_file_written_to_after_it_was_placed_fails_the_run_before_current_move
         handle.write(b"\0" * 4096)
     with pytest.raises(host_weights.WeightsFailed, match="changed on disk after it was verified"):
         host_weights.confirm(str(root / "revisions" / commit), spec["files"], verified)
+
+
+def test_quarantine_keeps_the_newest_bad_copy_per_file_and_is_bounded_by_size(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from provision.host import weights as host_weights
+
+    monkeypatch.setattr(host_weights, "QUARANTINE_BYTES", 150_000, raising=False)
+    root = tmp_path / "org" / "m"
+    root.mkdir(parents=True)
+
+    def set_aside(name: str, commit: str, size: int = 1 << 16) -> str:
+        bad = root / "bad"
+        bad.write_bytes(os.urandom(size))
+        return host_weights.quarantine(str(root), str(bad), commit, name)
+
+    def kept() -> list[str]:
+        return sorted(str(path.relative_to(root / ".quarantine")).rsplit(".", 1)[0]
+                      for path in (root / ".quarantine").rglob("*") if path.is_file())
+
+    set_aside("a.safetensors", "1" * 40)
+    newest_a = set_aside("a.safetensors", "1" * 40)
+    assert kept() == ["1" * 40 + "/a.safetensors"] and os.path.exists(newest_a)  # one copy per file
+    set_aside("sub/b.safetensors", "2" * 40)
+    assert len(kept()) == 2  # 128 KiB: within the bound
+    set_aside("c.safetensors", "3" * 40)  # 192 KiB: the oldest copy (a's) goes, with its empty folder
+    assert kept() == ["2" * 40 + "/sub/b.safetensors", "3" * 40 + "/c.safetensors"]
+    assert not (root / ".quarantine" / ("1" * 40)).exists()
+    huge = set_aside("d.safetensors", "3" * 40, size=200_000)  # alone past the bound: it stays, alone
+    assert kept() == ["3" * 40 + "/d.safetensors"] and os.path.exists(huge)

@@ -106,13 +106,14 @@ FETCHERS: Mapping[str, Any] = {"hub": fetch_hub, "peer": fetch_peer}  # relay.Fe
 
 
 QUARANTINE_KEEP = 1  # bad copies kept per file for a look: the newest; older ones only fill the disk
+QUARANTINE_BYTES = 1 << 30  # all of .quarantine/ beyond this loses its oldest copies (never the newest)
 
 
 def quarantine(root: str, path: str, commit: str, name: str, keep_in_place: bool = False) -> str:
     """Set a bad file aside where nothing serves it; returns where it went. With keep_in_place the file
     stays where it is (a hard link goes aside): it is replaced only once a verified copy exists, so a
     served revision is never missing a file, even when the fetch of its replacement fails."""
-    target = os.path.join(root, ".quarantine", commit, f"{name}.{int(time.time() * 1000)}")
+    target = os.path.join(root, ".quarantine", commit, f"{name}.{time.time_ns()}")
     os.makedirs(os.path.dirname(target), exist_ok=True)
     if keep_in_place:
         os.link(path, target)
@@ -125,7 +126,29 @@ def quarantine(root: str, path: str, commit: str, name: str, keep_in_place: bool
                    key=lambda entry: int(entry[len(prefix):]))[:-QUARANTINE_KEEP]
     for entry in older:
         os.remove(os.path.join(folder, entry))
+    bound_quarantine(os.path.join(root, ".quarantine"), target)
     return target
+
+
+def bound_quarantine(folder: str, newest: str) -> None:
+    """Drop the oldest copies set aside (any file, any commit) while all of them pass QUARANTINE_BYTES;
+    `newest`, the one just set aside, stays whatever its size. Folders left empty go too."""
+    copies = []
+    for directory, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(directory, name)
+            stamp = name.rsplit(".", 1)[-1]
+            copies.append((int(stamp) if stamp.isdigit() else 0, os.path.getsize(path), path))
+    total = sum(size for _, size, _ in copies)
+    for _, size, path in sorted(copies):
+        if total <= QUARANTINE_BYTES:
+            break
+        if path != newest:
+            os.remove(path)
+            total -= size
+    for directory, _, _ in sorted(os.walk(folder), key=lambda found: -len(found[0])):
+        if directory != folder and not os.listdir(directory):
+            os.rmdir(directory)
 
 
 def place_all(spec: dict[str, Any], todo: list[dict[str, Any]], revision: str, partial: str, progress: Progress,
