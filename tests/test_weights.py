@@ -299,3 +299,39 @@ def test_quarantine_keeps_the_newest_bad_copy_per_file_and_is_bounded_by_size(
     assert not (root / ".quarantine" / ("1" * 40)).exists()
     huge = set_aside("d.safetensors", "3" * 40, size=200_000)  # alone past the bound: it stays, alone
     assert kept() == ["3" * 40 + "/d.safetensors"] and os.path.exists(huge)
+
+
+def test_a_hub_transfer_cut_mid_chunk_resumes_from_the_bytes_received(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """huggingface_hub's own transfer against the lab's hub on loopback, cut once after 15.5 MiB of
+    24: the resume starts where the bytes stopped (within a MiB), not at the last 10 MB chunk."""
+    from huggingface_hub import constants
+
+    from provision.host import relay as host_relay
+    from provision.host import weights as host_weights
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", constants.DOWNLOAD_CHUNK_SIZE)  # put back after
+    for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_TELEMETRY"):
+        monkeypatch.setenv(name, "1")
+    data = os.urandom(24 << 20)
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "model.safetensors").write_bytes(data)
+    commit = hub.publish(tmp_path / "hub", "lab/cut", tmp_path / "files")
+    server = hub.serve(tmp_path / "hub", "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    served = server.RequestHandlerClass.hub  # type: ignore[attr-defined]
+    served.faults.append({"match": "lab/cut/model.safetensors", "cut_after": (31 << 20) // 2, "times": 1})
+    entry = {"path": "model.safetensors", "size": len(data), "digest": "sha256:" + hashlib.sha256(data).hexdigest()}
+    source = {"kind": "hub", "endpoint": f"http://127.0.0.1:{server.server_address[1]}", "token": None,
+              "repo": "lab/cut", "commit": commit}
+    part = tmp_path / "model.safetensors.part"
+    try:
+        with part.open("ab") as handle:
+            route = host_relay.Route([source])
+            host_weights.fetch_hub(source, entry, host_relay.Sink(handle, host_relay.Progress(len(data)), route), 0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert part.read_bytes() == data
+    resent = served.stats["files"]["lab/cut/model.safetensors"] - len(data)
+    assert 0 <= resent <= 1 << 20, f"{resent} bytes sent twice"

@@ -88,14 +88,21 @@ def unchanged_since_verified(path: str, recorded: Mapping[str, Any] | None) -> b
     return isinstance(kept, list) and len(kept) >= 2 and now[:len(kept)] == kept
 
 
+HUB_CHUNK = 1 << 20  # the most a cut hub transfer loses and sends again
+
+
 def fetch_hub(source: Mapping[str, Any], entry: Mapping[str, Any], sink: Sink, resume: int) -> None:
     """The file from the hub with huggingface_hub's own transfer (its retries, its headers)."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    from huggingface_hub import hf_hub_url
+    from huggingface_hub import constants, hf_hub_url
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # an implicit re-export
 
+    # http_get writes what arrives in chunks of this size, and a cut loses the chunk still in memory:
+    # the resume (its own retry, or the next source's) starts from the bytes that reached the part
+    # file, a 10 MB boundary by default.
+    constants.DOWNLOAD_CHUNK_SIZE = min(constants.DOWNLOAD_CHUNK_SIZE, HUB_CHUNK)
     url = hf_hub_url(source["repo"], entry["path"], revision=source["commit"], endpoint=source["endpoint"])
     headers = build_hf_headers(token=source.get("token") or False, library_name="provision")
     # http_get only writes to its file: the Sink stands in for one.
