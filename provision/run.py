@@ -299,6 +299,9 @@ class HostPlan:
     transfer: str = "relay"  # how the cluster passes weights and wheels around (the `transfer` setting)
     arch: str = ""  # hosts of one cluster and architecture pass wheels to each other
     held_wheels: dict[str, str] = field(default_factory=dict)  # {name: sha256} in the host's wheelhouse
+    # The model revision (weights.change_data) the host holds verified and needs no fetch of: its
+    # cluster peers that must fetch it take it from this host before the hub.
+    holds: Mapping[str, Any] | None = None
 
     @property
     def push_bytes(self) -> int:
@@ -387,7 +390,7 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
                                               venv.requirements_of(settings), local_wheels))
         venv_data["requirements"] = venv_data["requirements"][:len(venv.requirements_of(settings))] + [
             f"{venv.REMOTE_WHEELHOUSE}/{Path(w).name}" for w in local_wheels]
-    fetch, hub_data, hub_house = None, None, None
+    fetch, hub_data, hub_house, holds = None, None, None, None
     if ctx.snapshot is not None and only != "venv":
         root = weights.root_of(settings)
         reason, to_fetch = weights.compare(ctx.snapshot, weights.host_weights(host_facts, root))
@@ -400,6 +403,8 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
             hub_house = venv.resolve([weights.hub_requirement()], [], arch, python, progress=progress_line,
                                      indexes=venv.indexes_of(settings))
             hub_data = venv.helper_venv_data(weights.HUB_VENV, [weights.hub_requirement()], hub_house)
+        else:
+            holds = weights.change_data(settings, ctx.snapshot)
     if only:
         desired = render.DesiredState(files=(), directories=(), units=(), absent_units=(),
                                       user=settings.service_user, home=render.STATE_DIR)
@@ -418,7 +423,7 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
                       else None, model_root=weights.root_of(settings) if weights.managed(settings) else None)
     return HostPlan(changes, pushes, link.address if link else None,
                     ctx.cluster.name if ctx.cluster else ctx.host, scope, unfinished_generation(host_facts),
-                    transfer=settings.transfer, arch=arch, held_wheels=venv.remote_wheels(host_facts))
+                    transfer=settings.transfer, arch=arch, held_wheels=venv.remote_wheels(host_facts), holds=holds)
 
 
 def unfinished_generation(host_facts: facts.HostFacts, now: float | None = None) -> dict[str, Any] | None:
@@ -587,11 +592,10 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
                                   timed("prepare", prepare))
             errors.update(first.errors)
             done.update(first.values)
-            jobs = [weights.Job(name, plans[name].group, plans[name].of_kind("weights")[0].data,
-                                plans[name].cluster_address, plans[name].transfer)
-                    for name in active if name not in errors and plans[name].of_kind("weights")]
+            jobs, holders = weight_jobs(plans, [name for name in active if name not in errors])
             started = time.monotonic()
-            fetched, fetch_errors = weights.fetch_all(jobs, connect, held.hf_token, options.verify, wait, bar)
+            fetched, fetch_errors = weights.fetch_all(jobs, connect, held.hf_token, options.verify, wait, bar,
+                                                      holders)
             for job in jobs:
                 clock.setdefault(job.host, {})["weights"] = round(time.monotonic() - started, 2)
             errors.update(fetch_errors)
@@ -605,6 +609,17 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
         if own:
             connections.close()
     return done, errors, fetched, wheels_sent
+
+
+def weight_jobs(plans: Mapping[str, HostPlan], names: Sequence[str]) -> tuple[list[weights.Job], list[weights.Job]]:
+    """Pure: the fetches of `names` that need one, and every planned host holding its model revision
+    verified (the fetches' first sources in its cluster: weights.holders_of picks them)."""
+    def job(name: str, data: Mapping[str, Any]) -> weights.Job:
+        return weights.Job(name, plans[name].group, data, plans[name].cluster_address, plans[name].transfer)
+
+    jobs = [job(name, plans[name].of_kind("weights")[0].data) for name in names if plans[name].of_kind("weights")]
+    holders = [job(name, held) for name, held in ((n, plans[n].holds) for n in plans) if held is not None]
+    return jobs, holders
 
 
 def wheel_jobs(plans: Mapping[str, HostPlan], names: Sequence[str]) -> list[venv.WheelJob]:

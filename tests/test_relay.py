@@ -166,6 +166,13 @@ def test_a_relay_chain_each_host_from_the_one_before_with_fallbacks_up_to_the_fi
     assert relay.peer_sources("h3", routes, {"h1": "http://a/s"}) == [{"kind": "peer", "name": "h1", "url": "http://a/s"}]
 
 
+def test_hosts_holding_it_all_head_the_chain_and_serve_before_the_origin() -> None:
+    assert relay.routes_with_holders(["c"], relay.RELAY, ["a", "b"]) == {"c": ["b", "a"]}
+    assert relay.routes_with_holders(["c", "d"], relay.RELAY, ["a"]) == {"c": ["a"], "d": ["c", "a"]}
+    assert relay.routes_with_holders(["c", "d"], relay.STAR, ["a"]) == {"c": ["a"], "d": ["a"]}
+    assert relay.routes_with_holders(["c"], relay.HUB, ["a"]) == {"c": []}
+
+
 def test_wheels_enter_a_cluster_once_per_architecture_and_hosts_alone_get_their_own() -> None:
     from provision import venv
 

@@ -335,3 +335,48 @@ def test_a_hub_transfer_cut_mid_chunk_resumes_from_the_bytes_received(
     assert part.read_bytes() == data
     resent = served.stats["files"]["lab/cut/model.safetensors"] - len(data)
     assert 0 <= resent <= 1 << 20, f"{resent} bytes sent twice"
+
+
+def test_a_host_that_alone_must_fetch_takes_the_files_from_the_peers_holding_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One host of a cluster lost a file; its peers hold the revision verified (their plans need no
+    fetch): they serve it, and the hub comes last. A peer in another cluster, one holding another
+    commit, one without a cluster address, and any peer of a `transfer: hub` cluster serve nothing."""
+    from provision import plan, run
+
+    data = {"commit": SNAP.commit, "root": "/m/org/m", "endpoint": "http://hub", "repo": "org/m"}
+    needs = run.HostPlan([plan.Change("weights", data["root"], "missing", data)], cluster_address="10.0.0.3",
+                         group="c1")
+    plans = {"cpu-1": needs,
+             "h200": run.HostPlan([], cluster_address="10.0.0.1", group="c1", holds=data),
+             "ws-5090": run.HostPlan([], cluster_address="10.0.0.2", group="c1", holds=data),
+             "other": run.HostPlan([], cluster_address="10.0.1.1", group="c2", holds=data),
+             "older": run.HostPlan([], cluster_address="10.0.0.4", group="c1", holds={**data, "commit": "9" * 40}),
+             "bare": run.HostPlan([], group="c1", holds=data)}
+    jobs, holders = run.weight_jobs(plans, ["cpu-1"])
+    assert [job.host for job in jobs] == ["cpu-1"]
+    asked: dict[str, list[str]] = {}
+    served: dict[str, int] = {}
+
+    class Serving:
+        def __init__(self, host: str, peers: int) -> None:
+            self.host = host
+            served[host] = peers
+
+        def start(self) -> str:
+            return f"http://{self.host}/secret"
+
+    def fetch_one(runner: str, job_data: dict, sources: list[dict], *args: object) -> weights.FetchResult:
+        asked[runner] = [source.get("name", source["kind"]) for source in sources]
+        return weights.FetchResult(1, sources[0]["kind"])
+
+    monkeypatch.setattr(weights, "fetch", fetch_one)
+    monkeypatch.setattr(weights, "relay_server", lambda runner, job_data, address, peers: Serving(runner, peers))
+    done, failed = weights.fetch_all(jobs, lambda host: host, None, False, 0, lambda text: lambda d, t: None,
+                                     holders)
+    assert failed == {} and list(done) == ["cpu-1"]
+    assert asked == {"cpu-1": ["ws-5090", "h200", "hub"]} and served == {"ws-5090": 1, "h200": 1}
+    hub_only = [dataclasses.replace(job, transfer="hub") for job in jobs]
+    asked.clear()
+    weights.fetch_all(hub_only, lambda host: host, None, False, 0, lambda text: lambda d, t: None, holders)
+    assert asked == {"cpu-1": ["hub"]}
