@@ -36,7 +36,7 @@ class Relay:
         self.partial.mkdir(parents=True)
         self.spec = {"action": "serve", "final": str(self.final), "partial": str(self.partial), "suffix": ".part",
                      "files": files, "address": "127.0.0.1", "secret": "s3cret", "peers": peers, "idle": 30,
-                     "stall": stall}
+                     "stall": stall, "watch": False}  # in this process: no session of its own to watch
         self.port: int | None = None
         self.result: dict[str, Any] = {}
         self.thread = threading.Thread(target=self._run, daemon=True)
