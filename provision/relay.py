@@ -48,6 +48,14 @@ def upstreams(members: Sequence[str], strategy: str) -> dict[str, list[str]]:
     return found
 
 
+def routes_with_holders(hosts: Sequence[str], strategy: str, holders: Sequence[str] = ()) -> dict[str, list[str]]:
+    """Pure: `upstreams` of the hosts that receive, with the hosts that already hold every file
+    (verified) at the head of the chain: they are the first sources, before the origin. A rerun where
+    one host of a cluster lost a file takes it from its peers, not the hub. hub: no peer at all."""
+    found = upstreams([*holders, *hosts], strategy)
+    return {host: found[host] for host in hosts}
+
+
 def downstream_counts(routes: Mapping[str, Sequence[str]]) -> dict[str, int]:
     """Pure: how many hosts may ask each host for bytes (it serves until each of them said done)."""
     counts: dict[str, int] = {}
@@ -121,14 +129,16 @@ class Server:
 
 
 def carry(hosts: Sequence[str], strategy: str, server: Callable[[str, int], Server],
-          work: Callable[[str, list[dict[str, Any]]], T]) -> tuple[dict[str, T], dict[str, BaseException]]:
+          work: Callable[[str, list[dict[str, Any]]], T],
+          holders: Sequence[str] = ()) -> tuple[dict[str, T], dict[str, BaseException]]:
     """Every host's transfer, `work(host, its relays as sources)`, with a relay server (`server(host,
-    how many may ask)`) on each host others receive from. relay: all hosts at once; star: the first,
-    then the rest. A wave's relays start when it does (a star's first host serves once it has all);
-    one that cannot start is left out of its downstream hosts' sources."""
+    how many may ask)`) on each host others receive from, `holders` (hosts that hold it all already)
+    first. relay: all hosts at once; star: the first, then the rest (all at once from a holder). A
+    wave's relays start when it does (a star's first host serves once it has all); one that cannot
+    start is left out of its downstream hosts' sources."""
     from provision.fanout import for_each_host
 
-    routes = upstreams(hosts, strategy)
+    routes = routes_with_holders(hosts, strategy, holders)
     peers = downstream_counts(routes)
     urls: dict[str, str] = {}
     servers: dict[str, Server] = {}
@@ -144,7 +154,7 @@ def carry(hosts: Sequence[str], strategy: str, server: Callable[[str, int], Serv
         values.update(done.values)
         errors.update(done.errors)
 
-    for wave in ([hosts[:1], hosts[1:]] if strategy == STAR else [hosts]):
+    for wave in ([hosts[:1], hosts[1:]] if strategy == STAR and not holders else [hosts]):
         # Hosts that receive from no relay (the first) start at once, while the relays start.
         first = [host for host in wave if not routes[host]]
         ahead = threading.Thread(target=run_wave, args=(first,), daemon=True)

@@ -302,6 +302,9 @@ class HostPlan:
     held_wheels: dict[str, str] = field(default_factory=dict)  # {name: sha256} in the host's wheelhouse
     serve: dict[str, str] | None = None  # where the host's server answers: recorded with its generation
     overrides: tuple[str, ...] = ()  # the run's --set keys that differ from the inventory: drift, in status
+    # The model revision (weights.change_data) the host holds verified and needs no fetch of: its
+    # cluster peers that must fetch it take it from this host before the hub.
+    holds: Mapping[str, Any] | None = None
 
     @property
     def push_bytes(self) -> int:
@@ -390,7 +393,7 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
                                               venv.requirements_of(settings), local_wheels))
         venv_data["requirements"] = venv_data["requirements"][:len(venv.requirements_of(settings))] + [
             f"{venv.REMOTE_WHEELHOUSE}/{Path(w).name}" for w in local_wheels]
-    fetch, hub_data, hub_house = None, None, None
+    fetch, hub_data, hub_house, holds = None, None, None, None
     if ctx.snapshot is not None and only != "venv":
         root = weights.root_of(settings)
         reason, to_fetch = weights.compare(ctx.snapshot, weights.host_weights(host_facts, root))
@@ -403,6 +406,8 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
             hub_house = venv.resolve([weights.hub_requirement()], [], arch, python, progress=progress_line,
                                      indexes=venv.indexes_of(settings))
             hub_data = venv.helper_venv_data(weights.HUB_VENV, [weights.hub_requirement()], hub_house)
+        else:
+            holds = weights.change_data(settings, ctx.snapshot)
     if only:
         desired = render.DesiredState(files=(), directories=(), units=(), absent_units=(),
                                       user=settings.service_user, home=render.STATE_DIR)
@@ -422,7 +427,7 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
     return HostPlan(changes, pushes, link.address if link else None,
                     ctx.cluster.name if ctx.cluster else ctx.host, scope, unfinished_generation(host_facts),
                     transfer=settings.transfer, arch=arch, held_wheels=venv.remote_wheels(host_facts),
-                    serve=server.endpoint(settings) if settings.model else None)
+                    serve=server.endpoint(settings) if settings.model else None, holds=holds)
 
 
 def unfinished_generation(host_facts: facts.HostFacts, now: float | None = None) -> dict[str, Any] | None:
@@ -604,11 +609,10 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
                                   timed("prepare", prepare))
             errors.update(first.errors)
             done.update(first.values)
-            jobs = [weights.Job(name, plans[name].group, plans[name].of_kind("weights")[0].data,
-                                plans[name].cluster_address, plans[name].transfer)
-                    for name in active if name not in errors and plans[name].of_kind("weights")]
+            jobs, holders = weight_jobs(plans, [name for name in active if name not in errors])
             started = time.monotonic()
-            fetched, fetch_errors = weights.fetch_all(jobs, connect, held.hf_token, options.verify, wait, bar)
+            fetched, fetch_errors = weights.fetch_all(jobs, connect, held.hf_token, options.verify, wait, bar,
+                                                      holders)
             for job in jobs:
                 clock.setdefault(job.host, {})["weights"] = round(time.monotonic() - started, 2)
             errors.update(fetch_errors)
@@ -622,6 +626,17 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
         if own:
             connections.close()
     return done, errors, fetched, wheels_sent
+
+
+def weight_jobs(plans: Mapping[str, HostPlan], names: Sequence[str]) -> tuple[list[weights.Job], list[weights.Job]]:
+    """Pure: the fetches of `names` that need one, and every planned host holding its model revision
+    verified (the fetches' first sources in its cluster: weights.holders_of picks them)."""
+    def job(name: str, data: Mapping[str, Any]) -> weights.Job:
+        return weights.Job(name, plans[name].group, data, plans[name].cluster_address, plans[name].transfer)
+
+    jobs = [job(name, plans[name].of_kind("weights")[0].data) for name in names if plans[name].of_kind("weights")]
+    holders = [job(name, held) for name, held in ((n, plans[n].holds) for n in plans) if held is not None]
+    return jobs, holders
 
 
 def wheel_jobs(plans: Mapping[str, HostPlan], names: Sequence[str]) -> list[venv.WheelJob]:

@@ -349,19 +349,33 @@ def transfer_groups(jobs: Sequence[Job]) -> list[list[Job]]:
     return list(groups.values()) + alone
 
 
+def holders_of(members: Sequence[Job], holders: Sequence[Job]) -> list[Job]:
+    """Pure: the hosts that hold the group's revision verified (a Job each, for a host with nothing
+    to fetch) and can serve it: same group, commit and model root, a cluster address, and a transfer
+    that passes copies around."""
+    first = members[0]
+    if first.address is None or first.transfer == relay.HUB:
+        return []
+    key = (first.group, first.data["commit"], first.data["root"])
+    return [held for held in holders if held.address is not None and held.host not in {m.host for m in members}
+            and (held.group, held.data["commit"], held.data["root"]) == key]
+
+
 def fetch_all(jobs: Sequence[Job], connect: Callable[[str], Any], token: str | None, verify_all: bool,
-              wait: float, progress: Callable[[str], Callable[[int, int], None]]) -> tuple[
-                  dict[str, FetchResult], dict[str, BaseException]]:
+              wait: float, progress: Callable[[str], Callable[[int, int], None]],
+              holders: Sequence[Job] = ()) -> tuple[dict[str, FetchResult], dict[str, BaseException]]:
     """Every job's fetch, all groups at once. relay: every host of a group at once, each from the host
     before it while that one still receives; star: the first host from the hub, then the others from
-    it; hub: every host from the hub. A host's relay that fails is replaced by the next source."""
+    it; hub: every host from the hub. Peers of the group that hold the revision already (`holders`)
+    are the first sources, before the hub. A host's relay that fails is replaced by the next source."""
     from provision.fanout import for_each_host
 
     results: dict[str, FetchResult] = {}
     errors: dict[str, BaseException] = {}
 
     def run_group(members: list[Job]) -> None:
-        by_host = {job.host: job for job in members}
+        serving = holders_of(members, holders)
+        by_host = {job.host: job for job in [*serving, *members]}
 
         def one(host: str, relays: list[dict[str, Any]]) -> FetchResult:
             job = by_host[host]
@@ -372,8 +386,9 @@ def fetch_all(jobs: Sequence[Job], connect: Callable[[str], Any], token: str | N
         def server(host: str, peers: int) -> relay.Server:
             return relay_server(connect(host), by_host[host].data, str(by_host[host].address), peers)
 
-        strategy = members[0].transfer if len(members) > 1 else relay.HUB
-        done, failed = relay.carry(list(by_host), strategy, server, one)
+        strategy = members[0].transfer if len(members) > 1 or serving else relay.HUB
+        done, failed = relay.carry([job.host for job in members], strategy, server, one,
+                                   [job.host for job in serving])
         results.update(done)
         errors.update(failed)
 

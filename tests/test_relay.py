@@ -5,6 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -13,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from provision import relay
+from provision import programs, relay
 from provision.host import relay as host_relay
 
 SIZE = 3 << 20
@@ -32,7 +36,7 @@ class Relay:
         self.partial.mkdir(parents=True)
         self.spec = {"action": "serve", "final": str(self.final), "partial": str(self.partial), "suffix": ".part",
                      "files": files, "address": "127.0.0.1", "secret": "s3cret", "peers": peers, "idle": 30,
-                     "stall": stall}
+                     "stall": stall, "watch": False}  # in this process: no session of its own to watch
         self.port: int | None = None
         self.result: dict[str, Any] = {}
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -44,7 +48,7 @@ class Relay:
         self.thread.start()
         for _ in range(200):
             out = capsys.readouterr().out
-            for line in out.splitlines():
+            for line in filter(None, out.splitlines()):  # the blank lines are the relay's heartbeat
                 event = json.loads(line)
                 if event.get("event") == "serving":
                     self.port = int(event["port"])
@@ -162,6 +166,13 @@ def test_a_relay_chain_each_host_from_the_one_before_with_fallbacks_up_to_the_fi
     assert relay.peer_sources("h3", routes, {"h1": "http://a/s"}) == [{"kind": "peer", "name": "h1", "url": "http://a/s"}]
 
 
+def test_hosts_holding_it_all_head_the_chain_and_serve_before_the_origin() -> None:
+    assert relay.routes_with_holders(["c"], relay.RELAY, ["a", "b"]) == {"c": ["b", "a"]}
+    assert relay.routes_with_holders(["c", "d"], relay.RELAY, ["a"]) == {"c": ["a"], "d": ["c", "a"]}
+    assert relay.routes_with_holders(["c", "d"], relay.STAR, ["a"]) == {"c": ["a"], "d": ["a"]}
+    assert relay.routes_with_holders(["c"], relay.HUB, ["a"]) == {"c": []}
+
+
 def test_wheels_enter_a_cluster_once_per_architecture_and_hosts_alone_get_their_own() -> None:
     from provision import venv
 
@@ -174,3 +185,81 @@ def test_wheels_enter_a_cluster_once_per_architecture_and_hosts_alone_get_their_
     jobs = [job("a", "c1 x86_64", "10.0.0.1"), job("b", "c1 x86_64", "10.0.0.2"), job("s", "c1 aarch64", "10.0.0.3"),
             job("c", "c1 x86_64", None), job("d", "c2 x86_64", "10.0.1.1", "hub"), job("e", "c2 x86_64", "10.0.1.2", "hub")]
     assert [[j.host for j in group] for group in venv.wheel_groups(jobs)] == [["a", "b"], ["s"], ["c"], ["d"], ["e"]]
+
+
+def serve_spec(root: Path) -> dict[str, Any]:
+    (root / "final").mkdir(parents=True)
+    return {"action": "serve", "final": str(root / "final"), "partial": str(root / "partial"), "suffix": ".part",
+            "files": {"model.safetensors": 10}, "address": "127.0.0.1", "secret": "s3cret", "peers": 1,
+            "idle": 600}
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def ended(pid: int) -> bool:
+    """Exited (a zombie no one reaped yet counts: it serves nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def wait_until(predicate: Any, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_relay_server_ends_soon_after_its_controllers_session_closes(tmp_path: Path) -> None:
+    """The program as a host runs it (`python3 -` with the shipped text on stdin), its peer never
+    saying done: once the controller's end of its stdout is gone (the SSH channel closed), it stops
+    serving within seconds instead of idling for 600 s."""
+    relay_server = subprocess.Popen([sys.executable, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL)
+    assert relay_server.stdin is not None and relay_server.stdout is not None
+    relay_server.stdin.write(relay.program(serve_spec(tmp_path)).encode())
+    relay_server.stdin.close()
+    try:
+        port = int(json.loads(relay_server.stdout.readline())["port"])
+        assert listening(port)
+        relay_server.stdout.close()  # the controller vanished
+        relay_server.wait(timeout=5)
+        assert not listening(port)
+    finally:
+        relay_server.kill()
+        relay_server.wait()
+
+
+def test_a_relay_server_ends_soon_after_the_process_that_started_it_is_killed(tmp_path: Path) -> None:
+    """The session's process killed while the relay's stdout stays writable (here a file): the relay,
+    handed to another parent, stops serving within seconds."""
+    out = tmp_path / "relay.out"
+    starter = ("import subprocess, sys; out = open(sys.argv[1], 'wb'); "
+               "relay = subprocess.Popen([sys.executable, '-'], stdin=subprocess.PIPE, stdout=out); "
+               "relay.stdin.write(sys.stdin.buffer.read()); relay.stdin.close(); "
+               "print(relay.pid, flush=True); relay.wait()")
+    parent = subprocess.Popen([sys.executable, "-c", starter, str(out)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE)
+    assert parent.stdin is not None and parent.stdout is not None
+    parent.stdin.write(programs.ship(("relay",), "relay_main", serve_spec(tmp_path)).encode())
+    parent.stdin.close()
+    pid = int(parent.stdout.readline())
+    try:
+        assert wait_until(lambda: out.read_text().strip() != "", 10)
+        port = int(json.loads(out.read_text().splitlines()[0])["port"])
+        assert listening(port)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        assert wait_until(lambda: ended(pid), 5), "the relay still runs"
+        assert not listening(port)
+    finally:
+        parent.stdout.close()
+        if not ended(pid):
+            os.kill(pid, signal.SIGKILL)

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -205,3 +206,177 @@ def test_a_pinned_commits_files_are_kept_and_a_branch_is_never(tmp_path: Path, m
     weights.keep_snapshot(dataclasses.replace(pinned, revision="main"), (), "https://hub")
     assert weights.kept_snapshot("org/m", "main", (), "https://hub") is None
     assert not weights.is_commit("main") and not weights.is_commit(commit.upper()) and weights.is_commit(commit)
+
+
+# ---------------------------------------------------------------------------------------------
+# The host program's fetch, in process, on real files
+
+
+def fetch_spec(root: Path, commit: str, files: dict[str, bytes]) -> dict:
+    return {"action": "fetch", "root": str(root), "repo": "org/m", "revision": "main", "commit": commit,
+            "files": [{"path": name, "size": len(data), "digest": "sha256:" + hashlib.sha256(data).hexdigest()}
+                      for name, data in files.items()],
+            "verify_all": False, "sources": [{"kind": "peer", "name": "up", "url": "http://127.0.0.1:9/x"}]}
+
+
+def test_a_part_written_to_after_its_hash_is_not_recorded_as_verified(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts are hashed while the next ones arrive and renamed after: 4 KiB overwritten in a hashed
+    part before its rename must not end as the file the manifest vouches for."""
+    from provision.host import weights as host_weights
+
+    files = {"a.safetensors": os.urandom(1 << 16), "b.safetensors": os.urandom(1 << 16)}
+    root, commit = tmp_path / "org" / "m", "a" * 40
+    part_of_a = root / ".partial" / commit / "a.safetensors.part"
+    asked: list[str] = []
+
+    def peer(source: dict, entry: dict, sink: host_weights.Sink, resume: int) -> None:
+        asked.append(entry["path"])
+        if asked == ["a.safetensors", "b.safetensors"]:
+            time.sleep(0.3)  # a's hash, in its own thread, is done by now
+            with part_of_a.open("r+b") as handle:
+                handle.seek(8192)
+                handle.write(os.urandom(4096))
+        sink.write(files[entry["path"]][resume:])
+
+    monkeypatch.setitem(host_weights.FETCHERS, "peer", peer)
+    report = host_weights.fetch(fetch_spec(root, commit, files))
+    manifest = host_weights.read_manifest(str(root / "revisions" / commit))
+    assert manifest is not None
+    for name, recorded in manifest["files"].items():
+        path = root / "revisions" / commit / name
+        assert host_weights.file_digest(str(path), "sha256") == recorded["digest"], name
+        assert host_weights.unchanged_since_verified(str(path), recorded), name
+    assert (root / "current" / "a.safetensors").read_bytes() == files["a.safetensors"]
+    assert len(report["quarantined"]) == 1 and asked.count("a.safetensors") == 2
+
+
+def test_a_file_written_to_after_it_was_placed_fails_the_run_before_current_moves(tmp_path: Path) -> None:
+    """The window after the rename: the manifest is written once every file is in place; one changed
+    meanwhile is hashed again, and a bad one is never recorded (nor served: `current` does not move)."""
+    from provision.host import weights as host_weights
+
+    data = os.urandom(1 << 16)
+    root, commit = tmp_path / "org" / "m", "b" * 40
+    spec = fetch_spec(root, commit, {"model.safetensors": data})
+    (root / "revisions" / commit).mkdir(parents=True)
+    path = root / "revisions" / commit / "model.safetensors"
+    path.write_bytes(data)
+    verified = {"model.safetensors": host_weights.stat_of(str(path))}
+    host_weights.confirm(str(root / "revisions" / commit), spec["files"], verified)  # untouched: fine
+    os.utime(path, ns=(1, 1))  # touched, same bytes: hashed again, fine
+    host_weights.confirm(str(root / "revisions" / commit), spec["files"], verified)
+    with path.open("r+b") as handle:
+        handle.write(b"\0" * 4096)
+    with pytest.raises(host_weights.WeightsFailed, match="changed on disk after it was verified"):
+        host_weights.confirm(str(root / "revisions" / commit), spec["files"], verified)
+
+
+def test_quarantine_keeps_the_newest_bad_copy_per_file_and_is_bounded_by_size(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from provision.host import weights as host_weights
+
+    monkeypatch.setattr(host_weights, "QUARANTINE_BYTES", 150_000, raising=False)
+    root = tmp_path / "org" / "m"
+    root.mkdir(parents=True)
+
+    def set_aside(name: str, commit: str, size: int = 1 << 16) -> str:
+        bad = root / "bad"
+        bad.write_bytes(os.urandom(size))
+        return host_weights.quarantine(str(root), str(bad), commit, name)
+
+    def kept() -> list[str]:
+        return sorted(str(path.relative_to(root / ".quarantine")).rsplit(".", 1)[0]
+                      for path in (root / ".quarantine").rglob("*") if path.is_file())
+
+    set_aside("a.safetensors", "1" * 40)
+    newest_a = set_aside("a.safetensors", "1" * 40)
+    assert kept() == ["1" * 40 + "/a.safetensors"] and os.path.exists(newest_a)  # one copy per file
+    set_aside("sub/b.safetensors", "2" * 40)
+    assert len(kept()) == 2  # 128 KiB: within the bound
+    set_aside("c.safetensors", "3" * 40)  # 192 KiB: the oldest copy (a's) goes, with its empty folder
+    assert kept() == ["2" * 40 + "/sub/b.safetensors", "3" * 40 + "/c.safetensors"]
+    assert not (root / ".quarantine" / ("1" * 40)).exists()
+    huge = set_aside("d.safetensors", "3" * 40, size=200_000)  # alone past the bound: it stays, alone
+    assert kept() == ["3" * 40 + "/d.safetensors"] and os.path.exists(huge)
+
+
+def test_a_hub_transfer_cut_mid_chunk_resumes_from_the_bytes_received(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """huggingface_hub's own transfer against the lab's hub on loopback, cut once after 15.5 MiB of
+    24: the resume starts where the bytes stopped (within a MiB), not at the last 10 MB chunk."""
+    from huggingface_hub import constants
+
+    from provision.host import relay as host_relay
+    from provision.host import weights as host_weights
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", constants.DOWNLOAD_CHUNK_SIZE)  # put back after
+    for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_TELEMETRY"):
+        monkeypatch.setenv(name, "1")
+    data = os.urandom(24 << 20)
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "model.safetensors").write_bytes(data)
+    commit = hub.publish(tmp_path / "hub", "lab/cut", tmp_path / "files")
+    server = hub.serve(tmp_path / "hub", "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    served = server.RequestHandlerClass.hub  # type: ignore[attr-defined]
+    served.faults.append({"match": "lab/cut/model.safetensors", "cut_after": (31 << 20) // 2, "times": 1})
+    entry = {"path": "model.safetensors", "size": len(data), "digest": "sha256:" + hashlib.sha256(data).hexdigest()}
+    source = {"kind": "hub", "endpoint": f"http://127.0.0.1:{server.server_address[1]}", "token": None,
+              "repo": "lab/cut", "commit": commit}
+    part = tmp_path / "model.safetensors.part"
+    try:
+        with part.open("ab") as handle:
+            route = host_relay.Route([source])
+            host_weights.fetch_hub(source, entry, host_relay.Sink(handle, host_relay.Progress(len(data)), route), 0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert part.read_bytes() == data
+    resent = served.stats["files"]["lab/cut/model.safetensors"] - len(data)
+    assert 0 <= resent <= 1 << 20, f"{resent} bytes sent twice"
+
+
+def test_a_host_that_alone_must_fetch_takes_the_files_from_the_peers_holding_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One host of a cluster lost a file; its peers hold the revision verified (their plans need no
+    fetch): they serve it, and the hub comes last. A peer in another cluster, one holding another
+    commit, one without a cluster address, and any peer of a `transfer: hub` cluster serve nothing."""
+    from provision import plan, run
+
+    data = {"commit": SNAP.commit, "root": "/m/org/m", "endpoint": "http://hub", "repo": "org/m"}
+    needs = run.HostPlan([plan.Change("weights", data["root"], "missing", data)], cluster_address="10.0.0.3",
+                         group="c1")
+    plans = {"cpu-1": needs,
+             "h200": run.HostPlan([], cluster_address="10.0.0.1", group="c1", holds=data),
+             "ws-5090": run.HostPlan([], cluster_address="10.0.0.2", group="c1", holds=data),
+             "other": run.HostPlan([], cluster_address="10.0.1.1", group="c2", holds=data),
+             "older": run.HostPlan([], cluster_address="10.0.0.4", group="c1", holds={**data, "commit": "9" * 40}),
+             "bare": run.HostPlan([], group="c1", holds=data)}
+    jobs, holders = run.weight_jobs(plans, ["cpu-1"])
+    assert [job.host for job in jobs] == ["cpu-1"]
+    asked: dict[str, list[str]] = {}
+    served: dict[str, int] = {}
+
+    class Serving:
+        def __init__(self, host: str, peers: int) -> None:
+            self.host = host
+            served[host] = peers
+
+        def start(self) -> str:
+            return f"http://{self.host}/secret"
+
+    def fetch_one(runner: str, job_data: dict, sources: list[dict], *args: object) -> weights.FetchResult:
+        asked[runner] = [source.get("name", source["kind"]) for source in sources]
+        return weights.FetchResult(1, sources[0]["kind"])
+
+    monkeypatch.setattr(weights, "fetch", fetch_one)
+    monkeypatch.setattr(weights, "relay_server", lambda runner, job_data, address, peers: Serving(runner, peers))
+    done, failed = weights.fetch_all(jobs, lambda host: host, None, False, 0, lambda text: lambda d, t: None,
+                                     holders)
+    assert failed == {} and list(done) == ["cpu-1"]
+    assert asked == {"cpu-1": ["ws-5090", "h200", "hub"]} and served == {"ws-5090": 1, "h200": 1}
+    hub_only = [dataclasses.replace(job, transfer="hub") for job in jobs]
+    asked.clear()
+    weights.fetch_all(hub_only, lambda host: host, None, False, 0, lambda text: lambda d, t: None, holders)
+    assert asked == {"cpu-1": ["hub"]}

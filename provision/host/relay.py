@@ -9,7 +9,7 @@ relay that stops answering or sends bytes that fail the digest is left for the n
 (its own upstream, then the origin), resuming the kept part file.
 
     {"action": "serve", "final": DIR, "partial": DIR, "suffix": ".part", "files": {NAME: SIZE},
-     "address": ADDR, "secret": S, "peers": N, "idle": 120, "stall": 20}
+     "address": ADDR, "secret": S, "peers": N, "idle": 120, "stall": 20, "watch": true}
     {"action": "receive", "directory": DIR, "files": [{"path", "size", "digest": "sha256:HEX"}],
      "sources": [{"kind": "peer", "name": HOST, "url": URL, "stall": 20}], "index": "MANIFEST.json"}
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from provision.host.common import emit, sha256_of, write_atomically
 
 STALL = 20  # seconds a relay waits for its own copy to grow, and a receiver for the relay to answer
+HEARTBEAT = 1.0  # seconds between a relay server's checks that the controller's session is still there
 
 
 class Progress:
@@ -170,9 +172,35 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
 
 
+def watch_controller(gone: threading.Event, interval: float = HEARTBEAT) -> threading.Thread:
+    """Set `gone` once the session that started this program is over: its SSH channel closed (sshd
+    then closes the pipe of our stdout, and a write to it fails) or its process gone (we are handed to
+    another parent). stdin tells nothing: `python3 -` read it to its end before running the program.
+    An empty line is what the controller's reader skips (programs.run reads JSON lines)."""
+    parent = os.getppid()
+
+    def run() -> None:
+        while not gone.is_set():
+            try:
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                gone.set()
+                return
+            if os.getppid() != parent:
+                gone.set()
+                return
+            time.sleep(interval)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
 def serve(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Serve the named files to the cluster's other hosts, finished or still arriving, until each
-    host that may ask said it is done (or nobody asked for `idle` seconds)."""
+    host that may ask said it is done, nobody asked for `idle` seconds, or the controller's session
+    that started it is gone (watch_controller: a relay never outlives the run)."""
     from http.server import BaseHTTPRequestHandler, HTTPServer
     from socketserver import TCPServer, ThreadingMixIn
     from urllib.parse import unquote
@@ -256,10 +284,15 @@ def serve(spec: Mapping[str, Any]) -> dict[str, Any]:
     server = Server((spec["address"], 0), Handler)
     server.timeout = 0.05  # how soon the last host's "done" (counted in its request's thread) ends the loop
     emit("serving", port=server.server_address[1])
-    while state["done"] < spec["peers"] and time.time() - state["last"] < spec.get("idle", 120):
+    gone = threading.Event()
+    if spec.get("watch", True):  # off only where serve() runs inside another program (tests)
+        watch_controller(gone)
+    while (state["done"] < spec["peers"] and time.time() - state["last"] < spec.get("idle", 120)
+           and not gone.is_set()):
         server.handle_request()
     server.server_close()
-    return {"served_peers": int(state["done"]), "sent": int(state["sent"])}
+    found = {"served_peers": int(state["done"]), "sent": int(state["sent"])}
+    return {**found, "ended": "the controller's session is gone"} if gone.is_set() else found
 
 
 def _paths(spec: Mapping[str, Any], name: str) -> tuple[str, str]:
@@ -346,4 +379,9 @@ def relay_main(spec: dict[str, Any]) -> None:
     finally:
         if spec["action"] == "receive":
             tell_done(spec["sources"])
-    emit("result", **result)
+    try:
+        emit("result", **result)
+    except OSError:
+        # Nobody reads it (the controller's session is gone): leave quietly, not with a traceback
+        # at the interpreter's own last flush of stdout.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -88,14 +88,21 @@ def unchanged_since_verified(path: str, recorded: Mapping[str, Any] | None) -> b
     return isinstance(kept, list) and len(kept) >= 2 and now[:len(kept)] == kept
 
 
+HUB_CHUNK = 1 << 20  # the most a cut hub transfer loses and sends again
+
+
 def fetch_hub(source: Mapping[str, Any], entry: Mapping[str, Any], sink: Sink, resume: int) -> None:
     """The file from the hub with huggingface_hub's own transfer (its retries, its headers)."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    from huggingface_hub import hf_hub_url
+    from huggingface_hub import constants, hf_hub_url
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # an implicit re-export
 
+    # http_get writes what arrives in chunks of this size, and a cut loses the chunk still in memory:
+    # the resume (its own retry, or the next source's) starts from the bytes that reached the part
+    # file, a 10 MB boundary by default.
+    constants.DOWNLOAD_CHUNK_SIZE = min(constants.DOWNLOAD_CHUNK_SIZE, HUB_CHUNK)
     url = hf_hub_url(source["repo"], entry["path"], revision=source["commit"], endpoint=source["endpoint"])
     headers = build_hf_headers(token=source.get("token") or False, library_name="provision")
     # http_get only writes to its file: the Sink stands in for one.
@@ -106,13 +113,14 @@ FETCHERS: Mapping[str, Any] = {"hub": fetch_hub, "peer": fetch_peer}  # relay.Fe
 
 
 QUARANTINE_KEEP = 1  # bad copies kept per file for a look: the newest; older ones only fill the disk
+QUARANTINE_BYTES = 1 << 30  # all of .quarantine/ beyond this loses its oldest copies (never the newest)
 
 
 def quarantine(root: str, path: str, commit: str, name: str, keep_in_place: bool = False) -> str:
     """Set a bad file aside where nothing serves it; returns where it went. With keep_in_place the file
     stays where it is (a hard link goes aside): it is replaced only once a verified copy exists, so a
     served revision is never missing a file, even when the fetch of its replacement fails."""
-    target = os.path.join(root, ".quarantine", commit, f"{name}.{int(time.time() * 1000)}")
+    target = os.path.join(root, ".quarantine", commit, f"{name}.{time.time_ns()}")
     os.makedirs(os.path.dirname(target), exist_ok=True)
     if keep_in_place:
         os.link(path, target)
@@ -125,15 +133,40 @@ def quarantine(root: str, path: str, commit: str, name: str, keep_in_place: bool
                    key=lambda entry: int(entry[len(prefix):]))[:-QUARANTINE_KEEP]
     for entry in older:
         os.remove(os.path.join(folder, entry))
+    bound_quarantine(os.path.join(root, ".quarantine"), target)
     return target
 
 
+def bound_quarantine(folder: str, newest: str) -> None:
+    """Drop the oldest copies set aside (any file, any commit) while all of them pass QUARANTINE_BYTES;
+    `newest`, the one just set aside, stays whatever its size. Folders left empty go too."""
+    copies = []
+    for directory, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(directory, name)
+            stamp = name.rsplit(".", 1)[-1]
+            copies.append((int(stamp) if stamp.isdigit() else 0, os.path.getsize(path), path))
+    total = sum(size for _, size, _ in copies)
+    for _, size, path in sorted(copies):
+        if total <= QUARANTINE_BYTES:
+            break
+        if path != newest:
+            os.remove(path)
+            total -= size
+    for directory, _, _ in sorted(os.walk(folder), key=lambda found: -len(found[0])):
+        if directory != folder and not os.listdir(directory):
+            os.rmdir(directory)
+
+
 def place_all(spec: dict[str, Any], todo: list[dict[str, Any]], revision: str, partial: str, progress: Progress,
-              report: dict[str, Any], route: Route) -> None:
+              report: dict[str, Any], route: Route) -> dict[str, list[int]]:
     """Bring the revision's missing files in place: each received, then hashed on disk in a thread of
     its own while the next one arrives (the hash stays off the transfer's path; hashlib releases the
-    GIL), then given its name, or set aside and fetched once more from the next source."""
+    GIL), then given its name, or set aside and fetched once more from the next source. Returns each
+    placed file's identity (stat_of) right after its rename, for confirm() to hold the manifest to."""
     from concurrent.futures import ThreadPoolExecutor
+
+    placed: dict[str, list[int]] = {}
 
     def paths(entry: dict[str, Any]) -> tuple[str, str]:
         return os.path.join(revision, entry["path"]), os.path.join(partial, entry["path"] + ".part")
@@ -144,16 +177,28 @@ def place_all(spec: dict[str, Any], todo: list[dict[str, Any]], revision: str, p
         except OSError as exc:
             raise WeightsFailed(str(exc)) from None
 
-    def digest_of(entry: dict[str, Any]) -> str:
+    def digest_of(entry: dict[str, Any]) -> tuple[str, list[int]]:
+        """The part's digest and its identity (stat_of) while it was hashed; ("", ...) for a part of the
+        wrong size or one that changed while it was read."""
         part = paths(entry)[1]
-        return "" if os.path.getsize(part) != entry["size"] else file_digest(part, entry["digest"].split(":", 1)[0])
+        before = stat_of(part)
+        if before[0] != entry["size"]:
+            return "", before
+        digest = file_digest(part, entry["digest"].split(":", 1)[0])
+        return (digest if stat_of(part) == before else ""), before
 
-    def settle(entry: dict[str, Any], digest: str) -> bool:
+    def settle(entry: dict[str, Any], hashed: tuple[str, list[int]]) -> bool:
         final, part = paths(entry)
+        digest, identity = hashed
+        if digest and stat_of(part) != identity:
+            # Written to since it was hashed (the hash ran while later files arrived): what was
+            # verified is not what would take the name. Hash what is there now.
+            digest, identity = digest_of(entry)
         if digest == entry["digest"]:
             os.chmod(part, 0o644)
             os.makedirs(os.path.dirname(final), exist_ok=True)
             os.rename(part, final)  # over a bad copy, if one is still in place: one atomic step
+            placed[entry["path"]] = stat_of(final)
             return True
         report["quarantined"].append(quarantine(spec["root"], part, spec["commit"], entry["path"]))
         return False
@@ -171,6 +216,21 @@ def place_all(spec: dict[str, Any], todo: list[dict[str, Any]], revision: str, p
             if not settle(entry, digest_of(entry)):
                 raise WeightsFailed(f"{entry['path']}: hash mismatch twice (expected {entry['digest']}); the "
                                     f"fetched copies are set aside in {spec['root']}/.quarantine")
+    return placed
+
+
+def confirm(revision: str, files: list[dict[str, Any]], verified: Mapping[str, list[int]]) -> None:
+    """Every file is still the one verified (same stat_of as then) before the manifest vouches for it;
+    one written to since is hashed again, and a bad one fails the run before `current` moves (the next
+    run finds it unrecorded, sets it aside and fetches it)."""
+    for entry in files:
+        path = os.path.join(revision, entry["path"])
+        if stat_of(path) == verified.get(entry["path"]):
+            continue
+        before = stat_of(path)
+        if not (matches(path, entry) and stat_of(path) == before):
+            raise WeightsFailed(f"{entry['path']}: changed on disk after it was verified (its hash is no "
+                                f"longer {entry['digest'][:19]}...); not recorded as verified")
 
 
 def fetch(spec: dict[str, Any]) -> dict[str, Any]:
@@ -194,17 +254,21 @@ def fetch(spec: dict[str, Any]) -> dict[str, Any]:
                 shared[recorded["digest"]] = os.path.join(current, name)
                 live_unchanged.append(name)
     todo: list[dict[str, Any]] = []
+    verified: dict[str, list[int]] = {}  # each file's stat_of when it was found or made verified
     for entry in spec["files"]:
         final = os.path.join(revision, entry["path"])
         recorded = own.get("files", {}).get(entry["path"])
         if (recorded and recorded.get("digest") == entry["digest"] and not spec.get("verify_all")
                 and unchanged_since_verified(final, recorded)):
             report["kept"] += 1
+            verified[entry["path"]] = stat_of(final)
             continue
         if os.path.exists(final):
             report["verified"] += 1
-            if os.path.getsize(final) == entry["size"] and matches(final, entry):
+            identity = stat_of(final)
+            if identity[0] == entry["size"] and matches(final, entry):
                 report["kept"] += 1
+                verified[entry["path"]] = identity
                 continue
             # A copy goes aside now; the bad file itself stays until its verified replacement takes its
             # place (the revision may be the one served: it must never lack a file).
@@ -217,6 +281,7 @@ def fetch(spec: dict[str, Any]) -> dict[str, Any]:
                 os.remove(linked)
             os.link(shared[entry["digest"]], linked)
             os.rename(linked, final)
+            verified[entry["path"]] = stat_of(final)
             report["linked"] += 1
             continue
         todo.append(entry)
@@ -226,15 +291,16 @@ def fetch(spec: dict[str, Any]) -> dict[str, Any]:
     make_room(root, need, commit, report)
     progress = Progress(sum(e["size"] for e in todo))
     route = Route(spec["sources"])
-    place_all(spec, todo, revision, partial, progress, report, route)
+    verified.update(place_all(spec, todo, revision, partial, progress, report, route))
     report["fetched"] = progress.fetched
     report["from"] = route.received
     report["rerouted"] = route.left
+    confirm(revision, spec["files"], verified)
     write_manifest(spec, revision)
     switch(root, commit, report)
     # Linking into the new revision and removing old ones changed link counts, so ctimes: stamp the
     # revisions kept again, the new one whole, the one it replaced only where it was unchanged above.
-    write_manifest(spec, revision)
+    restamp(revision, [entry["path"] for entry in spec["files"]])
     if live and os.path.isdir(live_dir):
         restamp(live_dir, live_unchanged)
     shutil.rmtree(os.path.join(root, ".partial"), ignore_errors=True)
@@ -266,14 +332,28 @@ def _free(path: str) -> int:
 
 def restamp(directory: str, names: list[str]) -> None:
     """Record the stat now of `names` in a revision's manifest: files this run found unchanged since
-    verified, whose ctime only its own links and removals have moved since."""
+    verified, whose ctime only its own links and removals have moved since. One whose size, mtime or
+    inode moved too was written to meanwhile: it leaves the manifest (the next run verifies it)."""
     manifest = read_manifest(directory)
     if not manifest or not names:
         return
+    files = manifest.get("files", {})
     for name in names:
-        if name in manifest.get("files", {}):
-            manifest["files"][name]["stat"] = stat_of(os.path.join(directory, name))
+        if name not in files:
+            continue
+        now = stat_of(os.path.join(directory, name))
+        if _same_but_ctime(now, files[name].get("stat") or []):
+            files[name]["stat"] = now
+        else:
+            del files[name]
     write_manifest(None, directory, manifest)
+
+
+def _same_but_ctime(now: list[int], kept: list[int]) -> bool:
+    """Size, mtime and inode as recorded (ctime may have moved with the link count)."""
+    if len(kept) >= 4:
+        return [now[0], now[1], now[3]] == [kept[0], kept[1], kept[3]]
+    return len(kept) >= 2 and now[:2] == kept[:2]
 
 
 def write_manifest(spec: dict[str, Any] | None, revision: str,

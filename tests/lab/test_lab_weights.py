@@ -281,6 +281,14 @@ def test_a_cluster_of_three_fetches_from_the_hub_once(
         assert host_sha256(lab_inventory, name, "/srv/w-trio/test/trio-awq/current/model.safetensors") == expected
         config = json.loads(on_host(lab_inventory, name, ["cat", "/srv/w-trio/test/trio-awq/current/config.json"]))
         assert config["quantization_config"]["quant_method"] == "awq"
+    # One host lost its copy: the rerun fetches it from the peers that hold it verified, not the hub.
+    on_host(lab_inventory, "cpu-1", ["rm", "-rf", "/srv/w-trio"])
+    hub_call(the_lab, "/_lab/reset", {})
+    code, report, text = weights("--inventory", str(path), "--cluster", "trio")
+    assert code == 0, text
+    assert list(report["hosts"]["cpu-1"]["fetched"]["by_source"]) == ["h200"], report["hosts"]["cpu-1"]
+    assert report["bytes_from_hub"] == 0 == served(the_lab, "test/trio-awq")
+    assert host_sha256(lab_inventory, "cpu-1", "/srv/w-trio/test/trio-awq/current/model.safetensors") == expected
 
 
 def test_a_pinned_commit_is_planned_without_the_hub_until_a_host_must_fetch(
