@@ -374,3 +374,15 @@ def test_kv_capacity_of_a_server_before_kv_cache_size_tokens_is_its_blocks_times
     line = re.sub(r'kv_cache_size_tokens="\d+",', "", _recorded_cache_info())
     assert "kv_cache_size_tokens" not in line
     assert status.kv_capacity(status.info_labels(line, status.CACHE_INFO)) == 8192 * 128
+
+
+def test_every_vllm_metric_status_reads_has_a_row_in_the_contract_table() -> None:
+    """A name status or bench reads is one the table dates from vLLM's own source; the lab's contract
+    test checks the target release's rows against a running server's /metrics."""
+    from provision import contracts
+
+    table = contracts.load()
+    vllm = engines.ENGINES["vllm"].metrics
+    assert [name for name in vllm.read if table.row("vllm", "metric", name) is None] == []
+    assert [name for name in vllm.read if table.accepts("vllm", "metric", name, None)] == [
+        name for name in vllm.read if "gpu_" not in name]  # the V0 names are older than the target
