@@ -17,11 +17,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from provision import affinity, hardening, known_issues, kvcache
+from provision import affinity, contracts, hardening, known_issues, kvcache
 from provision import cuda as cuda_builds
 from provision.context import Context, cluster_network_of, flag_value
 from provision.engines import Verdict, engine_of
 from provision.engines.llamacpp import gguf_models
+from provision.engines.vllm import vllm_version
 from provision.facts import DROP_IN_DIRS, MANAGED_UNITS
 
 BLOCKER, WARNING, INFO = "blocker", "warning", "info"
@@ -865,21 +866,21 @@ def config_triton_ptxas(ctx: Context) -> Finding | None:
 
 @rule("config.attention_backend", WARNING, engines=("vllm",))
 def config_attention_backend(ctx: Context) -> Finding | None:
-    """VLLM_ATTENTION_BACKEND is deprecated since vLLM 0.14 and silently ignored from 0.26 (vllm #50292);
-    use --attention-backend."""
-    if ctx.env("VLLM_ATTENTION_BACKEND") is None:
+    """VLLM_ATTENTION_BACKEND and --attention-backend as engine_contracts.yaml dates them: the variable is
+    deprecated once the flag exists (0.13.0) and ignored without a word from 0.15.0; use the flag."""
+    backend = ctx.env("VLLM_ATTENTION_BACKEND")
+    if backend is None:
         return None
-    spec = ctx.settings.vllm_spec or ""
-    pinned = re.search(r"==\s*(\d+\.\d+(?:\.\d+)?)", spec)
-    version = pinned.group(1) if pinned else (ctx.facts.venv.vllm if ctx.facts.venv else None)
-    evidence = {"VLLM_ATTENTION_BACKEND": ctx.env("VLLM_ATTENTION_BACKEND"), "vllm": version}
-    fix = f"extra_args: [--attention-backend, {ctx.env('VLLM_ATTENTION_BACKEND')}] instead of the variable"
-    if version and version_tuple(version)[:2] >= (0, 26):
-        return fail(f"vLLM {version} ignores VLLM_ATTENTION_BACKEND", fix, **evidence)
-    if version and version_tuple(version)[:2] < (0, 14):
-        return ok(f"vLLM {version} reads VLLM_ATTENTION_BACKEND (the flag came later)", **evidence)
-    return fail(f"VLLM_ATTENTION_BACKEND is deprecated{'' if version else ' (vLLM version unknown)'}", fix,
-                **evidence)
+    table = contracts.load()
+    version = vllm_version(ctx)
+    judged = version or f"{table.target('vllm')} (the target; the host's version is not known)"
+    evidence = {"VLLM_ATTENTION_BACKEND": backend, "vllm": version}
+    fix = f"extra_args: [--attention-backend, {backend}] instead of the variable"
+    if not table.accepts("vllm", "env", "VLLM_ATTENTION_BACKEND", version):
+        return fail(f"vLLM {judged} ignores VLLM_ATTENTION_BACKEND", fix, **evidence)
+    if table.accepts("vllm", "flag", "--attention-backend", version):
+        return fail(f"VLLM_ATTENTION_BACKEND is deprecated in vLLM {judged}", fix, **evidence)
+    return ok(f"vLLM {judged} reads VLLM_ATTENTION_BACKEND (it has no --attention-backend yet)", **evidence)
 
 
 # ---------------------------------------------------------------------------------------------

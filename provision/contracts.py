@@ -27,7 +27,7 @@ from packaging.version import InvalidVersion, Version
 from provision.errors import ContractError
 
 DATA = "engine_contracts.yaml"
-KINDS = ("flag", "env", "metric", "dependency")
+KINDS = ("flag", "env", "metric", "dependency", "entrypoint")
 ROW_KEYS = ("engine", "kind", "name", "versions", "note", "source")
 REQUIRED_ROW_KEYS = ("engine", "kind", "name", "versions", "source")
 

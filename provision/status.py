@@ -96,18 +96,21 @@ def info_labels(text: str, name: str) -> dict[str, str]:
 
 
 def kv_capacity(labels: Mapping[str, str]) -> int | None:
-    """Tokens the server's KV cache holds: its blocks times the block size (num_gpu_blocks is set on every
-    backend, the CPU one too), else kv_cache_size_tokens. Blocks first: vLLM's kv_cache_size_tokens counts
-    whole requests of max_model_len in whole blocks (8192 blocks of 128 with max_model_len 200 report
-    4096 x 200 = 819,200 tokens, seen on the lab's server), not what the cache holds."""
+    """Tokens the server's KV cache holds: vLLM's own kv_cache_size_tokens where it reports it (0.24.0
+    on, engine_contracts.yaml), else its blocks times the block size. The server's figure first: it is
+    group-aware (config/cache.py), where num_gpu_blocks x block_size overcounts hybrid models, whose
+    requests hold blocks in several KV cache groups (sliding-window, Mamba). It counts requests of
+    max_model_len in whole blocks, so it can be a little below the blocks' product for a
+    max_model_len that is not a multiple of the block size: what the server can really take."""
     def number(key: str) -> int | None:
         value = labels.get(key, "")
         return int(float(value)) if re.fullmatch(r"\d+(\.0+)?", value) else None
 
+    reported = number("kv_cache_size_tokens")
+    if reported is not None:
+        return reported
     blocks, size = number("num_gpu_blocks"), number("block_size")
-    if blocks is not None and size is not None:
-        return blocks * size
-    return number("kv_cache_size_tokens")
+    return blocks * size if blocks is not None and size is not None else None
 
 
 def _first(values: Mapping[str, float], *names: str) -> float | None:

@@ -184,6 +184,9 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
      {"config.attention_backend": "fail"}),
     ("attention-backend-variable-on-0-13", "rtx5090x2-tr7960x", "rtx5090",
      {"vllm_spec": "vllm==0.13.0", "environment": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}}, None, None,
+     {"config.attention_backend": "fail"}),  # read, but deprecated: --attention-backend exists from 0.13.0
+    ("attention-backend-variable-on-0-12", "rtx5090x2-tr7960x", "rtx5090",
+     {"vllm_spec": "vllm==0.12.0", "environment": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}}, None, None,
      {"config.attention_backend": "pass"}),
     ("spark-pair-good", "dgx-spark-gb10", "dgx-spark",
      {"model": "Qwen/Qwen2.5-72B-Instruct-AWQ", "tensor_parallel_size": 2}, None, spark_pair(),
@@ -487,3 +490,21 @@ def test_an_operators_drop_in_is_drift_the_gate_names() -> None:
     # Facts gathered without a plan's inspection (status) do not speak to it.
     (bare,) = context_for(("x", "h200x2-driver580", "hopper", {}, None, None, {})).values()
     assert {f.id: f for f in checks.evaluate(bare)}["unit.dropins"].status == "skip"
+
+
+@pytest.mark.parametrize("version, status, says", [
+    ("0.12.0", "pass", "reads VLLM_ATTENTION_BACKEND"),
+    ("0.14.1", "fail", "deprecated"),
+    ("0.15.0", "fail", "ignores"),
+    ("0.32.0", "fail", "ignores"),
+], ids=["0.12-reads", "0.14-deprecated", "0.15-ignored", "0.32-ignored"])
+def test_the_attention_variable_is_judged_by_the_contract_table(version: str, status: str, says: str) -> None:
+    """vLLM 0.15.0 no longer reads VLLM_ATTENTION_BACKEND (engine_contracts.yaml), not only from 0.26."""
+    case = ("attention", "rtx5090x2-tr7960x", "rtx5090",
+            {"vllm_spec": f"vllm=={version}", "environment": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}},
+            None, None, {})
+    (ctx,) = context_for(case).values()
+    finding = next(f for f in checks.evaluate(ctx) if f.id == "config.attention_backend")
+    assert (finding.status, says in finding.message) == (status, True), finding
+    if status == "fail":
+        assert finding.fix == "extra_args: [--attention-backend, FLASHINFER] instead of the variable"

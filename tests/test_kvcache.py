@@ -169,8 +169,9 @@ def test_cpu_build_kv_space_is_judged_from_vllm_cpu_kvcache_space() -> None:
 
 @pytest.mark.parametrize("labels,tokens", [
     ({"kv_cache_size_tokens": "1048576", "num_gpu_blocks": "8192", "block_size": "128"}, 1_048_576),
-    # The lab's server with max_model_len 200 (vLLM 0.32.0 CPU): it reports whole requests in whole blocks.
-    ({"kv_cache_size_tokens": "819200", "num_gpu_blocks": "8192", "block_size": "128"}, 1_048_576),
+    # The lab's server with max_model_len 200 (vLLM 0.32.0 CPU) counts whole requests in whole blocks: its
+    # own figure is taken (group-aware, right for hybrid models), not the blocks' product.
+    ({"kv_cache_size_tokens": "819200", "num_gpu_blocks": "8192", "block_size": "128"}, 819_200),
     ({"num_gpu_blocks": "2000", "block_size": "16"}, 32_000),  # older vLLM: no kv_cache_size_tokens
     ({"num_gpu_blocks": "None", "block_size": "16", "kv_cache_size_tokens": "4000"}, 4000),
     ({"num_gpu_blocks": "None", "block_size": "16"}, None),

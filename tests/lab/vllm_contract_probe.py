@@ -1,0 +1,54 @@
+"""Run on a lab host by the venv's python (test_lab_contract_vllm.py sends it on stdin): every command
+line in sys.argv[1] (JSON: [[id, argv], ...]) parsed by the installed vLLM's own serve parser, then the
+running server's /metrics. Prints one JSON document. vLLM is imported once: it costs ~20 s on 2 cores."""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import sys
+import urllib.request
+
+
+def parser_parts():  # type: ignore[no-untyped-def]
+    """The serve parser as `vllm serve` and the server modules build it (0.29+: launchers.cli_args)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+    return FlexibleArgumentParser, make_arg_parser, validate_parsed_serve_args, AsyncEngineArgs
+
+
+def judge(argv: list[str]) -> dict[str, object]:
+    """{'ok': True} or {'ok': False, 'error': what the parser said}."""
+    flexible, make_arg_parser, validate, engine_args = parser_parts()
+    module = argv[argv.index("-m") + 1]
+    if importlib.util.find_spec(module) is None:
+        return {"ok": False, "error": f"no module {module} in this vLLM"}
+    parser = make_arg_parser(flexible(description="contract"))
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            args = parser.parse_args(argv[argv.index("-m") + 2:])
+            validate(args)
+            engine_args.from_cli_args(args)
+    except SystemExit as exc:
+        return {"ok": False, "error": said.getvalue().strip()[-600:] or f"exit {exc.code}"}
+    except (ValueError, TypeError, AssertionError) as exc:  # a validator refused: its words are the evidence
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[-600:]}
+    return {"ok": True}
+
+
+def main() -> None:
+    import vllm
+
+    lines = json.loads(sys.argv[1])
+    verdicts = {case: judge(argv) for case, argv in lines}
+    metrics = urllib.request.urlopen(sys.argv[2], timeout=30).read().decode()
+    print(json.dumps({"vllm": vllm.__version__, "verdicts": verdicts, "metrics": metrics}))
+
+
+main()
