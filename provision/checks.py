@@ -849,19 +849,79 @@ def config_peermem(ctx: Context) -> Finding | None:
 
 @rule("config.triton_ptxas", BLOCKER, engines=("vllm",))
 def config_triton_ptxas(ctx: Context) -> Finding | None:
-    """On sm_121 Triton's bundled ptxas fails ("Value 'sm_121a' is not defined for option 'gpu-name'",
-    triton #8539): TRITON_PTXAS_PATH must point to a CUDA 13 ptxas."""
+    """On sm_121 Triton < 3.6's bundled ptxas fails ("Value 'sm_121a' is not defined for option
+    'gpu-name'", triton #8539): TRITON_PTXAS_PATH must point to a CUDA 13 ptxas. From Triton 3.6 arch
+    >= 100 is assembled with the ptxas TRITON_PTXAS_BLACKWELL_PATH names (its bundled ptxas-blackwell
+    unless set), and TRITON_PTXAS_PATH is not read there (knobs.py, triton #10331): a system ptxas
+    wanted there needs that variable too. Which release reads which: the contract table (triton)."""
     if ctx.profile.cuda is None or not ctx.profile.cuda.torch_cuda_arch_list.startswith("12.1"):
         return None
-    path = ctx.env("TRITON_PTXAS_PATH")
-    evidence = {"TRITON_PTXAS_PATH": path, "ptxas_cuda": ctx.facts.ptxas_cuda}
-    if ctx.facts.ptxas_cuda is None or version_tuple(ctx.facts.ptxas_cuda) < (13,):
-        return fail("no CUDA 13 ptxas at /usr/local/cuda/bin/ptxas",
+    triton = triton_version(ctx)
+    reads_blackwell = contracts.load().accepts("triton", "env", BLACKWELL_PTXAS, triton) if triton else None
+    path, blackwell = ctx.env("TRITON_PTXAS_PATH"), ctx.env(BLACKWELL_PTXAS)
+    evidence = {"triton": triton, "TRITON_PTXAS_PATH": path, BLACKWELL_PTXAS: blackwell,
+                "ptxas_cuda": ctx.facts.ptxas_cuda}
+    if reads_blackwell is not True:  # Triton < 3.6, or not known yet: its own ptxas may not know sm_121a
+        if ctx.facts.ptxas_cuda is None or version_tuple(ctx.facts.ptxas_cuda) < (13,):
+            return fail("no CUDA 13 ptxas at /usr/local/cuda/bin/ptxas",
+                        "apt-get install cuda-toolkit-13-0", **evidence)
+        if path != SYSTEM_PTXAS:
+            return fail("TRITON_PTXAS_PATH does not point to the CUDA 13 ptxas",
+                        f"environment TRITON_PTXAS_PATH={SYSTEM_PTXAS}", **evidence)
+        if reads_blackwell is False:
+            return ok(f"Triton {triton} uses CUDA {ctx.facts.ptxas_cuda} ptxas", **evidence)
+    if path and blackwell != path:
+        return warn(f"Triton {triton or '3.6+'} assembles sm_121 with {BLACKWELL_PTXAS} (its bundled "
+                    f"ptxas-blackwell unless set), not TRITON_PTXAS_PATH",
+                    f"environment {BLACKWELL_PTXAS}={path}", **evidence)
+    if blackwell == SYSTEM_PTXAS and (ctx.facts.ptxas_cuda is None or version_tuple(ctx.facts.ptxas_cuda) < (13,)):
+        return fail(f"{BLACKWELL_PTXAS} names {SYSTEM_PTXAS}, which is not a CUDA 13 ptxas",
                     "apt-get install cuda-toolkit-13-0", **evidence)
-    if path != "/usr/local/cuda/bin/ptxas":
-        return fail("TRITON_PTXAS_PATH does not point to the CUDA 13 ptxas",
-                    "environment TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas", **evidence)
-    return ok(f"Triton uses CUDA {ctx.facts.ptxas_cuda} ptxas", **evidence)
+    used = f"{blackwell} (CUDA {ctx.facts.ptxas_cuda})" if blackwell else "its bundled ptxas-blackwell"
+    return ok(f"Triton {triton or '(3.6+ or the CUDA 13 ptxas)'} assembles sm_121 with {used}", **evidence)
+
+
+SYSTEM_PTXAS = "/usr/local/cuda/bin/ptxas"
+BLACKWELL_PTXAS = "TRITON_PTXAS_BLACKWELL_PATH"
+
+
+def triton_version(ctx: Context) -> str | None:
+    """The Triton the venv will hold: the resolved wheels' (a planned install), else the venv's."""
+    for name in ctx.resolved_wheels or ():
+        found = re.match(r"(?:pytorch_)?triton-([0-9][^-]*)-", name)
+        if found:
+            return found.group(1)
+    packages = (ctx.facts.venv.packages or {}) if ctx.facts.venv else {}
+    return packages.get("triton") or packages.get("pytorch_triton")
+
+
+@rule("config.nccl_values", WARNING)
+def config_nccl_values(ctx: Context) -> Finding | None:
+    """NCCL drops a value it does not know without a word and keeps its default: NCCL_P2P_LEVEL and
+    NCCL_NET_GDR_LEVEL take one of its path types or an old-style digit (ncclGetLevel, src/graph/
+    paths.cc, 2.26 to 2.30; "PCI" is none). The values each release takes are the contract table's
+    (engine nccl, kind value); judged for the venv's NCCL, else the table's target release."""
+    table = contracts.load()
+    version = ctx.facts.venv.nccl if ctx.facts.venv and ctx.facts.venv.nccl else None
+    release = version or table.target("nccl")
+    known: dict[str, str] = {}
+    ignored: dict[str, str] = {}
+    for name, value in sorted((name, str(value)) for name, value in ctx.settings.environment.items()):
+        accepted = table.values("nccl", name, release)
+        if accepted is None:
+            continue
+        # An old-style level: NCCL reads a leading digit with strtol (clamped to SYS).
+        if value in accepted or value[:1].isdigit():
+            known[name] = value
+        else:
+            ignored[name] = f"{value} (NCCL {release} takes {', '.join(accepted)})"
+    if ignored:
+        return fail(f"NCCL {release} ignores " + "; ".join(f"{k}={v}" for k, v in ignored.items()),
+                    "set a value NCCL knows (see provision/engine_contracts.yaml, engine nccl)",
+                    nccl=release, ignored=ignored)
+    if not known:
+        return None
+    return ok(f"NCCL {release} reads " + ", ".join(f"{k}={v}" for k, v in known.items()), nccl=release, **known)
 
 
 @rule("config.attention_backend", WARNING, engines=("vllm",))

@@ -33,6 +33,9 @@ class Context:
     api_key_set: bool = False  # a vllm_api_key is in the secrets
     # The torch of the wheels a planned venv install brings (plan time): it replaces the venv's.
     planned_wheels: cuda_builds.WheelCuda | None = None
+    # The names of the wheels the service venv is made of, resolved on the controller (plan time);
+    # None where the tool resolves none (no vllm_spec, or a source build not yet built).
+    resolved_wheels: tuple[str, ...] | None = None
     # The model's config.json at its resolved commit, and its quantization_config.quant_method ("none":
     # not quantized); None where the hub was not asked or refused.
     model_config: Mapping[str, Any] | None = None

@@ -27,7 +27,7 @@ from packaging.version import InvalidVersion, Version
 from provision.errors import ContractError
 
 DATA = "engine_contracts.yaml"
-KINDS = ("flag", "env", "metric", "dependency", "entrypoint")
+KINDS = ("flag", "env", "metric", "dependency", "entrypoint", "value", "file")
 ROW_KEYS = ("engine", "kind", "name", "versions", "note", "source")
 REQUIRED_ROW_KEYS = ("engine", "kind", "name", "versions", "source")
 
@@ -78,6 +78,14 @@ class Contracts:
         """The names of that kind which the version has, in the file's order."""
         release = _release(version or self.target(engine))
         return [row.name for row in self.of(engine, kind) if row.holds(release)]
+
+    def values(self, engine: str, variable: str, version: str | None) -> list[str] | None:
+        """The values the version accepts for `variable` (its `value` rows, NAME=VALUE), in the file's
+        order; None where no row speaks of the variable."""
+        prefix = f"{variable}="
+        if not any(row.name.startswith(prefix) for row in self.of(engine, "value")):
+            return None
+        return [name[len(prefix):] for name in self.names(engine, "value", version) if name.startswith(prefix)]
 
 
 def _release(version: str) -> str:

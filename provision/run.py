@@ -139,7 +139,7 @@ def gate(inv: inventory.Inventory, targets: list[inventory.Host], options: Optio
 def _service_wheelhouse(ctx: context.Context) -> venv.Wheelhouse | None:
     """The wheels the service venv is made of, resolved on the controller (once; cached after)."""
     settings = ctx.settings
-    requirements, local = venv.requirements_of(settings), list(settings.venv_wheels)
+    requirements, local = venv.service_requirements(ctx), list(settings.venv_wheels)
     if settings.venv_source or not (requirements or local):
         return None  # a source build's wheel is known only once built; nothing to install otherwise
     return venv.resolve(requirements, local, ctx.facts.arch or "", ctx.facts.python or "",
@@ -161,6 +161,7 @@ def _with_planned_wheels(contexts: dict[str, context.Context], wanted: set[str],
             continue
         if house is None:
             continue
+        ctx = result[name] = dataclasses.replace(ctx, resolved_wheels=tuple(w.name for w in house.wheels))
         key = venv.venv_change_data(ctx.settings, ctx.profile.venv_remove, house)["key"]
         if key != venv.installed_key(ctx.facts, ctx.settings.venv_dir):
             result[name] = dataclasses.replace(ctx, planned_wheels=cuda.cuda_of_wheels(w.name for w in house.wheels))
@@ -384,14 +385,16 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
                 f"host of that architecture ({', '.join(f'{k}={v}' for k, v in sorted(recipe.env.items()))})"))
         else:
             local_wheels.append(str(built))
-    if only != "weights" and pending_build is None and (venv.requirements_of(settings) or local_wheels):
-        wheelhouse = venv.resolve(venv.requirements_of(settings), local_wheels, arch, python,
+    requirements = venv.service_requirements(ctx)
+    if only != "weights" and pending_build is None and (requirements or local_wheels):
+        wheelhouse = venv.resolve(requirements, local_wheels, arch, python,
                                   progress=progress_line, indexes=venv.indexes_of(settings),
                                   torch_variant=venv.torch_variant_of(ctx.profile, settings))
         venv_data = venv.venv_change_data(settings, ctx.profile.venv_remove, wheelhouse,
                                           verify=engines.engine_of(settings).verify_modules(
-                                              venv.requirements_of(settings), local_wheels))
-        venv_data["requirements"] = venv_data["requirements"][:len(venv.requirements_of(settings))] + [
+                                              venv.requirements_of(settings), local_wheels),
+                                          requirements=requirements)
+        venv_data["requirements"] = venv_data["requirements"][:len(requirements)] + [
             f"{venv.REMOTE_WHEELHOUSE}/{Path(w).name}" for w in local_wheels]
     fetch, hub_data, hub_house, holds = None, None, None, None
     if ctx.snapshot is not None and only != "venv":

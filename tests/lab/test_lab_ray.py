@@ -17,9 +17,12 @@ pytestmark = pytest.mark.lab
 
 HEAD, WORKER = "ws-5090", "h200"
 VENV = "/opt/raylab/venv"
-# Ray alone in the venv (vLLM's CPU build does not run across nodes): the units, the Ray cluster and
-# deploy's gate are what is under test. Both hosts play 2-GPU machines: 2 nodes x 2 = TP 2 x PP 2.
-VARS = {"vllm_spec": "ray==2.60.0", "venv_dir": VENV, "model": "/srv/no-model", "served_model_name": "pair",
+# The inventory names no Ray: the tool adds the one the contract table pins for a multi-node vLLM
+# venv (engine_contracts.yaml), as it does beside vLLM. `packaging` stands in for the engine's package
+# (vLLM's CPU build does not run across nodes, and its 3.5 GB venv on two more hosts would double the
+# suite's install time): the units, the Ray cluster and deploy's gate are what is under test. Both
+# hosts play 2-GPU machines: 2 nodes x 2 = TP 2 x PP 2.
+VARS = {"vllm_spec": "packaging==26.4", "venv_dir": VENV, "model": "/srv/no-model", "served_model_name": "pair",
         "tensor_parallel_size": 2, "pipeline_parallel_size": 2}
 
 
@@ -35,7 +38,7 @@ def pair(the_lab: lab.Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     for host in (HEAD, WORKER):  # leave the hosts as the lab booted them
         on_host(inv, host, ["sh", "-c", ("systemctl disable --now vllm.service vllm-ray-head.service "
                                          "vllm-ray-worker.service 2>/dev/null; rm -f /etc/systemd/system/vllm*.service "
-                                         "/etc/vllm/vllm.env; rm -rf /opt/raylab /var/lib/provision/generations; "
+                                         "/etc/vllm/vllm.env; rm -rf /opt/raylab /var/lib/provision/generations /var/lib/vllm/.config; "
                                          "systemctl daemon-reload; systemctl reset-failed; true")])
 
 
@@ -58,6 +61,9 @@ def test_the_rendered_units_form_a_two_node_ray_cluster_and_deploy_waits_for_bot
     assert count == 2, text  # `ray status` on the head lists both nodes
     worker_env = on_host(inv, WORKER, ["cat", "/etc/vllm/vllm.env"])
     assert f'VLLM_HOST_IP="{inv.host(WORKER).address}"' in worker_env
+    assert "RAY_NODE_IP_ADDRESS" not in worker_env  # read by neither Ray nor vLLM
+    kept = on_host(inv, WORKER, ["cat", "/var/lib/vllm/.config/vllm/ray_non_carry_over_env_vars.json"])
+    assert "NCCL_SOCKET_IFNAME" in json.loads(kept)  # the head's interface never replaces the worker's
     done = run_invoke("deploy", "--inventory", str(pair), "--cluster", "raypair", "--profile", "cpu",
                       "--set", "max_model_len=250", "--timeout", "60", "--json", timeout=1200)
     report = json.loads(done.stdout)
