@@ -643,8 +643,9 @@ class VenvInfo:
 
 
 # Packages whose versions known issues name (known_issues.yaml) beside vLLM and torch, by dist-info
-# name: PyTorch's nightly and some CUDA builds name Triton `pytorch_triton`.
-VENV_PACKAGES = ("triton", "pytorch_triton", "flash_attn", "bitsandbytes")
+# name: PyTorch's nightly and some CUDA builds name Triton `pytorch_triton`. tensorrt_llm: the gate's
+# engine.version compares it with the release the unit is rendered for.
+VENV_PACKAGES = ("triton", "pytorch_triton", "flash_attn", "bitsandbytes", "tensorrt_llm")
 
 # Runs inside the venv: versions only, no GPU needed (torch.cuda.get_arch_list() is empty without one).
 VENV_PROBE = (
