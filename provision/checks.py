@@ -17,11 +17,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from provision import affinity, contracts, hardening, known_issues, kvcache
 from provision import cuda as cuda_builds
 from provision.context import Context, cluster_network_of, flag_value
 from provision.engines import Verdict, engine_of
 from provision.engines.llamacpp import gguf_models
+from provision.engines.trtllm import TRTLLM
 from provision.engines.vllm import vllm_version
 from provision.facts import DROP_IN_DIRS, MANAGED_UNITS
 
@@ -612,6 +615,38 @@ def engine_model(ctx: Context) -> Finding | None:
                     "serve it with engine: llamacpp, or name the model's Hugging Face checkpoint", files=ggufs[:6])
     return fail(f"{ctx.snapshot.repo} has no config.json: {engine.title} cannot load it",
                 "name a Hugging Face checkpoint (or add config.json to model_files)", engine=engine.name)
+
+
+@rule("engine.version", WARNING, engines=("trtllm",))
+def engine_version(ctx: Context) -> Finding | None:
+    """The unit is rendered for one TensorRT-LLM release (vllm_spec's tensorrt_llm pin, else the contract
+    table's target, provision/engine_contracts.yaml): the venv's installed release (its tensorrt_llm
+    dist-info) should be that one, or a flag may be one it lacks or misses one it has. A setting the
+    release has no option for (served_model_name before the 1.3.0rc line) is said, not silently dropped."""
+    release = TRTLLM.release(ctx.settings)
+    venv = ctx.facts.venv
+    installed = (venv.packages or {}).get("tensorrt_llm") if venv else None
+    problems, fixes = [], []
+    if installed and not _same_release(installed, release):
+        problems.append(f"the venv has TensorRT-LLM {installed}; the unit is rendered for {release}")
+        fixes.append(f"pin vllm_spec: tensorrt_llm=={installed} (the tool renders for the pin), or install {release}")
+    if ctx.settings.served_model_name and TRTLLM.served_name_flag(ctx.settings) is None:
+        problems.append(f"TensorRT-LLM {release} has no served-model-name option: clients see the model by "
+                        f"the directory it loads, not as {ctx.settings.served_model_name!r}")
+        fixes.append("leave served_model_name out, or serve a release of the 1.3.0rc line")
+    evidence = {"release": release, "installed": installed}
+    if problems:
+        return warn("; ".join(problems), "; ".join(fixes), **evidence)
+    if installed:
+        return ok(f"the venv has TensorRT-LLM {installed}, the release the unit is rendered for", **evidence)
+    return ok(f"rendered for TensorRT-LLM {release} (the venv's release is read once it exists)", **evidence)
+
+
+def _same_release(installed: str, release: str) -> bool:
+    try:
+        return Version(installed) == Version(release)
+    except InvalidVersion:
+        return installed == release
 
 
 @rule("host.systemd", BLOCKER)

@@ -8,6 +8,7 @@ gate before it trusts a variable, tune before it tries a flag, status before it 
     table.accepts("trtllm", "flag", "--served_model_name", "1.2.0")   # False: that release lacks it
     table.accepts("vllm", "flag", "--no-such-flag", "0.32.0")          # None: no row, nothing known
     table.target("trtllm")                                              # "1.2.0"
+    table.release("trtllm", "tensorrt_llm==1.3.0rc5 mpi4py")           # "1.3.0rc5": the venv's pin
 
 `accepts` answers None where the table has no row for the name: the table speaks only where a source
 does. A version that is not known (no venv yet, no pin) is judged as the engine's target release.
@@ -61,6 +62,16 @@ class Contracts:
         """The release the tool renders for while the host's own version is not known."""
         return self.engines[engine].target
 
+    def release(self, engine: str, spec: str | None) -> str:
+        """The release a host's unit is rendered for: the exact pin of one of the engine's packages in
+        its requirements (vllm_spec, 'tensorrt_llm==1.3.0rc5'), else the target. A range pins nothing."""
+        packages = set(self.engines[engine].packages)
+        for token in (spec or "").split():
+            name, equals, version = token.partition("==")
+            if equals and name.lower().replace("-", "_").replace(".", "_") in packages and _is_version(version):
+                return version
+        return self.target(engine)
+
     def of(self, engine: str, kind: str) -> Iterator[Row]:
         return (row for row in self.rows if row.engine == engine and row.kind == kind)
 
@@ -86,6 +97,14 @@ class Contracts:
         if not any(row.name.startswith(prefix) for row in self.of(engine, "value")):
             return None
         return [name[len(prefix):] for name in self.names(engine, "value", version) if name.startswith(prefix)]
+
+
+def _is_version(text: str) -> bool:
+    try:
+        Version(text)
+    except InvalidVersion:
+        return False
+    return True
 
 
 def _release(version: str) -> str:

@@ -643,8 +643,9 @@ class VenvInfo:
 
 
 # Packages whose versions known issues name (known_issues.yaml) beside vLLM and torch, by dist-info
-# name: PyTorch's nightly and some CUDA builds name Triton `pytorch_triton`.
-VENV_PACKAGES = ("triton", "pytorch_triton", "flash_attn", "bitsandbytes")
+# name: PyTorch's nightly and some CUDA builds name Triton `pytorch_triton`. tensorrt_llm: the gate's
+# engine.version compares it with the release the unit is rendered for.
+VENV_PACKAGES = ("triton", "pytorch_triton", "flash_attn", "bitsandbytes", "tensorrt_llm")
 
 # Runs inside the venv: versions only, no GPU needed (torch.cuda.get_arch_list() is empty without one).
 VENV_PROBE = (
@@ -691,6 +692,47 @@ def parse_venv_probe(stdout: str) -> VenvInfo:
                     cuda=data.get("cuda"), arch_flags=data.get("arch_flags"), nccl=data.get("nccl"),
                     packages={str(k): str(v) for k, v in packages.items()} if isinstance(packages, dict)
                     else None)
+
+
+# TensorRT-LLM 1.2's /metrics (engines/trtllm.py ITERATION_METRICS): the KV cache's used share is not a
+# key of its own there; it is this ratio of two keys, named after them.
+KV_USED_SHARE = "kvCacheStats.usedNumBlocks/maxNumBlocks"
+
+
+def parse_iteration_stats(text: str) -> dict[str, float]:
+    """TensorRT-LLM's /metrics (JSON): the iteration statistics queued since the last read, a list of
+    IterationStats objects -> the newest iteration's numbers, nested ones by dotted name:
+    '[{"iter": 154, "numActiveRequests": 1, "kvCacheStats": {"usedNumBlocks": 3, "maxNumBlocks": 101256}}]'
+    -> {"iter": 154.0, "numActiveRequests": 1.0, "kvCacheStats.usedNumBlocks": 3.0,
+        "kvCacheStats.maxNumBlocks": 101256.0, KV_USED_SHARE: 2.96e-05}.
+    An empty list (no iteration ran since the last read) is {}: nothing is known, not zero requests.
+    The shape is the trtllm-serve docs' "Metrics Endpoint" example (tests/fixtures/engines/
+    trtllm-serve-v1.2.0.json names it); anything else is a ParseError."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ParseError("trtllm_metrics", f"not JSON: {exc}", text) from None
+    if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
+        raise ParseError("trtllm_metrics", "not a list of iteration statistics", text)
+    if not data:
+        return {}
+    newest = max(data, key=lambda item: item.get("iter") if isinstance(item.get("iter"), int) else -1)
+    values = _numbers(newest, "")
+    used, total = values.get("kvCacheStats.usedNumBlocks"), values.get("kvCacheStats.maxNumBlocks")
+    if used is not None and total:
+        values[KV_USED_SHARE] = used / total
+    return values
+
+
+def _numbers(item: Mapping[str, Any], prefix: str) -> dict[str, float]:
+    """The numbers of a JSON object, nested objects' by dotted name (strings and nulls left out)."""
+    found: dict[str, float] = {}
+    for key, value in item.items():
+        if isinstance(value, Mapping):
+            found.update(_numbers(value, f"{prefix}{key}."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            found[f"{prefix}{key}"] = float(value)
+    return found
 
 
 def json_ready(value: Any) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 from provision import engines, programs
 from provision.errors import ProvisionError
 from provision.inventory import Settings
-from provision.status import parse_metrics, prefix_counts
+from provision.status import prefix_counts, read_sample
 
 
 class NotReady(ProvisionError):
@@ -116,7 +116,8 @@ def bench_report(answer: Mapping[str, Any], names: engines.MetricNames = engines
     itl = [float(v) for v in answer.get("itl_s", [])]
     tokens = sum(int(t) for t in answer.get("tokens", []))
     seconds = float(answer.get("seconds") or 0)
-    before, after = parse_metrics(answer.get("metrics_before", "")), parse_metrics(answer.get("metrics_after", ""))
+    before = read_sample(answer.get("metrics_before", ""), names) or {}
+    after = read_sample(answer.get("metrics_after", ""), names) or {}
     generated = None
     counter = next((name for name in names.generated if name in after), None)
     if counter is not None:
@@ -138,7 +139,7 @@ def bench(runner: Any, settings: Settings, api_key: str | None, prompt: str, cou
           prompts: Sequence[str] = ()) -> BenchReport:
     """`count` streamed completions, `concurrency` at a time; `prompts` (one per request) replace
     `prompt` + the request's number."""
-    names = engines.engine_of(settings).metrics
+    names = engines.engine_of(settings).metric_names(settings)
     spec = {"action": "bench", "base": base_url(settings), "model": served_name(settings), "api_key": api_key,
             "prompt": prompt, "count": count, "concurrency": concurrency, "max_tokens": max_tokens,
             "metrics_path": names.path, "prompts": list(prompts)}

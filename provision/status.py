@@ -21,6 +21,8 @@ from typing import Any
 from provision import checks, engines, facts, inventory, parsers, plan, remote, secrets, weights
 from provision.context import Context
 from provision.engines import MetricNames
+from provision.engines.base import ITERATION_STATS
+from provision.errors import ParseError
 from provision.facts import HostFacts
 from provision.inventory import Settings
 from provision.profiles import Profile
@@ -64,6 +66,17 @@ def parse_metrics(text: str) -> dict[str, float]:
             continue
         values[match.group(1)] = values.get(match.group(1), 0.0) + value
     return values
+
+
+def read_sample(text: str, names: MetricNames) -> dict[str, float] | None:
+    """One metrics page as {name: value}, read as the engine writes it (Prometheus text, or TensorRT-LLM
+    1.2's JSON iteration statistics); None where the page does not read (no figures, not zeros)."""
+    if names.format != ITERATION_STATS:
+        return parse_metrics(text)
+    try:
+        return parsers.parse_iteration_stats(text)
+    except ParseError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -235,8 +248,10 @@ def unauthorized(key_sent: bool) -> str:
 
 def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[str, Any] | None,
                 model_root: str | None, seconds: float, key_sent: bool = False,
-                engine: engines.Engine = engines.ENGINES["vllm"]) -> HostStatus:
-    """Pure: the probe's answer -> what status shows, and whether the host is healthy."""
+                engine: engines.Engine = engines.ENGINES["vllm"], names: MetricNames | None = None) -> HostStatus:
+    """Pure: the probe's answer -> what status shows, and whether the host is healthy. `names`: the
+    metric names of the host's release (engine.metric_names(settings)); the engine's default otherwise."""
+    names = names or engine.metrics
     machine: dict[str, Any] = {
         "kernel": host_facts.kernel, "driver": host_facts.driver.version if host_facts.driver else None,
         "gpus": _gpu_rows(host_facts), "seconds": round(seconds, 2)}
@@ -276,10 +291,10 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
     except (json.JSONDecodeError, AttributeError, KeyError, TypeError):
         model = None
     bodies = [sample.get("body") or "" for sample in serving.get("metrics") or [] if sample.get("status") == 200]
-    samples = [parse_metrics(body) for body in bodies]
-    info = engine.metrics.cache_info
+    samples = [sample for sample in (read_sample(body, names) for body in bodies) if sample is not None]
+    info = names.cache_info
     capacity = kv_capacity(info_labels(bodies[-1], info)) if bodies and info else None
-    found = (figures(samples[0], samples[1], float(serving.get("window") or 0), capacity, engine.metrics)
+    found = (figures(samples[0], samples[1], float(serving.get("window") or 0), capacity, names)
              if len(samples) == 2
              else None)
     refused_key = (serving.get("models") or {}).get("status") == 401
@@ -298,13 +313,15 @@ def probe_spec(settings: Settings, api_key: str | None, window: float, timeout: 
         address = "127.0.0.1"  # a wildcard listener answers on loopback too
     host = f"[{address}]" if ":" in address else address
     spec = facts.probe_spec(STATUS_FACTS, [], timeout)
-    names = engines.engine_of(settings).metrics
+    names = engines.engine_of(settings).metric_names(settings)
     spec["inspect"] = {"files": [plan.GENERATIONS_STATE]}  # which generation runs, and how it came
     if weights.managed(settings):
         spec["inspect"] = {"weights": [weights.root_of(settings)],
                            "files": [served_config(settings), plan.GENERATIONS_STATE]}
     spec["serving"] = {"base": f"http://{host}:{settings.port}", "api_key": api_key, "window": window,
-                       "timeout": min(3.0, timeout), "keep": list(names.read), "metrics_path": names.path}
+                       "timeout": min(3.0, timeout), "metrics_path": names.path,
+                       # JSON is not filtered line by line on the host: it comes back whole.
+                       "keep": list(names.read) if names.format != ITERATION_STATS else []}
     return spec
 
 
@@ -340,7 +357,7 @@ def gather_one(runner: Any, host: str, role: str, settings: Settings, api_key: s
     root = weights.root_of(settings) if weights.managed(settings) else None
     engine = engines.engine_of(settings)
     found = host_status(host, role, host_facts, serving, root, time.monotonic() - started, key_sent=bool(api_key),
-                        engine=engine)
+                        engine=engine, names=engine.metric_names(settings))
     generation = current_generation((host_facts.files.get(plan.GENERATIONS_STATE) or {}).get("content"))
     found = dataclasses.replace(found, engine=engine.name, generation=generation,
                                 drift=drift_of(generation, time.time()))

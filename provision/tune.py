@@ -1,7 +1,9 @@
 """`invoke tune`: the fastest serving settings a host sustains within a latency bound, found by trials on
 the host itself and kept where the inventory reads them.
 
-    load_space(path, profile) -> dimensions    the settings and their candidate values (tune_spaces.yaml)
+    load_space(path, profile, engine)          the settings and their candidate values (tune_spaces.yaml:
+                                               a default space per engine, by profile), each flag one the
+                                               engine's release has (engine_contracts.yaml), else refused
     load_workload(path) -> Workload            prompts, output length, concurrency levels, a fixed seed
     search(dimensions, current, measure, ...)  one dimension at a time, best value kept, a dimension left
                                                once a value fails or two in a row do not help
@@ -30,12 +32,13 @@ from typing import Any
 
 import yaml
 
-from provision import __version__, inventory, remote, rolling, secrets, server
+from provision import __version__, contracts, engines, inventory, remote, rolling, secrets, server
 from provision.errors import InventoryError, ProvisionError
 from provision.facts import HostFacts
 from provision.run import Options, gate, progress_line
 
-SPACES = "tune_spaces.yaml"  # package data: the default space per profile
+SPACES = "tune_spaces.yaml"  # package data: the default space per engine and profile
+DEFAULT_SPACE = "default"  # an engine's space for the profiles it names no space of its own for
 IMPROVES = 1.02  # a value must beat the best so far by 2% to count as helping (bench noise is about that)
 WORDS = ("the", "model", "server", "cluster", "memory", "cache", "token", "request", "answer", "question",
          "network", "driver", "kernel", "batch", "latency", "throughput", "prompt", "system", "user", "node",
@@ -179,14 +182,57 @@ def dimensions_of(raw: Any, source: str) -> tuple[Dimension, ...]:
     return tuple(found)
 
 
-def load_space(path: str | None, profile: str) -> tuple[Dimension, ...]:
+def load_space(path: str | None, profile: str, engine: str = "vllm") -> tuple[Dimension, ...]:
+    """The space a file gives, else the engine's default for the profile: the flags are the engine's
+    own (llama-server's --parallel is not vLLM's --max-num-seqs), so a space is chosen by engine first."""
     if path:
         return dimensions_of(_yaml(Path(path)), path)
     spaces = yaml.safe_load((resources.files("provision") / SPACES).read_text(encoding="utf-8"))
-    if profile not in spaces:
-        raise TuneError(f"no default space for the {profile} profile: give one with --space FILE",
+    by_profile = spaces.get(engine) or {}
+    chosen = profile if profile in by_profile else DEFAULT_SPACE
+    if chosen not in by_profile:
+        raise TuneError(f"no default space for {engine} on the {profile} profile: give one with --space FILE",
                         file=SPACES)
-    return dimensions_of(spaces[profile], f"{SPACES} ({profile})")
+    return dimensions_of(by_profile[chosen], f"{SPACES} ({engine}, {chosen})")
+
+
+def foreign_flags(dimensions: Sequence[Dimension], engine: str, release: str) -> list[str]:
+    """Why each flag of the space is not one the engine's release has (engine_contracts.yaml): no row
+    for it there, or a row whose versions leave the release out. Empty: every flag is the engine's."""
+    table = contracts.load()
+    title = engines.ENGINES[engine].title
+    problems = []
+    for dimension in dimensions:
+        if dimension.flag is None:
+            continue
+        row = table.row(engine, "flag", dimension.flag)
+        if row is None:
+            problems.append(f"{dimension.name}: {dimension.flag} is not a known flag of {title} "
+                            f"(no row in {contracts.DATA})")
+        elif not row.holds(release):
+            problems.append(f"{dimension.name}: {title} {release} has no {dimension.flag} "
+                            f"(only {row.versions}: {row.source})")
+    return problems
+
+
+def space_of(inv: inventory.Inventory, unit: Unit, options: Options, space: str | None) -> tuple[Dimension, ...]:
+    """The unit's space, checked against the engine its server's settings name, from the inventory
+    alone: a space of another engine's flags is refused (exit 2) before any host is contacted."""
+    settings = inv.settings(unit.server, dict(options.overrides))
+    profile = (options.profile or inv.host(unit.server).profile).name
+    dimensions = load_space(space, profile, settings.engine)
+    check_space(dimensions, settings.engine, contracts.load().release(settings.engine, settings.vllm_spec),
+                space or SPACES)
+    return dimensions
+
+
+def check_space(dimensions: Sequence[Dimension], engine: str, release: str, source: str) -> None:
+    """Refuse a space with a flag the engine's release lacks, before any trial: every trial of it would
+    crash the server and be rolled back."""
+    problems = foreign_flags(dimensions, engine, release)
+    if problems:
+        raise TuneError("; ".join(problems) + f" (the host serves {engines.ENGINES[engine].title} {release}: "
+                        "give a space of its own flags with --space FILE)", file=source)
 
 
 def load_workload(path: str | None) -> Workload:
@@ -425,7 +471,9 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, *, space: str |
     if unit.server in gated.errors:
         raise gated.errors[unit.server]
     ctx = gated.contexts[unit.server]
-    dimensions = load_space(space, ctx.profile.name)
+    dimensions = load_space(space, ctx.profile.name, ctx.settings.engine)
+    check_space(dimensions, ctx.settings.engine, contracts.load().release(ctx.settings.engine, ctx.settings.vllm_spec),
+                space or SPACES)
     base = dict(options.overrides)
     settings_now = inv.settings(unit.server, base)
     current = current_values(dimensions, settings_now)

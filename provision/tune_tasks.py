@@ -12,7 +12,7 @@ from provision.taskargs import HOST_TASK_HELP, exit_unless, guarded, options, se
 
 @task(auto_shortflags=False, name="tune",
       help={**HOST_TASK_HELP,
-            "space": "YAML list of settings and their values to try (default: the profile's, tune_spaces.yaml)",
+            "space": "YAML list of settings and their values to try (default: the engine's for the profile, tune_spaces.yaml)",
             "workload": "YAML workload: requests, concurrency, prompt_words, shared_prefix_words, "
                         "output_tokens, seed (default: chat-like, seed 0)",
             "slo-ttft-ms": "bound on the p95 time to first token (ms); a level above it does not count",
@@ -43,11 +43,12 @@ def tune_(c: Context, host: list[str] | None = None, cluster: str | None = None,
     flags = options(chosen, profile=profile, accept_new_host_keys=accept_new_host_keys, force=force, json_=json_)
     load = tune.load_workload(workload)
     slo = tune.Slo(ttft, itl)
-    if space:
-        tune.load_space(space, "")  # a bad file is refused before any host changes
+    units = tune.units_of(chosen.inventory, chosen.targets)
+    for unit in units:  # a bad file, or flags another engine's, refused before any host is contacted
+        tune.space_of(chosen.inventory, unit, flags, space)
     results: list[tune.Tuned] = []
     errors: dict[str, BaseException] = {}
-    for unit in tune.units_of(chosen.inventory, chosen.targets):  # one at a time: the others keep serving
+    for unit in units:  # one at a time: the others keep serving
         try:
             results.append(tune.tune(chosen.inventory, unit, flags, space=space, workload=load, slo=slo,
                                      budget_s=minutes * 60 if minutes else None, timeout=timeout, plot=not no_plot))

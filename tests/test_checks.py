@@ -10,6 +10,7 @@ import dataclasses
 import json
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -288,6 +289,16 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
       "_quantization": "modelopt", "_snapshot": SNAPSHOT}, None, None,
      {"engine.support": "pass", "engine.model": "pass", "engine.nodes": "skip", "config.api_key": "pass",
       "config.custom_allreduce": "skip", "config.quantization_awq": "skip", "gpu.count": "pass"}),
+    # engine.version: the venv's TensorRT-LLM (its dist-info) against the release the unit is rendered for.
+    ("trtllm-venv-has-the-release-rendered-for", "rtx5090x2-tr7960x", "rtx5090",
+     {"engine": "trtllm", "_quantization": "modelopt"}, venv(packages={"tensorrt_llm": "1.2.0"}), None,
+     {"engine.version": "pass"}),
+    ("trtllm-venv-differs-from-the-release-rendered-for", "rtx5090x2-tr7960x", "rtx5090",
+     {"engine": "trtllm", "_quantization": "modelopt"}, venv(packages={"tensorrt_llm": "1.3.0rc5"}), None,
+     {"engine.version": "fail"}),
+    ("trtllm-12-has-no-served-name-option", "rtx5090x2-tr7960x", "rtx5090",
+     {"engine": "trtllm", "_quantization": "modelopt", "served_model_name": "qwen3"}, None, None,
+     {"engine.version": "fail"}),
     ("trtllm-rtx5090-awq-has-no-kernels", "rtx5090x2-tr7960x", "rtx5090",
      {"engine": "trtllm", "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "_quantization": "awq"}, None, None,
      {"engine.support": "fail"}),
@@ -570,3 +581,30 @@ def test_the_attention_variable_is_judged_by_the_contract_table(version: str, st
     assert (finding.status, says in finding.message) == (status, True), finding
     if status == "fail":
         assert finding.fix == "extra_args: [--attention-backend, FLASHINFER] instead of the variable"
+
+def test_engine_version_says_what_differs_and_how_to_converge() -> None:
+    """The installed 1.3.0rc5 beside a unit rendered for the target 1.2.0: a warning naming both, whose
+    fix (pin it) makes the next render match; pinned, the rule passes."""
+    unpinned = ("t", "rtx5090x2-tr7960x", "rtx5090", {"engine": "trtllm"},
+                venv(packages={"tensorrt_llm": "1.3.0rc5"}), None, {})
+    (ctx,) = context_for(unpinned).values()
+    found = next(f for f in checks.evaluate(ctx) if f.id == "engine.version")
+    assert found.severity == checks.WARNING and "1.3.0rc5" in found.message and "1.2.0" in found.message
+    assert "tensorrt_llm==1.3.0rc5" in (found.fix or "")
+    pinned = ("t", "rtx5090x2-tr7960x", "rtx5090", {"engine": "trtllm", "vllm_spec": "tensorrt_llm==1.3.0rc5"},
+              venv(packages={"tensorrt_llm": "1.3.0rc5"}), None, {})
+    (ctx,) = context_for(pinned).values()
+    assert next(f for f in checks.evaluate(ctx) if f.id == "engine.version").status == "pass"
+
+
+def test_the_venv_probe_reads_tensorrt_llms_dist_info(tmp_path: Path) -> None:
+    """The probe's own code on a site-packages holding tensorrt_llm-1.2.0.dist-info (no torch)."""
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    (site / "tensorrt_llm-1.2.0.dist-info").mkdir(parents=True)
+    program = parsers.VENV_PROBE.replace("sysconfig.get_paths()['purelib']", repr(str(site)))
+    assert program != parsers.VENV_PROBE  # the probe reads purelib: pointed at the folder here
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+    assert parsers.parse_venv_probe(done.stdout).packages == {"tensorrt_llm": "1.2.0"}

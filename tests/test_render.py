@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -12,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from provision import affinity, checks, context, hardening, parsers, plan, render
+from provision import affinity, checks, context, contracts, hardening, parsers, plan, render
+from provision.engines.trtllm import TRTLLM
 from provision.engines.vllm import RAY_HEAD_UNIT, RAY_WORKER_UNIT
 from provision.facts import HostFacts
 from provision.parsers import UnitState
@@ -363,3 +366,97 @@ def test_the_server_module_is_the_releases_own_and_never_the_deprecated_one(spec
     unit = next(f.content for f in _state(cpu).files if f.path.endswith("/vllm.service"))
     exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
     assert exec_start.startswith(f"ExecStart=/opt/vllm/venv/bin/python -m {module} --model "), exec_start
+
+# ---------------------------------------------------------------------------------------------
+# TensorRT-LLM's command line against the options of the release it is rendered for: the fixture holds
+# every click option of `trtllm-serve serve` as that release's serve.py declares them (too large to
+# install here, so its parser cannot run; click refuses an unknown option with "No such option").
+
+TRTLLM_SERVE = FIXTURES / "engines" / "trtllm-serve-v1.2.0.json"
+TRTLLM_CASES = [case for case in GOLDEN_CASES if "trtllm" in case]
+
+
+@functools.cache
+def trtllm_release() -> dict[str, object]:
+    data: dict[str, object] = json.loads(TRTLLM_SERVE.read_text())
+    return data
+
+
+def trtllm_options() -> dict[str, bool]:
+    """Every option name (aliases too) -> whether it takes a value."""
+    options = trtllm_release()["options"]
+    assert isinstance(options, list)
+    return {name: bool(option["takes_value"]) for option in options for name in option["names"]}
+
+
+def trtllm_serve_args(exec_start: str) -> list[str]:
+    """The arguments after trtllm-serve in an ExecStart line (mpirun's and the launcher's come before it)."""
+    argv = shlex.split(exec_start)
+    start = next(index for index, arg in enumerate(argv) if arg.endswith("/trtllm-serve"))
+    return argv[start + 1:]
+
+
+def refused_by_trtllm_serve(args: list[str]) -> list[str]:
+    """What click would refuse in `trtllm-serve serve ARGS`: an option the release lacks, a value option
+    without its value, other than one MODEL argument."""
+    options, refused, positional = trtllm_options(), [], []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        name, equals, _ = arg.partition("=")
+        if not arg.startswith("--"):
+            positional.append(arg)
+        elif name not in options:
+            refused.append(f"no such option: {name}")
+        elif options[name] and not equals:
+            if index + 1 >= len(args):
+                refused.append(f"{name} requires an argument")
+            index += 1
+        index += 1
+    if len(positional) != 1:
+        refused.append(f"arguments {positional}: MODEL only")
+    return refused
+
+
+def test_the_trtllm_fixture_is_the_release_the_tool_renders_for() -> None:
+    table = contracts.load()
+    release = trtllm_release()
+    assert release["release"] == table.target("trtllm")
+    assert re.fullmatch(r"[0-9a-f]{40}", str(release["commit"])), "the fixture names the commit it was read at"
+    options = trtllm_options()
+    # Every flag row the table says the target has is an option of the release (and so the reverse
+    # holds for what render asks the table for).
+    missing = [name for name in table.names("trtllm", "flag", None) if name not in options]
+    assert not missing, f"rows for {release['release']} that its serve.py lacks: {missing}"
+
+
+@pytest.mark.parametrize("case", TRTLLM_CASES)
+def test_every_rendered_trtllm_command_uses_only_options_of_its_release(case: str) -> None:
+    lines = [line.removeprefix("ExecStart=") for unit in sorted((GOLDEN / case).glob("*.service"))
+             for line in unit.read_text().splitlines() if line.startswith("ExecStart=") and "trtllm-serve" in line]
+    rendered = [line.removeprefix("ExecStart=") for wanted in seed_states()[case].files
+                if wanted.path.endswith(".service")
+                for line in wanted.content.splitlines() if line.startswith("ExecStart=") and "trtllm-serve" in line]
+    if case.endswith("worker"):  # a worker's ranks are started by the head's mpirun: no unit of its own
+        assert not lines and not rendered
+        return
+    assert lines and rendered, case
+    for exec_start in lines + rendered:
+        assert refused_by_trtllm_serve(trtllm_serve_args(exec_start)) == [], exec_start
+
+
+def test_a_trtllm_release_with_the_served_name_option_gets_it() -> None:
+    (ws,) = contexts_of("trtllm-rtx5090x2-nvfp4", vllm_spec="tensorrt_llm==1.3.0rc5",
+                        served_model_name="qwen3").values()
+    args = TRTLLM.server_command(ws, "/models/q", [])
+    assert args[args.index("--served-model-name") + 1] == "qwen3"
+    (pinned_12,) = contexts_of("trtllm-rtx5090x2-nvfp4", vllm_spec="tensorrt_llm==1.2.1",
+                               served_model_name="qwen3").values()
+    assert not [arg for arg in TRTLLM.server_command(pinned_12, "/models/q", []) if "served" in arg]
+
+
+def test_the_refusal_check_refuses_a_misspelt_or_missing_option() -> None:
+    """The check itself: a misspelt flag, the old --served_model_name and a value option at the end."""
+    assert refused_by_trtllm_serve(["/m", "--tp-size", "2"]) == ["no such option: --tp-size", "arguments ['/m', '2']: MODEL only"]
+    assert refused_by_trtllm_serve(["/m", "--served_model_name", "x"])[0] == "no such option: --served_model_name"
+    assert refused_by_trtllm_serve(["/m", "--port"]) == ["--port requires an argument"]

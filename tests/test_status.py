@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from provision import engines, facts, inventory, lab, server, status
+from provision import contracts, engines, facts, inventory, lab, parsers, server, status
+from provision.errors import ParseError
 from provision.facts import HostFacts
 from provision.host import serve
 from provision.inventory import Settings
@@ -406,3 +407,82 @@ def test_every_vllm_metric_status_reads_has_a_row_in_the_contract_table() -> Non
     assert [name for name in vllm.read if table.row("vllm", "metric", name) is None] == []
     assert [name for name in vllm.read if table.accepts("vllm", "metric", name, None)] == [
         name for name in vllm.read if "gpu_" not in name]  # the V0 names are older than the target
+
+# TensorRT-LLM 1.2 serves its figures as JSON iteration statistics at /metrics, not Prometheus names
+# (those come with the 1.3.0rc line): status and bench read the release's own page.
+TRTLLM_12 = {"engine": "trtllm", "bind_host": "127.0.0.1", "model": None}
+
+
+def test_trtllm_iteration_stats_parser_takes_the_newest_iteration_and_refuses_garbage() -> None:
+    rec = recording("trtllm-1.2-iteration-stats-constructed")
+    values = parsers.parse_iteration_stats(rec["second"])
+    assert values["iter"] == 181 and values["numActiveRequests"] == 3 and values["numQueuedRequests"] == 1
+    assert values["kvCacheStats.usedNumBlocks"] == 62 and values[parsers.KV_USED_SHARE] == 62 / 101256
+    assert parsers.parse_iteration_stats("[]") == {}  # no iteration since the last read: nothing known
+    for garbage in ("", "vllm:num_requests_running 1", '{"iter": 1}', "[1, 2]", '[{"iter": 1}'):
+        with pytest.raises(ParseError):
+            parsers.parse_iteration_stats(garbage)
+
+
+def test_status_of_trtllm_12_reads_the_json_iteration_stats_at_metrics() -> None:
+    """A local server plays trtllm-serve 1.2 (its /metrics pages); the probe asks it as status does."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from provision.host import probe as hostprobe
+
+    rec = recording("trtllm-1.2-iteration-stats-constructed")
+    pages = [rec["first"], rec["second"]]
+    asked: list[str] = []
+
+    class TrtllmServe(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            body = (pages.pop(0) if self.path == "/metrics" else "{}").encode()
+            self.send_response(200 if self.path in ("/metrics", "/health", "/v1/models") else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server_ = ThreadingHTTPServer(("127.0.0.1", 0), TrtllmServe)
+    threading.Thread(target=server_.serve_forever, daemon=True).start()
+    try:
+        settings = Settings.of({**TRTLLM_12, "port": server_.server_address[1]})
+        spec = status.probe_spec(settings, None, 0.05, 5)
+        answer = hostprobe.serving_second(spec["serving"], hostprobe.serving_first(spec["serving"]))
+    finally:
+        server_.shutdown()
+        server_.server_close()
+    assert asked.count("/metrics") == 2 and "/prometheus/metrics" not in asked
+    base = HostFacts(host="ws-5090", kernel="6.8.0")
+    found = status.host_status("ws-5090", "server", base, answer, None, 0.1, engine=engines.ENGINES["trtllm"],
+                               names=engines.ENGINES["trtllm"].metric_names(settings))
+    assert found.figures is not None
+    assert (found.figures.running, found.figures.waiting) == (3, 1)
+    assert found.figures.kv_cache_usage_pct == round(62 / 101256 * 100, 2)
+    assert found.figures.prefix_cache_hit_pct == round(100 / (100 + 3125) * 100, 2)
+    assert found.figures.generation_tokens_per_s is None  # 1.2 counts no tokens: unknown, not 0
+
+
+def test_trtllm_reads_the_prometheus_names_only_from_the_release_that_serves_them() -> None:
+    trtllm = engines.ENGINES["trtllm"]
+    on_12 = trtllm.metric_names(Settings.of({**TRTLLM_12, "vllm_spec": "tensorrt_llm==1.2.1"}))
+    on_13 = trtllm.metric_names(Settings.of({**TRTLLM_12, "vllm_spec": "tensorrt_llm==1.3.0rc5"}))
+    assert (on_12.path, on_12.read) == ("/metrics", trtllm.metric_names(Settings.of(TRTLLM_12)).read)
+    assert not [name for name in on_12.read if name.startswith("trtllm_")]
+    assert on_13.path == "/prometheus/metrics" and "trtllm_num_requests_running" in on_13.read
+    table = contracts.load()
+    for name in on_13.read:
+        assert table.accepts("trtllm", "metric", name, "1.3.0rc5") and not table.accepts("trtllm", "metric", name, "1.2.1")
+
+
+def test_bench_on_trtllm_12_takes_the_prefix_cache_from_the_iteration_stats() -> None:
+    rec = recording("trtllm-1.2-iteration-stats-constructed")
+    answer = {"requests": 2, "succeeded": 2, "seconds": 1.0, "ttft_s": [0.01, 0.02], "latency_s": [0.1, 0.1],
+              "tokens": [64, 64], "metrics_before": rec["first"], "metrics_after": rec["second"]}
+    report = server.bench_report(answer, engines.ENGINES["trtllm"].metric_names(Settings.of(TRTLLM_12)))
+    assert report.server_prefix_cache_hit_pct == round(100 / (100 + 3125) * 100, 2)
+    assert report.server_generation_tokens is None and report.tokens_per_s == 128.0

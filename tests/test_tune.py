@@ -8,11 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from provision import inventory, tune
+from provision import contracts, inventory, tune
 from provision.engines.base import own_args
+from provision.engines.trtllm import TRTLLM
 from provision.errors import InventoryError
+from provision.run import Options
 from tests.test_checks import context_for, recorded
+from tests.test_render import contexts_of, refused_by_trtllm_serve
 
 SEQS = tune.Dimension("max_num_seqs", (4, 16, 64), flag="--max-num-seqs")
 BATCHED = tune.Dimension("max_num_batched_tokens", (256, 1024, 4096), flag="--max-num-batched-tokens")
@@ -115,6 +119,70 @@ def test_every_profile_has_a_default_space_the_inventory_accepts() -> None:
         assert dimensions and all(d.values for d in dimensions)
     with pytest.raises(tune.TuneError, match="no default space"):
         tune.load_space(None, "nonesuch")
+
+
+# Each engine's default space, on every profile the engine serves: its flags are the engine's own, the
+# release's (engine_contracts.yaml), never vLLM's on another engine.
+ENGINE_PROFILES = [("vllm", "rtx5090"), ("vllm", "dgx-spark"), ("vllm", "hopper"), ("vllm", "cpu"),
+                   ("trtllm", "rtx5090"), ("trtllm", "dgx-spark"), ("trtllm", "hopper"),
+                   ("llamacpp", "rtx5090"), ("llamacpp", "dgx-spark"), ("llamacpp", "cpu")]
+
+
+@pytest.mark.parametrize("engine, profile", ENGINE_PROFILES, ids=[f"{e}-{p}" for e, p in ENGINE_PROFILES])
+def test_each_engines_default_space_uses_only_flags_its_release_has(engine: str, profile: str) -> None:
+    dimensions = tune.load_space(None, profile, engine)
+    release = contracts.load().target(engine)
+    assert dimensions and tune.foreign_flags(dimensions, engine, release) == []
+    flags = {d.flag for d in dimensions if d.flag}
+    if engine != "vllm":
+        assert not flags & {"--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-dtype"}, flags
+
+
+def test_every_trtllm_space_value_renders_a_command_trtllm_serve_accepts() -> None:
+    """Each value of the default trtllm spaces, put on the host as a trial puts it (server_flags or the
+    setting), rendered and checked against the release's own options (the fixture of its serve.py)."""
+    (ws,) = contexts_of("trtllm-rtx5090x2-nvfp4").values()
+    for profile in ("rtx5090", "dgx-spark", "hopper"):
+        for dimension in tune.load_space(None, profile, "trtllm"):
+            for value in dimension.values:
+                overrides = dimension.overrides(value)
+                if "server_flags" in overrides:
+                    overrides = {"server_flags": {**ws.settings.server_flags, **overrides["server_flags"]}}
+                settings = dataclasses.replace(ws.settings, **overrides)
+                argv = TRTLLM.server_command(dataclasses.replace(ws, settings=settings), "/models/q", [])
+                assert refused_by_trtllm_serve(argv[1:]) == [], (dimension.name, value, argv)
+                if dimension.flag:
+                    assert argv.count(dimension.flag) == 1 and argv[argv.index(dimension.flag) + 1] == str(value)
+
+
+def test_a_space_with_a_flag_the_engine_lacks_is_refused_before_any_host_is_contacted(tmp_path: Path) -> None:
+    """vLLM's flags on a TensorRT-LLM host (the old default): refused with exit 2, naming each flag, and
+    no host contacted (the inventory's host is unreachable on purpose)."""
+    inventory_file = tmp_path / "hosts.yaml"
+    inventory_file.write_text("hosts:\n  ws-5090:\n    address: 192.0.2.1\n    profile: rtx5090\n"
+                              "    vars: {engine: trtllm, model: nvidia/Qwen3-30B-A3B-FP4}\n")
+    space = tmp_path / "space.yaml"
+    space.write_text("- {name: max_num_seqs, flag: --max-num-seqs, values: [64, 128]}\n"
+                     "- {name: max_batch_size, flag: --max_batch_size, values: [64]}\n")
+    inv = inventory.load(str(inventory_file))
+    (unit,) = tune.units_of(inv, [inv.host("ws-5090")])
+    with pytest.raises(tune.TuneError, match=r"max_num_seqs: --max-num-seqs is not a known flag of TensorRT-LLM"):
+        tune.space_of(inv, unit, Options(), str(space))
+    # The default space of that engine passes; vLLM's default, forced onto it, does not.
+    assert [d.flag for d in tune.space_of(inv, unit, Options(), None) if d.flag] == ["--max_batch_size", "--max_num_tokens"]
+    vllm_space = tmp_path / "vllm.yaml"
+    vllm_space.write_text(yaml.safe_dump([{"name": d.name, "values": list(d.values), "flag": d.flag}
+                                          for d in tune.load_space(None, "rtx5090", "vllm") if d.flag]))
+    with pytest.raises(tune.TuneError) as caught:
+        tune.space_of(inv, unit, Options(), str(vllm_space))
+    assert all(flag in str(caught.value) for flag in ("--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-dtype"))
+
+
+def test_a_flag_outside_its_releases_range_is_refused_naming_the_range() -> None:
+    served = tune.Dimension("name", ("a",), flag="--served-model-name")
+    (problem,) = tune.foreign_flags([served], "trtllm", "1.2.0")
+    assert "TensorRT-LLM 1.2.0 has no --served-model-name (only >=1.3.0rc0" in problem
+    assert tune.foreign_flags([served], "trtllm", "1.3.0rc5") == []
 
 
 @pytest.mark.parametrize("text, error", [

@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     from provision.context import Context
 
 PASS, FAIL, WARN = "pass", "fail", "warn"
+PROMETHEUS, ITERATION_STATS = "prometheus", "iteration-stats"  # how a metrics page is written
 
 
 def closing_args(settings: Any, resolutions: Sequence[str]) -> list[str]:
@@ -55,9 +56,12 @@ class Verdict:
 
 @dataclass(frozen=True)
 class MetricNames:
-    """Where the server's Prometheus text is and which samples mean what (status and bench)."""
+    """Where the server's metrics page is, how it is written and which samples mean what (status and
+    bench). `format` is PROMETHEUS (text samples) or ITERATION_STATS (TensorRT-LLM 1.2's JSON list of
+    iteration statistics, read by parsers.parse_iteration_stats into the same name -> value shape)."""
 
     path: str = "/metrics"
+    format: str = PROMETHEUS
     running: tuple[str, ...] = ()  # each field: alternatives, the first present wins
     waiting: tuple[str, ...] = ()
     generated: tuple[str, ...] = ()  # counters of tokens
@@ -113,6 +117,11 @@ class Engine:
 
     def server_command(self, ctx: Context, model: str, resolutions: Sequence[str]) -> list[str]:
         raise NotImplementedError
+
+    def metric_names(self, settings: Any) -> MetricNames:
+        """The names status and bench read from this host's server (an engine whose releases differ
+        there answers by the release its settings pin)."""
+        return self.metrics
 
     def environment(self, ctx: Context, environment: dict[str, str]) -> dict[str, str]:
         """The service environment with what the engine needs added (the API key is added by render)."""

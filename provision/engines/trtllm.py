@@ -7,8 +7,15 @@ network's interface for MPI, UCX and NCCL. The head's service user holds the clu
 secret mpi_ssh_key); the workers' service user accepts it from the head's address only.
 It cannot run without an NVIDIA GPU: its units, plans and gate are tested on recorded facts.
 
+Which release: the exact `tensorrt_llm==X` pin of vllm_spec, else the contract table's target (1.2.0,
+provision/engine_contracts.yaml). Every flag rendered is a row there (and an option of the fixture
+tests/fixtures/engines/trtllm-serve-v1.2.0.json, the release's own serve.py); a flag the release lacks is
+left out (1.2 has no served-model-name option). Status reads 1.2's JSON iteration statistics at /metrics,
+and the trtllm_* Prometheus names only from the release that serves them (1.3.0rc on).
+
 Sources:
   flags, endpoints        https://nvidia.github.io/TensorRT-LLM/commands/trtllm-serve/trtllm-serve.html
+  per release             provision/engine_contracts.yaml (each row with its source)
   multi-node (mpirun)     https://build.nvidia.com/spark/trt-llm/stacked-sparks
   support matrix          https://nvidia.github.io/TensorRT-LLM/reference/support-matrix.html
   no API key              https://github.com/NVIDIA/TensorRT-LLM/issues/9950
@@ -18,8 +25,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from provision import contracts
 from provision.engines.base import (
     FAIL,
+    ITERATION_STATS,
     PASS,
     WARN,
     ConfigFile,
@@ -51,6 +60,24 @@ QUANTIZATIONS = {
     "hopper": ("none", "fp8", "modelopt", "w4a8_awq", "awq", "gptq"),
     "blackwell": ("none", "fp8", "modelopt", "nvfp4", "mxfp4"),
 }
+SERVED_NAME_FLAGS = ("--served-model-name",)  # the spellings releases have had (engine_contracts.yaml)
+# 1.3.0rc on: /prometheus/metrics (return_perf_metrics) with the trtllm_ names.
+PROMETHEUS_METRICS = MetricNames(
+    path="/prometheus/metrics",
+    running=("trtllm_num_requests_running",), waiting=("trtllm_num_requests_waiting",),
+    generated=("trtllm_generation_tokens_total",), prompted=("trtllm_prompt_tokens_total",),
+    kv_usage=("trtllm_kv_cache_utilization",),
+    prefix_hits=("trtllm_prompt_cached_tokens_total",),
+    prefix_queries=(("trtllm_prompt_tokens_total",),))
+# 1.2: /metrics answers the iteration statistics as JSON (enable_iter_perf_stats), flattened by
+# parsers.parse_iteration_stats. No token counters there: tokens/s is left unknown, not guessed. The
+# prefix cache's hits are KV blocks reused of blocks looked up (both counted since the start).
+ITERATION_METRICS = MetricNames(
+    path="/metrics", format=ITERATION_STATS,
+    running=("numActiveRequests",), waiting=("numQueuedRequests",),
+    kv_usage=("kvCacheStats.usedNumBlocks/maxNumBlocks",),
+    prefix_hits=("kvCacheStats.reusedBlocks",),
+    prefix_queries=(("kvCacheStats.reusedBlocks",), ("kvCacheStats.missedBlocks",)))
 
 
 class TrtLlm(Engine):
@@ -61,14 +88,22 @@ class TrtLlm(Engine):
     cluster_launch = "mpi"
     api_key_variable = None  # trtllm-serve authenticates no client (issue 9950)
     source = SERVE_DOC
-    # /prometheus/metrics (return_perf_metrics): releases before the trtllm_ prefix name them bare.
-    metrics = MetricNames(
-        path="/prometheus/metrics",
-        running=("trtllm_num_requests_running",), waiting=("trtllm_num_requests_waiting",),
-        generated=("trtllm_generation_tokens_total",), prompted=("trtllm_prompt_tokens_total",),
-        kv_usage=("trtllm_kv_cache_utilization",),
-        prefix_hits=("trtllm_prompt_cached_tokens_total",),
-        prefix_queries=(("trtllm_prompt_tokens_total",),))
+    metrics = ITERATION_METRICS  # the target release's (1.2.0); metric_names answers per host
+
+    def release(self, settings: Any) -> str:
+        """The release this host's unit is rendered for (the pin, else the target)."""
+        return contracts.load().release(self.name, settings.vllm_spec)
+
+    def metric_names(self, settings: Any) -> MetricNames:
+        table = contracts.load()
+        serves = table.accepts(self.name, "metric", PROMETHEUS_METRICS.running[0], self.release(settings))
+        return PROMETHEUS_METRICS if serves else ITERATION_METRICS
+
+    def served_name_flag(self, settings: Any) -> str | None:
+        """The release's option for the name clients use, or None where it has none (1.2)."""
+        table = contracts.load()
+        release = self.release(settings)
+        return next((flag for flag in SERVED_NAME_FLAGS if table.accepts(self.name, "flag", flag, release)), None)
 
     def _multi(self, ctx: Context) -> bool:
         return bool(ctx.cluster and ctx.cluster.multi_node)
@@ -76,8 +111,9 @@ class TrtLlm(Engine):
     def server_command(self, ctx: Context, model: str, resolutions: Sequence[str]) -> list[str]:
         settings = ctx.settings
         venv = settings.venv_dir.rstrip("/")
-        serve = [f"{venv}/bin/trtllm-serve", model, "--backend", "pytorch",
-                 "--served_model_name", str(settings.served_model_name or settings.model),
+        served_flag = self.served_name_flag(settings)
+        served = [served_flag, str(settings.served_model_name or settings.model)] if served_flag else []
+        serve = [f"{venv}/bin/trtllm-serve", model, "--backend", "pytorch", *served,
                  "--host", str(settings.bind_host), "--port", str(settings.port),
                  "--tp_size", str(settings.tensor_parallel_size), "--pp_size", str(settings.pipeline_parallel_size),
                  "--kv_cache_free_gpu_memory_fraction", str(settings.gpu_memory_utilization),
