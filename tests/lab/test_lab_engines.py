@@ -75,7 +75,10 @@ def help_options(text: str) -> set[str]:
     """Every option llama-server's --help lists ('-c,    --ctx-size N', '--no-ui, --no-webui', ...)."""
     found = set()
     for line in text.splitlines():
-        names = line.strip().split("  ")[0]  # the option column ends where its description starts
+        if not line.startswith("-"):
+            continue  # a description's own lines
+        # The option column ends at the first run of spaces that does not follow a comma.
+        names = re.split(r"(?<![,\s])\s{2,}", line.strip())[0]
         found.update(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", names))
     return found
 
