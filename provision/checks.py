@@ -581,7 +581,7 @@ def _from_verdict(verdict: Verdict | None) -> Finding | None:
 @rule("engine.support", BLOCKER)
 def engine_support(ctx: Context) -> Finding | None:
     """The engine runs this GPU and this checkpoint's quantization (TensorRT-LLM's support matrix;
-    llama.cpp loads GGUF only). Sources: each engine module's docstring."""
+    llama.cpp loads GGUF only, built for extensions the CPU has). Sources: each engine module's docstring."""
     return _from_verdict(engine_of(ctx.settings).support(ctx))
 
 

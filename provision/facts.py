@@ -89,6 +89,8 @@ FACTS: tuple[Fact, ...] = (
     Fact("lscpu", parsers.parse_lscpu, argv=("lscpu",)),
     Fact("lscpu_cpus", parsers.parse_lscpu_extended, argv=("lscpu", "-e")),
     Fact("cpuinfo", parsers.parse_cpuinfo_parts, file="/proc/cpuinfo"),
+    # The CPU's instruction set extensions: what a prebuilt native program (llama.cpp's ggml) may use.
+    Fact("cpu_flags", parsers.parse_cpuinfo_flags, file="/proc/cpuinfo"),
     # Each CPU's core type by name (GB10: Cortex-X925 or Cortex-A725); the column list is Arm's
     # published DGX Spark layout, so that recording is this fact's fixture verbatim.
     Fact("lscpu_models", parsers.parse_lscpu_models,
@@ -163,6 +165,7 @@ class HostFacts:
     interfaces: tuple[Interface, ...] = ()
     disks: tuple[DiskSpace, ...] = ()
     ptxas_cuda: str | None = None  # CUDA release of /usr/local/cuda/bin/ptxas, e.g. "13.0"
+    cpu_flags: tuple[str, ...] | None = None  # /proc/cpuinfo's flags (x86) or Features (Arm), sorted
     venv: VenvInfo | None = None
     unit_security: Mapping[str, UnitExposure] | None = None  # installed units' systemd exposure
     files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # inspected paths
@@ -332,6 +335,7 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         interfaces=values.get("interfaces", ()),
         disks=disks,
         ptxas_cuda=values.get("ptxas"),
+        cpu_flags=values.get("cpu_flags"),
         venv=values.get("venv"),
         unit_security=values.get("unit_security"),
         files=dict((answer.get("inspect") or {}).get("files") or {}),

