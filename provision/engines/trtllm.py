@@ -16,11 +16,15 @@ Sources:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from provision.engines.base import (
     FAIL,
+    KEY,
+    LISTEN,
+    NAME,
     PASS,
+    PORT,
     WARN,
     ConfigFile,
     Engine,
@@ -61,6 +65,9 @@ class TrtLlm(Engine):
     cluster_launch = "mpi"
     api_key_variable = None  # trtllm-serve authenticates no client (issue 9950)
     source = SERVE_DOC
+    # trtllm-serve's options (SERVE_DOC; its model is the first positional argument, which the tool
+    # gives), by flag_name: --served_model_name is written so.
+    owned_flags: ClassVar[Mapping[str, str]] = {"--host": LISTEN, "--port": PORT, "--served-model-name": NAME, "--api-key": KEY}
     # /prometheus/metrics (return_perf_metrics): releases before the trtllm_ prefix name them bare.
     metrics = MetricNames(
         path="/prometheus/metrics",
