@@ -487,3 +487,25 @@ def test_an_operators_drop_in_is_drift_the_gate_names() -> None:
     # Facts gathered without a plan's inspection (status) do not speak to it.
     (bare,) = context_for(("x", "h200x2-driver580", "hopper", {}, None, None, {})).values()
     assert {f.id: f for f in checks.evaluate(bare)}["unit.dropins"].status == "skip"
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp", "trtllm"])
+@pytest.mark.parametrize("where", ["server_flags", "extra_args", "extra_args="])
+def test_the_api_key_rule_judges_the_address_the_command_line_listens_on(engine: str, where: str) -> None:
+    # The inventory refuses --host in server_flags/extra_args; the gate holds even if one slips past
+    # (an abbreviation, a layer read some other way): it judges the rendered command, not bind_host.
+    (ctx,) = context_for(("t", "h200x2-driver580", "hopper", {"engine": engine, "model": "org/model"},
+                          None, None, {})).values()
+    given = {"server_flags": {"server_flags": {"--host": "0.0.0.0"}},
+             "extra_args": {"extra_args": ("--host", "0.0.0.0")},
+             "extra_args=": {"extra_args": ("--host=::",)}}[where]
+    ctx = dataclasses.replace(ctx, settings=dataclasses.replace(ctx.settings, **given))
+    (finding,) = [f for f in checks.evaluate(ctx) if f.id == "config.api_key"]
+    assert finding.status == "fail", finding
+    assert "127.0.0.1" not in finding.message, finding.message
+
+
+def test_the_api_key_rule_passes_a_loopback_command_line() -> None:
+    (ctx,) = context_for(("t", "h200x2-driver580", "hopper", {"model": "org/model"}, None, None, {})).values()
+    (finding,) = [f for f in checks.evaluate(ctx) if f.id == "config.api_key"]
+    assert (finding.status, finding.message) == ("pass", "listens on 127.0.0.1 (loopback) only")

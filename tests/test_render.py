@@ -348,3 +348,25 @@ def test_mpirun_passes_every_variable_of_the_environment_file_to_the_ranks_by_na
     passed = sorted(start[index + 1] for index, arg in enumerate(start) if arg == "-x")
     assert passed == names and "NCCL_IB_HCA" in passed  # the RDMA devices reach the workers' ranks too
     assert not any("=" in name for name in passed)  # names only: the values stay in the 0600 file
+
+
+def test_an_existing_directory_of_another_owner_is_refused_not_chowned() -> None:
+    state = seed_states()["cpu-tiny-llama"]
+    host = _host_as_rendered(state)
+    model_dir = next(d.path for d in state.directories if d.path.endswith("/models"))
+    files = {**host.files, model_dir: {"exists": True, "is_dir": True, "mode": 0o755, "owner": "root",
+                                       "group": "root"}}
+    with pytest.raises(plan.ForeignDirectory, match=rf"directory {model_dir} exists \(0755 root:root\) and is "
+                                                    "not the tool's"):
+        plan.build(state, dataclasses.replace(host, files=files))
+
+
+def test_the_tools_own_directory_gets_its_mode_back() -> None:
+    state = seed_states()["cpu-tiny-llama"]
+    host = _host_as_rendered(state)
+    model_dir = next(d for d in state.directories if d.path.endswith("/models"))
+    files = {**host.files, model_dir.path: {**host.files[model_dir.path], "mode": 0o777}}
+    changes = plan.build(state, dataclasses.replace(host, files=files))
+    assert [c.describe() for c in changes] == [
+        f"directory {model_dir.path}: 0777 {model_dir.owner}:{model_dir.group} -> 0750 {model_dir.owner}:"
+        + model_dir.group]
