@@ -1,6 +1,6 @@
 """Settings that would get past the tool's own safety, tried against the lab's serving host as a user
 would type them: every flag the tool sets, slipped in through server_flags or extra_args, and every
-hostile path for each path setting, exit 2 naming the setting before cpu-1 is contacted; a directory
+hostile path for each path setting (and a model id that climbs out), exit 2 naming the setting before cpu-1 is contacted; a directory
 the tool did not make is not taken over. Plan only: nothing here deploys."""
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ def test_no_setting_slips_past_the_tool_through_flags_or_paths(lab_inventory: in
     before = on_host(lab_inventory, "cpu-1", STAT)
     flag_cases = _owned_flag_overrides()
     path_cases = [(f"{setting}={path}", setting) for setting in PATH_SETTINGS for path in HOSTILE_PATHS]
+    path_cases.append(("model=../../etc", "model"))  # not a hub repository id: no hub is asked either
     results = _plans([given for given, _, _ in flag_cases] + [given for given, _ in path_cases])
     for (given, key, setting), (code, output) in zip(flag_cases, results):
         assert code == 2, f"{given}: exit {code}: {output}"
