@@ -22,7 +22,7 @@ from packaging.version import InvalidVersion, Version
 from provision import affinity, contracts, hardening, known_issues, kvcache
 from provision import cuda as cuda_builds
 from provision.context import Context, cluster_network_of, flag_value
-from provision.engines import Verdict, engine_of
+from provision.engines import Engine, Verdict, engine_of
 from provision.engines.llamacpp import gguf_models
 from provision.engines.trtllm import TRTLLM
 from provision.engines.vllm import vllm_version
@@ -542,16 +542,29 @@ def model_hub(ctx: Context) -> Finding | None:
               bytes=snap.total_bytes, endpoint=ctx.settings.hf_endpoint)
 
 
+def _listen_address(ctx: Context, engine: Engine) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """Where the rendered server command really listens: its last host flag (the server takes the
+    last one), not only bind_host, so that no flag the inventory slips in beside it goes unjudged."""
+    command = engine.server_command(ctx, str(ctx.settings.model or "MODEL"), ())
+    try:
+        return ipaddress.ip_address(engine.listen_address(command) or "")
+    except ValueError:
+        return None
+
+
 @rule("config.api_key", BLOCKER)
 def api_key(ctx: Context) -> Finding | None:
     """A server listening beyond loopback answers anyone who reaches it: it needs an API key (vLLM
     reads VLLM_API_KEY from the 0600 environment file)."""
     if ctx.cluster and ctx.cluster.multi_node and ctx.host != ctx.cluster.head:
         return None  # workers serve no API
-    address = ipaddress.ip_address(str(ctx.settings.bind_host))
-    if address.is_loopback:
-        return ok(f"listens on {address} (loopback) only", bind_host=str(address))
     engine = engine_of(ctx.settings)
+    address = _listen_address(ctx, engine)
+    if address is not None and address.is_loopback:
+        return ok(f"listens on {address} (loopback) only", bind_host=str(address))
+    if address is None:  # a host name, or no address at all: judged as reachable
+        return fail("the server's command line names no IP address to listen on", "set bind_host (and no "
+                    "--host in server_flags or extra_args)", bind_host=str(ctx.settings.bind_host))
     if engine.api_key_variable is None:
         return fail(f"the server would listen on {address}, and {engine.title}'s server checks no API key",
                     "keep bind_host 127.0.0.1 and put an authenticating proxy in front of it, or serve with "

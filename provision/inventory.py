@@ -38,7 +38,9 @@ One without hosts is an error. Its bytes, values (aliases expanded) and nesting 
 """
 from __future__ import annotations
 
+import fnmatch
 import ipaddress
+import posixpath
 import re
 import reprlib
 from collections.abc import Callable, Iterable, Mapping
@@ -244,9 +246,58 @@ def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 def _absolute_path(value: Any) -> str:
+    """An absolute path, normalised ("//" and "/./" folded, no trailing "/"); ".." is refused, not
+    folded: "/var/lib/vllm/models/../../../../etc" is /etc, whatever it looks like."""
     text = _text(value)
     if not text.startswith("/"):
         raise ValueError(f"expected an absolute path, got {_brief(text)}")
+    if ".." in text.split("/"):
+        raise ValueError(f"{_brief(text)} climbs out of itself ('..'): name the directory it means")
+    return posixpath.normpath(text).replace("//", "/", 1)  # normpath keeps a leading "//"
+
+
+# Directories the system and its packages own. The tool makes a service directory (model_dir,
+# hf_home) the service user's, and moves a venv_dir that is not a venv aside: one of these there would
+# hand the system to that user or break it. So a service directory is at least two levels deep, not
+# inside a directory the system owns as a whole, and not one of the shallow system directories.
+SYSTEM_TREES = ("/etc", "/usr", "/boot", "/proc", "/sys", "/dev", "/run", "/bin", "/sbin", "/lib*",
+                "/root", "/tmp", "/var/tmp", "/var/run", "/var/lock", "/snap", "/lost+found")
+SYSTEM_DIRECTORIES = ("/var/*", "/home/*")  # /var/lib, /var/log, ...; a user's home
+
+
+def _service_directory(value: Any) -> str:
+    path = _absolute_path(value)
+    if path.count("/") < 2:
+        raise ValueError(f"{path} is a top-level directory: name one at least two levels deep that the "
+                         "tool may own (like /var/lib/vllm/models or /srv/models)")
+    for tree in SYSTEM_TREES:
+        if fnmatch.fnmatchcase(path, tree) or fnmatch.fnmatchcase(path, tree + "/*"):
+            raise ValueError(f"{path} is inside {tree}, which the system owns: name a directory of "
+                             "the service's own (like /var/lib/vllm/models or /srv/models)")
+    for pattern in SYSTEM_DIRECTORIES:
+        if fnmatch.fnmatchcase(path, pattern) and path.count("/") == pattern.count("/"):
+            raise ValueError(f"{path} is a system or user directory: name one below it that the tool "
+                             "may own (like /var/lib/vllm/models)")
+    return path
+
+
+# A hub repository id by the hub's own rules, as huggingface_hub (2.4.0) validate_repo_id checks
+# them: "name" or "namespace/name", each of ASCII letters, digits, "-", "_", ".", at most 96, not
+# starting or ending with "-" or "."; no "--" or ".."; not ending in ".git". Copied, not imported:
+# importing huggingface_hub costs 75 ms on every run, and a plan that asks no hub needs none of it.
+_REPO_ID = re.compile(r"(\b[\w\-.]{1,96}\b/)?\b[\w\-.]{1,96}\b", flags=re.ASCII)
+
+
+def _model(value: Any) -> str:
+    """A hub repository id, or an absolute path to the model on the host (normalised, no '..')."""
+    text = _text(value)
+    if text.startswith("/"):
+        return _absolute_path(text)
+    if (text.count("/") > 1 or not _REPO_ID.fullmatch(text) or "--" in text or ".." in text
+            or text.endswith(".git")):
+        raise ValueError(f"{_brief(text)} is not a hub repository id (name or org/name: letters, digits, "
+                         "'-', '_', '.', at most 96 each, no '--' or '..', not ending in .git) "
+                         "nor an absolute path")
     return text
 
 
@@ -275,6 +326,23 @@ def _environment(value: Any) -> dict[str, str]:
 _FLAG = re.compile(r"^--?[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
+def _refuse_owned(arg: str) -> None:
+    # provision.engines imports the facts: loaded only once a flag is given
+    from provision.engines import owned_flag
+
+    refusal = owned_flag(arg)
+    if refusal is not None:
+        raise ValueError(refusal)
+
+
+def _extra_args(value: Any) -> tuple[str, ...]:
+    args = _string_list(value)
+    for arg in args:
+        if arg.startswith("-"):
+            _refuse_owned(arg)
+    return args
+
+
 def _server_flags(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"expected a mapping of --flag: value, got {_show(value)}")
@@ -282,6 +350,7 @@ def _server_flags(value: Any) -> dict[str, Any]:
     for flag, item in value.items():
         if not _FLAG.match(str(flag)):
             raise ValueError(f"{_brief(flag)} is not a flag (--name)")
+        _refuse_owned(str(flag))
         if isinstance(item, (dict, list)) or item is None:
             raise ValueError(f"server_flags {_brief(flag)} must be a string, number, true or false")
         result[str(flag)] = item
@@ -378,7 +447,7 @@ VAR_SPECS: Mapping[str, VarSpec] = {
                       "(llama.cpp's server, GGUF)", _choice("vllm", "trtllm", "llamacpp"), "vllm"),
     "server_program": VarSpec("the server program to run, where the engine's default (in the venv) is not it",
                               _optional(_absolute_path)),
-    "model": VarSpec("Hub repository id (or absolute path) of the model to serve", _optional(_text)),
+    "model": VarSpec("Hub repository id (or absolute path) of the model to serve", _optional(_model)),
     "model_revision": VarSpec("branch, tag or commit of the model", _text, "main"),
     "served_model_name": VarSpec("name clients use in requests", _optional(_text)),
     "bind_host": VarSpec("address the server listens on", _bind_address, "127.0.0.1"),
@@ -388,7 +457,8 @@ VAR_SPECS: Mapping[str, VarSpec] = {
     "max_model_len": VarSpec("context length limit", _optional(_int_range(16, 10_000_000))),
     "gpu_memory_utilization": VarSpec("share of GPU memory vLLM may take", _fraction, 0.9),
     "enable_prefix_caching": VarSpec("reuse KV cache across requests", _boolean, True),
-    "extra_args": VarSpec("further vLLM server arguments", _string_list, ()),
+    "extra_args": VarSpec("further server arguments (not the flags the tool sets: --host, --port, --model, ...)",
+                          _extra_args, ()),
     "environment": VarSpec("extra environment for the service", _environment, {}),
     "server_flags": VarSpec("the engine's server flags by name, merged key by key like environment "
                             "({--max-num-seqs: 64}; true: the bare flag, false: left out); `invoke tune` keeps its "
@@ -411,7 +481,8 @@ VAR_SPECS: Mapping[str, VarSpec] = {
                                  _trusted_hosts, ()),
     "apt_proxy": VarSpec("HTTP proxy apt uses on the host when prepare installs packages (an "
                          "apt-cacher-ng of an air-gapped site), e.g. http://10.0.0.2:3142", _optional(_url)),
-    "venv_dir": VarSpec("virtualenv holding vLLM", _absolute_path, "/opt/vllm/venv"),
+    "venv_dir": VarSpec("virtualenv holding vLLM (a directory of the service's own: see SYSTEM_TREES)",
+                        _service_directory, "/opt/vllm/venv"),
     "model_files": VarSpec("glob patterns of the repository's files to fetch (default: all)", _string_list, ()),
     "fetch_weights": VarSpec("download the model from the hub (false: the weights are placed by hand)",
                              _boolean, True),
@@ -421,8 +492,8 @@ VAR_SPECS: Mapping[str, VarSpec] = {
                         _choice("relay", "star", "hub"), "relay"),
     "hf_endpoint": VarSpec("hub (or mirror) the weights come from, like HF_ENDPOINT", _url,
                            "https://huggingface.co"),
-    "model_dir": VarSpec("directory for model weights", _absolute_path, "/var/lib/vllm/models"),
-    "hf_home": VarSpec("HF_HOME of the service", _absolute_path, "/var/lib/vllm/hf"),
+    "model_dir": VarSpec("directory for model weights (the service user's)", _service_directory, "/var/lib/vllm/models"),
+    "hf_home": VarSpec("HF_HOME of the service (the service user's)", _service_directory, "/var/lib/vllm/hf"),
     "service_user": VarSpec("user the service runs as", _user_name, "vllm"),
     "hardening": VarSpec("systemd sandbox of the units: default, or strict (adds a device allow-list and "
                          "a system-call filter; not proven on a GPU)", _choice("default", "strict"), "default"),

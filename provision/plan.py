@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provision.context import HOST_KEY
+from provision.errors import ProvisionError
 from provision.facts import DROP_IN_DIRS, HostFacts
 from provision.remote import mask
 from provision.render import UNIT_DIR, DesiredState, managed_paths
@@ -71,6 +72,34 @@ def _file_changes(desired: DesiredState, facts: HostFacts) -> list[Change]:
     return changes
 
 
+class ForeignDirectory(ProvisionError):
+    """A directory the host should have exists and belongs to someone else: the plan refuses to take
+    it over (a chown would hand whatever it holds, /etc say, to the service user)."""
+
+
+def _directory_changes(desired: DesiredState, facts: HostFacts) -> list[Change]:
+    """Directories to make, and the mode or group of the tool's own to set back. A directory counts as
+    the tool's when it belongs to the owner the tool gives it (the service user, or root for the
+    configuration): the tool keeps no other record, and an existing directory of another owner was
+    not made by it, so it keeps its owner and mode and the plan stops."""
+    changes = []
+    for directory in desired.directories:
+        current = facts.files.get(directory.path, {"exists": False})
+        data = {"mode": directory.mode, "owner": directory.owner, "group": directory.group}
+        now = f"{_octal(int(current.get('mode', 0)))} {current.get('owner')}:{current.get('group')}"
+        if not current.get("exists"):
+            changes.append(Change("directory", directory.path, "missing", data))
+        elif current.get("owner") != directory.owner:
+            raise ForeignDirectory(
+                f"directory {directory.path} exists ({now}) and is not the tool's: it keeps its owner and "
+                f"mode. Point the setting that names it (model_dir, hf_home) at a directory that does not "
+                f"exist yet, or, if it is meant for the service, chown it to {directory.owner} yourself")
+        elif (current.get("mode"), current.get("group")) != (directory.mode, directory.group):
+            changes.append(Change("directory", directory.path,
+                                  f"{now} -> {_octal(directory.mode)} {directory.owner}:{directory.group}", data))
+    return changes
+
+
 def _diff(path: str, old: str, new: str) -> str:
     lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                  fromfile=f"{path} (host)", tofile=f"{path} (rendered)")
@@ -92,16 +121,7 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
     elif account.get("shell") not in (None, desired.shell):  # None: a probe that did not say
         changes.append(Change("user", desired.user, f"shell {account.get('shell')} -> {desired.shell}",
                               {"home": desired.home, "shell": desired.shell, "modify": True}))
-    for directory in desired.directories:
-        current = facts.files.get(directory.path, {"exists": False})
-        data = {"mode": directory.mode, "owner": directory.owner, "group": directory.group}
-        if not current.get("exists"):
-            changes.append(Change("directory", directory.path, "missing", data))
-        elif (current.get("mode"), current.get("owner"), current.get("group")) != (
-                directory.mode, directory.owner, directory.group):
-            changes.append(Change("directory", directory.path,
-                                  f"{_octal(int(current.get('mode', 0)))} {current.get('owner')}:{current.get('group')}"
-                                  f" -> {_octal(directory.mode)} {directory.owner}:{directory.group}", data))
+    changes += _directory_changes(desired, facts)
     venv_changed = False
     if venv is not None:
         from provision.venv import installed_key  # plan stays importable without the venv machinery

@@ -608,3 +608,25 @@ def test_the_venv_probe_reads_tensorrt_llms_dist_info(tmp_path: Path) -> None:
     assert program != parsers.VENV_PROBE  # the probe reads purelib: pointed at the folder here
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     assert parsers.parse_venv_probe(done.stdout).packages == {"tensorrt_llm": "1.2.0"}
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp", "trtllm"])
+@pytest.mark.parametrize("where", ["server_flags", "extra_args", "extra_args="])
+def test_the_api_key_rule_judges_the_address_the_command_line_listens_on(engine: str, where: str) -> None:
+    # The inventory refuses --host in server_flags/extra_args; the gate holds even if one slips past
+    # (an abbreviation, a layer read some other way): it judges the rendered command, not bind_host.
+    (ctx,) = context_for(("t", "h200x2-driver580", "hopper", {"engine": engine, "model": "org/model"},
+                          None, None, {})).values()
+    given = {"server_flags": {"server_flags": {"--host": "0.0.0.0"}},
+             "extra_args": {"extra_args": ("--host", "0.0.0.0")},
+             "extra_args=": {"extra_args": ("--host=::",)}}[where]
+    ctx = dataclasses.replace(ctx, settings=dataclasses.replace(ctx.settings, **given))
+    (finding,) = [f for f in checks.evaluate(ctx) if f.id == "config.api_key"]
+    assert finding.status == "fail", finding
+    assert "127.0.0.1" not in finding.message, finding.message
+
+
+def test_the_api_key_rule_passes_a_loopback_command_line() -> None:
+    (ctx,) = context_for(("t", "h200x2-driver580", "hopper", {"model": "org/model"}, None, None, {})).values()
+    (finding,) = [f for f in checks.evaluate(ctx) if f.id == "config.api_key"]
+    assert (finding.status, finding.message) == ("pass", "listens on 127.0.0.1 (loopback) only")

@@ -331,3 +331,117 @@ def test_the_typed_settings_hold_exactly_the_rows_of_the_settings_table() -> Non
     defaults = inventory.Settings.of({})
     assert defaults.values == {name: (tuple(spec.default) if isinstance(spec.default, tuple) else spec.default)
                                for name, spec in inventory.VAR_SPECS.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings that would hand the system to the service user, or undo what the tool sets
+
+HOSTILE_PATHS = ["/", "/etc", "/usr", "/var/lib/vllm/models/../../../../etc", "/var/lib", "/home/alice",
+                 "/etc/vllm-models", "/lib64/x", "//usr", "/tmp/models"]
+SERVICE_DIRECTORIES = ["model_dir", "hf_home", "venv_dir"]
+
+
+def _host_vars_inventory(tmp_path: Path, values: dict[str, object]) -> Path:
+    import yaml
+
+    path = tmp_path / "hosts.yaml"
+    path.write_text(yaml.safe_dump({"hosts": {"h1": {"address": "10.0.0.1", "profile": "cpu", "vars": values}}}))
+    return path
+
+
+@pytest.mark.parametrize("setting", SERVICE_DIRECTORIES)
+@pytest.mark.parametrize("path", HOSTILE_PATHS)
+def test_a_service_directory_may_not_be_a_system_directory(setting: str, path: str, tmp_path: Path) -> None:
+    with pytest.raises(InventoryError, match=rf"key '{setting}': .*(system|top-level|'\.\.'|user directory)"):
+        inventory.parse_overrides([f"{setting}={path}"])
+    with pytest.raises(InventoryError, match=rf"host 'h1': key '{setting}'"):
+        inventory.load(_host_vars_inventory(tmp_path, {setting: path}))
+
+
+@pytest.mark.parametrize("given,normal", [("/srv/models/", "/srv/models"), ("/var/lib//vllm/./hf", "/var/lib/vllm/hf"),
+                                          ("/opt/vllm/venv", "/opt/vllm/venv")])
+def test_a_service_directory_is_normalised(given: str, normal: str) -> None:
+    assert inventory.parse_overrides([f"model_dir={given}"]) == {"model_dir": normal}
+
+
+def test_server_program_and_a_model_path_refuse_dot_dot() -> None:
+    assert inventory.parse_overrides(["server_program=/usr/bin//llama-server"]) == {
+        "server_program": "/usr/bin/llama-server"}  # a program may live in /usr: it is run, not owned
+    for setting in ("server_program", "model"):
+        with pytest.raises(InventoryError, match=rf"key '{setting}': .*'\.\.'"):
+            inventory.parse_overrides([f"{setting}=/opt/models/../../etc/shadow"])
+
+
+@pytest.mark.parametrize("model", ["../../etc", "org/team/name", "-org/name", "org/name.git", "a--b", "a..b",
+                                   "org/" + "x" * 97, "naïve/model", "org/name/"])
+def test_model_is_a_hub_repository_id_or_an_absolute_path(model: str) -> None:
+    with pytest.raises(InventoryError, match="key 'model': .* is not a hub repository id"):
+        inventory.parse_overrides([f"model={model}"])
+
+
+@pytest.mark.parametrize("model", ["gpt2", "lab/tiny-llama", "Qwen/Qwen2.5-0.5B-Instruct", "org/v1.5_x", "/srv/m"])
+def test_a_good_model_id_passes(model: str) -> None:
+    assert inventory.parse_overrides([f"model={model}"]) == {"model": model}
+
+
+# Every flag each engine's server command sets from a setting, by the engines' own documentation (not
+# read from provision/engines: the list is what the servers parse), with the setting to use instead.
+KEY = "the secrets file's vllm_api_key"
+OWNED = [
+    # vLLM: vllm/entrypoints/launchers/cli_args.py (FrontendArgs), vllm/engine/arg_utils.py
+    *(("vllm", flag, setting) for flag, setting in (
+        ("--host", "bind_host"), ("--port", "port"), ("--uds", "bind_host and port"), ("--model", "model"),
+        ("--served-model-name", "served_model_name"), ("--api-key", KEY))),
+    # llama.cpp's llama-server: tools/server/README.md
+    *(("llamacpp", flag, setting) for flag, setting in (
+        ("--host", "bind_host"), ("--port", "port"), ("-m", "model"), ("--model", "model"), ("-mu", "model"),
+        ("--model-url", "model"), ("-hf", "model"), ("-hfr", "model"), ("--hf-repo", "model"), ("-hff", "model"),
+        ("--hf-file", "model"), ("-dr", "model"), ("--docker-repo", "model"), ("--models-dir", "model"),
+        ("-a", "served_model_name"), ("--alias", "served_model_name"), ("--api-key", KEY),
+        ("--api-key-file", KEY))),
+    # TensorRT-LLM's trtllm-serve: commands/trtllm-serve (the model is its positional argument)
+    *(("trtllm", flag, setting) for flag, setting in (
+        ("--host", "bind_host"), ("--port", "port"), ("--served_model_name", "served_model_name"))),
+]
+
+
+def _spellings(flag: str) -> list[str]:
+    """The ways a server reads one flag: as given, with "=", and (long flags) with "_" for "-"."""
+    ways = [flag, f"{flag}=0.0.0.0"]
+    if flag.startswith("--") and ("-" in flag[2:] or "_" in flag[2:]):
+        ways.append("--" + flag[2:].translate(str.maketrans("-_", "_-")))
+    return ways
+
+
+def _ids(case: tuple[str, str, str]) -> str:
+    return f"{case[0]}:{case[1]}"
+
+
+@pytest.mark.parametrize("case", OWNED, ids=_ids)
+def test_a_flag_the_tool_sets_is_refused_in_server_flags_and_extra_args(case: tuple[str, str, str],
+                                                                       tmp_path: Path) -> None:
+    _engine, flag, setting = case
+    for spelling in _spellings(flag):
+        key, _, value = spelling.partition("=")
+        overrides = [f"server_flags={{{key}: {value or '0.0.0.0'}}}", f"extra_args=[{spelling}, '0.0.0.0']"]
+        for override in overrides:
+            name = override.split("=", 1)[0]
+            with pytest.raises(InventoryError) as caught:
+                inventory.parse_overrides([override])
+            assert f"key '{name}'" in str(caught.value) and f"set {setting} instead" in str(caught.value)
+        for layer in ({"server_flags": {key: "0.0.0.0"}}, {"extra_args": [spelling, "0.0.0.0"]}):
+            with pytest.raises(InventoryError, match=f"host 'h1': key '{next(iter(layer))}': .*set {setting}"):
+                inventory.load(_host_vars_inventory(tmp_path, layer))
+
+
+@pytest.mark.parametrize("abbreviation", ["--hos", "--ho", "--po", "--served-mod", "--api-k", "--mod"])
+def test_an_abbreviation_vllm_would_read_as_an_owned_flag_is_refused(abbreviation: str) -> None:
+    with pytest.raises(InventoryError, match=r"vLLM reads it as --"):
+        inventory.parse_overrides([f"extra_args=[{abbreviation}, x]"])
+
+
+def test_flags_the_tool_does_not_set_still_pass() -> None:
+    assert inventory.parse_overrides(["server_flags={--max-num-seqs: 64, --enforce-eager: true}",
+                                      "extra_args=[--hf-token-path, /x, -ngl, '10', --model-impl, vllm]"]) == {
+        "server_flags": {"--max-num-seqs": 64, "--enforce-eager": True},
+        "extra_args": ("--hf-token-path", "/x", "-ngl", "10", "--model-impl", "vllm")}

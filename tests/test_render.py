@@ -460,3 +460,46 @@ def test_the_refusal_check_refuses_a_misspelt_or_missing_option() -> None:
     assert refused_by_trtllm_serve(["/m", "--tp-size", "2"]) == ["no such option: --tp-size", "arguments ['/m', '2']: MODEL only"]
     assert refused_by_trtllm_serve(["/m", "--served_model_name", "x"])[0] == "no such option: --served_model_name"
     assert refused_by_trtllm_serve(["/m", "--port"]) == ["--port requires an argument"]
+
+
+def test_an_existing_directory_of_another_owner_is_refused_not_chowned() -> None:
+    state = seed_states()["cpu-tiny-llama"]
+    host = _host_as_rendered(state)
+    model_dir = next(d.path for d in state.directories if d.path.endswith("/models"))
+    files = {**host.files, model_dir: {"exists": True, "is_dir": True, "mode": 0o755, "owner": "root",
+                                       "group": "root"}}
+    with pytest.raises(plan.ForeignDirectory, match=rf"directory {model_dir} exists \(0755 root:root\) and is "
+                                                    "not the tool's"):
+        plan.build(state, dataclasses.replace(host, files=files))
+
+
+def test_the_tools_own_directory_gets_its_mode_back() -> None:
+    state = seed_states()["cpu-tiny-llama"]
+    host = _host_as_rendered(state)
+    model_dir = next(d for d in state.directories if d.path.endswith("/models"))
+    files = {**host.files, model_dir.path: {**host.files[model_dir.path], "mode": 0o777}}
+    changes = plan.build(state, dataclasses.replace(host, files=files))
+    assert [c.describe() for c in changes] == [
+        f"directory {model_dir.path}: 0777 {model_dir.owner}:{model_dir.group} -> 0750 {model_dir.owner}:"
+        + model_dir.group]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another owner needs root")
+def test_apply_on_the_host_refuses_a_directory_it_did_not_make_and_a_link(tmp_path: Path) -> None:
+    from provision.host import apply as host_apply
+    from provision.host.common import StepFailed
+
+    foreign, target, link = tmp_path / "foreign", tmp_path / "target", tmp_path / "link"
+    foreign.mkdir(mode=0o755)
+    os.chown(foreign, 65534, 65534)
+    target.mkdir(mode=0o755)
+    link.symlink_to(target)
+    data = {"mode": 0o750, "owner": "root", "group": "root"}
+    with pytest.raises(StepFailed, match="owned by uid 65534, and is not the tool's"):
+        host_apply.step({"kind": "directory", "target": str(foreign), "data": data})
+    with pytest.raises(StepFailed, match="is a symbolic link"):
+        host_apply.step({"kind": "directory", "target": str(link), "data": data})
+    assert [(os.stat(p).st_mode & 0o7777, os.stat(p).st_uid) for p in (foreign, target)] == [
+        (0o755, 65534), (0o755, 0)]
+    host_apply.step({"kind": "directory", "target": str(tmp_path / "new"), "data": data})  # made by the tool
+    assert os.stat(tmp_path / "new").st_mode & 0o7777 == 0o750

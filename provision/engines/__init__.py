@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from provision.engines.base import Engine, MetricNames, Verdict
+from provision.engines.base import Engine, MetricNames, Verdict, flag_name
 from provision.engines.llamacpp import LLAMACPP
 from provision.engines.trtllm import TRTLLM
 from provision.engines.vllm import VLLM
@@ -27,9 +27,23 @@ NAMES = tuple(ENGINES)
 assert {unit for engine in ENGINES.values() for unit in engine.units} <= set(MANAGED_UNITS)
 
 
+def owned_flag(arg: str) -> str | None:
+    """Where `arg` is a flag some engine's server command sets from the settings: which engine's, and
+    the setting to use instead (refused in server_flags and extra_args whatever the engine: the engine
+    setting may come from another layer than the flags)."""
+    for engine in ENGINES.values():
+        owned = engine.owned(arg)
+        if owned is not None:
+            flag, setting = owned
+            given = arg.split("=", 1)[0]
+            read_as = "" if flag_name(given) == flag else f" ({engine.title} reads it as {flag})"
+            return f"{given}{read_as} is a flag the tool sets itself ({engine.title}'s): set {setting} instead"
+    return None
+
+
 def engine_of(settings: object) -> Engine:
     """The engine the (validated) settings name."""
     return ENGINES[str(getattr(settings, "engine", "vllm") or "vllm")]
 
 
-__all__ = ["ENGINES", "NAMES", "Engine", "MetricNames", "Verdict", "engine_of"]
+__all__ = ["ENGINES", "NAMES", "Engine", "MetricNames", "Verdict", "engine_of", "owned_flag"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from provision.context import Context
@@ -42,6 +42,29 @@ def own_args(extra_args: Sequence[str], server_flags: Mapping[str, Any]) -> list
         elif value is not False:
             kept += [flag, str(value)]
     return kept
+
+
+# What the setting is that the tool renders an owned flag from: a flag the tool sets itself is refused
+# in server_flags and extra_args (the server takes the last of two, so it would undo the setting and
+# what the gate judged by it: the address, the API key).
+LISTEN = "bind_host"
+PORT = "port"
+MODEL = "model"
+NAME = "served_model_name"
+KEY = "the secrets file's vllm_api_key"
+
+
+def flag_name(arg: str) -> str:
+    """The flag an argument names, as the engines' parsers read it: the part before "=", and in a
+    long flag "_" as "-" (vLLM's parser takes --served_model_name for --served-model-name)."""
+    flag = arg.split("=", 1)[0]
+    return flag.replace("_", "-") if flag.startswith("--") else flag
+
+
+def _owns(owned: str, flag: str) -> bool:
+    """`flag` is `owned` or, for a long flag, a prefix of it: vLLM's argparse takes any unambiguous
+    abbreviation (--ho for --host)."""
+    return flag == owned or (flag.startswith("--") and len(flag) > 3 and owned.startswith(flag))
 
 
 @dataclass(frozen=True)
@@ -114,6 +137,31 @@ class Engine:
     metrics = MetricNames()
     model_format = "safetensors"  # or "gguf": one file the server loads
     source = ""  # the engine's documentation, for findings
+    # The flags its server command sets from the settings (normalised by flag_name), with the setting
+    # to use instead; host_flags: those that say the address the server listens on.
+    owned_flags: ClassVar[Mapping[str, str]] = {}
+    host_flags: tuple[str, ...] = ("--host",)
+
+    def owned(self, arg: str) -> tuple[str, str] | None:
+        """Where `arg` (a flag, or --flag=value) is one the tool sets: that flag and the setting to use
+        instead."""
+        flag = flag_name(arg)
+        return next(((owned, setting) for owned, setting in self.owned_flags.items() if _owns(owned, flag)),
+                    None)
+
+    def listen_address(self, command: Sequence[str]) -> str | None:
+        """The address a rendered server command listens on: the value of its last host flag (the
+        server takes the last); None where it names none."""
+        address = None
+        for index, arg in enumerate(command):
+            flag = flag_name(arg)
+            if not any(_owns(owned, flag) for owned in self.host_flags):
+                continue
+            if "=" in arg:
+                address = arg.split("=", 1)[1]
+            elif index + 1 < len(command):
+                address = command[index + 1]
+        return address
 
     def server_command(self, ctx: Context, model: str, resolutions: Sequence[str]) -> list[str]:
         raise NotImplementedError

@@ -17,11 +17,16 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from provision.engines.base import (
     FAIL,
+    KEY,
+    LISTEN,
+    MODEL,
+    NAME,
     PASS,
+    PORT,
     WARN,
     Engine,
     MetricNames,
@@ -88,6 +93,11 @@ class LlamaCpp(Engine):
     api_key_variable = "LLAMA_API_KEY"
     model_format = "gguf"
     source = SOURCE
+    # llama-server's own names for them, long and short (SOURCE); -hf, -mu and -dr load another model.
+    owned_flags: ClassVar[Mapping[str, str]] = {"--host": LISTEN, "--port": PORT,
+                   **{flag: MODEL for flag in ("-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo",
+                                               "-hff", "--hf-file", "-dr", "--docker-repo", "--models-dir")},
+                   "-a": NAME, "--alias": NAME, "--api-key": KEY, "--api-key-file": KEY}
     # llama-server's --metrics (seen on build b10434): counters of tokens, gauges of slots.
     metrics = MetricNames(
         running=("llamacpp:requests_processing",), waiting=("llamacpp:requests_deferred",),

@@ -23,13 +23,17 @@ Sources:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from provision import contracts
 from provision.engines.base import (
     FAIL,
     ITERATION_STATS,
+    KEY,
+    LISTEN,
+    NAME,
     PASS,
+    PORT,
     WARN,
     ConfigFile,
     Engine,
@@ -88,6 +92,9 @@ class TrtLlm(Engine):
     cluster_launch = "mpi"
     api_key_variable = None  # trtllm-serve authenticates no client (issue 9950)
     source = SERVE_DOC
+    # trtllm-serve's options (SERVE_DOC; its model is the first positional argument, which the tool
+    # gives), by flag_name: --served_model_name is written so.
+    owned_flags: ClassVar[Mapping[str, str]] = {"--host": LISTEN, "--port": PORT, "--served-model-name": NAME, "--api-key": KEY}
     metrics = ITERATION_METRICS  # the target release's (1.2.0); metric_names answers per host
 
     def release(self, settings: Any) -> str:

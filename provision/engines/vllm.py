@@ -9,12 +9,17 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from provision import contracts
 from provision.engines.base import (
     FAIL,
+    KEY,
+    LISTEN,
+    MODEL,
+    NAME,
     PASS,
+    PORT,
     WARN,
     ConfigFile,
     Engine,
@@ -68,6 +73,10 @@ class Vllm(Engine):
     cluster_launch = "ray"
     api_key_variable = "VLLM_API_KEY"
     source = "https://docs.vllm.ai/en/stable/cli/serve.html"
+    # vLLM's frontend and engine arguments (vllm/entrypoints/launchers/cli_args.py, engine/arg_utils.py);
+    # --uds serves on a socket and ignores --host and --port.
+    owned_flags: ClassVar[Mapping[str, str]] = {"--host": LISTEN, "--port": PORT, "--uds": f"{LISTEN} and {PORT}", "--model": MODEL,
+                   "--served-model-name": NAME, "--api-key": KEY}
     # V1 engine names first, then V0's where they differ.
     metrics = MetricNames(
         running=("vllm:num_requests_running",), waiting=("vllm:num_requests_waiting",),

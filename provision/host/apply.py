@@ -26,6 +26,7 @@ import json
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -222,6 +223,19 @@ def _already(change: dict[str, Any], written: set[str], venv_built: bool) -> boo
     return False
 
 
+def _refuse_foreign(target: str, uid: int) -> None:
+    """A directory that exists already and belongs to another owner was not made by the tool: it keeps
+    its owner and mode (the plan refuses it first; this holds when the host changed since)."""
+    try:
+        info = os.lstat(target)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(info.st_mode):  # chown would follow it to wherever it points
+        raise StepFailed(f"{target} is a symbolic link, not a directory the tool made: left as it is")
+    if info.st_uid != uid:
+        raise StepFailed(f"{target} exists, owned by uid {info.st_uid}, and is not the tool's: left as it is")
+
+
 def step(change: dict[str, Any]) -> None:
     kind, target, data = change["kind"], change["target"], change.get("data", {})
     if kind == "user" and data.get("modify"):
@@ -230,8 +244,9 @@ def step(change: dict[str, Any]) -> None:
         _run(["useradd", "--system", "--user-group", "--home-dir", data["home"], "--no-create-home",
               "--shell", data.get("shell", "/usr/sbin/nologin"), target])
     elif kind == "directory":
-        os.makedirs(target, mode=data["mode"], exist_ok=True)
         uid, gid = _ids(data["owner"], data["group"])
+        _refuse_foreign(target, uid)
+        os.makedirs(target, mode=data["mode"], exist_ok=True)
         os.chown(target, uid, gid)
         os.chmod(target, data["mode"])
     elif kind == "file":
