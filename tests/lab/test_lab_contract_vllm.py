@@ -13,7 +13,7 @@ import yaml
 
 from provision import contracts, inventory, lab, tune
 from provision.engines.vllm import VLLM
-from tests.lab.conftest import on_host
+from tests.lab.conftest import on_host, restore_lab_cpu
 from tests.test_render import GOLDEN, _state, contexts_of
 
 pytestmark = pytest.mark.lab
@@ -57,6 +57,9 @@ def rendered_lines() -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def judged(the_lab: lab.Lab, lab_inventory: inventory.Inventory) -> dict:
+    # cpu-1 deployed and serving as the lab inventory says: its venv is the parser, its server the metrics
+    # (the first lab test to need it deploys it; a no-op after that).
+    restore_lab_cpu()
     lines = rendered_lines()
     assert len(lines) > 30, sorted(lines)
     cpu = lines["profile cpu"]
