@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,8 @@ from provision.render import UNIT_DIR, DesiredState, managed_paths
 MANAGED_FILES = managed_paths()
 # The host's record of its generations (host/generations.py): the probe reads it with the managed files.
 GENERATIONS_STATE = "/var/lib/provision/generations/state.json"
+# The host programs' record of the directories they made (provision/host/common.py keeps the same path).
+MADE_DIRECTORIES = "/var/lib/provision/made-directories.json"
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,8 @@ class Change:
 def inspect_spec(state_paths: list[str], user: str) -> dict[str, list[str]]:
     """What the probe must look at for a plan: every managed file, the host's generations record, the
     directories, the user, and the managed units' drop-in directories (which unit.dropins reports)."""
-    return {"files": sorted({*MANAGED_FILES, GENERATIONS_STATE, HOST_KEY, *state_paths}), "users": [user],
+    return {"files": sorted({*MANAGED_FILES, GENERATIONS_STATE, HOST_KEY, MADE_DIRECTORIES, *state_paths}),
+            "users": [user],
             "dirs": list(DROP_IN_DIRS)}
 
 
@@ -77,24 +81,37 @@ class ForeignDirectory(ProvisionError):
     it over (a chown would hand whatever it holds, /etc say, to the service user)."""
 
 
+def made_directories(facts: HostFacts) -> set[str]:
+    """The directories the tool's host programs made on this host (their record, MADE_DIRECTORIES)."""
+    content = (facts.files.get(MADE_DIRECTORIES) or {}).get("content")
+    try:
+        found = json.loads(content) if content else []
+    except ValueError:
+        return set()
+    return {str(path) for path in found} if isinstance(found, list) else set()
+
+
 def _directory_changes(desired: DesiredState, facts: HostFacts) -> list[Change]:
-    """Directories to make, and the mode or group of the tool's own to set back. A directory counts as
+    """Directories to make, and the owner, mode or group of the tool's own to set back. A directory is
     the tool's when it belongs to the owner the tool gives it (the service user, or root for the
-    configuration): the tool keeps no other record, and an existing directory of another owner was
-    not made by it, so it keeps its owner and mode and the plan stops."""
+    configuration) or the tool's programs made it (a weights fetch makes the model root's parents
+    before the apply that gives them their owner); an existing directory of another owner that the
+    tool did not make keeps its owner and mode, and the plan stops."""
     changes = []
+    made = made_directories(facts)
     for directory in desired.directories:
         current = facts.files.get(directory.path, {"exists": False})
         data = {"mode": directory.mode, "owner": directory.owner, "group": directory.group}
         now = f"{_octal(int(current.get('mode', 0)))} {current.get('owner')}:{current.get('group')}"
         if not current.get("exists"):
             changes.append(Change("directory", directory.path, "missing", data))
-        elif current.get("owner") != directory.owner:
+        elif current.get("owner") != directory.owner and directory.path not in made:
             raise ForeignDirectory(
                 f"directory {directory.path} exists ({now}) and is not the tool's: it keeps its owner and "
                 f"mode. Point the setting that names it (model_dir, hf_home) at a directory that does not "
                 f"exist yet, or, if it is meant for the service, chown it to {directory.owner} yourself")
-        elif (current.get("mode"), current.get("group")) != (directory.mode, directory.group):
+        elif (current.get("mode"), current.get("owner"), current.get("group")) != (
+                directory.mode, directory.owner, directory.group):
             changes.append(Change("directory", directory.path,
                                   f"{now} -> {_octal(directory.mode)} {directory.owner}:{directory.group}", data))
     return changes

@@ -22,3 +22,14 @@ def no_personal_ssh_config(monkeypatch: pytest.MonkeyPatch) -> None:
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def host_record_of_made_directories(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Host programs run in a test's own process record the directories they make in a file of the
+    test's, not in this machine's /var/lib/provision."""
+    from provision.host import common
+
+    record = tmp_path / "made-directories.json"
+    monkeypatch.setattr(common, "MADE_DIRECTORIES", str(record))
+    return record

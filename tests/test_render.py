@@ -503,3 +503,36 @@ def test_apply_on_the_host_refuses_a_directory_it_did_not_make_and_a_link(tmp_pa
         (0o755, 65534), (0o755, 0)]
     host_apply.step({"kind": "directory", "target": str(tmp_path / "new"), "data": data})  # made by the tool
     assert os.stat(tmp_path / "new").st_mode & 0o7777 == 0o750
+
+
+def test_a_directory_the_tools_programs_made_is_taken_over_even_while_root_owns_it() -> None:
+    """A first deploy fetches the weights before the apply that makes the service user: the fetch
+    makes the model root's parents as root, and the apply then gives them their owner (the host's
+    record of the directories the tool made says so); an unrecorded one is refused (above)."""
+    state = seed_states()["cpu-tiny-llama"]
+    host = _host_as_rendered(state)
+    model_dir = next(d for d in state.directories if d.path.endswith("/models"))
+    root_owned = {"exists": True, "is_dir": True, "mode": 0o755, "owner": "root", "group": "root"}
+    record = {"exists": True, "content": json.dumps([model_dir.path])}
+    files = {**host.files, model_dir.path: root_owned, plan.MADE_DIRECTORIES: record}
+    changes = plan.build(state, dataclasses.replace(host, files=files))
+    assert [c.describe() for c in changes] == [
+        f"directory {model_dir.path}: 0755 root:root -> 0750 {model_dir.owner}:{model_dir.group}"]
+
+
+def test_the_host_programs_record_the_directories_they_make_and_only_those(
+        tmp_path: Path, host_record_of_made_directories: Path) -> None:
+    from provision.host import common
+
+    assert plan.MADE_DIRECTORIES == "/var/lib/provision/made-directories.json"
+    monkey_default = common.MADE_DIRECTORIES  # the test's record (conftest), standing for the host's
+    assert monkey_default == str(host_record_of_made_directories)
+    (tmp_path / "there").mkdir()
+    common.make_directories(str(tmp_path / "there" / "a" / "b"))
+    common.make_directories(str(tmp_path / "there" / "a" / "c"))
+    assert common.made_directories() == [str(tmp_path / "there" / "a"), str(tmp_path / "there" / "a" / "b"),
+                                         str(tmp_path / "there" / "a" / "c")]
+    os.rmdir(tmp_path / "there" / "a" / "b")
+    common.make_directories(str(tmp_path / "d"))  # a directory gone since leaves the record
+    assert str(tmp_path / "there" / "a" / "b") not in common.made_directories()
+    assert str(tmp_path / "d") in common.made_directories()

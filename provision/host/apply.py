@@ -33,7 +33,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from provision.host.common import StepFailed, lock, sha256_of, write_atomically
+from provision.host.common import (
+    StepFailed,
+    lock,
+    made_directories,
+    make_directories,
+    sha256_of,
+    write_atomically,
+)
 from provision.host.generations import (
     GenerationError,
     describe,
@@ -224,15 +231,16 @@ def _already(change: dict[str, Any], written: set[str], venv_built: bool) -> boo
 
 
 def _refuse_foreign(target: str, uid: int) -> None:
-    """A directory that exists already and belongs to another owner was not made by the tool: it keeps
-    its owner and mode (the plan refuses it first; this holds when the host changed since)."""
+    """A directory that exists already, belongs to another owner and is not one the tool's programs
+    made (MADE_DIRECTORIES) keeps its owner and mode (the plan refuses it first; this holds when the
+    host changed since)."""
     try:
         info = os.lstat(target)
     except FileNotFoundError:
         return
     if stat.S_ISLNK(info.st_mode):  # chown would follow it to wherever it points
         raise StepFailed(f"{target} is a symbolic link, not a directory the tool made: left as it is")
-    if info.st_uid != uid:
+    if info.st_uid != uid and target not in made_directories():
         raise StepFailed(f"{target} exists, owned by uid {info.st_uid}, and is not the tool's: left as it is")
 
 
@@ -246,7 +254,7 @@ def step(change: dict[str, Any]) -> None:
     elif kind == "directory":
         uid, gid = _ids(data["owner"], data["group"])
         _refuse_foreign(target, uid)
-        os.makedirs(target, mode=data["mode"], exist_ok=True)
+        make_directories(target, data["mode"])
         os.chown(target, uid, gid)
         os.chmod(target, data["mode"])
     elif kind == "file":

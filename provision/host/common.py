@@ -8,8 +8,9 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
-from typing import Any
+from typing import Any, List
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -56,6 +57,45 @@ def write_atomically(path: str, data: bytes, mode: int, uid: int, gid: int) -> N
 
 class StepFailed(Exception):
     pass
+
+
+# Every directory the tool's host programs created, so that apply takes over (chowns to the service
+# user) only what the tool made: a weights fetch makes the model root's parents as root before the
+# apply that gives them their owner, and an existing directory of someone else's is never taken.
+MADE_DIRECTORIES = "/var/lib/provision/made-directories.json"
+
+
+def made_directories() -> List[str]:
+    try:
+        with open(MADE_DIRECTORIES, encoding="utf-8") as handle:
+            found = json.load(handle)
+    except (OSError, ValueError):
+        return []
+    return [str(path) for path in found] if isinstance(found, list) else []
+
+
+_RECORDING = threading.Lock()  # a weights fetch makes directories from several threads
+
+
+def make_directories(path: str, mode: int = 0o755) -> None:
+    """os.makedirs, recording each directory it creates in MADE_DIRECTORIES."""
+    with _RECORDING:
+        _make_directories(path, mode)
+
+
+def _make_directories(path: str, mode: int) -> None:
+    missing = []
+    current = os.path.abspath(path)
+    while not os.path.isdir(current) and current != os.path.dirname(current):
+        missing.append(current)
+        current = os.path.dirname(current)
+    os.makedirs(path, mode=mode, exist_ok=True)
+    if missing:
+        known = [directory for directory in made_directories() if os.path.isdir(directory)]  # the gone ones leave
+        fresh = [directory for directory in reversed(missing) if directory not in known]
+        if fresh:
+            os.makedirs(os.path.dirname(MADE_DIRECTORIES), mode=0o700, exist_ok=True)
+            write_atomically(MADE_DIRECTORIES, json.dumps(known + fresh).encode("utf-8"), 0o600, 0, 0)
 
 
 def lock(path: str, wait: float) -> int:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from provision.host.common import emit, sha256_of, write_atomically
+from provision.host.common import emit, make_directories, sha256_of, write_atomically
 
 STALL = 20  # seconds a relay waits for its own copy to grow, and a receiver for the relay to answer
 HEARTBEAT = 1.0  # seconds between a relay server's checks that the controller's session is still there
@@ -140,7 +140,7 @@ def receive(entry: Mapping[str, Any], part: str, route: Route, progress: Progres
     """One file into its part file from the route's sources, resuming what is kept. Raises OSError
     when the last source failed too (the part file is kept). The caller hashes the file on disk: what
     is served from it is what was written, not what the network delivered."""
-    os.makedirs(os.path.dirname(part), exist_ok=True)
+    make_directories(os.path.dirname(part))
     if os.path.exists(part) and os.path.getsize(part) > entry["size"]:
         os.remove(part)
     with open(part, "ab") as handle:
@@ -342,7 +342,7 @@ def receive_files(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Files into a directory from relays (the venv's wheels): each verified by sha256 before it takes
     its name, then recorded in the directory's index of verified files."""
     directory = spec["directory"]
-    os.makedirs(directory, mode=0o755, exist_ok=True)
+    make_directories(directory, 0o755)
     route = Route(spec["sources"])
     progress = Progress(sum(int(entry["size"]) for entry in spec["files"]))
     fetchers: dict[str, Fetcher] = {"peer": fetch_peer}

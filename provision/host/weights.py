@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, BinaryIO, cast
 
-from provision.host.common import StepFailed, emit, lock, write_atomically
+from provision.host.common import StepFailed, emit, lock, make_directories, write_atomically
 from provision.host.relay import (
     Progress,
     Route,
@@ -121,7 +121,7 @@ def quarantine(root: str, path: str, commit: str, name: str, keep_in_place: bool
     stays where it is (a hard link goes aside): it is replaced only once a verified copy exists, so a
     served revision is never missing a file, even when the fetch of its replacement fails."""
     target = os.path.join(root, ".quarantine", commit, f"{name}.{time.time_ns()}")
-    os.makedirs(os.path.dirname(target), exist_ok=True)
+    make_directories(os.path.dirname(target))
     if keep_in_place:
         os.link(path, target)
     else:
@@ -196,7 +196,7 @@ def place_all(spec: dict[str, Any], todo: list[dict[str, Any]], revision: str, p
             digest, identity = digest_of(entry)
         if digest == entry["digest"]:
             os.chmod(part, 0o644)
-            os.makedirs(os.path.dirname(final), exist_ok=True)
+            make_directories(os.path.dirname(final))
             os.rename(part, final)  # over a bad copy, if one is still in place: one atomic step
             placed[entry["path"]] = stat_of(final)
             return True
@@ -239,7 +239,7 @@ def fetch(spec: dict[str, Any]) -> dict[str, Any]:
     partial = os.path.join(root, ".partial", commit)
     current = os.path.join(root, "current")
     for directory in (revision, partial):
-        os.makedirs(directory, exist_ok=True)
+        make_directories(directory)
     os.chmod(root, 0o755)
     report: dict[str, Any] = {"fetched": 0, "linked": 0, "kept": 0, "verified": 0, "quarantined": [],
                               "freed": []}
@@ -275,7 +275,7 @@ def fetch(spec: dict[str, Any]) -> dict[str, Any]:
             report["quarantined"].append(quarantine(root, final, commit, entry["path"],
                                                     keep_in_place=True))
         if entry["digest"] in shared:
-            os.makedirs(os.path.dirname(final), exist_ok=True)
+            make_directories(os.path.dirname(final))
             linked = final + ".provision-link"
             if os.path.lexists(linked):
                 os.remove(linked)
