@@ -89,6 +89,7 @@ def test_a_source_is_built_once_per_architecture_and_installed_everywhere(
                                              "import fastsum; print(fastsum.add(2, 3))"]).strip() == "105"
 
 
+@pytest.mark.usefixtures("the_lab")  # a lab test like the others: PROVISION_SKIP_LAB=1 skips it too
 def test_a_source_that_does_not_compile_fails_with_the_compilers_words(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PROVISION_WHEELHOUSE", str(tmp_path / "wheelhouse"))
