@@ -9,7 +9,6 @@ import shlex
 from pathlib import Path
 
 import pytest
-import yaml
 
 from provision import contracts, inventory, lab, tune
 from provision.engines.vllm import VLLM
@@ -44,10 +43,9 @@ def rendered_lines() -> dict[str, list[str]]:
     """Golden units, each profile's default render, and each value of each default tune space."""
     lines = {f"golden {path.parent.name}": exec_start(path.read_text())
              for path in sorted(GOLDEN.glob("*/vllm.service"))}
-    spaces = yaml.safe_load((Path(tune.__file__).parent / tune.SPACES).read_text())
     for profile, (case, host, base) in BASE_CASES.items():
         lines[f"profile {profile}"] = server_argv(case, host, **base)
-        for dimension in tune.dimensions_of(spaces[profile], profile):
+        for dimension in tune.load_space(None, profile, "vllm"):  # the engine's default space of the profile
             for value in dimension.values:
                 values = ({"server_flags": {dimension.flag: value}} if dimension.flag
                           else {str(dimension.setting): value})
