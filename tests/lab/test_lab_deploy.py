@@ -6,9 +6,10 @@ import time
 
 import pytest
 
-from provision import inventory, lab
+from provision import inventory, lab, status
 from tests.lab.conftest import invoke_json, on_host, run_invoke
 from tests.lab.test_lab_provision import SNAPSHOT
+from tests.lab.test_lab_serve import METRICS
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
@@ -55,16 +56,24 @@ def test_status_and_bench_show_the_servers_own_figures(deployed: dict) -> None:
     lines = logs.stdout.splitlines()
     assert logs.returncode == 0 and 0 < len(lines) <= 51 and '"GET /metrics HTTP/1.1" 200' in logs.stdout
 
-def test_the_kv_estimate_agrees_with_the_running_servers_own_capacity(deployed: dict) -> None:
+def test_the_kv_estimate_agrees_with_the_running_servers_own_capacity(deployed: dict,
+                                                                        lab_inventory: inventory.Inventory) -> None:
     """memory.fits estimates the tiny model's KV cache from its config.json on the hub (check, plan) and on the
-    host (status); the server reports its own (vllm:cache_config_info). They must agree within 1 %: vLLM's
-    CPU build allocates VLLM_CPU_KVCACHE_SPACE in whole blocks, the only rounding between the two."""
+    host (status); the server reports its own (vllm:cache_config_info). Its blocks times the block size must
+    agree with the estimate within 1 %: vLLM's CPU build allocates VLLM_CPU_KVCACHE_SPACE in whole blocks,
+    the only rounding between the two. Status shows the server's kv_cache_size_tokens, which counts requests
+    of max_model_len in whole blocks (200 here, after the first test: below the blocks' product)."""
     code, found, text = invoke_json("status", "--host", "cpu-1")
     assert code == 0, text
     host = found["hosts"]["cpu-1"]
     reported, estimated = host["figures"]["kv_capacity_tokens"], host["kv_estimate_tokens"]
     assert reported and estimated, text
-    assert abs(reported - estimated) <= 0.01 * reported, (reported, estimated)
+    metrics = on_host(lab_inventory, "cpu-1", ["python3", "-"], stdin=METRICS % 8000)
+    info = next(line for line in metrics.splitlines() if line.startswith(status.CACHE_INFO + "{"))
+    labels = status.info_labels(info, status.CACHE_INFO)
+    assert reported == status.kv_capacity(labels) == int(labels["kv_cache_size_tokens"]), (reported, labels)
+    blocks = int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+    assert abs(blocks - estimated) <= 0.01 * blocks, (blocks, estimated)
     code, checked, text = invoke_json("check", "--host", "cpu-1")
     fits = next(f for f in checked["hosts"]["cpu-1"]["findings"] if f["id"] == "memory.fits")
     assert fits["status"] == "pass" and fits["evidence"]["context_tokens"] == estimated, text
