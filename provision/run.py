@@ -614,7 +614,7 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
                                   timed("prepare", prepare))
             errors.update(first.errors)
             done.update(first.values)
-            jobs, holders = weight_jobs(plans, [name for name in active if name not in errors])
+            jobs, holders = weight_jobs(plans, [name for name in active if name not in errors], order)
             started = time.monotonic()
             fetched, fetch_errors = weights.fetch_all(jobs, connect, held.hf_token, options.verify, wait, bar,
                                                       holders)
@@ -633,14 +633,17 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
     return done, errors, fetched, wheels_sent
 
 
-def weight_jobs(plans: Mapping[str, HostPlan], names: Sequence[str]) -> tuple[list[weights.Job], list[weights.Job]]:
+def weight_jobs(plans: Mapping[str, HostPlan], names: Sequence[str],
+                order: Sequence[str] = ()) -> tuple[list[weights.Job], list[weights.Job]]:
     """Pure: the fetches of `names` that need one, and every planned host holding its model revision
-    verified (the fetches' first sources in its cluster: weights.holders_of picks them)."""
+    verified (the fetches' first sources in its cluster: weights.holders_of picks them), in the run's
+    host `order` (plans arrive in the order their facts did: the chain must not depend on that)."""
     def job(name: str, data: Mapping[str, Any]) -> weights.Job:
         return weights.Job(name, plans[name].group, data, plans[name].cluster_address, plans[name].transfer)
 
     jobs = [job(name, plans[name].of_kind("weights")[0].data) for name in names if plans[name].of_kind("weights")]
-    holders = [job(name, held) for name, held in ((n, plans[n].holds) for n in plans) if held is not None]
+    ranked = [*[name for name in order if name in plans], *[name for name in plans if name not in order]]
+    holders = [job(name, held) for name, held in ((n, plans[n].holds) for n in ranked) if held is not None]
     return jobs, holders
 
 

@@ -380,3 +380,22 @@ def test_a_host_that_alone_must_fetch_takes_the_files_from_the_peers_holding_the
     asked.clear()
     weights.fetch_all(hub_only, lambda host: host, None, False, 0, lambda text: lambda d, t: None, holders)
     assert asked == {"cpu-1": ["hub"]}
+
+
+def test_the_peers_holding_a_revision_serve_in_the_runs_host_order_not_the_order_plans_arrived() -> None:
+    """Plans arrive as their facts did (in parallel): the holders, and so the relay chain's first
+    sources, follow the run's host order, so a rerun takes the same peer first every time."""
+    from provision import plan, run
+
+    data = {"commit": SNAP.commit, "root": "/m/org/m", "endpoint": "http://hub", "repo": "org/m"}
+    needs = run.HostPlan([plan.Change("weights", data["root"], "missing", data)], cluster_address="10.0.0.3",
+                         group="c1")
+    holding = {"ws-5090": run.HostPlan([], cluster_address="10.0.0.1", group="c1", holds=data),
+               "h200": run.HostPlan([], cluster_address="10.0.0.2", group="c1", holds=data)}
+    order = ["ws-5090", "h200", "cpu-1"]
+    for arrived in (["h200", "ws-5090"], ["ws-5090", "h200"]):
+        plans = {"cpu-1": needs, **{name: holding[name] for name in arrived}}
+        _, holders = run.weight_jobs(plans, ["cpu-1"], order)
+        assert [job.host for job in holders] == ["ws-5090", "h200"]
+    from provision import relay
+    assert relay.routes_with_holders(["cpu-1"], relay.RELAY, ["ws-5090", "h200"])["cpu-1"][0] == "h200"
