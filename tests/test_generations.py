@@ -200,3 +200,22 @@ def test_a_restored_generation_answers_with_the_endpoint_recorded_with_it(host: 
     assert rows[3]["overrides"] == ["port"] and rows[2]["overrides"] == []
     back = run(host, "reject", generation=failed["generation"], why="port taken")
     assert back["to"] == 2 and back["serve"] == own  # judged at :8000, not at the failed run's :8123
+
+
+@pytest.mark.parametrize("unit, restored, restart", [
+    ("vllm-ray-head.service", ["/etc/systemd/system/vllm.service"], False),  # the deploy changed vLLM's unit only
+    ("vllm.service", ["/etc/systemd/system/vllm.service"], True),
+    ("vllm-ray-head.service", ["/etc/vllm/vllm.env"], True),  # every unit reads the environment file
+    ("vllm-ray-head.service", ["/opt/vllm/venv"], True),  # Ray runs from the venv too
+    ("vllm-ray-head.service", ["/var/lib/vllm/models/org/m -> revisions/abc"], False),  # Ray reads no weights
+    ("vllm.service", ["/var/lib/vllm/models/org/m -> revisions/abc"], True),
+    ("vllm.service", ["removed /etc/systemd/system/vllm.service.d/override.conf"], True),
+    ("vllm-ray-head.service", ["removed /etc/systemd/system/vllm.service.d/override.conf"], False),
+], ids=["ray-head-kept-for-vllm-unit", "vllm-unit", "env-file", "venv", "ray-head-kept-for-model", "model",
+        "own-drop-in", "other-units-drop-in"])
+def test_a_restore_restarts_only_the_units_that_read_what_it_put_back(unit: str, restored: list[str],
+                                                                       restart: bool) -> None:
+    """A Ray head restarted for nothing loses its workers (they do not join the new head's session)."""
+    from provision.host import generations
+
+    assert generations.must_restart(unit, restored, ["/var/lib/vllm/models/org/m"]) is restart

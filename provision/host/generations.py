@@ -307,7 +307,7 @@ def restore(root: str, number: int, spec: dict[str, Any], secrets: Mapping[str, 
             said.append(f"{model_root} left as it is ({target} is no longer kept)")
     if units_changed:
         run(["systemctl", "daemon-reload"])
-    anything = bool(said)
+    restored = [line for line in said if " left as it is" not in line]
     for unit, wanted in sorted((units or meta["units"]).items()):
         now = unit_states([unit])[unit]
         if not wanted["installed"] or not wanted["enabled"]:
@@ -321,7 +321,7 @@ def restore(root: str, number: int, spec: dict[str, Any], secrets: Mapping[str, 
                            stderr=subprocess.DEVNULL, check=False)
             if not now["active"]:
                 run(["systemctl", "start", unit])
-            elif anything:
+            elif must_restart(unit, restored, set(meta.get("models") or {})):
                 run(["systemctl", "restart", unit])  # it must run what was just restored
         elif now["active"]:
             subprocess.run(["systemctl", "stop", unit], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -330,6 +330,31 @@ def restore(root: str, number: int, spec: dict[str, Any], secrets: Mapping[str, 
     state["current"] = number
     save_state(root, state)
     return said
+
+
+# Units that never read the weights: a model revision restored is nothing to them.
+MODEL_FREE_UNITS = ("vllm-ray-head.service", "vllm-ray-worker.service")
+
+
+def must_restart(unit: str, restored: Sequence[str], model_roots: Iterable[str]) -> bool:
+    """Whether a running unit must restart to run what a restore put back (`restored`: what restore
+    said it did). Its own unit file, a shared file (the environment file, a configuration file) or
+    the venv: yes; a model revision: only for a unit that reads the weights; another unit's file: no.
+    A Ray head restarted for nothing loses its workers: `ray start --block` on a worker does not join
+    the new head's session, and the worker's unit stays active without a node in the cluster."""
+    roots = set(model_roots)
+    for item in restored:
+        path = item.split(" -> ")[0]
+        path = path[len("removed "):] if path.startswith("removed ") else path
+        if path.endswith(".service") or (path.endswith(".conf") and ".service.d/" in path):
+            if os.path.basename(path) == unit or os.path.basename(os.path.dirname(path)) == unit + ".d":
+                return True
+        elif path in roots:
+            if unit not in MODEL_FREE_UNITS:
+                return True
+        else:  # the environment file, a configuration file, the venv
+            return True
+    return False
 
 
 def describe(root: str) -> dict[str, Any]:
