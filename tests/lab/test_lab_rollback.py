@@ -48,11 +48,13 @@ for thread in threads:
 print(json.dumps(results))
 """.replace("STOP_FILE", repr(STOP))
 
+# One completion, waited for as long as a loaded two-core lab host may take to answer one (three
+# clients keep it busy): a server that is down refuses the connection at once, whatever the timeout.
 ONE_COMPLETION = """
 import json, urllib.request
 body = json.dumps({"model": "tiny-llama", "prompt": "Hello", "max_tokens": 1}).encode()
 request = urllib.request.Request("http://127.0.0.1:8000/v1/completions", body, {"Content-Type": "application/json"})
-print(urllib.request.urlopen(request, timeout=10).status)
+print(urllib.request.urlopen(request, timeout=60).status)
 """
 
 
