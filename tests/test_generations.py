@@ -65,8 +65,9 @@ def test_good_rejected_good_lists_three_and_offers_only_the_good_ones(host: dict
     listing = run(host, "list")["generations"]
     rows = {row["id"]: row for row in listing["generations"]}
     assert [(rows[n]["state"], rows[n]["target"]) for n in (2, 3, 4)] == [
-        ("good", True), ("rejected", False), ("good", True)]
+        ("good", True), ("rejected", False), ("good", False)]  # the current one is no target: it runs
     assert rows[1]["state"] == "found" and rows[4]["current"]
+    assert [n for n in rows if rows[n]["default"]] == [2] and listing["default"] == 2
     # The default rollback goes to the newest good one before the current, never to the rejected one.
     rolled = run(host, "rollback")
     assert rolled["to"] == 2 and text(host) == "PORT=8000\n"
@@ -219,3 +220,79 @@ def test_a_restore_restarts_only_the_units_that_read_what_it_put_back(unit: str,
     from provision.host import generations
 
     assert generations.must_restart(unit, restored, ["/var/lib/vllm/models/org/m"]) is restart
+
+
+def promoted(host: dict[str, Any], content: str) -> int:
+    number: int = deploy(host, content)["generation"]
+    assert run(host, "promote", generation=number)["ok"]
+    return number
+
+
+def test_a_rollback_after_rollback_to_goes_to_the_generation_that_ran_before_not_a_leftover(
+        host: dict[str, Any]) -> None:
+    """2 and 3 are good; --to 2; a deploy makes 4 from 2: its rollback is 2, not 3 (numbered between,
+    it never ran before 4: another engine's, left by an earlier run)."""
+    vllm = promoted(host, "ENGINE=vllm\n")
+    leftover = promoted(host, "ENGINE=llama.cpp\n")
+    assert run(host, "rollback", to=vllm)["to"] == vllm and text(host) == "ENGINE=vllm\n"
+    later = promoted(host, "ENGINE=vllm\nMAX_MODEL_LEN=200\n")
+    assert later > leftover
+    listing = run(host, "list")["generations"]
+    assert listing["default"] == vllm
+    rolled = run(host, "rollback")
+    assert rolled["to"] == vllm and text(host) == "ENGINE=vllm\n"
+
+
+def test_a_rejected_deploy_after_rollback_to_gets_back_what_ran_before_it(host: dict[str, Any]) -> None:
+    vllm = promoted(host, "ENGINE=vllm\n")
+    promoted(host, "ENGINE=llama.cpp\n")
+    run(host, "rollback", to=vllm)
+    bad = deploy(host, "ENGINE=vllm\nPORT=8123\n")
+    back = run(host, "reject", generation=bad["generation"], why="port taken")
+    assert back["to"] == vllm and text(host) == "ENGINE=vllm\n"
+
+
+def test_the_chain_skips_rejected_and_abandoned_generations_and_goes_on_before_them(
+        host: dict[str, Any]) -> None:
+    good = promoted(host, "A=1\n")
+    killed = deploy(host, "A=2\n", deadline=-1)["generation"]  # pending, its run gone
+    later = deploy(host, "A=3\n")["generation"]  # ran after the killed one, which it abandons
+    assert load_summary(host, later)["previous"] == killed
+    assert run(host, "promote", generation=later)["ok"]
+    assert run(host, "rollback")["to"] == good and text(host) == "A=1\n"
+
+
+def load_summary(host: dict[str, Any], number: int) -> dict[str, Any]:
+    state = json.loads((Path(host["root"]) / "state.json").read_text())
+    summary: dict[str, Any] = next(g for g in state["generations"] if g["id"] == number)
+    return summary
+
+
+def test_a_record_without_previous_falls_back_to_the_next_lower_number(host: dict[str, Any]) -> None:
+    """Records older than the `previous` field say nothing of what ran before: the numbers are all."""
+    first = promoted(host, "A=1\n")
+    second = promoted(host, "A=2\n")
+    run(host, "rollback", to=first)
+    third = promoted(host, "A=3\n")
+    state_path = Path(host["root"]) / "state.json"
+    state = json.loads(state_path.read_text())
+    for summary in state["generations"]:
+        if summary["id"] == third:
+            del summary["previous"]
+    state_path.write_text(json.dumps(state))
+    assert run(host, "rollback")["to"] == second
+
+
+def test_a_link_to_a_pruned_generation_goes_on_below_it(host: dict[str, Any]) -> None:
+    from provision.host import generations
+
+    root = Path(host["root"])
+    root.mkdir()
+    rows = [{"id": 1, "state": "found", "previous": None}, {"id": 2, "state": "good", "previous": 1},
+            {"id": 5, "state": "good", "previous": 2}, {"id": 7, "state": "good", "previous": 4},
+            {"id": 9, "state": "good", "previous": 7}]
+    (root / "state.json").write_text(json.dumps({"current": 9, "generations": rows}))
+    assert generations.ran_before(str(root), 9) == [7, 2, 1]  # 4 is pruned; 5 (above 4) never ran before 7
+    assert generations.rollback_target(str(root)) == 7
+    assert generations.rollback_target(str(root), before=7) == 2
+    assert generations.rollback_target(str(root), before=2) is None  # before 2: only what the host had

@@ -231,28 +231,55 @@ def settle_pending(root: str, now: float, why: str, keep: int | None = None) -> 
 ROLLBACK_STATES = ("good", "applied")  # what a rollback offers; `found` only when named with --to
 
 
+def ran_before(root: str, number: int) -> list[int]:
+    """The kept generations that ran before generation `number`, the latest first, following each
+    one's `previous` (the generation that was current when its run recorded it). Numbers are not that
+    order: a rollback makes an older generation current again, so the next run's `previous` is the
+    restored one, and the generations numbered in between (another engine's, a test's) never ran
+    before it. Where a record has no `previous` although something ran before it (a record older
+    than the field), or its `previous` is no longer kept (pruned), the rest of the chain is the kept
+    generations numbered below that point, the newest first: the only order those records leave."""
+    kept = {g["id"]: g for g in load_state(root)["generations"]}
+    chain: list[int] = []
+    at = number
+    while True:
+        summary = kept.get(at)
+        link = summary.get("previous") if summary else None
+        if summary is not None and link is None and summary["state"] == "found":
+            return chain  # what the host had before its first tracked run: nothing ran before it
+        if summary is None or link is None or link not in kept or link >= at:
+            below = at if link is None or link >= at else link
+            return chain + [n for n in sorted(kept, reverse=True) if n < below and n not in chain]
+        chain.append(link)
+        at = link
+
+
 def rollback_target(root: str, before: int | None = None, good_only: bool = False,
                     states: Sequence[str] | None = None) -> int | None:
-    """The newest generation older than `before` (default: the current one) that may be restored:
-    one that passed readiness or that a provision applied, never a rejected or abandoned one; with
-    good_only, only one that passed readiness."""
+    """The latest generation that ran before `before` (default: the current one) that may be
+    restored, following `ran_before`: one that passed readiness or that a provision applied, never a
+    rejected or abandoned one (those are skipped, and the chain goes on before them); with good_only,
+    only one that passed readiness; with `states`, one in those states."""
     state = load_state(root)
-    limit = before if before is not None else state["current"]
+    start = before if before is not None else state["current"]
+    if start is None:
+        return None
     allowed = states or (("good",) if good_only else ROLLBACK_STATES)
-    older: list[int] = [g["id"] for g in state["generations"]
-                        if (limit is None or g["id"] < limit) and g["state"] in allowed]
-    return max(older) if older else None
+    kept = {g["id"]: g["state"] for g in state["generations"]}
+    return next((number for number in ran_before(root, start) if kept[number] in allowed), None)
 
 
 def restore(root: str, number: int, spec: dict[str, Any], secrets: Mapping[str, str | None],
             write: Callable[[str, bytes, int, int, int], None], run: Callable[[list[str]], str],
-            units: Mapping[str, Mapping[str, bool]] | None = None) -> list[str]:
+            units: Mapping[str, Mapping[str, bool]] | None = None, allow: Sequence[str] = ()) -> list[str]:
     """Make the host hold generation `number` again: its files (written with `write`, removed where it
     had none), systemd reloaded, its venv and model revision where they are still kept, and each unit
     enabled and running exactly as it was then (or as `units` says: a rejected run's units before it).
-    Returns what it restored, in words."""
+    `allow`: states restored although never a rollback target (the way back to the generation that was
+    running before a rollback whose restored generation did not serve). Returns what it restored, in
+    words."""
     meta = load_meta(root, number)
-    if meta["state"] in ("rejected", "abandoned", "pending"):
+    if meta["state"] in ("rejected", "abandoned", "pending") and meta["state"] not in allow:
         raise GenerationError(f"generation {number} is {meta['state']}: not a rollback target "
                               "(see `invoke rollback --list`)")
     said: list[str] = []
@@ -358,12 +385,16 @@ def must_restart(unit: str, restored: Sequence[str], model_roots: Iterable[str])
 
 
 def describe(root: str) -> dict[str, Any]:
-    """Every kept generation, oldest first, with which is current and which may be restored."""
+    """Every kept generation, oldest first: which is current (what the host runs), which others may be
+    restored (`target`), which one `rollback` restores by default, and which a tune trial made."""
     state = load_state(root)
+    default = rollback_target(root)
     rows = []
     for summary in state["generations"]:
         row = dict(summary)
         row["current"] = summary["id"] == state["current"]
-        row["target"] = summary["state"] in ROLLBACK_STATES
+        row["target"] = summary["state"] in ROLLBACK_STATES and not row["current"]
+        row["default"] = summary["id"] == default
+        row["trial"] = summary.get("by") == "tune trial"
         rows.append(row)
-    return {"current": state["current"], "generations": rows}
+    return {"current": state["current"], "default": default, "generations": rows}
