@@ -31,6 +31,7 @@ class Outcome:
     serve: Mapping[str, Any] | None = None
     running: tuple[str, ...] = ()
     settled: tuple[int, ...] = ()  # pending generations of stopped runs, now abandoned
+    left: int | None = None  # a rollback: the generation it replaced (the one that was running)
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,8 @@ def _decide(runner: Runner, action: str, scope: Scope, wait: float, secrets: Map
     answer = _execute(runner, spec, [])
     return Outcome(done=(), restored=tuple(answer.get("restored", [])), generation=answer.get("generation"),
                    to=answer.get("to"), generations=answer.get("generations") or {},
-                   serve=answer.get("serve"), running=tuple(answer.get("running") or ()))
+                   serve=answer.get("serve"), running=tuple(answer.get("running") or ()),
+                   left=answer.get("left"))
 
 
 def promote(runner: Runner, generation: int, scope: Scope, wait: float = 0) -> Outcome:
@@ -129,9 +131,12 @@ def reject(runner: Runner, generation: int, scope: Scope, why: str, wait: float 
 
 
 def rollback(runner: Runner, scope: Scope, to: int | None = None, wait: float = 0,
-             secrets: Mapping[str, str | None] | None = None) -> Outcome:
-    """Restore generation `to`, or the newest one before the current that was not rejected."""
-    return _decide(runner, "rollback", scope, wait, secrets, to=to)
+             secrets: Mapping[str, str | None] | None = None, forward: bool = False) -> Outcome:
+    """Restore generation `to`, or by default the latest one that ran before the current and may be
+    restored (never a rejected or abandoned one). With `forward`, `to` is the generation the last
+    rollback replaced: back to it, each unit as it was then (refused if another run changed the host
+    since)."""
+    return _decide(runner, "rollback", scope, wait, secrets, to=to, forward=forward)
 
 
 def generations(runner: Runner, scope: Scope) -> Mapping[str, Any]:

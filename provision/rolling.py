@@ -324,11 +324,13 @@ class RolledBack:
 
 def rollback(inv: inventory.Inventory, targets: list[inventory.Host], options: Options, *, to: int | None = None,
              listing: bool = False, timeout: float = 600) -> HostResults[Any]:
-    """Each target back to generation `to` (default: the newest good or applied one before the current),
-    one host after the other (a multi-node cluster's head last), each gated on readiness as deploy is:
-    the next host is touched only once the restored server answers /health and a real completion at its
-    own recorded endpoint. A host whose restored generation does not serve fails, and the hosts after it
-    are left as they are. With listing, each host's generations (all at once: it changes nothing)."""
+    """Each target back to generation `to` (default: the latest good or applied one that ran before the
+    current, by each generation's record of what ran before it), one host after the other (a multi-node
+    cluster's head last), each gated on readiness as deploy is: the next host is touched only once the
+    restored server answers /health and a real completion at its own recorded endpoint. A host whose
+    restored generation does not serve goes back to the generation that was running and fails, and the
+    hosts after it are left as they are. With listing, each host's generations (all at once: it changes
+    nothing)."""
     held = secrets.load(inv.secrets)
     with remote.Pool(inv.ssh, accept_new_host_keys=options.accept_new_host_keys) as pool:
         if listing:
@@ -352,18 +354,40 @@ def rollback(inv: inventory.Inventory, targets: list[inventory.Host], options: O
 def _roll_back_host(inv: inventory.Inventory, runner: remote.Runner, options: Options, held: secrets.Secrets,
                     to: int | None, timeout: float) -> RolledBack:
     """Restore the generation (its server restarted once, after its files, venv and model are in place),
-    then wait until it serves; NotReady names the generation that does not."""
+    then wait until it serves. One that does not serve is left for the generation that was running
+    before (restored whole, its units as they were, and waited for in turn): NotReady names both."""
     started = time.monotonic()
     declared = inv.settings(runner.host, options.overrides)
-    back = ops.rollback(runner, run.scope_of(declared), to=to, wait=options.wait,
-                        secrets=secret_environment(held))
+    scope = run.scope_of(declared)
+    back = ops.rollback(runner, scope, to=to, wait=options.wait, secrets=secret_environment(held))
     where = restored_endpoint(back, inv.settings(runner.host, {}))
     ready_s = None
     if where is not None:
         try:
             ready_s = server.wait_ready_at(runner, where, held.vllm_api_key, timeout)
         except ProvisionError as exc:
-            raise server.NotReady(f"{runner.host}: generation {back.to} restored "
-                                  f"({', '.join(back.restored) or 'it was in place'}), but it does not serve: "
-                                  f"{error_text(exc).removeprefix(runner.host + ': ')}") from exc
+            said = (f"{runner.host}: generation {back.to} restored "
+                    f"({', '.join(back.restored) or 'it was in place'}), but it does not serve: "
+                    f"{error_text(exc).removeprefix(runner.host + ': ')}")
+            raise server.NotReady(said + _back_to_running(inv, runner, scope, back, options, held, timeout)) from exc
     return RolledBack(back.to, back.restored, ready_s, round(time.monotonic() - started, 2))
+
+
+def _back_to_running(inv: inventory.Inventory, runner: remote.Runner, scope: ops.Scope, back: ops.Outcome,
+                     options: Options, held: secrets.Secrets, timeout: float) -> str:
+    """A rollback whose restored generation does not serve goes back to the generation that was running
+    (`back.left`), and waits for it as for any restored one; what happened, as the rest of a sentence."""
+    if back.left is None or back.left == back.to:
+        return "; nothing else ran before it to go back to"
+    try:
+        again = ops.rollback(runner, scope, to=back.left, wait=options.wait, secrets=secret_environment(held),
+                             forward=True)
+        where = restored_endpoint(again, inv.settings(runner.host, {}))
+        if where is None:
+            return f"; back on generation {back.left}, the one that was running (it runs no server)"
+        seconds = server.wait_ready_at(runner, where, held.vllm_api_key, timeout)
+    except ProvisionError as exc:
+        return (f"; going back to generation {back.left}, the one that was running, failed too: "
+                f"{error_text(exc).removeprefix(runner.host + ': ')}")
+    return (f"; back on generation {back.left}, the one that was running: it answers /health and a completion "
+            f"again ({seconds:.0f}s)")

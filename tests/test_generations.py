@@ -240,7 +240,7 @@ def test_a_rollback_after_rollback_to_goes_to_the_generation_that_ran_before_not
     listing = run(host, "list")["generations"]
     assert listing["default"] == vllm
     rolled = run(host, "rollback")
-    assert rolled["to"] == vllm and text(host) == "ENGINE=vllm\n"
+    assert rolled["to"] == vllm and rolled["left"] == later and text(host) == "ENGINE=vllm\n"
 
 
 def test_a_rejected_deploy_after_rollback_to_gets_back_what_ran_before_it(host: dict[str, Any]) -> None:
@@ -296,3 +296,29 @@ def test_a_link_to_a_pruned_generation_goes_on_below_it(host: dict[str, Any]) ->
     assert generations.rollback_target(str(root)) == 7
     assert generations.rollback_target(str(root), before=7) == 2
     assert generations.rollback_target(str(root), before=2) is None  # before 2: only what the host had
+
+
+def test_forward_goes_back_to_the_generation_the_rollback_left_pending_again(host: dict[str, Any]) -> None:
+    """A rollback whose restored generation does not serve: back to the one that was running, in the
+    state it had (a deploy's generation without a verdict is pending again, not abandoned)."""
+    good = promoted(host, "A=1\n")
+    waiting = deploy(host, "A=2\n")["generation"]
+    rolled = run(host, "rollback")
+    assert rolled["to"] == good and rolled["left"] == waiting
+    assert load_summary(host, waiting)["state"] == "abandoned"
+    forward = run(host, "rollback", to=waiting, forward=True)
+    assert forward["ok"] and forward["to"] == waiting and forward["left"] == good, forward
+    assert text(host) == "A=2\n" and load_summary(host, waiting)["state"] == "pending"
+    assert run(host, "list")["generations"]["current"] == waiting
+    again = run(host, "rollback", to=waiting, forward=True)  # the record of what was left is spent
+    assert not again["ok"] and "not the one the last rollback left" in again["failed"]["error"]
+
+
+def test_forward_is_refused_once_another_run_changed_the_host(host: dict[str, Any]) -> None:
+    first = promoted(host, "A=1\n")
+    second = promoted(host, "A=2\n")
+    run(host, "rollback", to=first)
+    run(host, "apply", changes=[write(host["files"][1], "x=1\n")])  # a provision meanwhile
+    refused = run(host, "rollback", to=second, forward=True)
+    assert not refused["ok"] and "another run changed it since" in refused["failed"]["error"], refused
+    assert text(host) == "A=1\n"

@@ -133,3 +133,61 @@ def test_rollback_says_done_only_after_the_restored_server_answered(
     results = rolling.rollback(inv, [inv.host("cpu-1")], run.Options(), timeout=5)
     assert results.ok and results.values["cpu-1"].ready_s == 1.5
     assert asked == ["rollback", "serve_main"]
+
+
+def rolled_back(left: int | None) -> dict[str, Any]:
+    return {**restored(8000), "left": left}
+
+
+def test_a_restored_generation_that_does_not_serve_is_left_for_the_one_that_was_running(
+        inv: inventory.Inventory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Generation 4 crashes on start; the host goes back to 7, which ran before the rollback, and rc 1."""
+    asked: list[tuple[str, Any]] = []
+    checks = iter([{"ok": False, "error": "vllm.service crashed after start (1 restart(s))"},
+                   {"ok": True, "seconds": 42.0}])
+
+    def answer(call: str, spec: dict[str, Any]) -> dict[str, Any]:
+        if call == "serve_main":
+            asked.append(("ready", spec["base"]))
+            return next(checks)
+        asked.append((spec["action"], (spec.get("to"), spec.get("forward"))))
+        return rolled_back(7) if not spec.get("forward") else {**restored(8000), "to": 7, "left": 4}
+
+    monkeypatch.setattr(rolling.remote.Pool, "connect", lambda self, target: FakeHost(answer))
+    results = rolling.rollback(inv, [inv.host("cpu-1")], run.Options(), timeout=5)
+    assert not results.ok
+    said = str(results.errors["cpu-1"])
+    assert asked == [("rollback", (None, False)), ("ready", "http://127.0.0.1:8000"),
+                     ("rollback", (7, True)), ("ready", "http://127.0.0.1:8000")], asked
+    assert "generation 4 restored" in said and "crashed after start" in said
+    assert "back on generation 7, the one that was running: it answers /health and a completion again" in said
+
+
+def test_a_way_back_that_fails_too_is_said(inv: inventory.Inventory, monkeypatch: pytest.MonkeyPatch) -> None:
+    def answer(call: str, spec: dict[str, Any]) -> dict[str, Any]:
+        if call == "serve_main":
+            return {"ok": False, "error": "not ready within 5s (/health: connection refused)"}
+        return rolled_back(7) if not spec.get("forward") else {"ok": False, "failed": {
+            "index": -1, "kind": "rollback", "target": "", "error": "generation 7 is not the one the last "
+            "rollback left: the host holds generation 9 now"}}
+
+    monkeypatch.setattr(rolling.remote.Pool, "connect", lambda self, target: FakeHost(answer))
+    results = rolling.rollback(inv, [inv.host("cpu-1"), inv.host("cpu-2")], run.Options(), timeout=5)
+    said = str(results.errors["cpu-1"])
+    assert "going back to generation 7, the one that was running, failed too" in said, said
+    assert "holds generation 9 now" in said
+    assert "not rolled back" in str(results.errors["cpu-2"])
+
+
+def test_a_rollback_from_a_host_with_nothing_running_before_says_so(
+        inv: inventory.Inventory, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+
+    def answer(call: str, spec: dict[str, Any]) -> dict[str, Any]:
+        asked.append(call if call == "serve_main" else spec["action"])
+        return serves_on(9999)(spec) if call == "serve_main" else rolled_back(None)
+
+    monkeypatch.setattr(rolling.remote.Pool, "connect", lambda self, target: FakeHost(answer))
+    results = rolling.rollback(inv, [inv.host("cpu-1")], run.Options(), timeout=5)
+    assert "nothing else ran before it to go back to" in str(results.errors["cpu-1"])
+    assert asked == ["rollback", "serve_main"]  # no way back was tried

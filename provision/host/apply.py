@@ -6,7 +6,7 @@ Standard library only, python3 >= 3.7 (see host/__init__.py). The controller app
     {"action": "apply" | "promote" | "reject" | "rollback" | "list", "lock": "/run/lock/provision.lock",
      "wait": 0, "generations": {"root", "files", "units", "venv", "model_root"}, "by": "provision",
      "verify": false, "deadline": 900, "model_changed": false, "secrets": {"VLLM_API_KEY": "..."},
-     "changes": [{"kind", "target", "data", "describe"}, ...], "generation": N, "to": N}
+     "changes": [{"kind", "target", "data", "describe"}, ...], "generation": N, "to": N, "forward": false}
 
 It holds an exclusive lock for the whole run, so two runs on one host cannot interleave (the second
 fails at once naming the holder, or waits up to `wait` seconds). Under the lock each step first looks
@@ -17,7 +17,10 @@ that changed anything records a generation (host/generations.py): `pending` for 
 readiness verdict (`promote` or `reject`), `applied` for a provision. It prints one JSON document:
 {"ok": bool, "done": [...], "skipped": [...], "failed": {...} | null, "generation": N | null,
  "restored": [...], "unfinished": {...} | null, "settled": [N, ...]}; a restore adds "to", "serve" (where
-the restored generation's server answers, as recorded with it) and "running" (the units it runs).
+the restored generation's server answers, as recorded with it) and "running" (the units it runs); a
+rollback adds "left" (the generation it replaced). A rollback with "forward" goes back to the generation
+the last rollback replaced, its units as they were then: the way back when the restored one does not
+serve.
 """
 from __future__ import annotations
 
@@ -50,6 +53,7 @@ from provision.host.generations import (
     model_target,
     restore,
     rollback_target,
+    save_state,
     set_state,
     settle_pending,
     snapshot,
@@ -378,18 +382,53 @@ def _decide(spec: dict[str, Any], result: dict[str, Any]) -> None:
         result["restored"] = restore(root, target, generations, secrets, write_atomically, _run, units=units)
         _restored(result, root, target, units)
         return
+    if action == "rollback" and spec.get("forward"):
+        _forward(root, spec["to"], generations, secrets, result)
+        return
     if action == "rollback":
         target = spec.get("to") or rollback_target(root)
         if target is None:
             raise StepFailed("no earlier generation to roll back to (see `invoke rollback --list`)")
-        left = load_state(root)["current"]
+        state = load_state(root)
+        left = state["current"]
+        # What the host runs now, recorded before anything changes: if the restored generation does not
+        # serve, the controller comes back to exactly this (`forward`).
+        if left is not None and left != target:
+            was = load_meta(root, left)
+            state["left"] = {"id": left, "for": target, "state": was["state"], "note": was.get("note"),
+                             "units": unit_states(generations["units"])}
+            save_state(root, state)
         result["restored"] = restore(root, target, generations, secrets, write_atomically, _run)
         if left is not None and left != target and load_meta(root, left)["state"] == "pending":
             set_state(root, left, "abandoned", note=f"rolled back to generation {target} before its readiness "
                                                     "verdict")
+        result["left"] = left
         _restored(result, root, target, None)
         return
     raise StepFailed(f"unknown action {action!r}")
+
+
+def _forward(root: str, number: int, generations: dict[str, Any], secrets: dict[str, Any],
+             result: dict[str, Any]) -> None:
+    """Back to generation `number`, the one that was running before a rollback whose restored
+    generation did not serve: only while the host still holds what that rollback restored (no other
+    run since), with each unit as it was before that rollback, and `number` in the state it had
+    (a deploy's generation still waiting for its verdict is pending again, not abandoned)."""
+    state = load_state(root)
+    was = state.get("left") or {}
+    if was.get("id") != number or was.get("for") != state["current"]:
+        raise StepFailed(f"generation {number} is not the one the last rollback left: the host holds "
+                         f"generation {state['current']} now (another run changed it since, or the way back "
+                         "was taken already)")
+    if load_meta(root, number)["state"] != was["state"]:
+        set_state(root, number, was["state"], note=was.get("note"))
+    result["restored"] = restore(root, number, generations, secrets, write_atomically, _run, units=was["units"],
+                                 allow=("pending",))
+    state = load_state(root)
+    state.pop("left", None)
+    save_state(root, state)
+    result["left"] = was["for"]
+    _restored(result, root, number, was["units"])
 
 
 def _restored(result: dict[str, Any], root: str, target: int, units: dict[str, Any] | None) -> None:
