@@ -263,16 +263,28 @@ def print_check(order: Iterable[str], findings: Mapping[str, list[Finding]],
 
 
 def print_generations(host: str, listing: Mapping[str, Any], out: Console) -> None:
-    """A host's generations, oldest first: which is current and which rollback may restore."""
+    """A host's generations, oldest first: the one it runs now, the one `invoke rollback` restores, the
+    others `--to` may restore, the ones never restored; a tune trial's named as a trial."""
     table = Table(title=f"{host}: generations", title_justify="left")
-    for column in ("#", "state", "created", "by", "changes", "rollback target"):
+    for column in ("#", "state", "created", "by", "changes", "rollback"):
         table.add_column(column)
     for row in listing.get("generations", []):
-        number = f"{row['id']}{' (current)' if row.get('current') else ''}"
         changes = "; ".join(row.get("changes") or []) or (row.get("note") or "-")
-        table.add_row(number, row["state"], row.get("created") or "-", row.get("by") or "-", changes,
-                      "yes" if row.get("target") else "no")
+        table.add_row(f"[bold]{row['id']} (current)[/bold]" if row.get("current") else str(row["id"]),
+                      row["state"], row.get("created") or "-", row.get("by") or "-", changes, _rollback_role(row))
     out.print(table)
+
+
+def _rollback_role(row: Mapping[str, Any]) -> str:
+    """What `rollback` does with one generation of the listing, in words."""
+    trial = " (a tune trial's settings)" if row.get("trial") else ""
+    if row.get("current"):
+        return "[bold]runs now[/bold]" + trial
+    if row.get("default"):
+        return f"default target (no --to){trial}"
+    if row["state"] in ("rejected", "abandoned", "pending"):
+        return f"never ({row['state']})"
+    return f"with --to {row['id']}{trial}"
 
 
 # ---------------------------------------------------------------------------------------------

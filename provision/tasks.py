@@ -145,8 +145,8 @@ def venv_(c: Context, host: list[str] | None = None, cluster: str | None = None,
                     wait="seconds to wait for another run's lock on a host",
                     list="show each host's generations (when, by what, what changed, passed or not) and change "
                          "nothing",
-                    to="the generation to restore (default: the newest before the current one that was not "
-                       "rejected)",
+                    to="the generation to restore (default: the latest that ran before the current one and "
+                       "was not rejected or abandoned)",
                     timeout="seconds each host's restored server has to answer /health and a completion "
                             "(default 600)"),
       iterable=["host", "set_"])

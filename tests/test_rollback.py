@@ -191,3 +191,29 @@ def test_a_rollback_from_a_host_with_nothing_running_before_says_so(
     results = rolling.rollback(inv, [inv.host("cpu-1")], run.Options(), timeout=5)
     assert "nothing else ran before it to go back to" in str(results.errors["cpu-1"])
     assert asked == ["rollback", "serve_main"]  # no way back was tried
+
+
+def test_rollback_list_marks_the_current_generation_and_names_trials() -> None:
+    import io
+
+    from rich.console import Console
+
+    from provision import report
+
+    listing = {"current": 5, "default": 3, "generations": [
+        {"id": 1, "state": "found", "by": "found on the host", "current": False, "target": False,
+         "default": False, "trial": False, "note": "what the host had"},
+        {"id": 3, "state": "good", "by": "deploy", "current": False, "target": True, "default": True,
+         "trial": False},
+        {"id": 4, "state": "good", "by": "tune trial", "current": False, "target": True, "default": False,
+         "trial": True},
+        {"id": 5, "state": "good", "by": "deploy", "current": True, "target": False, "default": False,
+         "trial": False}]}
+    out = Console(file=io.StringIO(), width=200, color_system=None)
+    report.print_generations("cpu-1", listing, out)
+    lines = {line.split("│")[1].strip(): line for line in out.file.getvalue().splitlines()
+             if line.count("│") > 2 and line.split("│")[1].strip()[:1].isdigit()}
+    assert "runs now" in lines["5 (current)"] and "rollback target" not in out.file.getvalue()
+    assert "default target" in lines["3"]
+    assert "with --to 4 (a tune trial's settings)" in lines["4"]
+    assert "with --to 1" in lines["1"]
