@@ -64,8 +64,9 @@ def test_good_rejected_good_then_rollback_restores_a_good_one(lab_inventory: inv
     code, listing, text = invoke_json("rollback", "--host", "cpu-1", "--list")
     assert code == 0, text
     rows = listing["hosts"]["cpu-1"]["generations"][-3:]
-    assert [(row["state"], row["target"]) for row in rows] == [("good", True), ("rejected", False), ("good", True)]
-    assert rows[0]["id"] == good["id"] and rows[-1]["current"]
+    assert [(row["state"], row["target"]) for row in rows] == [("good", True), ("rejected", False), ("good", False)]
+    assert rows[0]["id"] == good["id"] and rows[-1]["current"]  # the current one runs: no rollback target
+    assert rows[0]["default"] and listing["hosts"]["cpu-1"]["default"] == good["id"]
     # The rejected generation is never restored: rollback goes to the good one before the current.
     code, rolled, text = invoke_json("rollback", "--host", "cpu-1")
     assert code == 0 and rolled["hosts"]["cpu-1"]["to"] == good["id"], text

@@ -1,6 +1,8 @@
-"""rollback on the lab's cpu-1 under a bounded load loop, against real vLLM: it says success only once the
-restored generation answers, and what a run applied with --set shows in status as drift until it is
-rolled back. Two vLLM restarts in all (the deploy of a harmless change, then its rollback)."""
+"""rollback on the lab's cpu-1 under a bounded load loop, against real vLLM: it restores the generation
+that ran before the deploy (whatever other generations earlier tests left numbered in between), it says
+success only once the restored generation answers (a completion and status, right after rc 0), and what
+a run applied with --set shows in status as drift until it is rolled back. Two vLLM restarts in all
+(the deploy of a harmless change, then its rollback)."""
 from __future__ import annotations
 
 import json
@@ -61,6 +63,8 @@ print(urllib.request.urlopen(request, timeout=60).status)
 def test_rollback_under_load_returns_once_the_restored_generation_answers(
         lab_inventory: inventory.Inventory) -> None:
     before = current(lab_inventory)
+    # What runs now is what the rollback must come back to: a generation a rollback may restore.
+    assert before["state"] in ("good", "applied"), before
     code, deployed, text = invoke_json("deploy", "--cluster", "lab-cpu", "--set", "max_model_len=200",
                                        "--timeout", "420")
     assert code == 0 and deployed["hosts"][0]["state"] == "ready", text
@@ -77,15 +81,20 @@ def test_rollback_under_load_returns_once_the_restored_generation_answers(
         started = time.time()
         code, rolled, text = invoke_json("rollback", "--host", "cpu-1", "--timeout", "300")
         returned = time.time()
-        # Right after rc 0, the restored generation serves: a completion, with no retry.
+        # Right after rc 0, the restored generation serves: a completion, with no retry, and status
+        # (still under the load) finds it healthy, running the inventory's settings again.
         answered = on_host(lab_inventory, "cpu-1", ["python3", "-"], ONE_COMPLETION).strip() if code == 0 else ""
+        status_code, found, status_text = invoke_json("status", "--cluster", "lab-cpu") if code == 0 else (1, {}, "")
     finally:
         on_host(lab_inventory, "cpu-1", ["touch", STOP])
         load.join(timeout=360)
     assert code == 0, text
     assert answered == "200", answered
     row = rolled["hosts"]["cpu-1"]
-    assert row["to"] == before["id"] and row["ready_s"] is not None, row
+    assert row["to"] == before["id"] and row["ready_s"] is not None, (row, before)
+    status_row = found["hosts"]["cpu-1"]
+    assert status_code == 0 and status_row["healthy"], status_text
+    assert not any("--set" in line for line in status_row["drift"]), status_text
     assert "--max-model-len 200" not in unit(lab_inventory)[2]
 
     results = json.loads(answers[0])
@@ -97,6 +106,4 @@ def test_rollback_under_load_returns_once_the_restored_generation_answers(
     # No request sent after the rollback said success failed (clocks: the controller's and the host's
     # are the same machine's).
     assert not [sent for sent, _ in failed if sent > returned], (len(failed), returned)
-    code, found, text = invoke_json("status", "--cluster", "lab-cpu")
-    assert not any("--set" in line for line in found["hosts"]["cpu-1"]["drift"]), text
     on_host(lab_inventory, "cpu-1", ["rm", "-f", STOP])
