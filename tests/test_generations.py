@@ -322,3 +322,21 @@ def test_forward_is_refused_once_another_run_changed_the_host(host: dict[str, An
     refused = run(host, "rollback", to=second, forward=True)
     assert not refused["ok"] and "another run changed it since" in refused["failed"]["error"], refused
     assert text(host) == "A=1\n"
+
+
+def test_a_rollback_after_tune_goes_to_what_ran_before_the_trials(host: dict[str, Any]) -> None:
+    """tune leaves the host on its winning trial; a plain rollback then means the settings that ran
+    before the tuning, not the trial tune tried last (which `--to` still restores by number)."""
+    before = promoted(host, "A=1\n")
+    first_trial = run(host, "apply", by="tune trial", verify=True, deadline=900,
+                      changes=[write(host["files"][0], "A=1\nB=2\n")])["generation"]
+    assert run(host, "promote", generation=first_trial)["ok"]
+    winner = run(host, "apply", by="tune trial", verify=True, deadline=900,
+                 changes=[write(host["files"][0], "A=1\nB=4\n")])["generation"]
+    assert run(host, "promote", generation=winner)["ok"]
+    listing = run(host, "list")["generations"]
+    assert listing["default"] == before
+    assert [row["trial"] for row in listing["generations"] if row["id"] in (first_trial, winner)] == [True, True]
+    rolled = run(host, "rollback")
+    assert rolled["to"] == before and text(host) == "A=1\n"
+    assert run(host, "rollback", to=first_trial)["to"] == first_trial and text(host) == "A=1\nB=2\n"

@@ -386,7 +386,7 @@ def _decide(spec: dict[str, Any], result: dict[str, Any]) -> None:
         _forward(root, spec["to"], generations, secrets, result)
         return
     if action == "rollback":
-        target = spec.get("to") or rollback_target(root)
+        target = spec.get("to") or rollback_target(root, past_trials=True)
         if target is None:
             raise StepFailed("no earlier generation to roll back to (see `invoke rollback --list`)")
         state = load_state(root)

@@ -229,6 +229,7 @@ def settle_pending(root: str, now: float, why: str, keep: int | None = None) -> 
 
 
 ROLLBACK_STATES = ("good", "applied")  # what a rollback offers; `found` only when named with --to
+TRIAL = "tune trial"  # the `by` of a generation tune made for one trial (provision/tune.py)
 
 
 def ran_before(root: str, number: int) -> list[int]:
@@ -255,18 +256,21 @@ def ran_before(root: str, number: int) -> list[int]:
 
 
 def rollback_target(root: str, before: int | None = None, good_only: bool = False,
-                    states: Sequence[str] | None = None) -> int | None:
+                    states: Sequence[str] | None = None, past_trials: bool = False) -> int | None:
     """The latest generation that ran before `before` (default: the current one) that may be
     restored, following `ran_before`: one that passed readiness or that a provision applied, never a
     rejected or abandoned one (those are skipped, and the chain goes on before them); with good_only,
-    only one that passed readiness; with `states`, one in those states."""
+    only one that passed readiness; with `states`, one in those states. With past_trials, a tune
+    trial's generation is skipped too: a user's rollback after `tune` means what ran before the
+    tuning, not the last settings tune happened to try (`--to` still restores a trial by number)."""
     state = load_state(root)
     start = before if before is not None else state["current"]
     if start is None:
         return None
     allowed = states or (("good",) if good_only else ROLLBACK_STATES)
-    kept = {g["id"]: g["state"] for g in state["generations"]}
-    return next((number for number in ran_before(root, start) if kept[number] in allowed), None)
+    kept = {g["id"]: g for g in state["generations"]}
+    return next((number for number in ran_before(root, start) if kept[number]["state"] in allowed
+                 and not (past_trials and kept[number].get("by") == TRIAL)), None)
 
 
 def restore(root: str, number: int, spec: dict[str, Any], secrets: Mapping[str, str | None],
@@ -388,13 +392,13 @@ def describe(root: str) -> dict[str, Any]:
     """Every kept generation, oldest first: which is current (what the host runs), which others may be
     restored (`target`), which one `rollback` restores by default, and which a tune trial made."""
     state = load_state(root)
-    default = rollback_target(root)
+    default = rollback_target(root, past_trials=True)
     rows = []
     for summary in state["generations"]:
         row = dict(summary)
         row["current"] = summary["id"] == state["current"]
         row["target"] = summary["state"] in ROLLBACK_STATES and not row["current"]
         row["default"] = summary["id"] == default
-        row["trial"] = summary.get("by") == "tune trial"
+        row["trial"] = summary.get("by") == TRIAL
         rows.append(row)
     return {"current": state["current"], "default": default, "generations": rows}
