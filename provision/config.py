@@ -53,6 +53,14 @@ def default_inventory() -> Path:
     return REPO_INVENTORY
 
 
+def inventory_lookup() -> list[tuple[str, Path | None]]:
+    """Where default_inventory() looks, in its order: (what the place is, its path; None: not set)."""
+    explicit = os.environ.get("PROVISION_INVENTORY")
+    return [("$PROVISION_INVENTORY", Path(explicit) if explicit else None),
+            ("the lab's inventory, while the lab is up", lab_inventory()),
+            ("./inventory/ in the current directory", Path.cwd() / REPO_INVENTORY)]
+
+
 def wheelhouse() -> Path:
     return Path(os.environ.get("PROVISION_WHEELHOUSE", "/var/cache/provision/wheelhouse"))
 

@@ -75,10 +75,41 @@ def setup_logging(verbose: bool) -> None:
         logger.addHandler(handler)
 
 
-def load_inventory(path: str | None) -> Inventory:
+def command_name() -> str:
+    """The command typed: `provision` (the installed tool) or `invoke` (a checkout's tasks.py), so that
+    a printed hint runs where it is printed."""
+    return "provision" if Path(sys.argv[0]).name == "provision" else "invoke"
+
+
+def missing_inventory(path: str | None) -> InventoryError:
+    """No inventory where one was asked for, or anywhere the default is looked for: say where it looked,
+    the ways to give one, and how to write one."""
+    tool = command_name()
+    write = (f"`{tool} init --host local` writes a starter one for this machine (`--host USER@ADDRESS` for SSH "
+             "hosts, `--output FILE` elsewhere than ./inventory/hosts.yaml)")
+    if path is not None:
+        return InventoryError(f"no such file or directory; {write}", file=path)
+    looked = []
+    for number, (what, where) in enumerate(config.inventory_lookup(), 1):
+        state = "not set" if where is None else f"{where}: {'absent' if not where.exists() else 'found'}"
+        looked.append(f"  {number}. {what}: {state}")
+    return InventoryError(
+        "none found. Looked, in this order:\n" + "\n".join(looked) + "\n"
+        "Give one with --inventory FILE, or $PROVISION_INVENTORY=FILE, or put it in ./inventory/ in the current "
+        f"directory; {write}. `--host local` alone needs no inventory.", file="inventory")
+
+
+def load_inventory(path: str | None, local_only: bool = False) -> Inventory:
+    """The inventory named, else the default one. With `local_only` (the task names `--host local` and
+    nothing else) and no inventory anywhere: an empty one, since this machine needs none."""
     from provision import inventory
 
-    return inventory.load(Path(path) if path else config.default_inventory())
+    chosen = Path(path) if path else config.default_inventory()
+    if not chosen.exists():
+        if path is None and local_only:
+            return inventory.Inventory(hosts={}, groups={}, clusters={}, ssh=inventory.SshSettings())
+        raise missing_inventory(path)
+    return inventory.load(chosen)
 
 
 def profile_named(name: str | None) -> Profile | None:
@@ -119,7 +150,9 @@ def select(inventory_: str | None, host: Sequence[str] | None = None, cluster: s
     bench, logs: they name their host otherwise) none are chosen."""
     from provision import inventory
 
-    inv = load_inventory(inventory_)
+    local_only = targets and not (cluster or all_ or default_all) and bool(host) \
+        and set(host or ()) == {inventory.LOCAL_HOST}
+    inv = load_inventory(inventory_, local_only=local_only)
     overrides = inventory.parse_overrides(list(set_ or []))
     if not targets:
         return Selection(inv, [], overrides)
