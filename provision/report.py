@@ -754,3 +754,28 @@ def print_tuned(results: Sequence[Any], errors: Mapping[str, BaseException], out
 
 def _describe_settings(settings: Mapping[str, Any]) -> str:
     return ", ".join(f"{name}={value}" for name, value in settings.items()) or "(as it was)"
+
+
+def init_json(done: Any) -> dict[str, Any]:
+    """`init --json`: done is a starter.Initialized."""
+    return {"output": done.output, "written": done.text is not None, "why_not": done.why_not,
+            "hosts": {name: done.starters[name].as_json() for name in done.order if name in done.starters},
+            "errors": {name: error_text(done.errors[name]) for name in done.order if name in done.errors}}
+
+
+def print_init(done: Any, command: str, out: Console) -> None:
+    for name in done.order:
+        if name in done.errors:
+            out.print(f"{name}: [red]{error_text(done.errors[name])}[/red]")
+            continue
+        item = done.starters[name]
+        out.print(f"{name}: found {item.facts_summary}")
+        out.print(f"  profile: {item.choice.reason}")
+        if item.suggestion is not None:
+            chosen = (f"{item.suggestion.model}, max_model_len {item.suggestion.max_model_len}: "
+                      if item.suggestion.model else "")
+            out.print(f"  model: {chosen}{item.suggestion.reason}")
+    if done.text is None:
+        out.print(f"[red]{done.why_not}[/red]")
+    else:
+        out.print(f"wrote {done.output}; next: `{command} inventory --inventory {done.output}`")
