@@ -101,12 +101,14 @@ def missing_inventory(path: str | None) -> InventoryError:
 
 def load_inventory(path: str | None, local_only: bool = False) -> Inventory:
     """The inventory named, else the default one. With `local_only` (the task names `--host local` and
-    nothing else) and no inventory anywhere: an empty one, since this machine needs none."""
+    nothing else), none named (--inventory, $PROVISION_INVENTORY) and none found: an empty one, since
+    this machine needs none."""
     from provision import inventory
 
     chosen = Path(path) if path else config.default_inventory()
     if not chosen.exists():
-        if path is None and local_only:
+        named = path is not None or config.inventory_lookup()[0][1] is not None  # $PROVISION_INVENTORY
+        if local_only and not named:
             return inventory.Inventory(hosts={}, groups={}, clusters={}, ssh=inventory.SshSettings())
         raise missing_inventory(path)
     return inventory.load(chosen)
