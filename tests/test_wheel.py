@@ -165,6 +165,34 @@ def test_facts_of_this_machine_come_from_the_packaged_probe(installed: Installed
     assert local["arch"] == platform.machine()
 
 
+def test_facts_of_this_machine_need_no_inventory_anywhere(installed: Installed, tmp_path: Path) -> None:
+    """An empty working directory, no $PROVISION_INVENTORY (the env has none of PROVISION_*) and a lab
+    directory with nothing in it (PROVISION_LAB_DIR: while the lab is up its inventory would be the
+    default anywhere)."""
+    assert "PROVISION_INVENTORY" not in installed.env
+    assert not (Path(installed.env["PROVISION_LAB_DIR"]) / "inventory.yaml").exists()
+    done = subprocess.run([str(installed.venv / "bin" / "provision"), "facts", "--host", "local", "--json"],
+                          cwd=tmp_path, env=installed.env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    local = json.loads(done.stdout)["hosts"]["local"]
+    assert (local["kernel"], local["arch"]) == (platform.release(), platform.machine())
+    missing = subprocess.run([str(installed.venv / "bin" / "provision"), "facts", "--host", "ws-alpha"],
+                             cwd=tmp_path, env=installed.env, capture_output=True, text=True, timeout=120,
+                             check=False)
+    assert missing.returncode == 2 and "none found. Looked, in this order:" in missing.stderr
+    # The hint names the installed command, and it works: init writes ./inventory/hosts.yaml from the wheel.
+    assert "`provision init --host local` writes a starter one" in missing.stderr
+    written = subprocess.run([str(installed.venv / "bin" / "provision"), "init", "--host", "local"],
+                             cwd=tmp_path, env=installed.env, capture_output=True, text=True, timeout=120,
+                             check=False)
+    assert written.returncode == 0, written.stderr
+    assert "wrote inventory/hosts.yaml; next: `provision inventory --inventory inventory/hosts.yaml`" in written.stdout
+    shown = subprocess.run([str(installed.venv / "bin" / "provision"), "inventory", "--inventory",
+                            "inventory/hosts.yaml"], cwd=tmp_path, env=installed.env, capture_output=True, text=True,
+                           timeout=120, check=False)
+    assert shown.returncode == 0 and "local" in shown.stdout, shown.stderr
+
+
 def test_plan_renders_the_units_from_the_packaged_templates(installed: Installed) -> None:
     base = ("--host", "local", "--inventory", str(installed.inventory), "--set", "model=org/tiny")
     # Whatever this machine lacks for a real server (systemd as PID 1, say) is forced: the plan is the point.
