@@ -10,7 +10,7 @@ import sys
 HEAVY = ("paramiko", "fabric", "rich", "jinja2", "huggingface_hub", "cryptography", "matplotlib", "numpy")
 LIGHT = {"provision", "provision.cli", "provision.config", "provision.errors", "provision.taskargs",
          "provision.tasks", "provision.cluster_tasks", "provision.prepare_tasks", "provision.tune_tasks",
-         "provision.verify_tasks"}
+         "provision.verify_tasks", "provision.init_tasks"}
 
 
 def test_loading_the_tasks_imports_none_of_what_they_run() -> None:
@@ -28,7 +28,7 @@ def test_every_task_still_answers_help() -> None:
 
     names = sorted(ns.task_names)
     assert {"facts", "check", "deploy", "tune", "status", "bench", "verify.nccl", "lab.up"} <= set(names)
-    for name in ("tune", "verify.nccl", "deploy"):
+    for name in ("tune", "verify.nccl", "deploy", "init"):
         done = subprocess.run([sys.executable, "-m", "invoke", "--search-root", ".", name, "-h"],
                               capture_output=True, text=True, check=False)
         assert done.returncode == 0 and "Options:" in done.stdout, done.stdout + done.stderr
