@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from provision import checks, inventory
+from provision import checks, inventory, kvcache
 from provision.context import Context
 from provision.errors import InventoryError
 from provision.facts import HostFacts
@@ -201,7 +201,8 @@ def summary(facts: HostFacts) -> str:
     cpu = " + ".join(facts.cpu.model_names) if facts.cpu and facts.cpu.model_names else "CPU unknown"
     driver = f", driver {facts.driver.version} ({facts.driver.flavour})" if facts.driver else ""
     shown = ", ".join(sorted({gpu.name for gpu in gpus})) or "no GPU"
-    return f"{facts.arch or '?'}, kernel {facts.kernel or '?'}, {cpu}, {memory}, {len(gpus)} GPU ({shown}){driver}"
+    count = f"{len(gpus)} GPU{'' if len(gpus) == 1 else 's'}"
+    return f"{facts.arch or '?'}, kernel {facts.kernel or '?'}, {cpu}, {memory}, {count} ({shown}){driver}"
 
 
 def starter(target: Target, facts: HostFacts, profiles: Mapping[str, Profile],
@@ -269,7 +270,7 @@ def _host_lines(item: Starter) -> list[str]:
     if suggestion is not None and suggestion.model is not None:
         lines.append(f"      model: {_yaml(suggestion.model)}  # fits (memory.fits): {suggestion.reason}")
         lines.append(f"      max_model_len: {suggestion.max_model_len}  # the longest context tried that "
-                     "fits with room for 4 sequences")
+                     f"leaves room for {kvcache.MIN_CONCURRENT_SEQUENCES} such sequences at once")
         lines.append(f"      # model source: {suggestion.source}")
     elif suggestion is not None:
         lines.append(f"      # model: ORG/NAME  # {suggestion.reason}")
@@ -311,6 +312,11 @@ def initialize(targets: Sequence[Target], output: Path, ssh: SshChoice, *, accep
     from provision import run
     from provision.profiles import load_profiles
 
+    names = [target.name for target in targets]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise InventoryError(f"named twice: {', '.join(twice)} (give each NAME=ADDRESS a name of its own)",
+                             file="command line", key="--host")
     refuse_existing(output)
     profiles = load_profiles()
     hosts = [provisional_host(target, profiles["cpu"]) for target in targets]

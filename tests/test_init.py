@@ -282,3 +282,10 @@ def test_init_for_this_machine_writes_an_inventory_the_tasks_then_use(tmp_path: 
     # ./inventory/ is the default: the next task finds it with no flag.
     shown = invoke("inventory", cwd=tmp_path, env=env)
     assert shown.returncode == 0 and "inventory: inventory" in shown.stdout and "local" in shown.stdout
+
+
+def test_two_hosts_of_one_name_are_bad_usage_before_any_probe(tmp_path: Path) -> None:
+    done = invoke("init", "--host", "a=192.0.2.1", "--host", "a=192.0.2.2", "--output", str(tmp_path / "h.yaml"),
+                  cwd=tmp_path)
+    assert done.returncode == 2 and "named twice: a" in done.stderr
+    assert not (tmp_path / "h.yaml").exists()
