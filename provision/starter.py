@@ -80,7 +80,7 @@ def choose_profile(facts: HostFacts, profiles: Mapping[str, Profile]) -> Profile
         return ProfileChoice(None, f"unsupported: mixed GPUs ({'; '.join(kinds)}); a profile is for one kind")
     gpu = gpus[0]
     # By compute capability, as the gate's gpu.compute_capability rule judges; the name only breaks a tie
-    # (hopper's name_contains "H1" is not in "NVIDIA H200", and no rule reads it).
+    # (a name like "NVIDIA H200" only orders profiles of one capability; no rule reads it).
     same = [p for p in _unique(profiles) if p.gpu is not None and p.gpu.compute_capability == gpu.compute_cap]
     same.sort(key=lambda p: p.gpu is None or p.gpu.name_contains not in gpu.name)
     for profile in same:
