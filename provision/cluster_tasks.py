@@ -53,26 +53,50 @@ def deploy(c: Context, host: list[str] | None = None, cluster: str | None = None
 
 @task(auto_shortflags=False, name="status",
       help={**help_for("inventory", "host", "cluster", "all", "json", "set"),
-            "watch": "refresh every N seconds until interrupted (0: once)",
+            "watch": "refresh every N seconds until Ctrl-C, which exits 0 (0: once); the table is redrawn in "
+                     "place; with --json each refresh is one JSON document on its own line",
             "timeout": "seconds each host may take (default 5); later ones are marked unreachable",
-            "window": "seconds between the two /metrics samples that give tokens/s (default 1)"},
+            "window": "seconds between the two /metrics samples that give tokens/s (default 1)",
+            "stall-window": "seconds the engine's generated-token count may stand still while requests run "
+                            "before the host is called stuck (default 60, more than --window); a host that "
+                            "looks still is asked again until it moves or this has passed"},
       iterable=["host", "set_"])
 @guarded
 def status_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
             inventory_: str | None = None, json_: bool = False, set_: list[str] | None = None, watch: float = 0,
-            timeout: float = 5, window: float = 1.0) -> None:
-    """Every host at a glance: unit, restarts, health, model, GPUs, requests, tokens/s, KV and prefix cache."""
-    from provision import report, secrets, status
+            timeout: float = 5, window: float = 1.0, stall_window: float = 60.0) -> None:  # stall.STALL_WINDOW
+    """Every host at a glance: unit, restarts, health, model, GPUs, requests, tokens/s, KV and prefix cache,
+    and whether a server that answers /health generates anything (stuck: exit 1)."""
+    from provision import report, secrets, stall, status
+    if window <= 0 or stall_window <= window or watch < 0:
+        raise Exit(f"error: --stall-window ({stall_window:g}) must be longer than --window ({window:g}), which "
+                   "must be above 0 (a first token after a long prompt takes longer than one window), and "
+                   "--watch at least 0", code=2)
     chosen = select(inventory_, host, cluster, all_, set_, default_all=True)
     held = secrets.load(chosen.inventory.secrets)
-    while True:
+    if not watch:
         started = time.monotonic()
-        found = status.gather_status(chosen.inventory, chosen.targets, chosen.overrides, held, window, timeout)
+        found = status.gather_status(chosen.inventory, chosen.targets, chosen.overrides, held, window, timeout,
+                                     stall_window)
         report.print_status(found, time.monotonic() - started, json_)
-        if not watch:
-            break
-        time.sleep(max(0.0, watch - (time.monotonic() - started)))
-    exit_unless(all(item.healthy for item in found.values()))
+        exit_unless(all(item.healthy for item in found.values()))
+        return
+    # --watch: each host's samples go to the next refresh, so the stuck rule sees the stall grow live.
+    screen = report.StatusScreen(json_)
+    history: dict[str, tuple[stall.Sample, ...]] = {}
+    screen.start()
+    try:
+        while True:
+            started = time.monotonic()
+            found = status.gather_status(chosen.inventory, chosen.targets, chosen.overrides, held, window,
+                                         timeout, stall_window, history)
+            screen.show(found, time.monotonic() - started)
+            history = {name: stall.keep(item.samples, stall_window) for name, item in found.items()}
+            time.sleep(max(0.0, watch - (time.monotonic() - started)))
+    except KeyboardInterrupt:
+        pass  # the person watching ended it: exit 0
+    finally:
+        screen.stop()
 
 
 @task(auto_shortflags=False, name="bench",

@@ -6,10 +6,12 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
-from provision import parsers, status
+from provision import parsers, stall, status
 from provision.affinity import compress
 from provision.checks import Finding, resolutions, verdict
 from provision.errors import ProvisionError
@@ -508,10 +510,21 @@ def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
                       model if item.role == "server" or item.unit.get("installed") is False
                       else f"({item.unit.get('note') or 'Ray worker'})", gpus,
                       f"{_fmt(fig.running, digits=0)}/{_fmt(fig.waiting, digits=0)}" if fig else "-",
-                      _fmt(fig.generation_tokens_per_s) if fig else "-",
+                      (_fmt(fig.generation_tokens_per_s) if fig else "-") + _progress(item.progress),
                       _fmt(fig.kv_cache_usage_pct) if fig else "-", _kv_tokens(item),
                       _fmt(fig.prefix_cache_hit_pct) if fig else "-")
     return table
+
+
+def _progress(found: stall.Progress | None) -> str:
+    """The stuck rule's word beside tokens/s: nothing while it generates or has nothing to do."""
+    if found is None or found.state in ("generating", "no requests"):
+        return ""
+    if found.state == "stuck":
+        return f" [red]stuck {found.seconds:.0f}s[/red]"
+    if found.state == "stalled":
+        return f" [yellow]still {found.seconds:.0f}s[/yellow]"
+    return " [dim](stuck: not judged)[/dim]"
 
 
 def _tokens(count: int | None) -> str:
@@ -546,19 +559,56 @@ def print_bench(host: str, result: Any, concurrency: int, json_: bool) -> None:
         print(f"  error: {error}", file=sys.stderr)
 
 
-def print_status(found: Mapping[str, Any], seconds: float, json_: bool) -> None:
-    """status: one table for the whole cluster (what is wrong, whole, under it), or JSON."""
-    if json_:
-        print(dump_json({"hosts": {name: status.as_json(item) for name, item in found.items()},
-                         "healthy": all(item.healthy for item in found.values()),
-                         "drift": any(item.drift for item in found.values())}))
-        return
+def status_document(found: Mapping[str, Any]) -> dict[str, Any]:
+    return {"hosts": {name: status.as_json(item) for name, item in found.items()},
+            "healthy": all(item.healthy for item in found.values()),
+            "drift": any(item.drift for item in found.values())}
+
+
+def status_view(found: Mapping[str, Any], seconds: float) -> Group:
+    """The table and, under it, what is wrong with each host, whole."""
     drifted = sum(bool(item.drift) for item in found.values())
     title = (f"status: {sum(item.healthy for item in found.values())}/{len(found)} healthy"
              f"{f', {drifted} drifted from the inventory' if drifted else ''} ({seconds:.1f}s)")
-    console().print(status_table(dict(found), title))
-    for line in status_problems(dict(found)):
-        console().print(line, highlight=False, markup=False)
+    lines = [Text(line) for line in status_problems(dict(found))]
+    return Group(status_table(dict(found), title), *lines)
+
+
+def print_status(found: Mapping[str, Any], seconds: float, json_: bool) -> None:
+    """status: one table for the whole cluster (what is wrong, whole, under it), or JSON."""
+    if json_:
+        print(dump_json(status_document(found)))
+        return
+    console().print(status_view(found, seconds))
+
+
+class StatusScreen:
+    """status --watch: on a terminal the table is redrawn in place (rich's Live); piped, each refresh's
+    table follows the last; with --json each refresh is one JSON document on one line (JSON Lines), so
+    a script reads the refreshes as they come."""
+
+    def __init__(self, json_: bool) -> None:
+        self.json = json_
+        self.console = console()
+        self.live: Live | None = None
+        if not json_ and self.console.is_terminal:
+            self.live = Live(console=self.console, auto_refresh=False, transient=False)
+
+    def start(self) -> None:
+        if self.live is not None:
+            self.live.start()
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def show(self, found: Mapping[str, Any], seconds: float) -> None:
+        if self.json:
+            print(json.dumps(status_document(found)), flush=True)
+        elif self.live is not None:
+            self.live.update(status_view(found, seconds), refresh=True)
+        else:
+            self.console.print(status_view(found, seconds))
 
 
 def print_how_to_query(lines: Iterable[str]) -> None:

@@ -5,6 +5,10 @@ revision) and asks the server itself over loopback on the host: /health, /v1/mod
 a short window apart, so counters become rates (tokens/s). Parsing is pure (`parse_metrics`, `figures`,
 `host_status`) and tested on /metrics recorded from real vLLM. A host that does not answer within the
 deadline is reported as such while the others are not kept waiting.
+
+A server whose engine is wedged still answers /health (provision/stall.py): each host's /metrics samples
+are judged by `stall.progress`, and a host whose counter looks still after the first window is asked
+again, alone, until it moves or the stall window has passed (`follow_up`).
 """
 from __future__ import annotations
 
@@ -18,7 +22,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from provision import checks, engines, facts, inventory, parsers, plan, remote, secrets, weights
+from provision import (
+    checks,
+    engines,
+    facts,
+    inventory,
+    parsers,
+    plan,
+    remote,
+    secrets,
+    stall,
+    weights,
+)
 from provision.context import Context
 from provision.engines import MetricNames
 from provision.engines.base import ITERATION_STATS
@@ -186,6 +201,10 @@ class HostStatus:
     # from the inventory: a run's --set, a tune trial, a verdict never given (drift, one line each).
     generation: dict[str, Any] | None = None
     drift: tuple[str, ...] = ()
+    # The stuck rule's verdict (provision/stall.py) and the /metrics samples it judged (kept by --watch
+    # for its next refresh; not in --json).
+    progress: stall.Progress | None = None
+    samples: tuple[stall.Sample, ...] = ()
 
 
 def current_generation(state_text: str | None) -> dict[str, Any] | None:
@@ -306,6 +325,33 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
                       **common)
 
 
+def samples_of(serving: Mapping[str, Any] | None, names: MetricNames,
+               counters: stall.Counters) -> tuple[stall.Sample, ...]:
+    """Pure: the probe's serving answer -> the stuck rule's samples: each /metrics page that read, with
+    when it was read on the host's clock."""
+    serving = serving or {}
+    found = []
+    for page, at in zip(serving.get("metrics") or [], serving.get("sampled_at") or []):
+        values = read_sample(page.get("body") or "", names) if page.get("status") == 200 else None
+        if values is not None:
+            found.append(stall.sample(float(at), values, counters))
+    return tuple(found)
+
+
+def judged(found: HostStatus, progress: stall.Progress, samples: Sequence[stall.Sample]) -> HostStatus:
+    """Pure: a server's status with the stuck rule's verdict. Stuck makes the host unhealthy (exit 1)
+    although /health answers: that is the point of the rule."""
+    stuck = progress.state == "stuck"
+    problem = found.problem
+    if stuck and found.healthy:
+        unit = found.unit.get("name") or "the server's unit"
+        problem = (f"stuck: {progress.detail}, yet /health answers (a wedged engine, as in vLLM #37729); "
+                   f"`invoke logs --host {found.host}` shows its last lines, `systemctl restart {unit}` on "
+                   "the host clears it")
+    return dataclasses.replace(found, healthy=found.healthy and not stuck, problem=problem, progress=progress,
+                               samples=tuple(samples))
+
+
 def probe_spec(settings: Settings, api_key: str | None, window: float, timeout: float) -> dict[str, Any]:
     """What one host's status execution collects (a probe spec with the server part)."""
     address = str(settings.bind_host)
@@ -348,7 +394,9 @@ def kv_estimate(host: str, profile: Profile, settings: Settings, host_facts: Hos
 
 
 def gather_one(runner: Any, host: str, role: str, settings: Settings, api_key: str | None,
-               window: float, timeout: float, profile: Profile | None = None) -> HostStatus:
+               window: float, timeout: float, profile: Profile | None = None,
+               stall_window: float = stall.STALL_WINDOW, history: Sequence[stall.Sample] = ()) -> HostStatus:
+    """One host's status in one execution; `history`: its samples of earlier refreshes (--watch)."""
     started = time.monotonic()
     spec = probe_spec(settings, api_key, window, timeout)
     result: Result = runner.run(["python3", "-"], stdin=facts.probe_program(spec), timeout=timeout + window + 5)
@@ -363,7 +411,37 @@ def gather_one(runner: Any, host: str, role: str, settings: Settings, api_key: s
                                 drift=drift_of(generation, time.time()))
     if role == "server" and profile is not None:
         found = dataclasses.replace(found, kv_estimate_tokens=kv_estimate(host, profile, settings, host_facts))
+    if role == "server" and found.health == "ok":
+        names = engine.metric_names(settings)
+        counters = stall.counters(engine, names, settings.vllm_spec)
+        samples = (*history, *samples_of(serving, names, counters))
+        found = judged(found, stall.progress(samples, stall_window, counters), samples)
     return found
+
+
+FOLLOW_UP_STEP = 5.0  # seconds between a still host's samples while status waits for the stall window
+
+
+def follow_up(runner: Any, settings: Settings, api_key: str | None, found: HostStatus, stall_window: float,
+              timeout: float) -> HostStatus:
+    """A server whose counter stood still with requests running (state "stalled") is asked for /metrics
+    again, alone (no facts), until the counter moves, the requests end or the stall window has passed."""
+    engine = engines.engine_of(settings)
+    names = engine.metric_names(settings)
+    counters = stall.counters(engine, names, settings.vllm_spec)
+    samples, progress = found.samples, found.progress
+    while progress is not None and progress.state == "stalled":
+        pause = min(FOLLOW_UP_STEP, max(0.5, stall_window - (progress.seconds or 0.0)))
+        spec = {"timeout": timeout, "serving": probe_spec(settings, api_key, pause, timeout)["serving"]}
+        result: Result = runner.run(["python3", "-"], stdin=facts.probe_program(spec), timeout=timeout + pause + 5)
+        if not result.ok:
+            break  # the first answer stands; the next status asks again
+        more = samples_of(facts.probe_answer(result.stdout).get("serving"), names, counters)
+        if not more:
+            break  # /metrics stopped answering meanwhile: the first answer stands
+        samples = (*samples, *more)
+        progress = stall.progress(samples, stall_window, counters)
+    return judged(found, progress, samples) if progress is not None else found
 
 
 def with_deadline(names: Sequence[str], work: Callable[[str], HostStatus], deadline: float,
@@ -409,6 +487,7 @@ def short_reason(why: str) -> str:
 
 def as_json(status: HostStatus) -> dict[str, Any]:
     data: dict[str, Any] = parsers.json_ready(status)
+    data.pop("samples", None)  # the rule's raw readings: its verdict is `progress`
     return data
 
 
@@ -418,17 +497,42 @@ def role_of(inv: inventory.Inventory, name: str) -> str:
 
 
 def gather_status(inv: inventory.Inventory, targets: list[inventory.Host], overrides: dict[str, Any],
-                  held: secrets.Secrets, window: float, timeout: float) -> dict[str, HostStatus]:
+                  held: secrets.Secrets, window: float, timeout: float, stall_window: float = stall.STALL_WINDOW,
+                  history: Mapping[str, Sequence[stall.Sample]] | None = None) -> dict[str, HostStatus]:
+    """Every host's status under one deadline. Once (`history` None): a server that looks stalled is
+    then asked again until the stuck rule can tell (at most the stall window, under a second deadline;
+    only those hosts wait). --watch passes each host's earlier samples as `history` and waits for none."""
+    ssh = inventory.SshSettings(**{**inv.ssh.__dict__, "connect_timeout": min(inv.ssh.connect_timeout, timeout)})
+
     def one(name: str) -> HostStatus:
         target = inv.host(name)
-        ssh = inventory.SshSettings(**{**inv.ssh.__dict__, "connect_timeout": min(inv.ssh.connect_timeout, timeout)})
         runner = remote.connect(target, ssh)
         try:
             return gather_one(runner, name, role_of(inv, name), inv.settings(name, overrides),
-                              held.vllm_api_key, window, timeout, target.profile)
+                              held.vllm_api_key, window, timeout, target.profile, stall_window,
+                              (history or {}).get(name, ()))
         finally:
             runner.close()
 
-    return with_deadline([t.name for t in targets], one, timeout + window + 2,
-                                lambda name, why: unreachable(name, role_of(inv, name), why))
+    found = with_deadline([t.name for t in targets], one, timeout + window + 2,
+                          lambda name, why: unreachable(name, role_of(inv, name), why))
+    stalled = [name for name, item in found.items() if item.progress and item.progress.state == "stalled"]
+    if history is not None or not stalled:
+        return found
+
+    def again(name: str) -> HostStatus:
+        runner = remote.connect(inv.host(name), ssh)
+        try:
+            return follow_up(runner, inv.settings(name, overrides), held.vllm_api_key, found[name], stall_window,
+                             timeout)
+        finally:
+            runner.close()
+
+    def kept(name: str, why: str) -> HostStatus:  # the first answer stands, with why it could not be judged
+        first = found[name]
+        assert first.progress is not None
+        return dataclasses.replace(first, progress=dataclasses.replace(
+            first.progress, detail=f"{first.progress.detail}; asked again: {why}"))
+
+    return {**found, **with_deadline(stalled, again, stall_window + timeout + FOLLOW_UP_STEP + 2, kept)}
 

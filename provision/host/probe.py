@@ -287,7 +287,9 @@ def serving_first(spec: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def serving_second(spec: Dict[str, Any], answer: Dict[str, Any]) -> Dict[str, Any]:
-    """/metrics again `window` seconds after the first, so the controller can turn counters into rates."""
+    """/metrics again `window` seconds after the first, so the controller can turn counters into rates;
+    `sampled_at`: when each was read, on the host's clock (the stuck rule compares samples of several
+    executions)."""
     import time
     started = answer.pop("started", None)
     if started is None:
@@ -297,6 +299,7 @@ def serving_second(spec: Dict[str, Any], answer: Dict[str, Any]) -> Dict[str, An
         time.sleep(pause)
     answer["metrics"].append(_metrics(spec["base"].rstrip("/"), spec))
     answer["window"] = time.time() - started
+    answer["sampled_at"] = [started, started + answer["window"]]
     return answer
 
 
