@@ -345,7 +345,8 @@ def judged(found: HostStatus, progress: stall.Progress, samples: Sequence[stall.
     problem = found.problem
     if stuck and found.healthy:
         unit = found.unit.get("name") or "the server's unit"
-        problem = (f"stuck: {progress.detail}, yet /health answers (a wedged engine, as in vLLM #37729); "
+        known = ", as in vLLM #37729" if found.engine in (None, "vllm") else ""
+        problem = (f"stuck: {progress.detail}, yet /health answers (a wedged engine{known}); "
                    f"`invoke logs --host {found.host}` shows its last lines, `systemctl restart {unit}` on "
                    "the host clears it")
     return dataclasses.replace(found, healthy=found.healthy and not stuck, problem=problem, progress=progress,

@@ -141,8 +141,12 @@ def test_a_stuck_server_is_unhealthy_though_health_answers_and_says_what_to_do()
     assert not stuck.healthy and stuck.health == "ok"
     assert stuck.problem and stuck.problem.startswith("stuck: vllm:generation_tokens_total has not moved for 3.0 s")
     assert "`invoke logs --host cpu-1`" in stuck.problem and "`systemctl restart vllm.service`" in stuck.problem
+    assert "as in vLLM #37729" in stuck.problem
     shown = status.as_json(stuck)
     assert shown["progress"]["state"] == "stuck" and "samples" not in shown
+    other = dataclasses.replace(base, engine="trtllm", unit={**base.unit, "name": "trtllm-serve.service"})
+    on_trtllm = status.judged(other, stall.progress(read, 3.0, VLLM_COUNTERS), read).problem or ""
+    assert "vLLM" not in on_trtllm and "`systemctl restart trtllm-serve.service`" in on_trtllm
     stalled = status.judged(base, stall.progress(read, 60.0, VLLM_COUNTERS), read)
     assert stalled.healthy and stalled.problem is None and stalled.progress.state == "stalled"
     # Pages that did not answer give no samples: nothing to judge, nothing invented.
