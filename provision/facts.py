@@ -46,6 +46,8 @@ DROP_IN_DIRS = tuple(f"{base}/{unit}.d" for unit in MANAGED_UNITS for base in (
 
 VENV_MANIFEST = "provision-manifest.json"  # in a venv the tool built: what it installed, and its versions
 CUDA_PTXAS = "/usr/local/cuda/bin/ptxas"
+NCCL_CONF = "/etc/nccl.conf"  # NCCL reads it after the user's file (src/misc/param.cc initEnv)
+USER_NCCL_CONF = ".nccl.conf"  # in the home of the user NCCL runs as (getpwuid(getuid()), not $HOME)
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,11 @@ FACTS: tuple[Fact, ...] = (
     Fact("uname", parsers.parse_uname, argv=("uname", "-r", "-m")),
     Fact("os_release", parsers.parse_os_release, file="/etc/os-release"),
     Fact("meminfo", parsers.parse_meminfo, file="/proc/meminfo"),
+    # The kernel's boot parameters: whether a GB10 kernel that boots with CMA off has kho=off.
+    Fact("cmdline", parsers.parse_kernel_cmdline, file="/proc/cmdline"),
+    # NCCL's system-wide settings file: it sets every variable the service's environment leaves
+    # unset (images ship one). The service user's ~/.nccl.conf comes with the inspected users.
+    Fact("nccl_conf", parsers.parse_nccl_conf, file=NCCL_CONF, optional=True),
     Fact("init", parsers.parse_pid1, file="/proc/1/comm"),
     Fact("lscpu", parsers.parse_lscpu, argv=("lscpu",)),
     Fact("lscpu_cpus", parsers.parse_lscpu_extended, argv=("lscpu", "-e")),
@@ -165,6 +172,13 @@ class HostFacts:
     interfaces: tuple[Interface, ...] = ()
     disks: tuple[DiskSpace, ...] = ()
     ptxas_cuda: str | None = None  # CUDA release of /usr/local/cuda/bin/ptxas, e.g. "13.0"
+    kernel_cmdline: Mapping[str, str | None] | None = None  # /proc/cmdline, {"kho": "off", "ro": None}
+    # The nccl.conf files NCCL would read, by path, as {NAME: VALUE}: /etc/nccl.conf and each
+    # inspected user's ~/.nccl.conf that exist, e.g. {"/etc/nccl.conf": {"NCCL_IB_USE_INLINE": "1"}}.
+    nccl_conf: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # Endpoints ("HOST:PORT") a second, small probe tried, each None where a TCP connection opened
+    # or why not; empty where none was tried (see `reach`).
+    reachable: Mapping[str, str | None] = field(default_factory=dict)
     cpu_flags: tuple[str, ...] | None = None  # /proc/cpuinfo's flags (x86) or Features (Arm), sorted
     venv: VenvInfo | None = None
     unit_security: Mapping[str, UnitExposure] | None = None  # installed units' systemd exposure
@@ -223,6 +237,22 @@ def gather(runner: Runner, paths: Iterable[str] = (), facts: Sequence[Fact] = FA
     result = runner.run(["python3", "-"], stdin=probe_program(spec),
                         timeout=timeout * (len(facts) + 1) + 30)
     return facts_from_probe(runner.host, result, facts)
+
+
+REACH_TIMEOUT = 3.0  # seconds per endpoint: an air-gapped host answers by timing out
+
+
+def reach(runner: Runner, endpoints: Sequence[str], timeout: float = REACH_TIMEOUT) -> dict[str, str | None]:
+    """Whether the host opens a TCP connection to each "HOST:PORT" ({endpoint: None, or why not}).
+    Its own round trip, asked only where a rule needs the answer (known_issues.endpoints_to_try):
+    every gather paying a connection timeout on air-gapped hosts would cost them all seconds."""
+    spec = {"reach": list(endpoints), "reach_timeout": timeout}
+    result = runner.run(["python3", "-"], stdin=probe_program(spec), timeout=timeout * len(endpoints) + 30)
+    if not result.ok:
+        raise CommandFailed(runner.host, "reachability probe", result)
+    answer = probe_answer(result.stdout).get("reach") or {}
+    return {endpoint: None if answer.get(endpoint, "no answer") is None else str(answer.get(endpoint, "no answer"))
+            for endpoint in endpoints}
 
 
 def facts_from_probe(host: str, result: Result, facts: Sequence[Fact] = FACTS) -> HostFacts:
@@ -312,6 +342,11 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         cpu = dataclasses.replace(cpu, cpus=values.get("lscpu_cpus", ()),
                                   parts=values.get("cpuinfo", {}),
                                   models=values.get("lscpu_models", {}), hybrid=hybrid)
+    users = dict((answer.get("inspect") or {}).get("users") or {})
+    nccl_conf, conf_notes = nccl_conf_files(values.get("nccl_conf"), users)
+    if conf_notes:
+        notes = {**notes, **conf_notes}
+        unreadable = unreadable | {"nccl_conf"}
     disks = tuple(
         DiskSpace(path=path, checked=str(info["checked"]), exists=bool(info["exists"]),
                   free_bytes=int(info["free"]), total_bytes=int(info["total"]))
@@ -335,17 +370,39 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         interfaces=values.get("interfaces", ()),
         disks=disks,
         ptxas_cuda=values.get("ptxas"),
+        kernel_cmdline=values.get("cmdline"),
+        nccl_conf=nccl_conf,
         cpu_flags=values.get("cpu_flags"),
         venv=values.get("venv"),
         unit_security=values.get("unit_security"),
         files=dict((answer.get("inspect") or {}).get("files") or {}),
-        users=dict((answer.get("inspect") or {}).get("users") or {}),
+        users=users,
         weights=dict((answer.get("inspect") or {}).get("weights") or {}),
         dirs={path: None if names is None else tuple(names)
               for path, names in ((answer.get("inspect") or {}).get("dirs") or {}).items()},
         notes=dict(notes),
         unreadable=unreadable,
     )
+
+
+def nccl_conf_files(system: Mapping[str, str] | None, users: Mapping[str, Mapping[str, Any]],
+                    ) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """The nccl.conf files found, by path, and notes for those that could not be read. The users'
+    files come as text from the probe (`home_files`); /etc/nccl.conf comes parsed (a fact)."""
+    found: dict[str, dict[str, str]] = {}
+    notes: dict[str, str] = {}
+    for state in users.values():
+        home, text = state.get("home"), (state.get("home_files") or {}).get(USER_NCCL_CONF)
+        if not home or text is None:
+            continue
+        path = f"{str(home).rstrip('/')}/{USER_NCCL_CONF}"
+        try:
+            found[path] = parsers.parse_nccl_conf(str(text))
+        except ParseError as exc:
+            notes["nccl_conf"] = f"{path}: cannot parse: {exc}"
+    if system is not None:
+        found[NCCL_CONF] = dict(system)
+    return found, notes
 
 
 def placed(gpus: Sequence[Gpu], pci: Sequence[parsers.PciGpu], topology: Mapping[int, parsers.TopoGpu]) -> tuple[Gpu, ...]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,10 +57,24 @@ def parse_os_release(text: str) -> OsRelease:
 
 @dataclass(frozen=True)
 class Memory:
-    """/proc/meminfo in bytes, e.g. Memory(total=128526319616, available=121468026880)."""
+    """/proc/meminfo in bytes, e.g. Memory(total=128526319616, available=121468026880, cma_total=0,
+    cma_free=963178496). The CMA lines exist only on kernels built with CONFIG_CMA (None elsewhere)."""
 
     total: int
     available: int
+    cma_total: int | None = None
+    cma_free: int | None = None
+
+    @property
+    def cma_state(self) -> str:
+        """'on' (a CMA area), 'off' (CmaTotal 0 with pages free as CMA all the same: the GB10 7.0
+        kernels' signature, NV-Kernels PR #591), 'empty' (CmaTotal and CmaFree 0) or 'absent' (no
+        CMA lines: a kernel without CONFIG_CMA)."""
+        if self.cma_total is None or self.cma_free is None:
+            return "absent"
+        if self.cma_total > 0:
+            return "on"
+        return "off" if self.cma_free > 0 else "empty"
 
 
 def parse_meminfo(text: str) -> Memory:
@@ -74,7 +89,48 @@ def parse_meminfo(text: str) -> Memory:
     available = values.get("MemAvailable", values.get("MemFree"))
     if available is None:
         raise ParseError("meminfo", "neither MemAvailable nor MemFree", text)
-    return Memory(total=values["MemTotal"], available=available)
+    return Memory(total=values["MemTotal"], available=available, cma_total=values.get("CmaTotal"),
+                  cma_free=values.get("CmaFree"))
+
+
+def parse_kernel_cmdline(text: str) -> dict[str, str | None]:
+    """/proc/cmdline -> {parameter: value or None}: 'BOOT_IMAGE=/vmlinuz ro kho=off quiet' ->
+    {'BOOT_IMAGE': '/vmlinuz', 'ro': None, 'kho': 'off', 'quiet': None}. The kernel takes the last
+    of a repeated parameter; so does this. Quoted values ("a b") keep their spaces; what follows a
+    lone `--` is the init program's arguments, not the kernel's, and is left out."""
+    lines = text.strip().splitlines()
+    if len(lines) != 1:  # the kernel writes one line; more is not its command line
+        raise ParseError("cmdline", "expected one line" if lines else "empty kernel command line", text)
+    try:
+        words = shlex.split(lines[0])
+    except ValueError as exc:
+        raise ParseError("cmdline", f"unbalanced quotes: {exc}", text) from None
+    params: dict[str, str | None] = {}
+    for word in words[:words.index("--")] if "--" in words else words:
+        name, equals, value = word.partition("=")
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
+            raise ParseError("cmdline", f"not a kernel parameter: {word[:60]!r}", text)
+        params[name] = value if equals else None
+    return params
+
+
+def parse_nccl_conf(text: str) -> dict[str, str]:
+    """An nccl.conf (/etc/nccl.conf, ~/.nccl.conf) -> {NAME: VALUE}, read as NCCL reads it
+    (setEnvFile, src/misc/param.cc): one NAME=VALUE a line, the name up to the first '=' and the value
+    the rest of the line, verbatim (NCCL strips nothing: 'NCCL_DEBUG = WARN' sets a variable named
+    'NCCL_DEBUG ' that nothing reads); lines starting with '#' are skipped and lines without '='
+    ignored. NCCL calls setenv(name, value, 0) for each line: an earlier line or file is not replaced
+    by a later one, and a variable already in the process environment wins over every file.
+    An empty file (or comments only) is {}; text with lines but not one NAME=VALUE raises ParseError."""
+    found: dict[str, str] = {}
+    content = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    for line in content:
+        name, equals, value = line.partition("=")
+        if equals and name:
+            found.setdefault(name, value)
+    if content and not found:
+        raise ParseError("nccl_conf", "no NAME=VALUE line", text)
+    return found
 
 
 # ---------------------------------------------------------------------------------------------

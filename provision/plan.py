@@ -15,7 +15,7 @@ from typing import Any
 
 from provision.context import HOST_KEY
 from provision.errors import ProvisionError
-from provision.facts import DROP_IN_DIRS, HostFacts
+from provision.facts import DROP_IN_DIRS, USER_NCCL_CONF, HostFacts
 from provision.remote import mask
 from provision.render import UNIT_DIR, DesiredState, managed_paths
 
@@ -46,6 +46,7 @@ def inspect_spec(state_paths: list[str], user: str) -> dict[str, list[str]]:
     directories, the user, and the managed units' drop-in directories (which unit.dropins reports)."""
     return {"files": sorted({*MANAGED_FILES, GENERATIONS_STATE, HOST_KEY, MADE_DIRECTORIES, *state_paths}),
             "users": [user],
+            "home_files": [USER_NCCL_CONF],  # NCCL reads it as the service user (nccl_conf fact)
             "dirs": list(DROP_IN_DIRS)}
 
 

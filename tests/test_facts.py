@@ -285,3 +285,68 @@ def test_every_host_program_runs_on_the_oldest_python3_it_promises(name: str, ol
     done = subprocess.run([python, "-I", "-"], input=text, capture_output=True, text=True, timeout=60,
                           cwd="/", check=False)
     assert done.returncode == 0 and done.stdout.strip() == "{'ok': 1}", done.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# nccl.conf files and the reachability probe
+
+
+def _here(argv: list[str], stdin: str | None) -> Result:
+    """The shipped program run by this machine's python3, as a host runs it."""
+    done = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=60, check=False)
+    return Result(" ".join(argv), done.returncode, done.stdout, done.stderr, 0.1)
+
+
+def test_the_reachability_probe_tells_an_open_port_from_a_closed_one_in_one_execution() -> None:
+    import socket
+    with socket.socket() as listening, socket.socket() as closed:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        runner = FakeRunner("h", _here)
+        answer = facts.reach(runner, [f"127.0.0.1:{listening.getsockname()[1]}",
+                                      f"127.0.0.1:{closed.getsockname()[1]}", "no-such-host.invalid:443"],
+                             timeout=2)
+    assert runner.executions == 1
+    opened, refused, unknown = answer.values()
+    assert opened is None
+    assert refused is not None and refused.startswith("ConnectionRefusedError")
+    assert unknown is not None and unknown.startswith("gaierror")
+
+
+def test_a_gather_asks_for_no_reachability_and_reads_nccl_conf_files_as_files() -> None:
+    spec = facts.probe_spec((*facts.FACTS, facts.venv_fact("/opt/vllm/venv")), [], 20.0,
+                            {"users": ["vllm"], "home_files": [facts.USER_NCCL_CONF]})
+    assert "reach" not in spec
+    assert spec["files"]["nccl_conf"] == "/etc/nccl.conf" and spec["files"]["cmdline"] == "/proc/cmdline"
+    assert "nccl_conf" not in spec["commands"] and "cmdline" not in spec["commands"]
+
+
+def test_the_service_users_nccl_conf_comes_with_the_inspected_user() -> None:
+    conf = json.loads((FIXTURES / "facts" / "nccl_conf" / "image-ib-use-inline.json").read_text())["stdout"]
+    answer = json.loads(probe_answer_from_recording(lab.load_machine("dgx-spark-gb10")))
+    answer["results"]["nccl_conf"] = {"exit": 0, "stdout": conf, "stderr": "", "missing": False, "timed_out": False}
+    answer["inspect"] = {"users": {"vllm": {"exists": True, "uid": 998, "home": "/var/lib/vllm/",
+                                            "home_files": {".nccl.conf": "NCCL_DEBUG=WARN\n"}},
+                                   "other": {"exists": True, "uid": 999, "home": "/home/other",
+                                             "home_files": {".nccl.conf": None}}}}
+    gathered = facts.facts_from_probe("spark", ok(json.dumps(answer)))
+    assert gathered.nccl_conf == {"/var/lib/vllm/.nccl.conf": {"NCCL_DEBUG": "WARN"},
+                                  "/etc/nccl.conf": {"NCCL_IB_USE_INLINE": "1"}}
+    answer["inspect"]["users"]["vllm"]["home_files"] = {".nccl.conf": "just words\n"}
+    broken = facts.facts_from_probe("spark", ok(json.dumps(answer)))
+    assert "nccl_conf" in broken.unreadable
+    assert broken.notes["nccl_conf"].startswith("/var/lib/vllm/.nccl.conf: cannot parse")
+    absent = {"exit": 1, "stdout": "", "stderr": "", "missing": True, "timed_out": False}
+    answer["results"]["nccl_conf"] = absent
+    del answer["inspect"]
+    plain = facts.facts_from_probe("spark", ok(json.dumps(answer)))
+    assert plain.nccl_conf == {} and "nccl_conf" not in plain.notes  # most hosts have none: no note
+
+
+def test_the_probe_reads_a_users_home_file_or_answers_none() -> None:
+    import pwd
+    me = pwd.getpwuid(os.getuid()).pw_name
+    state = hostprobe.inspect({"users": [me], "home_files": [".provision-test-absent-nccl.conf"]})["users"][me]
+    assert state["home_files"] == {".provision-test-absent-nccl.conf": None}
+

@@ -172,13 +172,19 @@ def _inspect_file(path: str, max_content: int) -> Dict[str, Any]:
     return state
 
 
-def _inspect_user(name: str) -> Dict[str, Any]:
+def _inspect_user(name: str, home_files: List[str]) -> Dict[str, Any]:
+    """A user, and the small files named in `home_files` from its home (text, or None where absent)."""
     import pwd
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
         return {"exists": False}
-    return {"exists": True, "uid": entry.pw_uid, "home": entry.pw_dir, "shell": entry.pw_shell}
+    files: Dict[str, Optional[str]] = {}
+    for relative in home_files:
+        files[relative] = _read(os.path.join(entry.pw_dir, relative)).get("stdout") if os.path.isfile(
+            os.path.join(entry.pw_dir, relative)) else None
+    return {"exists": True, "uid": entry.pw_uid, "home": entry.pw_dir, "shell": entry.pw_shell,
+            "home_files": files}
 
 
 def _inspect_weights(root: str) -> Dict[str, Any]:
@@ -225,7 +231,7 @@ def inspect(spec: Dict[str, Any]) -> Dict[str, Any]:
     return {"files": {path: _inspect_file(path, limit) for path in spec.get("files", [])},
             "dirs": {path: sorted(os.listdir(path)) if os.path.isdir(path) else None
                      for path in spec.get("dirs", [])},
-            "users": {name: _inspect_user(name) for name in spec.get("users", [])},
+            "users": {name: _inspect_user(name, spec.get("home_files", [])) for name in spec.get("users", [])},
             "weights": {root: _inspect_weights(root) for root in spec.get("weights", [])}}
 
 
@@ -345,6 +351,17 @@ def _run_all(commands: Dict[str, List[str]], records: Dict[str, Dict[str, Any]],
     return results
 
 
+def _reach(endpoint: str, timeout: float) -> Optional[str]:
+    """None where a TCP connection to HOST:PORT opens within `timeout`, else why not."""
+    import socket
+    host, _, port = endpoint.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return None
+    except (OSError, ValueError) as exc:  # no such name, refused, unreachable, timed out
+        return f"{type(exc).__name__}: {exc}"
+
+
 def collect(spec: Dict[str, Any]) -> Dict[str, Any]:
     timeout = spec.get("timeout", 20)
     # The server's two /metrics samples are a window apart: everything else is done meanwhile.
@@ -363,6 +380,8 @@ def collect(spec: Dict[str, Any]) -> Dict[str, Any]:
     }
     if served is not None:
         answer["serving"] = serving_second(spec["serving"], served)
+    if spec.get("reach"):
+        answer["reach"] = {endpoint: _reach(endpoint, spec.get("reach_timeout", 3)) for endpoint in spec["reach"]}
     return answer
 
 
