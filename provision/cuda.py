@@ -98,3 +98,35 @@ def _torch_cuda(names: list[str]) -> WheelCuda | None:
     if runtime:
         return WheelCuda(torch, runtime[1], f"{torch_file} with {runtime[0]}")
     return WheelCuda(torch, None, torch_file)
+
+
+# Wheels that say which CUDA major they were built for: a local version tag (`torch-2.11.0+cu129`,
+# `flashinfer_jit_cache-0.6.14+cu130`, vLLM's per-CUDA wheels) or NVIDIA's runtime wheel, suffixed
+# for CUDA 12 (`nvidia_cuda_runtime_cu12-12.9.79`) and plain from CUDA 13 on (`nvidia_cuda_runtime-13.3.29`).
+_LOCAL_TAG = re.compile(r"^([A-Za-z0-9_.]+)-[^-]*\+cu(\d+?)\d-")
+_RUNTIME = re.compile(r"^nvidia_cuda_runtime(?:_cu(\d+))?-(\d+)\.")
+
+
+def cuda_majors(names: Iterable[str]) -> dict[str, list[str]]:
+    """{CUDA major: the wheel files that need it}, from wheel file names; {} where none says."""
+    found: dict[str, list[str]] = {}
+    for name in sorted(names):
+        local = _LOCAL_TAG.match(name)
+        runtime = _RUNTIME.match(name)
+        major = local.group(2) if local else (runtime.group(1) or runtime.group(2)) if runtime else None
+        if major is not None:
+            found.setdefault(major, []).append(name)
+    return found
+
+
+def mixed_cuda(names: Iterable[str]) -> str | None:
+    """Why a set of wheels mixes CUDA majors, naming one wheel of each, or None where they agree.
+    A vLLM built for CUDA 13 beside a CUDA 12.9 torch installs, then fails at import on
+    `libcudart.so.13` (vllm #44335: torch 2.11.0+cu129 with nvidia-cuda-runtime 13.3.29 beside
+    nvidia-cuda-runtime-cu12 12.9.79)."""
+    majors = cuda_majors(names)
+    if len(majors) < 2:
+        return None
+    return "; ".join(f"CUDA {major}: {', '.join(files[:3])}" + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+                     for major, files in sorted(majors.items(), key=lambda item: int(item[0])))
+

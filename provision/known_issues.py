@@ -15,9 +15,19 @@ gate (checks.py) turns each entry into a check of its own id. An entry:
                                           #   bitsandbytes (the venv's versions)
         flags: {--kv-cache-dtype: fp8}    # vLLM arguments (extra_args): a value, true (given), false (not)
         env: {TRITON_PTXAS_PATH: false}   # the service's environment: a value, true (set), false (unset)
+        multi_node: true                  # the host serves in a multi-node cluster (false: one node)
+        kernel_cma: ["off"]               # /proc/meminfo's CMA: on, off (CmaTotal 0, CmaFree > 0),
+                                          #   empty (both 0) or absent (no CONFIG_CMA)
+        absent: [flashinfer_cubin]        # none of these distributions among the planned wheels
+        unreachable: [HOST:PORT]          # the host cannot open a TCP connection to any of these
+                                          #   (asked in a second, small probe only where every
+                                          #   other matcher holds: see `endpoints_to_try`)
+        wheels_cuda: [mixed]              # the planned wheels' CUDA: one release, or mixed
+                                          #   (cuda.mixed_cuda: CUDA 12 and 13 runtimes side by side)
       message: ...                        # what goes wrong, with the text users see in their logs
       fix: ...
       source: https://github.com/...      # the tracker entry the trap is known from
+      verified: ...                       # what of the sources was read, where, and what was not found
       related: [https://...]              # further threads (optional)
       engines: [vllm]                     # the engines the trap is in (optional; default: vllm)
       avoid_with:                         # an engine that serves this hardware and model without it (optional)
@@ -32,8 +42,8 @@ A judgement on one host:
   affected    every matcher holds: a failed check with the entry's severity, message and fix.
   clear       the host has the entry's hardware but a matcher does not hold: a pass saying which.
   unknown     nothing fails but some evidence is unknown: versions before the venv exists, the model's
-              quantization when the hub was not asked. A blocker lacking only versions says "could not
-              be checked", as a warning: as a blocker it would stop the first apply, which is what makes
+              quantization when the hub was not asked. A blocker lacking only versions (or an unread
+              /proc/meminfo) says "could not be checked", as a warning: as a blocker it would stop the first apply, which is what makes
               the venv whose versions it lacks. Anything else is skipped: a model placed by hand keeps
               its quantization unknown, and a warning that never clears would be noise.
   None        the host's GPU or architecture is not the entry's: the check is skipped.
@@ -53,6 +63,7 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from provision import cuda
 from provision.errors import KnownIssueError
 
 if TYPE_CHECKING:
@@ -61,11 +72,16 @@ if TYPE_CHECKING:
 DATA = "known_issues.yaml"  # package data, next to this module
 SEVERITIES = ("blocker", "warning", "info")
 VERSION_KEYS = ("vllm", "torch", "triton", "flash_attn", "bitsandbytes")
-HARDWARE_KEYS = ("compute_capability", "arch")
-LIST_KEYS = (*HARDWARE_KEYS, "quantization")
+# A host that fails one of these is outside the entry's scope: the check is skipped, not passed.
+HARDWARE_KEYS = ("compute_capability", "arch", "multi_node")
+FACT_LIST_KEYS = ("kernel_cma", "absent", "unreachable", "wheels_cuda")
+LIST_KEYS = ("compute_capability", "arch", "quantization", *FACT_LIST_KEYS)
+BOOL_KEYS = ("multi_node",)
 SWITCH_KEYS = ("flags", "env")
-WHEN_KEYS = (*LIST_KEYS, *VERSION_KEYS, *SWITCH_KEYS)
-ENTRY_KEYS = ("id", "title", "severity", "when", "message", "fix", "source", "related", "engines", "avoid_with")
+WHEN_KEYS = (*LIST_KEYS, *VERSION_KEYS, *SWITCH_KEYS, *BOOL_KEYS)
+CMA_STATES = ("on", "off", "empty", "absent")
+ENTRY_KEYS = ("id", "title", "severity", "when", "message", "fix", "source", "related", "engines", "avoid_with",
+              "verified")
 ENGINE_NAMES = ("vllm", "trtllm", "llamacpp")  # provision/engines (kept apart: this module stays light)
 REQUIRED_KEYS = ("id", "title", "severity", "when", "message", "fix", "source")
 ID_PATTERN = re.compile(r"known\.[a-z0-9]+(?:[.-][a-z0-9]+)*")
@@ -93,6 +109,7 @@ class KnownIssue:
     related: tuple[str, ...] = ()
     engines: tuple[str, ...] = ("vllm",)
     avoid_with: Mapping[str, str] | None = None  # {"engine", "why", "source"}
+    verified: str | None = None  # how the sources were checked (and what could not be found)
 
     def fix_with_engine(self) -> str:
         """The fix, and where another engine avoids the trap, that engine's setting and its source."""
@@ -115,6 +132,11 @@ class Evidence:
     quantization: str | None = None
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    multi_node: bool | None = None
+    kernel_cma: str | None = None  # parsers.Memory.cma_state; None: /proc/meminfo unread
+    kernel_cma_detail: str | None = None  # the lines it comes from, the kernel and its kho= parameter
+    wheels: tuple[str, ...] | None = None  # the planned wheels' file names; None: none planned
+    unreachable: Mapping[str, str | None] = field(default_factory=dict)  # endpoint -> why not, None: reached
     notes: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -179,6 +201,8 @@ def entry_from_mapping(raw: Any, source: str, index: int) -> KnownIssue:
     related = raw.get("related") or []
     if not isinstance(related, list):
         raise KnownIssueError(f"{where}: 'related' must be a list of URLs")
+    if "verified" in raw and (not isinstance(raw["verified"], str) or not raw["verified"].strip()):
+        raise KnownIssueError(f"{where}: 'verified' must be a non-empty string")
     for url in (raw["source"], *related):
         if not isinstance(url, str) or not URL_PATTERN.fullmatch(url):
             raise KnownIssueError(f"{where}: {url!r} is not an http(s) URL")
@@ -188,7 +212,8 @@ def entry_from_mapping(raw: Any, source: str, index: int) -> KnownIssue:
     return KnownIssue(id=raw["id"], title=raw["title"].strip(), severity=raw["severity"],
                       when=_when(raw["when"], where), message=" ".join(raw["message"].split()),
                       fix=" ".join(raw["fix"].split()), source=raw["source"], related=tuple(related),
-                      engines=tuple(engines), avoid_with=_avoid_with(raw.get("avoid_with"), where, engines))
+                      engines=tuple(engines), avoid_with=_avoid_with(raw.get("avoid_with"), where, engines),
+                      verified=" ".join(raw["verified"].split()) if "verified" in raw else None)
 
 
 def _avoid_with(raw: Any, where: str, engines: Sequence[str]) -> dict[str, str] | None:
@@ -227,7 +252,19 @@ def _when(raw: Any, where: str) -> dict[str, Any]:
                 raise KnownIssueError(f"{where}: when.{key}: a non-empty list of strings")
             if key == "compute_capability" and not all(re.fullmatch(r"\d+\.\d+", v) for v in value):
                 raise KnownIssueError(f"{where}: when.compute_capability: values like \"12.1\"")
+            if key == "kernel_cma" and not set(value) <= set(CMA_STATES):
+                raise KnownIssueError(f"{where}: when.kernel_cma: one or more of {', '.join(CMA_STATES)}")
+            if key == "unreachable" and not all(re.fullmatch(r"[A-Za-z0-9.-]+:\d+", v) for v in value):
+                raise KnownIssueError(f"{where}: when.unreachable: HOST:PORT endpoints")
+            if key == "wheels_cuda" and not set(value) <= {"mixed", "single"}:
+                raise KnownIssueError(f"{where}: when.wheels_cuda: mixed or single")
+            if key == "absent":
+                value = [_distribution(v) for v in value]
             when[key] = tuple(v.lower() if key == "quantization" else v for v in value)
+        elif key in BOOL_KEYS:
+            if not isinstance(value, bool):
+                raise KnownIssueError(f"{where}: when.{key}: true or false")
+            when[key] = value
         else:
             if not isinstance(value, dict) or not value:
                 raise KnownIssueError(f"{where}: when.{key}: a mapping of names to a value, true or false")
@@ -239,6 +276,11 @@ def _when(raw: Any, where: str) -> dict[str, Any]:
                                           "a name with a string, true or false")
             when[key] = {str(name): wanted for name, wanted in value.items()}
     return when
+
+
+def _distribution(name: str) -> str:
+    """A distribution name as wheel file names spell it: 'flashinfer-cubin' -> 'flashinfer_cubin'."""
+    return re.sub(r"[-_.]+", "_", name).lower()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,6 +299,19 @@ def pinned_versions(spec: str | None) -> dict[str, str]:
             if name in VERSION_KEYS:
                 pins[name] = match.group(2)
     return pins
+
+
+def wheel_versions(names: Sequence[str]) -> dict[str, str]:
+    """The version keys' versions among wheel file names: 'vllm-0.26.0-cp38-abi3-....whl' ->
+    {'vllm': '0.26.0'} (a wheel's name is NAME-VERSION-...; names are already normalised)."""
+    found: dict[str, str] = {}
+    for name in names:
+        parts = name.split("-")
+        if len(parts) >= 3:
+            key = ALIASES.get(parts[0].lower(), parts[0].lower())
+            if key in VERSION_KEYS:
+                found[key] = parts[1]
+    return found
 
 
 def arg_value(args: Sequence[str], flag: str) -> tuple[bool, str | None]:
@@ -296,7 +351,9 @@ def evidence_of(ctx: Context) -> Evidence:
                 versions[key] = version
             else:
                 absent.add(key)
-    for key, version in pinned_versions(ctx.settings.vllm_spec).items():
+    # The planned wheels are what the next apply installs, as exact pins are.
+    for key, version in {**wheel_versions(ctx.resolved_wheels or ()),
+                         **pinned_versions(ctx.settings.vllm_spec)}.items():
         versions[key] = version
         absent.discard(key)
         notes.pop(key, None)
@@ -311,9 +368,30 @@ def evidence_of(ctx: Context) -> Evidence:
         notes["quantization"] = "the model's config.json was not read (no hub model, or the hub refused)"
     if arch is None:
         notes["arch"] = ctx.facts.notes.get("uname", "uname -m unknown")
+    if ctx.facts.memory is None:
+        notes["kernel_cma"] = ctx.facts.notes.get("meminfo", "/proc/meminfo unread")
+    if ctx.resolved_wheels is None:
+        notes["wheels"] = "no wheels planned (no vllm_spec or venv_wheels, or a source build)"
     return Evidence(versions=versions, absent=frozenset(absent), compute_capability=caps, arch=arch,
                     quantization=quantization, args=args,
-                    env={str(k): str(v) for k, v in ctx.settings.environment.items()}, notes=notes)
+                    env={str(k): str(v) for k, v in ctx.settings.environment.items()},
+                    multi_node=bool(ctx.cluster and ctx.cluster.multi_node),
+                    kernel_cma=ctx.facts.memory.cma_state if ctx.facts.memory else None,
+                    kernel_cma_detail=_cma_detail(ctx),
+                    wheels=ctx.resolved_wheels, unreachable=dict(ctx.facts.reachable), notes=notes)
+
+
+def _cma_detail(ctx: Context) -> str | None:
+    """'CmaTotal 0 kB, CmaFree 940604 kB; kernel 7.0.0-1019-nvidia, no kho= on its command line'."""
+    memory = ctx.facts.memory
+    if memory is None:
+        return None
+    lines = ("no Cma lines in /proc/meminfo" if memory.cma_total is None or memory.cma_free is None
+             else f"CmaTotal {memory.cma_total // 1024} kB, CmaFree {memory.cma_free // 1024} kB")
+    cmdline = ctx.facts.kernel_cmdline
+    kho = ("command line unread" if cmdline is None
+           else f"kho={cmdline['kho']}" if cmdline.get("kho") is not None else "no kho= on its command line")
+    return f"{memory.cma_state}: {lines}; kernel {ctx.facts.kernel or 'unknown'}, {kho}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,6 +436,32 @@ def check_matcher(key: str, wanted: Any, ev: Evidence) -> tuple[str, Any, str]:
             return UNKNOWN, "unknown", "compute capability unknown"
         inside = bool(set(ev.compute_capability) & set(wanted))
         return (HOLDS if inside else FAILS), list(ev.compute_capability), "another GPU"
+    if key == "multi_node":
+        if ev.multi_node is None:
+            return UNKNOWN, "unknown", "cluster unknown"
+        return (HOLDS if ev.multi_node is wanted else FAILS), ev.multi_node, (
+            "a single node" if wanted else "a multi-node cluster")
+    if key == "kernel_cma":
+        if ev.kernel_cma is None:
+            return UNKNOWN, "unknown", f"CMA unknown ({ev.notes.get('kernel_cma', 'no value')})"
+        return ((HOLDS if ev.kernel_cma in wanted else FAILS), ev.kernel_cma_detail or ev.kernel_cma,
+                f"CMA is {ev.kernel_cma} ({ev.kernel_cma_detail})")
+    if key in ("absent", "wheels_cuda"):
+        if ev.wheels is None:
+            return UNKNOWN, "unknown", ev.notes.get("wheels", "no wheels planned")
+        if key == "wheels_cuda":
+            mixed = cuda.mixed_cuda(ev.wheels)
+            state = "mixed" if mixed else "single"
+            return (HOLDS if state in wanted else FAILS), mixed or state, "the planned wheels hold one CUDA"
+        names = {_distribution(name.split("-", 1)[0]) for name in ev.wheels}
+        planned = sorted(set(wanted) & names)
+        return (FAILS if planned else HOLDS), planned or "none planned", f"{', '.join(planned)} planned"
+    if key == "unreachable":
+        if not all(endpoint in ev.unreachable for endpoint in wanted):
+            return UNKNOWN, "not tried", "reachability not tried"
+        reached = [endpoint for endpoint in wanted if ev.unreachable[endpoint] is None]
+        shown = {endpoint: ev.unreachable[endpoint] or "reached" for endpoint in wanted}
+        return (FAILS if reached else HOLDS), shown, f"{', '.join(reached)} reached"
     if key in ("arch", "quantization"):
         value = ev.arch if key == "arch" else ev.quantization
         if value is None:
@@ -367,6 +471,18 @@ def check_matcher(key: str, wanted: Any, ev: Evidence) -> tuple[str, Any, str]:
     if key == "flags":
         return _switch("flags", {flag: arg_value(ev.args, flag) for flag in wanted}, wanted)
     return _switch("env", {name: (name in ev.env, ev.env.get(name)) for name in wanted}, wanted)
+
+
+def endpoints_to_try(issue: KnownIssue, ev: Evidence) -> tuple[str, ...]:
+    """The endpoints worth a reachability probe: those of an entry whose every other matcher holds
+    (the probe costs a connection timeout on an air-gapped host; no host pays it for nothing)."""
+    wanted = issue.when.get("unreachable")
+    if not wanted:
+        return ()
+    others = [check_matcher(key, value, ev)[0] for key, value in issue.when.items() if key != "unreachable"]
+    if all(state == HOLDS for state in others):
+        return tuple(endpoint for endpoint in wanted if endpoint not in ev.unreachable)
+    return ()
 
 
 def judge(issue: KnownIssue, ev: Evidence) -> Judgement | None:
@@ -385,7 +501,8 @@ def judge(issue: KnownIssue, ev: Evidence) -> Judgement | None:
         return Judgement(FAIL, issue.severity, issue.message, evidence, f"{issue.fix_with_engine()} (see {issue.source})")
     # Only versions: the apply makes them known. A model's quantization unknown now (weights not
     # fetched from a hub) stays unknown, and a warning that never clears would only be noise.
-    if issue.severity == "blocker" and all(key in VERSION_KEYS for key in unknown):
+    # /proc/meminfo is there on every Linux host: unread, it is a fault worth a word, not a skip.
+    if issue.severity == "blocker" and all(key in (*VERSION_KEYS, "kernel_cma") for key in unknown):
         why = "; ".join(results[key][2] for key in unknown)
         return Judgement(FAIL, "warning", f"could not be checked: {why}. If it holds: {issue.title}",
                          evidence, f"check again once that is known (see {issue.source})")

