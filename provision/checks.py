@@ -19,13 +19,14 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from provision import affinity, contracts, hardening, known_issues, kvcache
+from provision import affinity, contracts, hardening, known_issues, kvcache, render
 from provision import cuda as cuda_builds
 from provision.context import Context, cluster_network_of, flag_value
 from provision.engines import Engine, Verdict, engine_of
 from provision.engines.llamacpp import gguf_models
 from provision.engines.trtllm import TRTLLM
 from provision.engines.vllm import vllm_version
+from provision.errors import ProvisionError
 from provision.facts import DROP_IN_DIRS, MANAGED_UNITS
 
 BLOCKER, WARNING, INFO = "blocker", "warning", "info"
@@ -970,6 +971,72 @@ def config_nccl_values(ctx: Context) -> Finding | None:
     if not known:
         return None
     return ok(f"NCCL {release} reads " + ", ".join(f"{k}={v}" for k, v in known.items()), nccl=release, **known)
+
+
+def rendered_environment(ctx: Context) -> dict[str, str]:
+    """The service's EnvironmentFile as the renderer writes it, unquoted; the inventory's environment
+    where it cannot render yet (a cluster node without a link: cluster.network says why)."""
+    try:
+        rendered = render.service_environment(ctx)
+    except ProvisionError:
+        return {str(name): str(value) for name, value in ctx.settings.environment.items()}
+    return {name: re.sub(r'\\(["\\])', r"\1", value[1:-1]) if value[:1] == '"' else value
+            for name, value in rendered}
+
+
+def files_value(files: Mapping[str, Mapping[str, str]], name: str) -> str:
+    """The value NCCL takes for `name` from the files: the user's file first, then /etc/nccl.conf."""
+    for path in sorted(files, key=lambda path: path == "/etc/nccl.conf"):
+        if name in files[path]:
+            return files[path][name]
+    return ""
+
+
+@rule("config.nccl_conf", WARNING)
+def config_nccl_conf(ctx: Context) -> Finding | None:
+    """An nccl.conf on the host sets what the service's environment leaves unset (images ship
+    /etc/nccl.conf with NCCL_IB_USE_INLINE=1). NCCL's rule (src/misc/param.cc, setEnvFile and
+    initEnv, 2.x to 2.30): it reads $NCCL_CONF_FILE if set, else the home of the user it runs as
+    (getpwuid, not $HOME) + /.nccl.conf, then /etc/nccl.conf, and sets each NAME=VALUE with
+    setenv(name, value, 0): a variable already in the environment is never replaced, and the first
+    file that names one wins. So a rendered variable always beats the files; a file's variable the
+    rendered environment lacks takes effect unseen: that is the warning. A file that names a rendered
+    variable with another value is shown (NCCL ignores it there: a shell without the service's
+    environment, nccl-tests run by hand, still gets the file's)."""
+    if not ctx.facts.nccl_conf and "nccl_conf" not in ctx.facts.unreadable:
+        return None
+    rendered = rendered_environment(ctx)
+    own = rendered.get("NCCL_CONF_FILE")
+    user_home = str(ctx.facts.users.get(ctx.settings.service_user, {}).get("home") or "")
+    files = {path: values for path, values in ctx.facts.nccl_conf.items()
+             if path == "/etc/nccl.conf" or (not own and user_home and path.startswith(user_home.rstrip("/") + "/"))}
+    applied: dict[str, str] = {}  # NAME -> "VALUE (from PATH)": what NCCL takes from the files
+    ignored: dict[str, str] = {}  # NAME -> "file VALUE, rendered VALUE"
+    # NCCL reads the user's file first: it wins over /etc/nccl.conf for the same name.
+    for path in sorted(files, key=lambda path: path == "/etc/nccl.conf"):
+        for name, value in files[path].items():
+            if name in rendered:
+                if rendered[name] != value:
+                    ignored.setdefault(name, f"{path} says {value}, rendered {rendered[name]} (the environment wins)")
+            elif name.startswith("NCCL_"):
+                applied.setdefault(name, f"{value} (from {path}; rendered: unset)")
+    evidence: dict[str, Any] = {"files": {path: dict(values) for path, values in files.items()}}
+    if own:
+        evidence["NCCL_CONF_FILE"] = own + " (rendered: NCCL reads it instead of ~/.nccl.conf; not inspected)"
+    if "nccl_conf" in ctx.facts.unreadable:
+        return warn(f"could not be checked: {ctx.facts.notes.get('nccl_conf', 'an nccl.conf is unreadable')}",
+                    "make the nccl.conf NAME=VALUE lines only", **evidence)
+    if ignored:
+        evidence["ignored"] = ignored
+    if applied:
+        return warn("an nccl.conf sets what the service's environment does not: "
+                    + "; ".join(f"{name}={value}" for name, value in sorted(applied.items())),
+                    "remove the lines from the file, or name each in the inventory's environment (a rendered "
+                    "value wins over the file), e.g. to keep the file's: --set environment='{"
+                    + ", ".join(f'{name}: "{files_value(files, name)}"' for name in sorted(applied)) + "}'",
+                    applied=applied, **evidence)
+    return ok("every variable the nccl.conf files set is in the rendered environment, which wins"
+              + (f" ({len(ignored)} file value(s) differ and are ignored)" if ignored else ""), **evidence)
 
 
 @rule("config.attention_backend", WARNING, engines=("vllm",))

@@ -311,6 +311,15 @@ def print_plans(planned: Planned, show_diff: bool, only: str | None = None) -> N
             if memory is not None:
                 style = "yellow" if memory.status == "fail" else "dim"
                 out.print(f"  [{style}]memory: {memory.message}[/{style}]")
+            conf = nccl_conf_finding(findings.get(name, []))
+            if conf is not None:  # what the host's nccl.conf adds to the rendered environment
+                style = "yellow" if conf.status == "fail" else "dim"
+                for path, values in conf.evidence.get("files", {}).items():
+                    shown = ", ".join(f"{key}={value}" for key, value in values.items()) or "no variables"
+                    out.print(f"  [{style}]{path}: {shown}[/{style}]")
+                out.print(f"  [{style}]nccl.conf: {conf.message}[/{style}]")
+                if conf.status == "fail" and conf.fix:
+                    out.print(f"  [{style}]  fix: {conf.fix}[/{style}]")
             unfinished = plans[name].unfinished
             if unfinished:
                 out.print(f"  [yellow]generation {unfinished['id']} was left pending by a deploy that stopped "
@@ -330,6 +339,11 @@ def memory_estimate(findings: Iterable[Finding]) -> Finding | None:
     return next((f for f in findings if f.id == "memory.fits" and f.status != "skip"), None)
 
 
+def nccl_conf_finding(findings: Iterable[Finding]) -> Finding | None:
+    """The config.nccl_conf finding where the host has an nccl.conf (its files and what they set)."""
+    return next((f for f in findings if f.id == "config.nccl_conf" and f.status != "skip"), None)
+
+
 def plans_json(order: list[str], plans: Mapping[str, HostPlan],
                findings: Mapping[str, list[Finding]], errors: Mapping[str, BaseException],
                 applied: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -342,6 +356,9 @@ def plans_json(order: list[str], plans: Mapping[str, HostPlan],
         memory = memory_estimate(findings.get(name, []))
         if memory is not None:
             body["memory"] = finding_json(memory)
+        conf = nccl_conf_finding(findings.get(name, []))
+        if conf is not None:
+            body["nccl_conf"] = finding_json(conf)
         if name in plans:
             body["changes"] = [{"kind": c.kind, "target": c.target, "reason": c.reason}
                                for c in plans[name].changes]

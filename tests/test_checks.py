@@ -246,6 +246,14 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
      spark_pair(dataclasses.replace(recorded("dgx-spark-gb10"), rdma=(), interfaces=(
          parsers.Interface("enP7s7", True, 1500, None, ("10.0.0.7/24",)),))),
      {"cluster.topology": "fail", "gpu.count": "fail", "cluster.network": "fail", "cluster.rdma": "fail"}),
+    # An image's /etc/nccl.conf (NCCL_IB_USE_INLINE=1): unseen where the service leaves it unset.
+    ("spark-image-nccl-conf-unset-in-the-service", "dgx-spark-gb10", "dgx-spark", {},
+     lambda f: dataclasses.replace(f, nccl_conf={"/etc/nccl.conf": {"NCCL_IB_USE_INLINE": "1"}}), None,
+     {"config.nccl_conf": "fail"}),
+    ("spark-image-nccl-conf-named-in-the-service", "dgx-spark-gb10", "dgx-spark",
+     {"environment": {"NCCL_IB_USE_INLINE": "0"}},
+     lambda f: dataclasses.replace(f, nccl_conf={"/etc/nccl.conf": {"NCCL_IB_USE_INLINE": "1"}}), None,
+     {"config.nccl_conf": "pass"}),
     ("cpu-host", "h200x2-driver580", "cpu", {}, lambda f: dataclasses.replace(f, gpus=(), driver=None), None,
      {"kernel.version": "pass", "driver.loaded": "skip", "gpu.present": "skip", "memory.fits": "skip",
       "disk.space": "pass"}),
@@ -630,3 +638,59 @@ def test_the_api_key_rule_passes_a_loopback_command_line() -> None:
     (ctx,) = context_for(("t", "h200x2-driver580", "hopper", {"model": "org/model"}, None, None, {})).values()
     (finding,) = [f for f in checks.evaluate(ctx) if f.id == "config.api_key"]
     assert (finding.status, finding.message) == ("pass", "listens on 127.0.0.1 (loopback) only")
+
+
+# ---------------------------------------------------------------------------------------------
+# config.nccl_conf: what an nccl.conf on the host adds to the rendered environment
+
+
+def _nccl_conf_case(case: str) -> dict[str, str]:
+    from tests.conftest import FIXTURES
+    return parsers.parse_nccl_conf(json.loads((FIXTURES / "facts" / "nccl_conf" / f"{case}.json").read_text())["stdout"])
+
+
+def nccl_conf_finding(files: dict[str, dict[str, str]], unreadable: bool = False, **values: Any) -> checks.Finding:
+    host_facts = dataclasses.replace(
+        recorded("dgx-spark-gb10"), nccl_conf=files,
+        users={"vllm": {"exists": True, "uid": 998, "home": "/var/lib/vllm", "shell": "/usr/sbin/nologin"}},
+        unreadable=frozenset({"nccl_conf"}) if unreadable else frozenset(),
+        notes={"nccl_conf": "/var/lib/vllm/.nccl.conf: cannot parse: no NAME=VALUE line"} if unreadable else {})
+    ctx = context.Context(host="h", profile=PROFILES["dgx-spark"], settings=settings("dgx-spark", **values),
+                          facts=host_facts)
+    return next(f for f in checks.evaluate(ctx) if f.id == "config.nccl_conf")
+
+
+def test_an_image_nccl_conf_variable_the_service_does_not_set_is_named_with_both_values() -> None:
+    found = nccl_conf_finding({"/etc/nccl.conf": _nccl_conf_case("image-ib-use-inline")})
+    assert (found.status, found.severity) == ("fail", "warning")
+    assert found.evidence["applied"] == {"NCCL_IB_USE_INLINE": "1 (from /etc/nccl.conf; rendered: unset)"}
+    assert found.evidence["files"] == {"/etc/nccl.conf": {"NCCL_IB_USE_INLINE": "1"}}
+    assert "--set environment='{NCCL_IB_USE_INLINE: \"1\"}'" in (found.fix or "")
+
+
+def test_a_rendered_variable_wins_over_the_file_as_nccls_setenv_without_overwrite_does() -> None:
+    found = nccl_conf_finding({"/etc/nccl.conf": _nccl_conf_case("image-ib-use-inline")},
+                              environment={"NCCL_IB_USE_INLINE": "0"})
+    assert found.status == "pass"
+    assert found.evidence["ignored"] == {
+        "NCCL_IB_USE_INLINE": "/etc/nccl.conf says 1, rendered 0 (the environment wins)"}
+
+
+def test_the_service_users_file_is_read_first_and_wins_over_etc() -> None:
+    found = nccl_conf_finding({"/etc/nccl.conf": _nccl_conf_case("image-ib-use-inline"),
+                               "/var/lib/vllm/.nccl.conf": {"NCCL_IB_USE_INLINE": "0", "NCCL_DEBUG": "WARN"}})
+    assert found.evidence["applied"] == {"NCCL_DEBUG": "WARN (from /var/lib/vllm/.nccl.conf; rendered: unset)",
+                                         "NCCL_IB_USE_INLINE": "0 (from /var/lib/vllm/.nccl.conf; rendered: unset)"}
+    # With NCCL_CONF_FILE rendered NCCL reads that file instead of the user's.
+    own = nccl_conf_finding({"/var/lib/vllm/.nccl.conf": {"NCCL_DEBUG": "WARN"}},
+                            environment={"NCCL_CONF_FILE": "/etc/provision/nccl.conf"})
+    assert own.status == "pass" and own.evidence["files"] == {}
+
+
+def test_the_docs_example_is_read_verbatim_and_a_broken_file_is_said() -> None:
+    docs = nccl_conf_finding({"/etc/nccl.conf": _nccl_conf_case("nccl-docs-example")})
+    assert docs.evidence["applied"]["NCCL_SOCKET_IFNAME"] == "=ens1f0 (from /etc/nccl.conf; rendered: unset)"
+    broken = nccl_conf_finding({}, unreadable=True)
+    assert broken.status == "fail" and broken.message.startswith("could not be checked: /var/lib/vllm/.nccl.conf")
+    assert nccl_conf_finding({}).status == "skip"
+
