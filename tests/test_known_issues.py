@@ -415,3 +415,28 @@ def test_the_new_matchers_refuse_bad_values(when: dict[str, Any], error: str) ->
     with pytest.raises(KnownIssueError, match=error):
         known_issues.entry_from_mapping(entry, "t.yaml", 1)
 
+
+def test_the_gate_tries_the_artifactory_once_and_only_from_the_host_that_needs_it() -> None:
+    """run's second, small probe: sent to the host whose other matchers all hold, its answer in the facts."""
+    from provision import inventory, run
+    from tests.fakes import FakeRunner, ok
+
+    needs, other = context(*SPARK, wheels=NO_CUBIN), context(*SPARK, wheels=WITH_CUBIN)
+    runners: dict[str, FakeRunner] = {}
+
+    class Pool:
+        def connect(self, target: inventory.Host) -> FakeRunner:
+            answer = json.dumps({"python": "3.12.3", "results": {}, "reach": {ARTIFACTORY: AIR_GAPPED[ARTIFACTORY]}})
+            return runners.setdefault(target.name, FakeRunner(target.name, lambda argv, stdin: ok(answer, argv)))
+
+    hosts = {name: inventory.Host(name=name, address="10.0.0.1", port=22, user="root", profile=PROFILES["dgx-spark"],
+                                  connection="ssh", key_file=None, vars={}, source="t") for name in ("a", "b")}
+    inv = inventory.Inventory(hosts=hosts, groups={}, clusters={}, ssh=inventory.SshSettings())
+    errors: dict[str, BaseException] = {}
+    result = run._with_reachability(inv, {"a": needs, "b": other}, {"a", "b"}, errors, run.Options(), Pool())
+    assert set(runners) == {"a"} and runners["a"].executions == 1 and not errors
+    ((argv, stdin),) = runners["a"].calls
+    assert argv == ["python3", "-"] and stdin is not None and '"reach": ["edge.urm.nvidia.com:443"]' in stdin
+    assert result["a"].facts.reachable == AIR_GAPPED and result["b"] is other
+    assert finding(result["a"], "known.vllm-flashinfer-cubin-airgapped").status == "fail"
+
