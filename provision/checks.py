@@ -992,7 +992,7 @@ def files_value(files: Mapping[str, Mapping[str, str]], name: str) -> str:
     return ""
 
 
-@rule("config.nccl_conf", WARNING)
+@rule("config.nccl_conf", WARNING, engines=("vllm", "trtllm"))  # llama.cpp runs no NCCL
 def config_nccl_conf(ctx: Context) -> Finding | None:
     """An nccl.conf on the host sets what the service's environment leaves unset (images ship
     /etc/nccl.conf with NCCL_IB_USE_INLINE=1). NCCL's rule (src/misc/param.cc, setEnvFile and
