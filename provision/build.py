@@ -192,13 +192,13 @@ def recipe(spec: str, profile: Any, facts: HostFacts, engine_env: Mapping[str, s
         env["TORCH_CUDA_ARCH_LIST"] = profile.cuda.torch_cuda_arch_list
     env.update(engine_env or {})
     requires = build_requires(directory)
-    identity: dict[str, Any] = {"source": content_key(directory), "arch": facts.arch, "python": python,
+    identity: dict[str, Any] = {"source": content_key(directory), "arch": facts.wheel_arch, "python": python,
                                 "arch_list": env.get("TORCH_CUDA_ARCH_LIST"), "requires": sorted(requires)}
     shaping = {name: value for name, value in (engine_env or {}).items() if name not in SPEED_ONLY}
     if shaping:  # absent for builds without engine settings, so their keys stay as they were
         identity["engine_env"] = shaping
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
-    return Recipe(directory, facts.arch or "", python, env, requires, key)
+    return Recipe(directory, facts.wheel_arch or "", python, env, requires, key)
 
 
 def cached_wheel(recipe: Recipe) -> Path | None:

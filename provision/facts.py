@@ -157,7 +157,9 @@ class HostFacts:
     host: str
     python: str | None = None
     kernel: str | None = None
-    arch: str | None = None
+    arch: str | None = None  # `uname -m`: the hardware the host reports
+    # platform.machine() of the python3 the probe ran on, the interpreter every venv is made from.
+    python_machine: str | None = None
     os: OsRelease | None = None
     memory: Memory | None = None
     init: str | None = None
@@ -191,6 +193,13 @@ class HostFacts:
 
     def disk_for(self, path: str) -> DiskSpace | None:
         return next((disk for disk in self.disks if disk.path == path), None)
+
+    @property
+    def wheel_arch(self) -> str | None:
+        """The architecture the host's wheels are resolved for: that of the interpreter that will run
+        them (a venv is made from the probe's python3), else `uname -m`. The two differ where a
+        command on PATH reports other hardware than the kernel runs (a replayed recording)."""
+        return self.python_machine or self.arch
 
     @property
     def systemd_is_pid1(self) -> bool:
@@ -355,6 +364,7 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
     return HostFacts(
         host=host,
         python=answer.get("python"),
+        python_machine=answer.get("machine") or None,
         kernel=uname.release if uname else None,
         arch=uname.machine if uname else None,
         os=values.get("os_release"),

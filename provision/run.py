@@ -144,7 +144,7 @@ def _service_wheelhouse(ctx: context.Context) -> venv.Wheelhouse | None:
     requirements, local = venv.service_requirements(ctx), list(settings.venv_wheels)
     if settings.venv_source or not (requirements or local):
         return None  # a source build's wheel is known only once built; nothing to install otherwise
-    return venv.resolve(requirements, local, ctx.facts.arch or "", ctx.facts.python or "",
+    return venv.resolve(requirements, local, ctx.facts.wheel_arch or "", ctx.facts.python or "",
                         progress=progress_line, indexes=venv.indexes_of(settings),
                         torch_variant=venv.torch_variant_of(ctx.profile, settings))
 
@@ -405,7 +405,7 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
     """One host's plan: rendered files and units (unless `only` names "weights" or "venv"), the venv
     (with a source built once per architecture by `builder`), the model."""
     settings, host_facts = ctx.settings, ctx.facts
-    arch, python = host_facts.arch or "", host_facts.python or ""
+    arch, python = host_facts.wheel_arch or "", host_facts.python or ""
     pushes: list[tuple[venv.Wheelhouse, list[venv.Wheel]]] = []
     wheelhouse, venv_data = None, None
     local_wheels = list(settings.venv_wheels)

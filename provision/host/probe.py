@@ -9,9 +9,9 @@ host. The controller appends one call, `main(SPEC_JSON)`, where the spec lists w
 
 and it prints one JSON document:
 
-    {"python": "3.11.2", "results": {"NAME": {"exit": 0, "stdout": "...", "stderr": "",
-                                                "missing": false, "timed_out": false,
-                                                "truncated": false}},
+    {"python": "3.11.2", "machine": "x86_64",
+     "results": {"NAME": {"exit": 0, "stdout": "...", "stderr": "", "missing": false, "timed_out": false,
+                          "truncated": false}},
      "paths": {"/opt/vllm": {"checked": "/opt", "free": 123, "total": 456}}}
 
 A command that is not installed answers `missing: true` (a fact, not a crash); one that hangs (nvidia-smi
@@ -371,8 +371,12 @@ def collect(spec: Dict[str, Any]) -> Dict[str, Any]:
         results[name] = _read(path)
     for name, tree in spec.get("trees", {}).items():
         results[name] = _read_tree(tree)
+    import platform
     answer: Dict[str, Any] = {
         "python": ".".join(str(part) for part in sys.version_info[:3]),
+        # The machine this interpreter runs on, from the kernel itself (not an `uname` found on PATH):
+        # the venvs made from it run wheels of this architecture.
+        "machine": platform.machine(),
         "results": results,
         "paths": {path: _space(path) for path in spec.get("paths", [])},
         "inspect": inspect(spec.get("inspect", {})),
