@@ -28,6 +28,7 @@ from provision.engines.trtllm import TRTLLM
 from provision.engines.vllm import vllm_version
 from provision.errors import ProvisionError
 from provision.facts import DROP_IN_DIRS, MANAGED_UNITS
+from provision.render import model_path
 
 BLOCKER, WARNING, INFO = "blocker", "warning", "info"
 PASS, FAIL, SKIP, FORCED = "pass", "fail", "skip", "forced"
@@ -319,9 +320,13 @@ def memory_fits(ctx: Context) -> Finding | None:
         return _cpu_kv_space(ctx)
     if not ctx.facts.gpus:
         return None
-    known = (ctx.weights_bytes, "hub file sizes") if ctx.weights_bytes else estimate_weights_bytes(ctx.settings.model)
+    known = (ctx.weights_bytes, ctx.weights_from or "hub file sizes") if ctx.weights_bytes \
+        else estimate_weights_bytes(ctx.settings.model)
     if known is None:
-        return None
+        if ctx.model_config_note is None:
+            return None
+        return warn(f"could not be estimated: {ctx.model_config_note}", _unknown_model_fix(ctx),
+                    kv_cache=f"not estimated: {ctx.model_config_note}")
     weights, how = known
     budget = _gpu_budget(ctx)
     if isinstance(budget, Finding):
@@ -335,7 +340,7 @@ def memory_fits(ctx: Context) -> Finding | None:
     est = kvcache.estimate(shape, layout, weights_total=weights, budget=int(budget_bytes), max_model_len=length,
                            args=ctx.extra_args)
     evidence = {**est.as_evidence(), "weights_from": how, "budget_from": source, "attention": shape.attention,
-                "max_model_len_from": length_from}
+                "max_model_len_from": length_from, "config_from": ctx.model_config_from or "the hub"}
     terms = (f"per GPU {_gib(est.weights)} weights + {_gib(est.allowance)} allowance of {_gib(est.budget)}; "
              f"KV {est.kv_per_token / 1024:g} KiB/token ({shape.attention}, {est.kv_dtype})")
     if not est.fits:
@@ -373,7 +378,7 @@ def _gpu_budget(ctx: Context) -> tuple[float, str] | Finding:
 
 def _model_shape(ctx: Context) -> tuple[kvcache.ModelShape | None, str]:
     if ctx.model_config is None:
-        return None, "no config.json from the hub"
+        return None, ctx.model_config_note or "no config.json from the hub"
     try:
         return kvcache.shape_of(ctx.model_config), ""
     except kvcache.KvError as exc:
@@ -386,6 +391,12 @@ def _context_length(ctx: Context, shape: kvcache.ModelShape) -> tuple[int, str]:
     if shape.max_position_embeddings:
         return shape.max_position_embeddings, "max_model_len not set: the model's max_position_embeddings"
     return 4096, "max_model_len not set and config.json names no length: 4096 assumed"
+
+
+def _unknown_model_fix(ctx: Context) -> str:
+    """Where neither the host's model directory nor the hub gives config.json and the weights' sizes."""
+    return (f"place the model's config.json and weights in {model_path(ctx.settings)} on the host, or name "
+            "a hub repository id as model (the hub then gives them)")
 
 
 def _weights_only(ctx: Context, weights: int, how: str, budget: float, source: str, why: str) -> Finding:
@@ -450,7 +461,9 @@ def _utilization_for(ctx: Context, needed: float) -> float | None:
 def _cpu_kv_space(ctx: Context) -> Finding | None:
     """vLLM's CPU build: the KV cache is VLLM_CPU_KVCACHE_SPACE GiB, apart from the weights."""
     space = ctx.env("VLLM_CPU_KVCACHE_SPACE")
-    shape, _ = _model_shape(ctx)
+    shape, why = _model_shape(ctx)
+    if shape is None and space and ctx.model_config_note:
+        return warn(f"could not be estimated: {why}", _unknown_model_fix(ctx), kv_cache=f"not estimated: {why}")
     if shape is None or not space:
         return None
     try:

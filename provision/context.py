@@ -40,6 +40,12 @@ class Context:
     # not quantized); None where the hub was not asked or refused.
     model_config: Mapping[str, Any] | None = None
     quantization: str | None = None
+    # Where model_config and weights_bytes came from when not from the fetch's hub answer (weights
+    # placed by hand: the host's model directory, or the hub for a repository id), and why the model's
+    # config.json is unknown where it is (said in the memory fit instead of nothing).
+    model_config_from: str | None = None
+    weights_from: str | None = None
+    model_config_note: str | None = None
     mpi_key_set: bool = False  # an mpi_ssh_key is in the secrets (multi-node TensorRT-LLM)
 
     @property

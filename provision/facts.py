@@ -187,6 +187,7 @@ class HostFacts:
     files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # inspected paths
     users: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # inspected users
     weights: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # inspected model roots
+    models: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # model directories placed by hand
     dirs: Mapping[str, tuple[str, ...] | None] = field(default_factory=dict)  # listed directories
     notes: Mapping[str, str] = field(default_factory=dict)
     unreadable: frozenset[str] = frozenset()  # facts whose answer came but could not be read
@@ -388,6 +389,7 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         files=dict((answer.get("inspect") or {}).get("files") or {}),
         users=users,
         weights=dict((answer.get("inspect") or {}).get("weights") or {}),
+        models=dict((answer.get("inspect") or {}).get("models") or {}),
         dirs={path: None if names is None else tuple(names)
               for path, names in ((answer.get("inspect") or {}).get("dirs") or {}).items()},
         notes=dict(notes),

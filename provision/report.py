@@ -306,7 +306,10 @@ def print_plans(planned: Planned, show_diff: bool, only: str | None = None) -> N
             for finding in blockers:
                 out.print(f"  {finding.id}: {finding.message} -> fix: {finding.fix}")
         else:
-            out.print(f"[bold]{name}[/bold]: {summary(plans[name].changes, only)}")
+            said = summary(plans[name].changes, only)
+            if only == "weights" and not plans[name].changes and plans[name].weights_note:
+                said = str(plans[name].weights_note)  # nothing was verified: say what is there instead
+            out.print(f"[bold]{name}[/bold]: {said}")
             memory = memory_estimate(findings.get(name, []))
             if memory is not None:
                 style = "yellow" if memory.status == "fail" else "dim"
@@ -364,6 +367,8 @@ def plans_json(order: list[str], plans: Mapping[str, HostPlan],
                                for c in plans[name].changes]
             body["push_bytes"] = plans[name].push_bytes
             body["unfinished_generation"] = plans[name].unfinished
+            if plans[name].weights_note:
+                body["weights_note"] = plans[name].weights_note
             fetch = plans[name].of_kind("weights")
             if fetch:
                 body["weights"] = {"repo": fetch[0].data["repo"], "commit": fetch[0].data["commit"],

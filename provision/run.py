@@ -96,6 +96,8 @@ def gather(inv: inventory.Inventory, targets: list[inventory.Host], options: Opt
             [render.CONFIG_DIR, render.STATE_DIR, *paths[1:], *venv.inspect_paths(settings),
              f"{weights.HUB_VENV}/{facts.VENV_MANIFEST}"], settings.service_user)
         inspect["weights"] = [weights.root_of(settings)] if weights.managed(settings) else []
+        # Weights placed by hand: their config.json and sizes, for the memory fit (one small read).
+        inspect["models"] = [render.model_path(settings)] if settings.model and not weights.managed(settings) else []
         runner = pool.connect(target) if pool else remote.connect(
             target, inv.ssh, accept_new_host_keys=options.accept_new_host_keys)
         try:
@@ -128,6 +130,7 @@ def gate(inv: inventory.Inventory, targets: list[inventory.Host], options: Optio
         progress_line(f"secrets: {held.describe()}")
     contexts = _with_snapshots(context.contexts(inv, gathered.values, options.overrides, profile=options.profile),
                                held, wanted, early)
+    contexts = _with_placed_weights(contexts, held, wanted)
     contexts = {name: dataclasses.replace(ctx, api_key_set=bool(held.vllm_api_key), mpi_key_set=bool(held.mpi_ssh_key))
                 for name, ctx in contexts.items()}
     errors = {name: error for name, error in gathered.errors.items() if name in wanted}
@@ -323,6 +326,50 @@ def _with_snapshots(contexts: dict[str, context.Context], held: secrets.Secrets,
     return result
 
 
+def _with_placed_weights(contexts: dict[str, context.Context], held: secrets.Secrets,
+                         wanted: set[str]) -> dict[str, context.Context]:
+    """Hosts whose weights the tool does not fetch learn the model's config.json and weight bytes for
+    the memory fit: from the model directory on the host (read by the probe), else, for a hub
+    repository id, from the hub (once per model, revision, files and endpoint); where neither has
+    them, why (the gate says it instead of nothing). The hub's refusal blocks nothing here: the
+    weights are the host's own."""
+    asked: dict[HubKey, HubAnswer] = {}
+    result = dict(contexts)
+    for name, ctx in contexts.items():
+        s = ctx.settings
+        if name not in wanted or not s.model or weights.managed(s):
+            continue
+        directory = render.model_path(s)
+        placed = weights.placed_model(ctx.facts, directory)
+        if placed is not None and placed.config is not None:
+            result[name] = dataclasses.replace(
+                ctx, model_config=placed.config, quantization=_quantization(dict(placed.config)),
+                weights_bytes=placed.weight_bytes, model_config_from=f"{directory}/config.json on the host",
+                weights_from=f"file sizes in {directory} on the host" if placed.weight_bytes else None)
+            continue
+        on_host = placed.config_error if placed is not None else f"{directory} was not inspected"
+        if str(s.model).startswith("/"):
+            result[name] = dataclasses.replace(ctx, model_config_note=(
+                f"{on_host}, and the model is a path, not a hub repository id"))
+            continue
+        key = _hub_key(s)
+        if key not in asked:
+            asked[key] = _kept(key, held.hf_token) or _ask_hub(key, held.hf_token)
+        answer, model_config = asked[key]
+        if isinstance(answer, str):
+            result[name] = dataclasses.replace(ctx, model_config_note=f"{on_host}; the hub: {answer}")
+        elif model_config is None:
+            result[name] = dataclasses.replace(
+                ctx, weights_bytes=answer.weight_bytes, weights_from=f"hub file sizes of {answer.repo}",
+                model_config_note=f"{on_host}; the hub gave no readable config.json of {answer.repo}")
+        else:
+            result[name] = dataclasses.replace(
+                ctx, model_config=model_config, quantization=_quantization(model_config),
+                weights_bytes=answer.weight_bytes, weights_from=f"hub file sizes of {answer.repo}",
+                model_config_from=f"the hub ({answer.repo}@{answer.commit[:12]}; {on_host})")
+    return result
+
+
 @dataclass
 class HostPlan:
     changes: list[plan.Change]
@@ -340,6 +387,8 @@ class HostPlan:
     # The model revision (weights.change_data) the host holds verified and needs no fetch of: its
     # cluster peers that must fetch it take it from this host before the hub.
     holds: Mapping[str, Any] | None = None
+    # Why the host's weights are not the tool's to fetch, and what is there: "not fetched: ...".
+    weights_note: str | None = None
 
     @property
     def push_bytes(self) -> int:
@@ -466,7 +515,9 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
     return HostPlan(changes, pushes, link.address if link else None,
                     ctx.cluster.name if ctx.cluster else ctx.host, scope, unfinished_generation(host_facts),
                     transfer=settings.transfer, arch=arch, held_wheels=venv.remote_wheels(host_facts),
-                    serve=server.endpoint(settings) if settings.model else None, holds=holds)
+                    serve=server.endpoint(settings) if settings.model else None, holds=holds,
+                    weights_note=weights.not_fetched(settings, weights.placed_model(
+                        host_facts, render.model_path(settings))))
 
 
 def unfinished_generation(host_facts: facts.HostFacts, now: float | None = None) -> dict[str, Any] | None:

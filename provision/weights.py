@@ -278,6 +278,69 @@ def change_data(settings: Settings, snapshot: Snapshot) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Weights placed by hand (fetch_weights false, or a model given as a path): what the probe saw
+
+
+@dataclass(frozen=True)
+class PlacedModel:
+    """A model directory the tool does not fetch, as the probe saw it (host/probe.py `_inspect_model`):
+    every file's size, and its config.json read (None, with `config_error` saying why, where there
+    is none or it is not a JSON object)."""
+
+    directory: str
+    present: bool  # the directory exists
+    sizes: Mapping[str, int] = field(default_factory=dict)
+    config: Mapping[str, Any] | None = None
+    config_error: str | None = None
+    truncated: bool = False  # more files than the probe lists: not a model directory
+
+    @property
+    def weight_bytes(self) -> int | None:
+        """The tensor files' bytes (tensor_bytes), None where the directory holds no file at all."""
+        return tensor_bytes(self.sizes) if self.sizes and not self.truncated else None
+
+
+def placed_model(facts: HostFacts, directory: str) -> PlacedModel | None:
+    """Pure: the probe's view of a model directory placed by hand; None where it was not inspected."""
+    seen = facts.models.get(directory)
+    if not isinstance(seen, Mapping):
+        return None
+    if not seen.get("is_dir"):
+        why = "is not a directory" if seen.get("exists") else "does not exist"
+        return PlacedModel(directory, False, config_error=f"{directory} {why} on the host")
+    sizes = {str(path): int(size) for path, size in (seen.get("sizes") or {}).items()}
+    config, error = None, None
+    text = seen.get("config")
+    if text is None:
+        said = seen.get("config_error") or "missing"
+        error = f"no config.json in {directory} on the host" if said == "missing" else \
+            f"{directory}/config.json on the host cannot be read: {said}"
+    else:
+        try:
+            found = json.loads(text)
+        except ValueError as exc:
+            found, error = None, f"{directory}/config.json on the host is not JSON: {exc}"
+        if isinstance(found, dict):
+            config = found
+        elif error is None:
+            error = f"{directory}/config.json on the host is not a JSON object"
+    return PlacedModel(directory, True, sizes, config, error, bool(seen.get("truncated")))
+
+
+def not_fetched(settings: Settings, placed: PlacedModel | None) -> str | None:
+    """Pure: what a weights run says of a model the tool does not fetch (None where it fetches it):
+    'not fetched: fetch_weights is false; 5 file(s) placed by hand in /models/org/name'."""
+    if managed(settings) or not settings.model:
+        return None
+    why = "the model is a path on the host" if str(settings.model).startswith("/") else "fetch_weights is false"
+    if placed is None:
+        return f"not fetched: {why}"
+    if not placed.present or not placed.sizes:
+        return f"not fetched: {why}; none present in {placed.directory}"
+    return f"not fetched: {why}; {len(placed.sizes)} file(s) placed by hand in {placed.directory}"
+
+
+# ---------------------------------------------------------------------------------------------
 # Apply time
 
 

@@ -224,15 +224,53 @@ def _inspect_weights(root: str) -> Dict[str, Any]:
             "partial": partial}
 
 
+MAX_MODEL_FILES = 10000  # a model directory holds tens of files; more is not a model (the answer says so)
+
+
+def _inspect_model(path: str) -> Dict[str, Any]:
+    """A model directory the tool does not fetch (placed by hand): its config.json's text and every
+    file's size, hidden entries (.cache, .git) left out. Nothing but config.json is read; symbolic
+    links are followed (a hub cache's snapshot links its blobs)."""
+    if not os.path.isdir(path):
+        return {"exists": os.path.exists(path), "is_dir": False}
+    sizes: Dict[str, int] = {}
+    truncated = False
+    for base, dirs, names in os.walk(path):
+        dirs[:] = sorted(name for name in dirs if not name.startswith("."))
+        for name in sorted(names):
+            if name.startswith("."):
+                continue
+            if len(sizes) >= MAX_MODEL_FILES:
+                truncated = True
+                break
+            full = os.path.join(base, name)
+            try:
+                sizes[os.path.relpath(full, path)] = os.stat(full).st_size
+            except OSError:
+                pass  # a dangling link is no file of the model
+        if truncated:
+            break
+    answer: Dict[str, Any] = {"exists": True, "is_dir": True, "sizes": sizes, "truncated": truncated,
+                              "config": None}
+    try:
+        with open(os.path.join(path, "config.json"), "rb") as handle:
+            answer["config"] = handle.read(MAX_OUTPUT).decode("utf-8", "replace")
+    except OSError as exc:
+        answer["config_error"] = "missing" if isinstance(exc, FileNotFoundError) else str(exc)
+    return answer
+
+
 def inspect(spec: Dict[str, Any]) -> Dict[str, Any]:
     """The state of the files, directories and users a plan manages (small files with their content),
-    and the names in the directories listed under "dirs"."""
+    the names in the directories listed under "dirs", the model roots the tool fetches ("weights")
+    and the model directories it does not ("models")."""
     limit = spec.get("max_content", 65536)
     return {"files": {path: _inspect_file(path, limit) for path in spec.get("files", [])},
             "dirs": {path: sorted(os.listdir(path)) if os.path.isdir(path) else None
                      for path in spec.get("dirs", [])},
             "users": {name: _inspect_user(name, spec.get("home_files", [])) for name in spec.get("users", [])},
-            "weights": {root: _inspect_weights(root) for root in spec.get("weights", [])}}
+            "weights": {root: _inspect_weights(root) for root in spec.get("weights", [])},
+            "models": {path: _inspect_model(path) for path in spec.get("models", [])}}
 
 
 def _get(url: str, headers: Dict[str, str], timeout: float) -> Dict[str, Any]:
