@@ -5,7 +5,9 @@ installed `provision` command (main(), the console script of pyproject.toml).
 """
 from __future__ import annotations
 
+import sys
 from importlib import metadata
+from typing import Any, TextIO
 
 from invoke.collection import Collection
 from invoke.program import Program
@@ -18,8 +20,27 @@ ns = Collection(tasks.facts_, tasks.check, tasks.plan_, tasks.provision_, tasks.
                 tune_tasks.tune_, init_tasks.init)
 
 
+class AsTyped:
+    """A stream that prints the tasks' hints as the installed command spells them. The hints are
+    written once, as `invoke TASK ...` (the checkout's door), in modules and on hosts alike; from the
+    wheel there is no tasks.py for `invoke` to find, so a hint must read `provision TASK ...` to run
+    where it is printed. Only the backquoted form is a hint; everything else passes as written."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(text.replace("`invoke ", "`provision "))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main() -> None:
     """`provision`: Invoke's own parser, help and --list over `ns`; --version from the installed
     distribution's metadata (the version the wheel was built with)."""
+    sys.stdout = AsTyped(sys.stdout)
+    sys.stderr = AsTyped(sys.stderr)
     Program(namespace=ns, version=metadata.version("provision"), name="provision",
             binary="provision", binary_names=["provision"]).run()

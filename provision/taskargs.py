@@ -152,7 +152,7 @@ def select(inventory_: str | None, host: Sequence[str] | None = None, cluster: s
     bench, logs: they name their host otherwise) none are chosen."""
     from provision import inventory
 
-    local_only = targets and not (cluster or all_ or default_all) and bool(host) \
+    local_only = targets and not (cluster or all_) and bool(host) \
         and set(host or ()) == {inventory.LOCAL_HOST}
     inv = load_inventory(inventory_, local_only=local_only)
     overrides = inventory.parse_overrides(list(set_ or []))

@@ -1,0 +1,38 @@
+"""The installed command's door: hints printed as `provision ...`, and cluster tasks on this machine
+with no inventory."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from provision.cli import AsTyped
+
+
+def test_a_hint_reads_as_the_installed_command_and_nothing_else_changes() -> None:
+    out = io.StringIO()
+    stream = AsTyped(out)
+    stream.write("no earlier generation to roll back to (see `invoke rollback --list`)\n")
+    stream.write("pyinvoke's invoke runs tasks.py; `invoked` stays\n")
+    assert out.getvalue() == ("no earlier generation to roll back to (see `provision rollback --list`)\n"
+                              "pyinvoke's invoke runs tasks.py; `invoked` stays\n")
+    assert stream.isatty() == out.isatty()  # everything else is the stream's own
+
+
+def test_status_of_this_machine_needs_no_inventory(tmp_path: Path) -> None:
+    """`status --host local` is a cluster task's door to this machine: like the host tasks, it needs no
+    inventory (a lab directory with nothing in it: while the lab is up its inventory is the default)."""
+    command = shutil.which("provision")
+    if command is None:
+        pytest.fail("the `provision` console script is not installed (README's first command installs it)")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PROVISION_")}
+    env["PROVISION_LAB_DIR"] = str(tmp_path / "no-lab")
+    done = subprocess.run([command, "status", "--host", "local", "--json"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert "none found" not in done.stderr and done.returncode in (0, 1), done.stderr
+    assert list(json.loads(done.stdout)["hosts"]) == ["local"]
