@@ -79,7 +79,7 @@ def status_(c: Context, host: list[str] | None = None, cluster: str | None = Non
         found = status.gather_status(chosen.inventory, chosen.targets, chosen.overrides, held, window, timeout,
                                      stall_window)
         report.print_status(found, time.monotonic() - started, json_)
-        exit_unless(all(item.healthy for item in found.values()))
+        exit_unless(status.serving_as_declared(found))
         return
     # --watch: each host's samples go to the next refresh, so the stuck rule sees the stall grow live.
     screen = report.StatusScreen(json_)

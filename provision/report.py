@@ -499,7 +499,9 @@ def status_problems(found: dict[str, status.HostStatus]) -> list[str]:
     """What is wrong with each host that is not healthy, whole, one line each (under the table)."""
     lines = []
     for name, item in found.items():
-        if not item.healthy and item.problem:
+        if item.idle is not None:
+            lines.append(f"{name}: idle: {item.idle}")
+        elif not item.healthy and item.problem:
             lines.append(f"{name}: {item.problem.removeprefix(f'{name}: ')}")
         # A host can serve and still run what the inventory does not declare: said even when healthy.
         lines.extend(f"{name}: drift: {line}" for line in item.drift)
@@ -524,8 +526,9 @@ def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
         unit = (f"{str(item.unit.get('name', '?')).removesuffix('.service')}: {item.unit.get('active', '?')}"
                 + (f" since {item.unit['since']}" if item.unit.get("since") else ""))
         if item.unit.get("installed") is False:
-            unit = "not installed"
-        colour = "red" if not item.healthy else "yellow" if item.drift else "green"
+            unit = "idle" if item.idle is not None else "not installed"
+        colour = ("dim" if item.idle is not None else "red" if not item.healthy
+                  else "yellow" if item.drift else "green")
         model = f"{item.model or '-'} @ {item.revision[:12] if item.revision else '-'}"
         table.add_row(f"[{colour}]{name}[/{colour}]", unit, _fmt(item.unit.get("restarts")),
                       item.health or item.role,
@@ -583,14 +586,18 @@ def print_bench(host: str, result: Any, concurrency: int, json_: bool) -> None:
 
 def status_document(found: Mapping[str, Any]) -> dict[str, Any]:
     return {"hosts": {name: status.as_json(item) for name, item in found.items()},
-            "healthy": all(item.healthy for item in found.values()),
+            # "healthy": every host that should serve does (status's exit 0); "idle": who serves nothing by design.
+            "healthy": status.serving_as_declared(found),
+            "idle": [name for name, item in found.items() if item.idle is not None],
             "drift": any(item.drift for item in found.values())}
 
 
 def status_view(found: Mapping[str, Any], seconds: float) -> Group:
     """The table and, under it, what is wrong with each host, whole."""
     drifted = sum(bool(item.drift) for item in found.values())
-    title = (f"status: {sum(item.healthy for item in found.values())}/{len(found)} healthy"
+    idle = sum(item.idle is not None for item in found.values())
+    title = (f"status: {sum(item.healthy for item in found.values())}/{len(found) - idle} healthy"
+             f"{f', {idle} idle' if idle else ''}"
              f"{f', {drifted} drifted from the inventory' if drifted else ''} ({seconds:.1f}s)")
     lines = [Text(line) for line in status_problems(dict(found))]
     return Group(status_table(dict(found), title), *lines)
@@ -631,6 +638,17 @@ class StatusScreen:
             self.live.update(status_view(found, seconds), refresh=True)
         else:
             self.console.print(status_view(found, seconds))
+
+
+def print_answer(answer: Any, prompt: str, json_: bool) -> None:
+    """ask: the completion after its prompt, and what it took."""
+    if json_:
+        print(dump_json({"prompt": prompt, **answer.__dict__}))
+        return
+    console().print(f"{prompt}{answer.text}", highlight=False, markup=False, soft_wrap=True)
+    tokens = "?" if answer.completion_tokens is None else str(answer.completion_tokens)
+    print(f"({answer.host}, {answer.model or '?'}: {tokens} tokens in {answer.seconds:.2f}s, "
+          f"finish {answer.finish_reason or '?'})", file=sys.stderr)
 
 
 def print_how_to_query(lines: Iterable[str]) -> None:

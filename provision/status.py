@@ -205,6 +205,8 @@ class HostStatus:
     # for its next refresh; not in --json).
     progress: stall.Progress | None = None
     samples: tuple[stall.Sample, ...] = ()
+    # Why a host serves nothing by design (None: it should serve): neither healthy nor a failure.
+    idle: str | None = None
 
 
 def current_generation(state_text: str | None) -> dict[str, Any] | None:
@@ -240,6 +242,28 @@ def drift_of(generation: Mapping[str, Any] | None, now: float) -> tuple[str, ...
                      f"was applied with --set {', '.join(generation['overrides'])} (`invoke plan` shows the "
                      "difference)")
     return tuple(lines)
+
+
+def idle_by_design(found: HostStatus, provisioned: bool, declares_model: bool) -> HostStatus:
+    """Pure: a host whose unit is not installed serves nothing by design when the tool never
+    provisioned it (no generations record on it) or the inventory gives it no model: idle, not
+    unhealthy. A host the tool did provision whose unit is gone stays unhealthy, with what to do."""
+    if not found.reachable or found.unit.get("installed") is not False:
+        return found
+    unit = found.unit.get("name", "the server unit")
+    if not declares_model:
+        return dataclasses.replace(found, problem=None, idle="the inventory gives it no model to serve")
+    if not provisioned:
+        return dataclasses.replace(found, problem=None,
+                                   idle=f"never provisioned by the tool (no generation on the host, no {unit})")
+    number = f" (generation {found.generation['id']})" if found.generation else ""
+    return dataclasses.replace(found, problem=f"{unit} is gone, yet the tool provisioned the host{number}: "
+                                              f"`invoke deploy --host {found.host}` puts it back")
+
+
+def serving_as_declared(found: Mapping[str, HostStatus]) -> bool:
+    """Every host that should serve does (idle hosts serve nothing by design): status's exit 0."""
+    return all(item.healthy or item.idle is not None for item in found.values())
 
 
 def _gpu_rows(host_facts: HostFacts) -> tuple[dict[str, Any], ...]:
@@ -410,6 +434,8 @@ def gather_one(runner: Any, host: str, role: str, settings: Settings, api_key: s
     generation = current_generation((host_facts.files.get(plan.GENERATIONS_STATE) or {}).get("content"))
     found = dataclasses.replace(found, engine=engine.name, generation=generation,
                                 drift=drift_of(generation, time.time()))
+    state_file = host_facts.files.get(plan.GENERATIONS_STATE) or {}
+    found = idle_by_design(found, provisioned=bool(state_file.get("exists")), declares_model=bool(settings.model))
     if role == "server" and profile is not None:
         found = dataclasses.replace(found, kv_estimate_tokens=kv_estimate(host, profile, settings, host_facts))
     if role == "server" and found.health == "ok":

@@ -486,3 +486,50 @@ def test_bench_on_trtllm_12_takes_the_prefix_cache_from_the_iteration_stats() ->
     report = server.bench_report(answer, engines.ENGINES["trtllm"].metric_names(Settings.of(TRTLLM_12)))
     assert report.server_prefix_cache_hit_pct == round(100 / (100 + 3125) * 100, 2)
     assert report.server_generation_tokens is None and report.tokens_per_s == 128.0
+
+
+def _never_installed(name: str, role: str, unit: str) -> status.HostStatus:
+    """A host as the lab's replay hosts answer before any deploy: the recording, the unit not-found."""
+    answer = probe_answer_from_recording(lab.load_machine("dgx-spark-gb10"), python="3.12.3")
+    host_facts = dataclasses.replace(facts.facts_from_probe(name, ok(answer)), units=facts.parsers.parse_systemctl_show(
+        f"Id={unit}\nLoadState=not-found\nActiveState=inactive\nSubState=dead\n"
+        "UnitFileState=\nNRestarts=0\nActiveEnterTimestamp=\n"))
+    return status.host_status(name, role, host_facts, None, None, 0.2)
+
+
+def test_a_host_the_tool_never_provisioned_is_idle_and_status_exits_0_for_it() -> None:
+    from provision import report
+
+    head = status.idle_by_design(_never_installed("spark-a", "server", "vllm.service"),
+                                 provisioned=False, declares_model=True)
+    worker = status.idle_by_design(_never_installed("spark-b", "worker", "vllm-ray-worker.service"),
+                                   provisioned=False, declares_model=True)
+    assert head.idle == "never provisioned by the tool (no generation on the host, no vllm.service)"
+    assert worker.idle and not worker.healthy and worker.problem is None
+    serving = _status_with({"health": {"status": 200}, "models": {"status": 200, "body": '{"data": []}'}}, False)
+    found = {"cpu-1": serving, "spark-a": head, "spark-b": worker}
+    assert serving.healthy and status.serving_as_declared(found)
+    assert report.status_problems(found) == [
+        "spark-a: idle: never provisioned by the tool (no generation on the host, no vllm.service)",
+        "spark-b: idle: never provisioned by the tool (no generation on the host, no vllm-ray-worker.service)"]
+
+
+def test_a_host_with_no_model_in_the_inventory_is_idle() -> None:
+    found = status.idle_by_design(_never_installed("spare", "server", "vllm.service"),
+                                  provisioned=True, declares_model=False)
+    assert found.idle == "the inventory gives it no model to serve" and status.serving_as_declared({"spare": found})
+
+
+def test_a_provisioned_host_whose_unit_is_gone_or_down_stays_unhealthy() -> None:
+    gone = dataclasses.replace(_never_installed("cpu-1", "server", "vllm.service"),
+                               generation={"id": 7, "state": "good"})
+    found = status.idle_by_design(gone, provisioned=True, declares_model=True)
+    assert found.idle is None and not found.healthy
+    assert found.problem == ("vllm.service is gone, yet the tool provisioned the host (generation 7): "
+                             "`invoke deploy --host cpu-1` puts it back")
+    assert not status.serving_as_declared({"cpu-1": found})
+    down = _status_with({"health": {"status": None, "error": "Connection refused"}}, False)
+    assert status.idle_by_design(down, provisioned=False, declares_model=True) == down  # installed: not idle
+    assert not status.serving_as_declared({"cpu-1": down})
+    unreachable = status.unreachable("h200", "server", "no answer within 5s")
+    assert status.idle_by_design(unreachable, provisioned=False, declares_model=True).idle is None
