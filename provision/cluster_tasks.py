@@ -2,6 +2,7 @@
 Parse the flags, call the library, print through provision.report."""
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 
@@ -42,12 +43,15 @@ def deploy(c: Context, host: list[str] | None = None, cluster: str | None = None
     report.print_deployed(result, json_)
     if not json_:
         scope = f"--cluster {cluster}" if cluster else " ".join(f"--host {name}" for name in result.order)
-        key_set = bool(result.held.vllm_api_key)
+        # What the hints need to reach the same servers: this run's --inventory and --set.
+        same = " ".join([*(["--inventory", shlex.quote(inventory_)] if inventory_ else []),
+                         *(f"--set {shlex.quote(item)}" for item in set_ or ())])
+        key_source = result.held.sources.get("vllm_api_key") if result.held.vllm_api_key else None
         for name in result.order:
-            if result.outcomes[name].state == "ready":
+            if result.outcomes[name].state in ("ready", "unchanged"):  # both answered the readiness gate
                 report.print_how_to_query(server.how_to_query(
                     name, chosen.inventory.host(name).address, chosen.inventory.settings(name, chosen.overrides),
-                    key_set, scope))
+                    key_source, scope, same))
     exit_unless(result.ok)
 
 
@@ -129,6 +133,37 @@ def bench(c: Context, host: str | None = None, inventory_: str | None = None, js
         runner.close()
     report.print_bench(host, result, concurrency, json_)
     exit_unless(result.succeeded == result.requests)
+
+
+@task(auto_shortflags=False, name="ask",
+      help={**help_for("inventory", "json", "set"), "host": "the host whose server to ask",
+            "prompt": "the prompt (default 'Hello, my name is')",
+            "max-tokens": "tokens of the answer (default 16)",
+            "timeout": "seconds the server may take to answer (default 60)"},
+      iterable=["set_"])
+@guarded
+def ask(c: Context, host: str | None = None, inventory_: str | None = None, json_: bool = False,
+        set_: list[str] | None = None, prompt: str = "Hello, my name is", max_tokens: int = 16,
+        timeout: float = 60) -> None:
+    """One completion from a host's server, asked on the host (it may listen on loopback only), with
+    the API key the tool holds; prints the answer. Exit 1 when the server does not answer."""
+    from provision import remote, report, secrets, server
+    if not host:
+        raise Exit("error: ask needs --host NAME", code=2)
+    if max_tokens < 1 or timeout <= 0:
+        raise Exit("error: --max-tokens must be at least 1 and --timeout above 0", code=2)
+    chosen = select(inventory_, set_=set_, targets=False)
+    target = chosen.inventory.host(host)
+    held = secrets.load(chosen.inventory.secrets)
+    runner = remote.connect(target, chosen.inventory.ssh)
+    try:
+        answer = server.ask(runner, chosen.inventory.settings(host, chosen.overrides), held.vllm_api_key,
+                            prompt, max_tokens, timeout)
+    except ProvisionError as exc:
+        raise Exit(report.host_error(host, exc), code=1) from None
+    finally:
+        runner.close()
+    report.print_answer(answer, prompt, json_)
 
 
 @task(auto_shortflags=False, name="logs",

@@ -31,22 +31,68 @@ def served_name(settings: Settings) -> str:
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
-def how_to_query(host: str, address: str, settings: Settings, key_set: bool,
-                 scope: str) -> list[str]:
-    """What to paste to ask a served model: its URL, a completion request, and the status command.
-    A loopback listener is reached on the host itself; beyond loopback from anywhere, with the key
-    (named as $VLLM_API_KEY, never printed)."""
+def how_to_query(host: str, address: str, settings: Settings, key_source: str | None,
+                 scope: str, inventory_option: str = "") -> list[str]:
+    """What to paste to ask a served model, each line working where it is printed (the controller):
+    `invoke ask` (through the tool's own SSH, with the key the tool holds), curl only where the server
+    listens beyond loopback, the status command. `scope`: the deploy's own target options;
+    `inventory_option`: its --inventory, where it named one. `key_source`: where the API key came from (secrets.sources), None without a key; the key
+    itself is never printed, only how to pass it."""
     bind = str(settings.bind_host)
-    on_host = bind in LOOPBACK
     reach = address if bind in ("0.0.0.0", "::") else bind
-    url = base_url(settings) if on_host else f"http://{'[' + reach + ']' if ':' in reach else reach}:{settings.port}"
-    body = f'{{"model": "{served_name(settings)}", "prompt": "Hello, my name is", "max_tokens": 16}}'
-    key = ' -H "Authorization: Bearer $VLLM_API_KEY"' if key_set else ""
-    where = f" (on {host}: it listens on loopback only)" if on_host else ""
-    return [f"{host} serves {served_name(settings)!r} at {url}{where}. Ask it:",
-            f"  curl -s {url}/v1/completions -H 'Content-Type: application/json'{key} -d '{body}'",
-            f"  or from here: invoke bench --host {host} --count 1",
-            f"Watch it: invoke status {scope}"]
+    url = base_url(settings) if bind in LOOPBACK else f"http://{'[' + reach + ']' if ':' in reach else reach}:{settings.port}"
+    where = f" {inventory_option}" if inventory_option else ""
+    ask = f"invoke ask --host {host}{where} --prompt 'Hello, my name is'"
+    lines = [f"{host} serves {served_name(settings)!r} at {url}. Ask it from here:", f"  {ask}"]
+    if bind in LOOPBACK:
+        lines.append(f"  (it listens on loopback on {host} only: a request from elsewhere is refused)")
+    else:
+        body = f'{{"model": "{served_name(settings)}", "prompt": "Hello, my name is", "max_tokens": 16}}'
+        key = ' -H "Authorization: Bearer $VLLM_API_KEY"' if key_source else ""
+        lines.append(f"  or over HTTP: curl -s {url}/v1/completions -H 'Content-Type: application/json'{key} -d '{body}'")
+        if key_source and "VLLM_API_KEY" not in key_source:
+            lines.append(f"  (curl needs VLLM_API_KEY set to the vllm_api_key of {key_source}; invoke ask reads it there)")
+    lines.append(f"Watch it: invoke status {scope}{where}")
+    return lines
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One completion as `invoke ask` shows it."""
+
+    host: str
+    model: str
+    text: str
+    finish_reason: str | None
+    completion_tokens: int | None
+    seconds: float
+
+
+def answer_of(host: str, answer: Mapping[str, Any]) -> Answer:
+    """Pure: the host's reply to an ask -> the completion's text and counts (OpenAI completions shape)."""
+    body = answer.get("body") or {}
+    choices = body.get("choices") or [{}]
+    usage = body.get("usage") or {}
+    tokens = usage.get("completion_tokens")
+    return Answer(host=host, model=str(body.get("model") or ""), text=str(choices[0].get("text") or ""),
+                  finish_reason=choices[0].get("finish_reason"),
+                  completion_tokens=int(tokens) if isinstance(tokens, int) else None,
+                  seconds=float(answer.get("seconds") or 0))
+
+
+def ask(runner: Any, settings: Settings, api_key: str | None, prompt: str, max_tokens: int,
+        timeout: float = 60) -> Answer:
+    """One completion from the host's server, asked on the host over loopback (where it listens)."""
+    spec = {"action": "ask", "base": base_url(settings), "model": served_name(settings), "api_key": api_key,
+            "prompt": prompt, "max_tokens": max_tokens, "timeout": timeout}
+    answer = _run(runner, spec, lambda event: None, timeout + 60)
+    if not answer.get("ok"):
+        error = str(answer.get("error"))
+        if "refused" in error.lower():
+            error = (f"nothing answers at {spec['base']} on the host (connection refused): "
+                     f"`invoke status --host {runner.host}` says whether it serves")
+        raise ProvisionError(f"{runner.host}: {error}")
+    return answer_of(runner.host, answer)
 
 
 def _run(runner: Any, spec: Mapping[str, Any], on_progress: Callable[[dict[str, Any]], None],

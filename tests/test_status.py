@@ -288,16 +288,42 @@ def test_a_host_never_provisioned_says_so_instead_of_inactive_or_ray_worker() ->
     assert found.problem == "vllm-ray-worker.service is not installed: provision the host first"
 
 
-def test_deploy_says_how_to_ask_the_model_it_served() -> None:
+def test_deploy_says_how_to_ask_the_model_it_served_in_a_line_that_works_on_the_controller() -> None:
     settings = Settings.of({"bind_host": "127.0.0.1", "port": 8000, "served_model_name": "tiny-llama",
                            "model": "lab/tiny-llama"})
-    lines = server.how_to_query("cpu-1", "10.231.77.15", settings, False, "--cluster lab-cpu")
-    assert lines[0] == "cpu-1 serves 'tiny-llama' at http://127.0.0.1:8000 (on cpu-1: it listens on loopback only). Ask it:"
-    assert lines[1] == ("  curl -s http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' -d "
-                        "'{\"model\": \"tiny-llama\", \"prompt\": \"Hello, my name is\", \"max_tokens\": 16}'")
-    assert lines[-1] == "Watch it: invoke status --cluster lab-cpu"
-    wide = server.how_to_query("ws", "192.0.2.10", dataclasses.replace(settings, bind_host="0.0.0.0"), True, "--host ws")
-    assert "http://192.0.2.10:8000/v1/completions" in wide[1] and '-H "Authorization: Bearer $VLLM_API_KEY"' in wide[1]
+    lines = server.how_to_query("cpu-1", "10.231.77.15", settings, None, "--cluster lab-cpu")
+    assert lines == ["cpu-1 serves 'tiny-llama' at http://127.0.0.1:8000. Ask it from here:",
+                     "  invoke ask --host cpu-1 --prompt 'Hello, my name is'",
+                     "  (it listens on loopback on cpu-1 only: a request from elsewhere is refused)",
+                     "Watch it: invoke status --cluster lab-cpu"]
+    assert not any("curl" in line for line in lines)  # 127.0.0.1 there is not this machine
+    same = "--inventory /srv/inv.yaml --set port=8123"
+    elsewhere = server.how_to_query("cpu-1", "10.231.77.15", settings, None, "--host cpu-1", same)
+    assert elsewhere[1] == f"  invoke ask --host cpu-1 {same} --prompt 'Hello, my name is'"
+    assert elsewhere[-1] == f"Watch it: invoke status --host cpu-1 {same}"
+
+
+def test_a_server_beyond_loopback_gets_a_curl_and_the_key_is_named_by_where_it_came_from() -> None:
+    settings = Settings.of({"bind_host": "0.0.0.0", "port": 8000, "model": "Qwen/Qwen2.5-32B-Instruct-AWQ"})
+    from_file = server.how_to_query("ws", "192.0.2.10", settings, "the secrets file /srv/secrets.yaml", "--host ws")
+    assert from_file[2].startswith("  or over HTTP: curl -s http://192.0.2.10:8000/v1/completions ")
+    assert '-H "Authorization: Bearer $VLLM_API_KEY"' in from_file[2]
+    assert from_file[3] == ("  (curl needs VLLM_API_KEY set to the vllm_api_key of the secrets file "
+                            "/srv/secrets.yaml; invoke ask reads it there)")
+    from_env = server.how_to_query("ws", "192.0.2.10", settings, "the environment (VLLM_API_KEY)", "--host ws")
+    assert '$VLLM_API_KEY' in from_env[2] and not any("needs VLLM_API_KEY" in line for line in from_env)
+    keyless = server.how_to_query("ws", "192.0.2.10", settings, None, "--host ws")
+    assert "Authorization" not in keyless[2]
+
+
+def test_ask_reads_the_completion_vllm_answered() -> None:
+    # vLLM 0.32.0 (CPU build) on the lab's cpu-1, /v1/completions, max_tokens 4: its reply verbatim.
+    body = json.loads((FIXTURES.parent / "completions" / "vllm-0.32.0-cpu-tiny-llama-4-tokens.json").read_text())
+    answer = server.answer_of("cpu-1", {"ok": True, "body": body, "seconds": 0.062})
+    assert answer == server.Answer(host="cpu-1", model="tiny-llama", text=" with with with with",
+                                   finish_reason="length", completion_tokens=4, seconds=0.062)
+    assert server.answer_of("cpu-1", {"ok": True, "body": {}, "seconds": 0}).text == ""
+
 
 
 def test_metrics_of_real_llama_server_give_rates_and_its_prompt_cache_share() -> None:

@@ -4,8 +4,10 @@ stdin to `python3 -`; standard library only. The controller appends `serve_main(
     {"action": "ready", "base": "http://127.0.0.1:8000", "model": NAME, "api_key": KEY|null, "timeout": 600}
     {"action": "bench", "base", "model", "api_key", "prompt": "...", "count": 16, "concurrency": 4,
      "max_tokens": 32, "prompts": [...] (optional: one per request, instead of prompt + its number)}
+    {"action": "ask", "base", "model", "api_key", "prompt": "...", "max_tokens": 16, "timeout": 60}
 
 ready: waits for /health, then for a real one-token completion (readiness, not only liveness).
+ask: one completion, its whole answer (what a person pastes a request to see).
 bench: streamed completions, timing the first token of each, with /metrics read before and after.
 Output: JSON lines, {"event": "progress", ...} and one {"event": "result", ...}.
 """
@@ -219,9 +221,19 @@ def bench(spec: dict[str, Any]) -> dict[str, Any]:
             "metrics_before": before, "metrics_after": _metrics(spec)}
 
 
-def serve_main(spec: dict[str, Any]) -> None:
+def ask(spec: dict[str, Any]) -> dict[str, Any]:
+    started = time.monotonic()
     try:
-        result = ready(spec) if spec["action"] == "ready" else bench(spec)
+        body = _complete(spec, int(spec["max_tokens"]), spec["prompt"], float(spec.get("timeout") or 60))
+    except Exception as exc:  # noqa: BLE001  said in words (a 401 names what to set)
+        return {"ok": False, "error": _describe(exc, spec)}
+    return {"ok": True, "body": body, "seconds": round(time.monotonic() - started, 3)}
+
+
+def serve_main(spec: dict[str, Any]) -> None:
+    actions = {"ready": ready, "bench": bench, "ask": ask}
+    try:
+        result = actions[spec["action"]](spec)
     except Exception as exc:  # noqa: BLE001  the result line says what broke, never a bare traceback
         result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     emit("result", **result)
