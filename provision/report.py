@@ -119,6 +119,17 @@ def _venv(facts: HostFacts) -> str:
     return ", ".join(parts) + f"; Python {venv.python}"
 
 
+def _exposure(facts: HostFacts) -> str:
+    """The installed units' systemd exposure; on a host with none of them yet, that (systemd-analyze
+    exits 1 naming each unit it cannot find: what an unprovisioned host answers, not an error)."""
+    scored = ", ".join(f"{name} {score.exposure} {score.level}" for name, score in (facts.unit_security or {}).items())
+    if scored:
+        return scored
+    if facts.unit_security is not None and not any(state.load_state != "not-found" for state in facts.units.values()):
+        return "no unit installed yet"
+    return facts.notes.get("unit_security", "no unit installed yet")
+
+
 def facts_rows(facts: HostFacts) -> list[tuple[str, str]]:
     driver = (f"{facts.driver.version} ({facts.driver.flavour} kernel module)" if facts.driver
               else facts.notes.get("nvidia_driver", "-"))
@@ -139,9 +150,7 @@ def facts_rows(facts: HostFacts) -> list[tuple[str, str]]:
         ("venv", _venv(facts)),
         ("init", f"{facts.init or '-'}" + ("" if facts.systemd_is_pid1 else " (not systemd)")),
         ("units", units),
-        ("exposure", ", ".join(f"{name} {score.exposure} {score.level}"
-                               for name, score in (facts.unit_security or {}).items())
-         or facts.notes.get("unit_security", "no unit installed")),
+        ("exposure", _exposure(facts)),
         ("rdma", rdma),
         ("interfaces", ", ".join(f"{i.name} {' '.join(i.addresses)}".strip()
                                  for i in facts.interfaces if i.name != "lo") or "-"),
@@ -571,7 +580,9 @@ def print_bench(host: str, result: Any, concurrency: int, json_: bool) -> None:
     if json_:
         print(dump_json({"host": host, **result.__dict__}))
         return
-    table = Table(title=f"bench {host}: {result.succeeded}/{result.requests} requests, concurrency {concurrency}")
+    # At most as many at once as there are requests: 1 request is concurrency 1, whatever was asked.
+    table = Table(title=f"bench {host}: {result.succeeded}/{result.requests} requests, "
+                        f"concurrency {min(concurrency, result.requests)}")
     for column in ("tokens/s", "output tokens", "seconds", "TTFT mean", "TTFT p50", "TTFT p90",
                    "latency p50", "server tokens", "prefix hit %"):
         table.add_column(column)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import sys
 import threading
 import time
@@ -33,9 +34,9 @@ from rich.progress import (
     ProgressColumn,
     Task,
     TextColumn,
-    TimeRemainingColumn,
     TransferSpeedColumn,
 )
+from rich.text import Text
 
 from provision import (
     build,
@@ -223,11 +224,12 @@ def _hub_key(settings: inventory.Settings) -> HubKey:
     return str(settings.model), settings.model_revision, tuple(settings.model_files), settings.hf_endpoint
 
 
-def _ask_hub(key: HubKey, token: str | None) -> HubAnswer:
-    """The revision's commit and files, and the model's config.json (None when unreadable)."""
+def _ask_hub(key: HubKey, token: str | None, token_source: str | None = None) -> HubAnswer:
+    """The revision's commit and files, and the model's config.json (None when unreadable).
+    `token_source`: where the token came from (secrets.sources), for a refusal to name."""
     model, revision, files, endpoint = key
     try:
-        snapshot = weights.resolve(model, revision, files, endpoint, token)
+        snapshot = weights.resolve(model, revision, files, endpoint, token, token_source)
     except weights.WeightsError as exc:
         return str(exc), None
     weights.keep_snapshot(snapshot, files, endpoint)
@@ -280,7 +282,7 @@ def _ask_hub_early(inv: inventory.Inventory, names: Sequence[str], overrides: Ma
     if not keys:
         return HubAnswers(kept)
     asking = ThreadPoolExecutor(max_workers=min(8, len(keys)), thread_name_prefix="hub")
-    futures = {key: asking.submit(_ask_hub, key, held.hf_token) for key in keys}
+    futures = {key: asking.submit(_ask_hub, key, held.hf_token, held.sources.get("hf_token")) for key in keys}
     asking.shutdown(wait=False)
     return HubAnswers(kept, futures)
 
@@ -305,7 +307,8 @@ def _with_snapshots(contexts: dict[str, context.Context], held: secrets.Secrets,
             if kept is not None:
                 asked[key] = kept
             else:
-                asked[key] = early.asking[key].result() if key in early.asking else _ask_hub(key, held.hf_token)
+                asked[key] = early.asking[key].result() if key in early.asking else _ask_hub(key, held.hf_token,
+                                                                                     held.sources.get("hf_token"))
                 live.add(key)
         answer, model_config = asked[key]
         if isinstance(answer, str):
@@ -314,7 +317,7 @@ def _with_snapshots(contexts: dict[str, context.Context], held: secrets.Secrets,
         reason, to_fetch = weights.compare(answer, weights.host_weights(ctx.facts, weights.root_of(s)))
         if reason and key not in live:  # a host must fetch: the gate asks the hub itself
             live.add(key)
-            asked[key] = _ask_hub(key, held.hf_token)
+            asked[key] = _ask_hub(key, held.hf_token, held.sources.get("hf_token"))
             answer, model_config = asked[key]
             if isinstance(answer, str):
                 result[name] = dataclasses.replace(ctx, snapshot_error=answer)
@@ -610,6 +613,26 @@ class _BytesOnly(ProgressColumn):
         return self.column.render(task) if task.fields.get("moves_bytes", True) else ""
 
 
+def time_left(seconds: float | None) -> str:
+    """A bar's clock, labelled: 192 -> '3m12s left' (what remains, not what has passed)."""
+    if seconds is None:
+        return ""
+    whole = max(0, math.ceil(seconds))
+    hours, minutes, rest = whole // 3600, whole % 3600 // 60, whole % 60
+    if hours:
+        return f"{hours}h{minutes:02d}m left"
+    return f"{minutes}m{rest:02d}s left" if minutes else f"{rest}s left"
+
+
+class _TimeLeft(ProgressColumn):
+    """The time left: of the timeout on a wait (its bar counts seconds), else rich's estimate."""
+
+    def render(self, task: Task) -> RenderableType:
+        if task.fields.get("counts_seconds") and task.total is not None:
+            return Text(time_left(task.total - task.completed))
+        return Text(time_left(task.time_remaining))
+
+
 Connect = Callable[[str], remote.Runner]
 
 
@@ -631,7 +654,7 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
     (the ones the facts came over) where given."""
     progress = Progress(TextColumn("{task.description}"), BarColumn(), _BytesOnly(DownloadColumn()),
                         _BytesOnly(TransferSpeedColumn()),
-                        TimeRemainingColumn(), console=Console(stderr=True), disable=options.quiet)
+                        _TimeLeft(), console=Console(stderr=True), disable=options.quiet)
     own = pool is None
     connections = pool or remote.Pool(inv.ssh, accept_new_host_keys=options.accept_new_host_keys)
     wait = options.wait
@@ -644,7 +667,8 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
     def bar(description: str) -> Callable[[int, int], None]:
         # Steps that move bytes say "MB"; others (apply, waits for health) just show the bar.
         moves_bytes = "wheel(s)" in description or ": from " in description or description.endswith("from the hub")
-        task_id = progress.add_task(description, total=None, moves_bytes=moves_bytes)
+        task_id = progress.add_task(description, total=None, moves_bytes=moves_bytes,
+                                    counts_seconds=": waiting for " in description)
         return lambda done, total: progress.update(task_id, completed=done, total=total)
 
     def timed(step: str, work: Callable[[str], int]) -> Callable[[str], int]:

@@ -576,8 +576,8 @@ def tuned_text(unit: Unit, vars_: Mapping[str, Any], trial: Trial, baseline: Tri
         (f"# Workload {workload.name}: {workload.requests} requests, prompts of {workload.prompt_words[0]}-"
         f"{workload.prompt_words[1]} words after a shared {workload.shared_prefix_words}, {workload.output_tokens} "
         f"tokens out, concurrency {list(workload.concurrency)}, seed {workload.seed}."),
-        (f"# Bound: TTFT p95 <= {slo.ttft_p95_ms if slo.ttft_p95_ms is not None else 'any'} ms, ITL p95 <= "
-        f"{slo.itl_p95_ms if slo.itl_p95_ms is not None else 'any'} ms."),
+        (f"# Bound: TTFT p95 {'no bound' if slo.ttft_p95_ms is None else f'<= {slo.ttft_p95_ms:g} ms'}, "
+         f"ITL p95 {'no bound' if slo.itl_p95_ms is None else f'<= {slo.itl_p95_ms:g} ms'}."),
         f"# Measured: {best.tokens_per_s:.1f} tokens/s at concurrency {best.concurrency}, TTFT p50 "
         f"{_ms(best.ttft_p50_s)}, p95 {_ms(best.ttft_p95_s)}, ITL p95 {_ms(best.itl_p95_s)}"
         + (f"; the host as it was: {baseline.score(slo):.1f} tokens/s." if baseline and baseline.score(slo) else "."),

@@ -107,8 +107,10 @@ def snapshot_from_info(repo: str, revision: str, info: Any, patterns: Sequence[s
     return Snapshot(repo, revision, str(info.sha), tuple(sorted(files, key=lambda f: f.path)))
 
 
-def resolve(repo: str, revision: str, patterns: Sequence[str], endpoint: str, token: str | None) -> Snapshot:
-    """The revision's full commit and its files, from the hub; clear errors for what users hit."""
+def resolve(repo: str, revision: str, patterns: Sequence[str], endpoint: str, token: str | None,
+            token_source: str | None = None) -> Snapshot:
+    """The revision's full commit and its files, from the hub; clear errors for what users hit.
+    `token_source`: where the token came from ("the environment (HF_TOKEN)", "the secrets file F")."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -122,8 +124,8 @@ def resolve(repo: str, revision: str, patterns: Sequence[str], endpoint: str, to
         info = api.model_info(repo, revision=revision, files_metadata=True, timeout=30)
     except GatedRepoError:
         if token:
-            raise WeightsError(f"{repo} is gated and the hf_token in the secrets has no access to it; "
-                               f"request access on {endpoint}/{repo}") from None
+            raise WeightsError(f"{repo} is gated and the token from {token_source or 'the secrets'} has no "
+                               f"access to it; request access on {endpoint}/{repo}") from None
         raise WeightsError(f"{repo} is gated: it needs a token; put hf_token in the inventory's secrets "
                            "file (or HF_TOKEN in the environment)") from None
     except RevisionNotFoundError:
