@@ -191,6 +191,7 @@ class HostFacts:
     dirs: Mapping[str, tuple[str, ...] | None] = field(default_factory=dict)  # listed directories
     notes: Mapping[str, str] = field(default_factory=dict)
     unreadable: frozenset[str] = frozenset()  # facts whose answer came but could not be read
+    clock: str | None = None  # the host's local time when the probe ran (nvidia-smi's timestamp format)
 
     def disk_for(self, path: str) -> DiskSpace | None:
         return next((disk for disk in self.disks if disk.path == path), None)
@@ -366,6 +367,7 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         host=host,
         python=answer.get("python"),
         python_machine=answer.get("machine") or None,
+        clock=answer.get("clock"),
         kernel=uname.release if uname else None,
         arch=uname.machine if uname else None,
         os=values.get("os_release"),
@@ -373,8 +375,9 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         init=values.get("init"),
         cpu=cpu,
         driver=values.get("nvidia_driver"),
-        gpus=None if "gpus" in unreadable else placed(values.get("gpus", ()), values.get("pci_gpus", ()),
-                                                      values.get("gpu_topology", {})),
+        gpus=None if "gpus" in unreadable else tuple(
+            dataclasses.replace(gpu, recorded=parsers.recorded_at(gpu.read_at, answer.get("clock")))
+            for gpu in placed(values.get("gpus", ()), values.get("pci_gpus", ()), values.get("gpu_topology", {}))),
         modules=values.get("modules", values.get("lsmod")),
         units=values.get("units", {}),
         rdma=values.get("rdma"),

@@ -6,6 +6,7 @@ after the hardware they were recorded on.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import shlex
@@ -166,6 +167,9 @@ GPU_QUERY_FIELDS = (
     "index", "name", "uuid", "pci.bus_id", "driver_version", "compute_cap",
     "memory.total", "memory.used", "pcie.link.gen.max", "pcie.link.gen.current",
     "pcie.link.width.max", "pcie.link.width.current", "temperature.gpu", "utilization.gpu",
+    # When nvidia-smi took the readings ("2026/11/30 01:45:22.371", the host's local time): readings
+    # replayed from a recording carry the recording's time (recorded_at).
+    "timestamp",
 )
 
 
@@ -196,6 +200,9 @@ class Gpu:
     local_cpus: tuple[int, ...] | None = None  # .../local_cpulist
     topo_numa_node: int | None = None  # nvidia-smi topo -m, "NUMA Affinity"
     topo_cpus: tuple[int, ...] | None = None  # nvidia-smi topo -m, "CPU Affinity"
+    read_at: str | None = None  # nvidia-smi's timestamp column: when temperature, use and memory were read
+    # That time ("2026-11-30 01:45") where it is far older than the probe: recorded, not measured now.
+    recorded: str | None = None
 
     @property
     def node(self) -> int | None:
@@ -258,8 +265,24 @@ def parse_nvidia_smi_csv(stdout: str) -> tuple[Gpu, ...]:
             pcie_width_current=number("pcie.link.width.current"),
             temperature_c=number("temperature.gpu"),
             utilization_pct=number("utilization.gpu"),
+            read_at=None if row.get("timestamp", "") in _UNAVAILABLE else row["timestamp"],
         ))
     return tuple(gpus)
+
+
+def recorded_at(read_at: str | None, clock: str | None, tolerance_s: float = 120) -> str | None:
+    """Pure: nvidia-smi's timestamp of a reading against the host's clock when the probe ran (both
+    local time, "YYYY/MM/DD HH:MM:SS[.mmm]") -> the reading's time ("2026-11-30 01:45") when it is
+    older than the probe by more than `tolerance_s`: the reading was recorded, not measured now.
+    None when it is live or either time is unknown or unreadable."""
+    if not read_at or not clock:
+        return None
+    try:
+        taken = datetime.datetime.strptime(read_at.split(".")[0].strip(), "%Y/%m/%d %H:%M:%S")
+        now = datetime.datetime.strptime(clock.split(".")[0].strip(), "%Y/%m/%d %H:%M:%S")
+    except ValueError:
+        return None
+    return taken.strftime("%Y-%m-%d %H:%M") if (now - taken).total_seconds() > tolerance_s else None
 
 
 def describe_nvidia_smi_failure(exit_code: int, output: str) -> str:

@@ -77,7 +77,9 @@ def _gpus(facts: HostFacts) -> str:
         memory = f"{gpu.memory_total_mib} MiB" if gpu.memory_total_mib is not None else "memory N/A"
         label = f"{gpu.name} (sm {gpu.compute_cap or '?'}, {memory})"
         names[label] = names.get(label, 0) + 1
-    return ", ".join(f"{count}x {label}" for label, count in names.items()) + _gpu_nodes(facts.gpus)
+    recorded = sorted({gpu.recorded for gpu in facts.gpus if gpu.recorded})
+    when = f"; readings recorded {', '.join(recorded)}, not measured now" if recorded else ""
+    return ", ".join(f"{count}x {label}" for label, count in names.items()) + _gpu_nodes(facts.gpus) + when
 
 
 def _gpu_nodes(gpus: Sequence[Gpu]) -> str:
@@ -530,6 +532,7 @@ def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
         gpus = "; ".join(
             f"{g['name'].replace('NVIDIA ', '')} {_fmt((g['memory_used_mib'] or 0) / 1024)}/"
             f"{_fmt((g['memory_total_mib'] or 0) / 1024)} {_fmt(g['temperature_c'])}° {_fmt(g['utilization_pct'])}%"
+            + (f" (recorded {g['recorded']})" if g.get("recorded") else "")
             for g in item.gpus) or "-"
         fig = item.figures
         unit = (f"{str(item.unit.get('name', '?')).removesuffix('.service')}: {item.unit.get('active', '?')}"

@@ -559,3 +559,29 @@ def test_a_provisioned_host_whose_unit_is_gone_or_down_stays_unhealthy() -> None
     assert not status.serving_as_declared({"cpu-1": down})
     unreachable = status.unreachable("h200", "server", "no answer within 5s")
     assert status.idle_by_design(unreachable, provisioned=False, declares_model=True).idle is None
+
+
+@pytest.mark.parametrize(("read_at", "clock", "said"), [
+    ("2026/11/30 01:45:22.000", "2026/12/01 13:40:05", "2026-11-30 01:45"),  # a replayed recording
+    ("2026/12/01 13:40:06.371", "2026/12/01 13:40:05", None),  # live: nvidia-smi ran after the probe began
+    ("2026/12/01 13:39:10.000", "2026/12/01 13:40:05", None),  # within the probe's own time
+    (None, "2026/12/01 13:40:05", None), ("2026/11/30 01:45:22", None, None), ("garbled", "2026/12/01 13:40:05", None)])
+def test_a_reading_far_older_than_the_probe_is_recorded(read_at: str | None, clock: str | None,
+                                                        said: str | None) -> None:
+    assert parsers.recorded_at(read_at, clock) == said
+
+
+def test_replayed_gpu_readings_are_marked_recorded_in_status_and_a_live_one_is_not() -> None:
+    from provision import report
+
+    recording = lab.load_machine("h200x2-driver580")
+    answer = json.loads(probe_answer_from_recording(recording, python="3.12.3"))
+    replayed = facts.facts_from_probe("h200", ok(json.dumps({**answer, "clock": "2026/12/01 13:40:05"})))
+    found = status.host_status("h200", "server", replayed, None, None, 0.2)
+    assert [gpu["recorded"] for gpu in found.gpus] == ["2026-11-30 01:45", "2026-11-30 01:45"]
+    assert status.as_json(found)["gpus"][0]["recorded"] == "2026-11-30 01:45"
+    assert "readings recorded 2026-11-30 01:45, not measured now" in dict(report.facts_rows(replayed))["gpus"]
+    live = facts.facts_from_probe("h200", ok(json.dumps({**answer, "clock": "2026/11/30 01:45:20"})))
+    assert all(gpu.recorded is None for gpu in live.gpus or ())
+    assert "recorded" not in dict(report.facts_rows(live))["gpus"]
+    assert all(gpu["recorded"] is None for gpu in status.host_status("h200", "server", live, None, None, 0.2).gpus)

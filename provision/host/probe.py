@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from typing import Any, Dict, List, Optional
 
 MAX_OUTPUT = 1 << 20  # 1 MiB per output is plenty for any fact and bounds a runaway command
@@ -402,6 +403,9 @@ def _reach(endpoint: str, timeout: float) -> Optional[str]:
 
 def collect(spec: Dict[str, Any]) -> Dict[str, Any]:
     timeout = spec.get("timeout", 20)
+    # The host's own clock as nvidia-smi writes its `timestamp` column (local time): a reading whose
+    # timestamp is far older than this was not measured by this probe (facts.recorded_at).
+    clock = time.strftime("%Y/%m/%d %H:%M:%S")
     # The server's two /metrics samples are a window apart: everything else is done meanwhile.
     served = serving_first(spec["serving"]) if spec.get("serving") else None
     results = _run_all(spec.get("commands", {}), spec.get("recorded", {}), timeout)
@@ -415,6 +419,7 @@ def collect(spec: Dict[str, Any]) -> Dict[str, Any]:
         # The machine this interpreter runs on, from the kernel itself (not an `uname` found on PATH):
         # the venvs made from it run wheels of this architecture.
         "machine": platform.machine(),
+        "clock": clock,
         "results": results,
         "paths": {path: _space(path) for path in spec.get("paths", [])},
         "inspect": inspect(spec.get("inspect", {})),
