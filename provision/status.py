@@ -244,9 +244,21 @@ def drift_of(generation: Mapping[str, Any] | None, now: float) -> tuple[str, ...
     return tuple(lines)
 
 
+def installed_by_tool(state_text: str | None, unit: str) -> bool:
+    """Pure: whether a generation the host keeps changed `unit` (the tool installed it there). A
+    generation of weights or a venv alone (`invoke weights`, `invoke venv`) installs no unit."""
+    try:
+        kept = json.loads(state_text or "").get("generations") or []
+        return bool(unit) and any(unit in str(change) for generation in kept
+                                  for change in generation.get("changes") or [])
+    except (ValueError, AttributeError, TypeError):
+        return False
+
+
 def idle_by_design(found: HostStatus, provisioned: bool, declares_model: bool) -> HostStatus:
     """Pure: a host whose unit is not installed serves nothing by design when the tool never
-    provisioned it (no generations record on it) or the inventory gives it no model: idle, not
+    installed that unit there (no generation kept on the host changed it) or the inventory gives it
+    no model: idle, not
     unhealthy. A host the tool did provision whose unit is gone stays unhealthy, with what to do."""
     if not found.reachable or found.unit.get("installed") is not False:
         return found
@@ -255,7 +267,7 @@ def idle_by_design(found: HostStatus, provisioned: bool, declares_model: bool) -
         return dataclasses.replace(found, problem=None, idle="the inventory gives it no model to serve")
     if not provisioned:
         return dataclasses.replace(found, problem=None,
-                                   idle=f"never provisioned by the tool (no generation on the host, no {unit})")
+                                   idle=f"never provisioned by the tool (no generation on the host installed {unit})")
     number = f" (generation {found.generation['id']})" if found.generation else ""
     return dataclasses.replace(found, problem=f"{unit} is gone, yet the tool provisioned the host{number}: "
                                               f"`invoke deploy --host {found.host}` puts it back")
@@ -434,8 +446,9 @@ def gather_one(runner: Any, host: str, role: str, settings: Settings, api_key: s
     generation = current_generation((host_facts.files.get(plan.GENERATIONS_STATE) or {}).get("content"))
     found = dataclasses.replace(found, engine=engine.name, generation=generation,
                                 drift=drift_of(generation, time.time()))
-    state_file = host_facts.files.get(plan.GENERATIONS_STATE) or {}
-    found = idle_by_design(found, provisioned=bool(state_file.get("exists")), declares_model=bool(settings.model))
+    state_text = (host_facts.files.get(plan.GENERATIONS_STATE) or {}).get("content")
+    found = idle_by_design(found, provisioned=installed_by_tool(state_text, str(found.unit.get("name", ""))),
+                           declares_model=bool(settings.model))
     if role == "server" and profile is not None:
         found = dataclasses.replace(found, kv_estimate_tokens=kv_estimate(host, profile, settings, host_facts))
     if role == "server" and found.health == "ok":

@@ -530,14 +530,14 @@ def test_a_host_the_tool_never_provisioned_is_idle_and_status_exits_0_for_it() -
                                  provisioned=False, declares_model=True)
     worker = status.idle_by_design(_never_installed("spark-b", "worker", "vllm-ray-worker.service"),
                                    provisioned=False, declares_model=True)
-    assert head.idle == "never provisioned by the tool (no generation on the host, no vllm.service)"
+    assert head.idle == "never provisioned by the tool (no generation on the host installed vllm.service)"
     assert worker.idle and not worker.healthy and worker.problem is None
     serving = _status_with({"health": {"status": 200}, "models": {"status": 200, "body": '{"data": []}'}}, False)
     found = {"cpu-1": serving, "spark-a": head, "spark-b": worker}
     assert serving.healthy and status.serving_as_declared(found)
     assert report.status_problems(found) == [
-        "spark-a: idle: never provisioned by the tool (no generation on the host, no vllm.service)",
-        "spark-b: idle: never provisioned by the tool (no generation on the host, no vllm-ray-worker.service)"]
+        "spark-a: idle: never provisioned by the tool (no generation on the host installed vllm.service)",
+        "spark-b: idle: never provisioned by the tool (no generation on the host installed vllm-ray-worker.service)"]
 
 
 def test_a_host_with_no_model_in_the_inventory_is_idle() -> None:
@@ -585,3 +585,16 @@ def test_replayed_gpu_readings_are_marked_recorded_in_status_and_a_live_one_is_n
     assert all(gpu.recorded is None for gpu in live.gpus or ())
     assert "recorded" not in dict(report.facts_rows(live))["gpus"]
     assert all(gpu["recorded"] is None for gpu in status.host_status("h200", "server", live, None, None, 0.2).gpus)
+
+
+def test_only_a_generation_that_changed_the_unit_counts_as_the_tool_having_installed_it() -> None:
+    # Generations as the hosts keep them (state.json): a deploy on cpu-1, `invoke weights` on spark-a.
+    deployed = json.dumps({"current": 6, "generations": [{"id": 6, "by": "deploy", "state": "good", "changes": [
+        "file /etc/systemd/system/vllm.service: content differs (sha256 f9329b470ce6 -> 63ac51462bb2)",
+        "daemon-reload systemd: a unit file changed", "restart vllm.service: /etc/systemd/system/vllm.service changed"]}]})
+    weights_only = json.dumps({"current": 2, "generations": [{"id": 2, "by": "weights", "state": "good",
+                                                              "changes": ["weights Qwen/Qwen2.5-32B-Instruct-AWQ"]}]})
+    assert status.installed_by_tool(deployed, "vllm.service")
+    assert not status.installed_by_tool(deployed, "vllm-ray-worker.service")
+    assert not status.installed_by_tool(weights_only, "vllm.service")
+    assert not status.installed_by_tool(None, "vllm.service") and not status.installed_by_tool("{", "vllm.service")
