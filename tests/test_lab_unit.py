@@ -109,3 +109,15 @@ def test_the_keeper_replays_what_the_stand_ins_left_for_the_next_boot(tmp_path: 
     assert recording == {"uname": "6.14.0-29-generic\nx86_64\n", "nvidia-smi": "570.172.08\n"}
     assert "Open Kernel Module" in (inside / "proc" / "driver" / "nvidia" / "version").read_text()
     assert not (inside / "pending.json").exists() and keeper.apply_pending(tmp_path) == []
+
+
+def test_a_running_host_gains_the_recordings_new_commands_and_keeps_what_it_replays() -> None:
+    machine = lab.load_machine("h200x2-driver580")
+    gpus = next(entry for entry in machine["outputs"] if entry["fact"] == "gpus")
+    old_query = {**gpus, "argv": [gpus["argv"][0], gpus["argv"][1].removesuffix(",timestamp"), gpus["argv"][2]]}
+    upgraded = {"argv": ["uname", "-r", "-m"], "stdout": "6.14.0-29-generic x86_64\n", "exit": 0}  # by the keeper
+    merged = lab.merged_recording([upgraded, old_query], machine)
+    assert merged[:2] == [upgraded, old_query]  # what the host held, first and unchanged
+    assert gpus["argv"] in [entry["argv"] for entry in merged[2:]]
+    assert ["uname", "-r", "-m"] not in [entry["argv"] for entry in merged[2:]]  # the keeper's stays the one
+    assert lab.merged_recording(merged, machine) == merged  # nothing more to add

@@ -156,6 +156,25 @@ def load_machine(name: str) -> dict[str, Any]:
 # Local system commands (this machine, as root)
 
 
+def merged_recording(held: Sequence[Mapping[str, Any]], machine: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Pure: a running host's replayed commands plus the recording's commands it lacks. What the host
+    holds stays (prepare's keeper rewrites some of it as a real upgrade would); only new argv are added."""
+    have = [entry["argv"] for entry in held]
+    return [dict(entry) for entry in held] + [dict(entry) for entry in machine["outputs"]
+                                              if "argv" in entry and entry["argv"] not in have]
+
+
+def refresh_recording(root: Path, machine: Mapping[str, Any]) -> None:
+    """Add to a running host's recording.json the commands its recording gained since it booted."""
+    path = root / INSIDE.lstrip("/") / "recording.json"
+    if not path.exists():
+        return
+    held = json.loads(path.read_text())
+    merged = merged_recording(held, machine)
+    if len(merged) != len(held):
+        path.write_text(json.dumps(merged))
+
+
 def _sh(argv: Sequence[str], *, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, check=False)
@@ -252,6 +271,10 @@ class Lab:
         self._ensure_hub(progress)
         state = self.state()
         to_boot = [known[name] for name in wanted if not self._running(state["hosts"].get(name), name)]
+        for name in wanted:  # a running host replays what this tree records too (a new command's output)
+            machine = known[name][1].machine
+            if machine and known[name] not in to_boot:
+                refresh_recording(self.dir / "hosts" / name / "root", load_machine(machine))
         _ensure_inotify(len(set(state["hosts"]) | set(wanted)), progress)
         if to_boot:
             progress(f"booting {', '.join(host.name for _, host in to_boot)} ...")
