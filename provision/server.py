@@ -192,6 +192,14 @@ def bench(runner: Any, settings: Settings, api_key: str | None, prompt: str, cou
     return bench_report(_run(runner, spec, on_progress, 3600), names)
 
 
+def context(runner: Any, settings: Settings, api_key: str | None, probes: Sequence[str]) -> dict[str, Any]:
+    """The server's own word on its context (host/serve.py's `context`): the raw /v1/models answer and
+    each probe's prompt tokens as it counts them. Raw: tune.served_context parses it."""
+    spec = {"action": "context", "base": base_url(settings), "model": served_name(settings), "api_key": api_key,
+            "probes": list(probes)}
+    return _run(runner, spec, lambda event: None, 120 + 60 * len(probes))
+
+
 UNITS = tuple(unit.removesuffix(".service") for engine in engines.ENGINES.values() for unit in engine.units)
 
 

@@ -5,10 +5,13 @@ stdin to `python3 -`; standard library only. The controller appends `serve_main(
     {"action": "bench", "base", "model", "api_key", "prompt": "...", "count": 16, "concurrency": 4,
      "max_tokens": 32, "prompts": [...] (optional: one per request, instead of prompt + its number)}
     {"action": "ask", "base", "model", "api_key", "prompt": "...", "max_tokens": 16, "timeout": 60}
+    {"action": "context", "base", "model", "api_key", "probes": ["text", ...]}
 
 ready: waits for /health, then for a real one-token completion (readiness, not only liveness).
 ask: one completion, its whole answer (what a person pastes a request to see).
 bench: streamed completions, timing the first token of each, with /metrics read before and after.
+context: /v1/models as served (its max_model_len), and each probe's prompt tokens as the server counts
+them (a one-token completion's usage.prompt_tokens, or why the server refused it).
 Output: JSON lines, {"event": "progress", ...} and one {"event": "result", ...}.
 """
 from __future__ import annotations
@@ -41,7 +44,7 @@ def _describe(exc: BaseException, spec: dict[str, Any]) -> str:
         return ("the server wants an API key (HTTP 401): set vllm_api_key (the inventory's secrets file, "
                 "or VLLM_API_KEY in the environment)")
     if isinstance(exc, urllib.error.HTTPError):
-        return f"HTTP {exc.code} {exc.read(300).decode('utf-8', 'replace')}"
+        return f"HTTP {exc.code} {exc.read(900).decode('utf-8', 'replace')}"  # the server's message whole
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -230,10 +233,34 @@ def ask(spec: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "body": body, "seconds": round(time.monotonic() - started, 3)}
 
 
-def serve_main(spec: dict[str, Any]) -> None:
-    actions = {"ready": ready, "bench": bench, "ask": ask}
+def context(spec: dict[str, Any]) -> dict[str, Any]:
+    """What the server says of its context: the raw /v1/models answer and, per probe text, the prompt
+    tokens it counted (the controller parses both)."""
+    request = urllib.request.Request(spec["base"] + "/v1/models", headers=_headers(spec))
     try:
-        result = actions[spec["action"]](spec)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            models: str | None = response.read(200_000).decode("utf-8", "replace")
+    except Exception as exc:  # noqa: BLE001  an answer in words: the controller decides
+        models = None
+        models_error = _describe(exc, spec)
+    else:
+        models_error = ""
+    probes: list[dict[str, Any]] = []
+    for text in spec.get("probes", []):
+        try:
+            usage = _complete(spec, 1, text, timeout=60).get("usage") or {}
+            probes.append({"prompt_tokens": usage.get("prompt_tokens")})
+        except Exception as exc:  # noqa: BLE001  a refused probe says why
+            probes.append({"error": _describe(exc, spec)})
+    return {"ok": True, "models": models, "models_error": models_error, "probes": probes}
+
+
+ACTIONS = {"ready": ready, "bench": bench, "ask": ask, "context": context}
+
+
+def serve_main(spec: dict[str, Any]) -> None:
+    try:
+        result = ACTIONS[spec["action"]](spec)
     except Exception as exc:  # noqa: BLE001  the result line says what broke, never a bare traceback
         result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     emit("result", **result)
