@@ -22,6 +22,7 @@ from provision.nccl import NcclRun, describe_transport, human_size
 from provision.parsers import Gpu
 from provision.plan import summary
 from provision.prepare import HostReport, Prepared
+from provision.tune_rules import margin_words
 
 if TYPE_CHECKING:
     from provision.rolling import Deployed
@@ -811,18 +812,23 @@ def print_prepared(result: Prepared, out: Console) -> None:
 
 
 def tuned_json(results: Sequence[Any], errors: Mapping[str, BaseException]) -> dict[str, Any]:
-    """tune --json: per unit its trials (settings, figures, verdict), the winner, the file, the plot."""
+    """tune --json: per unit its trials (settings, figures, verdict, spread), the winner with its margin
+    over the runner-up and the noise, the workload measured (fitted to the served context), the budget,
+    the file, the plot."""
     units = {}
     for result in results:
         slo = result.slo
         units[result.unit.server] = {
             "hosts": list(result.unit.hosts), "workload": parsers.json_ready(result.workload),
+            "workload_asked": parsers.json_ready(result.asked), "fit": result.fit,
             "slo": parsers.json_ready(slo), "interrupted": result.interrupted, "final": result.final, "ok": result.ok,
+            "budget_s": result.budget_s, "seconds": result.seconds, "stopped": result.stopped,
             "winner": dict(result.winner.settings) if result.winner else None,
             "tokens_per_s": result.winner.score(slo) if result.winner else None,
+            "decision": result.decision.as_json(slo) if result.decision else None,
             "tuned_file": result.tuned_file, "diff": result.diff, "plot": result.plot,
-            "trials": [{**parsers.json_ready(trial), "verdict": trial.verdict(slo), "score": trial.score(slo)}
-                       for trial in result.trials]}
+            "trials": [{**parsers.json_ready(trial), "verdict": trial.verdict(slo), "score": trial.score(slo),
+                        "spread": trial.spread(slo)} for trial in result.trials]}
     return {"units": units, "errors": {name: error_text(error) for name, error in errors.items()}}
 
 
@@ -845,6 +851,15 @@ def print_tuned(results: Sequence[Any], errors: Mapping[str, BaseException], out
                           _fmt(best.itl_p95_s, "s", 4) if best else "-", _fmt(trial.seconds, digits=0),
                           verdict[:160])
         out.print(table)
+        if result.fit:
+            out.print(f"workload: {result.fit}")
+        if result.stopped:
+            out.print(f"[yellow]budget ({(result.budget_s or 0) / 60:g} min, {result.seconds:.0f} s used): "
+                      f"{result.stopped}[/yellow]")
+        if result.decision is not None:
+            out.print(f"decision: {result.decision.note}")
+            if result.winner is not None:
+                out.print(f"margin: {margin_words(result.decision, slo)}")
         if result.tuned_file:
             out.print(f"kept in {result.tuned_file}" + ("" if result.diff else " (unchanged)"))
         elif not result.winner:

