@@ -1,6 +1,9 @@
-"""invoke tune on the lab's cpu-1 with real vLLM (the CPU build): trials deployed and benchmarked, one that
-fails on purpose (a context longer than the model's: vLLM refuses to start), the winner kept in the
-inventory's tuned/ folder and running, a second run resuming from the kept trials, the plot written.
+"""invoke tune on the lab's cpu-1 with real vLLM (the CPU build): the workload cut to the 256 tokens the
+server serves (its /v1/models), the host as it is run twice (the noise), trials deployed and benchmarked,
+one whose context is shorter than the prompts (the server refuses them: the verdict carries its words),
+one that fails on purpose (a context longer than the model's: vLLM refuses to start), the winner kept in
+the inventory's tuned/ folder with its margin and the spread and running, a second run resuming from the
+kept trials, the plot written.
 The module removes what it kept and leaves cpu-1 as the inventory says (restores_lab_cpu checks it)."""
 from __future__ import annotations
 
@@ -17,12 +20,14 @@ from tests.lab.conftest import invoke_json, on_host, run_invoke
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
 SPACE = """\
-- {name: max_num_seqs, flag: --max-num-seqs, values: [2, 8]}
-# A context longer than the model's 512 positions: vLLM refuses to start, whatever won before.
-- {name: max_model_len, setting: max_model_len, values: [100000]}
+- {name: max_num_seqs, flag: --max-num-seqs, values: [8]}
+# 64 tokens: shorter than the prompts, which the server then refuses (HTTP 400, and why); then a context
+# longer than the model's 512 positions: vLLM refuses to start, whatever won before.
+- {name: max_model_len, setting: max_model_len, values: [64, 100000]}
 """
-WORKLOAD = "name: lab-short\nrequests: 6\nconcurrency: [2]\nprompt_words: [10, 20]\nshared_prefix_words: 10\n" \
-           "output_tokens: 8\nseed: 7\n"
+# Its longest request (310 words, 16 tokens out) is longer than the 256 tokens served: tune cuts it.
+WORKLOAD = "name: lab-short\nrequests: 6\nconcurrency: [2]\nprompt_words: [30, 300]\nshared_prefix_words: 10\n" \
+           "output_tokens: 16\nseed: 7\n"
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +53,11 @@ def test_tune_keeps_the_fastest_passing_settings_and_resumes(files: tuple[str, s
     assert code == 0, text
     unit = report["units"]["cpu-1"]
     trials = unit["trials"]
+    # Cut to what the server serves, by its own count of the words; asked for more than that.
+    assert unit["fit"].startswith("cut to fit the 256 tokens served (the server's /v1/models"), unit["fit"]
+    measured_workload = unit["workload"]
+    assert measured_workload["prompt_words"][1] < 300 and measured_workload["output_tokens"] < 16, measured_workload
+    assert unit["workload_asked"]["prompt_words"] == [30, 300], unit["workload_asked"]
     # The host as it was comes first (its context length, 256, is one of the dimensions).
     assert len(trials) >= 3 and trials[0]["settings"] == {"max_model_len": 256}, text
     failed = [t for t in trials if t["outcome"] == "failed"]
@@ -55,13 +65,27 @@ def test_tune_keeps_the_fastest_passing_settings_and_resumes(files: tuple[str, s
     assert len(failed) == 1 and failed[0]["settings"].get("max_model_len") == 100000, shown
     assert "rolled back" in failed[0]["reason"] and "max_model_len" in failed[0]["reason"], failed[0]
     assert "the previous version is ready again" in failed[0]["reason"], failed[0]
-    measured = [t for t in trials if t["outcome"] == "measured"]
+    short = [t for t in trials if t["settings"].get("max_model_len") == 64]
+    assert len(short) == 1 and short[0]["outcome"] == "measured" and short[0]["score"] is None, shown
+    assert "request(s) failed: HTTP 400: " in short[0]["verdict"] and "maximum context length is 64" in \
+        short[0]["verdict"], short[0]["verdict"]
+    measured = [t for t in trials if t["outcome"] == "measured" and t not in short]
     assert all(t["levels"][0]["succeeded"] == 6 and t["levels"][0]["itl_p95_s"] for t in measured), measured
+    # The host as it is ran twice: the spread of the two is the noise every lead had to beat.
+    assert len(trials[0]["repeats"]) == 1 and trials[0]["spread"] is not None, trials[0]
+    decision = unit["decision"]
+    assert decision["spread"] == round(trials[0]["spread"], 4) and decision["threshold"] >= max(0.02, decision["spread"])
+    assert decision["margin"] is not None and decision["runner_up"] is not None, decision
+    if unit["winner"] != trials[0]["settings"]:  # a candidate kept: it beat the runner-up beyond the noise
+        assert decision["beyond_noise"] and decision["margin"] > decision["threshold"], decision
+    else:
+        assert "no candidate beat it beyond the noise" in decision["note"], decision
     winner = unit["winner"]
     assert winner is not None and unit["tokens_per_s"] > 0 and unit["ok"], unit
     # Kept where the inventory reads it, with the measurement in its comments, and running.
     kept = tuned / "cpu-1.yaml"
     assert unit["tuned_file"] == str(kept) and "# Kept by `invoke tune`" in kept.read_text()
+    assert "# Margin: " in kept.read_text() and "over the runner-up" in kept.read_text(), kept.read_text()
     assert unit["diff"].startswith(f"--- {kept} (kept)")
     planned = run_invoke("plan", "--cluster", "lab-cpu", "--json")
     assert planned.returncode == 0 and json.loads(planned.stdout)["hosts"]["cpu-1"]["changes"] == [], planned.stdout
