@@ -280,9 +280,11 @@ def _pct(value: float | None) -> str:
 
 def decide(trials: Sequence[Trial], slo: Slo) -> Decision:
     """In the order tried, a trial takes the lead only by beating the leader beyond the noise (`leads`);
-    the winner is the last leader. The host as it is (the first trial, settings {}) stays unless a
-    candidate beat it so: a difference within the noise keeps the settings nearer the host's own."""
+    the winner is the last leader. The host as it is (the first trial: the search measures it first;
+    its settings are its current values of the dimensions) stays unless a candidate beat it so: a
+    difference within the noise keeps the settings nearer the host's own."""
     noise = noise_of(trials, slo)
+    host = trials[0] if trials else None
     leader: Trial | None = None
     displaced: Trial | None = None
     for trial in trials:
@@ -302,12 +304,12 @@ def decide(trials: Sequence[Trial], slo: Slo) -> Decision:
     others = [t for t in trials if t is not leader and t.outcome == "measured" and t.score(slo) is not None]
     runner = max(others, key=lambda t: t.score(slo) or 0.0, default=None)
     if runner is None:
-        kept = "the host as it is" if not leader.settings else _describe(leader)
+        kept = "the host as it is" if leader is host else _describe(leader)
         return Decision(leader, None, None, noise, threshold(noise, leader, slo=slo), False,
                         f"{kept}: the only trial within the bound ({spread_words})")
     margin = (leader.score(slo) or 0) / (runner.score(slo) or 1) - 1
     limit = threshold(noise, leader, runner, slo=slo)
-    kept = "the host's own settings kept" if not leader.settings else f"{_describe(leader)} kept (tried first)"
+    kept = "the host's own settings kept" if leader is host else f"{_describe(leader)} kept (tried first)"
     return Decision(leader, runner, margin, noise, limit, margin > limit,
                     f"no candidate beat it beyond the noise: the best other, {_describe(runner)}, is at "
                     f"{_pct((runner.score(slo) or 0) / (leader.score(slo) or 1) - 1)} ({spread_words}; a lead "

@@ -507,3 +507,7 @@ def test_the_recorded_run_kept_the_host_because_its_own_two_runs_were_far_apart(
         "-15.2% over the runner-up (max_num_seqs=8, 182.3 tokens/s); spread 132.5%, a lead had to exceed "
         "132.5%: within the noise")
     assert decided.as_json(slo)["spread"] == 1.3248 and decided.as_json(slo)["runner_up"] == {"max_num_seqs": 8}
+    # The host as it is is the first trial, also where a dimension's current value gives it settings.
+    as_set = dataclasses.replace(baseline, settings={"max_model_len": 256})
+    alone = tune_rules.decide([as_set, dataclasses.replace(one, outcome="failed")], slo)
+    assert alone.note.startswith("the host as it is: the only trial within the bound (spread 132.5%"), alone.note
