@@ -1,9 +1,10 @@
 """invoke tune on the lab's cpu-1 with real vLLM (the CPU build): the workload cut to the 256 tokens the
-server serves (its /v1/models), the host as it is run twice (the noise), trials deployed and benchmarked,
+server serves (its /v1/models), the host as it is run twice (the noise), trials deployed and benchmarked:
 one whose context is shorter than the prompts (the server refuses them: the verdict carries its words),
-one that fails on purpose (a context longer than the model's: vLLM refuses to start), the winner kept in
-the inventory's tuned/ folder with its margin and the spread and running, a second run resuming from the
-kept trials, the plot written.
+one that fails on purpose (a context longer than the model's: vLLM refuses to start); the host's own
+settings kept in the inventory's tuned/ folder with the spread and running, a second run resuming from
+the kept trials, the plot written. Three restarts and a rollback: a candidate's margin over a runner-up
+is held by the unit tests on a recorded run (tests/test_tune.py), not bought here with two more restarts.
 The module removes what it kept and leaves cpu-1 as the inventory says (restores_lab_cpu checks it)."""
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from tests.lab.conftest import invoke_json, on_host, run_invoke
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
 SPACE = """\
-- {name: max_num_seqs, flag: --max-num-seqs, values: [8]}
 # 64 tokens: shorter than the prompts, which the server then refuses (HTTP 400, and why); then a context
 # longer than the model's 512 positions: vLLM refuses to start, whatever won before.
 - {name: max_model_len, setting: max_model_len, values: [64, 100000]}
@@ -59,7 +59,7 @@ def test_tune_keeps_the_fastest_passing_settings_and_resumes(files: tuple[str, s
     assert measured_workload["prompt_words"][1] < 300 and measured_workload["output_tokens"] < 16, measured_workload
     assert unit["workload_asked"]["prompt_words"] == [30, 300], unit["workload_asked"]
     # The host as it was comes first (its context length, 256, is one of the dimensions).
-    assert len(trials) >= 3 and trials[0]["settings"] == {"max_model_len": 256}, text
+    assert len(trials) == 3 and trials[0]["settings"] == {"max_model_len": 256}, text
     failed = [t for t in trials if t["outcome"] == "failed"]
     shown = json.dumps([{k: t[k] for k in ("settings", "outcome", "reason", "score")} for t in trials])
     assert len(failed) == 1 and failed[0]["settings"].get("max_model_len") == 100000, shown
@@ -75,23 +75,19 @@ def test_tune_keeps_the_fastest_passing_settings_and_resumes(files: tuple[str, s
     assert len(trials[0]["repeats"]) == 1 and trials[0]["spread"] is not None, trials[0]
     decision = unit["decision"]
     assert decision["spread"] == round(trials[0]["spread"], 4) and decision["threshold"] >= max(0.02, decision["spread"])
-    assert decision["margin"] is not None and decision["runner_up"] is not None, decision
-    if unit["winner"] != trials[0]["settings"]:  # a candidate kept: it beat the runner-up beyond the noise
-        assert decision["beyond_noise"] and decision["margin"] > decision["threshold"], decision
-    else:
-        assert "no candidate beat it beyond the noise" in decision["note"], decision
+    assert unit["winner"] == {"max_model_len": 256} and decision["runner_up"] is None, decision
+    assert decision["note"].startswith("the host as it is: the only trial within the bound (spread "), decision
     winner = unit["winner"]
     assert winner is not None and unit["tokens_per_s"] > 0 and unit["ok"], unit
     # Kept where the inventory reads it, with the measurement in its comments, and running.
     kept = tuned / "cpu-1.yaml"
     assert unit["tuned_file"] == str(kept) and "# Kept by `invoke tune`" in kept.read_text()
-    assert "# Margin: " in kept.read_text() and "over the runner-up" in kept.read_text(), kept.read_text()
+    assert f"# Margin: no runner-up within the bound; spread {trials[0]['spread'] * 100:.1f}%" in kept.read_text()
     assert unit["diff"].startswith(f"--- {kept} (kept)")
     planned = run_invoke("plan", "--cluster", "lab-cpu", "--json")
     assert planned.returncode == 0 and json.loads(planned.stdout)["hosts"]["cpu-1"]["changes"] == [], planned.stdout
     unit_text = on_host(lab_inventory, "cpu-1", ["systemctl", "cat", "vllm.service"])
-    if "max_num_seqs" in winner:
-        assert f"--max-num-seqs {winner['max_num_seqs']}" in unit_text
+    assert "--max-model-len 256" in unit_text and "--max-num-seqs" not in unit_text, unit_text
     assert on_host(lab_inventory, "cpu-1", ["systemctl", "is-active", "vllm.service"]).strip() == "active"
     assert Path(unit["plot"]).read_bytes()[:4] == b"\x89PNG"
     # A second run measures nothing again: every trial comes from the kept ones, the same winner.
