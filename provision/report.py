@@ -555,14 +555,13 @@ def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
 
 
 def _progress(found: stall.Progress | None) -> str:
-    """The stuck rule's word beside tokens/s: nothing while it generates or has nothing to do."""
-    if found is None or found.state in ("generating", "no requests"):
+    """The stuck rule's word beside tokens/s: nothing while it generates or has nothing to do, nor where
+    the rule cannot judge the engine (llama.cpp: every such host would carry it; --json says why)."""
+    if found is None or found.state in ("generating", "no requests", "not judged"):
         return ""
     if found.state == "stuck":
         return f" [red]stuck {found.seconds:.0f}s[/red]"
-    if found.state == "stalled":
-        return f" [yellow]still {found.seconds:.0f}s[/yellow]"
-    return " [dim](stuck: not judged)[/dim]"
+    return f" [yellow]still {found.seconds:.0f}s[/yellow]"  # stalled: still, for less than the window
 
 
 def _tokens(count: int | None) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -231,17 +232,23 @@ def test_status_refuses_a_stall_window_not_longer_than_its_window() -> None:
     assert done.returncode == 2 and "--stall-window (2) must be longer than --window (2)" in done.stderr, done
 
 
-def test_status_watch_with_json_prints_one_document_per_line_and_ctrl_c_exits_0() -> None:
-    """--watch --json on this machine (`--host local`): each refresh is one JSON line; SIGINT ends it, 0."""
+def test_status_watch_with_json_prints_one_document_per_line_and_ctrl_c_exits_0(tmp_path: Path) -> None:
+    """--watch --json on this machine (`--host local`, no inventory: the lab's, where it is up, is not
+    read): each refresh is one JSON line; SIGINT ends it, 0. Both pipes are drained to the end, so a
+    full pipe never holds the process."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PROVISION_")}
+    env["PROVISION_LAB_DIR"] = str(tmp_path / "no-lab")
     with subprocess.Popen([sys.executable, "-m", "invoke", "status", "--host", "local", "--watch", "1", "--json",
-                           "--timeout", "3"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           "--timeout", "3"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as watching:
         try:
-            assert watching.stdout is not None and watching.stderr is not None
+            assert watching.stdout is not None
             documents = [json.loads(watching.stdout.readline()) for _ in range(2)]
             assert all(set(doc) == {"hosts", "healthy", "idle", "drift"} and "local" in doc["hosts"] for doc in documents)
             watching.send_signal(signal.SIGINT)
-            assert watching.wait(timeout=30) == 0, watching.stderr.read()
+            rest, errors = watching.communicate(timeout=90)
+            assert watching.returncode == 0, errors
+            assert all(json.loads(line)["hosts"] for line in rest.splitlines()), rest  # whole lines only
         finally:
             if watching.poll() is None:
                 watching.kill()

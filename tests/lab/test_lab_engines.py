@@ -68,7 +68,10 @@ def test_llama_cpp_serves_beside_vllm_and_status_shows_both(both_served: invento
     assert llama_host["health"] == "ok" and len(llama_host["revision"]) == 40
     assert llama_host["figures"]["generation_tokens_total"] >= bench["output_tokens"]
     table = run_invoke("status", "--host", "cpu-1", "--host", "cpu-2")
-    assert "llama-server: active" in table.stdout and "vllm: active" in table.stdout, table.stdout
+    rows = {line.split("│")[1].strip(): line.split("│")[2] for line in table.stdout.splitlines()
+            if line.startswith("│") and line.split("│")[1].strip()}  # a host's first line: its unit cell starts
+    assert rows["cpu-1"].strip().startswith("vllm:") and rows["cpu-2"].strip().startswith("llama-server:"), table.stdout
+    assert "not judged" not in table.stdout, table.stdout  # llama.cpp has no stuck rule: the JSON says why
 
 
 def help_options(text: str) -> set[str]:

@@ -76,9 +76,11 @@ def test_secrets_are_only_in_the_0600_environment_file(the_lab: lab.Lab, tmp_pat
     env.pop("HF_TOKEN", None)
     env.pop("VLLM_API_KEY", None)
 
-    refused = invoke("check", "--inventory", str(path), "--cluster", "lab-cpu", env=env)
-    assert refused.returncode == 1 and "config.api_key" in refused.stdout
-    assert "would listen on 0.0.0.0 without an API key" in refused.stdout
+    refused = invoke("check", "--inventory", str(path), "--cluster", "lab-cpu", "--json", env=env)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    # The document, not the table: a table's cell wraps wherever its columns' widths fall.
+    gate = {f["id"]: f for f in json.loads(refused.stdout)["hosts"]["cpu-1"]["findings"]}["config.api_key"]
+    assert gate["status"] == "fail" and "would listen on 0.0.0.0 without an API key" in gate["message"], gate
 
     secrets_file.write_text(f"hf_token: {token}\nvllm_api_key: {api_key}\n")
     done = invoke("deploy", "--inventory", str(path), "--cluster", "lab-cpu", "--verbose", "--timeout", "420",

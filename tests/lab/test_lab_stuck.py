@@ -86,8 +86,8 @@ def engine_state(inv: inventory.Inventory, *args: str) -> dict:
 @pytest.fixture(scope="module")
 def serving(the_lab: object, lab_inventory: inventory.Inventory) -> int:
     """cpu-1's server as the lab left it, answering (deployed first only where it is not)."""
-    code, _found, _text = invoke_json("status", "--host", "cpu-1")
-    if code != 0:
+    code, found, _text = invoke_json("status", "--host", "cpu-1")
+    if code != 0 or found["hosts"]["cpu-1"]["health"] != "ok":  # exit 0 also where cpu-1 is idle: never deployed
         restore_lab_cpu()
     return int(lab_inventory.settings("cpu-1", {}).port)
 
@@ -115,7 +115,8 @@ def test_a_stopped_engine_core_under_running_requests_is_stuck_then_healthy_agai
         continued = engine_state(lab_inventory, "cont")
         load.join(300)
     assert continued.get("state") != "T" and not load.is_alive(), (continued, loaded)
-    # The gauge status read is the one the engine left when it stopped; then every completion finished.
-    assert loaded["running_when_stopped"] == running and loaded["completions"] == [200] * 4, loaded
+    # The gauge status read is what the engine published last before it stopped: at least what the load
+    # saw when it stopped it, at most the four it sent (the engine may schedule more between the two).
+    assert loaded["running_when_stopped"] <= running <= 4 and loaded["completions"] == [200] * 4, (running, loaded)
     code, found, text = invoke_json("status", "--host", "cpu-1", "--stall-window", "3")
     assert code == 0 and found["hosts"]["cpu-1"]["progress"]["state"] in ("no requests", "generating"), text
