@@ -20,13 +20,14 @@ import logging
 import select
 import shlex
 import shutil
+import signal
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import paramiko
 from fabric import Config, Connection
@@ -161,6 +162,25 @@ def _streaming(on_line: Callable[[str], None] | None) -> dict[str, object]:
 
 
 class _Local(_WholeStdin, InvokeLocal):
+    """Invoke's local runner, but a Ctrl-C is not lost: Invoke hands it to the child as a \\x03 on its
+    stdin and goes on waiting, which a child reading no more stdin never sees, so the run returned as
+    if nothing happened (`status --watch --host local` kept watching). The child gets SIGINT, as from a
+    terminal, and the interrupt is raised again once the child has ended."""
+
+    _interrupt: KeyboardInterrupt | None = None
+
+    def send_interrupt(self, interrupt: KeyboardInterrupt) -> None:
+        self._interrupt = interrupt
+        process = getattr(self, "process", None)
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGINT)
+
+    def run(self, command: str, **kwargs: Any) -> Any:
+        result = super().run(command, **kwargs)
+        if self._interrupt is not None:
+            raise self._interrupt
+        return result
+
     def stop(self) -> None:
         super().stop()
         # Invoke leaves the child's pipes to the garbage collector; close them now.

@@ -111,3 +111,22 @@ def test_a_weights_run_with_nothing_to_do_speaks_of_the_weights() -> None:
     assert plan.summary([], "weights") == "no changes: the weights are as verified"
     assert plan.summary([], "venv") == "no changes: the venv is as resolved"
     assert plan.summary([]) == "no changes: files, user, directories and units are as rendered"
+
+
+def test_a_ctrl_c_during_a_local_command_ends_the_command_and_is_raised_again() -> None:
+    """Invoke hands a Ctrl-C to the child as \\x03 on its stdin and waits on: a child that reads no more
+    stdin ran to its end and the interrupt was lost (a watch on this machine never stopped)."""
+    import os
+    import signal
+    import sys
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    runner = remote.LocalRunner(SimpleNamespace(name="local"), 30)  # only the name is read
+    threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        runner.run([sys.executable, "-c", "import time; time.sleep(20)"])
+    assert time.monotonic() - started < 10  # the child was ended, not waited for
+    assert runner.run([sys.executable, "-c", "print('next')"]).stdout == "next\n"  # the next run is its own
