@@ -224,17 +224,17 @@ def _hub_key(settings: inventory.Settings) -> HubKey:
     return str(settings.model), settings.model_revision, tuple(settings.model_files), settings.hf_endpoint
 
 
-def _ask_hub(key: HubKey, token: str | None, token_source: str | None = None) -> HubAnswer:
-    """The revision's commit and files, and the model's config.json (None when unreadable).
-    `token_source`: where the token came from (secrets.sources), for a refusal to name."""
+def _ask_hub(key: HubKey, held: secrets.Secrets) -> HubAnswer:
+    """The revision's commit and files, and the model's config.json (None when unreadable), asked with
+    the run's hf_token; a refusal names where that token came from."""
     model, revision, files, endpoint = key
     try:
-        snapshot = weights.resolve(model, revision, files, endpoint, token, token_source)
+        snapshot = weights.resolve(model, revision, files, endpoint, held.hf_token, held.sources.get("hf_token"))
     except weights.WeightsError as exc:
         return str(exc), None
     weights.keep_snapshot(snapshot, files, endpoint)
     try:  # known issues and the KV cache estimate
-        return snapshot, weights.model_config(snapshot.repo, snapshot.commit, endpoint, token)
+        return snapshot, weights.model_config(snapshot.repo, snapshot.commit, endpoint, held.hf_token)
     except weights.WeightsError as exc:
         logging.getLogger("provision.weights").info("config.json unknown: %s", exc)
         return snapshot, None
@@ -282,7 +282,7 @@ def _ask_hub_early(inv: inventory.Inventory, names: Sequence[str], overrides: Ma
     if not keys:
         return HubAnswers(kept)
     asking = ThreadPoolExecutor(max_workers=min(8, len(keys)), thread_name_prefix="hub")
-    futures = {key: asking.submit(_ask_hub, key, held.hf_token, held.sources.get("hf_token")) for key in keys}
+    futures = {key: asking.submit(_ask_hub, key, held) for key in keys}
     asking.shutdown(wait=False)
     return HubAnswers(kept, futures)
 
@@ -307,8 +307,7 @@ def _with_snapshots(contexts: dict[str, context.Context], held: secrets.Secrets,
             if kept is not None:
                 asked[key] = kept
             else:
-                asked[key] = early.asking[key].result() if key in early.asking else _ask_hub(key, held.hf_token,
-                                                                                     held.sources.get("hf_token"))
+                asked[key] = early.asking[key].result() if key in early.asking else _ask_hub(key, held)
                 live.add(key)
         answer, model_config = asked[key]
         if isinstance(answer, str):
@@ -317,7 +316,7 @@ def _with_snapshots(contexts: dict[str, context.Context], held: secrets.Secrets,
         reason, to_fetch = weights.compare(answer, weights.host_weights(ctx.facts, weights.root_of(s)))
         if reason and key not in live:  # a host must fetch: the gate asks the hub itself
             live.add(key)
-            asked[key] = _ask_hub(key, held.hf_token, held.sources.get("hf_token"))
+            asked[key] = _ask_hub(key, held)
             answer, model_config = asked[key]
             if isinstance(answer, str):
                 result[name] = dataclasses.replace(ctx, snapshot_error=answer)
@@ -357,7 +356,7 @@ def _with_placed_weights(contexts: dict[str, context.Context], held: secrets.Sec
             continue
         key = _hub_key(s)
         if key not in asked:
-            asked[key] = _kept(key, held.hf_token) or _ask_hub(key, held.hf_token)
+            asked[key] = _kept(key, held.hf_token) or _ask_hub(key, held)
         answer, model_config = asked[key]
         if isinstance(answer, str):
             result[name] = dataclasses.replace(ctx, model_config_note=f"{on_host}; the hub: {answer}")

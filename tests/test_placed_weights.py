@@ -106,7 +106,7 @@ def gated(values: dict[str, Any], models: dict[str, Any], monkeypatch: pytest.Mo
     """memory.fits as the gate judges it after the placed-weights step (hub answers given, never fetched)."""
     asked: list[run.HubKey] = []
 
-    def answer(key: run.HubKey, token: str | None) -> run.HubAnswer:
+    def answer(key: run.HubKey, held: secrets.Secrets) -> run.HubAnswer:
         asked.append(key)
         assert hub is not None, "the hub was asked where the host had the answer"
         return hub
