@@ -258,8 +258,7 @@ def installed_by_tool(state_text: str | None, unit: str) -> bool:
 def idle_by_design(found: HostStatus, provisioned: bool, declares_model: bool) -> HostStatus:
     """Pure: a host whose unit is not installed serves nothing by design when the tool never
     installed that unit there (no generation kept on the host changed it) or the inventory gives it
-    no model: idle, not
-    unhealthy. A host the tool did provision whose unit is gone stays unhealthy, with what to do."""
+    no model: idle, not unhealthy. A host the tool did provision whose unit is gone stays unhealthy, with what to do."""
     if not found.reachable or found.unit.get("installed") is not False:
         return found
     unit = found.unit.get("name", "the server unit")
@@ -452,11 +451,17 @@ def gather_one(runner: Any, host: str, role: str, settings: Settings, api_key: s
     if role == "server" and profile is not None:
         found = dataclasses.replace(found, kv_estimate_tokens=kv_estimate(host, profile, settings, host_facts))
     if role == "server" and found.health == "ok":
-        names = engine.metric_names(settings)
-        counters = stall.counters(engine, names, settings.vllm_spec)
+        names, counters = stall_reading(settings)
         samples = (*history, *samples_of(serving, names, counters))
         found = judged(found, stall.progress(samples, stall_window, counters), samples)
     return found
+
+
+def stall_reading(settings: Settings) -> tuple[MetricNames, stall.Counters]:
+    """The metric names a server's engine serves and the stuck rule's counters among them, for its release."""
+    engine = engines.engine_of(settings)
+    names = engine.metric_names(settings)
+    return names, stall.counters(engine, names, settings.vllm_spec)
 
 
 FOLLOW_UP_STEP = 5.0  # seconds between a still host's samples while status waits for the stall window
@@ -466,9 +471,7 @@ def follow_up(runner: Any, settings: Settings, api_key: str | None, found: HostS
               timeout: float) -> HostStatus:
     """A server whose counter stood still with requests running (state "stalled") is asked for /metrics
     again, alone (no facts), until the counter moves, the requests end or the stall window has passed."""
-    engine = engines.engine_of(settings)
-    names = engine.metric_names(settings)
-    counters = stall.counters(engine, names, settings.vllm_spec)
+    names, counters = stall_reading(settings)
     samples, progress = found.samples, found.progress
     while progress is not None and progress.state == "stalled":
         pause = min(FOLLOW_UP_STEP, max(0.5, stall_window - (progress.seconds or 0.0)))
