@@ -270,6 +270,7 @@ class Lab:
         self._ensure_bridge()
         self._ensure_hub(progress)
         state = self.state()
+        self._forget_stopped(state, wanted, progress)
         to_boot = [known[name] for name in wanted if not self._running(state["hosts"].get(name), name)]
         for name in wanted:  # a running host replays what this tree records too (a new command's output)
             machine = known[name][1].machine
@@ -289,6 +290,16 @@ class Lab:
         self._write_known_hosts(state)
         self._write_inventory(state)
         return state
+
+    def _forget_stopped(self, state: dict[str, Any], wanted: Sequence[str], progress: Any) -> None:
+        """A recorded host that no longer runs (this machine rebooted, a run was killed) and is not asked
+        for now: its leftovers go and the inventory stops naming it, so nothing reads it as a host that
+        refuses connections."""
+        for name in [name for name in state["hosts"] if name not in wanted]:
+            if not _nspawn_pids(f"plab-{name}"):
+                self._stop_one(name, state["hosts"].pop(name))
+                progress(f"{name} was recorded but no longer runs: forgotten "
+                         f"(`invoke lab.up --hosts {name}` boots it again)")
 
     def _ensure_base(self, progress: Any) -> None:
         if (self.base / ".complete").exists():

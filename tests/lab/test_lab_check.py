@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
-from provision import checks, lab
+from provision import checks, inventory, lab
 from tests.lab.conftest import run_invoke
 
 pytestmark = pytest.mark.lab
@@ -73,3 +74,23 @@ def test_check_json_shape_is_stable(the_lab: lab.Lab) -> None:
         assert set(finding) == {"id", "severity", "status", "message", "evidence", "fix"}
         assert finding["severity"] in {"blocker", "warning", "info"}
         assert finding["status"] in {"pass", "fail", "skip", "forced"}
+
+
+def test_a_host_that_stopped_running_is_forgotten_by_the_next_lab_up(broken_host: str, the_lab: lab.Lab) -> None:
+    """A lab left recorded across a reboot of this machine (or a killed run) must not hand the tool an
+    inventory naming hosts that refuse connections: the next `lab.up` forgets what no longer runs."""
+    record = the_lab.state()["hosts"][broken_host]
+    for pid in lab._nspawn_pids(f"plab-{broken_host}"):
+        lab._terminate(pid)
+    said: list[str] = []
+    try:
+        the_lab.up(progress=said.append)
+        written = inventory.load(the_lab.inventory)
+        assert broken_host not in written.hosts and "lab-broken" not in written.clusters
+        assert broken_host not in the_lab.state()["hosts"]
+        netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+        assert record["netns"] not in netns.split()
+        assert any(line.startswith(f"{broken_host} was recorded but no longer runs") for line in said), said
+    finally:
+        the_lab.up([broken_host], progress=lambda line: None)  # back as the module's fixture left it
+    assert broken_host in inventory.load(the_lab.inventory).hosts
