@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,23 @@ MANAGED_UNITS = ("vllm.service", "vllm-ray-head.service", "vllm-ray-worker.servi
 DROP_IN_DIRS = tuple(f"{base}/{unit}.d" for unit in MANAGED_UNITS for base in (
     "/etc/systemd/system", "/etc/systemd/system.control", "/run/systemd/system", "/run/systemd/system.control"))
 
+PROBE_CACHE = "/var/cache/provision/probe-cache.json"  # on each host: answers kept by file identity
+# Where systemd (and so its offline scoring) finds a unit file and its drop-ins, the drop-ins for
+# every service (service.d) included (systemd.unit(5), "Unit File Load Path").
+UNIT_PATHS = ("/etc/systemd/system", "/etc/systemd/system.control", "/run/systemd/system",
+              "/run/systemd/system.control", "/usr/local/lib/systemd/system", "/lib/systemd/system",
+              "/usr/lib/systemd/system")
+
+
+def unit_files(root: str = "") -> tuple[str, ...]:
+    """The managed units' files and drop-ins (and every service's drop-ins) as glob patterns, under
+    `root` (a test's directory; "" on a host): what systemd-analyze's offline score reads."""
+    return tuple(f"{root}{pattern}" for base in UNIT_PATHS for name in (*MANAGED_UNITS, "service")
+                 for pattern in (f"{base}/{name}", f"{base}/{name}.d", f"{base}/{name}.d/*.conf")
+                 if pattern != f"{base}/service")
+
+
+log = logging.getLogger("provision.facts")
 VENV_MANIFEST = "provision-manifest.json"  # in a venv the tool built: what it installed, and its versions
 CUDA_PTXAS = "/usr/local/cuda/bin/ptxas"
 NCCL_CONF = "/etc/nccl.conf"  # NCCL reads it after the user's file (src/misc/param.cc initEnv)
@@ -70,11 +88,10 @@ class Fact:
     argv: tuple[str, ...] | None = None
     file: str | None = None
     tree: Tree | None = None
-    # A JSON file whose "fact_output" holds what argv printed when the tool last made what it
-    # describes: used instead of running argv while the file is newer than every `unchanged_since`
-    # path (glob patterns). The venv's versions cost an `import torch` (seconds) otherwise.
-    recorded: str | None = None
-    unchanged_since: tuple[str, ...] = ()
+    # The files argv's answer depends on (glob patterns; its own program is added): the host keeps
+    # the answer in PROBE_CACHE with their identity and the probe reuses it until one changes. The
+    # unit scores cost a systemd-analyze run and the venv's arch flags an `import torch` otherwise.
+    identity: tuple[str, ...] = ()
     # A file most hosts lack by design (the x86 hybrid lists): its absence is the answer ("not
     # present": the fact's value stays None) and not worth a note.
     optional: bool = False
@@ -127,16 +144,20 @@ FACTS: tuple[Fact, ...] = (
     # systemd's own score of the installed units, drop-ins included (the offline form reads the unit
     # files, so it needs no D-Bus and scores exactly what the unit tests score; systemd 250+).
     Fact("unit_security", parsers.parse_systemd_security,
-         argv=("systemd-analyze", "security", "--offline=yes", *MANAGED_UNITS), exits=(0, 1)),
+         argv=("systemd-analyze", "security", "--offline=yes", *MANAGED_UNITS), exits=(0, 1),
+         identity=unit_files()),
 )
 
 
 def venv_fact(venv_dir: str) -> Fact:
     """The service venv's versions (vLLM, torch, its CUDA, arch flags, NCCL); missing until installed."""
     venv = venv_dir.rstrip("/")
+    site = f"{venv}/lib/python*/site-packages"
+    # pip adds or removes a dist-info in site-packages (a changed directory) on every install or
+    # removal; the rest are what the answer reads or loads, in case one is replaced by hand.
     return Fact("venv", parsers.parse_venv_probe, argv=(f"{venv}/bin/python", "-c", parsers.VENV_PROBE),
-                # pip changes site-packages (a new or removed dist-info) on every install or removal.
-                recorded=f"{venv}/{VENV_MANIFEST}", unchanged_since=(f"{venv}/lib/python*/site-packages",))
+                identity=(f"{venv}/pyvenv.cfg", site, f"{site}/torch/version.py",
+                          f"{site}/torch/lib/libtorch_cuda.so", f"{site}/nvidia/nccl/lib/libnccl.so*"))
 
 
 @dataclass(frozen=True)
@@ -148,6 +169,33 @@ class DiskSpace:
     exists: bool
     free_bytes: int
     total_bytes: int
+
+
+@dataclass(frozen=True)
+class ProbeStep:
+    """What the probe did for one fact and how long it took: "ran" its command, answered it from the
+    host's cache ("cached": the files it depends on kept their identity), "read" a file or tree, or
+    found its program or file "missing"."""
+
+    fact: str
+    source: str  # the program, file or pattern
+    how: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ProbeAccount:
+    """The probe's own account of one gather: every step, its whole time on the host, its cache."""
+
+    steps: tuple[ProbeStep, ...] = ()
+    seconds: float | None = None
+    cache_file: str | None = None
+    cache_written: bool = False
+    cache_error: str | None = None
+
+    def ran(self) -> tuple[str, ...]:
+        """The programs it started (a cached or read fact starts none)."""
+        return tuple(step.source for step in self.steps if step.how == "ran")
 
 
 @dataclass(frozen=True)
@@ -192,6 +240,7 @@ class HostFacts:
     notes: Mapping[str, str] = field(default_factory=dict)
     unreadable: frozenset[str] = frozenset()  # facts whose answer came but could not be read
     clock: str | None = None  # the host's local time when the probe ran (nvidia-smi's timestamp format)
+    probe: ProbeAccount = field(default_factory=ProbeAccount)
 
     def disk_for(self, path: str) -> DiskSpace | None:
         return next((disk for disk in self.disks if disk.path == path), None)
@@ -220,8 +269,8 @@ def probe_spec(facts: Sequence[Fact], paths: Iterable[str], timeout: float,
                inspect: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
     return {
         "commands": {fact.name: list(fact.argv) for fact in facts if fact.argv},
-        "recorded": {fact.name: {"file": fact.recorded, "unchanged_since": list(fact.unchanged_since)}
-                     for fact in facts if fact.argv and fact.recorded},
+        "identity": {fact.name: list(fact.identity) for fact in facts if fact.argv and fact.identity},
+        "cache_file": PROBE_CACHE,
         "files": {fact.name: fact.file for fact in facts if fact.file},
         "trees": {fact.name: {"pattern": fact.tree.pattern, "read": list(fact.tree.read), "where": dict(fact.tree.where)}
                   for fact in facts if fact.tree},
@@ -247,7 +296,11 @@ def gather(runner: Runner, paths: Iterable[str] = (), facts: Sequence[Fact] = FA
     # Each command may use up to `timeout`; the execution as a whole gets room for all of them.
     result = runner.run(["python3", "-"], stdin=probe_program(spec),
                         timeout=timeout * (len(facts) + 1) + 30)
-    return facts_from_probe(runner.host, result, facts)
+    gathered = facts_from_probe(runner.host, result, facts)
+    log.debug("%s: the probe took %s s: %s", runner.host, gathered.probe.seconds, ", ".join(
+        f"{step.fact} {step.how} {step.seconds:.3f} s" for step in gathered.probe.steps
+        if step.how in ("ran", "cached")))
+    return gathered
 
 
 REACH_TIMEOUT = 3.0  # seconds per endpoint: an air-gapped host answers by timing out
@@ -289,7 +342,25 @@ def facts_from_probe(host: str, result: Result, facts: Sequence[Fact] = FACTS) -
             unreadable.add(fact.name)
         if value is not None:
             values[fact.name] = value
-    return _assemble(host, answer, values, notes, frozenset(unreadable))
+    return dataclasses.replace(_assemble(host, answer, values, notes, frozenset(unreadable)),
+                               probe=probe_account(answer, facts))
+
+
+def probe_account(answer: Mapping[str, Any], facts: Sequence[Fact]) -> ProbeAccount:
+    """Pure: what the probe's answer says it did, fact by fact, in the order asked."""
+    raw: Mapping[str, Mapping[str, Any]] = answer.get("results") or {}
+    steps = []
+    for fact in facts:
+        outcome = raw.get(fact.name)
+        if outcome is None:
+            continue
+        source = fact.argv[0] if fact.argv else fact.file or (fact.tree.pattern if fact.tree else fact.name)
+        how = ("cached" if outcome.get("cached") else "missing" if outcome.get("missing")
+               else "ran" if fact.argv else "read")
+        steps.append(ProbeStep(fact.name, source, how, float(outcome.get("seconds") or 0.0)))
+    cache = answer.get("cache") or {}
+    return ProbeAccount(steps=tuple(steps), seconds=answer.get("seconds"), cache_file=cache.get("file"),
+                        cache_written=bool(cache.get("written")), cache_error=cache.get("error"))
 
 
 def probe_answer(stdout: str) -> dict[str, Any]:

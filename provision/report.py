@@ -11,20 +11,22 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from provision import parsers, stall, status
+from provision import parsers
 from provision.affinity import compress
 from provision.checks import Finding, resolutions, verdict
 from provision.errors import ProvisionError
-from provision.facts import HostFacts
+from provision.facts import HostFacts, ProbeAccount
 from provision.fanout import HostResults
 from provision.inventory import Inventory
-from provision.nccl import NcclRun, describe_transport, human_size
 from provision.parsers import Gpu
 from provision.plan import summary
-from provision.prepare import HostReport, Prepared
-from provision.tune_rules import margin_words
 
+# What only some tasks print (status, verify.nccl, prepare, tune) is imported where it is printed,
+# so a no-op provision or a facts run does not pay for loading it.
 if TYPE_CHECKING:
+    from provision import stall, status
+    from provision.nccl import NcclRun
+    from provision.prepare import HostReport, Prepared
     from provision.rolling import Deployed
     from provision.run import Applied, HostPlan, Planned
     from provision.venv import WheelsSent
@@ -160,7 +162,7 @@ def facts_rows(facts: HostFacts) -> list[tuple[str, str]]:
     ] + [(f"disk {disk.path}", f"{_gib(disk.free_bytes)} free on {disk.checked}") for disk in facts.disks]
 
 
-def print_facts(results: HostResults[HostFacts], out: Console) -> None:
+def print_facts(results: HostResults[HostFacts], out: Console, verbose: bool = False) -> None:
     for name in results.order:
         table = Table(title=name, show_header=False, title_justify="left", expand=False)
         table.add_column("fact", style="bold")
@@ -171,6 +173,25 @@ def print_facts(results: HostResults[HostFacts], out: Console) -> None:
             for key, value in facts_rows(results.values[name]):
                 table.add_row(key, value)
         out.print(table)
+        if verbose and name in results.values:
+            out.print(probe_table(name, results.values[name].probe))
+
+
+def probe_table(host: str, account: ProbeAccount) -> Table:
+    """--verbose: what the probe did on the host for each fact, slowest first, and what it kept."""
+    took = "-" if account.seconds is None else f"{account.seconds:.2f} s"
+    table = Table(title=f"{host}: the probe ({took} on the host)", title_justify="left")
+    for column in ("fact", "how", "from", "seconds"):
+        table.add_column(column, justify="right" if column == "seconds" else "left")
+    for step in sorted(account.steps, key=lambda step: -step.seconds):
+        table.add_row(step.fact, step.how, step.source, f"{step.seconds:.3f}")
+    cached = [step.fact for step in account.steps if step.how == "cached"]
+    kept = (f"cache {account.cache_file}: " + ("could not be written: " + account.cache_error
+                                                if account.cache_error else
+                                                "written" if account.cache_written else "unchanged")
+            + (f"; answered from it: {', '.join(cached)}" if cached else ""))
+    table.caption, table.caption_justify = kept, "left"
+    return table
 
 
 def _cluster_name(inventory: Inventory, host: str) -> str | None:
@@ -521,6 +542,8 @@ def status_problems(found: dict[str, status.HostStatus]) -> list[str]:
 
 
 def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
+    from provision import status
+
     table = Table(title=title)
     for column in ("host", "unit", "restarts", "health", "model @ revision", "GPUs (mem used/total GiB, °C, util)",
                    "run/wait", "tok/s", "KV %", "KV tokens (est.)", "prefix hit %"):
@@ -599,6 +622,7 @@ def print_bench(host: str, result: Any, concurrency: int, json_: bool) -> None:
 
 
 def status_document(found: Mapping[str, Any]) -> dict[str, Any]:
+    from provision import status
     return {"hosts": {name: status.as_json(item) for name, item in found.items()},
             # "healthy": every host that should serve does (status's exit 0); "idle": who serves nothing by design.
             "healthy": status.serving_as_declared(found),
@@ -684,6 +708,8 @@ def runs_json(order: list[str], runs: dict[str, NcclRun],
 def print_runs(order: list[str], runs: dict[str, NcclRun], failures: dict[str, BaseException]) -> None:
     """A table per test in nccl-tests' columns, after the facts needed to read it."""
     from rich.table import Table
+
+    from provision.nccl import describe_transport, human_size
 
     out = console()
     for name in order:
@@ -833,6 +859,7 @@ def tuned_json(results: Sequence[Any], errors: Mapping[str, BaseException]) -> d
 
 def print_tuned(results: Sequence[Any], errors: Mapping[str, BaseException], out: Console) -> None:
     """tune: a table of trials per unit (settings, tokens/s, TTFT p50/p95, ITL p95, verdict), then what was kept."""
+    from provision.tune_rules import margin_words
     for result in results:
         slo = result.slo
         table = Table(title=f"tune {result.unit.server}: {len(result.trials)} trial(s), workload "

@@ -33,7 +33,8 @@ COMMON_HELP = {
                             "(a changed key is always refused)",
     "profile": "hardware profile to assume (overrides the inventory's; useful with --host local)",
     "set": "override a service setting, KEY=VALUE (repeatable; highest precedence)",
-    "verbose": "log every remote command (secrets masked) to stderr",
+    "verbose": "log every remote command (secrets masked) and what each host's fact probe ran, "
+               "and for how long, to stderr",
 }
 
 

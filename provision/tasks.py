@@ -39,7 +39,7 @@ def facts_(c: Context, host: list[str] | None = None, cluster: str | None = None
     if json_:
         print(report.dump_json(report.facts_json(results)))
     else:
-        report.print_facts(results, report.console())
+        report.print_facts(results, report.console(), verbose=verbose)
     exit_unless(results.ok)
 
 

@@ -28,7 +28,6 @@ from provision import config, contracts, cuda, known_issues
 from provision.errors import ProvisionError
 from provision.facts import VENV_MANIFEST, HostFacts
 from provision.inventory import Settings
-from provision.parsers import VENV_PROBE
 
 if TYPE_CHECKING:
     from provision.context import Context
@@ -329,7 +328,6 @@ def venv_change_data(settings: Settings, profile_remove: Sequence[str], wheelhou
             "requirements": requirements + [f"{REMOTE_WHEELHOUSE}/{name}" for name in local],
             "wheels": {w.name: w.sha256 for w in wheelhouse.wheels}, "remove": list(profile_remove),
             "verify": list(verify),
-            "fact_probe": VENV_PROBE,
             "key": hashlib.sha256(f"{wheelhouse.key} {' '.join(profile_remove)}".encode()).hexdigest()}
 
 

@@ -1,6 +1,7 @@
 """Gathering: one execution per host, the probe's answer turned into HostFacts, missing tools as facts."""
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -147,8 +148,10 @@ def test_a_command_printing_far_more_than_the_cap_is_stopped_and_the_probe_stays
 def test_a_command_within_the_cap_is_read_whole_with_its_exit_code() -> None:
     code = "import sys\nsys.stdout.write('a' * 300000)\nsys.stderr.write('warn\\n')\nsys.exit(3)\n"
     answer = hostprobe._run([sys.executable, "-c", code], 30)
+    took = answer.pop("seconds")
     assert answer == {"exit": 3, "stdout": "a" * 300000, "stderr": "warn\n", "missing": False,
                       "timed_out": False, "truncated": False}
+    assert 0 < took < 30
 
 
 def test_the_probe_lists_drop_in_directories(tmp_path) -> None:
@@ -184,38 +187,157 @@ def test_local_connection_gathers_this_machines_real_facts_in_one_execution() ->
     assert gathered.disks[0].exists and gathered.disks[0].free_bytes > 0
 
 
-def _venv_with_record(tmp_path, output: object) -> tuple[str, str]:
-    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
-    site.mkdir(parents=True)
-    record = tmp_path / "venv" / facts.VENV_MANIFEST
-    record.write_text(json.dumps({"key": "k", "fact_output": output}))
-    os.utime(site, ns=(1_000_000_000, 1_000_000_000))  # installed before the record was written
-    return str(tmp_path / "venv"), str(record)
+COUNTING = """#!{python}
+import sys
+with open({log!r}, "a") as handle:
+    handle.write("ran\\n")
+print('{{"python": "3.11.2", "vllm": "0.11.0", "torch": "2.9.0+cu130", "cuda": "13.0"}}')
+"""
 
 
-def test_a_recorded_venv_fact_answers_without_running_the_venv(tmp_path) -> None:
-    venv, _ = _venv_with_record(tmp_path, '{"python": "3.11.2", "vllm": "0.11.0", "torch": "2.9.0"}\n')
-    fact = facts.venv_fact(venv)
+def _counting_program(path, log) -> None:
+    """A stand-in program that writes a line to `log` each time it runs (the venv's python,
+    systemd-analyze): what a cached answer must not start."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(COUNTING.format(python=sys.executable, log=str(log)))
+    path.chmod(0o755)
+
+
+def _runs(log) -> int:
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def _collect(fact: facts.Fact, cache) -> dict:
     spec = facts.probe_spec([fact], [], 5)
-    # bin/python does not even exist: only the record can answer.
-    answer = hostprobe.collect(spec)["results"]["venv"]
-    assert answer["recorded"] is True and answer["exit"] == 0
-    assert fact.parse(answer["stdout"]).vllm == "0.11.0"
+    spec["cache_file"] = str(cache)
+    return hostprobe.collect(spec)
 
 
-def test_a_venv_changed_after_its_record_runs_the_probe_again(tmp_path) -> None:
-    venv, _ = _venv_with_record(tmp_path, '{"python": "3.11.2", "vllm": "0.11.0"}\n')
-    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
-    os.utime(site, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))  # pip ran after the record
-    answer = hostprobe.collect(facts.probe_spec([facts.venv_fact(venv)], [], 5))["results"]["venv"]
-    assert "recorded" not in answer and answer["missing"] is True  # it tried bin/python
+def _venv(tmp_path):
+    venv = tmp_path / "venv"
+    site = venv / "lib" / "python3.11" / "site-packages"
+    (site / "torch" / "lib").mkdir(parents=True)
+    (site / "torch" / "version.py").write_text("__version__ = '2.9.0+cu130'\ncuda: Optional[str] = '13.0'\n")
+    (site / "torch" / "lib" / "libtorch_cuda.so").write_bytes(b"\x7fELF")
+    (site / "nvidia" / "nccl" / "lib").mkdir(parents=True)
+    (site / "nvidia" / "nccl" / "lib" / "libnccl.so.2").write_bytes(b"\x7fELF")
+    (site / "torch-2.9.0+cu130.dist-info").mkdir()
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.2\n")
+    _counting_program(venv / "bin" / "python", tmp_path / "runs.log")
+    return venv, site
 
 
-@pytest.mark.parametrize("output", [None, 42, {"not": "text"}])
-def test_a_record_without_usable_output_is_ignored(tmp_path, output: object) -> None:
-    venv, _ = _venv_with_record(tmp_path, output)
-    answer = hostprobe.collect(facts.probe_spec([facts.venv_fact(venv)], [], 5))["results"]["venv"]
-    assert "recorded" not in answer
+def _bump(path) -> None:
+    """An edit that keeps the size: only mtime and ctime say it happened."""
+    data = path.read_bytes()
+    time.sleep(0.01)
+    path.write_bytes(data)
+
+
+VENV_CHANGES = {
+    "pip installs a package": lambda venv, site: (site / "vllm-0.11.0.dist-info").mkdir(),
+    "pip removes a package": lambda venv, site: (site / "torch-2.9.0+cu130.dist-info").rmdir(),
+    "torch/version.py edited in place": lambda venv, site: _bump(site / "torch" / "version.py"),
+    "libtorch_cuda.so replaced": lambda venv, site: (site / "torch" / "lib" / "libtorch_cuda.so").write_bytes(b"new"),
+    "libnccl replaced by hand": lambda venv, site: (site / "nvidia" / "nccl" / "lib" / "libnccl.so.2").write_bytes(b"2.29"),
+    "the venv remade on another python": lambda venv, site: (venv / "pyvenv.cfg").write_text("version = 3.12.3\n"),
+    "its python replaced": lambda venv, site: _counting_program(venv / "bin" / "python", venv.parent / "runs.log"),
+}
+
+
+@pytest.mark.parametrize("change", list(VENV_CHANGES))
+def test_the_venv_fact_is_answered_from_the_hosts_cache_until_a_file_it_depends_on_changes(tmp_path, change) -> None:
+    venv, site = _venv(tmp_path)
+    fact, cache, log = facts.venv_fact(str(venv)), tmp_path / "cache" / "probe.json", tmp_path / "runs.log"
+    first = _collect(fact, cache)
+    assert _runs(log) == 1 and first["cache"]["written"] and "cached" not in first["results"]["venv"]
+    again = _collect(fact, cache)
+    assert _runs(log) == 1, "an unchanged venv ran its python again"
+    assert again["results"]["venv"]["cached"] is True and again["cache"]["written"] is False
+    assert fact.parse(again["results"]["venv"]["stdout"]) == fact.parse(first["results"]["venv"]["stdout"])
+    VENV_CHANGES[change](venv, site)
+    changed = _collect(fact, cache)
+    assert _runs(log) == 2 and "cached" not in changed["results"]["venv"], change
+
+
+def _units(tmp_path):
+    root = str(tmp_path / "root")
+    system = tmp_path / "root" / "etc" / "systemd" / "system"
+    system.mkdir(parents=True)
+    (system / "vllm.service").write_text("[Service]\nExecStart=/opt/vllm/venv/bin/vllm serve\n")
+    program = tmp_path / "bin" / "systemd-analyze"
+    _counting_program(program, tmp_path / "runs.log")
+    fact = dataclasses.replace(next(fact for fact in facts.FACTS if fact.name == "unit_security"), argv=(str(program), "security"),
+                               identity=facts.unit_files(root))
+    return fact, system, program
+
+
+UNIT_CHANGES = {
+    "the unit rewritten": lambda system, program: (system / "vllm.service").write_text("[Service]\nUser=vllm\n"),
+    "a drop-in added (systemctl edit)": lambda system, program: (
+        (system / "vllm.service.d").mkdir(), (system / "vllm.service.d" / "override.conf").write_text("[Service]\n")),
+    "a drop-in for every service": lambda system, program: (
+        (system / "service.d").mkdir(), (system / "service.d" / "10-all.conf").write_text("[Service]\n")),
+    "a runtime unit (systemctl --runtime)": lambda system, program: (
+        (system.parents[2] / "run" / "systemd" / "system").mkdir(parents=True),
+        (system.parents[2] / "run" / "systemd" / "system" / "llama-server.service").write_text("[Service]\n")),
+    "the unit removed": lambda system, program: (system / "vllm.service").unlink(),
+    "systemd-analyze upgraded": lambda system, program: _counting_program(program, program.parents[1] / "runs.log"),
+}
+
+
+@pytest.mark.parametrize("change", list(UNIT_CHANGES))
+def test_the_unit_scores_are_answered_from_the_hosts_cache_until_a_unit_file_changes(tmp_path, change) -> None:
+    fact, system, program = _units(tmp_path)
+    cache, log = tmp_path / "cache" / "probe.json", tmp_path / "runs.log"
+    _collect(fact, cache)
+    assert _collect(fact, cache)["results"]["unit_security"]["cached"] is True and _runs(log) == 1
+    UNIT_CHANGES[change](system, program)
+    assert "cached" not in _collect(fact, cache)["results"]["unit_security"] and _runs(log) == 2, change
+    assert _collect(fact, cache)["results"]["unit_security"]["cached"] is True and _runs(log) == 2
+
+
+def test_the_cache_is_root_s_alone_and_a_cache_that_cannot_be_written_only_costs_the_runs(tmp_path) -> None:
+    fact, _, _ = _units(tmp_path)
+    cache, log = tmp_path / "cache" / "probe.json", tmp_path / "runs.log"
+    _collect(fact, cache)
+    assert (cache.stat().st_mode & 0o777) == 0o600 and (cache.parent.stat().st_mode & 0o777) == 0o700
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    for _ in range(2):
+        answer = _collect(fact, blocked / "probe.json")
+        assert answer["cache"]["written"] is False and "a-file" in answer["cache"]["error"]
+        assert answer["results"]["unit_security"]["exit"] == 0
+    assert _runs(log) == 3
+
+
+def test_a_command_that_timed_out_is_not_kept(tmp_path) -> None:
+    cache = tmp_path / "probe.json"
+    slow = facts.Fact("slow", str, argv=(sys.executable, "-c", "import time; time.sleep(5)"),
+                      identity=(str(tmp_path / "nothing"),))
+    spec = facts.probe_spec([slow], [], 0.3)
+    spec["cache_file"] = str(cache)
+    for _ in range(2):
+        answer = hostprobe.collect(spec)
+        assert answer["results"]["slow"]["timed_out"] is True and "cached" not in answer["results"]["slow"]
+    assert not cache.exists()
+
+
+def test_the_probe_accounts_for_each_fact_how_it_was_answered_and_how_long_it_took(tmp_path) -> None:
+    fact, _, _ = _units(tmp_path)
+    listed = facts.Fact("listed", str, argv=(sys.executable, "-c", "import time; time.sleep(0.2)"))
+    read = facts.Fact("read", str, file=str(tmp_path / "runs.log"))
+    absent = facts.Fact("absent", str, argv=("no-such-program-here",))
+    asked = [fact, listed, read, absent]
+    spec = facts.probe_spec(asked, [], 5)
+    spec["cache_file"] = str(tmp_path / "cache.json")
+    hostprobe.collect(spec)
+    account = facts.probe_account(hostprobe.collect(spec), asked)
+    assert [(step.fact, step.how) for step in account.steps] == [
+        ("unit_security", "cached"), ("listed", "ran"), ("read", "read"), ("absent", "missing")]
+    assert account.steps[1].seconds >= 0.2 and account.steps[0].seconds == 0.0
+    assert account.ran() == (sys.executable,) and account.seconds is not None and account.seconds >= 0.2
+    assert account.cache_file == str(tmp_path / "cache.json") and not account.cache_written
 
 
 def test_probe_commands_run_at_once(tmp_path) -> None:

@@ -142,9 +142,6 @@ def build_venv(data: dict[str, Any]) -> None:
         versions = verify_imports(venv, data.get("verify", []))
         manifest = {"key": data["key"], "requirements": data["requirements"], "wheels": data["wheels"],
                     "removed": data.get("remove", []), "versions": versions}
-        if data.get("fact_probe"):
-            # The probe answers the venv fact from here while the venv stays as built (no import).
-            manifest["fact_output"] = _run([os.path.join(venv, "bin", "python"), "-c", data["fact_probe"]])
         write_atomically(os.path.join(venv, "provision-manifest.json"),
                          json.dumps(manifest, indent=1).encode(), 0o644, 0, 0)
     except BaseException:

@@ -5,21 +5,27 @@ host. The controller appends one call, `main(SPEC_JSON)`, where the spec lists w
 
     {"commands": {"NAME": ["argv", ...]}, "files": {"NAME": "/path"}, "paths": ["/opt/vllm", ...],
      "trees": {"NAME": {"pattern": "/sys/bus/pci/devices/*", "read": ["numa_node"], "where": {"vendor": "0x10de"}}},
-     "timeout": 20, "recorded": {"NAME": {"file": "/path.json", "unchanged_since": ["/glob", ...]}}}
+     "timeout": 20, "identity": {"NAME": ["/glob", ...]}, "cache_file": "/var/cache/provision/probe.json"}
 
 and it prints one JSON document:
 
     {"python": "3.11.2", "machine": "x86_64",
      "results": {"NAME": {"exit": 0, "stdout": "...", "stderr": "", "missing": false, "timed_out": false,
-                          "truncated": false}},
+                          "truncated": false, "seconds": 0.012, "cached": true}},
+     "cache": {"file": "/var/cache/provision/probe.json", "written": false, "error": null}, "seconds": 0.2,
      "paths": {"/opt/vllm": {"checked": "/opt", "free": 123, "total": 456}}}
 
 A command that is not installed answers `missing: true` (a fact, not a crash); one that hangs (nvidia-smi
 on a GPU that fell off the bus does) is killed after `timeout` seconds and answers `timed_out: true`;
 one that prints more than MAX_OUTPUT is stopped there and answers `truncated: true`.
-The commands run at once (nvidia-smi, lscpu and an `import torch` each take their time). A command
-with a record (`recorded`) is not run while the record is newer than everything it depends on:
-its "fact_output" answers, with `recorded: true`.
+The commands run at once (nvidia-smi, lscpu and an `import torch` each take their time); each answer
+says how long it took (`seconds`).
+
+A command named in "identity" ({"NAME": ["/glob", ...]}) depends only on the files those patterns
+match (and on its own program): the probe keeps its answer in the host's cache file
+(spec["cache_file"], root's alone) with the identity of those files (size, mtime, ctime, inode) and
+answers from there, `cached: true`, until one of them changes. Writing that file is the only change a
+probe makes on a host; where it cannot be written, every command simply runs.
 """
 import glob
 import json
@@ -28,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 MAX_OUTPUT = 1 << 20  # 1 MiB per output is plenty for any fact and bounds a runaway command
 
@@ -40,8 +46,9 @@ def _run(argv: List[str], timeout: float) -> Dict[str, Any]:
     import selectors
     import time
     env = dict(os.environ, LC_ALL="C", LANG="C")
+    started = time.monotonic()
     result: Dict[str, Any] = {"exit": None, "stdout": "", "stderr": "", "missing": False, "timed_out": False,
-                              "truncated": False}
+                              "truncated": False, "seconds": 0.0}
     try:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, env=env)
@@ -93,6 +100,7 @@ def _run(argv: List[str], timeout: float) -> Dict[str, Any]:
     result["exit"] = 124 if result["timed_out"] else process.returncode
     result["stdout"] = b"".join(kept[out_fd]).decode("utf-8", "replace")
     result["stderr"] = b"".join(kept[err_fd]).decode("utf-8", "replace")
+    result["seconds"] = round(time.monotonic() - started, 3)
     return result
 
 
@@ -126,6 +134,13 @@ def _read_tree(tree: Dict[str, Any]) -> Dict[str, Any]:
             found[os.path.basename(directory)] = {name: values[name] for name in tree["read"]}
     return {"exit": 0, "stdout": json.dumps(found, sort_keys=True), "stderr": "", "missing": False,
             "timed_out": False}
+
+
+def _timed(read: Any, what: Any) -> Dict[str, Any]:
+    started = time.monotonic()
+    result: Dict[str, Any] = read(what)
+    result["seconds"] = round(time.monotonic() - started, 3)
+    return result
 
 
 def _space(path: str) -> Dict[str, Any]:
@@ -348,36 +363,80 @@ def serving_second(spec: Dict[str, Any], answer: Dict[str, Any]) -> Dict[str, An
     return answer
 
 
-def _from_record(record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """The output kept in a record file, or None when the record is missing, has none, or is older
-    than one of the paths it depends on."""
-    try:
-        made = os.stat(record["file"]).st_mtime_ns
-        with open(record["file"]) as handle:
-            output = json.load(handle).get("fact_output")
-    except (OSError, ValueError, AttributeError):
-        return None
-    for pattern in record.get("unchanged_since", []):
-        for path in glob.glob(pattern):
+def _identity(patterns: List[str]) -> List[List[Any]]:
+    """[path, size, mtime_ns, ctime_ns, inode] of every path the patterns match (stat follows links),
+    [pattern] where one matches nothing: a file that appears changes the identity as one that goes."""
+    found: List[List[Any]] = []
+    for pattern in patterns:
+        paths = sorted(glob.glob(pattern))
+        if not paths:
+            found.append([pattern])
+        for path in paths:
             try:
-                if os.stat(path).st_mtime_ns > made:
-                    return None
+                info = os.stat(path)
             except OSError:
-                return None
-    if not isinstance(output, str):
-        return None
-    return {"exit": 0, "stdout": output, "stderr": "", "missing": False, "timed_out": False, "recorded": True}
+                found.append([path])
+                continue
+            found.append([path, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino])
+    return found
 
 
-def _run_all(commands: Dict[str, List[str]], records: Dict[str, Dict[str, Any]],
-             timeout: float) -> Dict[str, Dict[str, Any]]:
+def _program(argv: List[str]) -> str:
+    """The file a command runs: its argv[0] as PATH resolves it (an upgraded tool is a changed one).
+    Looked up here rather than with shutil.which: importing shutil costs more than the lookup."""
+    if "/" in argv[0]:
+        return argv[0]
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or ".", argv[0])
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return argv[0]
+
+
+def _load_cache(path: str) -> Dict[str, Any]:
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _save_cache(path: str, entries: Dict[str, Any]) -> Optional[str]:
+    """Write the cache atomically, readable by its owner alone; why not, or None."""
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        temporary = f"{path}.{os.getpid()}.tmp"
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump(entries, handle)
+        os.replace(temporary, path)
+    except OSError as exc:
+        return str(exc)
+    return None
+
+
+KEPT = ("exit", "stdout", "stderr", "missing")  # what a cached answer holds of the command's result
+
+
+def _run_all(commands: Dict[str, List[str]], identities: Dict[str, List[str]], cache_file: Optional[str],
+             timeout: float) -> Tuple[Dict[str, Dict[str, Any]], Dict[str, Any]]:
+    """Every command's answer (those whose files kept their identity from the cache) and what became
+    of the cache: {"file", "written", "error"}."""
+    if not any(name in identities for name in commands):
+        cache_file = None  # nothing asked could be answered from it (status' probe): not even read
+    cache = _load_cache(cache_file) if cache_file else {}
     results: Dict[str, Dict[str, Any]] = {}
+    keys: Dict[str, Dict[str, Any]] = {}
     threads: List[threading.Thread] = []
     for name, argv in commands.items():
-        kept = _from_record(records[name]) if name in records else None
-        if kept is not None:
-            results[name] = kept
-            continue
+        if cache_file and name in identities:
+            keys[name] = {"argv": argv, "identity": _identity(identities[name] + [_program(argv)])}
+            held = cache.get(name)
+            if isinstance(held, dict) and held.get("key") == keys[name]:
+                results[name] = dict(held["result"], timed_out=False, truncated=False, seconds=0.0,
+                                     cached=True)
+                continue
 
         def work(name: str = name, argv: List[str] = argv) -> None:
             results[name] = _run(argv, timeout)
@@ -387,7 +446,15 @@ def _run_all(commands: Dict[str, List[str]], records: Dict[str, Dict[str, Any]],
         threads.append(thread)
     for thread in threads:
         thread.join()
-    return results
+    kept = {name: {"key": key, "result": {field: results[name][field] for field in KEPT}}
+            for name, key in keys.items()
+            if not (results[name].get("cached") or results[name]["timed_out"] or results[name]["truncated"])}
+    state: Dict[str, Any] = {"file": cache_file, "written": False, "error": None}
+    if kept and cache_file:
+        cache.update(kept)
+        state["error"] = _save_cache(cache_file, cache)
+        state["written"] = state["error"] is None
+    return results, state
 
 
 def _reach(endpoint: str, timeout: float) -> Optional[str]:
@@ -402,25 +469,26 @@ def _reach(endpoint: str, timeout: float) -> Optional[str]:
 
 
 def collect(spec: Dict[str, Any]) -> Dict[str, Any]:
+    began = time.monotonic()
     timeout = spec.get("timeout", 20)
     # The host's own clock as nvidia-smi writes its `timestamp` column (local time): a reading whose
     # timestamp is far older than this was not measured by this probe (facts.recorded_at).
     clock = time.strftime("%Y/%m/%d %H:%M:%S")
     # The server's two /metrics samples are a window apart: everything else is done meanwhile.
     served = serving_first(spec["serving"]) if spec.get("serving") else None
-    results = _run_all(spec.get("commands", {}), spec.get("recorded", {}), timeout)
+    results, cache = _run_all(spec.get("commands", {}), spec.get("identity", {}), spec.get("cache_file"), timeout)
     for name, path in spec.get("files", {}).items():
-        results[name] = _read(path)
+        results[name] = _timed(_read, path)
     for name, tree in spec.get("trees", {}).items():
-        results[name] = _read_tree(tree)
-    import platform
+        results[name] = _timed(_read_tree, tree)
     answer: Dict[str, Any] = {
         "python": ".".join(str(part) for part in sys.version_info[:3]),
         # The machine this interpreter runs on, from the kernel itself (not an `uname` found on PATH):
         # the venvs made from it run wheels of this architecture.
-        "machine": platform.machine(),
+        "machine": os.uname().machine,  # what platform.machine() answers, without importing platform
         "clock": clock,
         "results": results,
+        "cache": cache,
         "paths": {path: _space(path) for path in spec.get("paths", [])},
         "inspect": inspect(spec.get("inspect", {})),
         "serving": None,
@@ -429,6 +497,7 @@ def collect(spec: Dict[str, Any]) -> Dict[str, Any]:
         answer["serving"] = serving_second(spec["serving"], served)
     if spec.get("reach"):
         answer["reach"] = {endpoint: _reach(endpoint, spec.get("reach_timeout", 3)) for endpoint in spec["reach"]}
+    answer["seconds"] = round(time.monotonic() - began, 3)
     return answer
 
 
