@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from provision import datafiles
 from provision.errors import ContractError
 
 DATA = "engine_contracts.yaml"
@@ -119,7 +119,7 @@ def _release(version: str) -> str:
 def load() -> Contracts:
     """The shipped table, validated once per process."""
     text = resources.files("provision").joinpath(DATA).read_text(encoding="utf-8")
-    return parse(yaml.safe_load(text), DATA)
+    return parse(datafiles.load(text), DATA)
 
 
 def parse(data: Any, source: str) -> Contracts:

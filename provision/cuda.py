@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 
-import yaml
+from provision import datafiles
 
 DATA_FILE = "cuda_drivers.yaml"
 _LOCAL_CUDA = re.compile(r"\+cu(\d+?)(\d)$")  # cu128 -> 12.8, cu130 -> 13.0
@@ -33,7 +33,7 @@ class DriverTable:
 @functools.lru_cache(maxsize=1)
 def driver_table() -> DriverTable:
     text = resources.files("provision").joinpath(DATA_FILE).read_text(encoding="utf-8")
-    data = yaml.safe_load(text)
+    data = datafiles.load(text)
     return DriverTable({str(k): str(v) for k, v in data["releases"].items()}, str(data["source"]))
 
 

@@ -63,7 +63,7 @@ import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from provision import cuda
+from provision import cuda, datafiles
 from provision.errors import KnownIssueError
 
 if TYPE_CHECKING:
@@ -163,7 +163,7 @@ def load() -> tuple[KnownIssue, ...]:
 def parse(text: str, source: str) -> tuple[KnownIssue, ...]:
     """A known-issues document (a YAML list of entries) -> its entries; KnownIssueError on any defect."""
     try:
-        data = yaml.safe_load(text)
+        data = datafiles.load(text)
     except yaml.YAMLError as exc:
         raise KnownIssueError(f"{source}: not valid YAML: {exc}") from None
     if not isinstance(data, list):

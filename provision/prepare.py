@@ -21,9 +21,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-import yaml
-
-from provision import checks, programs, remote, run
+from provision import checks, datafiles, programs, remote, run
 from provision import cuda as cuda_builds
 from provision.checks import Finding
 from provision.context import Context
@@ -50,7 +48,7 @@ class Fix:
 @cache
 def data() -> dict[str, Any]:
     text = resources.files("provision").joinpath("prepare.yaml").read_text(encoding="utf-8")
-    loaded: dict[str, Any] = yaml.safe_load(text)
+    loaded: dict[str, Any] = datafiles.load(text)
     return loaded
 
 

@@ -33,9 +33,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-import yaml
-
-from provision import contracts
+from provision import contracts, datafiles
 from provision.engines import Engine, MetricNames
 from provision.errors import ProvisionError
 
@@ -85,7 +83,7 @@ class Rule:
 def rule() -> Rule:
     """The shipped stall.yaml, validated once per process (a report without a source or without what
     was verified of it is refused)."""
-    data = yaml.safe_load(resources.files("provision").joinpath(DATA).read_text(encoding="utf-8"))
+    data = datafiles.load(resources.files("provision").joinpath(DATA).read_text(encoding="utf-8"))
     return parse_rule(data)
 
 

@@ -19,9 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from provision import checks, inventory, kvcache
+from provision import checks, datafiles, inventory, kvcache
 from provision.context import Context
 from provision.errors import InventoryError
 from provision.facts import HostFacts
@@ -42,7 +40,7 @@ class KnownModel:
 def known_models() -> tuple[KnownModel, ...]:
     """starter_models.yaml (package data); every entry must say where it comes from."""
     text = (resources.files("provision") / MODELS_FILE).read_text(encoding="utf-8")
-    data = yaml.safe_load(text)
+    data = datafiles.load(text)
     models = []
     for entry in data["models"]:
         if not entry.get("source") or not entry.get("verified"):

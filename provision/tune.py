@@ -38,6 +38,7 @@ import yaml
 from provision import (
     __version__,
     contracts,
+    datafiles,
     engines,
     inventory,
     remote,
@@ -205,7 +206,7 @@ class Trial:
 
 def _yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return datafiles.load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise TuneError(f"cannot read: {str(exc).splitlines()[0]}", file=str(path)) from None
 
@@ -247,7 +248,7 @@ def load_space(path: str | None, profile: str, engine: str = "vllm") -> tuple[Di
     own (llama-server's --parallel is not vLLM's --max-num-seqs), so a space is chosen by engine first."""
     if path:
         return dimensions_of(_yaml(Path(path)), path)
-    spaces = yaml.safe_load((resources.files("provision") / SPACES).read_text(encoding="utf-8"))
+    spaces = datafiles.load((resources.files("provision") / SPACES).read_text(encoding="utf-8"))
     by_profile = spaces.get(engine) or {}
     chosen = profile if profile in by_profile else DEFAULT_SPACE
     if chosen not in by_profile:

@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
+from provision import datafiles
 from provision.errors import ProfileError
 
 if TYPE_CHECKING:
@@ -201,7 +200,7 @@ def load_profiles(directory: Traversable = PROFILE_DIR) -> Mapping[str, Profile]
     profiles: dict[str, Profile] = {}
     files = [entry for entry in directory.iterdir() if entry.name.endswith(".yaml") and entry.is_file()]
     for path in sorted(files, key=lambda entry: entry.name):
-        profile = profile_from_mapping(yaml.safe_load(path.read_text(encoding="utf-8")), str(path))
+        profile = profile_from_mapping(datafiles.load(path.read_text(encoding="utf-8")), str(path))
         for name in (profile.name, *profile.aliases):
             if name in profiles:
                 raise ProfileError(f"{path}: profile name '{name}' is defined twice")
