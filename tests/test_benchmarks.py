@@ -14,23 +14,32 @@ run = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(run)
 
 
-def row(tool: str, scenario: str, hosts: int, median: float, sessions: int = 1, cpu: float = 1.0) -> dict[str, Any]:
+def row(tool: str, scenario: str, hosts: int, median: float, sessions: int = 1, cpu: float = 1.0,
+        own: float = 0.5) -> dict[str, Any]:
     return {"tool": tool, "scenario": scenario, "hosts": hosts, "median": median, "cpu_median": cpu,
-            "samples": [median], "sessions": sessions, "logins": 1}
+            "tool_cpu_median": own, "samples": [median], "sessions": sessions, "logins": 1}
 
 
 def test_ratios_and_verdicts_follow_the_medians() -> None:
     results = [row("provision", "noop", 8, 1.0, sessions=1), row("ansible", "noop", 8, 10.0),
-               row("pyinfra", "noop", 8, 1.5), row("provision", "noop", 1, 0.5), row("provision", "noop", 16, 1.2, cpu=3.0),
-               row("provision", "status", 16, 2.5), row("provision", "facts", 16, 1.0, sessions=2)]
+               row("pyinfra", "noop", 8, 1.5), row("pyinfra", "noop", 16, 5.0),
+               row("provision", "noop", 1, 0.6, cpu=1.0, own=0.5),
+               row("provision", "noop", 16, 1.2, cpu=3.1, own=0.8),
+               row("provision", "status", 1, 2.0), row("provision", "status", 16, 2.5, cpu=4.0, own=0.95),
+               row("provision", "facts", 16, 1.0, sessions=2)]
     assert run.ratio(results, "noop", 8, "provision", "ansible") == 0.1
     verdicts = run.targets(results)
-    assert "vs ansible: 0.10x (target <= 0.2x): met" in verdicts[0]
-    assert "vs pyinfra: 0.67x (target <= 0.5x): missed" in verdicts[1]
-    assert "2.40x (target <= 2x): missed" in verdicts[2] and "3.0 CPU s" in verdicts[2]
-    assert "2.50 s (target <= 2 s): missed" in verdicts[3]
-    assert "at most 2 SSH session(s) per host (target 1): missed" in verdicts[4]
-    assert "at most 1 SSH session(s) per host (target <= 3): met" in verdicts[5]
+    assert "8 hosts vs ansible: 0.10x (target <= 0.2x): met" in verdicts[0]
+    assert "8 hosts vs pyinfra: 0.67x (target <= 0.3x): missed" in verdicts[1]
+    assert "16 hosts vs pyinfra: 0.24x (target <= 0.3x): met" in verdicts[2]
+    assert "1 host: 0.60 s (target <= 0.5 s): missed" in verdicts[3]
+    # (3.1 - 1.0) / 15 hosts of machine CPU, (0.8 - 0.5) / 15 of it the tool's own
+    assert "0.140 CPU s (target <= 0.1): missed; of it 0.020 s the tool's own" in verdicts[4]
+    assert "3.1 CPU s" in verdicts[4]
+    assert "1.25x (2.50 s against 2.00 s; target <= 1.2x): missed" in verdicts[5]
+    assert "4.0 CPU s" in verdicts[5] and "0.030 CPU s per extra host" in verdicts[5]
+    assert "at most 2 SSH session(s) per host (target 1): missed" in verdicts[6]
+    assert "at most 1 SSH session(s) per host (target <= 3): met" in verdicts[7]
 
 
 def test_the_markdown_table_has_a_row_per_host_count_and_dashes_for_tools_not_run() -> None:

@@ -28,6 +28,15 @@ CONFIG: dict[str, Any] = {
 }
 
 
+def vocabulary() -> dict[str, int]:
+    return {token: index for index, token in enumerate(SPECIAL + list(dict.fromkeys(WORDS)))}
+
+
+def model_config() -> dict[str, Any]:
+    """The tiny Llama's config.json."""
+    return {**CONFIG, "vocab_size": len(vocabulary())}
+
+
 def make(directory: Path, seed: int = 0) -> Path:
     """Write config.json, model.safetensors and the tokenizer files into `directory`."""
     import numpy as np
@@ -35,8 +44,8 @@ def make(directory: Path, seed: int = 0) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     directory.mkdir(parents=True, exist_ok=True)
-    vocab = {token: index for index, token in enumerate(SPECIAL + list(dict.fromkeys(WORDS)))}
-    config = {**CONFIG, "vocab_size": len(vocab)}
+    vocab = vocabulary()
+    config = model_config()
     hidden, inter, heads, kv = config["hidden_size"], config["intermediate_size"], 4, 2
     head_dim = config["head_dim"]
     rng = np.random.default_rng(seed)
