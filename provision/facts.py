@@ -37,20 +37,21 @@ from provision.parsers import (
 if TYPE_CHECKING:  # facts stay importable without Fabric (the recorder runs on bare GPU hosts)
     from provision.remote import Result, Runner
 
+log = logging.getLogger("provision.facts")
+
 # Units the tool manages; their state is part of every host's facts.
 MANAGED_UNITS = ("vllm.service", "vllm-ray-head.service", "vllm-ray-worker.service", "trtllm-serve.service",
                  "llama-server.service")
 # Where systemd finds drop-ins that override those units: `systemctl edit` writes to /etc,
 # `systemctl set-property` to system.control, their --runtime forms to /run (systemd.unit(5)).
-DROP_IN_DIRS = tuple(f"{base}/{unit}.d" for unit in MANAGED_UNITS for base in (
-    "/etc/systemd/system", "/etc/systemd/system.control", "/run/systemd/system", "/run/systemd/system.control"))
+DROP_IN_BASES = ("/etc/systemd/system", "/etc/systemd/system.control", "/run/systemd/system",
+                 "/run/systemd/system.control")
+DROP_IN_DIRS = tuple(f"{base}/{unit}.d" for unit in MANAGED_UNITS for base in DROP_IN_BASES)
 
 PROBE_CACHE = "/var/cache/provision/probe-cache.json"  # on each host: answers kept by file identity
 # Where systemd (and so its offline scoring) finds a unit file and its drop-ins, the drop-ins for
 # every service (service.d) included (systemd.unit(5), "Unit File Load Path").
-UNIT_PATHS = ("/etc/systemd/system", "/etc/systemd/system.control", "/run/systemd/system",
-              "/run/systemd/system.control", "/usr/local/lib/systemd/system", "/lib/systemd/system",
-              "/usr/lib/systemd/system")
+UNIT_PATHS = (*DROP_IN_BASES, "/usr/local/lib/systemd/system", "/lib/systemd/system", "/usr/lib/systemd/system")
 
 
 def unit_files(root: str = "") -> tuple[str, ...]:
@@ -61,7 +62,6 @@ def unit_files(root: str = "") -> tuple[str, ...]:
                  if pattern != f"{base}/service")
 
 
-log = logging.getLogger("provision.facts")
 VENV_MANIFEST = "provision-manifest.json"  # in a venv the tool built: what it installed, and its versions
 CUDA_PTXAS = "/usr/local/cuda/bin/ptxas"
 NCCL_CONF = "/etc/nccl.conf"  # NCCL reads it after the user's file (src/misc/param.cc initEnv)
@@ -98,6 +98,12 @@ class Fact:
     # Exit codes whose output is still the answer (systemd-analyze exits 1 when one of the units it
     # was asked about is not installed, and scores the others all the same).
     exits: tuple[int, ...] = (0,)
+
+    @property
+    def source(self) -> str:
+        """Where the answer comes from, as notes and the probe's account name it: the file, the
+        program or the pattern."""
+        return self.file or (self.argv[0] if self.argv else self.tree.pattern if self.tree else self.name)
 
 
 FACTS: tuple[Fact, ...] = (
@@ -192,10 +198,6 @@ class ProbeAccount:
     cache_file: str | None = None
     cache_written: bool = False
     cache_error: str | None = None
-
-    def ran(self) -> tuple[str, ...]:
-        """The programs it started (a cached or read fact starts none)."""
-        return tuple(step.source for step in self.steps if step.how == "ran")
 
 
 @dataclass(frozen=True)
@@ -354,10 +356,9 @@ def probe_account(answer: Mapping[str, Any], facts: Sequence[Fact]) -> ProbeAcco
         outcome = raw.get(fact.name)
         if outcome is None:
             continue
-        source = fact.argv[0] if fact.argv else fact.file or (fact.tree.pattern if fact.tree else fact.name)
         how = ("cached" if outcome.get("cached") else "missing" if outcome.get("missing")
                else "ran" if fact.argv else "read")
-        steps.append(ProbeStep(fact.name, source, how, float(outcome.get("seconds") or 0.0)))
+        steps.append(ProbeStep(fact.name, fact.source, how, float(outcome.get("seconds") or 0.0)))
     cache = answer.get("cache") or {}
     return ProbeAccount(steps=tuple(steps), seconds=answer.get("seconds"), cache_file=cache.get("file"),
                         cache_written=bool(cache.get("written")), cache_error=cache.get("error"))
@@ -390,7 +391,7 @@ def probe_answer(stdout: str) -> dict[str, Any]:
 
 def _parse_one(fact: Fact, outcome: Mapping[str, Any]) -> tuple[Any, str | None, bool]:
     """(value, note, readable): readable is False where an answer came but says nothing usable."""
-    source = fact.file or (fact.argv[0] if fact.argv else fact.tree.pattern if fact.tree else fact.name)
+    source = fact.source
     if outcome.get("missing"):
         return None, None if fact.optional else f"{source}: not present on the host", True
     if outcome.get("timed_out"):

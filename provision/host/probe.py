@@ -36,6 +36,8 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from provision.host.common import write_atomically
+
 MAX_OUTPUT = 1 << 20  # 1 MiB per output is plenty for any fact and bounds a runaway command
 
 
@@ -406,11 +408,7 @@ def _save_cache(path: str, entries: Dict[str, Any]) -> Optional[str]:
     """Write the cache atomically, readable by its owner alone; why not, or None."""
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        temporary = f"{path}.{os.getpid()}.tmp"
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump(entries, handle)
-        os.replace(temporary, path)
+        write_atomically(path, json.dumps(entries).encode(), 0o600, os.getuid(), os.getgid())
     except OSError as exc:
         return str(exc)
     return None
