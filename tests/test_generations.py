@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from provision import programs
+from provision.host import generations as host_generations
+from tests.conftest import FIXTURES
 
 SECRET = "sk-generation-test-0123456789"
 
@@ -340,3 +342,12 @@ def test_a_rollback_after_tune_goes_to_what_ran_before_the_trials(host: dict[str
     rolled = run(host, "rollback")
     assert rolled["to"] == before and text(host) == "A=1\n"
     assert run(host, "rollback", to=first_trial)["to"] == first_trial and text(host) == "A=1\nB=2\n"
+
+
+def test_unit_states_read_one_systemctl_show_for_all_units() -> None:
+    """Installed, enabled, active per unit from one `systemctl show` (recorded on a lab host), as
+    `systemctl is-enabled` and `is-active` would answer them."""
+    case = json.loads((FIXTURES / "systemd" / "debian12-systemd252-unit-states.json").read_text())
+    assert host_generations.parse_unit_states(case["stdout"], case["units"]) == case["expected"]
+    assert host_generations.parse_unit_states("", ["vllm.service"]) == {
+        "vllm.service": {"installed": False, "enabled": False, "active": False}}
