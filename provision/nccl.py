@@ -174,7 +174,9 @@ _CHANNEL = re.compile(r"^Channel (\d+)(?:/\d+)? : (\d+)\[[0-9a-fA-Fx]+\] -> (\d+
 _VERSION = re.compile(r"^NCCL version (\S+)")
 _PATTERN = re.compile(r"^Pattern \d+, crossNic \d+, nChannels \d+, .*\btype ([A-Z0-9]+/[A-Z0-9]+)")
 _NETWORK = re.compile(r"^Using network (\S+)")
-_SET = re.compile(r"^(NCCL_\w+) set by environment to (.*)$")
+# "NCCL_X set by environment to Y" (src/misc/param.cc for the integer ones, each module for its own
+# strings), "NCCL_IB_HCA set to Y" (src/transport/net_ib/init.cc) and "NCCL_SOCKET_IFNAME set to Y".
+_SET = re.compile(r"^(NCCL_\w+) set (?:by environment )?to (.*)$")
 _COMM = re.compile(r"\bnRanks (\d+) nNodes (\d+)\b")
 _TOPO_NVL = re.compile(r"^\+ NVL\[([\d.]+)\] - (GPU|NVS|CPU)/")
 _CHANNELS = re.compile(r"^\d+ coll channels, .*?\b(\d+) nvls channels\b")
@@ -258,6 +260,57 @@ def describe_transport(log: NcclLog) -> str:
             where = ""
         parts.append(f"{via}{where} ({count} channel connection{'s' if count != 1 else ''})")
     return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class EnvironmentRead:
+    """One NCCL_* variable of the rendered environment and what NCCL's log says it took from it."""
+
+    name: str
+    rendered: str
+    read: str | None  # as NCCL logged it; None where NCCL logged nothing of it
+
+    @property
+    def taken(self) -> bool:
+        """NCCL read the value that was rendered (an integer compared as NCCL's strtoll reads it)."""
+        return self.read is not None and (self.read == self.rendered or _as_integer(self.rendered) == _as_integer(self.read))
+
+    @property
+    def verdict(self) -> str:
+        if self.read is None:
+            return "not read"
+        return "read" if self.taken else f"read as {self.read}"
+
+    @property
+    def finding(self) -> str | None:
+        """Why the rendered value is not what NCCL runs with; None when it is."""
+        if self.taken:
+            return None
+        if self.read is None:
+            return (f"{self.name}={self.rendered} is rendered but NCCL did not say it read it: a value NCCL does "
+                    "not know is ignored without a word (NCCL_P2P_LEVEL takes LOC, NVL, NVB, C2C, PIX, PXB, "
+                    "PXN, P2C, PHB, SYS), and some variables are read only where they apply")
+        return f"{self.name}={self.rendered} is rendered but NCCL read it as {self.read}"
+
+
+def _as_integer(value: str) -> int | None:
+    try:
+        return int(value, 0)
+    except ValueError:
+        try:
+            return int(value)
+        except ValueError:
+            return None
+
+
+# Variables the check itself adds to the environment: NCCL takes them before it logs anything.
+_OWN = frozenset(DEBUG_ENV)
+
+
+def environment_reads(rendered: Mapping[str, str], log: NcclLog) -> tuple[EnvironmentRead, ...]:
+    """Each rendered NCCL_* variable (not the check's own NCCL_DEBUG*) beside what NCCL logged reading."""
+    return tuple(EnvironmentRead(name, value, log.environment.get(name))
+                 for name, value in sorted(rendered.items()) if name.startswith("NCCL_") and name not in _OWN)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -444,6 +497,13 @@ class NcclRun:
     environment: Mapping[str, Mapping[str, str]]  # per host: the NCCL/GLOO/TP/MASTER variables used
     pythons: Mapping[str, str] = field(default_factory=dict)  # per host: the python that ran the ranks
     timing: str | None = None  # "cuda-events" (NCCL), "wall-clock" (gloo); None from a program before it
+    reads: Mapping[str, tuple[EnvironmentRead, ...]] = field(default_factory=dict)  # per host, from its log
+
+    @property
+    def findings(self) -> tuple[str, ...]:
+        """Each rendered NCCL variable that NCCL did not run with, per host."""
+        return tuple(f"{host}: {read.finding}" for host, reads in self.reads.items() for read in reads
+                     if read.finding)
 
     @property
     def late(self) -> tuple[Bandwidth, ...]:
@@ -465,6 +525,9 @@ class NcclRun:
             "transport": describe_transport(self.log), "transports": self.log.transports,
             "paths": list(self.log.paths), "network": self.log.network,
             "nccl_environment": dict(self.log.environment), "nccl_warnings": list(self.log.warnings),
+            "nccl_reads": {host: {read.name: {"rendered": read.rendered, "read": read.read, "verdict": read.verdict}
+                                  for read in reads} for host, reads in self.reads.items()},
+            "findings": list(self.findings),
             "environment": {host: dict(env) for host, env in self.environment.items()},
             "python": dict(self.pythons), "nvls_channels": self.log.nvls_channels,
             "nvlink_gbs": self.log.nvlink_gbs, "nvswitch": self.log.nvswitch,
@@ -498,6 +561,7 @@ def summarize(name: str, launches: Sequence[NodeLaunch], answers: Sequence[NodeA
     except ParseError:  # the figures still stand; only the transport is unknown
         log = NcclLog(version=None, links=(), paths=(), network=None, environment={}, nranks=None,
                       nnodes=None, warnings=("no NCCL INFO line in the ranks' logs",))
+    reads = {launch.host: environment_reads(launch.env, _host_log(answers, launch.host)) for launch in launches}
     shown = {launch.host: dict(sorted({**{key: value for key, value in launch.env.items()
                                             if _SHOWN_ENV.match(key)},
                                          "MASTER_ADDR": launch.master_addr,
@@ -509,7 +573,16 @@ def summarize(name: str, launches: Sequence[NodeLaunch], answers: Sequence[NodeA
                    torch=result.get("torch"),
                    nccl=result.get("nccl") or log.version, log=log, rows=rows,
                    environment=shown, pythons={launch.host: launch.python for launch in launches},
-                   timing=result.get("timing"))
+                   timing=result.get("timing"), reads=reads)
+
+
+def _host_log(answers: Sequence[NodeAnswer], host: str) -> NcclLog:
+    """One node's ranks' log (each node reads its own environment); empty where NCCL logged nothing."""
+    try:
+        return parse_nccl_log("\n".join(rank.log for answer in answers if answer.host == host
+                                         for rank in answer.ranks))
+    except ParseError:
+        return NcclLog(version=None, links=(), paths=(), network=None, environment={}, nranks=None, nnodes=None)
 
 
 def verify(inv: Inventory, targets: list[Host], options: Options, *, cluster: str | None, sizes: list[int],

@@ -734,6 +734,11 @@ def print_runs(order: list[str], runs: dict[str, NcclRun], failures: dict[str, B
         for host_name, env in result.environment.items():
             out.print(f"  environment on {host_name}: "
                       + " ".join(f"{key}={value}" for key, value in env.items()))
+        for host_name, reads in result.reads.items():
+            if reads:
+                out.print(f"  NCCL on {host_name}: " + ", ".join(f"{read.name} {read.verdict}" for read in reads))
+        for finding in result.findings:
+            out.print(f"  [yellow]finding: {finding}[/yellow]")
         table = Table(title_justify="left")
         for column in ("size", "count", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"):
             table.add_column(column, justify="right")

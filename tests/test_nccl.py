@@ -41,7 +41,13 @@ def test_recorded_answer_gives_the_printed_summary(path: Path) -> None:
     case = json.loads(path.read_text())
     answer = nccl.parse_answer("local", case["answer"])
     run = nccl.summarize("local", [_launch(case)], [answer])
-    assert run.as_json() == case["expected"]
+    shown = run.as_json()
+    # What the task printed when it was recorded, key for key; keys added since are held below.
+    assert {key: shown[key] for key in case["expected"]} == case["expected"]
+    assert shown["nccl_reads"]["local"] == {
+        "NCCL_DMABUF_ENABLE": {"rendered": "1", "read": "1", "verdict": "read"},
+        "NCCL_NVLS_ENABLE": {"rendered": "0", "read": "0", "verdict": "read"}}  # the hopper profile's two
+    assert shown["findings"] == []
 
 
 def test_h200_log_transport_and_settings() -> None:
@@ -361,3 +367,54 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     assert unknown.returncode == 2 and "unknown cluster 'nope'" in unknown.stderr
     helped = _invoke("verify.nccl", "-h")
     assert helped.returncode == 0 and "--log-dir" in helped.stdout and "--cluster" in helped.stdout
+
+
+# One H200 (a VM), NCCL 2.28.9: host/nccl.py's main() run directly on one GPU, once with values like the
+# rendered ones and once with values NCCL cannot use (tests/fixtures/nccl-env/, each with its notes).
+ENV_CASES = FIXTURES / "nccl-env"
+
+
+def _env_case(name: str) -> tuple[dict[str, Any], nccl.NcclRun]:
+    case = json.loads((ENV_CASES / f"h200x1-driver580-vm-{name}.json").read_text())
+    spec = case["launch"]
+    launch = nccl.NodeLaunch(host="h200", node_rank=0, nnodes=1, nproc=1, rank_offset=0, world_size=1,
+                             master_addr=spec["master_addr"], master_port=spec["master_port"],
+                             python="/opt/torch/.venv/bin/python3", env=spec["env"])
+    return case, nccl.summarize("h200", [launch], [nccl.parse_answer("h200", case["answer"])])
+
+
+def test_every_variable_nccl_logged_reading_is_matched_to_the_rendered_one() -> None:
+    _case, run = _env_case("rendered-like")
+    assert {read.name: read.verdict for read in run.reads["h200"]} == {
+        "NCCL_CUMEM_ENABLE": "read", "NCCL_DMABUF_ENABLE": "read", "NCCL_IB_HCA": "read",  # "NCCL_IB_HCA set to"
+        "NCCL_NVLS_ENABLE": "read", "NCCL_P2P_LEVEL": "read", "NCCL_SOCKET_IFNAME": "read"}
+    assert "NCCL_DEBUG" not in {read.name for read in run.reads["h200"]}  # the check's own, not rendered
+    assert run.findings == ()
+    assert run.as_json()["nccl_reads"]["h200"]["NCCL_P2P_LEVEL"] == {"rendered": "NVL", "read": "NVL", "verdict": "read"}
+
+
+def test_a_value_nccl_ignores_or_reads_as_another_is_a_finding() -> None:
+    _case, run = _env_case("odd-values")
+    verdicts = {read.name: read.verdict for read in run.reads["h200"]}
+    assert verdicts == {"NCCL_DMABUF_ENABLE": "read as 0", "NCCL_IGNORE_CPU_AFFINITY": "read as 0",
+                        "NCCL_NVLS_ENABLE": "read", "NCCL_P2P_LEVEL": "not read", "NCCL_SOCKET_IFNAME": "read"}
+    findings = run.findings
+    assert len(findings) == 3 and all(finding.startswith("h200: ") for finding in findings)
+    assert any("NCCL_P2P_LEVEL=NVLINK is rendered but NCCL did not say it read it" in f for f in findings)
+    assert any("NCCL_DMABUF_ENABLE=true is rendered but NCCL read it as 0" in f for f in findings)
+    assert run.as_json()["findings"] == list(findings)
+
+
+def test_the_findings_are_printed_under_the_run(capsys: pytest.CaptureFixture[str]) -> None:
+    _case, run = _env_case("odd-values")
+    report.print_runs(["h200"], {"h200": run}, {})
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "NCCL on h200: NCCL_DMABUF_ENABLE read as 0," in printed and "NCCL_P2P_LEVEL not read" in printed
+    assert "finding: h200: NCCL_P2P_LEVEL=NVLINK is rendered but NCCL did not say it read it" in printed
+
+
+def test_an_integer_is_compared_as_nccl_reads_it() -> None:
+    assert nccl.EnvironmentRead("NCCL_NVLS_ENABLE", "0x1", "1").taken  # strtoll with base 0
+    assert not nccl.EnvironmentRead("NCCL_NVLS_ENABLE", "1", "0").taken
+    assert nccl.EnvironmentRead("NCCL_P2P_LEVEL", "PHB", None).verdict == "not read"
+
