@@ -42,7 +42,9 @@ def md(text: str) -> str:
     if len(parts) % 2 == 0:  # an unpaired backquote: no code spans at all
         parts = [text.replace("`", "\\`")]
     for index in range(0, len(parts), 2):
-        parts[index] = re.sub(r"([\\*_\[\]<>#|])", r"\\\1", parts[index])
+        escaped = re.sub(r"([\\*\[\]<>#|])", r"\\\1", parts[index])
+        # An underscore inside a word (sm_121a, HF_HOME) is no emphasis to Markdown: only the others
+        parts[index] = re.sub(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", escaped)
     return "`".join(parts)
 
 
