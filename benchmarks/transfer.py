@@ -5,7 +5,7 @@ as they arrive), all in one run, timed against one host's time.
     python3 benchmarks/transfer.py                        # 1, 2, 4, 8 hosts; 300 MB model in 4 files; 50 MB/s links
     python3 benchmarks/transfer.py --counts 1,8 --size-mb 300 --rate 400mbit --repeat 3
 
-As root, on the machine that runs the lab (see the main README, "The lab"). The lab's links are limited
+As root, on the machine that runs the lab (see docs/lab.md). The lab's links are limited
 with tc token buckets (`invoke lab.shape`): each host's link both ways at --rate, and this machine's
 side of the lab bridge (the hub's and the controller's uplink) at --hub-rate. The model is made here
 (a safetensors file of random bytes), published on the lab hub, and fetched with `invoke weights`;

@@ -57,6 +57,7 @@ class Finding:
 
 Rule = Callable[[Context], Finding]
 RULES: list[tuple[str, str, Rule]] = []
+RULE_ENGINES: dict[str, tuple[str, ...] | None] = {}  # rule id -> the engines it reads (None: every engine)
 
 
 def rule(rule_id: str, severity: str, engines: tuple[str, ...] | None = None,
@@ -75,6 +76,7 @@ def rule(rule_id: str, severity: str, engines: tuple[str, ...] | None = None,
 
         run.__doc__ = function.__doc__
         RULES.append((rule_id, severity, run))
+        RULE_ENGINES[rule_id] = engines
         return run
 
     return register

@@ -203,7 +203,9 @@ def _line(mapping: Any, key: str | None = None) -> int | None:
 @dataclass(frozen=True)
 class VarSpec:
     description: str
-    check: Callable[[Any], Any]  # returns the normalised value or raises ValueError with the reason
+    # Returns the normalised value or raises ValueError with the reason. Its docstring's first line says
+    # what it accepts: the settings reference (provision/docgen.py) prints it.
+    check: Callable[[Any], Any]
     default: Any = None
 
 
@@ -215,10 +217,12 @@ def _int_range(low: int, high: int) -> Callable[[Any], int]:
             raise ValueError(f"expected an integer from {low} to {high}, got {_brief(value)}")
         return value
 
+    check.__doc__ = f"an integer from {low} to {high}"
     return check
 
 
 def _fraction(value: Any) -> float:
+    """a number in (0, 1]"""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"expected a number between 0 and 1, got {_show(value)}")
     if not 0 < float(value) <= 1:
@@ -227,27 +231,36 @@ def _fraction(value: Any) -> float:
 
 
 def _boolean(value: Any) -> bool:
+    """true or false"""
     if not isinstance(value, bool):
         raise ValueError(f"expected true or false, got {_show(value)}")
     return value
 
 
 def _text(value: Any) -> str:
+    """a non-empty string"""
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"expected a non-empty string, got {_show(value)}")
     return value
+
+
+def accepts(check: Callable[[Any], Any]) -> str:
+    """What a setting's check accepts, in words: the first paragraph of its docstring, on one line."""
+    return " ".join((check.__doc__ or "").split("\n\n")[0].split())
 
 
 def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def optional(value: Any) -> Any:
         return None if value is None else check(value)
 
+    optional.__doc__ = f"{accepts(check)}, or none"
     return optional
 
 
 def _absolute_path(value: Any) -> str:
-    """An absolute path, normalised ("//" and "/./" folded, no trailing "/"); ".." is refused, not
-    folded: "/var/lib/vllm/models/../../../../etc" is /etc, whatever it looks like."""
+    """an absolute path (normalised: "//" and "/./" folded, no trailing "/"; ".." refused)
+
+    ".." is refused, not folded: "/var/lib/vllm/models/../../../../etc" is /etc, whatever it looks like."""
     text = _text(value)
     if not text.startswith("/"):
         raise ValueError(f"expected an absolute path, got {_brief(text)}")
@@ -266,6 +279,8 @@ SYSTEM_DIRECTORIES = ("/var/*", "/home/*")  # /var/lib, /var/log, ...; a user's 
 
 
 def _service_directory(value: Any) -> str:
+    """an absolute path (normalised, no '..') at least two levels deep, not inside a directory the system
+    owns (SYSTEM_TREES: /etc, /usr, /tmp, ...) nor one of SYSTEM_DIRECTORIES (/var/*, /home/*) itself"""
     path = _absolute_path(value)
     if path.count("/") < 2:
         raise ValueError(f"{path} is a top-level directory: name one at least two levels deep that the "
@@ -289,7 +304,7 @@ _REPO_ID = re.compile(r"(\b[\w\-.]{1,96}\b/)?\b[\w\-.]{1,96}\b", flags=re.ASCII)
 
 
 def _model(value: Any) -> str:
-    """A hub repository id, or an absolute path to the model on the host (normalised, no '..')."""
+    """a hub repository id (name or org/name, by the hub's rules), or an absolute path on the host"""
     text = _text(value)
     if text.startswith("/"):
         return _absolute_path(text)
@@ -302,6 +317,7 @@ def _model(value: Any) -> str:
 
 
 def _string_list(value: Any) -> tuple[str, ...]:
+    """a list of strings"""
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ValueError(f"expected a list of strings, got {_show(value)}")
     return tuple(value)
@@ -311,6 +327,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _environment(value: Any) -> dict[str, str]:
+    """a mapping of NAME: value (a string, number or boolean; NAME a valid environment variable name)"""
     if not isinstance(value, dict):
         raise ValueError(f"expected a mapping of NAME: value, got {_show(value)}")
     result: dict[str, str] = {}
@@ -336,6 +353,7 @@ def _refuse_owned(arg: str) -> None:
 
 
 def _extra_args(value: Any) -> tuple[str, ...]:
+    """a list of strings; a flag the tool sets itself is refused, naming the setting to use"""
     args = _string_list(value)
     for arg in args:
         if arg.startswith("-"):
@@ -344,6 +362,7 @@ def _extra_args(value: Any) -> tuple[str, ...]:
 
 
 def _server_flags(value: Any) -> dict[str, Any]:
+    """a mapping of --flag: value (a string, number, true or false); a flag the tool sets itself is refused"""
     if not isinstance(value, dict):
         raise ValueError(f"expected a mapping of --flag: value, got {_show(value)}")
     result: dict[str, Any] = {}
@@ -364,6 +383,7 @@ _AFFINITY = re.compile(r"^(auto|all|ccd:\d+|\d+(-\d+)?(,\d+(-\d+)?)*)$")
 
 
 def _affinity(value: Any) -> str:
+    """auto, all, ccd:N or a CPU list like 0-5,24-29 (or a list of CPU numbers)"""
     if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return ",".join(str(v) for v in value)
     if not isinstance(value, str) or not _AFFINITY.match(value.strip()):
@@ -375,12 +395,14 @@ _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 
 def _user_name(value: Any) -> str:
+    """a POSIX user name"""
     if not isinstance(value, str) or not _USER.match(value):
         raise ValueError(f"expected a POSIX user name, got {_show(value)}")
     return value
 
 
 def _bind_address(value: Any) -> str:
+    """an IP address to listen on"""
     text = _text(value)
     try:
         ipaddress.ip_address(text)
@@ -390,6 +412,7 @@ def _bind_address(value: Any) -> str:
 
 
 def _url(value: Any) -> str:
+    """an http(s) URL (a trailing / is dropped)"""
     text = _text(value)
     if not re.match(r"^https?://[^/\s]+(/\S*)?$", text):
         raise ValueError(f"expected an http(s) URL, got {_show(value)}")
@@ -397,7 +420,9 @@ def _url(value: Any) -> str:
 
 
 def _cuda_release(value: Any) -> str:
-    """'13.0', or 13.0 as YAML reads it unquoted (`--set cuda_version=13.0`): MAJOR.MINOR text."""
+    """a CUDA release MAJOR.MINOR like "13.0" (unquoted 13.0 too)
+
+    '13.0', or 13.0 as YAML reads it unquoted (`--set cuda_version=13.0`): MAJOR.MINOR text."""
     text = f"{value:.1f}" if isinstance(value, float) else value
     if not isinstance(text, str) or not re.fullmatch(r"\d{1,2}\.\d{1,2}", text.strip()):
         raise ValueError(f"expected a CUDA release like \"12.8\" or \"13.0\", got {_show(value)}")
@@ -405,6 +430,7 @@ def _cuda_release(value: Any) -> str:
 
 
 def _index_url(value: Any) -> str:
+    """a package index URL (https://, http:// or file://)"""
     text = _text(value)
     if not re.match(r"^(https?://[^/\s]+|file://)(/\S*)?$", text):
         raise ValueError(f"expected a package index URL (https://, http:// or file://), got {_show(value)}")
@@ -412,6 +438,7 @@ def _index_url(value: Any) -> str:
 
 
 def _index_urls(value: Any) -> tuple[str, ...]:
+    """a list of package index URLs (https://, http:// or file://)"""
     return tuple(_index_url(item) for item in _string_list(value))
 
 
@@ -419,6 +446,7 @@ _HOST_PORT = re.compile(r"^[A-Za-z0-9.-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:.]+\](:\d{1,
 
 
 def _trusted_hosts(value: Any) -> tuple[str, ...]:
+    """a list of host names (HOST or HOST:PORT)"""
     hosts = _string_list(value)
     for host in hosts:
         if not _HOST_PORT.match(host):
@@ -432,10 +460,12 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
             raise ValueError(f"expected one of {', '.join(allowed)}, got {_show(value)}")
         return str(value)
 
+    check.__doc__ = f"one of {', '.join(allowed)}"
     return check
 
 
 def _network(value: Any) -> str:
+    """a network like 192.168.100.0/24"""
     try:
         return str(ipaddress.ip_network(_text(value), strict=False))
     except ValueError:

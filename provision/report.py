@@ -264,7 +264,7 @@ def _plain_deep(value: Any) -> Any:
 
 def check_json(order: Iterable[str], findings: Mapping[str, list[Finding]],
                errors: Mapping[str, BaseException]) -> dict[str, Any]:
-    """The stable shape of `invoke check --json` (README, "check --json")."""
+    """The stable shape of `invoke check --json` (docs/check.md shows it)."""
     hosts = {name: {"verdict": verdict(findings[name]),
                     "findings": [finding_json(f) for f in findings[name]],
                     "resolutions": {"extra_args": resolutions(findings[name])}}

@@ -230,7 +230,8 @@ def render(starters: Sequence[Starter], ssh: SshChoice, command: str) -> str:
     tool = command.split()[0]
     lines = [f"# A starter inventory written by `{command}`: check each value, then",
              f"# `{tool} inventory --inventory THIS_FILE` validates it and shows each host's settings",
-             "# (`--json`: every setting and where it came from). Schema: the README's Inventory section."]
+             "# (`--json`: every setting and where it came from). Schema: the project's docs/inventory.md;",
+             "# every setting with its type and default: docs/reference/settings.md."]
     remote = [s for s in starters if s.target.address is not None and s.written]
     if remote and (ssh.known_hosts or ssh.key_file):
         lines.append("ssh:  # how every SSH host below is reached")

@@ -106,7 +106,7 @@ def test_rendered_files_match_golden(case: str) -> None:
 
 
 # `systemd-analyze security --offline=yes UNIT_FILE` (systemd 252) of every golden unit: before this
-# sandbox (the same file without the directives it added) and as rendered now. README "Security" shows
+# sandbox (the same file without the directives it added) and as rendered now. docs/security.md shows
 # the same table.
 EXPOSURE = {  # (case, unit): (hardening level, before, after)
     ("rtx5090x2-tp2-awq", "vllm.service"): ("default", 8.5, 3.3),
@@ -141,7 +141,7 @@ def test_every_golden_unit_scores_within_its_target(case: str, unit: str, tmp_pa
     level, before, after = EXPOSURE[(case, unit)]
     text = (GOLDEN / case / unit).read_text()
     scored = exposure(text, unit, tmp_path)
-    assert scored.exposure == after, f"{case}/{unit} now scores {scored.exposure}: update EXPOSURE and the README"
+    assert scored.exposure == after, f"{case}/{unit} now scores {scored.exposure}: update EXPOSURE and docs/security.md"
     assert scored.exposure <= hardening.EXPOSURE_TARGETS[level], f"{case}/{unit} is above its target"
     new = {line.split("=", 1)[0] for line in
            (render.TEMPLATES / "systemd" / "hardening.j2").read_text().splitlines()

@@ -1,6 +1,6 @@
 """The command line starts without the machinery its tasks use: `invoke --list`, `-h` and a typo answer
 before SSH, tables, templates, the hub client or the pipeline are imported (each task imports them when
-it runs). Structural, not timed: the time itself is measured by benchmarks (README "Speed")."""
+it runs). Structural, not timed: the time itself is measured by benchmarks (docs/speed.md)."""
 from __future__ import annotations
 
 import json
