@@ -50,8 +50,7 @@ def deploy(c: Context, host: list[str] | None = None, cluster: str | None = None
         for name in result.order:
             if result.outcomes[name].state in ("ready", "unchanged"):  # both answered the readiness gate
                 report.print_how_to_query(server.how_to_query(
-                    name, chosen.inventory.host(name).address, chosen.inventory.settings(name, chosen.overrides),
-                    key_source, scope, same))
+                    name, result.plans[name].host.address, result.plans[name].settings, key_source, scope, same))
     exit_unless(result.ok)
 
 

@@ -56,6 +56,7 @@ from provision import (
     venv,
     weights,
 )
+from provision.context import Context
 from provision.errors import InventoryError, ProvisionError, about
 from provision.fanout import HostResults, for_each_host
 from provision.profiles import Profile
@@ -81,8 +82,9 @@ class Gated:
     order: list[str]  # the targets, in the order asked
     findings: dict[str, list[checks.Finding]]
     errors: dict[str, BaseException]
-    contexts: dict[str, context.Context]
+    contexts: dict[str, context.Context]  # every host with facts, the targets' cluster peers included
     held: secrets.Secrets  # read once per run: the gate, the plan and carry_out share them
+    hosts: dict[str, inventory.Host] = field(default_factory=dict)  # the targets and their peers
 
 
 def gather(inv: inventory.Inventory, targets: list[inventory.Host], options: Options,
@@ -139,7 +141,8 @@ def gate(inv: inventory.Inventory, targets: list[inventory.Host], options: Optio
     contexts = _with_reachability(inv, contexts, wanted, errors, options, pool)
     findings = {name: checks.evaluate(contexts[name], options.force) for name in wanted
                 if name in contexts and name not in errors}
-    return Gated([target.name for target in targets], findings, errors, contexts, held)
+    return Gated([target.name for target in targets], findings, errors, contexts, held,
+                 {target.name: target for target in everyone})
 
 
 def _service_wheelhouse(ctx: context.Context) -> venv.Wheelhouse | None:
@@ -374,6 +377,10 @@ def _with_placed_weights(contexts: dict[str, context.Context], held: secrets.Sec
 
 @dataclass
 class HostPlan:
+    """One host's plan, and what the stages after the gate know of the host: its Context (the gate's
+    settings, cluster and facts), its inventory entry and its declared settings. What runs after the
+    plan reads these; it never resolves the host again."""
+
     changes: list[plan.Change]
     pushes: list[tuple[venv.Wheelhouse, list[venv.Wheel]]] = field(default_factory=list)
     cluster_address: str | None = None  # where the host's cluster peers reach it (weights copies)
@@ -391,6 +398,32 @@ class HostPlan:
     holds: Mapping[str, Any] | None = None
     # Why the host's weights are not the tool's to fetch, and what is there: "not fetched: ...".
     weights_note: str | None = None
+    context: Context | None = None  # what the gate saw and judged (host_plan sets it)
+    target: inventory.Host | None = None  # the inventory's host: where to connect
+    declared: inventory.Settings | None = None  # the inventory's settings, without the run's --set
+
+    @property
+    def ctx(self) -> Context:
+        if self.context is None:
+            raise ValueError("a plan built without its host's context")
+        return self.context
+
+    @property
+    def settings(self) -> inventory.Settings:
+        """The host's settings as the gate resolved them (--set and --profile applied)."""
+        return self.ctx.settings
+
+    @property
+    def host(self) -> inventory.Host:
+        if self.target is None:
+            raise ValueError("a plan built without its inventory host")
+        return self.target
+
+    @property
+    def declared_settings(self) -> inventory.Settings:
+        if self.declared is None:
+            raise ValueError("a plan built without its host's declared settings")
+        return self.declared
 
     @property
     def push_bytes(self) -> int:
@@ -406,11 +439,16 @@ class HostPlan:
 
 @dataclass
 class Planned:
+    """What crosses from planning to carrying out: each host's plan (its context with it), the gate's
+    findings and errors, the run's secrets, and the contexts of every host the gate saw (a cluster's
+    head among them where it is not a target)."""
+
     order: list[str]
     plans: dict[str, HostPlan]
     findings: dict[str, list[checks.Finding]]
     errors: dict[str, BaseException]
     held: secrets.Secrets
+    contexts: dict[str, context.Context] = field(default_factory=dict)
 
 
 @dataclass
@@ -436,8 +474,7 @@ def provision(inv: inventory.Inventory, targets: list[inventory.Host], options: 
     with remote.Pool(inv.ssh, accept_new_host_keys=options.accept_new_host_keys) as pool:
         planned = plans(inv, targets, options, pool)
         show(planned)
-        applied, failed, fetched, wheels_sent = carry_out(inv, planned.plans, planned.order, options,
-                                                          planned.held, pool=pool)
+        applied, failed, fetched, wheels_sent = carry_out(planned, options, pool)
     return Applied(planned.order, planned.plans, planned.findings, {**planned.errors, **failed}, applied, fetched,
                    wheels_sent)
 
@@ -519,7 +556,7 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
                     transfer=settings.transfer, arch=arch, held_wheels=venv.remote_wheels(host_facts),
                     serve=server.endpoint(settings) if settings.model else None, holds=holds,
                     weights_note=weights.not_fetched(settings, weights.placed_model(
-                        host_facts, render.model_path(settings))))
+                        host_facts, render.model_path(settings))), context=ctx)
 
 
 def unfinished_generation(host_facts: facts.HostFacts, now: float | None = None) -> dict[str, Any] | None:
@@ -586,17 +623,20 @@ def plans(inv: inventory.Inventory, targets: list[inventory.Host], options: Opti
         except (render.RenderError, ProvisionError, ValueError) as exc:
             errors[name] = exc if isinstance(exc, ProvisionError) else ProvisionError(about(name, str(exc)))
             continue
-        planned.overrides = departing(inv, name, options)
+        planned.declared = inv.settings(name, {})
+        planned.overrides = departing(inv, name, options, planned.declared)
+        planned.target = gated.hosts[name]
         result[name] = planned
-    return Planned(gated.order, result, findings, errors, gated.held)
+    return Planned(gated.order, result, findings, errors, gated.held, contexts)
 
 
-def departing(inv: inventory.Inventory, name: str, options: Options) -> tuple[str, ...]:
-    """The run's --set keys whose value on the host differs from what the inventory declares (a --set
+def departing(inv: inventory.Inventory, name: str, options: Options,
+              declared: inventory.Settings) -> tuple[str, ...]:
+    """The run's --set keys whose value on the host differs from what the inventory `declared` (a --set
     that repeats the inventory is no drift)."""
     if not options.overrides:
         return ()
-    asked, declared = inv.settings(name, options.overrides), inv.settings(name, {})
+    asked = inv.settings(name, options.overrides)
     return tuple(sorted(key for key in options.overrides
                         if getattr(asked, key, None) != getattr(declared, key, None)))
 
@@ -642,26 +682,24 @@ Bar = Callable[[str], Callable[[int, int], None]]
 Final = Callable[[list[str], Connect, Bar], tuple[dict[str, int], dict[str, BaseException]]]
 
 
-def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[str], options: Options,
-              held: secrets.Secrets, final: Final | None = None,
-              timings: dict[str, dict[str, float]] | None = None, pool: remote.Pool | None = None) -> tuple[
+def carry_out(planned: Planned, options: Options, pool: remote.Pool, final: Final | None = None,
+              timings: dict[str, dict[str, float]] | None = None) -> tuple[
                   dict[str, int], dict[str, BaseException], dict[str, weights.FetchResult], venv.WheelsSent]:
     """Apply the plans in three steps, all hosts at once in each: wheels pushed and the fetch helper
     built; the weights fetched (the hub once per cluster, then host to host); the rest applied (by
     `final` where given: deploy rolls it host by host). A host that fails leaves the later steps;
     the others go on. `timings` collects each host's seconds per step. Connections come from `pool`
-    (the ones the facts came over) where given."""
+    (the ones the facts came over), to the hosts the plans carry."""
     progress = Progress(TextColumn("{task.description}"), BarColumn(), _BytesOnly(DownloadColumn()),
                         _BytesOnly(TransferSpeedColumn()),
                         _TimeLeft(), console=Console(stderr=True), disable=options.quiet)
-    own = pool is None
-    connections = pool or remote.Pool(inv.ssh, accept_new_host_keys=options.accept_new_host_keys)
+    plans, order, held = planned.plans, planned.order, planned.held
     wait = options.wait
     lock = threading.Lock()
     clock = timings if timings is not None else {}
 
     def connect(name: str) -> remote.Runner:
-        return connections.connect(inv.host(name))
+        return pool.connect(plans[name].host)
 
     def bar(description: str) -> Callable[[int, int], None]:
         # Steps that move bytes say "MB"; others (apply, waits for health) just show the bar.
@@ -710,34 +748,30 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
 
     fetched: dict[str, weights.FetchResult] = {}
     wheels_sent = venv.WheelsSent()
-    try:
-        with progress:
-            started = time.monotonic()
-            wanting = wheel_jobs(plans, active)
-            wheels_sent = venv.send_all(wanting, connect, bar)
-            for wheel_job in wanting:
-                clock.setdefault(wheel_job.host, {})["wheels"] = round(time.monotonic() - started, 2)
-            errors.update(wheels_sent.errors)
-            first = for_each_host([name for name in active if name not in errors], lambda name: name,
-                                  timed("prepare", prepare))
-            errors.update(first.errors)
-            done.update(first.values)
-            jobs, holders = weight_jobs(plans, [name for name in active if name not in errors], order)
-            started = time.monotonic()
-            fetched, fetch_errors = weights.fetch_all(jobs, connect, held.hf_token, options.verify, wait, bar,
-                                                      holders)
-            for job in jobs:
-                clock.setdefault(job.host, {})["weights"] = round(time.monotonic() - started, 2)
-            errors.update(fetch_errors)
-            for name in fetched:
-                done[name] = done.get(name, 0) + 1
-            counts, final_errors = (final or parallel_final)([n for n in active if n not in errors], connect, bar)
-            errors.update(final_errors)
-            for name, count in counts.items():
-                done[name] = done.get(name, 0) + count
-    finally:
-        if own:
-            connections.close()
+    with progress:
+        started = time.monotonic()
+        wanting = wheel_jobs(plans, active)
+        wheels_sent = venv.send_all(wanting, connect, bar)
+        for wheel_job in wanting:
+            clock.setdefault(wheel_job.host, {})["wheels"] = round(time.monotonic() - started, 2)
+        errors.update(wheels_sent.errors)
+        first = for_each_host([name for name in active if name not in errors], lambda name: name,
+                              timed("prepare", prepare))
+        errors.update(first.errors)
+        done.update(first.values)
+        jobs, holders = weight_jobs(plans, [name for name in active if name not in errors], order)
+        started = time.monotonic()
+        fetched, fetch_errors = weights.fetch_all(jobs, connect, held.hf_token, options.verify, wait, bar,
+                                                  holders)
+        for job in jobs:
+            clock.setdefault(job.host, {})["weights"] = round(time.monotonic() - started, 2)
+        errors.update(fetch_errors)
+        for name in fetched:
+            done[name] = done.get(name, 0) + 1
+        counts, final_errors = (final or parallel_final)([n for n in active if n not in errors], connect, bar)
+        errors.update(final_errors)
+        for name, count in counts.items():
+            done[name] = done.get(name, 0) + count
     return done, errors, fetched, wheels_sent
 
 
