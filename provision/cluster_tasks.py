@@ -12,40 +12,34 @@ from invoke.tasks import task
 
 from provision.errors import ProvisionError
 from provision.taskargs import (
-    HOST_TASK_HELP,
+    HOST_TASK_FLAGS,
+    HostFlags,
     exit_unless,
     guarded,
     help_for,
-    options,
+    host_task,
     select,
     setup_logging,
 )
 
 
-@task(auto_shortflags=False, name="deploy",
-      help={**HOST_TASK_HELP, "batch": "hosts restarted at a time (default 1; a multi-node cluster is one step)",
-            "timeout": "seconds a host may take to answer /health and a completion (default 600)",
-            "wait": "seconds to wait for another run's lock on a host"},
-      iterable=["host", "set_", "force"])
-@guarded
-def deploy(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
-           inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
-           profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
-           batch: int = 1, timeout: float = 600, wait: float = 0, verbose: bool = False) -> None:
+@host_task("deploy", *HOST_TASK_FLAGS, "wait",
+           help={"batch": "hosts restarted at a time (default 1; a multi-node cluster is one step)",
+                 "timeout": "seconds a host may take to answer /health and a completion (default 600)",
+                 "wait": "seconds to wait for another run's lock on a host"})
+def deploy(c: Context, flags: HostFlags, batch: int = 1, timeout: float = 600) -> None:
     """Bring hosts to the inventory's state without taking them all down: rolling, gated on readiness."""
     from provision import report, rolling, server
-    setup_logging(verbose)
-    chosen = select(inventory_, host, cluster, all_, set_, default_all=True)
-    flags = options(chosen, profile=profile, accept_new_host_keys=accept_new_host_keys, force=force, wait=wait,
-                    json_=json_, may_build=True)
-    result = rolling.deploy(chosen.inventory, chosen.targets, flags, batch=batch, timeout=timeout,
-                            show=report.plans_shower(json_))
-    report.print_deployed(result, json_)
-    if not json_:
-        scope = f"--cluster {cluster}" if cluster else " ".join(f"--host {name}" for name in result.order)
+    setup_logging(flags.verbose)
+    chosen = flags.select(default_all=True)
+    result = rolling.deploy(chosen.inventory, chosen.targets, flags.options(chosen, may_build=True), batch=batch,
+                            timeout=timeout, show=report.plans_shower(flags.json))
+    report.print_deployed(result, flags.json)
+    if not flags.json:
+        scope = f"--cluster {flags.cluster}" if flags.cluster else " ".join(f"--host {name}" for name in result.order)
         # What the hints need to reach the same servers: this run's --inventory and --set.
-        same = " ".join([*(["--inventory", shlex.quote(inventory_)] if inventory_ else []),
-                         *(f"--set {shlex.quote(item)}" for item in set_ or ())])
+        same = " ".join([*(["--inventory", shlex.quote(flags.inventory)] if flags.inventory else []),
+                         *(f"--set {shlex.quote(item)}" for item in flags.set)])
         key_source = result.held.sources.get("vllm_api_key") if result.held.vllm_api_key else None
         for name in result.order:
             if result.outcomes[name].state in ("ready", "unchanged"):  # both answered the readiness gate
@@ -54,20 +48,16 @@ def deploy(c: Context, host: list[str] | None = None, cluster: str | None = None
     exit_unless(result.ok)
 
 
-@task(auto_shortflags=False, name="status",
-      help={**help_for("inventory", "host", "cluster", "all", "json", "set"),
-            "watch": "refresh every N seconds until Ctrl-C, which exits 0 (0: once); the table is redrawn in "
-                     "place; with --json each refresh is one JSON document on its own line",
-            "timeout": "seconds each host may take (default 5); later ones are marked unreachable",
-            "window": "seconds between the two /metrics samples that give tokens/s (default 1)",
-            "stall-window": "seconds the engine's generated-token count may stand still while requests run "
-                            "before the host is called stuck (default 60, more than --window); a host that "
-                            "looks still is asked again until it moves or this has passed"},
-      iterable=["host", "set_"])
-@guarded
-def status_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
-            inventory_: str | None = None, json_: bool = False, set_: list[str] | None = None, watch: float = 0,
-            timeout: float = 5, window: float = 1.0, stall_window: float = 60.0) -> None:  # stall.STALL_WINDOW
+@host_task("status", "inventory", "host", "cluster", "all", "json", "set",
+           help={"watch": "refresh every N seconds until Ctrl-C, which exits 0 (0: once); the table is redrawn "
+                          "in place; with --json each refresh is one JSON document on its own line",
+                 "timeout": "seconds each host may take (default 5); later ones are marked unreachable",
+                 "window": "seconds between the two /metrics samples that give tokens/s (default 1)",
+                 "stall-window": "seconds the engine's generated-token count may stand still while requests "
+                                 "run before the host is called stuck (default 60, more than --window); a host "
+                                 "that looks still is asked again until it moves or this has passed"})
+def status_(c: Context, flags: HostFlags, watch: float = 0, timeout: float = 5, window: float = 1.0,
+            stall_window: float = 60.0) -> None:  # stall.STALL_WINDOW
     """Every host at a glance: unit, restarts, health, model, GPUs, requests, tokens/s, KV and prefix cache,
     and whether a server that answers /health generates anything (stuck: exit 1)."""
     from provision import report, secrets, stall, status
@@ -75,17 +65,17 @@ def status_(c: Context, host: list[str] | None = None, cluster: str | None = Non
         raise Exit(f"error: --stall-window ({stall_window:g}) must be longer than --window ({window:g}), which "
                    "must be above 0 (a first token after a long prompt takes longer than one window), and "
                    "--watch at least 0", code=2)
-    chosen = select(inventory_, host, cluster, all_, set_, default_all=True)
+    chosen = flags.select(default_all=True)
     held = secrets.load(chosen.inventory.secrets)
     if not watch:
         started = time.monotonic()
         found = status.gather_status(chosen.inventory, chosen.targets, chosen.overrides, held, window, timeout,
                                      stall_window)
-        report.print_status(found, time.monotonic() - started, json_)
+        report.print_status(found, time.monotonic() - started, flags.json)
         exit_unless(status.serving_as_declared(found))
         return
     # --watch: each host's samples go to the next refresh, so the stuck rule sees the stall grow live.
-    screen = report.StatusScreen(json_)
+    screen = report.StatusScreen(flags.json)
     history: dict[str, tuple[stall.Sample, ...]] = {}
     screen.start()
     try:
