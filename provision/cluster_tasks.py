@@ -12,6 +12,7 @@ from invoke.tasks import task
 
 from provision.errors import ProvisionError
 from provision.taskargs import (
+    COMMON_HELP,
     HOST_TASK_FLAGS,
     HostFlags,
     exit_unless,
@@ -67,10 +68,10 @@ def status_(c: Context, flags: HostFlags, watch: float = 0, timeout: float = 5, 
                    "--watch at least 0", code=2)
     chosen = flags.select(default_all=True)
     held = secrets.load(chosen.inventory.secrets)
+    sampling = status.Sampling(window, timeout, stall_window)
     if not watch:
         started = time.monotonic()
-        found = status.gather_status(chosen.inventory, chosen.targets, chosen.overrides, held, window, timeout,
-                                     stall_window)
+        found = status.gather_status(chosen.inventory, chosen.targets, chosen.overrides, held, sampling)
         report.print_status(found, time.monotonic() - started, flags.json)
         exit_unless(status.serving_as_declared(found))
         return
@@ -81,8 +82,8 @@ def status_(c: Context, flags: HostFlags, watch: float = 0, timeout: float = 5, 
     try:
         while True:
             started = time.monotonic()
-            found = status.gather_status(chosen.inventory, chosen.targets, chosen.overrides, held, window,
-                                         timeout, stall_window, history)
+            found = status.gather_status(chosen.inventory, chosen.targets, chosen.overrides, held, sampling,
+                                         history)
             screen.show(found, time.monotonic() - started)
             history = {name: stall.keep(item.samples, stall_window) for name, item in found.items()}
             time.sleep(max(0.0, watch - (time.monotonic() - started)))
@@ -92,48 +93,40 @@ def status_(c: Context, flags: HostFlags, watch: float = 0, timeout: float = 5, 
         screen.stop()
 
 
-@task(auto_shortflags=False, name="bench",
-      help={**help_for("inventory", "host", "json", "set"),
-            "prompt": "the prompt (a number is appended per request)",
-            "count": "requests (default 16)", "concurrency": "requests at once (default 4)",
-            "max-tokens": "tokens per completion (default 32)"},
-      iterable=["set_"])
-@guarded
-def bench(c: Context, host: str | None = None, inventory_: str | None = None, json_: bool = False,
-          set_: list[str] | None = None, prompt: str = "Tell me about GPUs", count: int = 16, concurrency: int = 4,
-          max_tokens: int = 32) -> None:
+@host_task("bench", "inventory", "json", "set",
+           help={"host": COMMON_HELP["host"], "prompt": "the prompt (a number is appended per request)",
+                 "count": "requests (default 16)", "concurrency": "requests at once (default 4)",
+                 "max-tokens": "tokens per completion (default 32)"})
+def bench(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "Tell me about GPUs",
+          count: int = 16, concurrency: int = 4, max_tokens: int = 32) -> None:
     """Real completions against a host's server: tokens/s, time to first token, the server's own figures."""
     from provision import remote, report, secrets, server
     if not host:
         raise Exit("error: bench needs --host NAME", code=2)
     if count < 1 or concurrency < 1 or max_tokens < 1:
         raise Exit("error: --count, --concurrency and --max-tokens must be at least 1", code=2)
-    chosen = select(inventory_, set_=set_, targets=False)
+    chosen = flags.select(targets=False)
     held = secrets.load(chosen.inventory.secrets)
     runner = remote.connect(chosen.inventory.host(host), chosen.inventory.ssh)
     try:
-        result = server.bench(runner, chosen.inventory.settings(host, chosen.overrides), held.vllm_api_key, prompt,
-                              count, concurrency, max_tokens,
+        result = server.bench(runner, chosen.inventory.settings(host, chosen.overrides), held.vllm_api_key,
+                              server.Requests(count, concurrency, max_tokens, prompt),
                               lambda event: print(f"  {event.get('done')}/{event.get('total')} requests",
-                                                  file=sys.stderr) if not json_ else None)
+                                                  file=sys.stderr) if not flags.json else None)
     except ProvisionError as exc:
         raise Exit(report.host_error(host, exc), code=1) from None
     finally:
         runner.close()
-    report.print_bench(host, result, concurrency, json_)
+    report.print_bench(host, result, concurrency, flags.json)
     exit_unless(result.succeeded == result.requests)
 
 
-@task(auto_shortflags=False, name="ask",
-      help={**help_for("inventory", "json", "set"), "host": "the host whose server to ask",
-            "prompt": "the prompt (default 'Hello, my name is')",
-            "max-tokens": "tokens of the answer (default 16)",
-            "timeout": "seconds the server may take to answer (default 60)"},
-      iterable=["set_"])
-@guarded
-def ask(c: Context, host: str | None = None, inventory_: str | None = None, json_: bool = False,
-        set_: list[str] | None = None, prompt: str = "Hello, my name is", max_tokens: int = 16,
-        timeout: float = 60) -> None:
+@host_task("ask", "inventory", "json", "set",
+           help={"host": "the host whose server to ask", "prompt": "the prompt (default 'Hello, my name is')",
+                 "max-tokens": "tokens of the answer (default 16)",
+                 "timeout": "seconds the server may take to answer (default 60)"})
+def ask(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "Hello, my name is",
+        max_tokens: int = 16, timeout: float = 60) -> None:
     """One completion from a host's server, asked on the host (it may listen on loopback only), with
     the API key the tool holds; prints the answer. Exit 1 when the server does not answer."""
     from provision import remote, report, secrets, server
@@ -141,7 +134,7 @@ def ask(c: Context, host: str | None = None, inventory_: str | None = None, json
         raise Exit("error: ask needs --host NAME", code=2)
     if max_tokens < 1 or timeout <= 0:
         raise Exit("error: --max-tokens must be at least 1 and --timeout above 0", code=2)
-    chosen = select(inventory_, set_=set_, targets=False)
+    chosen = flags.select(targets=False)
     target = chosen.inventory.host(host)
     held = secrets.load(chosen.inventory.secrets)
     runner = remote.connect(target, chosen.inventory.ssh)
@@ -152,7 +145,7 @@ def ask(c: Context, host: str | None = None, inventory_: str | None = None, json
         raise Exit(report.host_error(host, exc), code=1) from None
     finally:
         runner.close()
-    report.print_answer(answer, prompt, json_)
+    report.print_answer(answer, prompt, flags.json)
 
 
 @task(auto_shortflags=False, name="logs",

@@ -151,10 +151,9 @@ def roll_one(group: list[str], roll: Roll, connect: Connect, bar: Bar, done: dic
         started = time.monotonic()
         count = 0
         if changes:
-            outcome = ops.apply(connect(name), changes, wait=wait, scope=plans[name].scope, by=roll.by, verify=True,
-                                deadline=timeout + (150 if multi else 30), secrets=secret_environment(held),
-                                model_changed=bool(plans[name].of_kind("weights")), serve=plans[name].serve,
-                                overrides=plans[name].overrides)
+            record = dataclasses.replace(run.generation_of(plans[name], held, roll.by), verify=True,
+                                         deadline=timeout + (150 if multi else 30))
+            outcome = ops.apply(connect(name), changes, wait, record)
             count = len(outcome.done)
             if outcome.generation is not None:
                 made[name] = outcome.generation

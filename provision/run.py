@@ -732,14 +732,10 @@ def carry_out(planned: Planned, options: Options, pool: remote.Pool, final: Fina
             fetched_model = [c.describe() for c in plans[name].of_kind("weights")]
             if not rest:
                 if fetched_model:  # a new model revision alone is a generation too: rollback brings the old one
-                    ops.apply(connect(name), [], wait=wait, scope=plans[name].scope, by="weights",
-                              secrets=secret_environment(held), model_changed=True, record=fetched_model,
-                              serve=plans[name].serve, overrides=plans[name].overrides)
+                    ops.apply(connect(name), [], wait, generation_of(plans[name], held, "weights", fetched_model))
                 return 0
             update = bar(f"{name}: apply {len(rest)} change(s)")
-            outcome = ops.apply(connect(name), rest, wait=wait, scope=plans[name].scope, by="provision",
-                                secrets=secret_environment(held), model_changed=bool(plans[name].of_kind("weights")),
-                                serve=plans[name].serve, overrides=plans[name].overrides)
+            outcome = ops.apply(connect(name), rest, wait, generation_of(plans[name], held, "provision"))
             update(1, 1)
             return len(outcome.done)
 
@@ -773,6 +769,14 @@ def carry_out(planned: Planned, options: Options, pool: remote.Pool, final: Fina
         for name, count in counts.items():
             done[name] = done.get(name, 0) + count
     return done, errors, fetched, wheels_sent
+
+
+def generation_of(host_plan: HostPlan, held: secrets.Secrets, by: str, changed: Sequence[str] = ()) -> ops.Record:
+    """What applying the host's plan records as a generation: its scope, endpoint and --set drift, and
+    whether its model changed (a fetch before the apply)."""
+    return ops.Record(scope=host_plan.scope, by=by, secrets=secret_environment(held),
+                      model_changed=bool(host_plan.of_kind("weights")), changed=changed, serve=host_plan.serve,
+                      overrides=host_plan.overrides)
 
 
 def weight_jobs(plans: Mapping[str, HostPlan], names: Sequence[str],

@@ -45,8 +45,8 @@ def tune_(c: Context, flags: HostFlags, asked: TuneFlags) -> None:
     chosen = flags.select()
     run = flags.options(chosen)
     space = asked.space
-    load = tune.load_workload(asked.workload)
-    slo = tune.Slo(ttft, itl)
+    tuning = tune.Tuning(space, tune.load_workload(asked.workload), tune.Slo(ttft, itl),
+                          budget_s=minutes * 60 if minutes else None, timeout=asked.timeout, plot=not asked.no_plot)
     units = tune.units_of(chosen.inventory, chosen.targets)
     for unit in units:  # a bad file, or flags another engine's, refused before any host is contacted
         tune.space_of(chosen.inventory, unit, run, space)
@@ -54,9 +54,7 @@ def tune_(c: Context, flags: HostFlags, asked: TuneFlags) -> None:
     errors: dict[str, BaseException] = {}
     for unit in units:  # one at a time: the others keep serving
         try:
-            results.append(tune.tune(chosen.inventory, unit, run, space=space, workload=load, slo=slo,
-                                     budget_s=minutes * 60 if minutes else None, timeout=asked.timeout,
-                                     plot=not asked.no_plot))
+            results.append(tune.tune(chosen.inventory, unit, run, tuning))
         except ProvisionError as exc:
             errors[unit.server] = exc
     if flags.json:
