@@ -87,13 +87,22 @@ class Gated:
     hosts: dict[str, inventory.Host] = field(default_factory=dict)  # the targets and their peers
 
 
+def resolve(inv: inventory.Inventory, names: Sequence[str], options: Options) -> dict[str, inventory.Settings]:
+    """Each host's settings, resolved once for the run (--set and --profile applied): what the gate
+    judges, and what the plan and the roll read after it (on each host's Context)."""
+    return {name: inv.settings(name, options.overrides, profile=options.profile) for name in names}
+
+
 def gather(inv: inventory.Inventory, targets: list[inventory.Host], options: Options,
-           pool: remote.Pool | None = None) -> HostResults[facts.HostFacts]:
+           pool: remote.Pool | None = None,
+           resolved: Mapping[str, inventory.Settings] | None = None) -> HostResults[facts.HostFacts]:
     """Every target's facts in parallel, one round trip each; a failing host never stops the others.
-    With a pool, the connections stay open for what the run does next."""
+    With a pool, the connections stay open for what the run does next; with `resolved`, the targets'
+    settings are the run's (else each is resolved here)."""
 
     def one(target: inventory.Host) -> facts.HostFacts:
-        settings = inv.settings(target.name, options.overrides, profile=options.profile)
+        settings = resolved[target.name] if resolved is not None else \
+            inv.settings(target.name, options.overrides, profile=options.profile)
         paths = [settings.venv_dir, settings.model_dir, settings.hf_home]
         inspect: dict[str, list[str]] = plan.inspect_spec(
             [render.CONFIG_DIR, render.STATE_DIR, *paths[1:], *venv.inspect_paths(settings),
@@ -127,12 +136,13 @@ def gate(inv: inventory.Inventory, targets: list[inventory.Host], options: Optio
         everyone.extend(inv.host(name) for name in (cluster.hosts if cluster else ())
                         if name not in {h.name for h in everyone})
     held = secrets.load(inv.secrets)
-    early = _ask_hub_early(inv, sorted(wanted), options.overrides, held)  # while the facts are gathered
-    gathered = gather(inv, everyone, options, pool)
+    resolved = resolve(inv, [target.name for target in everyone], options)
+    early = _ask_hub_early([resolved[name] for name in sorted(wanted)], held)  # while the facts are gathered
+    gathered = gather(inv, everyone, options, pool, resolved)
     if held.describe():
         progress_line(f"secrets: {held.describe()}")
-    contexts = _with_snapshots(context.contexts(inv, gathered.values, options.overrides, profile=options.profile),
-                               held, wanted, early)
+    contexts = _with_snapshots(context.contexts(inv, gathered.values, options.overrides, profile=options.profile,
+                                                settings=resolved), held, wanted, early)
     contexts = _with_placed_weights(contexts, held, wanted)
     contexts = {name: dataclasses.replace(ctx, api_key_set=bool(held.vllm_api_key), mpi_key_set=bool(held.mpi_ssh_key))
                 for name, ctx in contexts.items()}
@@ -265,14 +275,12 @@ class HubAnswers:
     asking: Mapping[HubKey, Future[HubAnswer]] = field(default_factory=dict)
 
 
-def _ask_hub_early(inv: inventory.Inventory, names: Sequence[str], overrides: Mapping[str, Any],
-                   held: secrets.Secrets) -> HubAnswers:
-    """The targets' models: each pinned commit answered from what was kept, the others asked of the
-    hub in threads of their own, so the hub and the hosts answer at the same time."""
+def _ask_hub_early(targets: Sequence[inventory.Settings], held: secrets.Secrets) -> HubAnswers:
+    """The targets' models (their settings, in order): each pinned commit answered from what was kept,
+    the others asked of the hub in threads of their own, so the hub and the hosts answer at the same time."""
     kept: dict[HubKey, HubAnswer] = {}
     keys = set()
-    for name in names:
-        settings = inv.settings(name, overrides)
+    for settings in targets:
         if not weights.managed(settings):
             continue
         key = _hub_key(settings)
@@ -624,21 +632,18 @@ def plans(inv: inventory.Inventory, targets: list[inventory.Host], options: Opti
             errors[name] = exc if isinstance(exc, ProvisionError) else ProvisionError(about(name, str(exc)))
             continue
         planned.declared = inv.settings(name, {})
-        planned.overrides = departing(inv, name, options, planned.declared)
+        planned.overrides = departing(contexts[name].settings, planned.declared, options.overrides)
         planned.target = gated.hosts[name]
         result[name] = planned
     return Planned(gated.order, result, findings, errors, gated.held, contexts)
 
 
-def departing(inv: inventory.Inventory, name: str, options: Options,
-              declared: inventory.Settings) -> tuple[str, ...]:
-    """The run's --set keys whose value on the host differs from what the inventory `declared` (a --set
-    that repeats the inventory is no drift)."""
-    if not options.overrides:
+def departing(asked: inventory.Settings, declared: inventory.Settings, overrides: Mapping[str, Any]) -> tuple[str, ...]:
+    """The run's --set keys (`overrides`) whose value on the host (`asked`: the run's settings) differs
+    from what the inventory `declared` (a --set that repeats the inventory is no drift)."""
+    if not overrides:
         return ()
-    asked = inv.settings(name, options.overrides)
-    return tuple(sorted(key for key in options.overrides
-                        if getattr(asked, key, None) != getattr(declared, key, None)))
+    return tuple(sorted(key for key in overrides if getattr(asked, key, None) != getattr(declared, key, None)))
 
 
 class _BytesOnly(ProgressColumn):
