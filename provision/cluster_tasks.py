@@ -12,63 +12,53 @@ from invoke.tasks import task
 
 from provision.errors import ProvisionError
 from provision.taskargs import (
-    HOST_TASK_HELP,
+    COMMON_HELP,
+    HOST_TASK_FLAGS,
+    HostFlags,
     exit_unless,
     guarded,
     help_for,
-    options,
+    host_task,
     select,
     setup_logging,
 )
 
 
-@task(auto_shortflags=False, name="deploy",
-      help={**HOST_TASK_HELP, "batch": "hosts restarted at a time (default 1; a multi-node cluster is one step)",
-            "timeout": "seconds a host may take to answer /health and a completion (default 600)",
-            "wait": "seconds to wait for another run's lock on a host"},
-      iterable=["host", "set_", "force"])
-@guarded
-def deploy(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
-           inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
-           profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
-           batch: int = 1, timeout: float = 600, wait: float = 0, verbose: bool = False) -> None:
+@host_task("deploy", *HOST_TASK_FLAGS, "wait",
+           help={"batch": "hosts restarted at a time (default 1; a multi-node cluster is one step)",
+                 "timeout": "seconds a host may take to answer /health and a completion (default 600)",
+                 "wait": "seconds to wait for another run's lock on a host"})
+def deploy(c: Context, flags: HostFlags, batch: int = 1, timeout: float = 600) -> None:
     """Bring hosts to the inventory's state without taking them all down: rolling, gated on readiness."""
     from provision import report, rolling, server
-    setup_logging(verbose)
-    chosen = select(inventory_, host, cluster, all_, set_, default_all=True)
-    flags = options(chosen, profile=profile, accept_new_host_keys=accept_new_host_keys, force=force, wait=wait,
-                    json_=json_, may_build=True)
-    result = rolling.deploy(chosen.inventory, chosen.targets, flags, batch=batch, timeout=timeout,
-                            show=report.plans_shower(json_))
-    report.print_deployed(result, json_)
-    if not json_:
-        scope = f"--cluster {cluster}" if cluster else " ".join(f"--host {name}" for name in result.order)
+    setup_logging(flags.verbose)
+    chosen = flags.select(default_all=True)
+    result = rolling.deploy(chosen.inventory, chosen.targets, flags.options(chosen, may_build=True), batch=batch,
+                            timeout=timeout, show=report.plans_shower(flags.json))
+    report.print_deployed(result, flags.json)
+    if not flags.json:
+        scope = f"--cluster {flags.cluster}" if flags.cluster else " ".join(f"--host {name}" for name in result.order)
         # What the hints need to reach the same servers: this run's --inventory and --set.
-        same = " ".join([*(["--inventory", shlex.quote(inventory_)] if inventory_ else []),
-                         *(f"--set {shlex.quote(item)}" for item in set_ or ())])
+        same = " ".join([*(["--inventory", shlex.quote(flags.inventory)] if flags.inventory else []),
+                         *(f"--set {shlex.quote(item)}" for item in flags.set)])
         key_source = result.held.sources.get("vllm_api_key") if result.held.vllm_api_key else None
         for name in result.order:
             if result.outcomes[name].state in ("ready", "unchanged"):  # both answered the readiness gate
                 report.print_how_to_query(server.how_to_query(
-                    name, chosen.inventory.host(name).address, chosen.inventory.settings(name, chosen.overrides),
-                    key_source, scope, same))
+                    name, result.plans[name].host.address, result.plans[name].settings, key_source, scope, same))
     exit_unless(result.ok)
 
 
-@task(auto_shortflags=False, name="status",
-      help={**help_for("inventory", "host", "cluster", "all", "json", "set"),
-            "watch": "refresh every N seconds until Ctrl-C, which exits 0 (0: once); the table is redrawn in "
-                     "place; with --json each refresh is one JSON document on its own line",
-            "timeout": "seconds each host may take (default 5); later ones are marked unreachable",
-            "window": "seconds between the two /metrics samples that give tokens/s (default 1)",
-            "stall-window": "seconds the engine's generated-token count may stand still while requests run "
-                            "before the host is called stuck (default 60, more than --window); a host that "
-                            "looks still is asked again until it moves or this has passed"},
-      iterable=["host", "set_"])
-@guarded
-def status_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
-            inventory_: str | None = None, json_: bool = False, set_: list[str] | None = None, watch: float = 0,
-            timeout: float = 5, window: float = 1.0, stall_window: float = 60.0) -> None:  # stall.STALL_WINDOW
+@host_task("status", "inventory", "host", "cluster", "all", "json", "set",
+           help={"watch": "refresh every N seconds until Ctrl-C, which exits 0 (0: once); the table is redrawn "
+                          "in place; with --json each refresh is one JSON document on its own line",
+                 "timeout": "seconds each host may take (default 5); later ones are marked unreachable",
+                 "window": "seconds between the two /metrics samples that give tokens/s (default 1)",
+                 "stall-window": "seconds the engine's generated-token count may stand still while requests "
+                                 "run before the host is called stuck (default 60, more than --window); a host "
+                                 "that looks still is asked again until it moves or this has passed"})
+def status_(c: Context, flags: HostFlags, watch: float = 0, timeout: float = 5, window: float = 1.0,
+            stall_window: float = 60.0) -> None:  # stall.STALL_WINDOW
     """Every host at a glance: unit, restarts, health, model, GPUs, requests, tokens/s, KV and prefix cache,
     and whether a server that answers /health generates anything (stuck: exit 1)."""
     from provision import report, secrets, stall, status
@@ -76,24 +66,24 @@ def status_(c: Context, host: list[str] | None = None, cluster: str | None = Non
         raise Exit(f"error: --stall-window ({stall_window:g}) must be longer than --window ({window:g}), which "
                    "must be above 0 (a first token after a long prompt takes longer than one window), and "
                    "--watch at least 0", code=2)
-    chosen = select(inventory_, host, cluster, all_, set_, default_all=True)
+    chosen = flags.select(default_all=True)
     held = secrets.load(chosen.inventory.secrets)
+    sampling = status.Sampling(window, timeout, stall_window)
     if not watch:
         started = time.monotonic()
-        found = status.gather_status(chosen.inventory, chosen.targets, chosen.overrides, held, window, timeout,
-                                     stall_window)
-        report.print_status(found, time.monotonic() - started, json_)
+        found = status.gather_status(chosen.inventory, chosen.targets, chosen.overrides, held, sampling)
+        report.print_status(found, time.monotonic() - started, flags.json)
         exit_unless(status.serving_as_declared(found))
         return
     # --watch: each host's samples go to the next refresh, so the stuck rule sees the stall grow live.
-    screen = report.StatusScreen(json_)
+    screen = report.StatusScreen(flags.json)
     history: dict[str, tuple[stall.Sample, ...]] = {}
     screen.start()
     try:
         while True:
             started = time.monotonic()
-            found = status.gather_status(chosen.inventory, chosen.targets, chosen.overrides, held, window,
-                                         timeout, stall_window, history)
+            found = status.gather_status(chosen.inventory, chosen.targets, chosen.overrides, held, sampling,
+                                         history)
             screen.show(found, time.monotonic() - started)
             history = {name: stall.keep(item.samples, stall_window) for name, item in found.items()}
             time.sleep(max(0.0, watch - (time.monotonic() - started)))
@@ -103,48 +93,40 @@ def status_(c: Context, host: list[str] | None = None, cluster: str | None = Non
         screen.stop()
 
 
-@task(auto_shortflags=False, name="bench",
-      help={**help_for("inventory", "host", "json", "set"),
-            "prompt": "the prompt (a number is appended per request)",
-            "count": "requests (default 16)", "concurrency": "requests at once (default 4)",
-            "max-tokens": "tokens per completion (default 32)"},
-      iterable=["set_"])
-@guarded
-def bench(c: Context, host: str | None = None, inventory_: str | None = None, json_: bool = False,
-          set_: list[str] | None = None, prompt: str = "Tell me about GPUs", count: int = 16, concurrency: int = 4,
-          max_tokens: int = 32) -> None:
+@host_task("bench", "inventory", "json", "set",
+           help={"host": COMMON_HELP["host"], "prompt": "the prompt (a number is appended per request)",
+                 "count": "requests (default 16)", "concurrency": "requests at once (default 4)",
+                 "max-tokens": "tokens per completion (default 32)"})
+def bench(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "Tell me about GPUs",
+          count: int = 16, concurrency: int = 4, max_tokens: int = 32) -> None:
     """Real completions against a host's server: tokens/s, time to first token, the server's own figures."""
     from provision import remote, report, secrets, server
     if not host:
         raise Exit("error: bench needs --host NAME", code=2)
     if count < 1 or concurrency < 1 or max_tokens < 1:
         raise Exit("error: --count, --concurrency and --max-tokens must be at least 1", code=2)
-    chosen = select(inventory_, set_=set_, targets=False)
+    chosen = flags.select(targets=False)
     held = secrets.load(chosen.inventory.secrets)
     runner = remote.connect(chosen.inventory.host(host), chosen.inventory.ssh)
     try:
-        result = server.bench(runner, chosen.inventory.settings(host, chosen.overrides), held.vllm_api_key, prompt,
-                              count, concurrency, max_tokens,
+        result = server.bench(runner, chosen.inventory.settings(host, chosen.overrides), held.vllm_api_key,
+                              server.Requests(count, concurrency, max_tokens, prompt),
                               lambda event: print(f"  {event.get('done')}/{event.get('total')} requests",
-                                                  file=sys.stderr) if not json_ else None)
+                                                  file=sys.stderr) if not flags.json else None)
     except ProvisionError as exc:
         raise Exit(report.host_error(host, exc), code=1) from None
     finally:
         runner.close()
-    report.print_bench(host, result, concurrency, json_)
+    report.print_bench(host, result, concurrency, flags.json)
     exit_unless(result.succeeded == result.requests)
 
 
-@task(auto_shortflags=False, name="ask",
-      help={**help_for("inventory", "json", "set"), "host": "the host whose server to ask",
-            "prompt": "the prompt (default 'Hello, my name is')",
-            "max-tokens": "tokens of the answer (default 16)",
-            "timeout": "seconds the server may take to answer (default 60)"},
-      iterable=["set_"])
-@guarded
-def ask(c: Context, host: str | None = None, inventory_: str | None = None, json_: bool = False,
-        set_: list[str] | None = None, prompt: str = "Hello, my name is", max_tokens: int = 16,
-        timeout: float = 60) -> None:
+@host_task("ask", "inventory", "json", "set",
+           help={"host": "the host whose server to ask", "prompt": "the prompt (default 'Hello, my name is')",
+                 "max-tokens": "tokens of the answer (default 16)",
+                 "timeout": "seconds the server may take to answer (default 60)"})
+def ask(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "Hello, my name is",
+        max_tokens: int = 16, timeout: float = 60) -> None:
     """One completion from a host's server, asked on the host (it may listen on loopback only), with
     the API key the tool holds; prints the answer. Exit 1 when the server does not answer."""
     from provision import remote, report, secrets, server
@@ -152,7 +134,7 @@ def ask(c: Context, host: str | None = None, inventory_: str | None = None, json
         raise Exit("error: ask needs --host NAME", code=2)
     if max_tokens < 1 or timeout <= 0:
         raise Exit("error: --max-tokens must be at least 1 and --timeout above 0", code=2)
-    chosen = select(inventory_, set_=set_, targets=False)
+    chosen = flags.select(targets=False)
     target = chosen.inventory.host(host)
     held = secrets.load(chosen.inventory.secrets)
     runner = remote.connect(target, chosen.inventory.ssh)
@@ -163,7 +145,7 @@ def ask(c: Context, host: str | None = None, inventory_: str | None = None, json
         raise Exit(report.host_error(host, exc), code=1) from None
     finally:
         runner.close()
-    report.print_answer(answer, prompt, json_)
+    report.print_answer(answer, prompt, flags.json)
 
 
 @task(auto_shortflags=False, name="logs",

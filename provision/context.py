@@ -177,15 +177,18 @@ def cluster_network_of(ctx: Context) -> ipaddress.IPv4Network | ipaddress.IPv6Ne
 
 
 def contexts(inventory: Inventory, facts: Mapping[str, HostFacts], overrides: Mapping[str, Any],
-             profile: Profile | None = None, weights_bytes: int | None = None) -> dict[str, Context]:
-    """A Context for every host with facts, its cluster peers' facts attached."""
+             profile: Profile | None = None, weights_bytes: int | None = None,
+             settings: Mapping[str, Settings] | None = None) -> dict[str, Context]:
+    """A Context for every host with facts, its cluster peers' facts attached; its settings those the
+    run resolved (`settings`), else resolved here."""
     result = {}
     for name, host_facts in facts.items():
         cluster = inventory.cluster_of(name)
         peers = {member: facts[member] for member in cluster.hosts if member in facts} if cluster else {}
         head_address = inventory.host(cluster.head).address if cluster else None
         result[name] = Context(host=name, profile=profile or inventory.host(name).profile,
-                               settings=inventory.settings(name, overrides, profile=profile),
+                               settings=settings[name] if settings and name in settings
+                               else inventory.settings(name, overrides, profile=profile),
                                facts=host_facts, cluster=cluster, peers=peers, head_address=head_address,
                                weights_bytes=weights_bytes)
     return result

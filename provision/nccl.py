@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from provision.context import Context
     from provision.remote import Runner
     from provision.run import Options
+    from provision.taskargs import NcclFlags
 
 
 # NCCL prints its choices at INFO level: INIT has the channel connections ("via P2P/CUMEM/read"),
@@ -585,11 +586,13 @@ def _host_log(answers: Sequence[NodeAnswer], host: str) -> NcclLog:
         return NcclLog(version=None, links=(), paths=(), network=None, environment={}, nranks=None, nnodes=None)
 
 
-def verify(inv: Inventory, targets: list[Host], options: Options, *, cluster: str | None, sizes: list[int],
-           iters: int, warmup: int, timeout: int, gpus: int, port: int, log_dir: Path | None
-           ) -> tuple[list[str], dict[str, NcclRun], dict[str, BaseException]]:
+def verify(inv: Inventory, targets: list[Host], options: Options, cluster: str | None, sizes: list[int],
+           asked: NcclFlags) -> tuple[list[str], dict[str, NcclRun], dict[str, BaseException]]:
     """One test per named host, or one for the cluster (across its nodes when it has several), every node
-    of every test at once; returns the tests in order, their results and what failed."""
+    of every test at once, each message size of `sizes` as `asked`; returns the tests in order, their
+    results and what failed."""
+    iters, warmup, timeout, gpus, port = asked.iters, asked.warmup, asked.timeout, asked.gpus, asked.port
+    log_dir = Path(asked.log_dir) if asked.log_dir else None
     from provision import (
         run as pipeline,  # the pipeline builds the contexts; it does not need this module
     )

@@ -82,21 +82,34 @@ def _secrets(secrets: Mapping[str, str | None]) -> dict[str, str]:
     return {name: value for name, value in secrets.items() if value}
 
 
-def apply(runner: Runner, changes: Sequence[Change], wait: float = 0, *, scope: Scope | None = None,
-          by: str = "provision", verify: bool = False, deadline: float = 900,
-          secrets: Mapping[str, str | None] | None = None, model_changed: bool = False,
-          record: Sequence[str] = (), serve: Mapping[str, Any] | None = None,
-          overrides: Sequence[str] = ()) -> Outcome:
+@dataclass(frozen=True)
+class Record:
+    """What an apply records as a generation (none without a scope), and how: pending until promote or
+    reject when `verify` (deploy; the host gives up on it after `deadline` seconds), applied otherwise.
+    `changed` names what changed outside the applied changes (a model fetched before them): a
+    generation is recorded then too. `serve` (where the host's server answers) and `overrides` (the
+    run's --set keys) are kept with it: a rollback judges it by the first, status names the second as
+    drift. `secrets` fill the placeholders of rendered files (stdin only)."""
+
+    scope: Scope | None = None
+    by: str = "provision"
+    verify: bool = False
+    deadline: float = 900
+    secrets: Mapping[str, str | None] = field(default_factory=dict)
+    model_changed: bool = False
+    changed: Sequence[str] = ()
+    serve: Mapping[str, Any] | None = None
+    overrides: Sequence[str] = ()
+
+
+def apply(runner: Runner, changes: Sequence[Change], wait: float = 0, record: Record | None = None) -> Outcome:
     """Run the changes in order under the host's lock (a step already in place is skipped);
-    ApplyFailed names the step that failed. With a scope, what changed is recorded as a generation:
-    pending until promote or reject when `verify` (deploy), applied otherwise. `record` names what
-    changed outside these changes (a model fetched before them): a generation is recorded then too.
-    `serve` (where the host's server answers) and `overrides` (the run's --set keys) are recorded with
-    the generation: a rollback judges it by the first, status names the second as drift."""
-    spec = {"action": "apply", "lock": LOCK, "wait": wait, "by": by, "verify": verify, "deadline": deadline,
-            "generations": scope.spec() if scope else None, "secrets": _secrets(secrets or {}),
-            "model_changed": model_changed, "record": list(record),
-            "serve": dict(serve) if serve else None, "overrides": sorted(overrides),
+    ApplyFailed names the step that failed. What changed is recorded as `record` says (Record)."""
+    kept = record or Record()
+    spec = {"action": "apply", "lock": LOCK, "wait": wait, "by": kept.by, "verify": kept.verify,
+            "deadline": kept.deadline, "generations": kept.scope.spec() if kept.scope else None,
+            "secrets": _secrets(kept.secrets), "model_changed": kept.model_changed, "record": list(kept.changed),
+            "serve": dict(kept.serve) if kept.serve else None, "overrides": sorted(kept.overrides),
             "changes": [{"kind": c.kind, "target": c.target, "data": dict(c.data), "describe": c.describe()}
                         for c in changes]}
     answer = _execute(runner, spec, changes)

@@ -28,6 +28,7 @@ from provision.context import Context
 from provision.errors import CommandFailed, ProvisionError, UnreachableHost
 from provision.fanout import for_each_host
 from provision.inventory import Host, Inventory
+from provision.taskargs import PrepareFlags
 
 LOCK = "/run/lock/provision.lock"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
@@ -209,24 +210,13 @@ def _package_changes(fixes: Sequence[Fix], survey: Mapping[str, Any]) -> tuple[l
 # on the hosts
 
 
-@dataclass(frozen=True)
-class Flags:
-    """What the prepare task was asked on its command line."""
-
-    reboot: bool = False
-    dry_run: bool = False
-    batch: int = 1
-    timeout: float = 600  # seconds a rebooting host has to come back
-    lock_wait: float = 120  # seconds apt waits for dpkg's lock
-
-
 def apt_options(ctx: Context) -> list[str]:
     """The site's apt proxy (apt_proxy) as apt options, never in a file the tool leaves behind."""
     proxy = ctx.settings.apt_proxy
     return ["-o", f"Acquire::http::Proxy={proxy}", "-o", f"Acquire::https::Proxy={proxy}"] if proxy else []
 
 
-def survey(runner: remote.Runner, ctx: Context, fixes: Sequence[Fix], flags: Flags) -> dict[str, Any]:
+def survey(runner: remote.Runner, ctx: Context, fixes: Sequence[Fix], flags: PrepareFlags) -> dict[str, Any]:
     spec = {"packages": sorted({name for fix in fixes for name in fix.packages}),
             "files": sorted({path for fix in fixes for path in fix.files}), "update": True,
             "apt_options": apt_options(ctx), "lock_wait": flags.lock_wait}
@@ -238,7 +228,7 @@ def survey(runner: remote.Runner, ctx: Context, fixes: Sequence[Fix], flags: Fla
     return answer
 
 
-def apply(runner: remote.Runner, ctx: Context, prepared: Preparation, flags: Flags) -> dict[str, Any]:
+def apply(runner: remote.Runner, ctx: Context, prepared: Preparation, flags: PrepareFlags) -> dict[str, Any]:
     spec = {"install": {change.name: change.candidate for change in prepared.packages},
             "write": dict(prepared.files), "commands": [list(argv) for argv in prepared.commands],
             "apt_options": apt_options(ctx), "lock_wait": flags.lock_wait, "lock": LOCK, "wait": 0}
@@ -340,7 +330,7 @@ class Prepared:
             report.ok and (self.dry_run or not report.remaining) for report in self.reports.values())
 
 
-def prepare(inv: Inventory, targets: list[Host], options: run.Options, flags: Flags,
+def prepare(inv: Inventory, targets: list[Host], options: run.Options, flags: PrepareFlags,
             progress: Callable[[str], None] = lambda line: None) -> Prepared:
     """The whole task: gate every target, then one host (or `batch`) at a time plan, apply, reboot when
     asked, and gate again. A host that fails or does not come back stops the roll."""
@@ -370,7 +360,7 @@ def prepare(inv: Inventory, targets: list[Host], options: run.Options, flags: Fl
     return Prepared([t.name for t in targets], reports, errors, stopped, flags.dry_run)
 
 
-def _prepare_one(inv: Inventory, target: Host, ctx: Context, options: run.Options, flags: Flags,
+def _prepare_one(inv: Inventory, target: Host, ctx: Context, options: run.Options, flags: PrepareFlags,
                  report: HostReport, progress: Callable[[str], None]) -> None:
     fixes, unfixable = fixes_for(ctx, report.before)
     runner = remote.connect(target, inv.ssh, accept_new_host_keys=options.accept_new_host_keys)

@@ -13,6 +13,7 @@ the endpoint recorded with it (`restored_endpoint`) before the next host is touc
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -51,13 +52,14 @@ class Outcome:
     steps: dict[str, float] = field(default_factory=dict)
 
 
-def batches(order: list[str], inv: inventory.Inventory, size: int) -> list[list[str]]:
-    """Single hosts `size` at a time; a multi-node cluster is one batch of its own (head last)."""
+def batches(order: list[str], clusters: Mapping[str, inventory.Cluster | None], size: int) -> list[list[str]]:
+    """Single hosts `size` at a time; a multi-node cluster is one batch of its own (head last).
+    `clusters`: each host's cluster (None for a host alone)."""
     batches: list[list[str]] = []
     loose: list[str] = []
     seen: set[str] = set()
     for name in order:
-        cluster = inv.cluster_of(name)
+        cluster = clusters.get(name)
         if cluster and cluster.multi_node:
             if cluster.name not in seen:
                 seen.add(cluster.name)
@@ -83,35 +85,59 @@ def ray_nodes(runner: remote.Runner, venv_dir: str, head_address: str, expected:
         time.sleep(3)
 
 
-def rolling(inv: inventory.Inventory, plans: dict[str, HostPlan], overrides: Mapping[str, Any], held: secrets.Secrets,
-            batch: int, timeout: float, wait: float, outcomes: dict[str, Outcome],
-            by: str = "deploy") -> Callable[..., Any]:
+@dataclass(frozen=True)
+class Roll:
+    """What deploy's roll works from: the plans (each host's context with it), the run's secrets, and
+    how it rolls. Everything it knows of a host is what the gate and the plan left here."""
+
+    planned: Planned
+    outcomes: dict[str, Outcome]
+    batch: int = 1
+    timeout: float = 600
+    wait: float = 0
+    by: str = "deploy"
+
+    @property
+    def plans(self) -> dict[str, HostPlan]:
+        return self.planned.plans
+
+    @property
+    def held(self) -> secrets.Secrets:
+        return self.planned.held
+
+    def settings_of(self, name: str, fallback: str) -> inventory.Settings:
+        """The gate's settings of `name` (a cluster's head need not be a target: the gate saw it as a
+        peer), else of `fallback`, a host of the same cluster in the roll."""
+        known = self.planned.contexts.get(name) or self.plans[fallback].ctx
+        return known.settings
+
+
+def rolling(roll: Roll) -> Callable[..., Any]:
     """The last step of carry_out for deploy: apply batch after batch, each gated on readiness."""
 
     def final(names: list[str], connect: Connect, bar: Bar) -> tuple[dict[str, int], dict[str, BaseException]]:
         done: dict[str, int] = {}
         errors: dict[str, BaseException] = {}
-        for group in batches(names, inv, batch):
+        for group in batches(names, {name: roll.plans[name].ctx.cluster for name in names}, roll.batch):
             if errors:
                 for name in group:
-                    outcomes[name].state = "not rolled"
-                    outcomes[name].detail = "the roll stopped before this host"
+                    roll.outcomes[name].state = "not rolled"
+                    roll.outcomes[name].detail = "the roll stopped before this host"
                 continue
-            failed = roll_one(group, inv, plans, overrides, held, timeout, wait, connect, bar, done, outcomes, by)
+            failed = roll_one(group, roll, connect, bar, done)
             errors.update(failed)
         return done, errors
 
     return final
 
 
-def roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostPlan], overrides: Mapping[str, Any],
-              held: secrets.Secrets, timeout: float, wait: float, connect: Connect, bar: Bar,
-              done: dict[str, int], outcomes: dict[str, Outcome], by: str = "deploy") -> dict[str, BaseException]:
+def roll_one(group: list[str], roll: Roll, connect: Connect, bar: Bar, done: dict[str, int]) -> dict[str, BaseException]:
     """Apply a batch (each host's changes become a pending generation), wait for readiness, then promote
     every generation the batch made, or reject them all: each host gets back its last good one."""
-    cluster = inv.cluster_of(group[0])
+    plans, held, outcomes, timeout, wait = roll.plans, roll.held, roll.outcomes, roll.timeout, roll.wait
+    cluster = plans[group[0]].ctx.cluster
     multi = bool(cluster and cluster.multi_node)
-    head_engine = engines.engine_of(inv.settings(cluster.head, overrides)) if cluster else None
+    head_engine = engines.engine_of(roll.settings_of(cluster.head, group[0])) if cluster else None
     # A Ray cluster's server starts only once Ray sees every node; an MPI launch reaches them itself.
     ray = multi and head_engine is not None and head_engine.cluster_launch == "ray"
     held_back: dict[str, list[plan.Change]] = {}
@@ -125,10 +151,9 @@ def roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostPl
         started = time.monotonic()
         count = 0
         if changes:
-            outcome = ops.apply(connect(name), changes, wait=wait, scope=plans[name].scope, by=by, verify=True,
-                                deadline=timeout + (150 if multi else 30), secrets=secret_environment(held),
-                                model_changed=bool(plans[name].of_kind("weights")), serve=plans[name].serve,
-                                overrides=plans[name].overrides)
+            record = dataclasses.replace(run.generation_of(plans[name], held, roll.by), verify=True,
+                                         deadline=timeout + (150 if multi else 30))
+            outcome = ops.apply(connect(name), changes, wait, record)
             count = len(outcome.done)
             if outcome.generation is not None:
                 made[name] = outcome.generation
@@ -140,10 +165,9 @@ def roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostPl
     errors: dict[str, BaseException] = dict(applied.errors)
     if not errors and ray and cluster:
         head = cluster.head
-        settings = inv.settings(head, overrides)
         ray_timeout = min(timeout, 120.0)  # nodes join within seconds; a missing one will not
-        address = plans[head].cluster_address or inv.host(head).address
-        nodes = ray_nodes(connect(head), settings.venv_dir, address, len(cluster.hosts), ray_timeout)
+        address = plans[head].cluster_address or plans[head].host.address
+        nodes = ray_nodes(connect(head), plans[head].settings.venv_dir, address, len(cluster.hosts), ray_timeout)
         if nodes < len(cluster.hosts):
             errors[head] = RollStopped(
                 f"{head}: Ray sees {nodes} of {len(cluster.hosts)} nodes; vLLM not started (check the "
@@ -152,12 +176,11 @@ def roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostPl
             done[head] = done.get(head, 0) + len(ops.apply(connect(head), held_back[head], wait=wait).done)
     servers = [name for name in group if not (multi and cluster and name != cluster.head)]
     for name in servers if not errors else []:
-        settings = inv.settings(name, overrides)
         update = bar(f"{name}: waiting for /health and a completion")
         started = time.monotonic()
         try:
             outcomes[name].ready_s = server.wait_ready(
-                connect(name), settings, held.vllm_api_key, timeout,
+                connect(name), plans[name].settings, held.vllm_api_key, timeout,
                 _elapsed_on(update, timeout))
             outcomes[name].state = "ready"
         except ProvisionError as exc:
@@ -173,8 +196,8 @@ def roll_one(group: list[str], inv: inventory.Inventory, plans: dict[str, HostPl
         cause = "; ".join(error_text(error) for error in errors.values())
         for name in group:
             if name in made:
-                roll_back(name, made[name], plans, held, wait, connect, errors, outcomes, cause,
-                          ready=_ready_again(connect, name, held, timeout, inv.settings(name, {})))
+                roll_back(name, made[name], roll, connect, errors, cause,
+                          ready=_ready_again(connect, name, held, timeout, plans[name].declared_settings))
     return errors
 
 
@@ -183,17 +206,16 @@ def _elapsed_on(update: Callable[[int, int], None], timeout: float) -> Callable[
     return lambda event: update(int(event.get("elapsed", 0)), int(timeout))
 
 
-def roll_back(name: str, generation: int, plans: dict[str, HostPlan], held: secrets.Secrets, wait: float,
-              connect: Connect, errors: dict[str, BaseException], outcomes: dict[str, Outcome], cause: str,
-              ready: Callable[[ops.Outcome], float | None] | None = None) -> None:
+def roll_back(name: str, generation: int, roll: Roll, connect: Connect, errors: dict[str, BaseException],
+              cause: str, ready: Callable[[ops.Outcome], float | None] | None = None) -> None:
     """Reject what this deploy applied on the host; it gets back its newest good generation whole (files,
     venv, model, each unit enabled and running exactly as it was). `ready` waits until the restored
     server answers again (None where the restored generation runs no server)."""
-    outcome = outcomes[name]
+    outcome = roll.outcomes[name]
     own = error_text(errors[name]).removeprefix(name + ": ") if name in errors else cause
     try:
-        back = ops.reject(connect(name), generation, plans[name].scope, own, wait=wait,
-                          secrets=secret_environment(held))
+        back = ops.reject(connect(name), generation, roll.plans[name].scope, own, wait=roll.wait,
+                          secrets=secret_environment(roll.held))
         if back.to is None:  # another run's generation is current: that is what the host holds now
             outcome.detail = f"{own}; generation {generation} rejected, the host keeps what the other run applied"
             outcome.state = "superseded"
@@ -232,22 +254,21 @@ def _ready_again(connect: Connect, name: str, held: secrets.Secrets, timeout: fl
     return ready
 
 
-def _gate_unchanged(inv: inventory.Inventory, order: list[str], plans: dict[str, HostPlan],
-                    overrides: Mapping[str, Any], held: secrets.Secrets, timeout: float, pool: remote.Pool,
-                    outcomes: dict[str, Outcome], errors: dict[str, BaseException]) -> None:
+def _gate_unchanged(roll: Roll, pool: remote.Pool, errors: dict[str, BaseException]) -> None:
     """A server this deploy did not touch still has to answer: the declared state is a served model,
     not only files (right after a provision the server may still be loading). Nothing to roll back."""
-    for name in order:
-        if name not in plans or name in errors or outcomes[name].state != "unchanged" or status.role_of(inv, name) != "server":
+    plans, outcomes = roll.plans, roll.outcomes
+    for name in roll.planned.order:
+        if name not in plans or name in errors or outcomes[name].state != "unchanged" or not plans[name].ctx.is_head:
             continue
-        settings = inv.settings(name, overrides)
+        settings = plans[name].settings
         if not settings.model:
             continue
         started = time.monotonic()
-        runner = pool.connect(inv.host(name))
+        runner = pool.connect(plans[name].host)
         unfinished = plans[name].unfinished
         try:
-            outcomes[name].ready_s = server.wait_ready(runner, settings, held.vllm_api_key, timeout)
+            outcomes[name].ready_s = server.wait_ready(runner, settings, roll.held.vllm_api_key, roll.timeout)
             outcomes[name].state, outcomes[name].detail = "ready", "unchanged; answers /health and a completion"
             if unfinished:  # an earlier deploy stopped before its verdict: this run gives it
                 ops.promote(runner, unfinished["id"], plans[name].scope)
@@ -257,8 +278,8 @@ def _gate_unchanged(inv: inventory.Inventory, order: list[str], plans: dict[str,
             errors[name] = exc
             outcomes[name].detail = error_text(exc)
             if unfinished:
-                roll_back(name, unfinished["id"], plans, held, 0, lambda host: pool.connect(inv.host(host)),
-                           errors, outcomes, outcomes[name].detail)
+                roll_back(name, unfinished["id"], dataclasses.replace(roll, wait=0),
+                          lambda host: pool.connect(plans[host].host), errors, outcomes[name].detail)
         outcomes[name].steps["ready"] = round(time.monotonic() - started, 2)
 
 
@@ -289,18 +310,21 @@ def deploy(inv: inventory.Inventory, targets: list[inventory.Host], options: Opt
     servers this deploy did not change."""
     started = time.monotonic()
     outcomes: dict[str, Outcome] = {}
-    timings: dict[str, dict[str, float]] = {}
     with remote.Pool(inv.ssh, accept_new_host_keys=options.accept_new_host_keys) as pool:
         planned = run.plans(inv, targets, options, pool)
         show(planned)
-        plans, errors, order, held = planned.plans, dict(planned.errors), planned.order, planned.held
-        outcomes.update({name: Outcome(name) for name in order})
-        applied, failed, fetched, wheels_sent = run.carry_out(
-            inv, plans, order, options, held,
-            final=rolling(inv, plans, options.overrides, held, batch, timeout, options.wait, outcomes, by),
-            timings=timings, pool=pool)
-        errors.update(failed)
-        _gate_unchanged(inv, order, plans, options.overrides, held, timeout, pool, outcomes, errors)
+        return roll_out(planned, options, pool, Roll(planned, outcomes, batch, timeout, options.wait, by), started)
+
+
+def roll_out(planned: Planned, options: Options, pool: remote.Pool, roll: Roll, started: float) -> Deployed:
+    """deploy after its gate and plan: from here on, what a host is comes from its plan alone (the
+    inventory is not asked again)."""
+    plans, errors, order, held, outcomes = planned.plans, dict(planned.errors), planned.order, planned.held, roll.outcomes
+    timings: dict[str, dict[str, float]] = {}
+    outcomes.update({name: Outcome(name) for name in order})
+    applied, failed, fetched, wheels_sent = run.carry_out(planned, options, pool, final=rolling(roll), timings=timings)
+    errors.update(failed)
+    _gate_unchanged(roll, pool, errors)
     for name, outcome in outcomes.items():
         outcome.steps = {**timings.get(name, {}), **outcome.steps}
         if name in errors and outcome.state in ("unchanged", "ready"):
@@ -338,7 +362,8 @@ def rollback(inv: inventory.Inventory, targets: list[inventory.Host], options: O
                 pool.connect(target), run.scope_of(inv.settings(target.name, options.overrides))))
         values: dict[str, Any] = {}
         errors: dict[str, BaseException] = {}
-        for group in batches([target.name for target in targets], inv, 1):
+        for group in batches([target.name for target in targets],
+                             {target.name: inv.cluster_of(target.name) for target in targets}, 1):
             for name in group:
                 if errors:
                     errors[name] = RollStopped(f"{name}: not rolled back: the rollback stopped at "

@@ -180,15 +180,25 @@ def bench_report(answer: Mapping[str, Any], names: engines.MetricNames = engines
         errors=tuple(answer.get("errors", [])))
 
 
-def bench(runner: Any, settings: Settings, api_key: str | None, prompt: str, count: int,
-          concurrency: int, max_tokens: int, on_progress: Callable[[dict[str, Any]], None],
-          prompts: Sequence[str] = ()) -> BenchReport:
-    """`count` streamed completions, `concurrency` at a time; `prompts` (one per request) replace
-    `prompt` + the request's number."""
+@dataclass(frozen=True)
+class Requests:
+    """A benchmark's load: `count` streamed completions of `max_tokens`, `concurrency` at a time, each
+    `prompt` and the request's number, or one of `prompts` (one per request) where given."""
+
+    count: int
+    concurrency: int
+    max_tokens: int
+    prompt: str = ""
+    prompts: Sequence[str] = ()
+
+
+def bench(runner: Any, settings: Settings, api_key: str | None, load: Requests,
+          on_progress: Callable[[dict[str, Any]], None]) -> BenchReport:
+    """`load`'s completions against the host's server, streamed; its timings and the engine's figures."""
     names = engines.engine_of(settings).metric_names(settings)
     spec = {"action": "bench", "base": base_url(settings), "model": served_name(settings), "api_key": api_key,
-            "prompt": prompt, "count": count, "concurrency": concurrency, "max_tokens": max_tokens,
-            "metrics_path": names.path, "prompts": list(prompts)}
+            "prompt": load.prompt, "count": load.count, "concurrency": load.concurrency,
+            "max_tokens": load.max_tokens, "metrics_path": names.path, "prompts": list(load.prompts)}
     return bench_report(_run(runner, spec, on_progress, 3600), names)
 
 

@@ -304,7 +304,10 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
                 model_root: str | None, seconds: float, key_sent: bool = False,
                 engine: engines.Engine = engines.ENGINES["vllm"], names: MetricNames | None = None) -> HostStatus:
     """Pure: the probe's answer -> what status shows, and whether the host is healthy. `names`: the
-    metric names of the host's release (engine.metric_names(settings)); the engine's default otherwise."""
+    metric names of the host's release (engine.metric_names(settings)); the engine's default otherwise.
+    Nine parameters: each is one separate reading of the host (its role, facts, server answer, model
+    root, seconds, whether a key was sent, engine and metric names), and the tests build a row from
+    the few they vary; a holder of them all would be built for this call alone."""
     names = names or engine.metrics
     machine: dict[str, Any] = {
         "kernel": host_facts.kernel, "driver": host_facts.driver.version if host_facts.driver else None,
@@ -429,10 +432,20 @@ def kv_estimate(host: str, profile: Profile, settings: Settings, host_facts: Hos
     return int(tokens) if isinstance(tokens, int) else None
 
 
-def gather_one(runner: Any, host: str, role: str, settings: Settings, api_key: str | None,
-               window: float, timeout: float, profile: Profile | None = None,
-               stall_window: float = stall.STALL_WINDOW, history: Sequence[stall.Sample] = ()) -> HostStatus:
+@dataclass(frozen=True)
+class Sampling:
+    """How status reads a host: seconds between the two /metrics samples (`window`), seconds each host
+    may take (`timeout`), and how long the generated-token count may stand still (`stall_window`)."""
+
+    window: float = 1.0
+    timeout: float = 5
+    stall_window: float = stall.STALL_WINDOW
+
+
+def gather_one(runner: Any, host: str, role: str, settings: Settings, api_key: str | None, sampling: Sampling,
+               profile: Profile | None = None, history: Sequence[stall.Sample] = ()) -> HostStatus:
     """One host's status in one execution; `history`: its samples of earlier refreshes (--watch)."""
+    window, timeout, stall_window = sampling.window, sampling.timeout, sampling.stall_window
     started = time.monotonic()
     spec = probe_spec(settings, api_key, window, timeout)
     result: Result = runner.run(["python3", "-"], stdin=facts.probe_program(spec), timeout=timeout + window + 5)
@@ -540,11 +553,12 @@ def role_of(inv: inventory.Inventory, name: str) -> str:
 
 
 def gather_status(inv: inventory.Inventory, targets: list[inventory.Host], overrides: dict[str, Any],
-                  held: secrets.Secrets, window: float, timeout: float, stall_window: float = stall.STALL_WINDOW,
+                  held: secrets.Secrets, sampling: Sampling,
                   history: Mapping[str, Sequence[stall.Sample]] | None = None) -> dict[str, HostStatus]:
     """Every host's status under one deadline. Once (`history` None): a server that looks stalled is
     then asked again until the stuck rule can tell (at most the stall window, under a second deadline;
     only those hosts wait). --watch passes each host's earlier samples as `history` and waits for none."""
+    window, timeout, stall_window = sampling.window, sampling.timeout, sampling.stall_window
     ssh = inventory.SshSettings(**{**inv.ssh.__dict__, "connect_timeout": min(inv.ssh.connect_timeout, timeout)})
 
     def one(name: str) -> HostStatus:
@@ -552,8 +566,7 @@ def gather_status(inv: inventory.Inventory, targets: list[inventory.Host], overr
         runner = remote.connect(target, ssh)
         try:
             return gather_one(runner, name, role_of(inv, name), inv.settings(name, overrides),
-                              held.vllm_api_key, window, timeout, target.profile, stall_window,
-                              (history or {}).get(name, ()))
+                              held.vllm_api_key, sampling, target.profile, (history or {}).get(name, ()))
         finally:
             runner.close()
 

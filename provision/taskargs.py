@@ -1,16 +1,26 @@
-"""What every task shares: the help of the common flags, the mapping of errors to exit codes, logging,
-and turning the flags into the inventory, the targets and the run's Options (provision.run)."""
+"""What every task shares: the common flags (declared once, parsed into one HostFlags), their help, the
+mapping of errors to exit codes, logging, and turning the flags into the inventory, the targets and the
+run's Options (provision.run).
+
+    @host_task("plan", "inventory", "host", ..., help={...})
+    def plan_(c: Context, flags: HostFlags, own_flag: int = 1) -> None: ...
+
+Invoke reads a task's flags off its signature: host_task gives the task one built of the shared flags
+named and the task's own parameters, and hands the body the shared ones as one HostFlags."""
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from invoke.exceptions import Exit
+from invoke.tasks import Task, task
 
 from provision import config
 from provision.errors import InventoryError, LabError
@@ -35,6 +45,8 @@ COMMON_HELP = {
     "set": "override a service setting, KEY=VALUE (repeatable; highest precedence)",
     "verbose": "log every remote command (secrets masked) and what each host's fact probe ran, "
                "and for how long, to stderr",
+    "force": "override a blocker by its check id (repeatable)",
+    "wait": "seconds to wait for another run's lock on a host",
 }
 
 
@@ -163,15 +175,151 @@ def select(inventory_: str | None, host: Sequence[str] | None = None, cluster: s
     return Selection(inv, inv.select(hosts=list(host or []), cluster=cluster, everything=everything), overrides)
 
 
-def options(selection: Selection, *, profile: str | None = None, accept_new_host_keys: bool = False,
-            force: Sequence[str] | None = None, wait: float = 0, json_: bool = False, only: str | None = None,
-            verify: bool = False, may_build: bool = False) -> Options:
-    """The run's Options from the flags a task was given."""
-    from provision.run import Options
+@dataclass(frozen=True)
+class HostFlags:
+    """The flags the host tasks share, parsed once; a task that has no such flag gets the default."""
 
-    return Options(overrides=selection.overrides, profile=profile_named(profile),
-                   accept_new_host_keys=accept_new_host_keys, force=tuple(force or ()), wait=wait, quiet=json_,
-                   only=only, verify=verify, may_build=may_build)
+    inventory: str | None = None
+    host: tuple[str, ...] = ()
+    cluster: str | None = None
+    all: bool = False
+    json: bool = False
+    accept_new_host_keys: bool = False
+    profile: str | None = None
+    set: tuple[str, ...] = ()
+    force: tuple[str, ...] = ()
+    wait: float = 0
+    verbose: bool = False
+
+    def select(self, *, default_all: bool = False, targets: bool = True) -> Selection:
+        return select(self.inventory, self.host, self.cluster, self.all, self.set, default_all, targets)
+
+    def options(self, selection: Selection, *, only: str | None = None, verify: bool = False,
+                may_build: bool = False) -> Options:
+        """The run's Options from these flags and what the task adds."""
+        from provision.run import Options
+
+        return Options(overrides=selection.overrides, profile=profile_named(self.profile),
+                       accept_new_host_keys=self.accept_new_host_keys, force=self.force, wait=self.wait,
+                       quiet=self.json, only=only, verify=verify, may_build=may_build)
+
+
+# The own flags of the tasks that have many, parsed (host_task's `asked`); the libraries read them.
+
+
+@dataclass(frozen=True)
+class PrepareFlags:
+    """What the prepare task was asked on its command line."""
+
+    reboot: bool = False
+    dry_run: bool = False
+    batch: int = 1
+    timeout: float = 600  # seconds a rebooting host has to come back
+    lock_wait: float = 120  # seconds apt waits for dpkg's lock
+
+
+@dataclass(frozen=True)
+class NcclFlags:
+    """What verify.nccl was asked: message sizes (text: 1M, 1G), all-reduces per size, GPUs per host,
+    the rendezvous port, seconds the test may take, where to keep each node's answer."""
+
+    min_bytes: str = "1M"
+    max_bytes: str = "1G"
+    iters: int = 20
+    warmup: int = 5
+    gpus: int = 0
+    port: int = config.NCCL_PORT
+    timeout: int = 600
+    log_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class TuneFlags:
+    """What tune was asked: the space and workload files, the latency bounds and the budget (text, read
+    by the task), seconds each trial's server has to become ready, and whether to draw the trials."""
+
+    space: str | None = None
+    workload: str | None = None
+    slo_ttft_ms: str | None = None
+    slo_itl_ms: str | None = None
+    budget: str | None = None
+    timeout: float = 600
+    no_plot: bool = False
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A shared flag as Invoke reads it off a signature: the parameter's name (a trailing _ where the
+    name is Python's: --all, --json), its default, and whether it repeats."""
+
+    parameter: str
+    default: Any = None
+    annotation: str = "str | None"
+    repeats: bool = False
+
+    @property
+    def field(self) -> str:
+        return self.parameter.rstrip("_")
+
+
+SHARED_FLAGS = {
+    "host": Flag("host", annotation="list[str] | None", repeats=True),
+    "cluster": Flag("cluster"),
+    "all": Flag("all_", False, "bool"),
+    "inventory": Flag("inventory_"),
+    "json": Flag("json_", False, "bool"),
+    "accept-new-host-keys": Flag("accept_new_host_keys", False, "bool"),
+    "profile": Flag("profile"),
+    "set": Flag("set_", annotation="list[str] | None", repeats=True),
+    "force": Flag("force", annotation="list[str] | None", repeats=True),
+    "wait": Flag("wait", 0, "float"),
+    "verbose": Flag("verbose", False, "bool"),
+}
+TARGETS = ("inventory", "host", "cluster", "all", "json", "accept-new-host-keys", "profile", "set", "verbose")
+HOST_TASK_FLAGS = (*TARGETS, "force")  # check, plan, tune, prepare: the run's gate
+
+
+def host_task(name: str, *shared: str, help: Mapping[str, str] | None = None, asked: type | None = None,
+              iterable: Sequence[str] = ()) -> Callable[[Callable[..., None]], Task[Any]]:
+    """An Invoke task (errors mapped by `guarded`) whose body is `body(c, flags: HostFlags, **own)`: the
+    `shared` flags (SHARED_FLAGS' names) are declared for it, each with COMMON_HELP's help unless
+    `help` gives its own, beside the body's own parameters and their `help`. With `asked` (a dataclass
+    whose every field has a default), its fields are the task's own flags instead, and the body is
+    `body(c, flags, asked_instance)`."""
+    unknown = set(shared) - set(SHARED_FLAGS)
+    if unknown:
+        raise ValueError(f"not a shared flag: {', '.join(sorted(unknown))}")
+    flags = [SHARED_FLAGS[flag] for flag in shared]
+    keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
+
+    def decorate(body: Callable[..., None]) -> Task[Any]:
+        context, _, *own = inspect.signature(body).parameters.values()
+        if asked is not None:
+            own = [inspect.Parameter(item.name, keyword, default=item.default, annotation=item.type)
+                   for item in dataclasses.fields(asked)]
+        declared = [inspect.Parameter(flag.parameter, keyword, default=flag.default, annotation=flag.annotation)
+                    for flag in flags]
+        last = [parameter for parameter in declared if parameter.name == "verbose"]  # after the task's own
+        signature = inspect.Signature([context, *[p for p in declared if p not in last], *own, *last],
+                                      return_annotation=None)
+
+        @functools.wraps(body)
+        def parsed(c: Any, **given: Any) -> None:
+            values = {flag.field: given.pop(flag.parameter) for flag in flags}
+            for flag in flags:
+                if flag.repeats:
+                    values[flag.field] = tuple(values[flag.field] or ())
+            if asked is not None:
+                return body(c, HostFlags(**values), asked(**given))
+            return body(c, HostFlags(**values), **given)
+
+        parsed.__signature__ = signature  # type: ignore[attr-defined]  # what Invoke reads the flags off
+        helps = {**{name: COMMON_HELP[name] for name in shared}, **(help or {})}
+        repeated = [flag.parameter for flag in flags if flag.repeats]
+        return task(auto_shortflags=False, name=name, help=helps,  # type: ignore[no-any-return]
+                    iterable=[*repeated, *iterable])(guarded(parsed))
+
+    return decorate
 
 
 def exit_unless(ok: bool) -> None:

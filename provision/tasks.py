@@ -13,156 +13,115 @@ from invoke.exceptions import Exit
 from invoke.tasks import task
 
 from provision.taskargs import (
-    HOST_TASK_HELP,
+    HOST_TASK_FLAGS,
+    TARGETS,
+    HostFlags,
     exit_unless,
     guarded,
     help_for,
-    options,
+    host_task,
     select,
     setup_logging,
 )
 
-TARGETS = ("inventory", "host", "cluster", "all", "json", "accept-new-host-keys", "profile", "set", "verbose")
 
-
-@task(auto_shortflags=False, name="facts", help=help_for(*TARGETS), iterable=["host", "set_"])
-@guarded
-def facts_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
-           inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
-           profile: str | None = None, set_: list[str] | None = None, verbose: bool = False) -> None:
+@host_task("facts", *TARGETS)
+def facts_(c: Context, flags: HostFlags) -> None:
     """Gather each host's facts in one round trip: kernel, CPU topology, memory, driver, GPUs, units."""
     from provision import report, run
-    setup_logging(verbose)
-    chosen = select(inventory_, host, cluster, all_, set_)
-    results = run.gather(chosen.inventory, chosen.targets,
-                         options(chosen, profile=profile, accept_new_host_keys=accept_new_host_keys))
-    if json_:
+    setup_logging(flags.verbose)
+    chosen = flags.select()
+    results = run.gather(chosen.inventory, chosen.targets, flags.options(chosen))
+    if flags.json:
         print(report.dump_json(report.facts_json(results)))
     else:
-        report.print_facts(results, report.console(), verbose=verbose)
+        report.print_facts(results, report.console(), verbose=flags.verbose)
     exit_unless(results.ok)
 
 
-@task(auto_shortflags=False, name="check",
-      help=help_for(*TARGETS, force="override a blocker by its check id (repeatable); it stays in the report"),
-      iterable=["host", "set_", "force"])
-@guarded
-def check(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
-          inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
-          profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
-          verbose: bool = False) -> None:
+@host_task("check", *HOST_TASK_FLAGS,
+           help={"force": "override a blocker by its check id (repeatable); it stays in the report"})
+def check(c: Context, flags: HostFlags) -> None:
     """The preflight gate: every rule on every host, with evidence and the fix; exit 1 if one blocks."""
     from provision import checks, report, run
-    setup_logging(verbose)
-    chosen = select(inventory_, host, cluster, all_, set_)
-    gated = run.gate(chosen.inventory, chosen.targets,
-                     options(chosen, profile=profile, accept_new_host_keys=accept_new_host_keys, force=force))
-    if json_:
+    setup_logging(flags.verbose)
+    chosen = flags.select()
+    gated = run.gate(chosen.inventory, chosen.targets, flags.options(chosen))
+    if flags.json:
         print(report.dump_json(report.check_json(gated.order, gated.findings, gated.errors)))
     else:
         report.print_check(gated.order, gated.findings, gated.errors, report.console())
     exit_unless(not gated.errors and not any(checks.verdict(found) == "blocked" for found in gated.findings.values()))
 
 
-@task(auto_shortflags=False, name="plan", help=HOST_TASK_HELP, iterable=["host", "set_", "force"])
-@guarded
-def plan_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
-          inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
-          profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
-          verbose: bool = False) -> None:
+@host_task("plan", *HOST_TASK_FLAGS)
+def plan_(c: Context, flags: HostFlags) -> None:
     """Show what provision would change on each host, with a diff per file; changes nothing."""
     from provision import report, run
-    setup_logging(verbose)
-    chosen = select(inventory_, host, cluster, all_, set_)
-    planned = run.plans(chosen.inventory, chosen.targets,
-                        options(chosen, profile=profile, accept_new_host_keys=accept_new_host_keys, force=force))
-    if json_:
+    setup_logging(flags.verbose)
+    chosen = flags.select()
+    planned = run.plans(chosen.inventory, chosen.targets, flags.options(chosen))
+    if flags.json:
         print(report.dump_json(report.plans_json(planned.order, planned.plans, planned.findings, planned.errors)))
     else:
         report.print_plans(planned, show_diff=True)
     exit_unless(not planned.errors and len(planned.plans) == len(planned.order))
 
 
-@task(auto_shortflags=False, name="provision",
-      help={**HOST_TASK_HELP, "wait": "seconds to wait for another run's lock on a host (default: fail at once)"},
-      iterable=["host", "set_", "force"])
-@guarded
-def provision_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
-               inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
-               profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
-               wait: float = 0, verbose: bool = False) -> None:
+@host_task("provision", *HOST_TASK_FLAGS, "wait",
+           help={"wait": "seconds to wait for another run's lock on a host (default: fail at once)"})
+def provision_(c: Context, flags: HostFlags) -> None:
     """facts -> gate -> plan -> apply: bring each host's units and environment to the rendered state."""
     from provision import report, run
-    setup_logging(verbose)
-    chosen = select(inventory_, host, cluster, all_, set_)
-    flags = options(chosen, profile=profile, accept_new_host_keys=accept_new_host_keys, force=force, wait=wait,
-                    json_=json_, may_build=True)
-    result = run.provision(chosen.inventory, chosen.targets, flags, show=report.plans_shower(json_))
-    report.print_applied(result, json_)
+    setup_logging(flags.verbose)
+    chosen = flags.select()
+    result = run.provision(chosen.inventory, chosen.targets, flags.options(chosen, may_build=True),
+                           show=report.plans_shower(flags.json))
+    report.print_applied(result, flags.json)
     exit_unless(result.ok)
 
 
-@task(auto_shortflags=False, name="weights",
-      help={**HOST_TASK_HELP, "verify": "hash every file of the model again, not only those whose size or "
-                                         "time changed", "wait": "seconds to wait for another run's lock"},
-      iterable=["host", "set_", "force"])
-@guarded
-def weights_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
-             inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
-             profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
-             verify: bool = False, wait: float = 0, verbose: bool = False) -> None:
+@host_task("weights", *HOST_TASK_FLAGS, "wait",
+           help={"verify": "hash every file of the model again, not only those whose size or time changed",
+                 "wait": "seconds to wait for another run's lock"})
+def weights_(c: Context, flags: HostFlags, verify: bool = False) -> None:
     """Fetch and verify each host's model weights only (a cluster fetches from the hub once)."""
     from provision import report, run
-    setup_logging(verbose)
-    chosen = select(inventory_, host, cluster, all_, set_)
-    flags = options(chosen, profile=profile, accept_new_host_keys=accept_new_host_keys, force=force, wait=wait,
-                    json_=json_, only="weights", verify=verify)
-    result = run.provision(chosen.inventory, chosen.targets, flags, show=report.plans_shower(json_, "weights"))
-    report.print_applied(result, json_)
+    setup_logging(flags.verbose)
+    chosen = flags.select()
+    result = run.provision(chosen.inventory, chosen.targets, flags.options(chosen, only="weights", verify=verify),
+                           show=report.plans_shower(flags.json, "weights"))
+    report.print_applied(result, flags.json)
     exit_unless(result.ok)
 
 
-@task(auto_shortflags=False, name="venv", help={**HOST_TASK_HELP, "wait": "seconds to wait for another run's lock"},
-      iterable=["host", "set_", "force"])
-@guarded
-def venv_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
-          inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
-          profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
-          wait: float = 0, verbose: bool = False) -> None:
+@host_task("venv", *HOST_TASK_FLAGS, "wait", help={"wait": "seconds to wait for another run's lock"})
+def venv_(c: Context, flags: HostFlags) -> None:
     """Build (a source: once per architecture), push and install each host's venv only."""
     from provision import report, run
-    setup_logging(verbose)
-    chosen = select(inventory_, host, cluster, all_, set_)
-    flags = options(chosen, profile=profile, accept_new_host_keys=accept_new_host_keys, force=force, wait=wait,
-                    json_=json_, only="venv", may_build=True)
-    result = run.provision(chosen.inventory, chosen.targets, flags, show=report.plans_shower(json_, "venv"))
-    report.print_applied(result, json_)
+    setup_logging(flags.verbose)
+    chosen = flags.select()
+    result = run.provision(chosen.inventory, chosen.targets, flags.options(chosen, only="venv", may_build=True),
+                           show=report.plans_shower(flags.json, "venv"))
+    report.print_applied(result, flags.json)
     exit_unless(result.ok)
 
 
-@task(auto_shortflags=False, name="rollback",
-      help=help_for("inventory", "host", "cluster", "all", "json", "accept-new-host-keys", "set",
-                    wait="seconds to wait for another run's lock on a host",
-                    list="show each host's generations (when, by what, what changed, passed or not) and change "
+@host_task("rollback", "inventory", "host", "cluster", "all", "json", "accept-new-host-keys", "set", "wait",
+           help={"list": "show each host's generations (when, by what, what changed, passed or not) and change "
                          "nothing",
-                    to="the generation to restore (default: the latest that ran before the current one and "
+                 "to": "the generation to restore (default: the latest that ran before the current one and "
                        "was not rejected or abandoned)",
-                    timeout="seconds each host's restored server has to answer /health and a completion "
-                            "(default 600)"),
-      iterable=["host", "set_"])
-@guarded
-def rollback_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
-              inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
-              set_: list[str] | None = None, wait: float = 0, list_: bool = False, to: int = 0,
-              timeout: float = 600) -> None:
+                 "timeout": "seconds each host's restored server has to answer /health and a completion "
+                            "(default 600)"})
+def rollback_(c: Context, flags: HostFlags, list_: bool = False, to: int = 0, timeout: float = 600) -> None:
     """Restore a whole earlier generation (files, units, venv, model revision) on each host, one host
     after the other, each once its restored server answers; or list them."""
     from provision import report, rolling
-    chosen = select(inventory_, host, cluster, all_, set_)
-    results = rolling.rollback(chosen.inventory, chosen.targets,
-                               options(chosen, accept_new_host_keys=accept_new_host_keys, wait=wait),
-                               to=to or None, listing=list_, timeout=timeout)
-    report.print_rollback(results, list_, json_)
+    chosen = flags.select()
+    results = rolling.rollback(chosen.inventory, chosen.targets, flags.options(chosen), to=to or None,
+                               listing=list_, timeout=timeout)
+    report.print_rollback(results, list_, flags.json)
     exit_unless(results.ok)
 
 

@@ -545,8 +545,8 @@ def measure_levels(runner: Any, settings: inventory.Settings, api_key: str | Non
     # a few short ones first, not counted, so every trial is measured warm.
     warm_s: float | None = None
     if warm:
-        found = server.bench(runner, settings, api_key, "", min(4, workload.requests), 1, 4, lambda event: None,
-                             prompts=prompts)
+        found = server.bench(runner, settings, api_key, server.Requests(min(4, workload.requests), 1, 4,
+                                                                        prompts=prompts), lambda event: None)
         if found.ttft_p50_s is not None:
             warm_s = found.ttft_p50_s + workload.output_tokens * (found.itl_p50_s or 0.0)
     levels = []
@@ -558,18 +558,33 @@ def measure_levels(runner: Any, settings: inventory.Settings, api_key: str | Non
             break
         progress(f"  bench: {workload.requests} requests, concurrency {concurrency}")
         begun = time.monotonic()
-        found = server.bench(runner, settings, api_key, "", workload.requests, concurrency, workload.output_tokens,
-                             lambda event: None, prompts=prompts)
+        found = server.bench(runner, settings, api_key, server.Requests(
+            workload.requests, concurrency, workload.output_tokens, prompts=prompts), lambda event: None)
         slowest = max(slowest or 0.0, time.monotonic() - begun)
         levels.append(Level(concurrency, found.tokens_per_s, found.ttft_p50_s, found.ttft_p95_s, found.itl_p95_s,
                             found.succeeded, found.requests, found.errors))
     return tuple(levels)
 
 
-def tune(inv: inventory.Inventory, unit: Unit, options: Options, *, space: str | None, workload: Workload,
-         slo: Slo, budget_s: float | None, timeout: float, plot: bool = True,
+@dataclass(frozen=True)
+class Tuning:
+    """What one tuning was asked: the space file (None: the engine's for the profile), the workload, the
+    latency bounds, the budget in seconds (None: none), seconds each trial's server has to become ready,
+    and whether to draw the trials."""
+
+    space: str | None
+    workload: Workload
+    slo: Slo
+    budget_s: float | None = None
+    timeout: float = 600
+    plot: bool = True
+
+
+def tune(inv: inventory.Inventory, unit: Unit, options: Options, tuning: Tuning,
          progress: Callable[[str], None] = progress_line) -> Tuned:
     """Trials on one unit, the winner kept and deployed; the host runs the winner, or what it ran before."""
+    space, workload, slo, budget_s = tuning.space, tuning.workload, tuning.slo, tuning.budget_s
+    timeout, plot = tuning.timeout, tuning.plot
     started = time.monotonic()
     server_host = inv.host(unit.server)
     gated = gate(inv, [server_host], dataclasses.replace(options, quiet=True))

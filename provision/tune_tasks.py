@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from invoke.context import Context
 from invoke.exceptions import Exit
-from invoke.tasks import task
 
 from provision.errors import ProvisionError
-from provision.taskargs import HOST_TASK_HELP, exit_unless, guarded, options, select, setup_logging
+from provision.taskargs import (
+    HOST_TASK_FLAGS,
+    HostFlags,
+    TuneFlags,
+    exit_unless,
+    host_task,
+    setup_logging,
+)
 
 
-@task(auto_shortflags=False, name="tune",
-      help={**HOST_TASK_HELP,
-            "space": "YAML list of settings and their values to try (default: the engine's for the profile, tune_spaces.yaml)",
+@host_task("tune", *HOST_TASK_FLAGS, asked=TuneFlags,
+           help={"space": "YAML list of settings and their values to try (default: the engine's for the profile, tune_spaces.yaml)",
             "workload": "YAML workload: requests, concurrency, prompt_words, shared_prefix_words, "
                         "output_tokens, seed (default: chat-like, seed 0)",
             "slo-ttft-ms": "bound on the p95 time to first token (ms); a level above it does not count",
@@ -24,42 +29,35 @@ from provision.taskargs import HOST_TASK_HELP, exit_unless, guarded, options, se
                       "candidate, e.g. with --timeout 120 and a 20 s benchmark about 6 minutes; the run "
                       "prints the --budget its next step needed when it stops",
             "timeout": "seconds each trial's server has to become ready (default 600)",
-            "no-plot": "no PNG of throughput against latency"},
-      iterable=["host", "set_", "force"])
-@guarded
-def tune_(c: Context, host: list[str] | None = None, cluster: str | None = None, all_: bool = False,
-          inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
-          profile: str | None = None, set_: list[str] | None = None, force: list[str] | None = None,
-          space: str | None = None, workload: str | None = None, slo_ttft_ms: str | None = None,
-          slo_itl_ms: str | None = None, budget: str | None = None, timeout: float = 600,
-          no_plot: bool = False, verbose: bool = False) -> None:
+            "no-plot": "no PNG of throughput against latency"})
+def tune_(c: Context, flags: HostFlags, asked: TuneFlags) -> None:
     """Find the fastest serving settings within a latency bound, on the host itself, and keep them.
 
     Each trial is a deploy (rendered unit, restart, readiness) and a benchmark; a failed trial is
     rolled back and recorded. The winner goes to tuned/HOST.yaml beside the inventory (diff shown) and
     the host is left running it (or its original settings when none passed). Hosts one at a time."""
     from provision import report, tune, tune_rules
-    setup_logging(verbose)
+    setup_logging(flags.verbose)
     minutes, ttft, itl = (_positive(value, flag) for value, flag in (
-        (budget, "--budget"), (slo_ttft_ms, "--slo-ttft-ms"), (slo_itl_ms, "--slo-itl-ms")))
-    if timeout <= 0:
+        (asked.budget, "--budget"), (asked.slo_ttft_ms, "--slo-ttft-ms"), (asked.slo_itl_ms, "--slo-itl-ms")))
+    if asked.timeout <= 0:
         raise Exit("error: --timeout must be positive", code=2)
-    chosen = select(inventory_, host, cluster, all_, set_)
-    flags = options(chosen, profile=profile, accept_new_host_keys=accept_new_host_keys, force=force, json_=json_)
-    load = tune.load_workload(workload)
-    slo = tune.Slo(ttft, itl)
+    chosen = flags.select()
+    run = flags.options(chosen)
+    space = asked.space
+    tuning = tune.Tuning(space, tune.load_workload(asked.workload), tune.Slo(ttft, itl),
+                          budget_s=minutes * 60 if minutes else None, timeout=asked.timeout, plot=not asked.no_plot)
     units = tune.units_of(chosen.inventory, chosen.targets)
     for unit in units:  # a bad file, or flags another engine's, refused before any host is contacted
-        tune.space_of(chosen.inventory, unit, flags, space)
+        tune.space_of(chosen.inventory, unit, run, space)
     results: list[tune.Tuned] = []
     errors: dict[str, BaseException] = {}
     for unit in units:  # one at a time: the others keep serving
         try:
-            results.append(tune.tune(chosen.inventory, unit, flags, space=space, workload=load, slo=slo,
-                                     budget_s=minutes * 60 if minutes else None, timeout=timeout, plot=not no_plot))
+            results.append(tune.tune(chosen.inventory, unit, run, tuning))
         except ProvisionError as exc:
             errors[unit.server] = exc
-    if json_:
+    if flags.json:
         print(report.dump_json(report.tuned_json(results, errors)))
     else:
         report.print_tuned(results, errors, report.console())

@@ -7,12 +7,9 @@ reached, a rank failed or a result was wrong; 2 bad usage or bad inventory (noth
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from invoke.collection import Collection
 from invoke.context import Context
 from invoke.exceptions import Exit
-from invoke.tasks import task
 
 # Made first, filled at the end: provision.tasks adds this same object to its namespace, so either
 # module may be imported first (tasks.py imports this one from its last line).
@@ -20,54 +17,44 @@ verify = Collection("verify")
 
 from provision import config
 from provision.errors import InventoryError
-from provision.taskargs import guarded, help_for, options, select, setup_logging
-
-NCCL_HELP = help_for(
-    "inventory", "json", "accept-new-host-keys", "profile", "set", "verbose",
-    host="a host name (repeatable): all-reduce across that host's GPUs; 'local' for this machine",
-    cluster="a cluster: across every GPU of every node (multi-node: over the cluster network)",
-    **{"min-bytes": "smallest message (default 1M; K, M, G are binary units)",
-       "max-bytes": "largest message (default 1G); sizes double from the smallest",
-       "iters": "timed all-reduces per size (default 20)",
-       "warmup": "untimed all-reduces per size first (default 5)",
-       "gpus": "GPUs per host to use (default: all that nvidia-smi lists)",
-       "port": f"rendezvous port on the head (default {config.NCCL_PORT})",
-       "timeout": "seconds the whole test may take on a host (default 600)",
-       "log-dir": "keep each node's answer, NCCL's INFO log of every rank included, as "
-                  "DIR/TEST-HOST.json"},
-)
+from provision.taskargs import HostFlags, NcclFlags, host_task, setup_logging
 
 
-@task(auto_shortflags=False, name="nccl", help=NCCL_HELP, iterable=["host", "set_"])
-@guarded
-def nccl_(c: Context, host: list[str] | None = None, cluster: str | None = None,
-          inventory_: str | None = None, json_: bool = False, accept_new_host_keys: bool = False,
-          profile: str | None = None, set_: list[str] | None = None, min_bytes: str = "1M",
-          max_bytes: str = "1G", iters: int = 20, warmup: int = 5, gpus: int = 0, port: int = config.NCCL_PORT,
-          timeout: int = 600, log_dir: str | None = None, verbose: bool = False) -> None:
+@host_task("nccl", "inventory", "host", "cluster", "json", "accept-new-host-keys", "profile", "set", "verbose",
+           asked=NcclFlags,
+           help={"host": "a host name (repeatable): all-reduce across that host's GPUs; 'local' for this machine",
+                 "cluster": "a cluster: across every GPU of every node (multi-node: over the cluster network)",
+                 "min-bytes": "smallest message (default 1M; K, M, G are binary units)",
+                 "max-bytes": "largest message (default 1G); sizes double from the smallest",
+                 "iters": "timed all-reduces per size (default 20)",
+                 "warmup": "untimed all-reduces per size first (default 5)",
+                 "gpus": "GPUs per host to use (default: all that nvidia-smi lists)",
+                 "port": f"rendezvous port on the head (default {config.NCCL_PORT})",
+                 "timeout": "seconds the whole test may take on a host (default 600)",
+                 "log-dir": "keep each node's answer, NCCL's INFO log of every rank included, as "
+                            "DIR/TEST-HOST.json"})
+def nccl_(c: Context, flags: HostFlags, asked: NcclFlags) -> None:
     """Measure all-reduce bus bandwidth across GPUs with NCCL, in the service's rendered environment.
 
     Like nccl-tests' all_reduce_perf: algbw and busbw per message size, each result checked, and the
     transport NCCL chose (P2P over NVLink or PCIe, SHM, NET/Socket, NET/IB) read from its own log.
     """
     from provision import nccl, report
-    setup_logging(verbose)
-    if bool(host) == bool(cluster):
+    setup_logging(flags.verbose)
+    if bool(flags.host) == bool(flags.cluster):
         raise InventoryError("name hosts (--host) or one cluster (--cluster), not both or neither",
                              file="command line")
     try:
-        sizes = nccl.sizes_between(nccl.parse_size(min_bytes), nccl.parse_size(max_bytes))
+        sizes = nccl.sizes_between(nccl.parse_size(asked.min_bytes), nccl.parse_size(asked.max_bytes))
     except ValueError as exc:
         raise InventoryError(str(exc), file="command line", key="--min-bytes/--max-bytes") from None
-    if iters < 1 or warmup < 0 or gpus < 0 or timeout <= 0 or not 0 < port < 65536:
+    if asked.iters < 1 or asked.warmup < 0 or asked.gpus < 0 or asked.timeout <= 0 or not 0 < asked.port < 65536:
         raise InventoryError("--iters must be >= 1, --warmup and --gpus >= 0, --timeout > 0 and "
                              "--port a TCP port", file="command line")
-    chosen = select(inventory_, host, cluster, set_=set_)
-    order, runs, failures = nccl.verify(
-        chosen.inventory, chosen.targets, options(chosen, profile=profile, accept_new_host_keys=accept_new_host_keys),
-        cluster=cluster, sizes=list(sizes), iters=iters, warmup=warmup, timeout=timeout, gpus=gpus, port=port,
-        log_dir=Path(log_dir) if log_dir else None)
-    if json_:
+    chosen = flags.select()
+    order, runs, failures = nccl.verify(chosen.inventory, chosen.targets, flags.options(chosen), flags.cluster,
+                                        list(sizes), asked)
+    if flags.json:
         print(report.dump_json(report.runs_json(order, runs, failures)))
     else:
         report.print_runs(order, runs, failures)

@@ -36,3 +36,24 @@ def test_status_of_this_machine_needs_no_inventory(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=120, check=False)
     assert "none found" not in done.stderr and done.returncode in (0, 1), done.stderr
     assert list(json.loads(done.stdout)["hosts"]) == ["local"]
+
+
+def test_a_host_task_declares_the_shared_flags_and_hands_them_over_parsed() -> None:
+    """host_task gives Invoke one signature of the shared flags and the task's own, each with its help,
+    and the body one HostFlags (repeated flags as tuples, an own flag's help where the task gives it)."""
+    from invoke.context import Context
+
+    from provision.taskargs import COMMON_HELP, HostFlags, host_task
+
+    seen: dict[str, object] = {}
+
+    @host_task("probe", "host", "json", "set", "wait", "verbose", help={"own": "an own flag"})
+    def probe(c: Context, flags: HostFlags, own: int = 3) -> None:
+        seen.update(flags=flags, own=own)
+
+    arguments = {argument.names[0]: argument for argument in probe.get_arguments()}
+    assert set(arguments) == {"host", "json", "set", "wait", "verbose", "own"}
+    assert arguments["host"].help == COMMON_HELP["host"] and arguments["own"].help == "an own flag"
+    assert arguments["own"].default == 3 and arguments["set"].kind is list
+    probe(Context(), host=["a", "b"], json_=True, set_=None, wait=0, verbose=False, own=4)
+    assert seen == {"flags": HostFlags(host=("a", "b"), json=True), "own": 4}

@@ -419,6 +419,7 @@ def test_the_new_matchers_refuse_bad_values(when: dict[str, Any], error: str) ->
 def test_the_gate_tries_the_artifactory_once_and_only_from_the_host_that_needs_it() -> None:
     """run's second, small probe: sent to the host whose other matchers all hold, its answer in the facts."""
     from provision import inventory, run
+    from provision.run import gating
     from tests.fakes import FakeRunner, ok
 
     needs, other = context(*SPARK, wheels=NO_CUBIN), context(*SPARK, wheels=WITH_CUBIN)
@@ -433,7 +434,7 @@ def test_the_gate_tries_the_artifactory_once_and_only_from_the_host_that_needs_i
                                   connection="ssh", key_file=None, vars={}, source="t") for name in ("a", "b")}
     inv = inventory.Inventory(hosts=hosts, groups={}, clusters={}, ssh=inventory.SshSettings())
     errors: dict[str, BaseException] = {}
-    result = run._with_reachability(inv, {"a": needs, "b": other}, {"a", "b"}, errors, run.Options(), Pool())
+    result = gating._with_reachability(inv, {"a": needs, "b": other}, {"a", "b"}, errors, run.Options(), Pool())
     assert set(runners) == {"a"} and runners["a"].executions == 1 and not errors
     ((argv, stdin),) = runners["a"].calls
     assert argv == ["python3", "-"] and stdin is not None and '"reach": ["edge.urm.nvidia.com:443"]' in stdin

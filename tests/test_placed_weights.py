@@ -13,6 +13,7 @@ import pytest
 
 from provision import checks, facts, lab, render, run, secrets, venv, weights
 from provision.host import probe
+from provision.run import hub as hub_stage
 from tests.conftest import FIXTURES
 from tests.fakes import ok, probe_answer_from_recording
 from tests.test_checks import CASES, context_for
@@ -111,11 +112,11 @@ def gated(values: dict[str, Any], models: dict[str, Any], monkeypatch: pytest.Mo
         assert hub is not None, "the hub was asked where the host had the answer"
         return hub
 
-    monkeypatch.setattr(run, "_ask_hub", answer)
-    monkeypatch.setattr(run, "_kept", lambda key, token: None)
+    monkeypatch.setattr(hub_stage, "_ask_hub", answer)
+    monkeypatch.setattr(hub_stage, "_kept", lambda key, token: None)
     (ctx,) = context_for(workstation_case(**values)).values()
     ctx = dataclasses.replace(ctx, facts=dataclasses.replace(ctx.facts, models=models))
-    (ctx,) = run._with_placed_weights({"h": ctx}, secrets.Secrets(), {"h"}).values()
+    (ctx,) = hub_stage.with_placed_weights({"h": ctx}, secrets.Secrets(), {"h"}).values()
     found = checks.memory_fits(ctx)
     assert found is not None
     return found, asked

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from provision import inventory, plan, rolling, run, secrets
+from provision import context, facts, inventory, plan, rolling, run, secrets
 from provision.remote import Result, command_line
 
 RESTARTED = plan.Change("restart", "vllm.service", "unit changed", {"because": ["/etc/vllm/vllm.env"]})
@@ -53,6 +53,16 @@ def inv(tmp_path: Path) -> inventory.Inventory:
     return inventory.load(path)
 
 
+def planned_for(inv: inventory.Inventory, names: list[str], overrides: Mapping[str, Any],
+                changes: Mapping[str, list[plan.Change]]) -> dict[str, run.HostPlan]:
+    """Each host's plan as planning leaves it: its context (the gate's settings), its inventory entry and
+    its declared settings on it."""
+    found = context.contexts(inv, {name: facts.HostFacts(name) for name in names}, overrides)
+    return {name: run.HostPlan(list(changes.get(name, [])), scope=run.scope_of(found[name].settings),
+                               context=found[name], target=inv.host(name), declared=inv.settings(name, {}))
+            for name in names}
+
+
 def restored(serve_port: int | None, running: tuple[str, ...] = ("vllm.service",)) -> dict[str, Any]:
     serve = ({"base": f"http://127.0.0.1:{serve_port}", "model": "lab/tiny-llama", "unit": "vllm.service"}
              if serve_port else None)
@@ -80,13 +90,12 @@ def test_a_failed_deploys_way_back_is_judged_on_the_restored_generations_own_por
         return restored(8000)
 
     host = FakeHost(answer)
-    overrides = {"port": 8123}
-    plans = {"cpu-1": run.HostPlan([RESTARTED], scope=run.scope_of(inv.settings("cpu-1", overrides)),
-                                   serve={"base": "http://127.0.0.1:8123", "model": "lab/tiny-llama",
-                                          "unit": "vllm.service"})}
+    plans = planned_for(inv, ["cpu-1"], {"port": 8123}, {"cpu-1": [RESTARTED]})
+    plans["cpu-1"].serve = {"base": "http://127.0.0.1:8123", "model": "lab/tiny-llama", "unit": "vllm.service"}
     outcomes = {"cpu-1": rolling.Outcome("cpu-1")}
-    errors = rolling.roll_one(["cpu-1"], inv, plans, overrides, secrets.Secrets(), 5, 0, lambda name: host,
-                              lambda text: lambda done, total: None, {}, outcomes)
+    planned = run.Planned(["cpu-1"], plans, {"cpu-1": []}, {}, secrets.Secrets())
+    errors = rolling.roll_one(["cpu-1"], rolling.Roll(planned, outcomes, timeout=5), lambda name: host,
+                              lambda text: lambda done, total: None, {})
     assert "cpu-1" in errors and outcomes["cpu-1"].state == "rolled back"
     assert outcomes["cpu-1"].detail.endswith("the previous version is ready again"), outcomes["cpu-1"].detail
     checked = [spec["base"] for call, spec in host.asked if call == "serve_main"]
@@ -217,3 +226,33 @@ def test_rollback_list_marks_the_current_generation_and_names_trials() -> None:
     assert "default target" in lines["3"]
     assert "with --to 4 (a tune trial's settings)" in lines["4"]
     assert "with --to 1" in lines["1"]
+
+
+def test_deploy_after_its_gate_asks_the_inventory_nothing(
+        inv: inventory.Inventory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Everything deploy's roll knows of a host travels on its plan: once planned, the inventory is not
+    asked again (a host resolved twice could be judged by other settings than the gate's). cpu-1 rolls
+    and fails its readiness (rolled back, its way back waited for), cpu-2 is unchanged and gated."""
+    plans = planned_for(inv, ["cpu-1", "cpu-2"], {"port": 8123}, {"cpu-1": [RESTARTED]})
+    planned = run.Planned(["cpu-1", "cpu-2"], plans, {"cpu-1": [], "cpu-2": []}, {}, secrets.Secrets())
+    ready = serves_on(8000)
+
+    def answer(call: str, spec: dict[str, Any]) -> dict[str, Any]:
+        if call == "serve_main":
+            return ready(spec)
+        if spec["action"] == "apply":
+            return {"ok": True, "done": [0], "skipped": [], "failed": None, "generation": 5, "unfinished": None}
+        return restored(8000)
+
+    monkeypatch.setattr(rolling.remote.Pool, "connect", lambda self, target: FakeHost(answer))
+    asked: list[str] = []
+    for method in ("host", "cluster", "cluster_of", "groups_of", "select", "settings"):
+        monkeypatch.setattr(inventory.Inventory, method,
+                            lambda self, *args, _name=method, **kwargs: asked.append(_name))
+    outcomes: dict[str, rolling.Outcome] = {}
+    with rolling.remote.Pool(inv.ssh) as pool:
+        result = rolling.roll_out(planned, run.Options(quiet=True), pool, rolling.Roll(planned, outcomes, timeout=5),
+                                  0.0)
+    assert result.outcomes["cpu-1"].state == "rolled back", result.outcomes["cpu-1"]
+    assert "cpu-2" in result.errors  # unchanged, but it too answers on :8000 only, not the run's :8123
+    assert asked == []

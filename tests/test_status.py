@@ -84,8 +84,9 @@ clusters:
   pair: {hosts: [s1, s2], head: s1}
 """)
     inv = inventory.load(path)
-    assert _batches(["a", "s1", "b", "s2", "c"], inv, 2) == [["s2", "s1"], ["a", "b"], ["c"]]
-    assert _batches(["a", "b"], inv, 1) == [["a"], ["b"]]
+    clusters = {name: inv.cluster_of(name) for name in inv.hosts}
+    assert _batches(["a", "s1", "b", "s2", "c"], clusters, 2) == [["s2", "s1"], ["a", "b"], ["c"]]
+    assert _batches(["a", "b"], clusters, 1) == [["a"], ["b"]]
 
 
 def test_base_url_reaches_a_wildcard_listener_on_loopback() -> None:

@@ -11,6 +11,7 @@ from rich.progress import Progress
 
 from provision import facts, report, run, secrets, tune, weights
 from provision.lab import hub
+from provision.run import carrying
 from provision.server import BenchReport
 from tests.fakes import ok
 
@@ -24,10 +25,10 @@ def test_the_clock_says_it_is_the_time_left(seconds: float | None, said: str) ->
 
 
 def test_a_readiness_wait_shows_the_time_left_of_its_timeout() -> None:
-    progress = Progress(run._TimeLeft())
+    progress = Progress(carrying._TimeLeft())
     task = progress.add_task("cpu-1: waiting for /health and a completion", total=None, counts_seconds=True)
     progress.update(task, completed=408, total=600)  # what rolling's readiness bar is given
-    assert str(run._TimeLeft().render(progress.tasks[0])) == "3m12s left"
+    assert str(carrying._TimeLeft().render(progress.tasks[0])) == "3m12s left"
 
 
 def _facts_of(recorded: dict) -> facts.HostFacts:

@@ -1,0 +1,169 @@
+"""The gate: every target's facts (and its cluster peers'), each host's settings resolved once,
+the hub's answers, the wheels a planned venv brings, the endpoints a known issue needs tried; then
+every rule on each target. What it learned travels on as each host's Context (Gated.contexts)."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from provision import (
+    checks,
+    context,
+    cuda,
+    facts,
+    inventory,
+    known_issues,
+    plan,
+    remote,
+    render,
+    secrets,
+    venv,
+    weights,
+)
+from provision.errors import InventoryError, ProvisionError, about
+from provision.fanout import HostResults, for_each_host
+from provision.run.hub import ask_early, with_placed_weights, with_snapshots
+from provision.run.options import Options, progress_line
+
+
+@dataclass(frozen=True)
+class Gated:
+    order: list[str]  # the targets, in the order asked
+    findings: dict[str, list[checks.Finding]]
+    errors: dict[str, BaseException]
+    contexts: dict[str, context.Context]  # every host with facts, the targets' cluster peers included
+    held: secrets.Secrets  # read once per run: the gate, the plan and carry_out share them
+    hosts: dict[str, inventory.Host] = field(default_factory=dict)  # the targets and their peers
+
+
+def resolve(inv: inventory.Inventory, names: Sequence[str], options: Options) -> dict[str, inventory.Settings]:
+    """Each host's settings, resolved once for the run (--set and --profile applied): what the gate
+    judges, and what the plan and the roll read after it (on each host's Context)."""
+    return {name: inv.settings(name, options.overrides, profile=options.profile) for name in names}
+
+
+def gather(inv: inventory.Inventory, targets: list[inventory.Host], options: Options,
+           pool: remote.Pool | None = None,
+           resolved: Mapping[str, inventory.Settings] | None = None) -> HostResults[facts.HostFacts]:
+    """Every target's facts in parallel, one round trip each; a failing host never stops the others.
+    With a pool, the connections stay open for what the run does next; with `resolved`, the targets'
+    settings are the run's (else each is resolved here)."""
+
+    def one(target: inventory.Host) -> facts.HostFacts:
+        settings = resolved[target.name] if resolved is not None else \
+            inv.settings(target.name, options.overrides, profile=options.profile)
+        paths = [settings.venv_dir, settings.model_dir, settings.hf_home]
+        inspect: dict[str, list[str]] = plan.inspect_spec(
+            [render.CONFIG_DIR, render.STATE_DIR, *paths[1:], *venv.inspect_paths(settings),
+             f"{weights.HUB_VENV}/{facts.VENV_MANIFEST}"], settings.service_user)
+        inspect["weights"] = [weights.root_of(settings)] if weights.managed(settings) else []
+        # Weights placed by hand: their config.json and sizes, for the memory fit (one small read).
+        inspect["models"] = [render.model_path(settings)] if settings.model and not weights.managed(settings) else []
+        runner = pool.connect(target) if pool else remote.connect(
+            target, inv.ssh, accept_new_host_keys=options.accept_new_host_keys)
+        try:
+            return facts.gather(runner, paths=paths, inspect=inspect,
+                                facts=(*facts.FACTS, facts.venv_fact(settings.venv_dir)))
+        finally:
+            if pool is None:
+                runner.close()
+
+    return for_each_host(targets, lambda target: target.name, one)
+
+
+def gate(inv: inventory.Inventory, targets: list[inventory.Host], options: Options,
+         pool: remote.Pool | None = None) -> Gated:
+    """Facts of the targets and of their clusters' other nodes, then every rule on each target."""
+    unknown = sorted(set(options.force) - set(checks.RULE_IDS))
+    if unknown:
+        raise InventoryError(f"--force names unknown checks: {', '.join(unknown)} "
+                             f"(known: {', '.join(checks.RULE_IDS)})", file="command line", key="--force")
+    wanted = {target.name for target in targets}
+    everyone = list(targets)
+    for target in targets:
+        cluster = inv.cluster_of(target.name)
+        everyone.extend(inv.host(name) for name in (cluster.hosts if cluster else ())
+                        if name not in {h.name for h in everyone})
+    held = secrets.load(inv.secrets)
+    resolved = resolve(inv, [target.name for target in everyone], options)
+    early = ask_early([resolved[name] for name in sorted(wanted)], held)  # while the facts are gathered
+    gathered = gather(inv, everyone, options, pool, resolved)
+    if held.describe():
+        progress_line(f"secrets: {held.describe()}")
+    contexts = with_snapshots(context.contexts(inv, gathered.values, options.overrides, profile=options.profile,
+                                                settings=resolved), held, wanted, early)
+    contexts = with_placed_weights(contexts, held, wanted)
+    contexts = {name: dataclasses.replace(ctx, api_key_set=bool(held.vllm_api_key), mpi_key_set=bool(held.mpi_ssh_key))
+                for name, ctx in contexts.items()}
+    errors = {name: error for name, error in gathered.errors.items() if name in wanted}
+    contexts = _with_planned_wheels(contexts, wanted, errors)
+    contexts = _with_reachability(inv, contexts, wanted, errors, options, pool)
+    findings = {name: checks.evaluate(contexts[name], options.force) for name in wanted
+                if name in contexts and name not in errors}
+    return Gated([target.name for target in targets], findings, errors, contexts, held,
+                 {target.name: target for target in everyone})
+
+
+def _service_wheelhouse(ctx: context.Context) -> venv.Wheelhouse | None:
+    """The wheels the service venv is made of, resolved on the controller (once; cached after)."""
+    settings = ctx.settings
+    requirements, local = venv.service_requirements(ctx), list(settings.venv_wheels)
+    if settings.venv_source or not (requirements or local):
+        return None  # a source build's wheel is known only once built; nothing to install otherwise
+    return venv.resolve(requirements, local, ctx.facts.wheel_arch or "", ctx.facts.python or "",
+                        progress=progress_line, indexes=venv.indexes_of(settings),
+                        torch_variant=venv.torch_variant_of(ctx.profile, settings))
+
+
+def _with_planned_wheels(contexts: dict[str, context.Context], wanted: set[str],
+                         errors: dict[str, BaseException]) -> dict[str, context.Context]:
+    """Each host whose venv would be (re)installed learns which torch its wheels bring: the driver
+    must run that CUDA, not the one of the venv they replace. A resolve that fails is the host's error."""
+    result = dict(contexts)
+    for name in sorted(wanted & set(contexts)):
+        ctx = contexts[name]
+        try:
+            house = _service_wheelhouse(ctx)
+        except ProvisionError as exc:
+            errors[name] = ProvisionError(about(name, str(exc)))
+            continue
+        if house is None:
+            continue
+        ctx = result[name] = dataclasses.replace(ctx, resolved_wheels=tuple(w.name for w in house.wheels))
+        key = venv.venv_change_data(ctx.settings, ctx.profile.venv_remove, house)["key"]
+        if key != venv.installed_key(ctx.facts, ctx.settings.venv_dir):
+            result[name] = dataclasses.replace(ctx, planned_wheels=cuda.cuda_of_wheels(w.name for w in house.wheels))
+    return result
+
+
+def _with_reachability(inv: inventory.Inventory, contexts: dict[str, context.Context], wanted: set[str],
+                       errors: dict[str, BaseException], options: Options,
+                       pool: remote.Pool | None) -> dict[str, context.Context]:
+    """The endpoints a known issue needs tried from a host (its other matchers all hold: vLLM 0.26+
+    without flashinfer-cubin planned), tried in one small probe per such host; no other host pays."""
+    asks = {name: endpoints for name in sorted(wanted & set(contexts)) if name not in errors
+            and (endpoints := sorted({endpoint for issue in known_issues.load()
+                                      for endpoint in known_issues.endpoints_to_try(
+                                          issue, known_issues.evidence_of(contexts[name]))}))}
+    if not asks:
+        return contexts
+
+    def one(target: inventory.Host) -> dict[str, str | None]:
+        runner = pool.connect(target) if pool else remote.connect(
+            target, inv.ssh, accept_new_host_keys=options.accept_new_host_keys)
+        try:
+            return facts.reach(runner, asks[target.name])
+        finally:
+            if pool is None:
+                runner.close()
+
+    tried = for_each_host([inv.host(name) for name in asks], lambda target: target.name, one)
+    result = dict(contexts)
+    for name, answer in tried.values.items():
+        ctx = contexts[name]
+        result[name] = dataclasses.replace(ctx, facts=dataclasses.replace(
+            ctx.facts, reachable={**ctx.facts.reachable, **answer}))
+    for name, error in tried.errors.items():
+        errors[name] = error
+    return result
