@@ -33,6 +33,7 @@ import tomllib
 from provision import config, programs
 from provision.errors import ProvisionError
 from provision.facts import HostFacts
+from provision.runner import Runner
 
 REMOTE_BUILD = "/var/cache/provision/build"
 SKIP = {".git", "build", "dist", "__pycache__", ".pytest_cache", ".mypy_cache", ".venv"}
@@ -220,7 +221,7 @@ def tarball(directory: Path) -> bytes:
     return buffer.getvalue()
 
 
-def build(runner: Any, recipe: Recipe, on_line: Callable[[str], None] = lambda line: None) -> Path:
+def build(runner: Runner, recipe: Recipe, on_line: Callable[[str], None] = lambda line: None) -> Path:
     """Send the source, build on the host, bring the wheel back into the controller's cache."""
     local_tar = recipe.cache.with_suffix(".tar.gz")
     local_tar.parent.mkdir(parents=True, exist_ok=True)

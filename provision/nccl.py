@@ -40,8 +40,8 @@ from provision.inventory import Host, Inventory
 
 if TYPE_CHECKING:
     from provision.context import Context
-    from provision.remote import Runner
     from provision.run import Options
+    from provision.runner import Runner
 
 
 # NCCL prints its choices at INFO level: INIT has the channel connections ("via P2P/CUMEM/read"),

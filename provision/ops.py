@@ -11,7 +11,7 @@ from provision import programs
 from provision.errors import CommandFailed, ProvisionError, UnreachableHost
 from provision.facts import MANAGED_UNITS
 from provision.plan import MANAGED_FILES, Change
-from provision.remote import Runner
+from provision.runner import Runner
 
 LOCK = "/run/lock/provision.lock"
 GENERATIONS = "/var/lib/provision/generations"

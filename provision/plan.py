@@ -16,8 +16,8 @@ from typing import Any
 from provision.context import HOST_KEY
 from provision.errors import ProvisionError
 from provision.facts import DROP_IN_DIRS, USER_NCCL_CONF, HostFacts
-from provision.remote import mask
 from provision.render import UNIT_DIR, DesiredState, managed_paths
+from provision.secrets import mask
 
 MANAGED_FILES = managed_paths()
 # The host's record of its generations (host/generations.py): the probe reads it with the managed files.

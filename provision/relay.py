@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from provision import programs
 from provision.errors import ProvisionError, UnreachableHost
+from provision.runner import Runner
 
 RELAY, STAR, HUB = "relay", "star", "hub"
 # Upstreams a host may fall back to, nearest first, before the origin: a chain survives this many
@@ -69,7 +70,7 @@ def program(spec: Mapping[str, Any]) -> str:
     return programs.ship(("relay",), "relay_main", spec)
 
 
-def run(runner: Any, text: str, python: str, what: str, on_progress: Callable[[int, int], None],
+def run(runner: Runner, text: str, python: str, what: str, on_progress: Callable[[int, int], None],
         on_event: Callable[[dict[str, Any]], None] = lambda event: None) -> dict[str, Any]:
     """A relay-using host program to its result; progress and other events as they come."""
     def event(found: dict[str, Any]) -> None:
@@ -95,7 +96,7 @@ class Server:
     finished ones under `final`, those still arriving as NAME+`suffix` under `partial`; in a thread of
     its own while the transfers run. Its URL carries a random secret and dies with the run."""
 
-    def __init__(self, runner: Any, address: str, final: str, partial: str, suffix: str, files: Mapping[str, int],
+    def __init__(self, runner: Runner, address: str, final: str, partial: str, suffix: str, files: Mapping[str, int],
                  peers: int) -> None:
         self.secret = random_secrets.token_urlsafe(24)
         self.text = program({"action": "serve", "final": final, "partial": partial, "suffix": suffix,

@@ -36,6 +36,7 @@ from provision.errors import ProvisionError
 from provision.fanout import HostResults, for_each_host
 from provision.report import error_text
 from provision.run import Bar, Connect, HostPlan, Options, Planned, remaining, secret_environment
+from provision.runner import Runner
 
 
 class RollStopped(ProvisionError):
@@ -70,7 +71,7 @@ def batches(order: list[str], inv: inventory.Inventory, size: int) -> list[list[
     return batches
 
 
-def ray_nodes(runner: remote.Runner, venv_dir: str, head_address: str, expected: int, timeout: float) -> int:
+def ray_nodes(runner: Runner, venv_dir: str, head_address: str, expected: int, timeout: float) -> int:
     """Live nodes of the Ray cluster as `ray status` on the head reports them, waiting up to
     `timeout` for all of them to join."""
     deadline = time.monotonic() + timeout
@@ -351,7 +352,7 @@ def rollback(inv: inventory.Inventory, targets: list[inventory.Host], options: O
     return HostResults(tuple(target.name for target in targets), values, errors)
 
 
-def _roll_back_host(inv: inventory.Inventory, runner: remote.Runner, options: Options, held: secrets.Secrets,
+def _roll_back_host(inv: inventory.Inventory, runner: Runner, options: Options, held: secrets.Secrets,
                     to: int | None, timeout: float) -> RolledBack:
     """Restore the generation (its server restarted once, after its files, venv and model are in place),
     then wait until it serves. One that does not serve is left for the generation that was running
@@ -373,7 +374,7 @@ def _roll_back_host(inv: inventory.Inventory, runner: remote.Runner, options: Op
     return RolledBack(back.to, back.restored, ready_s, round(time.monotonic() - started, 2))
 
 
-def _back_to_running(inv: inventory.Inventory, runner: remote.Runner, scope: ops.Scope, back: ops.Outcome,
+def _back_to_running(inv: inventory.Inventory, runner: Runner, scope: ops.Scope, back: ops.Outcome,
                      options: Options, held: secrets.Secrets, timeout: float) -> str:
     """A rollback whose restored generation does not serve goes back to the generation that was running
     (`back.left`), and waits for it as for any restored one; what happened, as the rest of a sentence."""

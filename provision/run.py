@@ -59,6 +59,7 @@ from provision import (
 from provision.errors import InventoryError, ProvisionError, about
 from provision.fanout import HostResults, for_each_host
 from provision.profiles import Profile
+from provision.runner import Runner
 
 
 @dataclass(frozen=True)
@@ -632,7 +633,7 @@ class _TimeLeft(ProgressColumn):
         return Text(time_left(task.time_remaining))
 
 
-Connect = Callable[[str], remote.Runner]
+Connect = Callable[[str], Runner]
 
 
 Bar = Callable[[str], Callable[[int, int], None]]
@@ -660,7 +661,7 @@ def carry_out(inv: inventory.Inventory, plans: dict[str, HostPlan], order: list[
     lock = threading.Lock()
     clock = timings if timings is not None else {}
 
-    def connect(name: str) -> remote.Runner:
+    def connect(name: str) -> Runner:
         return connections.connect(inv.host(name))
 
     def bar(description: str) -> Callable[[int, int], None]:

@@ -9,6 +9,7 @@ a program's stdin or a 0600 file, never in a command line.
 """
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from collections.abc import Mapping
@@ -18,7 +19,6 @@ from pathlib import Path
 import yaml
 
 from provision.errors import InventoryError
-from provision.remote import register_secret
 
 ENVIRONMENT = {"hf_token": "HF_TOKEN", "vllm_api_key": "VLLM_API_KEY",
                # The private key a TensorRT-LLM cluster's head starts ranks on its workers with (mpirun over SSH).
@@ -26,6 +26,33 @@ ENVIRONMENT = {"hf_token": "HF_TOKEN", "vllm_api_key": "VLLM_API_KEY",
 
 
 MULTI_LINE = ("mpi_ssh_key",)
+
+# Masking: every secret read is registered here, and whatever the tool logs or prints of a host's
+# output passes through mask(). Kept with the secrets, not with SSH: a task that never connects
+# (a report, a journal read locally) masks too, without importing paramiko.
+_SECRETS: set[str] = set()
+MASK = "*****"
+
+
+def register_secret(value: str | None) -> None:
+    """From now on `mask()` hides `value` wherever it appears. Short values would mask noise."""
+    if value and len(value) >= 4:
+        _SECRETS.add(value)
+
+
+def mask(text: str) -> str:
+    for secret in sorted(_SECRETS, key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return text
+
+
+class MaskingFilter(logging.Filter):
+    """Installed on every handler of the 'provision' logger: no log line carries a registered secret."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = mask(record.getMessage())
+        record.args = None
+        return True
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any
 from provision import engines, programs
 from provision.errors import ProvisionError
 from provision.inventory import Settings
+from provision.runner import Runner
 from provision.status import prefix_counts, read_sample
 
 
@@ -80,7 +81,7 @@ def answer_of(host: str, answer: Mapping[str, Any]) -> Answer:
                   seconds=float(answer.get("seconds") or 0))
 
 
-def ask(runner: Any, settings: Settings, api_key: str | None, prompt: str, max_tokens: int,
+def ask(runner: Runner, settings: Settings, api_key: str | None, prompt: str, max_tokens: int,
         timeout: float = 60) -> Answer:
     """One completion from the host's server, asked on the host over loopback (where it listens)."""
     spec = {"action": "ask", "base": base_url(settings), "model": served_name(settings), "api_key": api_key,
@@ -95,7 +96,7 @@ def ask(runner: Any, settings: Settings, api_key: str | None, prompt: str, max_t
     return answer_of(runner.host, answer)
 
 
-def _run(runner: Any, spec: Mapping[str, Any], on_progress: Callable[[dict[str, Any]], None],
+def _run(runner: Runner, spec: Mapping[str, Any], on_progress: Callable[[dict[str, Any]], None],
          timeout: float) -> dict[str, Any]:
     program = programs.ship(("serve",), "serve_main", spec)
     answer, done = programs.run(runner, program, timeout, lambda event: on_progress(event)
@@ -112,13 +113,13 @@ def endpoint(settings: Settings) -> dict[str, str]:
             "unit": engines.engine_of(settings).server_unit}
 
 
-def wait_ready(runner: Any, settings: Settings, api_key: str | None, timeout: float,
+def wait_ready(runner: Runner, settings: Settings, api_key: str | None, timeout: float,
                on_progress: Callable[[dict[str, Any]], None] = lambda event: None) -> float:
     """Seconds until /health answered and a one-token completion came back; NotReady otherwise."""
     return wait_ready_at(runner, endpoint(settings), api_key, timeout, on_progress)
 
 
-def wait_ready_at(runner: Any, where: Mapping[str, Any], api_key: str | None, timeout: float,
+def wait_ready_at(runner: Runner, where: Mapping[str, Any], api_key: str | None, timeout: float,
                   on_progress: Callable[[dict[str, Any]], None] = lambda event: None) -> float:
     """wait_ready at a recorded endpoint (a restored generation's own base URL, model and unit)."""
     spec = {"action": "ready", "base": where["base"], "model": where["model"], "api_key": api_key,
@@ -180,7 +181,7 @@ def bench_report(answer: Mapping[str, Any], names: engines.MetricNames = engines
         errors=tuple(answer.get("errors", [])))
 
 
-def bench(runner: Any, settings: Settings, api_key: str | None, prompt: str, count: int,
+def bench(runner: Runner, settings: Settings, api_key: str | None, prompt: str, count: int,
           concurrency: int, max_tokens: int, on_progress: Callable[[dict[str, Any]], None],
           prompts: Sequence[str] = ()) -> BenchReport:
     """`count` streamed completions, `concurrency` at a time; `prompts` (one per request) replace
@@ -192,7 +193,7 @@ def bench(runner: Any, settings: Settings, api_key: str | None, prompt: str, cou
     return bench_report(_run(runner, spec, on_progress, 3600), names)
 
 
-def context(runner: Any, settings: Settings, api_key: str | None, probes: Sequence[str]) -> dict[str, Any]:
+def context(runner: Runner, settings: Settings, api_key: str | None, probes: Sequence[str]) -> dict[str, Any]:
     """The server's own word on its context (host/serve.py's `context`): the raw /v1/models answer and
     each probe's prompt tokens as it counts them. Raw: tune.served_context parses it."""
     spec = {"action": "context", "base": base_url(settings), "model": served_name(settings), "api_key": api_key,
@@ -203,7 +204,7 @@ def context(runner: Any, settings: Settings, api_key: str | None, probes: Sequen
 UNITS = tuple(unit.removesuffix(".service") for engine in engines.ENGINES.values() for unit in engine.units)
 
 
-def journal(runner: Any, unit: str, lines: int, follow: bool,
+def journal(runner: Runner, unit: str, lines: int, follow: bool,
             on_line: Callable[[str], None] | None = None) -> str:
     """A unit's journal on the host; with follow, each new line goes to on_line until interrupted."""
     argv = ["journalctl", "-u", f"{unit}.service", "--no-pager", "-n", str(lines), *(["-f"] if follow else [])]

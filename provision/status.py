@@ -41,7 +41,7 @@ from provision.errors import ParseError
 from provision.facts import HostFacts
 from provision.inventory import Settings
 from provision.profiles import Profile
-from provision.remote import Result
+from provision.runner import Result, Runner
 
 STATUS_FACTS = tuple(f for f in facts.FACTS if f.name in ("uname", "meminfo", "nvidia_driver", "gpus", "units"))
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
@@ -429,7 +429,7 @@ def kv_estimate(host: str, profile: Profile, settings: Settings, host_facts: Hos
     return int(tokens) if isinstance(tokens, int) else None
 
 
-def gather_one(runner: Any, host: str, role: str, settings: Settings, api_key: str | None,
+def gather_one(runner: Runner, host: str, role: str, settings: Settings, api_key: str | None,
                window: float, timeout: float, profile: Profile | None = None,
                stall_window: float = stall.STALL_WINDOW, history: Sequence[stall.Sample] = ()) -> HostStatus:
     """One host's status in one execution; `history`: its samples of earlier refreshes (--watch)."""
@@ -467,7 +467,7 @@ def stall_reading(settings: Settings) -> tuple[MetricNames, stall.Counters]:
 FOLLOW_UP_STEP = 5.0  # seconds between a still host's samples while status waits for the stall window
 
 
-def follow_up(runner: Any, settings: Settings, api_key: str | None, found: HostStatus, stall_window: float,
+def follow_up(runner: Runner, settings: Settings, api_key: str | None, found: HostStatus, stall_window: float,
               timeout: float) -> HostStatus:
     """A server whose counter stood still with requests running (state "stalled") is asked for /metrics
     again, alone (no facts), until the counter moves, the requests end or the stall window has passed."""

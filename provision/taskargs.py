@@ -68,10 +68,10 @@ def setup_logging(verbose: bool) -> None:
     path = config.log_file()
     if path:
         handlers.append(logging.FileHandler(path))
-    from provision import remote
+    from provision import secrets
 
     for handler in handlers:
-        handler.addFilter(remote.MaskingFilter())
+        handler.addFilter(secrets.MaskingFilter())
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
 

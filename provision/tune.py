@@ -50,6 +50,7 @@ from provision import (
 from provision.errors import InventoryError, ProvisionError
 from provision.facts import HostFacts
 from provision.run import Options, gate, progress_line
+from provision.runner import Runner
 from provision.tune_rules import Costs, Decision, TuneError, decide
 
 SPACES = "tune_spaces.yaml"  # package data: the default space per engine and profile
@@ -533,7 +534,7 @@ class Tuned:
     seconds: float = 0.0  # the whole tuning, its way back included
 
 
-def measure_levels(runner: Any, settings: inventory.Settings, api_key: str | None, workload: Workload,
+def measure_levels(runner: Runner, settings: inventory.Settings, api_key: str | None, workload: Workload,
                    progress: Callable[[str], None], warm: bool = True,
                    room_for: Callable[[float, int], bool] | None = None) -> tuple[Level, ...]:
     """The workload's levels in order. With `room_for` (the first benchmark, before any was measured)

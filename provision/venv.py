@@ -28,6 +28,7 @@ from provision import config, contracts, cuda, known_issues
 from provision.errors import ProvisionError
 from provision.facts import VENV_MANIFEST, HostFacts
 from provision.inventory import Settings
+from provision.runner import Runner
 
 if TYPE_CHECKING:
     from provision.context import Context
@@ -335,7 +336,7 @@ def inspect_paths(settings: Settings) -> list[str]:
     return [REMOTE_INDEX, f"{settings.venv_dir.rstrip('/')}/{VENV_MANIFEST}"]
 
 
-def push(runner: Any, files: Sequence[tuple[Path, Wheel]], progress: Callable[[int], None] = lambda sent: None) -> int:
+def push(runner: Runner, files: Sequence[tuple[Path, Wheel]], progress: Callable[[int], None] = lambda sent: None) -> int:
     """Copy wheels (the controller's file of each) into the host's wheelhouse; returns the bytes sent."""
     if not files:
         return 0
@@ -344,8 +345,10 @@ def push(runner: Any, files: Sequence[tuple[Path, Wheel]], progress: Callable[[i
         raise ProvisionError(f"{runner.host}: cannot create {REMOTE_WHEELHOUSE}: {made.stderr.strip()}")
     sent = 0
     for local, wheel in files:
-        base = sent
-        runner.put(local, f"{REMOTE_WHEELHOUSE}/{wheel.name}", lambda done, total, base=base: progress(base + done))
+        def sent_so_far(done: int, total: int, base: int = sent) -> None:
+            progress(base + done)
+
+        runner.put(local, f"{REMOTE_WHEELHOUSE}/{wheel.name}", sent_so_far)
         sent += wheel.size
     return sent
 

@@ -26,6 +26,7 @@ from provision import config, programs, relay
 from provision.errors import ProvisionError
 from provision.facts import HostFacts
 from provision.inventory import Settings
+from provision.runner import Runner
 
 HUB_VENV = "/var/lib/provision/hub-venv"  # huggingface_hub for the transfers, apart from vLLM's venv
 LOCK = "/run/lock/provision.lock"
@@ -357,7 +358,7 @@ class FetchResult:
     detail: dict[str, Any] = field(default_factory=dict)  # the program's report: "from" bytes per source, ...
 
 
-def _run(runner: Any, python: str, spec: Mapping[str, Any], on_progress: Callable[[int, int], None]) -> dict[str, Any]:
+def _run(runner: Runner, python: str, spec: Mapping[str, Any], on_progress: Callable[[int, int], None]) -> dict[str, Any]:
     try:
         return relay.run(runner, program(spec), python, f"the weights {spec['action']}", on_progress)
     except relay.RelayError as exc:
@@ -369,7 +370,7 @@ def hub_source(data: Mapping[str, Any], token: str | None) -> dict[str, Any]:
             "commit": data["commit"]}
 
 
-def fetch(runner: Any, data: Mapping[str, Any], sources: Sequence[Mapping[str, Any]], verify_all: bool,
+def fetch(runner: Runner, data: Mapping[str, Any], sources: Sequence[Mapping[str, Any]], verify_all: bool,
           wait: float, on_progress: Callable[[int, int], None]) -> FetchResult:
     """One host's fetch from its sources in order (its relays, the hub last), every file verified there."""
     spec = {"action": "fetch", "root": data["root"], "repo": data["repo"], "revision": data["revision"],
@@ -381,7 +382,7 @@ def fetch(runner: Any, data: Mapping[str, Any], sources: Sequence[Mapping[str, A
                        result)
 
 
-def relay_server(runner: Any, data: Mapping[str, Any], address: str, peers: int) -> relay.Server:
+def relay_server(runner: Runner, data: Mapping[str, Any], address: str, peers: int) -> relay.Server:
     """A host serving the revision to its cluster: the files it holds, and those still arriving."""
     root, commit = data["root"], data["commit"]
     return relay.Server(runner, address, f"{root}/revisions/{commit}", f"{root}/.partial/{commit}", ".part",

@@ -290,10 +290,10 @@ def test_plan_env_change_restarts_without_reload_and_stopped_units_start() -> No
 
 
 def test_the_api_key_lives_only_in_the_0600_environment_file_and_diffs_mask_it() -> None:
-    from provision import remote
+    from provision import secrets
 
     key = "sk-lab-0123456789abcdef"
-    remote.register_secret(key)
+    secrets.register_secret(key)
     ws_case = next(c for c in CASES if c[0] == "rtx5090x2-tp2-awq32b-all-good")
     (ws,) = context_for(ws_case).values()
     state = render.desired_state(ws, (), api_key=key)
@@ -302,7 +302,7 @@ def test_the_api_key_lives_only_in_the_0600_environment_file_and_diffs_mask_it()
     assert f'VLLM_API_KEY="{key}"' in holding[0].content
     changes = plan.build(state, HostFacts(host="ws-5090"))
     env_change = next(c for c in changes if c.target == render.ENV_FILE)
-    assert key not in env_change.diff and remote.MASK in env_change.diff
+    assert key not in env_change.diff and secrets.MASK in env_change.diff
 
 
 def test_an_engine_switch_stops_and_removes_the_old_unit_then_starts_the_new() -> None:
