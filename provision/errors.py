@@ -93,6 +93,14 @@ def about(host: str, text: str) -> str:
     return text if text.startswith(f"{host}:") else f"{host}: {text}"
 
 
+def error_text(error: BaseException) -> str:
+    """An error as one line for a report: the tool's own errors as they say it, anything else named a
+    defect of the tool."""
+    if isinstance(error, ProvisionError):
+        return str(error)
+    return f"internal error ({type(error).__name__}): {error}"  # a defect of the tool: say so
+
+
 class UnreachableHost(ProvisionError):
     """The host could not be reached or logged into."""
 

@@ -32,9 +32,8 @@ from provision import (
     weights,
 )
 from provision.engines.vllm import RAY_PORT
-from provision.errors import ProvisionError
+from provision.errors import ProvisionError, error_text
 from provision.fanout import HostResults, for_each_host
-from provision.report import error_text
 from provision.run import Bar, Connect, HostPlan, Options, Planned, remaining, secret_environment
 from provision.runner import Runner
 
