@@ -31,7 +31,7 @@ from typing import Any
 import tomllib
 
 from provision import config, programs
-from provision.errors import ProvisionError
+from provision.errors import BuildError
 from provision.facts import HostFacts
 from provision.runner import Runner
 
@@ -40,10 +40,6 @@ SKIP = {".git", "build", "dist", "__pycache__", ".pytest_cache", ".mypy_cache", 
 # PEP 517: a source tree without [build-system] builds with setuptools' legacy backend.
 DEFAULT_REQUIRES = ("setuptools>=40.8.0", "wheel")
 GIB = 2**30
-
-
-class BuildError(ProvisionError):
-    """The source could not be read, sent or built (the compiler's last words included)."""
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from provision import config, programs, remote, render
-from provision.errors import CommandFailed, ParseError, ProvisionError
+from provision.errors import CommandFailed, ParseError, ProvisionError, RenderError
 from provision.fanout import for_each_host
 from provision.inventory import Host, Inventory
 
@@ -400,7 +400,7 @@ def plan_cluster(nodes: Sequence[Context], head: str, *, gpus: int | None = None
     for node_rank, (ctx, nproc) in enumerate(zip(ordered, counts)):
         try:
             env = {**service_env(ctx), **DEBUG_ENV}
-        except render.RenderError as exc:
+        except RenderError as exc:
             raise ProvisionError(str(exc)) from None
         launches.append(NodeLaunch(host=ctx.host, node_rank=node_rank, nnodes=len(ordered), nproc=nproc,
                                    rank_offset=sum(counts[:node_rank]), world_size=world,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provision import programs
-from provision.errors import CommandFailed, ProvisionError, UnreachableHost
+from provision.errors import ApplyFailed, CommandFailed, UnreachableHost
 from provision.facts import MANAGED_UNITS
 from provision.plan import MANAGED_FILES, Change
 from provision.runner import Runner
@@ -44,14 +44,6 @@ class Scope:
     def spec(self) -> dict[str, Any]:
         return {"root": GENERATIONS, "files": list(MANAGED_FILES), "units": list(MANAGED_UNITS),
                 "venv": self.venv, "model_root": self.model_root}
-
-
-class ApplyFailed(ProvisionError):
-    """A step failed on the host; the steps before it stay applied, the rest did not run."""
-
-    def __init__(self, host: str, step: str, error: str, done: int) -> None:
-        self.host, self.step, self.error, self.done = host, step, error, done
-        super().__init__(f"{host}: {step} failed after {done} step(s): {error}")
 
 
 def _program(spec: dict[str, Any]) -> str:

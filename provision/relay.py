@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from provision import programs
-from provision.errors import ProvisionError, UnreachableHost
+from provision.errors import RelayError, UnreachableHost
 from provision.runner import Runner
 
 RELAY, STAR, HUB = "relay", "star", "hub"
@@ -24,10 +24,6 @@ RELAY, STAR, HUB = "relay", "star", "hub"
 FALLBACKS = 3
 T = TypeVar("T")
 log = logging.getLogger("provision.relay")
-
-
-class RelayError(ProvisionError):
-    """A relay server could not start, or a host program ended without an answer."""
 
 
 def upstreams(members: Sequence[str], strategy: str) -> dict[str, list[str]]:

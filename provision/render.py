@@ -16,7 +16,7 @@ from provision import affinity, engines, hardening
 from provision.context import Context
 from provision.engines.llamacpp import gguf_models
 from provision.engines.vllm import VLLM
-from provision.errors import ProvisionError
+from provision.errors import RenderError
 from provision.facts import MANAGED_UNITS
 from provision.inventory import Settings
 
@@ -78,10 +78,6 @@ class DesiredState:
     absent_files: tuple[str, ...] = ()  # managed files this host must not have (removed where found)
     shell: str = "/usr/sbin/nologin"  # the service user's login shell
     server_unit: str | None = None  # the unit serving the API here (None on a worker)
-
-
-class RenderError(ProvisionError, ValueError):
-    """A template or value could not be rendered; names the template and line."""
 
 
 @functools.lru_cache(maxsize=1)

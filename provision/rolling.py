@@ -32,14 +32,10 @@ from provision import (
     weights,
 )
 from provision.engines.vllm import RAY_PORT
-from provision.errors import ProvisionError, error_text
+from provision.errors import NotReady, ProvisionError, RollStopped, error_text
 from provision.fanout import HostResults, for_each_host
 from provision.run import Bar, Connect, HostPlan, Options, Planned, remaining, secret_environment
 from provision.runner import Runner
-
-
-class RollStopped(ProvisionError):
-    """A host was not ready after its change: rolled back, and the roll went no further."""
 
 
 @dataclass
@@ -369,7 +365,7 @@ def _roll_back_host(inv: inventory.Inventory, runner: Runner, options: Options, 
             said = (f"{runner.host}: generation {back.to} restored "
                     f"({', '.join(back.restored) or 'it was in place'}), but it does not serve: "
                     f"{error_text(exc).removeprefix(runner.host + ': ')}")
-            raise server.NotReady(said + _back_to_running(inv, runner, scope, back, options, held, timeout)) from exc
+            raise NotReady(said + _back_to_running(inv, runner, scope, back, options, held, timeout)) from exc
     return RolledBack(back.to, back.restored, ready_s, round(time.monotonic() - started, 2))
 
 

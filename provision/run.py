@@ -56,7 +56,7 @@ from provision import (
     venv,
     weights,
 )
-from provision.errors import InventoryError, ProvisionError, about
+from provision.errors import InventoryError, ProvisionError, RenderError, WeightsError, about
 from provision.fanout import HostResults, for_each_host
 from provision.profiles import Profile
 from provision.runner import Runner
@@ -212,7 +212,7 @@ def _quantization(model_config: dict[str, Any] | None) -> str | None:
         return None
     try:
         return weights.quantization_of(model_config)
-    except weights.WeightsError as exc:
+    except WeightsError as exc:
         logging.getLogger("provision.weights").info("quantization unknown: %s", exc)
         return None
 
@@ -231,12 +231,12 @@ def _ask_hub(key: HubKey, held: secrets.Secrets) -> HubAnswer:
     model, revision, files, endpoint = key
     try:
         snapshot = weights.resolve(model, revision, files, endpoint, held.hf_token, held.sources.get("hf_token"))
-    except weights.WeightsError as exc:
+    except WeightsError as exc:
         return str(exc), None
     weights.keep_snapshot(snapshot, files, endpoint)
     try:  # known issues and the KV cache estimate
         return snapshot, weights.model_config(snapshot.repo, snapshot.commit, endpoint, held.hf_token)
-    except weights.WeightsError as exc:
+    except WeightsError as exc:
         logging.getLogger("provision.weights").info("config.json unknown: %s", exc)
         return snapshot, None
 
@@ -250,7 +250,7 @@ def _kept(key: HubKey, token: str | None) -> HubAnswer | None:
         return None
     try:
         return snapshot, weights.model_config(model, snapshot.commit, endpoint, token)
-    except weights.WeightsError:
+    except WeightsError:
         return None
 
 
@@ -584,7 +584,7 @@ def plans(inv: inventory.Inventory, targets: list[inventory.Host], options: Opti
             continue
         try:
             planned = host_plan(contexts[name], found, only, options.verify, build_with, api_key, gated.held)
-        except (render.RenderError, ProvisionError, ValueError) as exc:
+        except (RenderError, ProvisionError, ValueError) as exc:
             errors[name] = exc if isinstance(exc, ProvisionError) else ProvisionError(about(name, str(exc)))
             continue
         planned.overrides = departing(inv, name, options)

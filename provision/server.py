@@ -8,14 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from provision import engines, programs
-from provision.errors import ProvisionError
+from provision.errors import NotReady, ProvisionError
 from provision.inventory import Settings
 from provision.runner import Runner
 from provision.status import prefix_counts, read_sample
-
-
-class NotReady(ProvisionError):
-    """The server did not become ready (health and a completion) in time."""
 
 
 def base_url(settings: Settings) -> str:

@@ -47,11 +47,11 @@ from provision import (
     server,
     tune_rules,
 )
-from provision.errors import InventoryError, ProvisionError
+from provision.errors import InventoryError, ProvisionError, TuneError
 from provision.facts import HostFacts
 from provision.run import Options, gate, progress_line
 from provision.runner import Runner
-from provision.tune_rules import Costs, Decision, TuneError, decide
+from provision.tune_rules import Costs, Decision, decide
 
 SPACES = "tune_spaces.yaml"  # package data: the default space per engine and profile
 DEFAULT_SPACE = "default"  # an engine's space for the profiles it names no space of its own for

@@ -6,7 +6,7 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import task
 
-from provision.errors import ProvisionError
+from provision.errors import ProvisionError, TuneError
 from provision.taskargs import HOST_TASK_HELP, exit_unless, guarded, options, select, setup_logging
 
 
@@ -38,7 +38,7 @@ def tune_(c: Context, host: list[str] | None = None, cluster: str | None = None,
     Each trial is a deploy (rendered unit, restart, readiness) and a benchmark; a failed trial is
     rolled back and recorded. The winner goes to tuned/HOST.yaml beside the inventory (diff shown) and
     the host is left running it (or its original settings when none passed). Hosts one at a time."""
-    from provision import report, tune, tune_rules
+    from provision import report, tune
     setup_logging(verbose)
     minutes, ttft, itl = (_positive(value, flag) for value, flag in (
         (budget, "--budget"), (slo_ttft_ms, "--slo-ttft-ms"), (slo_itl_ms, "--slo-itl-ms")))
@@ -63,7 +63,7 @@ def tune_(c: Context, host: list[str] | None = None, cluster: str | None = None,
         print(report.dump_json(report.tuned_json(results, errors)))
     else:
         report.print_tuned(results, errors, report.console())
-    if errors and all(isinstance(error, tune_rules.TuneError) for error in errors.values()):
+    if errors and all(isinstance(error, TuneError) for error in errors.values()):
         raise Exit(code=2)  # the workload fits no host's served context: nothing was changed (printed above)
     exit_unless(not errors and all(result.ok and result.winner is not None for result in results))
 

@@ -25,7 +25,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from provision import config, contracts, cuda, known_issues
-from provision.errors import ProvisionError
+from provision.errors import ProvisionError, RelayError, WheelhouseError
 from provision.facts import VENV_MANIFEST, HostFacts
 from provision.inventory import Settings
 from provision.runner import Runner
@@ -41,10 +41,6 @@ PIP_PLATFORMS = {
     "aarch64": ["manylinux_2_28_aarch64", "manylinux_2_17_aarch64", "manylinux2014_aarch64",
                 "linux_aarch64"],
 }
-
-
-class WheelhouseError(ProvisionError):
-    """The wheels could not be resolved on the controller (pip's own words included)."""
 
 
 @dataclass(frozen=True)
@@ -430,7 +426,7 @@ def send_all(jobs: Sequence[WheelJob], connect: Callable[[str], Any],
         try:
             result = relay.run(connect(job.host), relay.program(spec), "python3", "the wheels' relay",
                                bar(f"{job.host}: {len(wheels)} wheel(s) from {sources[0]['name']}"))
-        except relay.RelayError as exc:  # every relay failed it: the controller sends what is still missing
+        except RelayError as exc:  # every relay failed it: the controller sends what is still missing
             logging.getLogger("provision.venv").info("%s: wheels from the controller instead: %s", job.host, exc)
             push_to(job, wheels)
             return

@@ -23,17 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from provision import config, programs, relay
-from provision.errors import ProvisionError
+from provision.errors import RelayError, WeightsError
 from provision.facts import HostFacts
 from provision.inventory import Settings
 from provision.runner import Runner
 
 HUB_VENV = "/var/lib/provision/hub-venv"  # huggingface_hub for the transfers, apart from vLLM's venv
 LOCK = "/run/lock/provision.lock"
-
-
-class WeightsError(ProvisionError):
-    """The hub refused or does not know what the inventory asks for, or a transfer failed."""
 
 
 @dataclass(frozen=True)
@@ -361,7 +357,7 @@ class FetchResult:
 def _run(runner: Runner, python: str, spec: Mapping[str, Any], on_progress: Callable[[int, int], None]) -> dict[str, Any]:
     try:
         return relay.run(runner, program(spec), python, f"the weights {spec['action']}", on_progress)
-    except relay.RelayError as exc:
+    except RelayError as exc:
         raise WeightsError(str(exc)) from None
 
 

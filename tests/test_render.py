@@ -14,7 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from provision import affinity, checks, context, contracts, hardening, lab, parsers, plan, render
+from provision import (
+    affinity,
+    checks,
+    context,
+    contracts,
+    errors,
+    hardening,
+    lab,
+    parsers,
+    plan,
+    render,
+)
 from provision.engines.trtllm import TRTLLM
 from provision.engines.vllm import RAY_HEAD_UNIT, RAY_WORKER_UNIT
 from provision.facts import HostFacts
@@ -216,7 +227,7 @@ def test_systemd_quoting() -> None:
     assert render.systemd_quote("a b") == '"a b"'
     assert render.systemd_quote('say "hi"') == '"say \\"hi\\""'
     assert render.systemd_quote("50%") == "50%%" and render.systemd_quote("$HOME") == "$$HOME"
-    with pytest.raises(render.RenderError):
+    with pytest.raises(errors.RenderError):
         render.env_quote("two\nlines")
 
 
@@ -245,7 +256,7 @@ def test_affinity_on_gb10_by_frequency_or_by_part_never_by_index() -> None:
     parts_only = parsers.CpuTopology("aarch64", "ARM", (), (), parts)
     assert affinity.choose("auto", with_table).cpu_list == "5-9,15-19"
     assert affinity.choose("auto", parts_only).cpu_list == "5-9,15-19"
-    with pytest.raises(affinity.AffinityError):
+    with pytest.raises(errors.AffinityError):
         affinity.choose("ccd:7", with_table)
 
 
@@ -468,7 +479,7 @@ def test_an_existing_directory_of_another_owner_is_refused_not_chowned() -> None
     model_dir = next(d.path for d in state.directories if d.path.endswith("/models"))
     files = {**host.files, model_dir: {"exists": True, "is_dir": True, "mode": 0o755, "owner": "root",
                                        "group": "root"}}
-    with pytest.raises(plan.ForeignDirectory, match=rf"directory {model_dir} exists \(0755 root:root\) and is "
+    with pytest.raises(errors.ForeignDirectory, match=rf"directory {model_dir} exists \(0755 root:root\) and is "
                                                     "not the tool's"):
         plan.build(state, dataclasses.replace(host, files=files))
 
