@@ -77,8 +77,8 @@ def source_dir(spec: str, index_args: Sequence[str] = ()) -> Path:
         return target
     try:
         path = Path(spec).expanduser()
-    except RuntimeError:
-        raise BuildError(f"venv_source {spec}: cannot expand '~' (no such user)") from None
+    except RuntimeError as exc:
+        raise BuildError(f"venv_source {spec}: cannot expand '~' (no such user)") from exc
     if not path.is_dir() or not ((path / "pyproject.toml").exists() or (path / "setup.py").exists()):
         raise BuildError(f"venv_source {spec}: not a directory with pyproject.toml or setup.py")
     return path
@@ -129,7 +129,7 @@ def _unpack(archive: Path, into: Path) -> None:
         try:
             bundle.extractall(into, filter="data")
         except tarfile.FilterError as exc:
-            raise BuildError(f"{archive.name}: {exc}") from None
+            raise BuildError(f"{archive.name}: {exc}") from exc
 
 
 def _files(directory: Path) -> list[Path]:
@@ -161,7 +161,7 @@ def build_requires(directory: Path) -> tuple[str, ...]:
     try:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise BuildError(f"{pyproject}: {exc}") from None
+        raise BuildError(f"{pyproject}: {exc}") from exc
     requires = data.get("build-system", {}).get("requires")
     return tuple(requires) if requires else DEFAULT_REQUIRES
 

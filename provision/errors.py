@@ -132,6 +132,18 @@ def error_text(error: BaseException) -> str:
     return f"internal error ({type(error).__name__}): {error}"  # a defect of the tool: say so
 
 
+def causes(error: BaseException) -> list[str]:
+    """What `error` was raised from (`raise ... from cause`), nearest first, one line each:
+    ['OSError: [Errno 111] Connection refused']. --verbose logs them beneath the error's own line;
+    the line itself never carries them."""
+    said: list[str] = []
+    cause = error.__cause__
+    while cause is not None and len(said) < 8:
+        said.append(f"{type(cause).__name__}: {clip(str(cause), 300)}")
+        cause = cause.__cause__
+    return said
+
+
 class UnreachableHost(ProvisionError):
     """The host could not be reached or logged into."""
 

@@ -142,7 +142,7 @@ class _LineLoader(yaml.SafeLoader):
             kind = str(node.tag).rsplit(":", 1)[-1]
             shown = f" {_brief(node.value)}" if isinstance(node, yaml.ScalarNode) else ""
             raise InventoryError(f"cannot read the {kind}{shown}: {clip(str(exc))}", file=self.source,
-                                 line=node.start_mark.line + 1) from None
+                                 line=node.start_mark.line + 1) from exc
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Mapping:
@@ -175,7 +175,7 @@ def _parse_yaml(text: str, source: str, budget: int = MAX_INVENTORY_VALUES) -> t
     try:
         loader = _LineLoader(text, source=source, budget=budget)  # the reader refuses control characters
     except yaml.YAMLError as exc:
-        raise InventoryError(f"not valid YAML: {clip(str(exc).splitlines()[0])}", file=source) from None
+        raise InventoryError(f"not valid YAML: {clip(str(exc).splitlines()[0])}", file=source) from exc
     try:
         return loader.get_single_data(), loader.values
     except yaml.YAMLError as exc:
@@ -183,7 +183,7 @@ def _parse_yaml(text: str, source: str, budget: int = MAX_INVENTORY_VALUES) -> t
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise InventoryError(
             f"not valid YAML: {clip(problem)}", file=source, line=mark.line + 1 if mark else None
-        ) from None
+        ) from exc
     finally:
         loader.dispose()
 
@@ -384,8 +384,8 @@ def _bind_address(value: Any) -> str:
     text = _text(value)
     try:
         ipaddress.ip_address(text)
-    except ValueError:
-        raise ValueError(f"expected an IP address to listen on, got {_brief(text)}") from None
+    except ValueError as exc:
+        raise ValueError(f"expected an IP address to listen on, got {_brief(text)}") from exc
     return text
 
 
@@ -438,8 +438,8 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
 def _network(value: Any) -> str:
     try:
         return str(ipaddress.ip_network(_text(value), strict=False))
-    except ValueError:
-        raise ValueError(f"expected a network like 192.168.100.0/24, got {_show(value)}") from None
+    except ValueError as exc:
+        raise ValueError(f"expected a network like 192.168.100.0/24, got {_show(value)}") from exc
 
 
 VAR_SPECS: Mapping[str, VarSpec] = {
@@ -866,7 +866,7 @@ class _Reader:
             _user_name(user)
         except ValueError as exc:
             raise InventoryError(str(exc), file=source, line=_line(body, "user"), entity=entity,
-                                 key="user") from None
+                                 key="user") from exc
         key_file = self._path(body, "key_file", source, base, entity) if "key_file" in body else None
         self.hosts[name] = Host(
             name=name, address=str(address or "localhost"), port=port, user=user,
@@ -921,9 +921,9 @@ class _Reader:
                                  line=_line(body, key), entity=entity, key=key)
         try:
             path = Path(value).expanduser()
-        except RuntimeError:  # "~someone/..." for a user this machine does not know
+        except RuntimeError as exc:  # "~someone/..." for a user this machine does not know
             raise InventoryError(f"cannot expand {_brief(value)}: no such user's home", file=source,
-                                 line=_line(body, key), entity=entity, key=key) from None
+                                 line=_line(body, key), entity=entity, key=key) from exc
         return str(path if path.is_absolute() else (base / path))
 
     @staticmethod
@@ -964,7 +964,7 @@ def validate_vars(raw: Mapping[str, Any], *, source: str, entity: str | None) ->
             result[key] = spec.check(value)
         except ValueError as exc:
             raise InventoryError(str(exc), file=source, line=_line(raw, key), entity=entity,
-                                 key=key) from None
+                                 key=key) from exc
     return result
 
 
@@ -977,8 +977,8 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
             raise InventoryError(f"--set expects KEY=VALUE, got {_brief(pair)}", file="command line")
         try:
             raw[key.strip()] = yaml.safe_load(text) if text else ""
-        except yaml.YAMLError:
-            raise InventoryError(f"cannot read the value of {_brief(pair)}", file="command line") from None
+        except yaml.YAMLError as exc:
+            raise InventoryError(f"cannot read the value of {_brief(pair)}", file="command line") from exc
     return validate_vars(raw, source="command line", entity=None)
 
 
@@ -1050,4 +1050,4 @@ def _read_bounded(file: Path, allowed: int) -> str:
                                  file=str(file))
         return data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise InventoryError(f"cannot read: {clip(str(exc))}", file=str(file)) from None
+        raise InventoryError(f"cannot read: {clip(str(exc))}", file=str(file)) from exc

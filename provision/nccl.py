@@ -310,7 +310,7 @@ def parse_answer(host: str, stdout: str) -> NodeAnswer:
         return NodeAnswer(host=host, python=str(data["python"]), node_rank=int(data["node_rank"]),
                           ranks=ranks, result=result, raw=stdout)
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise ParseError("nccl", f"{host}: the test program did not answer its JSON ({exc})", stdout) from None
+        raise ParseError("nccl", f"{host}: the test program did not answer its JSON ({exc})", stdout) from exc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -401,7 +401,7 @@ def plan_cluster(nodes: Sequence[Context], head: str, *, gpus: int | None = None
         try:
             env = {**service_env(ctx), **DEBUG_ENV}
         except RenderError as exc:
-            raise ProvisionError(str(exc)) from None
+            raise ProvisionError(str(exc)) from exc
         launches.append(NodeLaunch(host=ctx.host, node_rank=node_rank, nnodes=len(ordered), nproc=nproc,
                                    rank_offset=sum(counts[:node_rank]), world_size=world,
                                    master_addr=link.address, master_port=port, python=python_of(ctx),

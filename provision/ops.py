@@ -54,13 +54,13 @@ def _execute(runner: Runner, spec: dict[str, Any], changes: Sequence[Change]) ->
     try:
         result = runner.run(["python3", "-"], stdin=_program(spec), timeout=900)
     except UnreachableHost as exc:  # say which step the connection was lost in
-        raise UnreachableHost(runner.host, f"during {spec['action']}: {exc.reason}") from None
+        raise UnreachableHost(runner.host, f"during {spec['action']}: {exc.reason}") from exc
     if not result.ok:
         raise CommandFailed(runner.host, spec["action"], result)
     try:
         answer: dict[str, Any] = json.loads(result.stdout)
-    except json.JSONDecodeError:
-        raise CommandFailed(runner.host, f"{spec['action']} (no JSON answer)", result) from None
+    except json.JSONDecodeError as exc:
+        raise CommandFailed(runner.host, f"{spec['action']} (no JSON answer)", result) from exc
     failed = answer.get("failed")
     if failed:
         step = (changes[failed["index"]].describe() if 0 <= failed["index"] < len(changes)

@@ -105,7 +105,7 @@ def parse_kernel_cmdline(text: str) -> dict[str, str | None]:
     try:
         words = shlex.split(lines[0])
     except ValueError as exc:
-        raise ParseError("cmdline", f"unbalanced quotes: {exc}", text) from None
+        raise ParseError("cmdline", f"unbalanced quotes: {exc}", text) from exc
     params: dict[str, str | None] = {}
     for word in words[:words.index("--")] if "--" in words else words:
         name, equals, value = word.partition("=")
@@ -219,8 +219,8 @@ def _maybe_int(value: str, what: str, stdout: str) -> int | None:
         return None
     try:
         return int(float(value))
-    except ValueError:
-        raise ParseError("gpus", f"{what}: not a number: {value!r}", stdout) from None
+    except ValueError as exc:
+        raise ParseError("gpus", f"{what}: not a number: {value!r}", stdout) from exc
 
 
 def parse_nvidia_smi_csv(stdout: str) -> tuple[Gpu, ...]:
@@ -396,8 +396,8 @@ def parse_lscpu(stdout: str) -> CpuTopology:
         if node:
             try:
                 numa_cpus[int(node.group(1))] = parse_cpu_list(data)
-            except ParseError:
-                raise ParseError("lscpu", f"{name}: not a CPU list: {data!r}", stdout) from None
+            except ParseError as exc:
+                raise ParseError("lscpu", f"{name}: not a CPU list: {data!r}", stdout) from exc
     return CpuTopology(architecture=values.get("Architecture") or None,
                        vendor=values.get("Vendor ID") or None, model_names=models,
                        numa_cpus=numa_cpus if len(numa_cpus) > 1 else {})
@@ -429,8 +429,8 @@ def parse_lscpu_extended(stdout: str) -> tuple[LogicalCpu, ...]:
         max_mhz = row.get("MAXMHZ", "-")
         try:
             mhz = float(max_mhz) if max_mhz not in ("-", "") else None
-        except ValueError:
-            raise ParseError("lscpu_cpus", f"bad MAXMHZ {max_mhz!r}", stdout) from None
+        except ValueError as exc:
+            raise ParseError("lscpu_cpus", f"bad MAXMHZ {max_mhz!r}", stdout) from exc
         cpus.append(LogicalCpu(
             cpu=cpu, core=core, socket=_number(row.get("SOCKET", "0")) or 0,
             node=_number(row.get("NODE", "-")), l3=_number(caches.get("L3", "-")),
@@ -636,7 +636,7 @@ def parse_ip_addr(stdout: str) -> tuple[Interface, ...]:
     try:
         document = json.loads(stdout)
     except json.JSONDecodeError as exc:
-        raise ParseError("interfaces", f"not JSON: {exc}", stdout) from None
+        raise ParseError("interfaces", f"not JSON: {exc}", stdout) from exc
     if not isinstance(document, list):
         raise ParseError("interfaces", "expected a JSON list", stdout)
     interfaces = []
@@ -788,7 +788,7 @@ def parse_venv_probe(stdout: str) -> VenvInfo:
     try:
         data = json.loads(stdout)
     except json.JSONDecodeError as exc:
-        raise ParseError("venv", f"not JSON: {exc}", stdout) from None
+        raise ParseError("venv", f"not JSON: {exc}", stdout) from exc
     if not isinstance(data, dict) or "python" not in data:
         raise ParseError("venv", "no 'python' key", stdout)
     packages = data.get("packages")
@@ -815,7 +815,7 @@ def parse_iteration_stats(text: str) -> dict[str, float]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ParseError("trtllm_metrics", f"not JSON: {exc}", text) from None
+        raise ParseError("trtllm_metrics", f"not JSON: {exc}", text) from exc
     if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
         raise ParseError("trtllm_metrics", "not a list of iteration statistics", text)
     if not data:
@@ -883,8 +883,8 @@ def parse_pci_gpus(text: str) -> tuple[PciGpu, ...]:
     NVIDIA's audio and USB functions on the same card are left out by their class."""
     try:
         devices = json.loads(text or "{}")
-    except json.JSONDecodeError:
-        raise ParseError("pci_gpus", "not the probe's JSON", text) from None
+    except json.JSONDecodeError as exc:
+        raise ParseError("pci_gpus", "not the probe's JSON", text) from exc
     if not isinstance(devices, dict):
         raise ParseError("pci_gpus", "not a JSON object", text)
     gpus = []
@@ -963,8 +963,8 @@ def _topo_cpus(cell: str | None, stdout: str) -> tuple[int, ...] | None:
         return None
     try:
         return parse_cpu_list(cell)
-    except ParseError:
-        raise ParseError("gpu_topology", f"CPU Affinity {cell!r} is not a CPU list", stdout) from None
+    except ParseError as exc:
+        raise ParseError("gpu_topology", f"CPU Affinity {cell!r} is not a CPU list", stdout) from exc
 
 
 def _topo_node(cell: str | None) -> int | None:

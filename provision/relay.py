@@ -78,7 +78,7 @@ def run(runner: Runner, text: str, python: str, what: str, on_progress: Callable
     try:
         result, done = programs.run(runner, text, 24 * 3600, event, python=python)
     except UnreachableHost as exc:  # say which step the connection was lost in
-        raise UnreachableHost(runner.host, f"during {what}: {exc.reason}") from None
+        raise UnreachableHost(runner.host, f"during {what}: {exc.reason}") from exc
     if not result:
         raise RelayError(f"{runner.host}: {what} ended without an answer (exit {done.exited}): "
                          f"{programs.tail(done)}")

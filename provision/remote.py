@@ -253,17 +253,17 @@ class SshRunner(_Counting):
                 "refused. If the host was reinstalled on purpose, remove the old key with "
                 f"`ssh-keygen -R '{name}' -f {self.known_hosts}` and run again with "
                 "--accept-new-host-keys",
-            ) from None
+            ) from exc
         except paramiko.AuthenticationException as exc:
-            raise UnreachableHost(self.host, f"authentication failed for {where}: {exc}") from None
-        except TimeoutError:
+            raise UnreachableHost(self.host, f"authentication failed for {where}: {exc}") from exc
+        except TimeoutError as exc:
             raise UnreachableHost(
-                self.host, f"no answer from {where} within {self.ssh.connect_timeout:g}s") from None
+                self.host, f"no answer from {where} within {self.ssh.connect_timeout:g}s") from exc
         except (OSError, paramiko.SSHException, EOFError) as exc:
             reason = _connect_failure(exc)
             if "No existing session" in reason or "banner" in reason:
                 reason = "something answered but no SSH server spoke (is sshd on that port?)"
-            raise UnreachableHost(self.host, f"cannot connect to {where}: {reason}") from None
+            raise UnreachableHost(self.host, f"cannot connect to {where}: {reason}") from exc
 
     def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
             env: Mapping[str, str] | None = None, on_line: Callable[[str], None] | None = None) -> Result:
@@ -276,7 +276,7 @@ class SshRunner(_Counting):
                                                 timeout, on_line)
         except (OSError, paramiko.SSHException, EOFError) as exc:
             self.close()
-            raise UnreachableHost(self.host, f"connection lost while running {argv[0]}: {in_words(exc)}") from None
+            raise UnreachableHost(self.host, f"connection lost while running {argv[0]}: {in_words(exc)}") from exc
         seconds = time.monotonic() - started
         if timed_out:
             self._record(command, 124, seconds, True)
@@ -300,7 +300,7 @@ class SshRunner(_Counting):
             sftp.posix_rename(temporary, remote)
         except (OSError, paramiko.SSHException, EOFError) as exc:
             self.close()
-            raise UnreachableHost(self.host, f"copy of {local.name} to {remote} failed: {in_words(exc)}") from None
+            raise UnreachableHost(self.host, f"copy of {local.name} to {remote} failed: {in_words(exc)}") from exc
         log.debug("%s: put %s -> %s", self.host, local, remote)
 
     def get(self, remote: str, local: Path) -> None:
@@ -310,7 +310,7 @@ class SshRunner(_Counting):
             self.connection.sftp().get(remote, str(local))
         except (OSError, paramiko.SSHException, EOFError) as exc:
             self.close()
-            raise UnreachableHost(self.host, f"copy of {remote} from the host failed: {in_words(exc)}") from None
+            raise UnreachableHost(self.host, f"copy of {remote} from the host failed: {in_words(exc)}") from exc
 
     def close(self) -> None:
         self.connection.close()

@@ -104,7 +104,7 @@ def render(name: str, values: Mapping[str, Any]) -> str:
         return text
     except jinja2.TemplateError as exc:
         line = getattr(exc, "lineno", None)
-        raise RenderError(f"{name}{f':{line}' if line else ''}: {exc}") from None
+        raise RenderError(f"{name}{f':{line}' if line else ''}: {exc}") from exc
 
 
 def systemd_quote(arg: str) -> str:

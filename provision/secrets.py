@@ -94,15 +94,16 @@ def load(path: str | None) -> Secrets:
 def _read_file(path: Path) -> dict[str, str]:
     try:
         info = path.stat()
-    except FileNotFoundError:
-        raise InventoryError("the secrets file does not exist", file=str(path), key="secrets") from None
+    except FileNotFoundError as exc:
+        raise InventoryError("the secrets file does not exist", file=str(path), key="secrets") from exc
     if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise InventoryError(f"the secrets file is mode {stat.S_IMODE(info.st_mode):04o}: others may read it; "
                              f"run `chmod 600 {path}`", file=str(path), key="secrets")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        # The parser's message may quote the file's text: name the problem's place only.
+        # The parser's message may quote the file's text: name the problem's place only. Not kept as the
+        # cause either (from None): --verbose would print that text, secrets not yet registered for masking.
         where = getattr(exc, "problem_mark", None)
         line = f" near line {where.line + 1}" if where else ""
         raise InventoryError(f"cannot read the secrets file{line}", file=str(path), key="secrets") from None

@@ -209,7 +209,7 @@ def _yaml(path: Path) -> Any:
     try:
         return datafiles.load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise TuneError(f"cannot read: {str(exc).splitlines()[0]}", file=str(path)) from None
+        raise TuneError(f"cannot read: {str(exc).splitlines()[0]}", file=str(path)) from exc
 
 
 def dimensions_of(raw: Any, source: str) -> tuple[Dimension, ...]:
@@ -235,7 +235,7 @@ def dimensions_of(raw: Any, source: str) -> tuple[Dimension, ...]:
             try:
                 inventory.validate_vars(probe, source=source, entity=f"tune {item['name']}")
             except InventoryError as exc:
-                raise TuneError(f"{item['name']}: {exc}", file=source) from None
+                raise TuneError(f"{item['name']}: {exc}", file=source) from exc
         needs = item.get("needs") or {}
         if not isinstance(needs, dict) or not set(needs) <= {"compute_capability"}:
             raise TuneError(f"{item['name']}: needs takes compute_capability: '>=8.9'", file=source)
@@ -488,7 +488,7 @@ class TrialStore:
             pass
         except (ValueError, TypeError, AttributeError) as exc:
             raise TuneError(f"cannot read the kept trials ({exc}): move the file away to start over",
-                            file=str(path)) from None
+                            file=str(path)) from exc
 
     def get(self, key: str) -> Trial | None:
         """A kept trial (resumed: it costs nothing now, and the host is not running it)."""

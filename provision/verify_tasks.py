@@ -58,7 +58,7 @@ def nccl_(c: Context, host: list[str] | None = None, cluster: str | None = None,
     try:
         sizes = nccl.sizes_between(nccl.parse_size(min_bytes), nccl.parse_size(max_bytes))
     except ValueError as exc:
-        raise InventoryError(str(exc), file="command line", key="--min-bytes/--max-bytes") from None
+        raise InventoryError(str(exc), file="command line", key="--min-bytes/--max-bytes") from exc
     if iters < 1 or warmup < 0 or gpus < 0 or timeout <= 0 or not 0 < port < 65536:
         raise InventoryError("--iters must be >= 1, --warmup and --gpus >= 0, --timeout > 0 and "
                              "--port a TCP port", file="command line")

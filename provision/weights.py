@@ -119,20 +119,20 @@ def resolve(repo: str, revision: str, patterns: Sequence[str], endpoint: str, to
     api = HfApi(endpoint=endpoint, token=token or False, library_name="provision")
     try:
         info = api.model_info(repo, revision=revision, files_metadata=True, timeout=30)
-    except GatedRepoError:
+    except GatedRepoError as exc:
         if token:
             raise WeightsError(f"{repo} is gated and the token from {token_source or 'the secrets'} has no "
-                               f"access to it; request access on {endpoint}/{repo}") from None
+                               f"access to it; request access on {endpoint}/{repo}") from exc
         raise WeightsError(f"{repo} is gated: it needs a token; put hf_token in the inventory's secrets "
-                           "file (or HF_TOKEN in the environment)") from None
-    except RevisionNotFoundError:
-        raise WeightsError(f"{repo} has no revision '{revision}' (a branch, tag or full commit)") from None
-    except RepositoryNotFoundError:
-        raise WeightsError(f"no model repository '{repo}' on {endpoint} (a private one needs hf_token)") from None
+                           "file (or HF_TOKEN in the environment)") from exc
+    except RevisionNotFoundError as exc:
+        raise WeightsError(f"{repo} has no revision '{revision}' (a branch, tag or full commit)") from exc
+    except RepositoryNotFoundError as exc:
+        raise WeightsError(f"no model repository '{repo}' on {endpoint} (a private one needs hf_token)") from exc
     except HfHubHTTPError as exc:
-        raise WeightsError(f"{endpoint} refused {repo}@{revision}: {str(exc).splitlines()[0]}") from None
-    except Exception as exc:  # noqa: BLE001  the transport's errors (httpx, requests) differ across versions
-        raise WeightsError(f"cannot reach {endpoint} for {repo}: {type(exc).__name__}: {exc}") from None
+        raise WeightsError(f"{endpoint} refused {repo}@{revision}: {str(exc).splitlines()[0]}") from exc
+    except Exception as exc:  # the transport's errors (httpx, requests) differ across versions
+        raise WeightsError(f"cannot reach {endpoint} for {repo}: {type(exc).__name__}: {exc}") from exc
     return snapshot_from_info(repo, revision, info, patterns)
 
 
@@ -202,16 +202,16 @@ def model_config(repo: str, commit: str, endpoint: str, token: str | None) -> di
     with tempfile.TemporaryDirectory(prefix="provision-config-") as scratch:
         try:
             path = api.hf_hub_download(repo, "config.json", revision=commit, cache_dir=scratch)
-        except EntryNotFoundError:
-            raise WeightsError(f"{repo}@{commit[:12]} has no config.json") from None
-        except Exception as exc:  # noqa: BLE001 - the transport's errors (httpx) differ across versions
+        except EntryNotFoundError as exc:
+            raise WeightsError(f"{repo}@{commit[:12]} has no config.json") from exc
+        except Exception as exc:  # the transport's errors (httpx) differ across versions
             raise WeightsError(f"cannot read config.json of {repo} from {endpoint}: "
-                               f"{type(exc).__name__}: {exc}") from None
+                               f"{type(exc).__name__}: {exc}") from exc
         try:
             text = Path(str(path)).read_text(encoding="utf-8")
             found = json.loads(text)
         except (OSError, ValueError) as exc:
-            raise WeightsError(f"{repo}: config.json is not JSON: {exc}") from None
+            raise WeightsError(f"{repo}: config.json is not JSON: {exc}") from exc
     if not isinstance(found, dict):
         raise WeightsError(f"{repo}: config.json is not a JSON object")
     try:
@@ -358,7 +358,7 @@ def _run(runner: Runner, python: str, spec: Mapping[str, Any], on_progress: Call
     try:
         return relay.run(runner, program(spec), python, f"the weights {spec['action']}", on_progress)
     except RelayError as exc:
-        raise WeightsError(str(exc)) from None
+        raise WeightsError(str(exc)) from exc
 
 
 def hub_source(data: Mapping[str, Any], token: str | None) -> dict[str, Any]:

@@ -4,10 +4,14 @@ without this package)."""
 from __future__ import annotations
 
 import ast
+import logging
 import re
 from pathlib import Path
 
+import pytest
+
 from provision import errors
+from provision.fanout import for_each_host
 
 PACKAGE = Path(errors.__file__).resolve().parent
 # "    │   ├── HostKeyError (also ValueError)   why": the connector's column is the depth.
@@ -65,3 +69,22 @@ def test_every_exception_class_of_the_package_is_in_errors_py() -> None:
                 if bases & (tree | {"Exception", "BaseException", "ValueError", "RuntimeError", "OSError"}):
                     elsewhere.append(f"{path.relative_to(PACKAGE.parent)}: {node.name}")
     assert not elsewhere, elsewhere
+
+
+def test_a_kept_cause_shows_under_verbose_only(caplog: pytest.LogCaptureFixture) -> None:
+    """The report's line for a host is the error's own; what it was raised from is a debug line
+    (the console shows debug lines under --verbose alone)."""
+    def work(name: str) -> None:
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except OSError as exc:
+            raise errors.UnreachableHost(name, "cannot connect to root@10.0.0.5:22: connection refused") from exc
+
+    with caplog.at_level(logging.DEBUG, logger="provision"):
+        results = for_each_host(["cpu-1"], lambda name: name, work)
+    said = errors.error_text(results.errors["cpu-1"])
+    assert said == "cpu-1: unreachable: cannot connect to root@10.0.0.5:22: connection refused"
+    assert errors.causes(results.errors["cpu-1"]) == ["ConnectionRefusedError: [Errno 111] Connection refused"]
+    debug = [record.getMessage() for record in caplog.records if record.levelno == logging.DEBUG]
+    assert debug == [f"cpu-1: {said} (caused by ConnectionRefusedError: [Errno 111] Connection refused)"]
+    assert not [record for record in caplog.records if record.levelno > logging.DEBUG]
