@@ -3,7 +3,8 @@
 The graph holds runtime module-level imports only: `import` and `from ... import` statements in a
 module's body, also inside its module-level `if`/`try`/`with` blocks, but not inside `if TYPE_CHECKING:`
 (never run) and not inside functions or classes (run late, on purpose, to keep startup light). An edge
-goes to the module named and, for `from package import name`, to `package.name` when that is a
+goes to the module named, to the packages above it (their __init__ runs first; not the importer's own,
+which are already running) and, for `from package import name`, to `package.name` when that is a
 module of the package. A circle in this graph is a module that may run while another one is half
 made, so a name it takes from there may not exist yet.
 """
@@ -61,7 +62,10 @@ def import_graph() -> dict[str, set[str]]:
                 base = ".".join([*anchor, base] if base else anchor)
             targets.add(base)
             targets.update(f"{base}.{alias.name}" for alias in statement.names)
-        graph[name] = {target for target in targets if target in modules and target != name}
+        own = {".".join(name.split(".")[:depth]) for depth in range(1, name.count(".") + 1)}
+        above = {".".join(target.split(".")[:depth]) for target in targets
+                 for depth in range(1, target.count(".") + 1)}
+        graph[name] = {target for target in targets | (above - own) if target in modules and target != name}
     return graph
 
 
