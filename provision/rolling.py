@@ -22,6 +22,7 @@ from provision import (
     engines,
     inventory,
     ops,
+    parsers,
     plan,
     remote,
     run,
@@ -73,7 +74,7 @@ def ray_nodes(runner: Runner, venv_dir: str, head_address: str, expected: int, t
     while True:
         done = runner.run([f"{venv_dir.rstrip('/')}/bin/ray", "status", f"--address={head_address}:{RAY_PORT}"],
                           timeout=60)
-        nodes = status.parse_ray_status(done.stdout) if done.ok else 0
+        nodes = parsers.parse_ray_status(done.stdout) if done.ok else 0
         if nodes >= expected or time.monotonic() > deadline:
             return nodes
         time.sleep(3)

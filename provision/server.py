@@ -10,15 +10,21 @@ from typing import Any
 from provision import engines, programs
 from provision.errors import NotReady, ProvisionError
 from provision.inventory import Settings
+from provision.parsers import prefix_counts, read_sample
 from provision.runner import Runner
-from provision.status import prefix_counts, read_sample
+
+
+def server_url(address: str, port: int) -> str:
+    """The one place a server's URL is written: http://ADDRESS:PORT, an IPv6 address in brackets."""
+    return f"http://{'[' + address + ']' if ':' in address else address}:{port}"
 
 
 def base_url(settings: Settings) -> str:
+    """The server's URL on its own host (a wildcard listener answers on loopback too)."""
     address = str(settings.bind_host)
     if address in ("0.0.0.0", "::"):
         address = "127.0.0.1"
-    return f"http://{'[' + address + ']' if ':' in address else address}:{settings.port}"
+    return server_url(address, settings.port)
 
 
 def served_name(settings: Settings) -> str:
@@ -37,7 +43,7 @@ def how_to_query(host: str, address: str, settings: Settings, key_source: str | 
     itself is never printed, only how to pass it."""
     bind = str(settings.bind_host)
     reach = address if bind in ("0.0.0.0", "::") else bind
-    url = base_url(settings) if bind in LOOPBACK else f"http://{'[' + reach + ']' if ':' in reach else reach}:{settings.port}"
+    url = base_url(settings) if bind in LOOPBACK else server_url(reach, settings.port)
     where = f" {inventory_option}" if inventory_option else ""
     ask = f"invoke ask --host {host}{where} --prompt 'Hello, my name is'"
     lines = [f"{host} serves {served_name(settings)!r} at {url}. Ask it from here:", f"  {ask}"]
@@ -159,13 +165,13 @@ def bench_report(answer: Mapping[str, Any], names: engines.MetricNames = engines
     itl = [float(v) for v in answer.get("itl_s", [])]
     tokens = sum(int(t) for t in answer.get("tokens", []))
     seconds = float(answer.get("seconds") or 0)
-    before = read_sample(answer.get("metrics_before", ""), names) or {}
-    after = read_sample(answer.get("metrics_after", ""), names) or {}
+    before = read_sample(answer.get("metrics_before", ""), names.format) or {}
+    after = read_sample(answer.get("metrics_after", ""), names.format) or {}
     generated = None
     counter = next((name for name in names.generated if name in after), None)
     if counter is not None:
         generated = after[counter] - before.get(counter, 0.0)
-    hits, queries = prefix_counts(after, names)
+    hits, queries = prefix_counts(after, names.prefix_hits, names.prefix_queries)
     return BenchReport(
         requests=int(answer.get("requests", 0)), succeeded=int(answer.get("succeeded", 0)), seconds=seconds,
         output_tokens=tokens, tokens_per_s=round(tokens / seconds, 2) if seconds else 0.0,
