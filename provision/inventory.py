@@ -50,7 +50,7 @@ from typing import Any
 
 import yaml
 
-from provision.errors import InventoryError, clip
+from provision.errors import InventoryError, ProfileError, clip
 from provision.profiles import Profile, load_profiles
 
 LOCAL_HOST = "local"  # always available: this machine, over no SSH
@@ -735,6 +735,24 @@ def _with_aliases(environment: Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
+def check_profile_defaults(profiles: Mapping[str, Profile]) -> None:
+    """Each profile's `defaults` against the settings table, as the inventory's own settings are: an
+    unknown key or a value the table refuses is the profile file's error (Settings.of would drop the
+    one and take the other unchecked). The profiles module cannot ask the table itself: this module
+    imports it. The values stay as written."""
+    for profile in {profile.name: profile for profile in profiles.values()}.values():
+        where = profile.source or f"profile {profile.name}"
+        for key, value in profile.defaults.items():
+            spec = VAR_SPECS.get(key)
+            if spec is None:
+                raise ProfileError(f"{where}: defaults: key '{clip(str(key))}': unknown setting "
+                                   f"(known: {', '.join(sorted(VAR_SPECS))})")
+            try:
+                spec.check(value)
+            except ValueError as exc:
+                raise ProfileError(f"{where}: defaults: key '{clip(str(key))}': {exc}") from exc
+
+
 def local_host(profile: Profile | None = None) -> Host:
     """This machine, reached without SSH (Invoke's local runner)."""
     return Host(
@@ -770,6 +788,7 @@ class _Reader:
     """Validates the parsed documents of one inventory; raises the first error with file and line."""
 
     def __init__(self, profiles: Mapping[str, Profile]) -> None:
+        check_profile_defaults(profiles)
         self.profiles = profiles
         self.hosts: dict[str, Host] = {}
         self.groups: dict[str, Group] = {}
