@@ -2,7 +2,6 @@
 completions). Both run on the host through host/serve.py, over loopback; figures are computed here."""
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -160,6 +159,8 @@ def _percentile(values: list[float], share: float) -> float | None:
 
 def bench_report(answer: Mapping[str, Any], names: engines.MetricNames = engines.ENGINES["vllm"].metrics) -> BenchReport:
     """Pure: the host's raw timings and the engine's metrics before and after -> the figures."""
+    import statistics  # with decimal and fractions: bench alone needs it, status imports this module too
+
     ttft = [float(v) for v in answer.get("ttft_s", [])]
     latency = [float(v) for v in answer.get("latency_s", [])]
     itl = [float(v) for v in answer.get("itl_s", [])]
