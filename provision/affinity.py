@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from provision.errors import ProvisionError
+from provision.errors import AffinityError
 from provision.parsers import CpuTopology, Gpu
 
 # Arm cores by MIDR part (Linux arch/arm64/include/asm/cputype.h, util-linux lscpu-arm.c) with a
@@ -94,10 +94,6 @@ def expand(text: str) -> tuple[int, ...]:
         first, _, last = part.partition("-")
         cpus.extend(range(int(first), int(last or first) + 1))
     return tuple(sorted(set(cpus)))
-
-
-class AffinityError(ProvisionError, ValueError):
-    """The policy cannot be met on this topology (e.g. ccd:5 on a 2-CCD part)."""
 
 
 def choose(policy: str, topology: CpuTopology | None, unreadable: Iterable[str] = (),

@@ -31,18 +31,15 @@ from typing import Any
 import tomllib
 
 from provision import config, programs
-from provision.errors import ProvisionError
+from provision.errors import BuildError
 from provision.facts import HostFacts
+from provision.runner import Runner
 
 REMOTE_BUILD = "/var/cache/provision/build"
 SKIP = {".git", "build", "dist", "__pycache__", ".pytest_cache", ".mypy_cache", ".venv"}
 # PEP 517: a source tree without [build-system] builds with setuptools' legacy backend.
 DEFAULT_REQUIRES = ("setuptools>=40.8.0", "wheel")
 GIB = 2**30
-
-
-class BuildError(ProvisionError):
-    """The source could not be read, sent or built (the compiler's last words included)."""
 
 
 @dataclass(frozen=True)
@@ -80,8 +77,8 @@ def source_dir(spec: str, index_args: Sequence[str] = ()) -> Path:
         return target
     try:
         path = Path(spec).expanduser()
-    except RuntimeError:
-        raise BuildError(f"venv_source {spec}: cannot expand '~' (no such user)") from None
+    except RuntimeError as exc:
+        raise BuildError(f"venv_source {spec}: cannot expand '~' (no such user)") from exc
     if not path.is_dir() or not ((path / "pyproject.toml").exists() or (path / "setup.py").exists()):
         raise BuildError(f"venv_source {spec}: not a directory with pyproject.toml or setup.py")
     return path
@@ -132,7 +129,7 @@ def _unpack(archive: Path, into: Path) -> None:
         try:
             bundle.extractall(into, filter="data")
         except tarfile.FilterError as exc:
-            raise BuildError(f"{archive.name}: {exc}") from None
+            raise BuildError(f"{archive.name}: {exc}") from exc
 
 
 def _files(directory: Path) -> list[Path]:
@@ -164,7 +161,7 @@ def build_requires(directory: Path) -> tuple[str, ...]:
     try:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise BuildError(f"{pyproject}: {exc}") from None
+        raise BuildError(f"{pyproject}: {exc}") from exc
     requires = data.get("build-system", {}).get("requires")
     return tuple(requires) if requires else DEFAULT_REQUIRES
 
@@ -220,7 +217,7 @@ def tarball(directory: Path) -> bytes:
     return buffer.getvalue()
 
 
-def build(runner: Any, recipe: Recipe, on_line: Callable[[str], None] = lambda line: None) -> Path:
+def build(runner: Runner, recipe: Recipe, on_line: Callable[[str], None] = lambda line: None) -> Path:
     """Send the source, build on the host, bring the wheel back into the controller's cache."""
     local_tar = recipe.cache.with_suffix(".tar.gz")
     local_tar.parent.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ from provision.engines import Engine, Verdict, engine_of
 from provision.engines.llamacpp import gguf_models
 from provision.engines.trtllm import TRTLLM
 from provision.engines.vllm import vllm_version
-from provision.errors import ProvisionError
+from provision.errors import AffinityError, KvError, ProvisionError
 from provision.facts import DROP_IN_DIRS, MANAGED_UNITS
 from provision.render import model_path
 
@@ -383,7 +383,7 @@ def _model_shape(ctx: Context) -> tuple[kvcache.ModelShape | None, str]:
         return None, ctx.model_config_note or "no config.json from the hub"
     try:
         return kvcache.shape_of(ctx.model_config), ""
-    except kvcache.KvError as exc:
+    except KvError as exc:
         return None, str(exc)
 
 
@@ -771,7 +771,7 @@ def cpu_affinity(ctx: Context) -> Finding | None:
     gpus = ctx.server_gpus
     try:
         chosen = affinity.choose(policy, ctx.facts.cpu, gpus=gpus)
-    except affinity.AffinityError as exc:
+    except AffinityError as exc:
         return fail(str(exc), "choose a cpu_affinity this host has (auto, all, ccd:N or a CPU list)",
                     cpu_affinity=policy)
     message = f"cpu_affinity {policy}: {chosen.cpu_list or 'no pinning'} ({chosen.reason})"

@@ -168,10 +168,10 @@ def logs(c: Context, host: str | None = None, inventory_: str | None = None, fol
     secrets.load(chosen.inventory.secrets)  # registered for masking
     runner = remote.connect(chosen.inventory.host(host), chosen.inventory.ssh)
     try:
-        text = server.journal(runner, unit, lines, follow, lambda line: print(remote.mask(line), flush=True))
+        text = server.journal(runner, unit, lines, follow, lambda line: print(secrets.mask(line), flush=True))
     except ProvisionError as exc:
         raise Exit(report.host_error(host, exc), code=1) from None
     finally:
         runner.close()
     if not follow:
-        sys.stdout.write(remote.mask(text))
+        sys.stdout.write(secrets.mask(text))

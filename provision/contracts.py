@@ -111,8 +111,8 @@ def _release(version: str) -> str:
     """'0.32.0+cpu' and '1.3.0rc5' compare as PEP 440 versions; anything else is refused by name."""
     try:
         return str(Version(version))
-    except InvalidVersion:
-        raise ContractError(f"{version!r} is not a version") from None
+    except InvalidVersion as exc:
+        raise ContractError(f"{version!r} is not a version") from exc
 
 
 @functools.cache
@@ -155,7 +155,7 @@ def _row(index: int, raw: Any, engines: Mapping[str, Engine], source: str) -> Ro
         raise ContractError(f"{where} ({raw['name']}): source must be a link to where the range is read")
     try:
         versions = SpecifierSet(str(raw["versions"]))
-    except InvalidSpecifier:
-        raise ContractError(f"{where} ({raw['name']}): versions {raw['versions']!r} are not PEP 440") from None
+    except InvalidSpecifier as exc:
+        raise ContractError(f"{where} ({raw['name']}): versions {raw['versions']!r} are not PEP 440") from exc
     return Row(engine=raw["engine"], kind=raw["kind"], name=str(raw["name"]), versions=versions,
                source=str(raw["source"]), note=str(raw.get("note", "")))

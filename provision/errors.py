@@ -2,11 +2,14 @@
 
     ProvisionError
     ├── InventoryError (also ValueError)   bad inventory or usage: exit code 2, nothing contacted
+    │   ├── OutputExists                   starter.py: init's file is there already; init never overwrites
+    │   └── TuneError                      tune: a space, workload or kept-trials file that cannot be used
     ├── ProfileError (also ValueError)     a hardware profile file that does not validate
     ├── KnownIssueError (also ValueError)  an entry of the known-issues file that does not validate
     ├── ContractError (also ValueError)    a row of the engine contracts table that does not validate
     ├── RenderError (also ValueError)      render.py: a unit or environment file cannot be rendered
     ├── AffinityError (also ValueError)    affinity.py: the cpu_affinity policy cannot be met on this CPU
+    ├── KvError (also ValueError)          kvcache.py: config.json lacks what the KV cache is computed from
     ├── UnreachableHost                    SSH could not connect or authenticate, or the link was lost
     │   └── HostKeyError                   unknown or changed host key: refused, with the command to accept it
     ├── CommandFailed                      a remote command ran and failed; carries the Result
@@ -14,20 +17,28 @@
     ├── WheelhouseError                    venv.py: the venv's wheels could not be resolved on the controller
     ├── BuildError                         build.py: a source could not be built into a wheel on its host
     ├── WeightsError                       weights.py: the hub refused, or a fetch or verification failed
+    ├── RelayError                         relay.py: a relay server could not start, or a program ended unanswered
+    ├── ForeignDirectory                   plan.py: a directory the host should have belongs to someone else
     ├── ApplyFailed                        ops.py: a step of the plan failed on the host (the step named)
     ├── NotReady                           server.py: the server did not answer /health and a completion
     ├── RollStopped                        rolling.py: deploy stopped its roll at this host (why, and what came back)
     └── LabError                           the lab could not be set up or torn down
+        └── HubError                       lab/hub.py: the lab hub refuses a request (an HTTP status and code)
+
+tests/test_errors.py holds this drawing to the classes (their bases, and that none is defined elsewhere).
+An error that translates another keeps it as its cause (`raise ... from exc`): the one-line message
+says what to do, and `--verbose` shows the cause beneath it.
 
 The programs that run on hosts (provision/host/) report their failures in their JSON answers, which the
-controller turns into these.
+controller turns into these; their own exceptions (StepFailed, ...) never leave the host, which has no
+copy of this package.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from provision.remote import Result
+    from provision.runner import Result
 
 
 _LINE_BREAKS = str.maketrans({"\n": "\\n", "\r": "\\r", "\x85": "\\x85", "\u2028": "\\u2028",
@@ -76,6 +87,14 @@ class InventoryError(ProvisionError, ValueError):
         return ": ".join(parts) + ": " + self.message
 
 
+class OutputExists(InventoryError):
+    """The file is there already: init never overwrites (exit 2, nothing changed)."""
+
+
+class TuneError(InventoryError):
+    """A space or workload file that cannot be used (exit 2: nothing was changed)."""
+
+
 class ProfileError(ProvisionError, ValueError):
     """A hardware profile file is malformed (a defect of the profile data, shipped or user-supplied)."""
 
@@ -88,9 +107,41 @@ class ContractError(ProvisionError, ValueError):
     """A row of the engine contracts table (provision/engine_contracts.yaml) is malformed; names the row."""
 
 
+class RenderError(ProvisionError, ValueError):
+    """A template or value could not be rendered; names the template and line."""
+
+
+class AffinityError(ProvisionError, ValueError):
+    """The policy cannot be met on this topology (e.g. ccd:5 on a 2-CCD part)."""
+
+
+class KvError(ProvisionError, ValueError):
+    """config.json lacks what the KV cache is computed from."""
+
+
 def about(host: str, text: str) -> str:
     """`text` about `host`, the host named once: 'cpu-1: …', never 'cpu-1: cpu-1: …'."""
     return text if text.startswith(f"{host}:") else f"{host}: {text}"
+
+
+def error_text(error: BaseException) -> str:
+    """An error as one line for a report: the tool's own errors as they say it, anything else named a
+    defect of the tool."""
+    if isinstance(error, ProvisionError):
+        return str(error)
+    return f"internal error ({type(error).__name__}): {error}"  # a defect of the tool: say so
+
+
+def causes(error: BaseException) -> list[str]:
+    """What `error` was raised from (`raise ... from cause`), nearest first, one line each:
+    ['OSError: [Errno 111] Connection refused']. --verbose logs them beneath the error's own line;
+    the line itself never carries them."""
+    said: list[str] = []
+    cause = error.__cause__
+    while cause is not None and len(said) < 8:
+        said.append(f"{type(cause).__name__}: {clip(str(cause), 300)}")
+        cause = cause.__cause__
+    return said
 
 
 class UnreachableHost(ProvisionError):
@@ -128,5 +179,52 @@ class ParseError(ProvisionError, ValueError):
         super().__init__(f"{fact}: {message}")
 
 
+class WheelhouseError(ProvisionError):
+    """The wheels could not be resolved on the controller (pip's own words included)."""
+
+
+class BuildError(ProvisionError):
+    """The source could not be read, sent or built (the compiler's last words included)."""
+
+
+class WeightsError(ProvisionError):
+    """The hub refused or does not know what the inventory asks for, or a transfer failed."""
+
+
+class RelayError(ProvisionError):
+    """A relay server could not start, or a host program ended without an answer."""
+
+
+class ForeignDirectory(ProvisionError):
+    """A directory the host should have exists and belongs to someone else: the plan refuses to take
+    it over (a chown would hand whatever it holds, /etc say, to the service user)."""
+
+
+class ApplyFailed(ProvisionError):
+    """A step failed on the host; the steps before it stay applied, the rest did not run."""
+
+    def __init__(self, host: str, step: str, error: str, done: int) -> None:
+        self.host, self.step, self.error, self.done = host, step, error, done
+        super().__init__(f"{host}: {step} failed after {done} step(s): {error}")
+
+
+class NotReady(ProvisionError):
+    """The server did not become ready (health and a completion) in time."""
+
+
+class RollStopped(ProvisionError):
+    """A host was not ready after its change: rolled back, and the roll went no further."""
+
+
 class LabError(ProvisionError):
     """The lab could not be brought up or down; the message says what to run to fix it."""
+
+
+class HubError(LabError):
+    """The lab hub refuses a request: `status` is the HTTP status, `code` the hub's error code
+    (RepoNotFound, GatedRepo, ...). Raised and answered inside the hub's server, as the real hub
+    answers; a client sees the HTTP answer, never this."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message

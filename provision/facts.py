@@ -35,7 +35,7 @@ from provision.parsers import (
 )
 
 if TYPE_CHECKING:  # facts stay importable without Fabric (the recorder runs on bare GPU hosts)
-    from provision.remote import Result, Runner
+    from provision.runner import Result, Runner
 
 log = logging.getLogger("provision.facts")
 

@@ -5,13 +5,18 @@ report on the others (the shape of Fabric's GroupResult).
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from provision.errors import causes, error_text
+
 T = TypeVar("T")
 H = TypeVar("H")
+
+log = logging.getLogger("provision.fanout")
 
 MAX_WORKERS = 32  # SSH sessions are I/O bound; beyond this a controller's sshd limits bite first
 
@@ -46,4 +51,6 @@ def for_each_host(items: Iterable[H], name: Callable[[H], str], work: Callable[[
                 values[host] = future.result()
             except Exception as exc:  # noqa: BLE001 - every failure is reported per host, never lost
                 errors[host] = exc
+                if exc.__cause__ is not None:  # the report says the error; --verbose what it came from
+                    log.debug("%s: %s (caused by %s)", host, error_text(exc), " <- ".join(causes(exc)))
     return HostResults(order, values, errors)

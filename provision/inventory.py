@@ -50,7 +50,7 @@ from typing import Any
 
 import yaml
 
-from provision.errors import InventoryError, clip
+from provision.errors import InventoryError, ProfileError, clip
 from provision.profiles import Profile, load_profiles
 
 LOCAL_HOST = "local"  # always available: this machine, over no SSH
@@ -142,7 +142,7 @@ class _LineLoader(yaml.SafeLoader):
             kind = str(node.tag).rsplit(":", 1)[-1]
             shown = f" {_brief(node.value)}" if isinstance(node, yaml.ScalarNode) else ""
             raise InventoryError(f"cannot read the {kind}{shown}: {clip(str(exc))}", file=self.source,
-                                 line=node.start_mark.line + 1) from None
+                                 line=node.start_mark.line + 1) from exc
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Mapping:
@@ -175,7 +175,7 @@ def _parse_yaml(text: str, source: str, budget: int = MAX_INVENTORY_VALUES) -> t
     try:
         loader = _LineLoader(text, source=source, budget=budget)  # the reader refuses control characters
     except yaml.YAMLError as exc:
-        raise InventoryError(f"not valid YAML: {clip(str(exc).splitlines()[0])}", file=source) from None
+        raise InventoryError(f"not valid YAML: {clip(str(exc).splitlines()[0])}", file=source) from exc
     try:
         return loader.get_single_data(), loader.values
     except yaml.YAMLError as exc:
@@ -183,7 +183,7 @@ def _parse_yaml(text: str, source: str, budget: int = MAX_INVENTORY_VALUES) -> t
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise InventoryError(
             f"not valid YAML: {clip(problem)}", file=source, line=mark.line + 1 if mark else None
-        ) from None
+        ) from exc
     finally:
         loader.dispose()
 
@@ -406,8 +406,8 @@ def _bind_address(value: Any) -> str:
     text = _text(value)
     try:
         ipaddress.ip_address(text)
-    except ValueError:
-        raise ValueError(f"expected an IP address to listen on, got {_brief(text)}") from None
+    except ValueError as exc:
+        raise ValueError(f"expected an IP address to listen on, got {_brief(text)}") from exc
     return text
 
 
@@ -468,8 +468,8 @@ def _network(value: Any) -> str:
     """a network like 192.168.100.0/24"""
     try:
         return str(ipaddress.ip_network(_text(value), strict=False))
-    except ValueError:
-        raise ValueError(f"expected a network like 192.168.100.0/24, got {_show(value)}") from None
+    except ValueError as exc:
+        raise ValueError(f"expected a network like 192.168.100.0/24, got {_show(value)}") from exc
 
 
 VAR_SPECS: Mapping[str, VarSpec] = {
@@ -765,6 +765,24 @@ def _with_aliases(environment: Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
+def check_profile_defaults(profiles: Mapping[str, Profile]) -> None:
+    """Each profile's `defaults` against the settings table, as the inventory's own settings are: an
+    unknown key or a value the table refuses is the profile file's error (Settings.of would drop the
+    one and take the other unchecked). The profiles module cannot ask the table itself: this module
+    imports it. The values stay as written."""
+    for profile in {profile.name: profile for profile in profiles.values()}.values():
+        where = profile.source or f"profile {profile.name}"
+        for key, value in profile.defaults.items():
+            spec = VAR_SPECS.get(key)
+            if spec is None:
+                raise ProfileError(f"{where}: defaults: key '{clip(str(key))}': unknown setting "
+                                   f"(known: {', '.join(sorted(VAR_SPECS))})")
+            try:
+                spec.check(value)
+            except ValueError as exc:
+                raise ProfileError(f"{where}: defaults: key '{clip(str(key))}': {exc}") from exc
+
+
 def local_host(profile: Profile | None = None) -> Host:
     """This machine, reached without SSH (Invoke's local runner)."""
     return Host(
@@ -800,6 +818,7 @@ class _Reader:
     """Validates the parsed documents of one inventory; raises the first error with file and line."""
 
     def __init__(self, profiles: Mapping[str, Profile]) -> None:
+        check_profile_defaults(profiles)
         self.profiles = profiles
         self.hosts: dict[str, Host] = {}
         self.groups: dict[str, Group] = {}
@@ -896,7 +915,7 @@ class _Reader:
             _user_name(user)
         except ValueError as exc:
             raise InventoryError(str(exc), file=source, line=_line(body, "user"), entity=entity,
-                                 key="user") from None
+                                 key="user") from exc
         key_file = self._path(body, "key_file", source, base, entity) if "key_file" in body else None
         self.hosts[name] = Host(
             name=name, address=str(address or "localhost"), port=port, user=user,
@@ -951,9 +970,9 @@ class _Reader:
                                  line=_line(body, key), entity=entity, key=key)
         try:
             path = Path(value).expanduser()
-        except RuntimeError:  # "~someone/..." for a user this machine does not know
+        except RuntimeError as exc:  # "~someone/..." for a user this machine does not know
             raise InventoryError(f"cannot expand {_brief(value)}: no such user's home", file=source,
-                                 line=_line(body, key), entity=entity, key=key) from None
+                                 line=_line(body, key), entity=entity, key=key) from exc
         return str(path if path.is_absolute() else (base / path))
 
     @staticmethod
@@ -994,7 +1013,7 @@ def validate_vars(raw: Mapping[str, Any], *, source: str, entity: str | None) ->
             result[key] = spec.check(value)
         except ValueError as exc:
             raise InventoryError(str(exc), file=source, line=_line(raw, key), entity=entity,
-                                 key=key) from None
+                                 key=key) from exc
     return result
 
 
@@ -1007,8 +1026,8 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
             raise InventoryError(f"--set expects KEY=VALUE, got {_brief(pair)}", file="command line")
         try:
             raw[key.strip()] = yaml.safe_load(text) if text else ""
-        except yaml.YAMLError:
-            raise InventoryError(f"cannot read the value of {_brief(pair)}", file="command line") from None
+        except yaml.YAMLError as exc:
+            raise InventoryError(f"cannot read the value of {_brief(pair)}", file="command line") from exc
     return validate_vars(raw, source="command line", entity=None)
 
 
@@ -1080,4 +1099,4 @@ def _read_bounded(file: Path, allowed: int) -> str:
                                  file=str(file))
         return data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise InventoryError(f"cannot read: {clip(str(exc))}", file=str(file)) from None
+        raise InventoryError(f"cannot read: {clip(str(exc))}", file=str(file)) from exc

@@ -165,7 +165,7 @@ def parse(text: str, source: str) -> tuple[KnownIssue, ...]:
     try:
         data = datafiles.load(text)
     except yaml.YAMLError as exc:
-        raise KnownIssueError(f"{source}: not valid YAML: {exc}") from None
+        raise KnownIssueError(f"{source}: not valid YAML: {exc}") from exc
     if not isinstance(data, list):
         raise KnownIssueError(f"{source}: expected a list of entries")
     issues: list[KnownIssue] = []
@@ -245,8 +245,8 @@ def _when(raw: Any, where: str) -> dict[str, Any]:
                 raise KnownIssueError(f"{where}: when.{key}: a PEP 440 specifier string like '>=0.18'")
             try:
                 when[key] = SpecifierSet(value)
-            except InvalidSpecifier:
-                raise KnownIssueError(f"{where}: when.{key}: bad version specifier {value!r}") from None
+            except InvalidSpecifier as exc:
+                raise KnownIssueError(f"{where}: when.{key}: bad version specifier {value!r}") from exc
         elif key in LIST_KEYS:
             if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
                 raise KnownIssueError(f"{where}: when.{key}: a non-empty list of strings")

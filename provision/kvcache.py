@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from provision.context import flag_value
-from provision.errors import ProvisionError
+from provision.errors import KvError
 
 GIB = 2**30
 # Per GPU, on top of weights and KV cache: the CUDA context and NCCL's buffers (about 0.5-1 GiB), the
@@ -37,10 +37,6 @@ _NO_KV_LAYERS = ("linear_attention", "mamba", "mamba2", "conv", "recurrent")
 _CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3_text": {"sliding_window_pattern": 6, "max_position_embeddings": 131072},
 }
-
-
-class KvError(ProvisionError, ValueError):
-    """config.json lacks what the KV cache is computed from."""
 
 
 @dataclass(frozen=True)

@@ -34,14 +34,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from provision import config, programs, remote, render
-from provision.errors import CommandFailed, ParseError, ProvisionError
+from provision.errors import CommandFailed, ParseError, ProvisionError, RenderError
 from provision.fanout import for_each_host
 from provision.inventory import Host, Inventory
 
 if TYPE_CHECKING:
     from provision.context import Context
-    from provision.remote import Runner
     from provision.run import Options
+    from provision.runner import Runner
     from provision.taskargs import NcclFlags
 
 
@@ -364,7 +364,7 @@ def parse_answer(host: str, stdout: str) -> NodeAnswer:
         return NodeAnswer(host=host, python=str(data["python"]), node_rank=int(data["node_rank"]),
                           ranks=ranks, result=result, raw=stdout)
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise ParseError("nccl", f"{host}: the test program did not answer its JSON ({exc})", stdout) from None
+        raise ParseError("nccl", f"{host}: the test program did not answer its JSON ({exc})", stdout) from exc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,8 +454,8 @@ def plan_cluster(nodes: Sequence[Context], head: str, *, gpus: int | None = None
     for node_rank, (ctx, nproc) in enumerate(zip(ordered, counts)):
         try:
             env = {**service_env(ctx), **DEBUG_ENV}
-        except render.RenderError as exc:
-            raise ProvisionError(str(exc)) from None
+        except RenderError as exc:
+            raise ProvisionError(str(exc)) from exc
         launches.append(NodeLaunch(host=ctx.host, node_rank=node_rank, nnodes=len(ordered), nproc=nproc,
                                    rank_offset=sum(counts[:node_rank]), world_size=world,
                                    master_addr=link.address, master_port=port, python=python_of(ctx),

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provision import programs
-from provision.errors import CommandFailed, ProvisionError, UnreachableHost
+from provision.errors import ApplyFailed, CommandFailed, UnreachableHost
 from provision.facts import MANAGED_UNITS
 from provision.plan import MANAGED_FILES, Change
-from provision.remote import Runner
+from provision.runner import Runner
 
 LOCK = "/run/lock/provision.lock"
 GENERATIONS = "/var/lib/provision/generations"
@@ -46,14 +46,6 @@ class Scope:
                 "venv": self.venv, "model_root": self.model_root}
 
 
-class ApplyFailed(ProvisionError):
-    """A step failed on the host; the steps before it stay applied, the rest did not run."""
-
-    def __init__(self, host: str, step: str, error: str, done: int) -> None:
-        self.host, self.step, self.error, self.done = host, step, error, done
-        super().__init__(f"{host}: {step} failed after {done} step(s): {error}")
-
-
 def _program(spec: dict[str, Any]) -> str:
     return programs.ship(("generations", "apply"), "main", spec)
 
@@ -62,13 +54,13 @@ def _execute(runner: Runner, spec: dict[str, Any], changes: Sequence[Change]) ->
     try:
         result = runner.run(["python3", "-"], stdin=_program(spec), timeout=900)
     except UnreachableHost as exc:  # say which step the connection was lost in
-        raise UnreachableHost(runner.host, f"during {spec['action']}: {exc.reason}") from None
+        raise UnreachableHost(runner.host, f"during {spec['action']}: {exc.reason}") from exc
     if not result.ok:
         raise CommandFailed(runner.host, spec["action"], result)
     try:
         answer: dict[str, Any] = json.loads(result.stdout)
-    except json.JSONDecodeError:
-        raise CommandFailed(runner.host, f"{spec['action']} (no JSON answer)", result) from None
+    except json.JSONDecodeError as exc:
+        raise CommandFailed(runner.host, f"{spec['action']} (no JSON answer)", result) from exc
     failed = answer.get("failed")
     if failed:
         step = (changes[failed["index"]].describe() if 0 <= failed["index"] < len(changes)

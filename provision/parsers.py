@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,7 +106,7 @@ def parse_kernel_cmdline(text: str) -> dict[str, str | None]:
     try:
         words = shlex.split(lines[0])
     except ValueError as exc:
-        raise ParseError("cmdline", f"unbalanced quotes: {exc}", text) from None
+        raise ParseError("cmdline", f"unbalanced quotes: {exc}", text) from exc
     params: dict[str, str | None] = {}
     for word in words[:words.index("--")] if "--" in words else words:
         name, equals, value = word.partition("=")
@@ -219,8 +220,8 @@ def _maybe_int(value: str, what: str, stdout: str) -> int | None:
         return None
     try:
         return int(float(value))
-    except ValueError:
-        raise ParseError("gpus", f"{what}: not a number: {value!r}", stdout) from None
+    except ValueError as exc:
+        raise ParseError("gpus", f"{what}: not a number: {value!r}", stdout) from exc
 
 
 def parse_nvidia_smi_csv(stdout: str) -> tuple[Gpu, ...]:
@@ -396,8 +397,8 @@ def parse_lscpu(stdout: str) -> CpuTopology:
         if node:
             try:
                 numa_cpus[int(node.group(1))] = parse_cpu_list(data)
-            except ParseError:
-                raise ParseError("lscpu", f"{name}: not a CPU list: {data!r}", stdout) from None
+            except ParseError as exc:
+                raise ParseError("lscpu", f"{name}: not a CPU list: {data!r}", stdout) from exc
     return CpuTopology(architecture=values.get("Architecture") or None,
                        vendor=values.get("Vendor ID") or None, model_names=models,
                        numa_cpus=numa_cpus if len(numa_cpus) > 1 else {})
@@ -429,8 +430,8 @@ def parse_lscpu_extended(stdout: str) -> tuple[LogicalCpu, ...]:
         max_mhz = row.get("MAXMHZ", "-")
         try:
             mhz = float(max_mhz) if max_mhz not in ("-", "") else None
-        except ValueError:
-            raise ParseError("lscpu_cpus", f"bad MAXMHZ {max_mhz!r}", stdout) from None
+        except ValueError as exc:
+            raise ParseError("lscpu_cpus", f"bad MAXMHZ {max_mhz!r}", stdout) from exc
         cpus.append(LogicalCpu(
             cpu=cpu, core=core, socket=_number(row.get("SOCKET", "0")) or 0,
             node=_number(row.get("NODE", "-")), l3=_number(caches.get("L3", "-")),
@@ -636,7 +637,7 @@ def parse_ip_addr(stdout: str) -> tuple[Interface, ...]:
     try:
         document = json.loads(stdout)
     except json.JSONDecodeError as exc:
-        raise ParseError("interfaces", f"not JSON: {exc}", stdout) from None
+        raise ParseError("interfaces", f"not JSON: {exc}", stdout) from exc
     if not isinstance(document, list):
         raise ParseError("interfaces", "expected a JSON list", stdout)
     interfaces = []
@@ -788,7 +789,7 @@ def parse_venv_probe(stdout: str) -> VenvInfo:
     try:
         data = json.loads(stdout)
     except json.JSONDecodeError as exc:
-        raise ParseError("venv", f"not JSON: {exc}", stdout) from None
+        raise ParseError("venv", f"not JSON: {exc}", stdout) from exc
     if not isinstance(data, dict) or "python" not in data:
         raise ParseError("venv", "no 'python' key", stdout)
     packages = data.get("packages")
@@ -815,7 +816,7 @@ def parse_iteration_stats(text: str) -> dict[str, float]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ParseError("trtllm_metrics", f"not JSON: {exc}", text) from None
+        raise ParseError("trtllm_metrics", f"not JSON: {exc}", text) from exc
     if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
         raise ParseError("trtllm_metrics", "not a list of iteration statistics", text)
     if not data:
@@ -883,8 +884,8 @@ def parse_pci_gpus(text: str) -> tuple[PciGpu, ...]:
     NVIDIA's audio and USB functions on the same card are left out by their class."""
     try:
         devices = json.loads(text or "{}")
-    except json.JSONDecodeError:
-        raise ParseError("pci_gpus", "not the probe's JSON", text) from None
+    except json.JSONDecodeError as exc:
+        raise ParseError("pci_gpus", "not the probe's JSON", text) from exc
     if not isinstance(devices, dict):
         raise ParseError("pci_gpus", "not a JSON object", text)
     gpus = []
@@ -963,9 +964,110 @@ def _topo_cpus(cell: str | None, stdout: str) -> tuple[int, ...] | None:
         return None
     try:
         return parse_cpu_list(cell)
-    except ParseError:
-        raise ParseError("gpu_topology", f"CPU Affinity {cell!r} is not a CPU list", stdout) from None
+    except ParseError as exc:
+        raise ParseError("gpu_topology", f"CPU Affinity {cell!r} is not a CPU list", stdout) from exc
 
 
 def _topo_node(cell: str | None) -> int | None:
     return int(cell) if cell is not None and cell.isdigit() else None  # "0-1" (several) or N/A: None
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics pages (a server's /metrics) and `ray status`
+
+PROMETHEUS, ITERATION_STATS = "prometheus", "iteration-stats"  # how a metrics page is written
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_ray_status(text: str) -> int:
+    """`ray status`: the number of live nodes (the lines under "Active:", each "COUNT node_ID")."""
+    active, count = False, 0
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped == "Active:":
+            active = True
+            continue
+        if active:
+            match = re.match(r"^(\d+)\s+node_[0-9a-f]+", stripped)
+            if match:
+                count += int(match.group(1))
+            elif stripped.endswith(":"):  # the next section ("Pending:"): the active nodes are counted
+                break
+    return count
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {metric name: value summed over its label sets} (comments skipped)."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        if math.isnan(value):
+            continue
+        values[match.group(1)] = values.get(match.group(1), 0.0) + value
+    return values
+
+
+def read_sample(text: str, format: str) -> dict[str, float] | None:
+    """One metrics page as {name: value}, read as the engine writes it (`format`, its MetricNames.format:
+    PROMETHEUS text, or ITERATION_STATS, TensorRT-LLM 1.2's JSON iteration statistics); None where the
+    page does not read (no figures, not zeros)."""
+    if format != ITERATION_STATS:
+        return parse_metrics(text)
+    try:
+        return parse_iteration_stats(text)
+    except ParseError:
+        return None
+
+
+CACHE_INFO = "vllm:cache_config_info"  # an info gauge: the figures are its labels
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def info_labels(text: str, name: str) -> dict[str, str]:
+    """The labels of the first sample of an info metric: vllm:cache_config_info{block_size="16",...} 1.0."""
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match and match.group(1) == name and match.group(2):
+            return dict(_LABEL.findall(match.group(2)))
+    return {}
+
+
+def kv_capacity(labels: Mapping[str, str]) -> int | None:
+    """Tokens the server's KV cache holds: vLLM's own kv_cache_size_tokens where it reports it (0.24.0
+    on, engine_contracts.yaml), else its blocks times the block size. The server's figure first: it is
+    group-aware (config/cache.py), where num_gpu_blocks x block_size overcounts hybrid models, whose
+    requests hold blocks in several KV cache groups (sliding-window, Mamba). It counts requests of
+    max_model_len in whole blocks, so it can be a little below the blocks' product for a
+    max_model_len that is not a multiple of the block size: what the server can really take."""
+    def number(key: str) -> int | None:
+        value = labels.get(key, "")
+        return int(float(value)) if re.fullmatch(r"\d+(\.0+)?", value) else None
+
+    reported = number("kv_cache_size_tokens")
+    if reported is not None:
+        return reported
+    blocks, size = number("num_gpu_blocks"), number("block_size")
+    return blocks * size if blocks is not None and size is not None else None
+
+
+def first_of(values: Mapping[str, float], *names: str) -> float | None:
+    """The value of the first of `names` that a sample has (an engine's alternative names for one figure)."""
+    return next((values[name] for name in names if name in values), None)
+
+
+def prefix_counts(values: Mapping[str, float], hits: Sequence[str],
+                  queries: Sequence[Sequence[str]]) -> tuple[float | None, float | None]:
+    """(hits, queries) of the prefix cache in one sample, by the engine's names (its MetricNames'
+    prefix_hits and prefix_queries); queries sum the engine's parts (llama.cpp counts cached and new
+    prompt tokens apart)."""
+    parts = [first_of(values, *group) for group in queries]
+    asked = sum(part for part in parts if part is not None) if any(p is not None for p in parts) else None
+    return first_of(values, *hits), asked

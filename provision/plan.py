@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provision.context import HOST_KEY
-from provision.errors import ProvisionError
+from provision.errors import ForeignDirectory
 from provision.facts import DROP_IN_DIRS, USER_NCCL_CONF, HostFacts
-from provision.remote import mask
 from provision.render import UNIT_DIR, DesiredState, managed_paths
+from provision.secrets import mask
 
 MANAGED_FILES = managed_paths()
 # The host's record of its generations (host/generations.py): the probe reads it with the managed files.
@@ -75,11 +75,6 @@ def _file_changes(desired: DesiredState, facts: HostFacts) -> list[Change]:
             diff = _diff(wanted.path, old, wanted.content) if current.get("sha256") != digest else ""
             changes.append(Change("file", wanted.path, "; ".join(reasons), data, diff))
     return changes
-
-
-class ForeignDirectory(ProvisionError):
-    """A directory the host should have exists and belongs to someone else: the plan refuses to take
-    it over (a chown would hand whatever it holds, /etc say, to the service user)."""
 
 
 def made_directories(facts: HostFacts) -> set[str]:

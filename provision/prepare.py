@@ -28,6 +28,7 @@ from provision.context import Context
 from provision.errors import CommandFailed, ProvisionError, UnreachableHost
 from provision.fanout import for_each_host
 from provision.inventory import Host, Inventory
+from provision.runner import Runner
 from provision.taskargs import PrepareFlags
 
 LOCK = "/run/lock/provision.lock"
@@ -216,7 +217,7 @@ def apt_options(ctx: Context) -> list[str]:
     return ["-o", f"Acquire::http::Proxy={proxy}", "-o", f"Acquire::https::Proxy={proxy}"] if proxy else []
 
 
-def survey(runner: remote.Runner, ctx: Context, fixes: Sequence[Fix], flags: PrepareFlags) -> dict[str, Any]:
+def survey(runner: Runner, ctx: Context, fixes: Sequence[Fix], flags: PrepareFlags) -> dict[str, Any]:
     spec = {"packages": sorted({name for fix in fixes for name in fix.packages}),
             "files": sorted({path for fix in fixes for path in fix.files}), "update": True,
             "apt_options": apt_options(ctx), "lock_wait": flags.lock_wait}
@@ -228,7 +229,7 @@ def survey(runner: remote.Runner, ctx: Context, fixes: Sequence[Fix], flags: Pre
     return answer
 
 
-def apply(runner: remote.Runner, ctx: Context, prepared: Preparation, flags: PrepareFlags) -> dict[str, Any]:
+def apply(runner: Runner, ctx: Context, prepared: Preparation, flags: PrepareFlags) -> dict[str, Any]:
     spec = {"install": {change.name: change.candidate for change in prepared.packages},
             "write": dict(prepared.files), "commands": [list(argv) for argv in prepared.commands],
             "apt_options": apt_options(ctx), "lock_wait": flags.lock_wait, "lock": LOCK, "wait": 0}
@@ -240,12 +241,12 @@ def apply(runner: remote.Runner, ctx: Context, prepared: Preparation, flags: Pre
     return answer
 
 
-def boot_id(runner: remote.Runner) -> str:
+def boot_id(runner: Runner) -> str:
     done = runner.run(["cat", BOOT_ID], timeout=15)
     return done.stdout.strip() if done.ok else ""
 
 
-def reboot_and_wait(connect: Callable[[], remote.Runner], runner: remote.Runner, before: str,
+def reboot_and_wait(connect: Callable[[], Runner], runner: Runner, before: str,
                     timeout: float, progress: Callable[[str], None]) -> float:
     """Ask systemd to reboot; the host is back when its boot id differs and sshd answers. Seconds taken."""
     started = time.monotonic()

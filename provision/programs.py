@@ -15,7 +15,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the fact recorder ships the probe on bare GPU hosts, which have no Fabric
-    from provision.remote import Result, Runner
+    from provision.runner import Result, Runner
 
 _OWN_IMPORT = re.compile(r"^from provision\.host\.\w+ import (\([^)]*\)|[^\n]*)\n", re.MULTILINE)
 # A __future__ import must open the text, so it cannot stay in a part that follows another. The probe

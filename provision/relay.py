@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from provision import programs
-from provision.errors import ProvisionError, UnreachableHost
+from provision.errors import RelayError, UnreachableHost
+from provision.runner import Runner
 
 RELAY, STAR, HUB = "relay", "star", "hub"
 # Upstreams a host may fall back to, nearest first, before the origin: a chain survives this many
@@ -23,10 +24,6 @@ RELAY, STAR, HUB = "relay", "star", "hub"
 FALLBACKS = 3
 T = TypeVar("T")
 log = logging.getLogger("provision.relay")
-
-
-class RelayError(ProvisionError):
-    """A relay server could not start, or a host program ended without an answer."""
 
 
 def upstreams(members: Sequence[str], strategy: str) -> dict[str, list[str]]:
@@ -69,7 +66,7 @@ def program(spec: Mapping[str, Any]) -> str:
     return programs.ship(("relay",), "relay_main", spec)
 
 
-def run(runner: Any, text: str, python: str, what: str, on_progress: Callable[[int, int], None],
+def run(runner: Runner, text: str, python: str, what: str, on_progress: Callable[[int, int], None],
         on_event: Callable[[dict[str, Any]], None] = lambda event: None) -> dict[str, Any]:
     """A relay-using host program to its result; progress and other events as they come."""
     def event(found: dict[str, Any]) -> None:
@@ -81,7 +78,7 @@ def run(runner: Any, text: str, python: str, what: str, on_progress: Callable[[i
     try:
         result, done = programs.run(runner, text, 24 * 3600, event, python=python)
     except UnreachableHost as exc:  # say which step the connection was lost in
-        raise UnreachableHost(runner.host, f"during {what}: {exc.reason}") from None
+        raise UnreachableHost(runner.host, f"during {what}: {exc.reason}") from exc
     if not result:
         raise RelayError(f"{runner.host}: {what} ended without an answer (exit {done.exited}): "
                          f"{programs.tail(done)}")
@@ -95,7 +92,7 @@ class Server:
     finished ones under `final`, those still arriving as NAME+`suffix` under `partial`; in a thread of
     its own while the transfers run. Its URL carries a random secret and dies with the run."""
 
-    def __init__(self, runner: Any, address: str, final: str, partial: str, suffix: str, files: Mapping[str, int],
+    def __init__(self, runner: Runner, address: str, final: str, partial: str, suffix: str, files: Mapping[str, int],
                  peers: int) -> None:
         self.secret = random_secrets.token_urlsafe(24)
         self.text = program({"action": "serve", "final": final, "partial": partial, "suffix": suffix,

@@ -1,7 +1,7 @@
 """The one module that runs commands on hosts. Everything else gets a `Runner`.
 
-A command is an argv list, quoted here once (shlex), run with LC_ALL=C so every parser sees the same
-output on every host. Two runners:
+A command is an argv list, quoted once (shlex: `command_line`, provision/runner.py), run with LC_ALL=C
+so every parser sees the same output on every host. Two runners:
 
 - `SshRunner`: Fabric/paramiko, strict host-key checking against a known_hosts file. An unknown key is
   refused unless the caller explicitly asked to accept and record new keys; a changed key is always
@@ -10,7 +10,7 @@ output on every host. Two runners:
 - `LocalRunner`: Invoke's own context on this machine, no SSH.
 
 Secrets (HF token, API key) never travel in argv; they go in stdin or in files. Whatever is logged passes
-through `mask()`, which replaces every registered secret.
+through `mask()` (provision/secrets.py), which replaces every registered secret.
 """
 from __future__ import annotations
 
@@ -18,16 +18,14 @@ import errno
 import io
 import logging
 import select
-import shlex
 import shutil
 import signal
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import paramiko
 from fabric import Config, Connection
@@ -37,6 +35,8 @@ from invoke.exceptions import CommandTimedOut
 from invoke.runners import Local as InvokeLocal
 
 from provision.errors import HostKeyError, UnreachableHost
+from provision.runner import Result, Runner, command_line
+from provision.secrets import mask
 
 if TYPE_CHECKING:  # typing.Self is 3.11+; this package runs on 3.10
     from typing_extensions import Self
@@ -46,84 +46,6 @@ log = logging.getLogger("provision.remote")
 # paramiko prints its own tracebacks through logging's last-resort handler; our errors say it better.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
-
-BASE_ENV = {"LC_ALL": "C", "LANG": "C"}
-
-# ---------------------------------------------------------------------------------------------
-# Secret masking
-
-_SECRETS: set[str] = set()
-MASK = "*****"
-
-
-def register_secret(value: str | None) -> None:
-    """From now on `mask()` hides `value` wherever it appears. Short values would mask noise."""
-    if value and len(value) >= 4:
-        _SECRETS.add(value)
-
-
-def mask(text: str) -> str:
-    for secret in sorted(_SECRETS, key=len, reverse=True):
-        text = text.replace(secret, MASK)
-    return text
-
-
-class MaskingFilter(logging.Filter):
-    """Installed on every handler of the 'provision' logger: no log line carries a registered secret."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = mask(record.getMessage())
-        record.args = None
-        return True
-
-
-# ---------------------------------------------------------------------------------------------
-# Results and the Runner protocol
-
-
-@dataclass(frozen=True)
-class Result:
-    """What one remote execution gave back. `command` is the masked display form."""
-
-    command: str
-    exited: int
-    stdout: str
-    stderr: str
-    seconds: float
-    timed_out: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.exited == 0 and not self.timed_out
-
-
-class Runner(Protocol):
-    """Runs argv lists on one host. `executions` counts remote executions (round trips).
-
-    `on_line` receives each line of stdout as it arrives (progress of a long step); stdout is still
-    returned whole in the Result.
-    """
-
-    host: str
-    executions: int
-
-    def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
-            env: Mapping[str, str] | None = None, on_line: Callable[[str], None] | None = None) -> Result: ...
-
-    def put(self, local: Path, remote: str, progress: Callable[[int, int], None] | None = None) -> None: ...
-
-    def get(self, remote: str, local: Path) -> None: ...
-
-    def close(self) -> None: ...
-
-
-def command_line(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
-    """`env LC_ALL=C LANG=C [K=V ...] argv...`, each part quoted once."""
-    if not argv:
-        raise ValueError("empty command")
-    assignments = [f"{key}={value}" for key, value in {**BASE_ENV, **(env or {})}.items()]
-    return shlex.join(["env", *assignments, *argv])
-
 
 class _WholeStdin:
     """Hand stdin over in one piece.
@@ -331,17 +253,17 @@ class SshRunner(_Counting):
                 "refused. If the host was reinstalled on purpose, remove the old key with "
                 f"`ssh-keygen -R '{name}' -f {self.known_hosts}` and run again with "
                 "--accept-new-host-keys",
-            ) from None
+            ) from exc
         except paramiko.AuthenticationException as exc:
-            raise UnreachableHost(self.host, f"authentication failed for {where}: {exc}") from None
-        except TimeoutError:
+            raise UnreachableHost(self.host, f"authentication failed for {where}: {exc}") from exc
+        except TimeoutError as exc:
             raise UnreachableHost(
-                self.host, f"no answer from {where} within {self.ssh.connect_timeout:g}s") from None
+                self.host, f"no answer from {where} within {self.ssh.connect_timeout:g}s") from exc
         except (OSError, paramiko.SSHException, EOFError) as exc:
             reason = _connect_failure(exc)
             if "No existing session" in reason or "banner" in reason:
                 reason = "something answered but no SSH server spoke (is sshd on that port?)"
-            raise UnreachableHost(self.host, f"cannot connect to {where}: {reason}") from None
+            raise UnreachableHost(self.host, f"cannot connect to {where}: {reason}") from exc
 
     def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
             env: Mapping[str, str] | None = None, on_line: Callable[[str], None] | None = None) -> Result:
@@ -354,7 +276,7 @@ class SshRunner(_Counting):
                                                 timeout, on_line)
         except (OSError, paramiko.SSHException, EOFError) as exc:
             self.close()
-            raise UnreachableHost(self.host, f"connection lost while running {argv[0]}: {in_words(exc)}") from None
+            raise UnreachableHost(self.host, f"connection lost while running {argv[0]}: {in_words(exc)}") from exc
         seconds = time.monotonic() - started
         if timed_out:
             self._record(command, 124, seconds, True)
@@ -378,7 +300,7 @@ class SshRunner(_Counting):
             sftp.posix_rename(temporary, remote)
         except (OSError, paramiko.SSHException, EOFError) as exc:
             self.close()
-            raise UnreachableHost(self.host, f"copy of {local.name} to {remote} failed: {in_words(exc)}") from None
+            raise UnreachableHost(self.host, f"copy of {local.name} to {remote} failed: {in_words(exc)}") from exc
         log.debug("%s: put %s -> %s", self.host, local, remote)
 
     def get(self, remote: str, local: Path) -> None:
@@ -388,7 +310,7 @@ class SshRunner(_Counting):
             self.connection.sftp().get(remote, str(local))
         except (OSError, paramiko.SSHException, EOFError) as exc:
             self.close()
-            raise UnreachableHost(self.host, f"copy of {remote} from the host failed: {in_words(exc)}") from None
+            raise UnreachableHost(self.host, f"copy of {remote} from the host failed: {in_words(exc)}") from exc
 
     def close(self) -> None:
         self.connection.close()

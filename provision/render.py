@@ -16,7 +16,7 @@ from provision import affinity, engines, hardening
 from provision.context import Context
 from provision.engines.llamacpp import gguf_models
 from provision.engines.vllm import VLLM
-from provision.errors import ProvisionError
+from provision.errors import RenderError
 from provision.facts import MANAGED_UNITS
 from provision.inventory import Settings
 
@@ -80,10 +80,6 @@ class DesiredState:
     server_unit: str | None = None  # the unit serving the API here (None on a worker)
 
 
-class RenderError(ProvisionError, ValueError):
-    """A template or value could not be rendered; names the template and line."""
-
-
 @functools.lru_cache(maxsize=1)
 def _environment() -> Any:
     # Imported on first render: status, logs and facts never render, and jinja2 (with the asyncio
@@ -108,7 +104,7 @@ def render(name: str, values: Mapping[str, Any]) -> str:
         return text
     except jinja2.TemplateError as exc:
         line = getattr(exc, "lineno", None)
-        raise RenderError(f"{name}{f':{line}' if line else ''}: {exc}") from None
+        raise RenderError(f"{name}{f':{line}' if line else ''}: {exc}") from exc
 
 
 def systemd_quote(arg: str) -> str:

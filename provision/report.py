@@ -14,7 +14,7 @@ from rich.text import Text
 from provision import parsers
 from provision.affinity import compress
 from provision.checks import Finding, resolutions, verdict
-from provision.errors import ProvisionError
+from provision.errors import error_text
 from provision.facts import HostFacts, ProbeAccount
 from provision.fanout import HostResults
 from provision.inventory import Inventory
@@ -40,12 +40,6 @@ def console() -> Console:
 
 def dump_json(data: Any) -> str:
     return json.dumps(data, indent=2, sort_keys=False)
-
-
-def error_text(error: BaseException) -> str:
-    if isinstance(error, ProvisionError):
-        return str(error)
-    return f"internal error ({type(error).__name__}): {error}"  # a defect of the tool: say so
 
 
 def error_for(host: str, error: BaseException) -> str:

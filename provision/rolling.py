@@ -23,24 +23,20 @@ from provision import (
     engines,
     inventory,
     ops,
+    parsers,
     plan,
     remote,
     run,
     secrets,
     server,
-    status,
     venv,
     weights,
 )
 from provision.engines.vllm import RAY_PORT
-from provision.errors import ProvisionError
+from provision.errors import NotReady, ProvisionError, RollStopped, error_text
 from provision.fanout import HostResults, for_each_host
-from provision.report import error_text
 from provision.run import Bar, Connect, HostPlan, Options, Planned, remaining, secret_environment
-
-
-class RollStopped(ProvisionError):
-    """A host was not ready after its change: rolled back, and the roll went no further."""
+from provision.runner import Runner
 
 
 @dataclass
@@ -72,14 +68,14 @@ def batches(order: list[str], clusters: Mapping[str, inventory.Cluster | None], 
     return batches
 
 
-def ray_nodes(runner: remote.Runner, venv_dir: str, head_address: str, expected: int, timeout: float) -> int:
+def ray_nodes(runner: Runner, venv_dir: str, head_address: str, expected: int, timeout: float) -> int:
     """Live nodes of the Ray cluster as `ray status` on the head reports them, waiting up to
     `timeout` for all of them to join."""
     deadline = time.monotonic() + timeout
     while True:
         done = runner.run([f"{venv_dir.rstrip('/')}/bin/ray", "status", f"--address={head_address}:{RAY_PORT}"],
                           timeout=60)
-        nodes = status.parse_ray_status(done.stdout) if done.ok else 0
+        nodes = parsers.parse_ray_status(done.stdout) if done.ok else 0
         if nodes >= expected or time.monotonic() > deadline:
             return nodes
         time.sleep(3)
@@ -376,7 +372,7 @@ def rollback(inv: inventory.Inventory, targets: list[inventory.Host], options: O
     return HostResults(tuple(target.name for target in targets), values, errors)
 
 
-def _roll_back_host(inv: inventory.Inventory, runner: remote.Runner, options: Options, held: secrets.Secrets,
+def _roll_back_host(inv: inventory.Inventory, runner: Runner, options: Options, held: secrets.Secrets,
                     to: int | None, timeout: float) -> RolledBack:
     """Restore the generation (its server restarted once, after its files, venv and model are in place),
     then wait until it serves. One that does not serve is left for the generation that was running
@@ -394,11 +390,11 @@ def _roll_back_host(inv: inventory.Inventory, runner: remote.Runner, options: Op
             said = (f"{runner.host}: generation {back.to} restored "
                     f"({', '.join(back.restored) or 'it was in place'}), but it does not serve: "
                     f"{error_text(exc).removeprefix(runner.host + ': ')}")
-            raise server.NotReady(said + _back_to_running(inv, runner, scope, back, options, held, timeout)) from exc
+            raise NotReady(said + _back_to_running(inv, runner, scope, back, options, held, timeout)) from exc
     return RolledBack(back.to, back.restored, ready_s, round(time.monotonic() - started, 2))
 
 
-def _back_to_running(inv: inventory.Inventory, runner: remote.Runner, scope: ops.Scope, back: ops.Outcome,
+def _back_to_running(inv: inventory.Inventory, runner: Runner, scope: ops.Scope, back: ops.Outcome,
                      options: Options, held: secrets.Secrets, timeout: float) -> str:
     """A rollback whose restored generation does not serve goes back to the generation that was running
     (`back.left`), and waits for it as for any restored one; what happened, as the rest of a sentence."""

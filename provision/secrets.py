@@ -9,6 +9,7 @@ a program's stdin or a 0600 file, never in a command line.
 """
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from collections.abc import Mapping
@@ -18,7 +19,6 @@ from pathlib import Path
 import yaml
 
 from provision.errors import InventoryError
-from provision.remote import register_secret
 
 ENVIRONMENT = {"hf_token": "HF_TOKEN", "vllm_api_key": "VLLM_API_KEY",
                # The private key a TensorRT-LLM cluster's head starts ranks on its workers with (mpirun over SSH).
@@ -26,6 +26,33 @@ ENVIRONMENT = {"hf_token": "HF_TOKEN", "vllm_api_key": "VLLM_API_KEY",
 
 
 MULTI_LINE = ("mpi_ssh_key",)
+
+# Masking: every secret read is registered here, and whatever the tool logs or prints of a host's
+# output passes through mask(). Kept with the secrets, not with SSH: a task that never connects
+# (a report, a journal read locally) masks too, without importing paramiko.
+_SECRETS: set[str] = set()
+MASK = "*****"
+
+
+def register_secret(value: str | None) -> None:
+    """From now on `mask()` hides `value` wherever it appears. Short values would mask noise."""
+    if value and len(value) >= 4:
+        _SECRETS.add(value)
+
+
+def mask(text: str) -> str:
+    for secret in sorted(_SECRETS, key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return text
+
+
+class MaskingFilter(logging.Filter):
+    """Installed on every handler of the 'provision' logger: no log line carries a registered secret."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = mask(record.getMessage())
+        record.args = None
+        return True
 
 
 @dataclass(frozen=True)
@@ -67,15 +94,16 @@ def load(path: str | None) -> Secrets:
 def _read_file(path: Path) -> dict[str, str]:
     try:
         info = path.stat()
-    except FileNotFoundError:
-        raise InventoryError("the secrets file does not exist", file=str(path), key="secrets") from None
+    except FileNotFoundError as exc:
+        raise InventoryError("the secrets file does not exist", file=str(path), key="secrets") from exc
     if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise InventoryError(f"the secrets file is mode {stat.S_IMODE(info.st_mode):04o}: others may read it; "
                              f"run `chmod 600 {path}`", file=str(path), key="secrets")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        # The parser's message may quote the file's text: name the problem's place only.
+        # The parser's message may quote the file's text: name the problem's place only. Not kept as the
+        # cause either (from None): --verbose would print that text, secrets not yet registered for masking.
         where = getattr(exc, "problem_mark", None)
         line = f" near line {where.line + 1}" if where else ""
         raise InventoryError(f"cannot read the secrets file{line}", file=str(path), key="secrets") from None

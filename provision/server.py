@@ -2,26 +2,28 @@
 completions). Both run on the host through host/serve.py, over loopback; figures are computed here."""
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from provision import engines, programs
-from provision.errors import ProvisionError
+from provision.errors import NotReady, ProvisionError
 from provision.inventory import Settings
-from provision.status import prefix_counts, read_sample
+from provision.parsers import prefix_counts, read_sample
+from provision.runner import Runner
 
 
-class NotReady(ProvisionError):
-    """The server did not become ready (health and a completion) in time."""
+def server_url(address: str, port: int) -> str:
+    """The one place a server's URL is written: http://ADDRESS:PORT, an IPv6 address in brackets."""
+    return f"http://{'[' + address + ']' if ':' in address else address}:{port}"
 
 
 def base_url(settings: Settings) -> str:
+    """The server's URL on its own host (a wildcard listener answers on loopback too)."""
     address = str(settings.bind_host)
     if address in ("0.0.0.0", "::"):
         address = "127.0.0.1"
-    return f"http://{'[' + address + ']' if ':' in address else address}:{settings.port}"
+    return server_url(address, settings.port)
 
 
 def served_name(settings: Settings) -> str:
@@ -40,7 +42,7 @@ def how_to_query(host: str, address: str, settings: Settings, key_source: str | 
     itself is never printed, only how to pass it."""
     bind = str(settings.bind_host)
     reach = address if bind in ("0.0.0.0", "::") else bind
-    url = base_url(settings) if bind in LOOPBACK else f"http://{'[' + reach + ']' if ':' in reach else reach}:{settings.port}"
+    url = base_url(settings) if bind in LOOPBACK else server_url(reach, settings.port)
     where = f" {inventory_option}" if inventory_option else ""
     ask = f"invoke ask --host {host}{where} --prompt 'Hello, my name is'"
     lines = [f"{host} serves {served_name(settings)!r} at {url}. Ask it from here:", f"  {ask}"]
@@ -80,7 +82,7 @@ def answer_of(host: str, answer: Mapping[str, Any]) -> Answer:
                   seconds=float(answer.get("seconds") or 0))
 
 
-def ask(runner: Any, settings: Settings, api_key: str | None, prompt: str, max_tokens: int,
+def ask(runner: Runner, settings: Settings, api_key: str | None, prompt: str, max_tokens: int,
         timeout: float = 60) -> Answer:
     """One completion from the host's server, asked on the host over loopback (where it listens)."""
     spec = {"action": "ask", "base": base_url(settings), "model": served_name(settings), "api_key": api_key,
@@ -95,7 +97,7 @@ def ask(runner: Any, settings: Settings, api_key: str | None, prompt: str, max_t
     return answer_of(runner.host, answer)
 
 
-def _run(runner: Any, spec: Mapping[str, Any], on_progress: Callable[[dict[str, Any]], None],
+def _run(runner: Runner, spec: Mapping[str, Any], on_progress: Callable[[dict[str, Any]], None],
          timeout: float) -> dict[str, Any]:
     program = programs.ship(("serve",), "serve_main", spec)
     answer, done = programs.run(runner, program, timeout, lambda event: on_progress(event)
@@ -112,13 +114,13 @@ def endpoint(settings: Settings) -> dict[str, str]:
             "unit": engines.engine_of(settings).server_unit}
 
 
-def wait_ready(runner: Any, settings: Settings, api_key: str | None, timeout: float,
+def wait_ready(runner: Runner, settings: Settings, api_key: str | None, timeout: float,
                on_progress: Callable[[dict[str, Any]], None] = lambda event: None) -> float:
     """Seconds until /health answered and a one-token completion came back; NotReady otherwise."""
     return wait_ready_at(runner, endpoint(settings), api_key, timeout, on_progress)
 
 
-def wait_ready_at(runner: Any, where: Mapping[str, Any], api_key: str | None, timeout: float,
+def wait_ready_at(runner: Runner, where: Mapping[str, Any], api_key: str | None, timeout: float,
                   on_progress: Callable[[dict[str, Any]], None] = lambda event: None) -> float:
     """wait_ready at a recorded endpoint (a restored generation's own base URL, model and unit)."""
     spec = {"action": "ready", "base": where["base"], "model": where["model"], "api_key": api_key,
@@ -157,18 +159,20 @@ def _percentile(values: list[float], share: float) -> float | None:
 
 def bench_report(answer: Mapping[str, Any], names: engines.MetricNames = engines.ENGINES["vllm"].metrics) -> BenchReport:
     """Pure: the host's raw timings and the engine's metrics before and after -> the figures."""
+    import statistics  # with decimal and fractions: bench alone needs it, status imports this module too
+
     ttft = [float(v) for v in answer.get("ttft_s", [])]
     latency = [float(v) for v in answer.get("latency_s", [])]
     itl = [float(v) for v in answer.get("itl_s", [])]
     tokens = sum(int(t) for t in answer.get("tokens", []))
     seconds = float(answer.get("seconds") or 0)
-    before = read_sample(answer.get("metrics_before", ""), names) or {}
-    after = read_sample(answer.get("metrics_after", ""), names) or {}
+    before = read_sample(answer.get("metrics_before", ""), names.format) or {}
+    after = read_sample(answer.get("metrics_after", ""), names.format) or {}
     generated = None
     counter = next((name for name in names.generated if name in after), None)
     if counter is not None:
         generated = after[counter] - before.get(counter, 0.0)
-    hits, queries = prefix_counts(after, names)
+    hits, queries = prefix_counts(after, names.prefix_hits, names.prefix_queries)
     return BenchReport(
         requests=int(answer.get("requests", 0)), succeeded=int(answer.get("succeeded", 0)), seconds=seconds,
         output_tokens=tokens, tokens_per_s=round(tokens / seconds, 2) if seconds else 0.0,
@@ -192,7 +196,7 @@ class Requests:
     prompts: Sequence[str] = ()
 
 
-def bench(runner: Any, settings: Settings, api_key: str | None, load: Requests,
+def bench(runner: Runner, settings: Settings, api_key: str | None, load: Requests,
           on_progress: Callable[[dict[str, Any]], None]) -> BenchReport:
     """`load`'s completions against the host's server, streamed; its timings and the engine's figures."""
     names = engines.engine_of(settings).metric_names(settings)
@@ -202,7 +206,7 @@ def bench(runner: Any, settings: Settings, api_key: str | None, load: Requests,
     return bench_report(_run(runner, spec, on_progress, 3600), names)
 
 
-def context(runner: Any, settings: Settings, api_key: str | None, probes: Sequence[str]) -> dict[str, Any]:
+def context(runner: Runner, settings: Settings, api_key: str | None, probes: Sequence[str]) -> dict[str, Any]:
     """The server's own word on its context (host/serve.py's `context`): the raw /v1/models answer and
     each probe's prompt tokens as it counts them. Raw: tune.served_context parses it."""
     spec = {"action": "context", "base": base_url(settings), "model": served_name(settings), "api_key": api_key,
@@ -213,7 +217,7 @@ def context(runner: Any, settings: Settings, api_key: str | None, probes: Sequen
 UNITS = tuple(unit.removesuffix(".service") for engine in engines.ENGINES.values() for unit in engine.units)
 
 
-def journal(runner: Any, unit: str, lines: int, follow: bool,
+def journal(runner: Runner, unit: str, lines: int, follow: bool,
             on_line: Callable[[str], None] | None = None) -> str:
     """A unit's journal on the host; with follow, each new line goes to on_line until interrupted."""
     argv = ["journalctl", "-u", f"{unit}.service", "--no-pager", "-n", str(lines), *(["-f"] if follow else [])]

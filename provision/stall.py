@@ -128,7 +128,7 @@ def counters(engine: Engine, names: MetricNames, spec: str | None) -> Counters:
 
 
 def sample(at: float, values: Mapping[str, float], names: Counters) -> Sample:
-    """One parsed metrics page (status.parse_metrics) -> the rule's reading of it."""
+    """One parsed metrics page (parsers.parse_metrics) -> the rule's reading of it."""
     return Sample(at=at, generated=values.get(names.generated) if names.generated else None,
                   running=values.get(names.running) if names.running else None)
 

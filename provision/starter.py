@@ -21,7 +21,7 @@ from typing import Any
 
 from provision import checks, datafiles, inventory, kvcache
 from provision.context import Context
-from provision.errors import InventoryError
+from provision.errors import InventoryError, OutputExists
 from provision.facts import HostFacts
 from provision.profiles import Profile
 
@@ -292,10 +292,6 @@ class Initialized:
     @property
     def ok(self) -> bool:
         return self.text is not None
-
-
-class OutputExists(InventoryError):
-    """The file is there already: init never overwrites (exit 2, nothing changed)."""
 
 
 def refuse_existing(output: Path) -> None:

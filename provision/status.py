@@ -2,8 +2,8 @@
 
 The fact probe gathers the host's part (kernel, driver, GPUs, memory, the units, the model's current
 revision) and asks the server itself over loopback on the host: /health, /v1/models and /metrics twice
-a short window apart, so counters become rates (tokens/s). Parsing is pure (`parse_metrics`, `figures`,
-`host_status`) and tested on /metrics recorded from real vLLM. A host that does not answer within the
+a short window apart, so counters become rates (tokens/s). Parsing is pure (`parsers.parse_metrics`,
+`figures`, `host_status`) and tested on /metrics recorded from real vLLM. A host that does not answer within the
 deadline is reported as such while the others are not kept waiting.
 
 A server whose engine is wedged still answers /health (provision/stall.py): each host's /metrics samples
@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,67 +29,19 @@ from provision import (
     plan,
     remote,
     secrets,
+    server,
     stall,
     weights,
 )
 from provision.context import Context
 from provision.engines import MetricNames
-from provision.engines.base import ITERATION_STATS
-from provision.errors import ParseError
 from provision.facts import HostFacts
 from provision.inventory import Settings
+from provision.parsers import ITERATION_STATS
 from provision.profiles import Profile
-from provision.remote import Result
+from provision.runner import Result, Runner
 
 STATUS_FACTS = tuple(f for f in facts.FACTS if f.name in ("uname", "meminfo", "nvidia_driver", "gpus", "units"))
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-
-
-def parse_ray_status(text: str) -> int:
-    """`ray status`: the number of live nodes (the lines under "Active:", each "COUNT node_ID")."""
-    active, count = False, 0
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped == "Active:":
-            active = True
-            continue
-        if active:
-            match = re.match(r"^(\d+)\s+node_[0-9a-f]+", stripped)
-            if match:
-                count += int(match.group(1))
-            elif stripped.endswith(":"):  # the next section ("Pending:"): the active nodes are counted
-                break
-    return count
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {metric name: value summed over its label sets} (comments skipped)."""
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        try:
-            value = float(match.group(3))
-        except ValueError:
-            continue
-        if math.isnan(value):
-            continue
-        values[match.group(1)] = values.get(match.group(1), 0.0) + value
-    return values
-
-
-def read_sample(text: str, names: MetricNames) -> dict[str, float] | None:
-    """One metrics page as {name: value}, read as the engine writes it (Prometheus text, or TensorRT-LLM
-    1.2's JSON iteration statistics); None where the page does not read (no figures, not zeros)."""
-    if names.format != ITERATION_STATS:
-        return parse_metrics(text)
-    try:
-        return parsers.parse_iteration_stats(text)
-    except ParseError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -110,69 +60,26 @@ class Figures:
 
 VLLM_METRICS = engines.ENGINES["vllm"].metrics
 METRICS_READ = VLLM_METRICS.read  # vLLM's; each engine's are engine.metrics.read
-CACHE_INFO = "vllm:cache_config_info"  # an info gauge: the figures are its labels
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-def info_labels(text: str, name: str) -> dict[str, str]:
-    """The labels of the first sample of an info metric: vllm:cache_config_info{block_size="16",...} 1.0."""
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match and match.group(1) == name and match.group(2):
-            return dict(_LABEL.findall(match.group(2)))
-    return {}
-
-
-def kv_capacity(labels: Mapping[str, str]) -> int | None:
-    """Tokens the server's KV cache holds: vLLM's own kv_cache_size_tokens where it reports it (0.24.0
-    on, engine_contracts.yaml), else its blocks times the block size. The server's figure first: it is
-    group-aware (config/cache.py), where num_gpu_blocks x block_size overcounts hybrid models, whose
-    requests hold blocks in several KV cache groups (sliding-window, Mamba). It counts requests of
-    max_model_len in whole blocks, so it can be a little below the blocks' product for a
-    max_model_len that is not a multiple of the block size: what the server can really take."""
-    def number(key: str) -> int | None:
-        value = labels.get(key, "")
-        return int(float(value)) if re.fullmatch(r"\d+(\.0+)?", value) else None
-
-    reported = number("kv_cache_size_tokens")
-    if reported is not None:
-        return reported
-    blocks, size = number("num_gpu_blocks"), number("block_size")
-    return blocks * size if blocks is not None and size is not None else None
-
-
-def _first(values: Mapping[str, float], *names: str) -> float | None:
-    return next((values[name] for name in names if name in values), None)
-
-
-def prefix_counts(values: Mapping[str, float], names: MetricNames) -> tuple[float | None, float | None]:
-    """(hits, queries) of the prefix cache in one sample; queries sum the engine's parts (llama.cpp
-    counts cached and new prompt tokens apart)."""
-    parts = [_first(values, *group) for group in names.prefix_queries]
-    queries = sum(part for part in parts if part is not None) if any(p is not None for p in parts) else None
-    return _first(values, *names.prefix_hits), queries
-
-
 def figures(first: Mapping[str, float], second: Mapping[str, float], window: float,
             capacity: int | None = None, names: MetricNames = VLLM_METRICS) -> Figures:
     """Pure: two metrics samples `window` seconds apart -> the figures status shows, read with the
     engine's names (each field's alternatives in order: vLLM's V1 names, then V0's)."""
     def rate(*metric: str) -> float | None:
-        before, after = _first(first, *metric), _first(second, *metric)
+        before, after = parsers.first_of(first, *metric), parsers.first_of(second, *metric)
         if before is None or after is None or window <= 0:
             return None
         return max(0.0, after - before) / window
 
-    kv = _first(second, *names.kv_usage)
-    hits, queries = prefix_counts(second, names)
+    kv = parsers.first_of(second, *names.kv_usage)
+    hits, queries = parsers.prefix_counts(second, names.prefix_hits, names.prefix_queries)
     return Figures(
-        running=_first(second, *names.running),
-        waiting=_first(second, *names.waiting),
+        running=parsers.first_of(second, *names.running),
+        waiting=parsers.first_of(second, *names.waiting),
         generation_tokens_per_s=rate(*names.generated),
         prompt_tokens_per_s=rate(*names.prompted),
         kv_cache_usage_pct=None if kv is None else round(kv * 100, 2),
         prefix_cache_hit_pct=round(hits / queries * 100, 2) if hits is not None and queries else None,
-        generation_tokens_total=_first(second, *names.generated),
+        generation_tokens_total=parsers.first_of(second, *names.generated),
         kv_capacity_tokens=capacity,
     )
 
@@ -348,9 +255,9 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
     except (json.JSONDecodeError, AttributeError, KeyError, TypeError):
         model = None
     bodies = [sample.get("body") or "" for sample in serving.get("metrics") or [] if sample.get("status") == 200]
-    samples = [sample for sample in (read_sample(body, names) for body in bodies) if sample is not None]
+    samples = [sample for sample in (parsers.read_sample(body, names.format) for body in bodies) if sample is not None]
     info = names.cache_info
-    capacity = kv_capacity(info_labels(bodies[-1], info)) if bodies and info else None
+    capacity = parsers.kv_capacity(parsers.info_labels(bodies[-1], info)) if bodies and info else None
     found = (figures(samples[0], samples[1], float(serving.get("window") or 0), capacity, names)
              if len(samples) == 2
              else None)
@@ -370,7 +277,7 @@ def samples_of(serving: Mapping[str, Any] | None, names: MetricNames,
     serving = serving or {}
     found = []
     for page, at in zip(serving.get("metrics") or [], serving.get("sampled_at") or []):
-        values = read_sample(page.get("body") or "", names) if page.get("status") == 200 else None
+        values = parsers.read_sample(page.get("body") or "", names.format) if page.get("status") == 200 else None
         if values is not None:
             found.append(stall.sample(float(at), values, counters))
     return tuple(found)
@@ -393,17 +300,13 @@ def judged(found: HostStatus, progress: stall.Progress, samples: Sequence[stall.
 
 def probe_spec(settings: Settings, api_key: str | None, window: float, timeout: float) -> dict[str, Any]:
     """What one host's status execution collects (a probe spec with the server part)."""
-    address = str(settings.bind_host)
-    if address in ("0.0.0.0", "::"):
-        address = "127.0.0.1"  # a wildcard listener answers on loopback too
-    host = f"[{address}]" if ":" in address else address
     spec = facts.probe_spec(STATUS_FACTS, [], timeout)
     names = engines.engine_of(settings).metric_names(settings)
     spec["inspect"] = {"files": [plan.GENERATIONS_STATE]}  # which generation runs, and how it came
     if weights.managed(settings):
         spec["inspect"] = {"weights": [weights.root_of(settings)],
                            "files": [served_config(settings), plan.GENERATIONS_STATE]}
-    spec["serving"] = {"base": f"http://{host}:{settings.port}", "api_key": api_key, "window": window,
+    spec["serving"] = {"base": server.base_url(settings), "api_key": api_key, "window": window,
                        "timeout": min(3.0, timeout), "metrics_path": names.path,
                        # JSON is not filtered line by line on the host: it comes back whole.
                        "keep": list(names.read) if names.format != ITERATION_STATS else []}
@@ -442,7 +345,7 @@ class Sampling:
     stall_window: float = stall.STALL_WINDOW
 
 
-def gather_one(runner: Any, host: str, role: str, settings: Settings, api_key: str | None, sampling: Sampling,
+def gather_one(runner: Runner, host: str, role: str, settings: Settings, api_key: str | None, sampling: Sampling,
                profile: Profile | None = None, history: Sequence[stall.Sample] = ()) -> HostStatus:
     """One host's status in one execution; `history`: its samples of earlier refreshes (--watch)."""
     window, timeout, stall_window = sampling.window, sampling.timeout, sampling.stall_window
@@ -480,7 +383,7 @@ def stall_reading(settings: Settings) -> tuple[MetricNames, stall.Counters]:
 FOLLOW_UP_STEP = 5.0  # seconds between a still host's samples while status waits for the stall window
 
 
-def follow_up(runner: Any, settings: Settings, api_key: str | None, found: HostStatus, stall_window: float,
+def follow_up(runner: Runner, settings: Settings, api_key: str | None, found: HostStatus, stall_window: float,
               timeout: float) -> HostStatus:
     """A server whose counter stood still with requests running (state "stalled") is asked for /metrics
     again, alone (no facts), until the counter moves, the requests end or the stall window has passed."""

@@ -23,7 +23,7 @@ from invoke.exceptions import Exit
 from invoke.tasks import Task, task
 
 from provision import config
-from provision.errors import InventoryError, LabError
+from provision.errors import InventoryError, LabError, causes
 
 if TYPE_CHECKING:  # the tasks import these where they run: `invoke --list` and -h need none of them
     from provision.inventory import Host, Inventory
@@ -62,11 +62,19 @@ def guarded(function: F) -> F:
         try:
             return function(*args, **kwargs)
         except InventoryError as exc:
+            _log_causes(exc)
             raise Exit(f"error: {exc}", code=2) from None
         except LabError as exc:
+            _log_causes(exc)
             raise Exit(f"lab: {exc}", code=1) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _log_causes(error: BaseException) -> None:
+    """Under --verbose (a debug line), what the error came from; its own line, on stderr, is unchanged."""
+    if error.__cause__ is not None:
+        logging.getLogger("provision").debug("%s (caused by %s)", error, " <- ".join(causes(error)))
 
 
 def setup_logging(verbose: bool) -> None:
@@ -80,10 +88,10 @@ def setup_logging(verbose: bool) -> None:
     path = config.log_file()
     if path:
         handlers.append(logging.FileHandler(path))
-    from provision import remote
+    from provision import secrets
 
     for handler in handlers:
-        handler.addFilter(remote.MaskingFilter())
+        handler.addFilter(secrets.MaskingFilter())
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
 

@@ -47,10 +47,11 @@ from provision import (
     server,
     tune_rules,
 )
-from provision.errors import InventoryError, ProvisionError
+from provision.errors import InventoryError, ProvisionError, TuneError
 from provision.facts import HostFacts
 from provision.run import Options, gate, progress_line
-from provision.tune_rules import Costs, Decision, TuneError, decide
+from provision.runner import Runner
+from provision.tune_rules import Costs, Decision, decide
 
 SPACES = "tune_spaces.yaml"  # package data: the default space per engine and profile
 DEFAULT_SPACE = "default"  # an engine's space for the profiles it names no space of its own for
@@ -208,7 +209,7 @@ def _yaml(path: Path) -> Any:
     try:
         return datafiles.load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise TuneError(f"cannot read: {str(exc).splitlines()[0]}", file=str(path)) from None
+        raise TuneError(f"cannot read: {str(exc).splitlines()[0]}", file=str(path)) from exc
 
 
 def dimensions_of(raw: Any, source: str) -> tuple[Dimension, ...]:
@@ -234,7 +235,7 @@ def dimensions_of(raw: Any, source: str) -> tuple[Dimension, ...]:
             try:
                 inventory.validate_vars(probe, source=source, entity=f"tune {item['name']}")
             except InventoryError as exc:
-                raise TuneError(f"{item['name']}: {exc}", file=source) from None
+                raise TuneError(f"{item['name']}: {exc}", file=source) from exc
         needs = item.get("needs") or {}
         if not isinstance(needs, dict) or not set(needs) <= {"compute_capability"}:
             raise TuneError(f"{item['name']}: needs takes compute_capability: '>=8.9'", file=source)
@@ -487,7 +488,7 @@ class TrialStore:
             pass
         except (ValueError, TypeError, AttributeError) as exc:
             raise TuneError(f"cannot read the kept trials ({exc}): move the file away to start over",
-                            file=str(path)) from None
+                            file=str(path)) from exc
 
     def get(self, key: str) -> Trial | None:
         """A kept trial (resumed: it costs nothing now, and the host is not running it)."""
@@ -533,7 +534,7 @@ class Tuned:
     seconds: float = 0.0  # the whole tuning, its way back included
 
 
-def measure_levels(runner: Any, settings: inventory.Settings, api_key: str | None, workload: Workload,
+def measure_levels(runner: Runner, settings: inventory.Settings, api_key: str | None, workload: Workload,
                    progress: Callable[[str], None], warm: bool = True,
                    room_for: Callable[[float, int], bool] | None = None) -> tuple[Level, ...]:
     """The workload's levels in order. With `room_for` (the first benchmark, before any was measured)

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from provision.errors import InventoryError
+from provision.errors import TuneError
 
 if TYPE_CHECKING:
     from provision.tune import Slo, Trial, Workload
@@ -33,10 +33,6 @@ MIN_OUTPUT = 4  # fewer tokens out measure no decoding worth comparing
 PROBE_WORDS = ("the", "model", "server", "cluster", "memory", "cache", "token", "request", "answer", "question",
                "network", "driver", "kernel", "batch", "latency", "throughput", "prompt", "system", "user", "node",
                "explain", "compare", "summarise", "list", "why", "how", "what", "when", "which", "because")
-
-
-class TuneError(InventoryError):
-    """A space or workload file that cannot be used (exit 2: nothing was changed)."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 from invoke.context import Context
 from invoke.exceptions import Exit
 
-from provision.errors import ProvisionError
+from provision.errors import ProvisionError, TuneError
 from provision.taskargs import (
     HOST_TASK_FLAGS,
     HostFlags,
@@ -36,7 +36,7 @@ def tune_(c: Context, flags: HostFlags, asked: TuneFlags) -> None:
     Each trial is a deploy (rendered unit, restart, readiness) and a benchmark; a failed trial is
     rolled back and recorded. The winner goes to tuned/HOST.yaml beside the inventory (diff shown) and
     the host is left running it (or its original settings when none passed). Hosts one at a time."""
-    from provision import report, tune, tune_rules
+    from provision import report, tune
     setup_logging(flags.verbose)
     minutes, ttft, itl = (_positive(value, flag) for value, flag in (
         (asked.budget, "--budget"), (asked.slo_ttft_ms, "--slo-ttft-ms"), (asked.slo_itl_ms, "--slo-itl-ms")))
@@ -61,7 +61,7 @@ def tune_(c: Context, flags: HostFlags, asked: TuneFlags) -> None:
         print(report.dump_json(report.tuned_json(results, errors)))
     else:
         report.print_tuned(results, errors, report.console())
-    if errors and all(isinstance(error, tune_rules.TuneError) for error in errors.values()):
+    if errors and all(isinstance(error, TuneError) for error in errors.values()):
         raise Exit(code=2)  # the workload fits no host's served context: nothing was changed (printed above)
     exit_unless(not errors and all(result.ok and result.winner is not None for result in results))
 

@@ -25,9 +25,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from provision import config, contracts, cuda, known_issues
-from provision.errors import ProvisionError
+from provision.errors import ProvisionError, RelayError, WheelhouseError
 from provision.facts import VENV_MANIFEST, HostFacts
 from provision.inventory import Settings
+from provision.runner import Runner
 
 if TYPE_CHECKING:
     from provision.context import Context
@@ -40,10 +41,6 @@ PIP_PLATFORMS = {
     "aarch64": ["manylinux_2_28_aarch64", "manylinux_2_17_aarch64", "manylinux2014_aarch64",
                 "linux_aarch64"],
 }
-
-
-class WheelhouseError(ProvisionError):
-    """The wheels could not be resolved on the controller (pip's own words included)."""
 
 
 @dataclass(frozen=True)
@@ -335,7 +332,7 @@ def inspect_paths(settings: Settings) -> list[str]:
     return [REMOTE_INDEX, f"{settings.venv_dir.rstrip('/')}/{VENV_MANIFEST}"]
 
 
-def push(runner: Any, files: Sequence[tuple[Path, Wheel]], progress: Callable[[int], None] = lambda sent: None) -> int:
+def push(runner: Runner, files: Sequence[tuple[Path, Wheel]], progress: Callable[[int], None] = lambda sent: None) -> int:
     """Copy wheels (the controller's file of each) into the host's wheelhouse; returns the bytes sent."""
     if not files:
         return 0
@@ -344,8 +341,10 @@ def push(runner: Any, files: Sequence[tuple[Path, Wheel]], progress: Callable[[i
         raise ProvisionError(f"{runner.host}: cannot create {REMOTE_WHEELHOUSE}: {made.stderr.strip()}")
     sent = 0
     for local, wheel in files:
-        base = sent
-        runner.put(local, f"{REMOTE_WHEELHOUSE}/{wheel.name}", lambda done, total, base=base: progress(base + done))
+        def sent_so_far(done: int, total: int, base: int = sent) -> None:
+            progress(base + done)
+
+        runner.put(local, f"{REMOTE_WHEELHOUSE}/{wheel.name}", sent_so_far)
         sent += wheel.size
     return sent
 
@@ -427,7 +426,7 @@ def send_all(jobs: Sequence[WheelJob], connect: Callable[[str], Any],
         try:
             result = relay.run(connect(job.host), relay.program(spec), "python3", "the wheels' relay",
                                bar(f"{job.host}: {len(wheels)} wheel(s) from {sources[0]['name']}"))
-        except relay.RelayError as exc:  # every relay failed it: the controller sends what is still missing
+        except RelayError as exc:  # every relay failed it: the controller sends what is still missing
             logging.getLogger("provision.venv").info("%s: wheels from the controller instead: %s", job.host, exc)
             push_to(job, wheels)
             return

@@ -47,7 +47,7 @@ def nccl_(c: Context, flags: HostFlags, asked: NcclFlags) -> None:
     try:
         sizes = nccl.sizes_between(nccl.parse_size(asked.min_bytes), nccl.parse_size(asked.max_bytes))
     except ValueError as exc:
-        raise InventoryError(str(exc), file="command line", key="--min-bytes/--max-bytes") from None
+        raise InventoryError(str(exc), file="command line", key="--min-bytes/--max-bytes") from exc
     if asked.iters < 1 or asked.warmup < 0 or asked.gpus < 0 or asked.timeout <= 0 or not 0 < asked.port < 65536:
         raise InventoryError("--iters must be >= 1, --warmup and --gpus >= 0, --timeout > 0 and "
                              "--port a TCP port", file="command line")

@@ -23,16 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from provision import config, programs, relay
-from provision.errors import ProvisionError
+from provision.errors import RelayError, WeightsError
 from provision.facts import HostFacts
 from provision.inventory import Settings
+from provision.runner import Runner
 
 HUB_VENV = "/var/lib/provision/hub-venv"  # huggingface_hub for the transfers, apart from vLLM's venv
 LOCK = "/run/lock/provision.lock"
-
-
-class WeightsError(ProvisionError):
-    """The hub refused or does not know what the inventory asks for, or a transfer failed."""
 
 
 @dataclass(frozen=True)
@@ -122,20 +119,20 @@ def resolve(repo: str, revision: str, patterns: Sequence[str], endpoint: str, to
     api = HfApi(endpoint=endpoint, token=token or False, library_name="provision")
     try:
         info = api.model_info(repo, revision=revision, files_metadata=True, timeout=30)
-    except GatedRepoError:
+    except GatedRepoError as exc:
         if token:
             raise WeightsError(f"{repo} is gated and the token from {token_source or 'the secrets'} has no "
-                               f"access to it; request access on {endpoint}/{repo}") from None
+                               f"access to it; request access on {endpoint}/{repo}") from exc
         raise WeightsError(f"{repo} is gated: it needs a token; put hf_token in the inventory's secrets "
-                           "file (or HF_TOKEN in the environment)") from None
-    except RevisionNotFoundError:
-        raise WeightsError(f"{repo} has no revision '{revision}' (a branch, tag or full commit)") from None
-    except RepositoryNotFoundError:
-        raise WeightsError(f"no model repository '{repo}' on {endpoint} (a private one needs hf_token)") from None
+                           "file (or HF_TOKEN in the environment)") from exc
+    except RevisionNotFoundError as exc:
+        raise WeightsError(f"{repo} has no revision '{revision}' (a branch, tag or full commit)") from exc
+    except RepositoryNotFoundError as exc:
+        raise WeightsError(f"no model repository '{repo}' on {endpoint} (a private one needs hf_token)") from exc
     except HfHubHTTPError as exc:
-        raise WeightsError(f"{endpoint} refused {repo}@{revision}: {str(exc).splitlines()[0]}") from None
-    except Exception as exc:  # noqa: BLE001  the transport's errors (httpx, requests) differ across versions
-        raise WeightsError(f"cannot reach {endpoint} for {repo}: {type(exc).__name__}: {exc}") from None
+        raise WeightsError(f"{endpoint} refused {repo}@{revision}: {str(exc).splitlines()[0]}") from exc
+    except Exception as exc:  # the transport's errors (httpx, requests) differ across versions
+        raise WeightsError(f"cannot reach {endpoint} for {repo}: {type(exc).__name__}: {exc}") from exc
     return snapshot_from_info(repo, revision, info, patterns)
 
 
@@ -205,16 +202,16 @@ def model_config(repo: str, commit: str, endpoint: str, token: str | None) -> di
     with tempfile.TemporaryDirectory(prefix="provision-config-") as scratch:
         try:
             path = api.hf_hub_download(repo, "config.json", revision=commit, cache_dir=scratch)
-        except EntryNotFoundError:
-            raise WeightsError(f"{repo}@{commit[:12]} has no config.json") from None
-        except Exception as exc:  # noqa: BLE001 - the transport's errors (httpx) differ across versions
+        except EntryNotFoundError as exc:
+            raise WeightsError(f"{repo}@{commit[:12]} has no config.json") from exc
+        except Exception as exc:  # the transport's errors (httpx) differ across versions
             raise WeightsError(f"cannot read config.json of {repo} from {endpoint}: "
-                               f"{type(exc).__name__}: {exc}") from None
+                               f"{type(exc).__name__}: {exc}") from exc
         try:
             text = Path(str(path)).read_text(encoding="utf-8")
             found = json.loads(text)
         except (OSError, ValueError) as exc:
-            raise WeightsError(f"{repo}: config.json is not JSON: {exc}") from None
+            raise WeightsError(f"{repo}: config.json is not JSON: {exc}") from exc
     if not isinstance(found, dict):
         raise WeightsError(f"{repo}: config.json is not a JSON object")
     try:
@@ -357,11 +354,11 @@ class FetchResult:
     detail: dict[str, Any] = field(default_factory=dict)  # the program's report: "from" bytes per source, ...
 
 
-def _run(runner: Any, python: str, spec: Mapping[str, Any], on_progress: Callable[[int, int], None]) -> dict[str, Any]:
+def _run(runner: Runner, python: str, spec: Mapping[str, Any], on_progress: Callable[[int, int], None]) -> dict[str, Any]:
     try:
         return relay.run(runner, program(spec), python, f"the weights {spec['action']}", on_progress)
-    except relay.RelayError as exc:
-        raise WeightsError(str(exc)) from None
+    except RelayError as exc:
+        raise WeightsError(str(exc)) from exc
 
 
 def hub_source(data: Mapping[str, Any], token: str | None) -> dict[str, Any]:
@@ -369,7 +366,7 @@ def hub_source(data: Mapping[str, Any], token: str | None) -> dict[str, Any]:
             "commit": data["commit"]}
 
 
-def fetch(runner: Any, data: Mapping[str, Any], sources: Sequence[Mapping[str, Any]], verify_all: bool,
+def fetch(runner: Runner, data: Mapping[str, Any], sources: Sequence[Mapping[str, Any]], verify_all: bool,
           wait: float, on_progress: Callable[[int, int], None]) -> FetchResult:
     """One host's fetch from its sources in order (its relays, the hub last), every file verified there."""
     spec = {"action": "fetch", "root": data["root"], "repo": data["repo"], "revision": data["revision"],
@@ -381,7 +378,7 @@ def fetch(runner: Any, data: Mapping[str, Any], sources: Sequence[Mapping[str, A
                        result)
 
 
-def relay_server(runner: Any, data: Mapping[str, Any], address: str, peers: int) -> relay.Server:
+def relay_server(runner: Runner, data: Mapping[str, Any], address: str, peers: int) -> relay.Server:
     """A host serving the revision to its cluster: the files it holds, and those still arriving."""
     root, commit = data["root"], data["commit"]
     return relay.Server(runner, address, f"{root}/revisions/{commit}", f"{root}/.partial/{commit}", ".part",

@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
 from provision.facts import FACTS
-from provision.remote import Result, command_line
+from provision.runner import Result, command_line
 
 
 class FakeRunner:

@@ -19,7 +19,7 @@ import pytest
 from provision import facts, inventory, lab, parsers, remote
 from provision.errors import CommandFailed, ParseError, ProvisionError
 from provision.host import probe as hostprobe
-from provision.remote import Result
+from provision.runner import Result
 from tests.conftest import FIXTURES
 from tests.fakes import FakeRunner, ok, probe_answer_from_recording
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from provision import checks, facts, inventory, lab, starter
+from provision import checks, errors, facts, inventory, lab, starter
 from provision.profiles import load_profiles
 from tests.fakes import ok, probe_answer_from_recording
 
@@ -203,7 +203,7 @@ def test_init_refuses_to_overwrite_and_changes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "hosts.yaml"
     out.write_text("# mine\n")
     before = out.stat()
-    with pytest.raises(starter.OutputExists, match="exists; init never overwrites"):
+    with pytest.raises(errors.OutputExists, match="exists; init never overwrites"):
         starter.write(("dgx-spark-gb10",), starters_of("dgx-spark-gb10"), {}, out, starter.SshChoice(), "x")
     assert out.read_text() == "# mine\n" and out.stat().st_mtime_ns == before.st_mtime_ns
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts.yaml"]  # no temporary left

@@ -176,6 +176,24 @@ def test_a_gpu_profile_must_say_which_device_nodes_it_opens(tmp_path: Path) -> N
     assert profile_from_mapping(cpu, "cpu.yaml").devices == ()
 
 
+@pytest.mark.parametrize(("defaults", "said"), [
+    ({"tensor_paralel_size": 1}, r"site\.yaml: defaults: key 'tensor_paralel_size': unknown setting \(known: "),
+    ({"gpu_memory_utilization": 1.5}, r"site\.yaml: defaults: key 'gpu_memory_utilization': expected a number in \(0, 1\]"),
+], ids=["unknown-key", "refused-value"])
+def test_a_profiles_defaults_are_held_to_the_settings_table(defaults: dict, said: str) -> None:
+    """Settings.of takes only the table's keys: a misspelt default would vanish, a bad one pass."""
+    import yaml
+
+    from provision.errors import ProfileError
+    from provision.profiles import PROFILE_DIR, load_profiles, profile_from_mapping
+
+    data = yaml.safe_load((PROFILE_DIR / "cpu.yaml").read_text())
+    site = profile_from_mapping({**data, "name": "site", "defaults": {**data["defaults"], **defaults}}, "site.yaml")
+    with pytest.raises(ProfileError, match=said):
+        inventory.load(REPO / "inventory", profiles={**load_profiles(), "site": site})
+    inventory.check_profile_defaults(load_profiles())  # the shipped ones hold
+
+
 def test_unknown_host_and_missing_inventory_are_clear() -> None:
     inv = inventory.load(REPO / "inventory")
     with pytest.raises(InventoryError, match="unknown host 'nope'"):

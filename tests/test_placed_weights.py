@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from provision import checks, facts, lab, render, run, secrets, venv, weights
+from provision import checks, errors, facts, lab, render, run, secrets, venv, weights
 from provision.host import probe
 from provision.run import hub as hub_stage
 from tests.conftest import FIXTURES
@@ -212,9 +212,9 @@ def test_the_plan_resolves_the_hub_venv_for_the_interpreters_architecture(monkey
 
     def resolve(requirements: Any, local: Any, arch: str, python: str, **kwargs: Any) -> venv.Wheelhouse:
         asked.append((arch, python))
-        raise venv.WheelhouseError("stop here: the architecture asked for is what this test is about")
+        raise errors.WheelhouseError("stop here: the architecture asked for is what this test is about")
 
     monkeypatch.setattr(venv, "resolve", resolve)
-    with pytest.raises(venv.WheelhouseError):
+    with pytest.raises(errors.WheelhouseError):
         run.host_plan(ctx, [], "weights")
     assert asked == [("x86_64", "3.11.2")]

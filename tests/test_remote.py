@@ -10,13 +10,14 @@ import paramiko
 import pytest
 from rich.console import Console
 
-from provision import inventory, plan, remote, report
+from provision import inventory, plan, remote, report, secrets
 from provision.errors import ProvisionError, UnreachableHost
 from provision.fanout import for_each_host
+from provision.runner import command_line
 
 
 def test_command_is_quoted_once_and_runs_in_the_c_locale() -> None:
-    line = remote.command_line(["echo", "a b", "$(reboot)", "it's"], env={"X": "1 2"})
+    line = command_line(["echo", "a b", "$(reboot)", "it's"], env={"X": "1 2"})
     assert shlex.split(line) == ["env", "LC_ALL=C", "LANG=C", "X=1 2", "echo", "a b", "$(reboot)",
                                  "it's"]
 
@@ -39,13 +40,13 @@ def test_local_runner_timeout_is_a_result_not_a_hang() -> None:
 
 def test_secrets_are_masked_in_every_log_line(caplog: pytest.LogCaptureFixture) -> None:
     secret = "hf_abcdefghijklmnopqrstuvwxyz012345"
-    remote.register_secret(secret)
+    secrets.register_secret(secret)
     logger = logging.getLogger("provision.test")
-    caplog.handler.addFilter(remote.MaskingFilter())
+    caplog.handler.addFilter(secrets.MaskingFilter())
     with caplog.at_level(logging.DEBUG, logger="provision"):
         logger.warning("token is %s and again %s", secret, secret)
-    assert secret not in caplog.text and remote.MASK in caplog.text
-    assert remote.mask(f"Authorization: Bearer {secret}") == f"Authorization: Bearer {remote.MASK}"
+    assert secret not in caplog.text and secrets.MASK in caplog.text
+    assert secrets.mask(f"Authorization: Bearer {secret}") == f"Authorization: Bearer {secrets.MASK}"
 
 
 def test_fan_out_reports_every_host_even_when_some_fail() -> None:
@@ -65,8 +66,9 @@ def test_unreachable_address_is_a_clear_error_within_the_connect_timeout() -> No
                           profile=inventory.local_host().profile, connection="ssh", key_file=None,
                           vars={}, source="test")
     runner = remote.connect(host, inventory.SshSettings(connect_timeout=2))
-    with pytest.raises(UnreachableHost, match=r"gone: unreachable: cannot connect to root@127.0.0.1:1"):
+    with pytest.raises(UnreachableHost, match=r"gone: unreachable: cannot connect to root@127.0.0.1:1") as caught:
         runner.run(["true"])
+    assert caught.value.__cause__ is not None  # paramiko's own error, for --verbose
 
 
 def test_an_error_names_its_host_once() -> None:

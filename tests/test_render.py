@@ -14,7 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from provision import affinity, checks, context, contracts, hardening, lab, parsers, plan, render
+from provision import (
+    affinity,
+    checks,
+    context,
+    contracts,
+    errors,
+    hardening,
+    lab,
+    parsers,
+    plan,
+    render,
+)
 from provision.engines.trtllm import TRTLLM
 from provision.engines.vllm import RAY_HEAD_UNIT, RAY_WORKER_UNIT
 from provision.facts import HostFacts
@@ -216,7 +227,7 @@ def test_systemd_quoting() -> None:
     assert render.systemd_quote("a b") == '"a b"'
     assert render.systemd_quote('say "hi"') == '"say \\"hi\\""'
     assert render.systemd_quote("50%") == "50%%" and render.systemd_quote("$HOME") == "$$HOME"
-    with pytest.raises(render.RenderError):
+    with pytest.raises(errors.RenderError):
         render.env_quote("two\nlines")
 
 
@@ -245,7 +256,7 @@ def test_affinity_on_gb10_by_frequency_or_by_part_never_by_index() -> None:
     parts_only = parsers.CpuTopology("aarch64", "ARM", (), (), parts)
     assert affinity.choose("auto", with_table).cpu_list == "5-9,15-19"
     assert affinity.choose("auto", parts_only).cpu_list == "5-9,15-19"
-    with pytest.raises(affinity.AffinityError):
+    with pytest.raises(errors.AffinityError):
         affinity.choose("ccd:7", with_table)
 
 
@@ -290,10 +301,10 @@ def test_plan_env_change_restarts_without_reload_and_stopped_units_start() -> No
 
 
 def test_the_api_key_lives_only_in_the_0600_environment_file_and_diffs_mask_it() -> None:
-    from provision import remote
+    from provision import secrets
 
     key = "sk-lab-0123456789abcdef"
-    remote.register_secret(key)
+    secrets.register_secret(key)
     ws_case = next(c for c in CASES if c[0] == "rtx5090x2-tp2-awq32b-all-good")
     (ws,) = context_for(ws_case).values()
     state = render.desired_state(ws, (), api_key=key)
@@ -302,7 +313,7 @@ def test_the_api_key_lives_only_in_the_0600_environment_file_and_diffs_mask_it()
     assert f'VLLM_API_KEY="{key}"' in holding[0].content
     changes = plan.build(state, HostFacts(host="ws-5090"))
     env_change = next(c for c in changes if c.target == render.ENV_FILE)
-    assert key not in env_change.diff and remote.MASK in env_change.diff
+    assert key not in env_change.diff and secrets.MASK in env_change.diff
 
 
 def test_an_engine_switch_stops_and_removes_the_old_unit_then_starts_the_new() -> None:
@@ -468,7 +479,7 @@ def test_an_existing_directory_of_another_owner_is_refused_not_chowned() -> None
     model_dir = next(d.path for d in state.directories if d.path.endswith("/models"))
     files = {**host.files, model_dir: {"exists": True, "is_dir": True, "mode": 0o755, "owner": "root",
                                        "group": "root"}}
-    with pytest.raises(plan.ForeignDirectory, match=rf"directory {model_dir} exists \(0755 root:root\) and is "
+    with pytest.raises(errors.ForeignDirectory, match=rf"directory {model_dir} exists \(0755 root:root\) and is "
                                                     "not the tool's"):
         plan.build(state, dataclasses.replace(host, files=files))
 

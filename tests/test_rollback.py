@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from provision import context, facts, inventory, plan, rolling, run, secrets
-from provision.remote import Result, command_line
+from provision.runner import Result, command_line
 
 RESTARTED = plan.Change("restart", "vllm.service", "unit changed", {"because": ["/etc/vllm/vllm.env"]})
 

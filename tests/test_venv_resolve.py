@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from provision import venv
+from provision import errors, venv
 from provision.inventory import Settings
 from provision.lab import wheels
 from provision.profiles import load_profiles
@@ -41,7 +41,7 @@ def test_an_exact_pin_takes_the_variant_and_the_resolve_shows_progress(index: Pa
 
 
 def test_a_resolved_build_of_another_variant_is_refused_and_not_kept(index: Path) -> None:
-    with pytest.raises(venv.WheelhouseError) as caught:
+    with pytest.raises(errors.WheelhouseError) as caught:
         resolve(index, "cu130", "torch>=2.9,<2.10", "cu128", [])
     assert "resolved torch 2.9.0+cu130 (a CUDA 13.0 build" in str(caught.value)
     assert "https://download.pytorch.org/whl/cu128" in str(caught.value)
@@ -49,7 +49,7 @@ def test_a_resolved_build_of_another_variant_is_refused_and_not_kept(index: Path
 
 
 def test_pip_failure_names_pips_last_words(index: Path) -> None:
-    with pytest.raises(venv.WheelhouseError, match="pip download failed .*(torch==9.9|ResolutionImpossible)"):
+    with pytest.raises(errors.WheelhouseError, match="pip download failed .*(torch==9.9|ResolutionImpossible)"):
         resolve(index, "cu130", "torch==9.9", "cu130", [])
 
 
@@ -70,9 +70,9 @@ def test_each_profile_names_its_torch_variant(profile: str, cuda_version: str | 
 
 
 def test_a_variant_the_profile_does_not_take_is_refused() -> None:
-    with pytest.raises(venv.WheelhouseError, match="cu126 build does not fit the rtx5090 profile"):
+    with pytest.raises(errors.WheelhouseError, match="cu126 build does not fit the rtx5090 profile"):
         venv.torch_variant_of(load_profiles()["rtx5090"], Settings.of({"cuda_version": "12.6"}))
-    with pytest.raises(venv.WheelhouseError, match="cu128 build does not fit the dgx-spark profile"):
+    with pytest.raises(errors.WheelhouseError, match="cu128 build does not fit the dgx-spark profile"):
         venv.torch_variant_of(load_profiles()["dgx-spark"], Settings.of({"cuda_version": "12.8"}))
 
 
@@ -86,7 +86,7 @@ def test_a_wheel_set_mixing_cuda_majors_is_refused_with_the_index_to_use(index: 
     """vllm #44335: a CUDA 13 runtime (what PyPI's vLLM pulls) beside the cu129 torch installs fine and
     fails at import on libcudart.so.13; the resolve refuses the set and keeps nothing of it."""
     runtime = wheels.make_wheel(tmp_path / "local", "nvidia_cuda_runtime", "13.3.29", {"nvidia/cu13/x.py": ""})
-    with pytest.raises(venv.WheelhouseError) as caught:
+    with pytest.raises(errors.WheelhouseError) as caught:
         venv.resolve(["torch==2.9.0"], [str(runtime)], platform.machine(), platform.python_version(),
                      indexes=venv.PipIndexes(index_url=f"file://{index}/cu129"), torch_variant="cu129")
     said = str(caught.value)

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from provision import facts, inventory, remote, weights
+from provision import errors, facts, inventory, remote, weights
 from provision.inventory import Settings
 from provision.lab import hub, tinymodel
 from provision.weights import HostWeights, Job, Snapshot, WeightFile
@@ -36,7 +36,7 @@ def test_snapshot_from_the_hubs_answer_keeps_patterns_and_hash_kinds() -> None:
     assert [f.path for f in snap.files] == ["config.json", "model.safetensors"]
     assert snap.files[1].digest == "sha256:" + "e" * 64 and snap.files[0].digest == "git-sha1:" + "f" * 40
     assert snap.commit == "d" * 40 and snap.total_bytes == 5_000_600
-    with pytest.raises(weights.WeightsError, match="no files matching"):
+    with pytest.raises(errors.WeightsError, match="no files matching"):
         weights.snapshot_from_info("org/m", "main", info, ["*.gguf"])
 
 
@@ -162,7 +162,7 @@ def test_managed_only_for_hub_ids_and_served_from_current() -> None:
 def test_quantization_of_a_config() -> None:
     assert weights.quantization_of({"quantization_config": {"quant_method": "MXFP4"}}) == "mxfp4"
     assert weights.quantization_of({"model_type": "llama"}) == "none"
-    with pytest.raises(weights.WeightsError, match="no quant_method"):
+    with pytest.raises(errors.WeightsError, match="no quant_method"):
         weights.quantization_of({"quantization_config": {"bits": 4}})
 
 
@@ -186,7 +186,7 @@ def test_model_config_reads_config_json_from_the_hub(tmp_path: Path) -> None:
         plain_config = weights.model_config("lab/tiny-llama", commits["tiny-llama"], endpoint, None)
         assert weights.quantization_of(plain_config) == "none"
         assert plain_config["num_key_value_heads"] == tinymodel.CONFIG["num_key_value_heads"]
-        with pytest.raises(weights.WeightsError, match="has no config.json"):
+        with pytest.raises(errors.WeightsError, match="has no config.json"):
             weights.model_config("lab/bare", commits["bare"], endpoint, None)
     finally:
         server.shutdown()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.progress import Progress
 
-from provision import facts, report, run, secrets, tune, weights
+from provision import errors, facts, report, run, secrets, tune, weights
 from provision.lab import hub
 from provision.run import carrying
 from provision.server import BenchReport
@@ -81,7 +81,7 @@ def test_a_gated_model_refused_names_where_the_token_came_from(tmp_path: Path,
     monkeypatch.setenv("HF_TOKEN", "hf_not_granted")
     held = secrets.load(None)
     try:
-        with pytest.raises(weights.WeightsError) as refused:
+        with pytest.raises(errors.WeightsError) as refused:
             weights.resolve("lab/gated", "main", (), endpoint, held.hf_token, held.sources.get("hf_token"))
     finally:
         server.shutdown()

@@ -5,11 +5,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from provision.parsers import PROMETHEUS
+
 if TYPE_CHECKING:
     from provision.context import Context
 
 PASS, FAIL, WARN = "pass", "fail", "warn"
-PROMETHEUS, ITERATION_STATS = "prometheus", "iteration-stats"  # how a metrics page is written
 
 
 def closing_args(settings: Any, resolutions: Sequence[str]) -> list[str]:

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from provision import contracts
 from provision.engines.base import (
     FAIL,
-    ITERATION_STATS,
     KEY,
     LISTEN,
     NAME,
@@ -42,6 +41,7 @@ from provision.engines.base import (
     Verdict,
     closing_args,
 )
+from provision.parsers import ITERATION_STATS
 
 if TYPE_CHECKING:
     from provision.context import Context

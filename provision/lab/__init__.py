@@ -148,7 +148,7 @@ def load_machine(name: str) -> dict[str, Any]:
     try:
         data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
-        raise LabError(f"cannot read the recording {path}: {exc}") from None
+        raise LabError(f"cannot read the recording {path}: {exc}") from exc
     return data
 
 

@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlparse
 
+from provision.errors import HubError
+
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".onnx", ".msgpack", ".h5")
 LFS_MIN_SIZE = 10 * 2**20  # the hub's default: anything bigger goes to LFS as well
 
@@ -123,12 +125,6 @@ def allow_token(root: Path, token: str) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Serving
-
-
-class HubError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
 
 
 class Hub:

@@ -76,6 +76,7 @@ class Profile:
     # allows these and closes the rest; none at all gives the units a private /dev.
     devices: tuple[tuple[str, str], ...] = ()
     aliases: tuple[str, ...] = field(default=())
+    source: str = field(default="", compare=False)  # the file it was read from, for errors
 
 
 _TOP_KEYS = {
@@ -160,6 +161,7 @@ def profile_from_mapping(data: Any, source: str) -> Profile:
         venv_remove=tuple(str(name) for name in data.get("venv_remove") or ()),
         torch_variants=_torch_variants(data.get("torch_variants"), source),
         devices=_devices(data, source),
+        source=source,
     )
 
 

@@ -35,6 +35,7 @@ from provision import (
 from provision.fanout import for_each_host
 from provision.run.options import Options
 from provision.run.planning import HostPlan, Planned, plans
+from provision.runner import Runner
 
 
 @dataclass
@@ -101,7 +102,7 @@ class _TimeLeft(ProgressColumn):
         return Text(time_left(task.time_remaining))
 
 
-Connect = Callable[[str], remote.Runner]
+Connect = Callable[[str], Runner]
 
 
 Bar = Callable[[str], Callable[[int, int], None]]
@@ -127,7 +128,7 @@ def carry_out(planned: Planned, options: Options, pool: remote.Pool, final: Fina
     lock = threading.Lock()
     clock = timings if timings is not None else {}
 
-    def connect(name: str) -> remote.Runner:
+    def connect(name: str) -> Runner:
         return pool.connect(plans[name].host)
 
     def bar(description: str) -> Callable[[int, int], None]:

@@ -17,6 +17,7 @@ from provision import (
     secrets,
     weights,
 )
+from provision.errors import WeightsError
 
 
 def _quantization(model_config: dict[str, Any] | None) -> str | None:
@@ -24,7 +25,7 @@ def _quantization(model_config: dict[str, Any] | None) -> str | None:
         return None
     try:
         return weights.quantization_of(model_config)
-    except weights.WeightsError as exc:
+    except WeightsError as exc:
         logging.getLogger("provision.weights").info("quantization unknown: %s", exc)
         return None
 
@@ -45,12 +46,12 @@ def _ask_hub(key: HubKey, held: secrets.Secrets) -> HubAnswer:
     model, revision, files, endpoint = key
     try:
         snapshot = weights.resolve(model, revision, files, endpoint, held.hf_token, held.sources.get("hf_token"))
-    except weights.WeightsError as exc:
+    except WeightsError as exc:
         return str(exc), None
     weights.keep_snapshot(snapshot, files, endpoint)
     try:  # known issues and the KV cache estimate
         return snapshot, weights.model_config(snapshot.repo, snapshot.commit, endpoint, held.hf_token)
-    except weights.WeightsError as exc:
+    except WeightsError as exc:
         logging.getLogger("provision.weights").info("config.json unknown: %s", exc)
         return snapshot, None
 
@@ -64,7 +65,7 @@ def _kept(key: HubKey, token: str | None) -> HubAnswer | None:
         return None
     try:
         return snapshot, weights.model_config(model, snapshot.commit, endpoint, token)
-    except weights.WeightsError:
+    except WeightsError:
         return None
 
 

@@ -28,7 +28,7 @@ from provision import (
     weights,
 )
 from provision.context import Context
-from provision.errors import ProvisionError, about
+from provision.errors import ProvisionError, RenderError, about
 from provision.run.gating import gate
 from provision.run.options import Options, progress_line
 
@@ -240,7 +240,7 @@ def plans(inv: inventory.Inventory, targets: list[inventory.Host], options: Opti
             continue
         try:
             planned = host_plan(contexts[name], found, only, options.verify, build_with, api_key, gated.held)
-        except (render.RenderError, ProvisionError, ValueError) as exc:
+        except (RenderError, ProvisionError, ValueError) as exc:
             errors[name] = exc if isinstance(exc, ProvisionError) else ProvisionError(about(name, str(exc)))
             continue
         planned.declared = inv.settings(name, {})

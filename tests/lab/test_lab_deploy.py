@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from provision import inventory, lab, status
+from provision import inventory, lab, parsers
 from tests.lab.conftest import invoke_json, on_host, run_invoke
 from tests.lab.test_lab_provision import SNAPSHOT
 from tests.lab.test_lab_serve import METRICS
@@ -69,9 +69,9 @@ def test_the_kv_estimate_agrees_with_the_running_servers_own_capacity(deployed: 
     reported, estimated = host["figures"]["kv_capacity_tokens"], host["kv_estimate_tokens"]
     assert reported and estimated, text
     metrics = on_host(lab_inventory, "cpu-1", ["python3", "-"], stdin=METRICS % 8000)
-    info = next(line for line in metrics.splitlines() if line.startswith(status.CACHE_INFO + "{"))
-    labels = status.info_labels(info, status.CACHE_INFO)
-    assert reported == status.kv_capacity(labels) == int(labels["kv_cache_size_tokens"]), (reported, labels)
+    info = next(line for line in metrics.splitlines() if line.startswith(parsers.CACHE_INFO + "{"))
+    labels = parsers.info_labels(info, parsers.CACHE_INFO)
+    assert reported == parsers.kv_capacity(labels) == int(labels["kv_cache_size_tokens"]), (reported, labels)
     blocks = int(labels["num_gpu_blocks"]) * int(labels["block_size"])
     assert abs(blocks - estimated) <= 0.01 * blocks, (blocks, estimated)
     code, checked, text = invoke_json("check", "--host", "cpu-1")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provision import inventory, lab, status
+from provision import inventory, lab, parsers
 from tests.lab.conftest import on_host, run_invoke
 
 pytestmark = pytest.mark.lab
@@ -45,7 +45,7 @@ def pair(the_lab: lab.Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 def ray_nodes(inv: inventory.Inventory) -> tuple[int, str]:
     address = inv.host(HEAD).address
     text = on_host(inv, HEAD, [f"{VENV}/bin/ray", "status", f"--address={address}:6379"])
-    return status.parse_ray_status(text), text
+    return parsers.parse_ray_status(text), text
 
 
 def test_the_rendered_units_form_a_two_node_ray_cluster_and_deploy_waits_for_both(pair: Path) -> None:
