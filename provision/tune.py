@@ -25,7 +25,6 @@ import dataclasses
 import difflib
 import hashlib
 import json
-import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,7 +50,16 @@ from provision.errors import InventoryError, ProvisionError, TuneError
 from provision.facts import HostFacts
 from provision.run import Options, gate, progress_line
 from provision.runner import Runner
-from provision.tune_rules import Costs, Decision, decide
+from provision.tune_rules import (
+    Costs,
+    Decision,
+    Level,
+    Slo,
+    Trial,
+    Workload,
+    decide,
+    milliseconds,
+)
 
 SPACES = "tune_spaces.yaml"  # package data: the default space per engine and profile
 DEFAULT_SPACE = "default"  # an engine's space for the profiles it names no space of its own for
@@ -68,137 +76,6 @@ class Dimension:
 
     def overrides(self, value: Any) -> dict[str, Any]:
         return {"server_flags": {self.flag: value}} if self.flag else {str(self.setting): value}
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str = "chat"
-    seed: int = 0
-    requests: int = 32
-    concurrency: tuple[int, ...] = (1, 8, 32)
-    prompt_words: tuple[int, int] = (50, 500)  # each request's own text, words from min to max
-    shared_prefix_words: int = 40  # a system prompt every request starts with (the prefix cache)
-    output_tokens: int = 128
-
-    def prompts(self) -> list[str]:
-        """The same prompts on every run and host: the seed fixes them."""
-        rng = random.Random(self.seed)
-        prefix = " ".join(rng.choice(WORDS) for _ in range(self.shared_prefix_words))
-        low, high = self.prompt_words
-        return [f"{prefix} {' '.join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))}".strip()
-                for _ in range(self.requests)]
-
-
-@dataclass(frozen=True)
-class Slo:
-    ttft_p95_ms: float | None = None
-    itl_p95_ms: float | None = None
-
-    def misses(self, level: Level) -> str | None:
-        """Why a level misses the bound, or None when it holds."""
-        if self.ttft_p95_ms is not None and (level.ttft_p95_s is None or level.ttft_p95_s * 1000 > self.ttft_p95_ms):
-            return f"TTFT p95 {_ms(level.ttft_p95_s)} > {self.ttft_p95_ms:g} ms"
-        if self.itl_p95_ms is not None and (level.itl_p95_s is None or level.itl_p95_s * 1000 > self.itl_p95_ms):
-            return f"ITL p95 {_ms(level.itl_p95_s)} > {self.itl_p95_ms:g} ms"
-        return None
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
-
-
-@dataclass(frozen=True)
-class Level:
-    """One concurrency level of a trial's benchmark."""
-
-    concurrency: int
-    tokens_per_s: float
-    ttft_p50_s: float | None
-    ttft_p95_s: float | None
-    itl_p95_s: float | None
-    succeeded: int
-    requests: int
-    errors: tuple[str, ...] = ()  # the server's answers to the failed requests (the first few)
-
-    def why_missed(self, slo: Slo) -> str | None:
-        if self.succeeded < self.requests:
-            why = tune_rules.request_errors(self.errors)
-            return f"{self.requests - self.succeeded} request(s) failed" + (f": {why}" if why else "")
-        return slo.misses(self)
-
-
-def merged(levels: Sequence[Level]) -> Level:
-    """One concurrency level over several runs: tokens/s the mean, latencies the worst, requests summed."""
-    if len(levels) == 1:
-        return levels[0]
-
-    def worst(values: Sequence[float | None]) -> float | None:
-        return None if any(v is None for v in values) else max(v for v in values if v is not None)
-
-    return Level(levels[0].concurrency, round(sum(lv.tokens_per_s for lv in levels) / len(levels), 2),
-                 worst([lv.ttft_p50_s for lv in levels]), worst([lv.ttft_p95_s for lv in levels]),
-                 worst([lv.itl_p95_s for lv in levels]), sum(lv.succeeded for lv in levels),
-                 sum(lv.requests for lv in levels), tuple(e for lv in levels for e in lv.errors)[:5])
-
-
-@dataclass(frozen=True)
-class Trial:
-    key: str
-    settings: Mapping[str, Any]  # dimension name -> value; {} is the host's settings as they are
-    outcome: str  # measured | failed | skipped
-    reason: str = ""
-    levels: tuple[Level, ...] = ()
-    seconds: float = 0.0
-    resumed: bool = False
-    repeats: tuple[tuple[Level, ...], ...] = ()  # more runs of the same benchmark on the same server
-    deploy_s: float = 0.0  # the trial's deploy, until the server answered (or was rolled back)
-    restarted: bool = False  # the deploy changed the server (else it ran these settings already)
-    bench_s: float = 0.0  # the benchmark runs, together
-
-    @property
-    def runs(self) -> tuple[tuple[Level, ...], ...]:
-        return (self.levels, *self.repeats) if self.levels else ()
-
-    def _same(self, concurrency: int) -> list[Level | None]:
-        return [next((lv for lv in run if lv.concurrency == concurrency), None) for run in self.runs]
-
-    def best(self, slo: Slo) -> Level | None:
-        """The level with the most tokens/s (the mean of the runs) that held the bound in every run,
-        every request answered; merged over the runs."""
-        passing = []
-        for level in self.levels:
-            same = self._same(level.concurrency)
-            if all(lv is not None and lv.why_missed(slo) is None for lv in same):
-                passing.append(merged([lv for lv in same if lv is not None]))
-        return max(passing, key=lambda lv: lv.tokens_per_s, default=None)
-
-    def score(self, slo: Slo) -> float | None:
-        best = self.best(slo)
-        return best.tokens_per_s if best else None
-
-    def spread(self, slo: Slo) -> float | None:
-        """(max - min) / mean of the runs' tokens/s at the chosen level: None with one run."""
-        best = self.best(slo)
-        if best is None or len(self.runs) < 2:
-            return None
-        values = [lv.tokens_per_s for lv in self._same(best.concurrency) if lv is not None]
-        mean = sum(values) / len(values)
-        return (max(values) - min(values)) / mean if mean else None
-
-    def verdict(self, slo: Slo) -> str:
-        if self.outcome != "measured":
-            return f"{self.outcome}: {self.reason}"
-        if self.best(slo):
-            spread = self.spread(slo)
-            return "passed" + (f" in {len(self.runs)} runs (spread {spread * 100:.1f}%)" if spread is not None else "")
-        missed = []
-        for level in self.levels:
-            for number, same in enumerate(self._same(level.concurrency), 1):
-                why = "no level of this concurrency" if same is None else same.why_missed(slo)
-                if why:
-                    missed.append(f"c={level.concurrency} {why}" + (f" (run {number})" if number > 1 else ""))
-                    break
-        return "missed the bound: " + "; ".join(missed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -789,7 +666,7 @@ def tuned_text(unit: Unit, vars_: Mapping[str, Any], trial: Trial, baseline: Tri
         (f"# Bound: TTFT p95 {'no bound' if slo.ttft_p95_ms is None else f'<= {slo.ttft_p95_ms:g} ms'}, "
          f"ITL p95 {'no bound' if slo.itl_p95_ms is None else f'<= {slo.itl_p95_ms:g} ms'}."),
         f"# Measured: {best.tokens_per_s:.1f} tokens/s at concurrency {best.concurrency}, TTFT p50 "
-        f"{_ms(best.ttft_p50_s)}, p95 {_ms(best.ttft_p95_s)}, ITL p95 {_ms(best.itl_p95_s)}"
+        f"{milliseconds(best.ttft_p50_s)}, p95 {milliseconds(best.ttft_p95_s)}, ITL p95 {milliseconds(best.itl_p95_s)}"
         + (f"; the host as it was: {baseline.score(slo):.1f} tokens/s." if baseline and baseline.score(slo) else "."),
         *([f"# Margin: {tune_rules.margin_words(decision, slo)}."] if decision is not None else []),
         "# Delete this file to go back to the inventory's own settings (then `invoke deploy`).",

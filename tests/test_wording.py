@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.progress import Progress
 
-from provision import errors, facts, report, run, secrets, tune, weights
+from provision import errors, facts, report, run, secrets, tune, tune_rules, weights
 from provision.lab import hub
 from provision.run import carrying
 from provision.server import BenchReport
@@ -62,10 +62,10 @@ def test_bench_says_the_concurrency_it_had_not_the_one_asked(capsys: pytest.Capt
 
 def test_a_tuned_file_says_no_bound_where_none_was_given() -> None:
     unit = tune.Unit("cpu-1", ("cpu-1",))
-    trial = tune.Trial("k", {"max_num_seqs": 64}, "measured", "", (tune.Level(4, 120.0, 0.1, 0.2, 0.03, 16, 16),))
-    unbounded = tune.tuned_text(unit, {}, trial, None, tune.Workload(), tune.Slo())
+    trial = tune_rules.Trial("k", {"max_num_seqs": 64}, "measured", "", (tune_rules.Level(4, 120.0, 0.1, 0.2, 0.03, 16, 16),))
+    unbounded = tune.tuned_text(unit, {}, trial, None, tune_rules.Workload(), tune_rules.Slo())
     assert "# Bound: TTFT p95 no bound, ITL p95 no bound." in unbounded and "any" not in unbounded
-    bounded = tune.tuned_text(unit, {}, trial, None, tune.Workload(), tune.Slo(ttft_p95_ms=500))
+    bounded = tune.tuned_text(unit, {}, trial, None, tune_rules.Workload(), tune_rules.Slo(ttft_p95_ms=500))
     assert "# Bound: TTFT p95 <= 500 ms, ITL p95 no bound." in bounded
 
 
