@@ -10,18 +10,20 @@ Each page mirrors one registry:
     known-issues.md   known_issues.load(): provision/known_issues.yaml, validated
     tasks.md          the command line's tasks (provision.cli.ns): docstring and options, as `-h` prints them
     profiles.md       provision/profiles/*.yaml: a summary, then each file as shipped
+    modules.md        the package's modules, each one's summary and its imports both ways (ast)
 
 The module lives in the package, not beside the pages: mypy (strict) and ruff check it with the rest,
 and it reads the registries through the same imports the tool uses. It only formats; it decides nothing.
 """
 from __future__ import annotations
 
+import ast
 import inspect
 import re
 import sys
 import textwrap
 import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -246,6 +248,98 @@ def profiles_page() -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# The modules and their imports (the house's picture)
+
+
+PACKAGE = Path(__file__).resolve().parent  # provision/, in a checkout or installed
+
+
+def module_name(path: Path) -> str:
+    """provision/run/hub.py -> provision.run.hub; a package's __init__.py is the package."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+    for statement in body:
+        if isinstance(statement, (ast.Import, ast.ImportFrom)):
+            yield statement
+        elif isinstance(statement, ast.If):  # `if TYPE_CHECKING:` as well
+            yield from _module_imports(statement.body)
+            yield from _module_imports(statement.orelse)
+        elif isinstance(statement, ast.Try):
+            for block in (statement.body, statement.orelse, statement.finalbody,
+                          *(handler.body for handler in statement.handlers)):
+                yield from _module_imports(block)
+        elif isinstance(statement, ast.With):
+            yield from _module_imports(statement.body)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """{module: the package's modules it imports at module level when it runs}."""
+    paths = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(path): path for path in paths}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        here = name if is_package else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for statement in _module_imports(ast.parse(path.read_text(encoding="utf-8")).body):
+            if isinstance(statement, ast.Import):
+                targets.update(alias.name for alias in statement.names)
+                continue
+            base = statement.module or ""
+            if statement.level:
+                anchor = here.split(".")[:len(here.split(".")) - statement.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets.add(base)
+            targets.update(f"{base}.{alias.name}" for alias in statement.names)
+        own = {".".join(name.split(".")[:depth]) for depth in range(1, name.count(".") + 1)}
+        above = {".".join(target.split(".")[:depth]) for target in targets
+                 for depth in range(1, target.count(".") + 1)}
+        graph[name] = {target for target in targets | (above - own) if target in modules and target != name}
+    return graph
+
+
+def _summary(path: Path) -> str:
+    """A module's docstring up to its first full stop (or its first paragraph)."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    first = " ".join(doc.split("\n\n")[0].split())
+    match = re.match(r"(.+?[.:])(\s|$)", first)
+    return (match.group(1) if match else first).rstrip(":") or "(no docstring)"
+
+
+def modules_page() -> str:
+    graph = import_graph()
+    paths = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+    users: dict[str, set[str]] = {name: set() for name in graph}
+    for name, targets in graph.items():
+        for target in targets:
+            users[target].add(name)
+
+    def short(names: Iterable[str]) -> str:
+        return ", ".join(f"`{name.removeprefix('provision.')}`" for name in sorted(names)) or "nothing of the package"
+
+    body: list[str] = []
+    for folder in sorted({name.rpartition(".")[0] if paths[name].name != "__init__.py" else name for name in graph}):
+        members = [name for name in sorted(graph) if name == folder or name.rpartition(".")[0] == folder]
+        body += [f"## `{folder}`", ""]
+        for name in members:
+            if name != folder and paths[name].name == "__init__.py":
+                continue  # a subpackage has its own section
+            body += _wrap(md(_summary(paths[name])), f"- `{name}`: ", "  ")
+            body += _wrap(f"imports {short(graph[name])}", "    - ", "      ")  # nested: 4 spaces in Markdown
+            body += _wrap(f"imported by {short(users[name])}", "    - ", "      ")
+        body.append("")
+    return _page("Modules and their imports", "the package's own imports (provision/**/*.py, read with ast)",
+                 "The house as its imports draw it: each module of the package, the first sentence of its "
+                 "docstring, the package's modules it imports at module level (imports for type checking "
+                 "included, imports inside functions not: those load late on purpose, to keep the command "
+                 "line's start light), and those that import it. `tests/test_import_cycles.py` holds this "
+                 "graph free of circles. How the stages fit together: [architecture](../architecture.md).", body)
+
+
+# ---------------------------------------------------------------------------------------------
 
 PAGES: Mapping[str, Callable[[], str]] = {
     "settings.md": settings_page,
@@ -253,6 +347,7 @@ PAGES: Mapping[str, Callable[[], str]] = {
     "known-issues.md": known_issues_page,
     "tasks.md": tasks_page,
     "profiles.md": profiles_page,
+    "modules.md": modules_page,
 }
 
 

@@ -12,56 +12,8 @@ need the other: at run time, one may run while the other is half made.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
-from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "provision"
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _module_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
-    for statement in body:
-        if isinstance(statement, (ast.Import, ast.ImportFrom)):
-            yield statement
-        elif isinstance(statement, ast.If):  # `if TYPE_CHECKING:` as well
-            yield from _module_imports(statement.body)
-            yield from _module_imports(statement.orelse)
-        elif isinstance(statement, ast.Try):
-            for block in (statement.body, statement.orelse, statement.finalbody,
-                          *(handler.body for handler in statement.handlers)):
-                yield from _module_imports(block)
-        elif isinstance(statement, ast.With):
-            yield from _module_imports(statement.body)
-
-
-def import_graph() -> dict[str, set[str]]:
-    """{module: the package's modules it imports at module level when it runs}."""
-    paths = sorted(PACKAGE.rglob("*.py"))
-    modules = {module_name(path): path for path in paths}
-    graph: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        is_package = path.name == "__init__.py"
-        here = name if is_package else name.rpartition(".")[0]
-        targets: set[str] = set()
-        for statement in _module_imports(ast.parse(path.read_text(encoding="utf-8")).body):
-            if isinstance(statement, ast.Import):
-                targets.update(alias.name for alias in statement.names)
-                continue
-            base = statement.module or ""
-            if statement.level:
-                anchor = here.split(".")[:len(here.split(".")) - statement.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            targets.add(base)
-            targets.update(f"{base}.{alias.name}" for alias in statement.names)
-        own = {".".join(name.split(".")[:depth]) for depth in range(1, name.count(".") + 1)}
-        above = {".".join(target.split(".")[:depth]) for target in targets
-                 for depth in range(1, target.count(".") + 1)}
-        graph[name] = {target for target in targets | (above - own) if target in modules and target != name}
-    return graph
+from provision.docgen import _module_imports, import_graph
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
