@@ -8,6 +8,7 @@ all_reduce_perf's output from the same machine and session (`reference`). Cases 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import subprocess
 import sys
@@ -71,14 +72,12 @@ def test_h200_bandwidth_rows() -> None:
     assert 300 < H200["expected"]["peak_busbw_gbs"] < 480  # NV18: 18 links x 26.562 GB/s = 478 GB/s
 
 
-def _all_reduce_perf(output: str) -> dict[int, tuple[float, float]]:
-    """nccl-tests' table: {size in bytes: (out-of-place busbw, in-place busbw)}, GB/s."""
-    rows = {}
-    for line in output.splitlines():
-        fields = line.split()
-        if not line.startswith("#") and len(fields) == 13:
-            rows[int(fields[0])] = (float(fields[7]), float(fields[11]))
-    return rows
+# The benchmark that sets verify.nccl beside nccl-tests on a GPU machine reads all_reduce_perf's table.
+_SPEC = importlib.util.spec_from_file_location("nccl_tests", REPO / "benchmarks" / "nccl_tests.py")
+assert _SPEC and _SPEC.loader
+NCCL_TESTS = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(NCCL_TESTS)
+_all_reduce_perf = NCCL_TESTS.parse_all_reduce_perf
 
 
 @pytest.mark.parametrize("reference", H200_VS_NCCL_TESTS["reference"], ids=lambda ref: ref["command"].split(" -f 2 ")[1])
@@ -417,4 +416,20 @@ def test_an_integer_is_compared_as_nccl_reads_it() -> None:
     assert nccl.EnvironmentRead("NCCL_NVLS_ENABLE", "0x1", "1").taken  # strtoll with base 0
     assert not nccl.EnvironmentRead("NCCL_NVLS_ENABLE", "1", "0").taken
     assert nccl.EnvironmentRead("NCCL_P2P_LEVEL", "PHB", None).verdict == "not read"
+
+
+def test_the_benchmark_sets_the_recorded_run_beside_all_reduce_perf() -> None:
+    """benchmarks/nccl_tests.py's table on the two-H200 recording: our busbw over nccl-tests' per size."""
+    reference = next(ref for ref in H200_VS_NCCL_TESTS["reference"] if "-t 2 -g 1" in ref["command"])
+    rows = H200_VS_NCCL_TESTS["expected"]["results"]
+    table = NCCL_TESTS.comparison(rows, _all_reduce_perf(reference["output"]))
+    assert len(table) == 2 + len(rows)
+    one_mib = table[2].split(" | ")
+    assert one_mib[0] == "| 1 MiB" and float(one_mib[1]) == rows[0]["busbw_gbs"]
+    assert float(one_mib[4].rstrip(" |")) == pytest.approx(rows[0]["busbw_gbs"] / float(one_mib[2]), abs=1e-3)
+    run = nccl.summarize("local", [_launch(H200_VS_NCCL_TESTS)],
+                         [nccl.parse_answer("local", H200_VS_NCCL_TESTS["answer"])]).as_json()
+    assert NCCL_TESTS.nccl_environment(run) == {"NCCL_DMABUF_ENABLE": "1", "NCCL_NVLS_ENABLE": "0"}
+    assert NCCL_TESTS.reads(run)[2:] == ["| local | NCCL_DMABUF_ENABLE | 1 | 1 | read |",
+                                         "| local | NCCL_NVLS_ENABLE | 0 | 0 | read |"]
 
