@@ -126,9 +126,15 @@ def test_a_ctrl_c_during_a_local_command_ends_the_command_and_is_raised_again() 
     from types import SimpleNamespace
 
     runner = remote.LocalRunner(SimpleNamespace(name="local"), 30)  # only the name is read
-    threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-    started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        runner.run([sys.executable, "-c", "import time; time.sleep(20)"])
+    # Python's own Ctrl-C handler, also where the suite was started in the background (a shell starts
+    # `cmd &` with SIGINT ignored, and Python then installs none).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            runner.run([sys.executable, "-c", "import time; time.sleep(20)"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - started < 10  # the child was ended, not waited for
     assert runner.run([sys.executable, "-c", "print('next')"]).stdout == "next\n"  # the next run is its own

@@ -232,15 +232,22 @@ def test_status_refuses_a_stall_window_not_longer_than_its_window() -> None:
     assert done.returncode == 2 and "--stall-window (2) must be longer than --window (2)" in done.stderr, done
 
 
+# `python3 -m invoke` with Python's own Ctrl-C handler, also where the suite was started in the background:
+# a shell starts `cmd &` with SIGINT ignored, a child inherits that, and a Python started so installs no
+# KeyboardInterrupt handler, so the signal below would be lost.
+INVOKE_AS_AT_A_TERMINAL = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                           "sys.argv[0] = 'invoke'; runpy.run_module('invoke', run_name='__main__', alter_sys=True)")
+
+
 def test_status_watch_with_json_prints_one_document_per_line_and_ctrl_c_exits_0(tmp_path: Path) -> None:
     """--watch --json on this machine (`--host local`, no inventory: the lab's, where it is up, is not
     read): each refresh is one JSON line; SIGINT ends it, 0. Both pipes are drained to the end, so a
     full pipe never holds the process."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("PROVISION_")}
     env["PROVISION_LAB_DIR"] = str(tmp_path / "no-lab")
-    with subprocess.Popen([sys.executable, "-m", "invoke", "status", "--host", "local", "--watch", "1", "--json",
-                           "--timeout", "3"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as watching:
+    with subprocess.Popen([sys.executable, "-c", INVOKE_AS_AT_A_TERMINAL, "status", "--host", "local", "--watch", "1",
+                           "--json", "--timeout", "3"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as watching:
         try:
             assert watching.stdout is not None
             documents = [json.loads(watching.stdout.readline()) for _ in range(2)]
