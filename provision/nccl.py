@@ -557,12 +557,8 @@ def summarize(name: str, launches: Sequence[NodeLaunch], answers: Sequence[NodeA
     world = int(result["world_size"])
     rows = tuple(bandwidth(int(row["bytes"]), int(row["count"]), float(row["seconds"]), world,
                            int(row["wrong"]), bool(row.get("late", False))) for row in result["rows"])
-    try:
-        log = parse_nccl_log("\n".join(rank.log for answer in answers for rank in answer.ranks))
-    except ParseError:  # the figures still stand; only the transport is unknown
-        log = NcclLog(version=None, links=(), paths=(), network=None, environment={}, nranks=None,
-                      nnodes=None, warnings=("no NCCL INFO line in the ranks' logs",))
-    reads = {launch.host: environment_reads(launch.env, _host_log(answers, launch.host)) for launch in launches}
+    log = _ranks_log(answers)
+    reads = {launch.host: environment_reads(launch.env, _ranks_log(answers, launch.host)) for launch in launches}
     shown = {launch.host: dict(sorted({**{key: value for key, value in launch.env.items()
                                             if _SHOWN_ENV.match(key)},
                                          "MASTER_ADDR": launch.master_addr,
@@ -577,13 +573,15 @@ def summarize(name: str, launches: Sequence[NodeLaunch], answers: Sequence[NodeA
                    timing=result.get("timing"), reads=reads)
 
 
-def _host_log(answers: Sequence[NodeAnswer], host: str) -> NcclLog:
-    """One node's ranks' log (each node reads its own environment); empty where NCCL logged nothing."""
+def _ranks_log(answers: Sequence[NodeAnswer], host: str | None = None) -> NcclLog:
+    """The ranks' NCCL log, of every node or of one (each node reads its own environment). Where NCCL
+    logged nothing, an empty log that says so: the figures still stand, only the transport is unknown."""
     try:
-        return parse_nccl_log("\n".join(rank.log for answer in answers if answer.host == host
+        return parse_nccl_log("\n".join(rank.log for answer in answers if host is None or answer.host == host
                                          for rank in answer.ranks))
     except ParseError:
-        return NcclLog(version=None, links=(), paths=(), network=None, environment={}, nranks=None, nnodes=None)
+        return NcclLog(version=None, links=(), paths=(), network=None, environment={}, nranks=None,
+                       nnodes=None, warnings=("no NCCL INFO line in the ranks' logs",))
 
 
 def verify(inv: Inventory, targets: list[Host], options: Options, cluster: str | None, sizes: list[int],
