@@ -76,20 +76,25 @@ def serves_on(port: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
                          else {"ok": False, "error": f"{spec['base']}/health: connection refused"})
 
 
-def test_a_failed_deploys_way_back_is_judged_on_the_restored_generations_own_port(
-        inv: inventory.Inventory) -> None:
-    """--set port=8123 (taken) crashed; the restored generation serves on :8000 and must be asked there."""
-    ready = serves_on(8000)
+def rolled_back_on(port: int) -> Callable[[str, dict[str, Any]], dict[str, Any]]:
+    """A host whose apply makes generation 5, whose server answers on `port` alone, and whose reject
+    restores the generation serving there."""
+    ready = serves_on(port)
 
     def answer(call: str, spec: dict[str, Any]) -> dict[str, Any]:
         if call == "serve_main":
             return ready(spec)
         if spec["action"] == "apply":
             return {"ok": True, "done": [0], "skipped": [], "failed": None, "generation": 5, "unfinished": None}
-        assert spec["action"] == "reject"
-        return restored(8000)
+        assert spec["action"] == "reject", spec["action"]
+        return restored(port)
+    return answer
 
-    host = FakeHost(answer)
+
+def test_a_failed_deploys_way_back_is_judged_on_the_restored_generations_own_port(
+        inv: inventory.Inventory) -> None:
+    """--set port=8123 (taken) crashed; the restored generation serves on :8000 and must be asked there."""
+    host = FakeHost(rolled_back_on(8000))
     plans = planned_for(inv, ["cpu-1"], {"port": 8123}, {"cpu-1": [RESTARTED]})
     plans["cpu-1"].serve = {"base": "http://127.0.0.1:8123", "model": "lab/tiny-llama", "unit": "vllm.service"}
     outcomes = {"cpu-1": rolling.Outcome("cpu-1")}
@@ -235,16 +240,7 @@ def test_deploy_after_its_gate_asks_the_inventory_nothing(
     and fails its readiness (rolled back, its way back waited for), cpu-2 is unchanged and gated."""
     plans = planned_for(inv, ["cpu-1", "cpu-2"], {"port": 8123}, {"cpu-1": [RESTARTED]})
     planned = run.Planned(["cpu-1", "cpu-2"], plans, {"cpu-1": [], "cpu-2": []}, {}, secrets.Secrets())
-    ready = serves_on(8000)
-
-    def answer(call: str, spec: dict[str, Any]) -> dict[str, Any]:
-        if call == "serve_main":
-            return ready(spec)
-        if spec["action"] == "apply":
-            return {"ok": True, "done": [0], "skipped": [], "failed": None, "generation": 5, "unfinished": None}
-        return restored(8000)
-
-    monkeypatch.setattr(rolling.remote.Pool, "connect", lambda self, target: FakeHost(answer))
+    monkeypatch.setattr(rolling.remote.Pool, "connect", lambda self, target: FakeHost(rolled_back_on(8000)))
     asked: list[str] = []
     for method in ("host", "cluster", "cluster_of", "groups_of", "select", "settings"):
         monkeypatch.setattr(inventory.Inventory, method,
