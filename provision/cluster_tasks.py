@@ -20,7 +20,6 @@ from provision.taskargs import (
     help_for,
     host_task,
     select,
-    setup_logging,
 )
 
 
@@ -31,7 +30,6 @@ from provision.taskargs import (
 def deploy(c: Context, flags: HostFlags, batch: int = 1, timeout: float = 600) -> None:
     """Bring hosts to the inventory's state without taking them all down: rolling, gated on readiness."""
     from provision import report, rolling, server
-    setup_logging(flags.verbose)
     chosen = flags.select(default_all=True)
     result = rolling.deploy(chosen.inventory, chosen.targets, flags.options(chosen, may_build=True), batch=batch,
                             timeout=timeout, show=report.plans_shower(flags.json))

@@ -10,7 +10,6 @@ from provision.taskargs import (
     PrepareFlags,
     exit_unless,
     host_task,
-    setup_logging,
 )
 
 
@@ -28,7 +27,6 @@ def prepare(c: Context, flags: HostFlags, asked: PrepareFlags) -> None:
     shown); a prepared host plans nothing."""
     from provision import prepare as preparation
     from provision import report, run
-    setup_logging(flags.verbose)
     chosen = flags.select()
     result = preparation.prepare(chosen.inventory, chosen.targets, flags.options(chosen), asked,
                                  progress=run.progress_line)

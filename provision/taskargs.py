@@ -293,7 +293,8 @@ def host_task(name: str, *shared: str, help: Mapping[str, str] | None = None, as
     `shared` flags (SHARED_FLAGS' names) are declared for it, each with COMMON_HELP's help unless
     `help` gives its own, beside the body's own parameters and their `help`. With `asked` (a dataclass
     whose every field has a default), its fields are the task's own flags instead, and the body is
-    `body(c, flags, asked_instance)`."""
+    `body(c, flags, asked_instance)`. A task with `verbose` among `shared` has its logging set up (see
+    setup_logging) before the body runs."""
     unknown = set(shared) - set(SHARED_FLAGS)
     if unknown:
         raise ValueError(f"not a shared flag: {', '.join(sorted(unknown))}")
@@ -317,9 +318,12 @@ def host_task(name: str, *shared: str, help: Mapping[str, str] | None = None, as
             for flag in flags:
                 if flag.repeats:
                     values[flag.field] = tuple(values[flag.field] or ())
+            parsed_flags = HostFlags(**values)
+            if "verbose" in shared:  # a task with --verbose logs as it asks, before its body runs
+                setup_logging(parsed_flags.verbose)
             if asked is not None:
-                return body(c, HostFlags(**values), asked(**given))
-            return body(c, HostFlags(**values), **given)
+                return body(c, parsed_flags, asked(**given))
+            return body(c, parsed_flags, **given)
 
         parsed.__signature__ = signature  # type: ignore[attr-defined]  # what Invoke reads the flags off
         helps = {**{name: COMMON_HELP[name] for name in shared}, **(help or {})}

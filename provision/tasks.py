@@ -21,7 +21,6 @@ from provision.taskargs import (
     help_for,
     host_task,
     select,
-    setup_logging,
 )
 
 
@@ -29,7 +28,6 @@ from provision.taskargs import (
 def facts_(c: Context, flags: HostFlags) -> None:
     """Gather each host's facts in one round trip: kernel, CPU topology, memory, driver, GPUs, units."""
     from provision import report, run
-    setup_logging(flags.verbose)
     chosen = flags.select()
     results = run.gather(chosen.inventory, chosen.targets, flags.options(chosen))
     if flags.json:
@@ -44,7 +42,6 @@ def facts_(c: Context, flags: HostFlags) -> None:
 def check(c: Context, flags: HostFlags) -> None:
     """The preflight gate: every rule on every host, with evidence and the fix; exit 1 if one blocks."""
     from provision import checks, report, run
-    setup_logging(flags.verbose)
     chosen = flags.select()
     gated = run.gate(chosen.inventory, chosen.targets, flags.options(chosen))
     if flags.json:
@@ -58,7 +55,6 @@ def check(c: Context, flags: HostFlags) -> None:
 def plan_(c: Context, flags: HostFlags) -> None:
     """Show what provision would change on each host, with a diff per file; changes nothing."""
     from provision import report, run
-    setup_logging(flags.verbose)
     chosen = flags.select()
     planned = run.plans(chosen.inventory, chosen.targets, flags.options(chosen))
     if flags.json:
@@ -73,7 +69,6 @@ def plan_(c: Context, flags: HostFlags) -> None:
 def provision_(c: Context, flags: HostFlags) -> None:
     """facts -> gate -> plan -> apply: bring each host's units and environment to the rendered state."""
     from provision import report, run
-    setup_logging(flags.verbose)
     chosen = flags.select()
     result = run.provision(chosen.inventory, chosen.targets, flags.options(chosen, may_build=True),
                            show=report.plans_shower(flags.json))
@@ -87,7 +82,6 @@ def provision_(c: Context, flags: HostFlags) -> None:
 def weights_(c: Context, flags: HostFlags, verify: bool = False) -> None:
     """Fetch and verify each host's model weights only (a cluster fetches from the hub once)."""
     from provision import report, run
-    setup_logging(flags.verbose)
     chosen = flags.select()
     result = run.provision(chosen.inventory, chosen.targets, flags.options(chosen, only="weights", verify=verify),
                            show=report.plans_shower(flags.json, "weights"))
@@ -99,7 +93,6 @@ def weights_(c: Context, flags: HostFlags, verify: bool = False) -> None:
 def venv_(c: Context, flags: HostFlags) -> None:
     """Build (a source: once per architecture), push and install each host's venv only."""
     from provision import report, run
-    setup_logging(flags.verbose)
     chosen = flags.select()
     result = run.provision(chosen.inventory, chosen.targets, flags.options(chosen, only="venv", may_build=True),
                            show=report.plans_shower(flags.json, "venv"))

@@ -12,7 +12,6 @@ from provision.taskargs import (
     TuneFlags,
     exit_unless,
     host_task,
-    setup_logging,
 )
 
 
@@ -37,7 +36,6 @@ def tune_(c: Context, flags: HostFlags, asked: TuneFlags) -> None:
     rolled back and recorded. The winner goes to tuned/HOST.yaml beside the inventory (diff shown) and
     the host is left running it (or its original settings when none passed). Hosts one at a time."""
     from provision import report, tune, tune_rules
-    setup_logging(flags.verbose)
     minutes, ttft, itl = (_positive(value, flag) for value, flag in (
         (asked.budget, "--budget"), (asked.slo_ttft_ms, "--slo-ttft-ms"), (asked.slo_itl_ms, "--slo-itl-ms")))
     if asked.timeout <= 0:

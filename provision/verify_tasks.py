@@ -17,7 +17,7 @@ verify = Collection("verify")
 
 from provision import config
 from provision.errors import InventoryError
-from provision.taskargs import HostFlags, NcclFlags, host_task, setup_logging
+from provision.taskargs import HostFlags, NcclFlags, host_task
 
 
 @host_task("nccl", "inventory", "host", "cluster", "json", "accept-new-host-keys", "profile", "set", "verbose",
@@ -40,7 +40,6 @@ def nccl_(c: Context, flags: HostFlags, asked: NcclFlags) -> None:
     transport NCCL chose (P2P over NVLink or PCIe, SHM, NET/Socket, NET/IB) read from its own log.
     """
     from provision import nccl, report
-    setup_logging(flags.verbose)
     if bool(flags.host) == bool(flags.cluster):
         raise InventoryError("name hosts (--host) or one cluster (--cluster), not both or neither",
                              file="command line")
