@@ -260,19 +260,19 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _module_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+def module_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
     for statement in body:
         if isinstance(statement, (ast.Import, ast.ImportFrom)):
             yield statement
         elif isinstance(statement, ast.If):  # `if TYPE_CHECKING:` as well
-            yield from _module_imports(statement.body)
-            yield from _module_imports(statement.orelse)
+            yield from module_imports(statement.body)
+            yield from module_imports(statement.orelse)
         elif isinstance(statement, ast.Try):
             for block in (statement.body, statement.orelse, statement.finalbody,
                           *(handler.body for handler in statement.handlers)):
-                yield from _module_imports(block)
+                yield from module_imports(block)
         elif isinstance(statement, ast.With):
-            yield from _module_imports(statement.body)
+            yield from module_imports(statement.body)
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -284,7 +284,7 @@ def import_graph() -> dict[str, set[str]]:
         is_package = path.name == "__init__.py"
         here = name if is_package else name.rpartition(".")[0]
         targets: set[str] = set()
-        for statement in _module_imports(ast.parse(path.read_text(encoding="utf-8")).body):
+        for statement in module_imports(ast.parse(path.read_text(encoding="utf-8")).body):
             if isinstance(statement, ast.Import):
                 targets.update(alias.name for alias in statement.names)
                 continue

@@ -63,7 +63,6 @@ from provision.tune_rules import (
 
 SPACES = "tune_spaces.yaml"  # package data: the default space per engine and profile
 DEFAULT_SPACE = "default"  # an engine's space for the profiles it names no space of its own for
-WORDS = tune_rules.PROBE_WORDS  # the prompts' words: the server counts their tokens before the first trial
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 
-from provision.docgen import _module_imports, import_graph
+from provision.docgen import import_graph, module_imports
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -84,5 +84,5 @@ def test_an_import_for_type_checking_counts_and_one_inside_a_function_does_not()
     source = ("from typing import TYPE_CHECKING\nimport json\nif TYPE_CHECKING:\n    from provision.tune import Slo\n"
               "def later() -> None:\n    from provision import report\n")
     names = [statement.module if isinstance(statement, ast.ImportFrom) else statement.names[0].name
-             for statement in _module_imports(ast.parse(source).body)]
+             for statement in module_imports(ast.parse(source).body)]
     assert names == ["typing", "json", "provision.tune"]
