@@ -18,6 +18,7 @@ and it reads the registries through the same imports the tool uses. It only form
 from __future__ import annotations
 
 import ast
+import importlib.util
 import inspect
 import re
 import sys
@@ -260,6 +261,17 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def package_modules() -> dict[str, Path]:
+    """{module name: source file} of the package as it installs: its own files, and the templates
+    package, which pyproject.toml maps from the checkout's top-level templates/ and which is taken from
+    where Python finds it, so that a checkout, an editable install and a wheel read the same modules."""
+    modules = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+    templates = importlib.util.find_spec(f"{PACKAGE.name}.templates")
+    if templates is not None and templates.origin and f"{PACKAGE.name}.templates" not in modules:
+        modules[f"{PACKAGE.name}.templates"] = Path(templates.origin)
+    return modules
+
+
 def module_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
     for statement in body:
         if isinstance(statement, (ast.Import, ast.ImportFrom)):
@@ -277,8 +289,7 @@ def module_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom
 
 def import_graph() -> dict[str, set[str]]:
     """{module: the package's modules it imports at module level when it runs}."""
-    paths = sorted(PACKAGE.rglob("*.py"))
-    modules = {module_name(path): path for path in paths}
+    modules = package_modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
@@ -311,7 +322,7 @@ def _summary(path: Path) -> str:
 
 def modules_page() -> str:
     graph = import_graph()
-    paths = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+    paths = package_modules()
     users: dict[str, set[str]] = {name: set() for name in graph}
     for name, targets in graph.items():
         for target in targets:
