@@ -44,7 +44,7 @@ INSIDE = "/usr/local/lib/provision-lab"  # where a host keeps its recordings, in
 # gcc, libc6-dev, python3-dev: a source build's host compiles C extensions, as a build host would.
 BASE_PACKAGES = ("systemd,systemd-sysv,openssh-server,dbus,python3,python3-venv,iproute2,libnuma1,"
                  "gcc,g++,make,libc6-dev,python3-dev")
-FIX = "apt-get update && apt-get install -y systemd-container debootstrap openssh-server iproute2 gnupg"
+FIX = "apt-get update && apt-get install -y systemd-container debootstrap openssh-server iproute2 gnupg haproxy"
 SUITE = "bookworm"
 
 
@@ -188,7 +188,7 @@ def preflight() -> None:
     """Refuse clearly when the lab cannot work here, with the command that fixes it."""
     if os.geteuid() != 0:
         raise LabError("the lab needs root (network namespaces, systemd-nspawn): run it as root")
-    missing = [tool for tool in ("systemd-nspawn", "debootstrap", "ip", "ssh-keygen", "gpg", "dpkg-deb")
+    missing = [tool for tool in ("systemd-nspawn", "debootstrap", "ip", "ssh-keygen", "gpg", "dpkg-deb", "haproxy")
                if shutil.which(tool) is None]
     if missing:
         raise LabError(f"missing {', '.join(missing)}; install them with: {FIX}")
