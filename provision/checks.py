@@ -19,7 +19,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from provision import affinity, contracts, hardening, known_issues, kvcache, render
+from provision import affinity, contracts, endpoints, hardening, known_issues, kvcache, render
 from provision import cuda as cuda_builds
 from provision.context import Context, cluster_network_of, flag_value
 from provision.engines import Engine, Verdict, engine_of
@@ -590,6 +590,74 @@ def api_key(ctx: Context) -> Finding | None:
     return fail(f"the server would listen on {address} without an API key",
                 "put vllm_api_key in the inventory's secrets file (the tool hands it to the engine as "
                 f"{engine.api_key_variable}), or keep bind_host 127.0.0.1", bind_host=str(address))
+
+
+# ---------------------------------------------------------------------------------------------
+# Endpoints (provision/endpoints.py): the router on this host and the replicas it sends to
+
+# The oldest HAProxy the rendered config was checked with (`haproxy -c`: Debian 12's 2.6.12); it
+# routes by the request's model with json_query and retries dropped requests with retry-on.
+ROUTER_MINIMUM = (2, 6)
+
+
+@rule("endpoint.router", BLOCKER)
+def endpoint_router(ctx: Context) -> Finding | None:
+    """A host that runs an endpoint's router has HAProxy, new enough for the config the tool renders
+    (`invoke prepare` installs it where the profile's OS has a package for it)."""
+    if not ctx.endpoints:
+        return None
+    names = ", ".join(plan.name for plan in ctx.endpoints)
+    version = ctx.facts.router_version
+    if version is None:
+        return fail(f"endpoint {names} runs its router here, and HAProxy is not installed "
+                    f"({ctx.facts.notes.get('router', 'haproxy -v answered nothing')})",
+                    f"`invoke prepare --host {ctx.host}` installs it (apt-get install haproxy)", endpoints=names)
+    if version_tuple(version) < ROUTER_MINIMUM:
+        low = ".".join(map(str, ROUTER_MINIMUM))
+        return fail(f"HAProxy {version} is older than {low}, the oldest the router's config is checked with",
+                    f"install HAProxy {low} or newer (haproxy.debian.net has packages for older releases)",
+                    router=version)
+    return ok(f"HAProxy {version} for endpoint {names}", router=version)
+
+
+@rule("endpoint.replicas", BLOCKER)
+def endpoint_replicas(ctx: Context) -> Finding | None:
+    """Every replica an endpoint's router sends to is reachable from this host (a server on another host
+    must listen beyond loopback), its model name is one HAProxy can route by, and the router's port is
+    not the port this host's own server listens on."""
+    if not ctx.endpoints:
+        return None
+    problems = []
+    for plan in ctx.endpoints:
+        for replica in plan.replicas:
+            if replica.unreachable:
+                problems.append(f"{plan.name}: cluster {replica.cluster} on {replica.host}: {replica.unreachable}")
+            if not endpoints.MODEL_NAME.match(replica.model):
+                problems.append(f"{plan.name}: cluster {replica.cluster} serves the model as {replica.model!r}: "
+                                "set served_model_name to letters, digits and ._:/@+- only")
+        if ctx.is_head and ctx.settings.model and plan.port == int(ctx.settings.port):
+            problems.append(f"{plan.name}: port {plan.port} is this host's server's port too")
+    if problems:
+        return fail("; ".join(problems), "change the inventory: bind_host, served_model_name or the "
+                    "endpoint's port", problems=problems)
+    count = sum(len(plan.replicas) for plan in ctx.endpoints)
+    return ok(f"{count} replica(s) behind {', '.join(plan.name for plan in ctx.endpoints)}",
+              replicas={plan.name: [f"{r.cluster} {r.address}:{r.port} ({r.model})" for r in plan.replicas]
+                        for plan in ctx.endpoints})
+
+
+@rule("endpoint.api_key", BLOCKER)
+def endpoint_api_key(ctx: Context) -> Finding | None:
+    """An endpoint that listens beyond loopback checks an API key in front of its replicas (the same
+    vllm_api_key the replicas check)."""
+    beyond = [plan for plan in ctx.endpoints if plan.listens_beyond_loopback]
+    if not beyond:
+        return None if not ctx.endpoints else ok("the router listens on loopback only")
+    names = ", ".join(f"{plan.name} ({plan.bind_host}:{plan.port})" for plan in beyond)
+    if ctx.api_key_set:
+        return ok(f"{names}: requests without the API key get 401 at the router")
+    return fail(f"endpoint {names} would listen without an API key",
+                "put vllm_api_key in the inventory's secrets file, or bind the endpoint to 127.0.0.1")
 
 
 # ---------------------------------------------------------------------------------------------

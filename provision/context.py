@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provision import cuda as cuda_builds
+from provision.endpoints import EndpointPlan, plans_for
 from provision.facts import HostFacts
 from provision.inventory import Cluster, Inventory, Settings
 from provision.parsers import Gpu
@@ -47,6 +48,9 @@ class Context:
     weights_from: str | None = None
     model_config_note: str | None = None
     mpi_key_set: bool = False  # an mpi_ssh_key is in the secrets (multi-node TensorRT-LLM)
+    # The endpoints whose router runs on this host, and the one this host's server is behind.
+    endpoints: tuple[EndpointPlan, ...] = ()
+    behind: EndpointPlan | None = None
 
     @property
     def parallel(self) -> int:
@@ -186,9 +190,10 @@ def contexts(inventory: Inventory, facts: Mapping[str, HostFacts], overrides: Ma
         cluster = inventory.cluster_of(name)
         peers = {member: facts[member] for member in cluster.hosts if member in facts} if cluster else {}
         head_address = inventory.host(cluster.head).address if cluster else None
+        routed, behind = plans_for(inventory, name, settings or {}, inventory.settings)
         result[name] = Context(host=name, profile=profile or inventory.host(name).profile,
                                settings=settings[name] if settings and name in settings
                                else inventory.settings(name, overrides, profile=profile),
                                facts=host_facts, cluster=cluster, peers=peers, head_address=head_address,
-                               weights_bytes=weights_bytes)
+                               weights_bytes=weights_bytes, endpoints=routed, behind=behind)
     return result

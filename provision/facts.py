@@ -41,7 +41,7 @@ log = logging.getLogger("provision.facts")
 
 # Units the tool manages; their state is part of every host's facts.
 MANAGED_UNITS = ("vllm.service", "vllm-ray-head.service", "vllm-ray-worker.service", "trtllm-serve.service",
-                 "llama-server.service")
+                 "llama-server.service", "provision-router.service")
 # Where systemd finds drop-ins that override those units: `systemctl edit` writes to /etc,
 # `systemctl set-property` to system.control, their --runtime forms to /run (systemd.unit(5)).
 DROP_IN_BASES = ("/etc/systemd/system", "/etc/systemd/system.control", "/run/systemd/system",
@@ -147,6 +147,8 @@ FACTS: tuple[Fact, ...] = (
     Fact("interfaces", parsers.parse_ip_addr, argv=("ip", "-j", "addr", "show")),
     # Triton on sm_121 needs a CUDA 13 ptxas (the bundled one does not know sm_121a).
     Fact("ptxas", parsers.parse_cuda_release, argv=(CUDA_PTXAS, "--version")),
+    # The endpoints' router (HAProxy) where installed: its release, kept until the program changes.
+    Fact("router", parsers.parse_haproxy_version, argv=("haproxy", "-v"), identity=("/usr/sbin/haproxy",)),
     # systemd's own score of the installed units, drop-ins included (the offline form reads the unit
     # files, so it needs no D-Bus and scores exactly what the unit tests score; systemd 250+).
     Fact("unit_security", parsers.parse_systemd_security,
@@ -224,6 +226,7 @@ class HostFacts:
     interfaces: tuple[Interface, ...] = ()
     disks: tuple[DiskSpace, ...] = ()
     ptxas_cuda: str | None = None  # CUDA release of /usr/local/cuda/bin/ptxas, e.g. "13.0"
+    router_version: str | None = None  # HAProxy's release where installed, e.g. "2.6.12"
     kernel_cmdline: Mapping[str, str | None] | None = None  # /proc/cmdline, {"kho": "off", "ro": None}
     # The nccl.conf files NCCL would read, by path, as {NAME: VALUE}: /etc/nccl.conf and each
     # inspected user's ~/.nccl.conf that exist, e.g. {"/etc/nccl.conf": {"NCCL_IB_USE_INLINE": "1"}}.
@@ -456,6 +459,7 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         interfaces=values.get("interfaces", ()),
         disks=disks,
         ptxas_cuda=values.get("ptxas"),
+        router_version=values.get("router"),
         kernel_cmdline=values.get("cmdline"),
         nccl_conf=nccl_conf,
         cpu_flags=values.get("cpu_flags"),

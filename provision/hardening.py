@@ -65,6 +65,7 @@ def unit_values(ctx: Context) -> dict[str, Any]:
         # #18142, fixed by #25075). Without it the empty capability set still forbids setting the clock.
         "protect_clock": private_devices or strict,
         "address_families": " ".join(ADDRESS_FAMILIES),
+        "address_families_reason": "TCP for the API, Ray and NCCL; UNIX for local IPC; netlink for interface lists",
         "strict": strict,
         "device_allow": devices if strict and not private_devices else [],
         "syscalls": [Allowed(name, reason) for name, reason in SYSCALLS_BEYOND_SYSTEM_SERVICE],

@@ -401,6 +401,13 @@ def _user_name(value: Any) -> str:
     return value
 
 
+def _seconds(value: Any) -> float:
+    """a positive number of seconds"""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
+        raise ValueError(f"expected a positive number of seconds (at most 86400), got {_show(value)}")
+    return float(value)
+
+
 def _bind_address(value: Any) -> str:
     """an IP address to listen on"""
     text = _text(value)
@@ -605,6 +612,19 @@ class Cluster:
 
 
 @dataclass(frozen=True)
+class Endpoint:
+    """One address in front of several clusters' servers (HAProxy on `host`): the clusters serving one
+    model are its replicas, and a request goes to those of the model it names."""
+
+    name: str
+    host: str  # where the router runs
+    clusters: tuple[str, ...]
+    bind_host: str = "127.0.0.1"
+    port: int = 9000
+    drain_timeout: float = 60.0  # seconds a replica's requests in flight may take to finish before its restart
+
+
+@dataclass(frozen=True)
 class Settings:
     """A host's resolved service settings, one typed field per row of VAR_SPECS (a test holds the two
     equal), so a mistyped setting name fails the type check; `origin` says which layer each came from."""
@@ -669,6 +689,7 @@ class Inventory:
     clusters: Mapping[str, Cluster]
     ssh: SshSettings
     sources: tuple[str, ...] = field(default=())
+    endpoints: Mapping[str, Endpoint] = field(default_factory=dict)
     secrets: str | None = None  # the secrets file (HF token, API key), mode 0600
     # Settings `invoke tune` kept per host (TUNED_DIR/HOST.yaml beside the inventory): above host vars.
     tuned: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -695,6 +716,14 @@ class Inventory:
             if host in cluster.hosts:
                 return cluster
         return None
+
+    def endpoint_of(self, cluster: str) -> Endpoint | None:
+        """The endpoint whose router sends to `cluster`'s server, if any (a cluster is in one at most)."""
+        return next((endpoint for endpoint in self.endpoints.values() if cluster in endpoint.clusters), None)
+
+    def endpoints_on(self, host: str) -> list[Endpoint]:
+        """The endpoints whose router runs on `host`."""
+        return [endpoint for endpoint in self.endpoints.values() if endpoint.host == host]
 
     def groups_of(self, host: str) -> list[Group]:
         return [group for group in self.groups.values() if host in group.hosts]
@@ -794,7 +823,8 @@ def local_host(profile: Profile | None = None) -> Host:
 # ---------------------------------------------------------------------------------------------
 # Loading and validation
 
-_TOP_LEVEL = {"ssh", "secrets", "hosts", "groups", "clusters"}
+_TOP_LEVEL = {"ssh", "secrets", "hosts", "groups", "clusters", "endpoints"}
+_ENDPOINT_KEYS = {"host", "clusters", "bind_host", "port", "drain_timeout"}
 _SSH_KEYS = {"known_hosts", "key_file", "connect_timeout", "command_timeout"}
 _HOST_KEYS = {"address", "port", "user", "profile", "connection", "key_file", "vars"}
 _GROUP_KEYS = {"hosts", "vars"}
@@ -823,17 +853,19 @@ class _Reader:
         self.hosts: dict[str, Host] = {}
         self.groups: dict[str, Group] = {}
         self.clusters: dict[str, Cluster] = {}
+        self.endpoints: dict[str, Endpoint] = {}
         self.ssh = SshSettings()
         self.secrets: str | None = None
         self.defined_in: dict[tuple[str, str], str] = {}
         self.member_lines: list[tuple[str, str, Any, str]] = []  # entity, file, mapping, key
+        self.endpoint_lines: dict[str, tuple[str, Any]] = {}  # endpoint -> file, mapping
         self.entry_line: int | None = None
 
     def read(self, data: Any, source: str, base: Path) -> None:
         if data is None:
             return
         if not isinstance(data, dict):
-            raise InventoryError("the top level must be a mapping of hosts, groups, clusters, ssh",
+            raise InventoryError("the top level must be a mapping of hosts, groups, clusters, endpoints, ssh",
                                  file=source, line=_line(data))
         self._unknown(data, _TOP_LEVEL, source, entity=None)
         if "ssh" in data:
@@ -841,7 +873,7 @@ class _Reader:
         if "secrets" in data:
             self.secrets = self._path(data, "secrets", source, base, "secrets")
         for section, reader in (("hosts", self._read_host), ("groups", self._read_group),
-                                ("clusters", self._read_cluster)):
+                                ("clusters", self._read_cluster), ("endpoints", self._read_endpoint)):
             entries = data.get(section)
             if entries is None:
                 continue
@@ -943,6 +975,31 @@ class _Reader:
         self.clusters[name] = Cluster(name=name, hosts=members, head=head,
                                       vars=self._vars(body, source, entity))
 
+    def _read_endpoint(self, name: str, body: Any, source: str, base: Path) -> None:
+        entity = f"endpoint '{name}'"
+        self._unknown(body, _ENDPOINT_KEYS, source, entity)
+        host = body.get("host")
+        if not isinstance(host, str):
+            raise InventoryError(f"expected the name of the host the router runs on, got {_show(host)}",
+                                 file=source, line=_line(body, "host") or self.entry_line, entity=entity, key="host")
+        clusters = body.get("clusters", [])
+        if (not isinstance(clusters, list) or not clusters or not all(isinstance(c, str) for c in clusters)
+                or len(set(clusters)) != len(clusters)):
+            raise InventoryError(f"expected a list of cluster names, each once, got {_show(clusters)}",
+                                 file=source, line=_line(body, "clusters") or self.entry_line, entity=entity,
+                                 key="clusters")
+        checked: dict[str, Any] = {}
+        for key, check in (("bind_host", _bind_address), ("port", _int_range(1, 65535)),
+                           ("drain_timeout", _seconds)):
+            if key in body:
+                try:
+                    checked[key] = check(body[key])
+                except ValueError as exc:
+                    raise InventoryError(str(exc), file=source, line=_line(body, key), entity=entity,
+                                         key=key) from exc
+        self.endpoints[name] = Endpoint(name=name, host=host, clusters=tuple(clusters), **checked)
+        self.endpoint_lines[name] = (source, body)
+
     def _names(self, body: Any, key: str, source: str, entity: str) -> tuple[str, ...]:
         value = body.get(key, [])
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -999,6 +1056,36 @@ class _Reader:
                         "a host serves one cluster", file=self.defined_in[("cluster", cluster.name)],
                         entity=f"cluster '{cluster.name}'", key="hosts")
                 seen[member] = cluster.name
+        self._cross_check_endpoints()
+
+    def _cross_check_endpoints(self) -> None:
+        """An endpoint's router host and clusters exist; a cluster is behind one endpoint at most, and
+        two endpoints on one host listen on different ports."""
+        behind: dict[str, str] = {}
+        listening: dict[tuple[str, int], str] = {}
+        for endpoint in self.endpoints.values():
+            source, body = self.endpoint_lines[endpoint.name]
+            entity = f"endpoint '{endpoint.name}'"
+            if endpoint.host not in self.hosts:
+                known = ", ".join(sorted(self.hosts)) or "none"
+                raise InventoryError(f"names unknown host {_brief(endpoint.host)} (known: {known})", file=source,
+                                     line=_line(body, "host"), entity=entity, key="host")
+            for cluster in endpoint.clusters:
+                if cluster not in self.clusters:
+                    known = ", ".join(sorted(self.clusters)) or "none"
+                    raise InventoryError(f"names unknown cluster {_brief(cluster)} (known: {known})", file=source,
+                                         line=_line(body, "clusters"), entity=entity, key="clusters")
+                if cluster in behind:
+                    raise InventoryError(f"cluster '{cluster}' is behind endpoints '{behind[cluster]}' and "
+                                         f"'{endpoint.name}'; a cluster is behind one endpoint", file=source,
+                                         line=_line(body, "clusters"), entity=entity, key="clusters")
+                behind[cluster] = endpoint.name
+            other = listening.get((endpoint.host, endpoint.port))
+            if other is not None:
+                raise InventoryError(f"endpoint '{other}' listens on port {endpoint.port} of host "
+                                     f"'{endpoint.host}' too", file=source, line=_line(body, "port"),
+                                     entity=entity, key="port")
+            listening[(endpoint.host, endpoint.port)] = endpoint.name
 
 
 def validate_vars(raw: Mapping[str, Any], *, source: str, entity: str | None) -> dict[str, Any]:
@@ -1084,7 +1171,7 @@ def load(path: str | Path, profiles: Mapping[str, Profile] | None = None) -> Inv
     folder = tuned_dir_of(Path(path))
     tuned = read_tuned(folder, reader.hosts, MAX_INVENTORY_VALUES - values)
     return Inventory(hosts=dict(reader.hosts), groups=dict(reader.groups),
-                     clusters=dict(reader.clusters), ssh=reader.ssh,
+                     clusters=dict(reader.clusters), endpoints=dict(reader.endpoints), ssh=reader.ssh,
                      sources=tuple(str(f) for f in files), secrets=reader.secrets, tuned=tuned,
                      tuned_dir=str(folder), path=str(path))
 

@@ -701,6 +701,15 @@ def parse_cuda_release(stdout: str) -> str:
     return match.group(1)
 
 
+def parse_haproxy_version(stdout: str) -> str:
+    """`haproxy -v`: 'HAProxy version 2.6.12-1+deb12u4 2026/10/17 - https://haproxy.org/' -> '2.6.12'
+    (the release the distribution's package carries, its own suffix dropped)."""
+    match = re.search(r"^HA-?Proxy version (\d+\.\d+(?:\.\d+)?)", stdout, re.MULTILINE)
+    if not match:
+        raise ParseError("router", "no 'HAProxy version' line", stdout)
+    return match.group(1)
+
+
 @dataclass(frozen=True)
 class VenvInfo:
     """What the service's virtualenv holds: VenvInfo(python='3.12.3', vllm=None, torch='2.11.0+cu130',

@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from provision import affinity, engines, hardening
+from provision import affinity, endpoints, engines, hardening
 from provision.context import Context
 from provision.engines.llamacpp import gguf_models
 from provision.engines.vllm import VLLM
@@ -182,7 +182,32 @@ def managed_paths(home: str = STATE_DIR) -> tuple[str, ...]:
     """Every file any engine renders on any host: a generation records each one, present or absent."""
     units = tuple(f"{UNIT_DIR}/{unit}" for unit in MANAGED_UNITS)
     configs = tuple(path for engine in engines.ENGINES.values() for path in engine.config_paths(home))
-    return (ENV_FILE, *units, *configs)
+    return (ENV_FILE, *units, *configs, endpoints.CONFIG_FILE, endpoints.KEYS_FILE)
+
+
+def router_files(ctx: Context, common: Mapping[str, Any], api_key: str | None) -> list[DesiredFile]:
+    """The router's config, its API key file (root's alone, read by the unit as a credential) and its
+    unit, for the endpoints whose router runs on this host (provision/endpoints.py)."""
+    unit = endpoints.ROUTER_UNIT
+    keys = endpoints.KEYS_CREDENTIAL if api_key else None
+    config = render("router/haproxy.cfg.j2", {
+        "host": ctx.host, "admin_socket": endpoints.ADMIN_SOCKET,
+        "endpoints": [{"name": plan.name, "bind": f"{plan.bind_host}:{plan.port}", "key_file": keys,
+                       "backends": plan.backends} for plan in ctx.endpoints]})
+    values = {**common, "config": endpoints.CONFIG_FILE, "keys_file": endpoints.KEYS_FILE if api_key else None,
+              "keys_credential": endpoints.KEYS_CREDENTIAL, "runtime_dir": endpoints.RUNTIME_DIR.rsplit("/", 1)[1],
+              "endpoint_names": ", ".join(plan.name for plan in ctx.endpoints),
+              "writable_paths": [endpoints.RUNTIME_DIR],
+              "hardening": {**common["hardening"], "private_devices": True, "protect_clock": True,
+                            "device_allow": [], "address_families": "AF_UNIX AF_INET AF_INET6",
+                            "address_families_reason": "TCP for the endpoint and its replicas; UNIX for the "
+                                                       "runtime API and the journal"}}
+    files = [DesiredFile(endpoints.CONFIG_FILE, config, "root", "root", 0o644, restarts=(unit,))]
+    if api_key:
+        files.append(DesiredFile(endpoints.KEYS_FILE, api_key + "\n", "root", "root", 0o600, restarts=(unit,)))
+    files.append(DesiredFile(f"{UNIT_DIR}/{unit}", render("systemd/provision-router.service.j2", values),
+                             "root", "root", 0o644, restarts=(unit,), unit=True))
+    return files
 
 
 def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | None = None,
@@ -219,8 +244,11 @@ def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | 
         parent = config.path.rsplit("/", 1)[0]
         if parent not in (CONFIG_DIR, STATE_DIR):
             extra_dirs.append(DesiredDir(parent, owner, owner, 0o700))
-    # The environment feeds every unit of the host.
+    # The environment feeds every unit of the host (the router reads none of it).
     files[0] = DesiredFile(ENV_FILE, files[0].content, "root", "root", 0o600, restarts=tuple(units))
+    if ctx.endpoints:
+        files.extend(router_files(ctx, common, api_key))
+        units.append(endpoints.ROUTER_UNIT)
     directories = (
         DesiredDir(CONFIG_DIR, "root", "root", 0o755),
         DesiredDir(STATE_DIR, user, user, 0o750),

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from provision import affinity, checks, context, facts, inventory, lab, parsers, weights
+from provision import affinity, checks, context, endpoints, facts, inventory, lab, parsers, weights
 from provision.facts import DiskSpace, HostFacts
 from provision.inventory import Cluster, Settings
 from provision.profiles import load_profiles
@@ -71,6 +71,20 @@ def spark_pair(second: HostFacts | None = None) -> dict[str, HostFacts]:
 
 
 PAIR = Cluster(name="pair", hosts=("spark-a", "spark-b"), head="spark-a", vars={})
+# An endpoint whose router runs on the host under test ("h"): a replica there and one on another host.
+ENDPOINT = endpoints.EndpointPlan("tiny", "h", "0.0.0.0", 9000, 60.0, (
+    endpoints.Replica("here", "h", "127.0.0.1", 8000, "tiny-llama"),
+    endpoints.Replica("there", "cpu-3", "192.0.2.13", 8000, "tiny-llama")))
+# One the gate refuses: a replica on another host that listens on loopback only, a model name HAProxy
+# cannot route by, and the router on the host's own server port.
+BAD_ENDPOINT = endpoints.EndpointPlan("tiny", "h", "0.0.0.0", 8000, 60.0, (
+    endpoints.Replica("there", "cpu-3", "127.0.0.1", 8000, "tiny llama",
+                      *endpoints.replica_address("cpu-3", "h", "127.0.0.1", "192.0.2.13")[1:]),))
+HAPROXY_V = (Path(__file__).parent / "fixtures" / "haproxy" / "debian12-haproxy-v.txt").read_text()
+
+
+def _cpu_router(version: str | None) -> Callable[[HostFacts], HostFacts]:
+    return lambda f: dataclasses.replace(f, gpus=(), driver=None, router_version=version)
 
 
 def scored(case: str, note: str | None = None) -> Callable[[HostFacts], HostFacts]:
@@ -348,6 +362,19 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
      lambda f: dataclasses.replace(f, dirs={**{path: None for path in facts.DROP_IN_DIRS},
                                             "/etc/systemd/system/vllm.service.d": ("override.conf", "notes.txt")}),
      None, {"unit.dropins": "fail"}),
+    # Endpoints: HAProxy as `haproxy -v` printed it on Debian 12; a replica here and one elsewhere.
+    ("endpoint-router-with-key", "h200x2-driver580", "cpu",
+     {"model": "m", "_endpoints": (ENDPOINT,), "_api_key_set": True},
+     _cpu_router(parsers.parse_haproxy_version(HAPROXY_V)), None,
+     {"endpoint.router": "pass", "endpoint.replicas": "pass", "endpoint.api_key": "pass"}),
+    ("endpoint-without-haproxy-unreachable-replica-no-key", "h200x2-driver580", "cpu",
+     {"model": "m", "_endpoints": (BAD_ENDPOINT,)}, _cpu_router(None), None,
+     {"endpoint.router": "fail", "endpoint.replicas": "fail", "endpoint.api_key": "fail"}),
+    ("endpoint-haproxy-too-old", "h200x2-driver580", "cpu",
+     {"model": "m", "_endpoints": (ENDPOINT,), "_api_key_set": True}, _cpu_router("2.4.24"), None,
+     {"endpoint.router": "fail"}),
+    ("no-endpoint-no-router-rules", "h200x2-driver580", "cpu", {"model": "m"}, _cpu_router(None), None,
+     {"endpoint.router": "skip", "endpoint.replicas": "skip", "endpoint.api_key": "skip"}),
 ]
 
 

@@ -19,6 +19,7 @@ from provision import (
     checks,
     context,
     contracts,
+    endpoints,
     errors,
     hardening,
     lab,
@@ -94,12 +95,22 @@ def engine_states() -> dict[str, render.DesiredState]:
         "spark-pair-trtllm-head": _state(pair["spark-a"], key),
         "spark-pair-trtllm-worker": _state(pair["spark-b"], key),
         "cpu-llamacpp-gguf": _state(dataclasses.replace(cpu, host="cpu-2")),
+        # The same host running an endpoint's router: its replica beside one on cpu-3 and another model's.
+        "cpu-llamacpp-gguf-router": render.desired_state(
+            dataclasses.replace(cpu, host="cpu-2", endpoints=(LAB_ENDPOINT,)), api_key="@@api key@@"),
     }
+
+
+LAB_ENDPOINT = endpoints.EndpointPlan("lab-tiny", "cpu-2", "0.0.0.0", 9000, 60.0, (
+    endpoints.Replica("lab-llama", "cpu-2", "127.0.0.1", 8000, "tiny-gguf"),
+    endpoints.Replica("lab-llama-b", "cpu-3", "10.77.0.13", 8000, "tiny-gguf"),
+    endpoints.Replica("lab-cpu", "cpu-1", "10.77.0.11", 8000, "tiny-llama")))
 
 
 GOLDEN_CASES = ["rtx5090x2-tp2-awq", "spark-pair-head", "spark-pair-worker", "cpu-tiny-llama",
                 "rtx5090x2-tp2-awq-strict", "spark-pair-worker-strict", "rtx5090x2-trtllm-nvfp4",
-                "spark-pair-trtllm-head", "spark-pair-trtllm-worker", "cpu-llamacpp-gguf"]
+                "spark-pair-trtllm-head", "spark-pair-trtllm-worker", "cpu-llamacpp-gguf",
+                "cpu-llamacpp-gguf-router"]
 
 
 @pytest.mark.parametrize("case", GOLDEN_CASES)
@@ -130,6 +141,7 @@ EXPOSURE = {  # (case, unit): (hardening level, before, after)
     ("rtx5090x2-trtllm-nvfp4", "trtllm-serve.service"): ("default", 8.5, 3.3),
     ("spark-pair-trtllm-head", "trtllm-serve.service"): ("default", 8.5, 3.3),
     ("cpu-llamacpp-gguf", "llama-server.service"): ("default", 8.5, 2.9),
+    ("cpu-llamacpp-gguf-router", "provision-router.service"): ("default", 8.5, 2.8),
 }
 # What the units held before the sandbox grew; every other directive of hardening.j2 is new.
 KEPT = {"NoNewPrivileges", "ProtectSystem", "ProtectHome", "PrivateTmp", "ReadWritePaths"}
@@ -178,7 +190,9 @@ def test_device_access_follows_the_profile_and_the_level() -> None:
         assert "MemoryDenyWriteExecute" not in found, case
         assert found["CapabilityBoundingSet"] == [""] and found["UMask"] == ["0077"], case
         assert found["NoNewPrivileges"] == ["yes"] and found["ProtectSystem"] == ["strict"], case
-        assert found["RestrictAddressFamilies"] == ["AF_UNIX AF_INET AF_INET6 AF_NETLINK"], case
+        # The router asks no interface list (netlink): it listens where its config says.
+        families = "AF_UNIX AF_INET AF_INET6" if unit == endpoints.ROUTER_UNIT else "AF_UNIX AF_INET AF_INET6 AF_NETLINK"
+        assert found["RestrictAddressFamilies"] == [families], case
     gpu_default = _directives("rtx5090x2-tp2-awq", "vllm.service")
     # The host's /dev stays (a private one hides /dev/nvidia*), and so no ProtectClock: before systemd
     # 252 it implied a device allow-list.
@@ -547,3 +561,26 @@ def test_the_host_programs_record_the_directories_they_make_and_only_those(
     common.make_directories(str(tmp_path / "d"))  # a directory gone since leaves the record
     assert str(tmp_path / "there" / "a" / "b") not in common.made_directories()
     assert str(tmp_path / "d") in common.made_directories()
+
+
+def test_the_router_config_is_one_haproxy_accepts_and_routes_by_model(tmp_path: Path) -> None:
+    """HAProxy's own checker is the judge of what the tool renders for it (`haproxy -c`, as the unit's
+    ExecStartPre runs it), with the API key file where the unit hands it over (its credentials)."""
+    assert shutil.which("haproxy"), "haproxy is not installed: the README's first command installs it"
+    folder = GOLDEN / "cpu-llamacpp-gguf-router"
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    (credentials / endpoints.KEYS_CREDENTIAL).write_text("@@api key@@\n")
+    config = tmp_path / "haproxy.cfg"
+    config.write_text((folder / "haproxy.cfg").read_text())
+    done = subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "CREDENTIALS_DIRECTORY": str(credentials)}, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = config.read_text()
+    assert "use_backend lab-tiny-1 if { var(txn.model) -m str tiny-gguf }" in text
+    assert "server lab-llama 127.0.0.1:8000 check" in text and "server lab-llama-b 10.77.0.13:8000 check" in text
+    assert "@@api key@@" not in text  # the key lives in its own 0600 file, handed over as a credential
+    state = seed_states()["cpu-llamacpp-gguf-router"]
+    modes = {Path(f.path).name: f.mode for f in state.files}
+    assert modes["api-keys"] == 0o600 and modes["haproxy.cfg"] == 0o644
+    assert state.units == ("llama-server.service", endpoints.ROUTER_UNIT)

@@ -11,6 +11,7 @@ from provision import (
     checks,
     context,
     cuda,
+    endpoints,
     facts,
     inventory,
     known_issues,
@@ -87,6 +88,10 @@ def gate(inv: inventory.Inventory, targets: list[inventory.Host], options: Optio
                         if name not in {h.name for h in everyone})
     held = secrets.load(inv.secrets)
     resolved = resolve(inv, [target.name for target in everyone], options)
+    # A router host renders its config from its replicas' settings: as the inventory has them where
+    # the run does not change them (--set and --profile are the targets').
+    resolved.update({name: inv.settings(name) for name in endpoints.heads_behind(inv, list(wanted))
+                     if name not in resolved})
     early = ask_early([resolved[name] for name in sorted(wanted)], held)  # while the facts are gathered
     gathered = gather(inv, everyone, options, pool, resolved)
     if held.describe():

@@ -1,0 +1,129 @@
+"""Endpoints: one address in front of several clusters' servers. Pure: inventory and settings in, plans out.
+
+An endpoint (the inventory's `endpoints:`) runs HAProxy on one host. Each cluster it names is a replica
+of the model that cluster serves (its served_model_name); a request goes to the replicas of the model
+its JSON body names, by HAProxy's own json_query, and to the first model's when it names none (GET
+/v1/models). HAProxy checks each replica's /health, retries a request whose replica refused or dropped
+it on another, and takes a replica out and back through its runtime API on a UNIX socket on the router
+host, which is how a rolling deploy drains a replica (provision/host/router.py).
+
+    plan(endpoint, inventory, settings) -> EndpointPlan     what the router host renders and the roll reads
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from provision.inventory import Endpoint, Inventory, Settings
+
+ROUTER_UNIT = "provision-router.service"
+CONFIG_DIR = "/etc/provision-router"
+CONFIG_FILE = f"{CONFIG_DIR}/haproxy.cfg"
+KEYS_FILE = f"{CONFIG_DIR}/api-keys"  # root's alone; the unit reads it as a systemd credential
+KEYS_CREDENTIAL = "api-keys"
+RUNTIME_DIR = "/run/provision-router"
+ADMIN_SOCKET = f"{RUNTIME_DIR}/admin.sock"
+# HAProxy reads model names in an ACL as words: the names an endpoint routes by keep to these.
+MODEL_NAME = re.compile(r"^[A-Za-z0-9._:/@+-]{1,200}$")
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One cluster's server as the router sees it."""
+
+    cluster: str  # HAProxy's server name
+    host: str  # the cluster's head: the host that serves the API
+    address: str  # where the router reaches it
+    port: int
+    model: str  # the name it serves the model as: what a request's "model" names
+    unreachable: str | None = None  # why the router cannot reach it, where it cannot
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The replicas of one model: HAProxy's backend for requests naming it."""
+
+    name: str
+    model: str
+    replicas: tuple[Replica, ...]
+
+
+@dataclass(frozen=True)
+class EndpointPlan:
+    name: str
+    host: str
+    bind_host: str
+    port: int
+    drain_timeout: float
+    replicas: tuple[Replica, ...]
+
+    @property
+    def backends(self) -> tuple[Backend, ...]:
+        """One backend per model, in the order the inventory first names it."""
+        models = list(dict.fromkeys(replica.model for replica in self.replicas))
+        return tuple(Backend(f"{self.name}-{index}", model,
+                             tuple(r for r in self.replicas if r.model == model))
+                     for index, model in enumerate(models, 1))
+
+    def backend_of(self, cluster: str) -> Backend:
+        return next(b for b in self.backends if any(r.cluster == cluster for r in b.replicas))
+
+    @property
+    def listens_beyond_loopback(self) -> bool:
+        return not ipaddress.ip_address(self.bind_host).is_loopback
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if ipaddress.ip_address(self.bind_host).is_unspecified else self.bind_host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+
+def replica_address(server_host: str, router_host: str, bind_host: str,
+                    inventory_address: str) -> tuple[str, str | None]:
+    """Where a router on `router_host` reaches a server on `server_host` that listens on `bind_host`,
+    and why it cannot where it cannot (a server on another host that listens on loopback only)."""
+    bound = ipaddress.ip_address(bind_host)
+    if server_host == router_host:
+        return ("127.0.0.1" if bound.is_unspecified or bound.version == 4 and bound.is_loopback
+                else bind_host), None
+    if bound.is_loopback:
+        return bind_host, (f"it listens on {bind_host} only, and the router runs on {router_host}: "
+                           f"set bind_host for cluster hosts to an address {router_host} reaches")
+    return (inventory_address if bound.is_unspecified else bind_host), None
+
+
+def plan(endpoint: Endpoint, inventory: Inventory, settings_of: Callable[[str], Settings]) -> EndpointPlan:
+    """The endpoint with each of its clusters' servers: their head, address, port and model name, from
+    the settings the run resolved for each head (`settings_of`)."""
+    replicas = []
+    for name in endpoint.clusters:
+        cluster = inventory.clusters[name]
+        settings = settings_of(cluster.head)
+        address, unreachable = replica_address(cluster.head, endpoint.host, str(settings.bind_host),
+                                               inventory.hosts[cluster.head].address)
+        replicas.append(Replica(name, cluster.head, address, int(settings.port),
+                                str(settings.served_model_name or settings.model or ""), unreachable))
+    return EndpointPlan(endpoint.name, endpoint.host, endpoint.bind_host, endpoint.port,
+                        endpoint.drain_timeout, tuple(replicas))
+
+
+def plans_for(inventory: Inventory, host: str, settings: Mapping[str, Settings],
+              resolve: Callable[[str], Settings]) -> tuple[tuple[EndpointPlan, ...], EndpointPlan | None]:
+    """The endpoints whose router runs on `host`, and the one `host`'s server is behind (where it heads
+    a cluster an endpoint names); each replica's settings those the run resolved, else `resolve`d."""
+
+    def settings_of(name: str) -> Settings:
+        return settings[name] if name in settings else resolve(name)
+
+    routed = tuple(plan(endpoint, inventory, settings_of) for endpoint in inventory.endpoints_on(host))
+    cluster = inventory.cluster_of(host)
+    endpoint = inventory.endpoint_of(cluster.name) if cluster and cluster.head == host else None
+    return routed, plan(endpoint, inventory, settings_of) if endpoint else None
+
+
+def heads_behind(inventory: Inventory, hosts: list[str]) -> list[str]:
+    """The cluster heads whose settings the routers on `hosts` render from."""
+    return [inventory.clusters[name].head for host in hosts for endpoint in inventory.endpoints_on(host)
+            for name in endpoint.clusters]
