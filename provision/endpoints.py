@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from provision.inventory import Endpoint, Inventory, Settings
+from provision.inventory import Endpoint, Host, Inventory, Settings
 
 ROUTER_UNIT = "provision-router.service"
 CONFIG_DIR = "/etc/provision-router"
@@ -58,6 +58,7 @@ class EndpointPlan:
     port: int
     drain_timeout: float
     replicas: tuple[Replica, ...]
+    router: Host | None = None  # the router host as the inventory has it: what a roll connects to
 
     @property
     def backends(self) -> tuple[Backend, ...]:
@@ -106,7 +107,7 @@ def plan(endpoint: Endpoint, inventory: Inventory, settings_of: Callable[[str], 
         replicas.append(Replica(name, cluster.head, address, int(settings.port),
                                 str(settings.served_model_name or settings.model or ""), unreachable))
     return EndpointPlan(endpoint.name, endpoint.host, endpoint.bind_host, endpoint.port,
-                        endpoint.drain_timeout, tuple(replicas))
+                        endpoint.drain_timeout, tuple(replicas), inventory.hosts[endpoint.host])
 
 
 def plans_for(inventory: Inventory, host: str, settings: Mapping[str, Settings],

@@ -26,12 +26,14 @@ from provision import (
     parsers,
     plan,
     remote,
+    router,
     run,
     secrets,
     server,
     venv,
     weights,
 )
+from provision.endpoints import EndpointPlan
 from provision.engines.vllm import RAY_PORT
 from provision.errors import NotReady, ProvisionError, RollStopped, error_text
 from provision.fanout import HostResults, for_each_host
@@ -92,6 +94,7 @@ class Roll:
     timeout: float = 600
     wait: float = 0
     by: str = "deploy"
+    pool: remote.Pool | None = None  # the run's connections: a replica's router host need not be a target
 
     @property
     def plans(self) -> dict[str, HostPlan]:
@@ -100,6 +103,13 @@ class Roll:
     @property
     def held(self) -> secrets.Secrets:
         return self.planned.held
+
+    def router_of(self, name: str) -> tuple[EndpointPlan, Runner] | None:
+        """The endpoint `name`'s server is behind and a connection to its router host, where there is one."""
+        behind = self.plans[name].ctx.behind
+        if behind is None or behind.router is None or self.pool is None:
+            return None
+        return behind, self.pool.connect(behind.router)
 
     def settings_of(self, name: str, fallback: str) -> inventory.Settings:
         """The gate's settings of `name` (a cluster's head need not be a target: the gate saw it as a
@@ -156,9 +166,10 @@ def roll_one(group: list[str], roll: Roll, connect: Connect, bar: Bar, done: dic
         outcomes[name].steps["apply"] = round(time.monotonic() - started, 2)
         return count
 
-    applied = for_each_host(group, lambda name: name, apply)
+    drained = _drain(group, roll, bar)
+    applied = for_each_host([name for name in group if name not in drained.errors], lambda name: name, apply)
     done.update(applied.values)
-    errors: dict[str, BaseException] = dict(applied.errors)
+    errors: dict[str, BaseException] = {**drained.errors, **applied.errors}
     if not errors and ray and cluster:
         head = cluster.head
         ray_timeout = min(timeout, 120.0)  # nodes join within seconds; a missing one will not
@@ -194,7 +205,64 @@ def roll_one(group: list[str], roll: Roll, connect: Connect, bar: Bar, done: dic
             if name in made:
                 roll_back(name, made[name], roll, connect, errors, cause,
                           ready=_ready_again(connect, name, held, timeout, plans[name].declared_settings))
+    _restore(drained.values, roll, errors, bar)
     return errors
+
+
+def _restarts_server(hostplan: HostPlan) -> bool:
+    """Whether the plan restarts or stops the server clients are sent to (a first start drains nothing)."""
+    unit = engines.engine_of(hostplan.settings).server_unit
+    return any(change.kind in ("restart", "stop") and change.target == unit for change in remaining(hostplan))
+
+
+def _drain(group: list[str], roll: Roll, bar: Bar) -> HostResults[EndpointPlan]:
+    """Each server of the batch that is behind an endpoint and is about to restart is taken out of its
+    router first: no new requests, and those in flight finish (up to the endpoint's drain_timeout)."""
+
+    def one(name: str) -> EndpointPlan:
+        found = roll.router_of(name)
+        assert found is not None
+        endpoint, runner = found
+        cluster = _cluster_of(roll.plans[name])
+        update = bar(f"{name}: draining from endpoint {endpoint.name}")
+        started = time.monotonic()
+        result = router.drain(runner, endpoint, cluster, lambda event: update(
+            int(event.get("waited_s") or 0), int(endpoint.drain_timeout)))
+        outcome = roll.outcomes[name]
+        outcome.steps["drain"] = round(time.monotonic() - started, 2)
+        if not result.complete:
+            outcome.detail = (f"{result.in_flight_left} request(s) still running after the drain timeout "
+                              f"({endpoint.drain_timeout:.0f} s) were cut by the restart")
+        return endpoint
+
+    behind = [name for name in group if roll.router_of(name) is not None and _restarts_server(roll.plans[name])]
+    return for_each_host(behind, lambda name: name, one)
+
+
+def _restore(drained: Mapping[str, EndpointPlan], roll: Roll, errors: dict[str, BaseException], bar: Bar) -> None:
+    """Put each drained server back in its router: after its change, or after the generation it was
+    rolled back to. The router sends to it only once its health check passes, so one that does not
+    serve takes no requests, and joins again by itself when it does."""
+    for name, endpoint in drained.items():
+        runner = roll.router_of(name)
+        assert runner is not None
+        bar(f"{name}: back into endpoint {endpoint.name}")
+        started = time.monotonic()
+        should_serve = name not in errors or roll.outcomes[name].state == "rolled back"
+        try:
+            router.restore(runner[1], endpoint, _cluster_of(roll.plans[name]), timeout=60.0 if should_serve else 5.0)
+        except ProvisionError as exc:
+            if name in errors:
+                roll.outcomes[name].detail += f"; endpoint {endpoint.name} sends it nothing until it serves"
+            else:
+                errors[name] = exc
+        roll.outcomes[name].steps["restore"] = round(time.monotonic() - started, 2)
+
+
+def _cluster_of(hostplan: HostPlan) -> str:
+    """The cluster's name: the router's name for this host's server (an endpoint names clusters)."""
+    cluster = hostplan.ctx.cluster
+    return cluster.name if cluster else hostplan.ctx.host
 
 
 def _elapsed_on(update: Callable[[int, int], None], timeout: float) -> Callable[[dict[str, Any]], None]:
@@ -309,7 +377,7 @@ def deploy(inv: inventory.Inventory, targets: list[inventory.Host], options: Opt
     with remote.Pool(inv.ssh, accept_new_host_keys=options.accept_new_host_keys) as pool:
         planned = run.plans(inv, targets, options, pool)
         show(planned)
-        return roll_out(planned, options, pool, Roll(planned, outcomes, batch, timeout, options.wait, by), started)
+        return roll_out(planned, options, pool, Roll(planned, outcomes, batch, timeout, options.wait, by, pool), started)
 
 
 def roll_out(planned: Planned, options: Options, pool: remote.Pool, roll: Roll, started: float) -> Deployed:
