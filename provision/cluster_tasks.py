@@ -70,8 +70,9 @@ def status_(c: Context, flags: HostFlags, watch: float = 0, timeout: float = 5, 
     if not watch:
         started = time.monotonic()
         found = status.gather_status(chosen.inventory, chosen.targets, chosen.overrides, held, sampling)
-        report.print_status(found, time.monotonic() - started, flags.json)
-        exit_unless(status.serving_as_declared(found))
+        routed = status.gather_endpoints(chosen.inventory, chosen.targets, timeout)
+        report.print_status(found, time.monotonic() - started, flags.json, routed)
+        exit_unless(status.serving_as_declared(found) and all(item.answers for item in routed))
         return
     # --watch: each host's samples go to the next refresh, so the stuck rule sees the stall grow live.
     screen = report.StatusScreen(flags.json)

@@ -615,32 +615,49 @@ def print_bench(host: str, result: Any, concurrency: int, json_: bool) -> None:
         print(f"  error: {error}", file=sys.stderr)
 
 
-def status_document(found: Mapping[str, Any]) -> dict[str, Any]:
+def status_document(found: Mapping[str, Any], routed: Sequence[Any] = ()) -> dict[str, Any]:
     from provision import status
     return {"hosts": {name: status.as_json(item) for name, item in found.items()},
+            "endpoints": {item.name: status.endpoint_json(item) for item in routed},
             # "healthy": every host that should serve does (status's exit 0); "idle": who serves nothing by design.
             "healthy": status.serving_as_declared(found),
             "idle": [name for name, item in found.items() if item.idle is not None],
             "drift": any(item.drift for item in found.values())}
 
 
-def status_view(found: Mapping[str, Any], seconds: float) -> Group:
-    """The table and, under it, what is wrong with each host, whole."""
+def endpoints_table(routed: Sequence[Any]) -> Table:
+    """status: each endpoint's replicas as its router sees them."""
+    table = Table(title="endpoints", title_justify="left")
+    for column in ("endpoint", "router", "replica", "model", "state", "in flight"):
+        table.add_column(column)
+    for item in routed:
+        if item.error:
+            table.add_row(item.name, item.url, "", "", f"router: {item.error}", "")
+            continue
+        for index, replica in enumerate(item.replicas):
+            table.add_row(item.name if index == 0 else "", item.url if index == 0 else "",
+                          f"{replica['cluster']} ({replica['host']} {replica['address']})", replica["model"],
+                          replica["state"], str(replica["in_flight"]))
+    return table
+
+
+def status_view(found: Mapping[str, Any], seconds: float, routed: Sequence[Any] = ()) -> Group:
+    """The table and, under it, what is wrong with each host, whole; then the endpoints' replicas."""
     drifted = sum(bool(item.drift) for item in found.values())
     idle = sum(item.idle is not None for item in found.values())
     title = (f"status: {sum(item.healthy for item in found.values())}/{len(found) - idle} healthy"
              f"{f', {idle} idle' if idle else ''}"
              f"{f', {drifted} drifted from the inventory' if drifted else ''} ({seconds:.1f}s)")
     lines = [Text(line) for line in status_problems(dict(found))]
-    return Group(status_table(dict(found), title), *lines)
+    return Group(status_table(dict(found), title), *lines, *([endpoints_table(routed)] if routed else []))
 
 
-def print_status(found: Mapping[str, Any], seconds: float, json_: bool) -> None:
+def print_status(found: Mapping[str, Any], seconds: float, json_: bool, routed: Sequence[Any] = ()) -> None:
     """status: one table for the whole cluster (what is wrong, whole, under it), or JSON."""
     if json_:
-        print(dump_json(status_document(found)))
+        print(dump_json(status_document(found, routed)))
         return
-    console().print(status_view(found, seconds))
+    console().print(status_view(found, seconds, routed))
 
 
 class StatusScreen:

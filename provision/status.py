@@ -22,6 +22,7 @@ from typing import Any
 
 from provision import (
     checks,
+    endpoints,
     engines,
     facts,
     inventory,
@@ -34,7 +35,9 @@ from provision import (
     weights,
 )
 from provision.context import Context
+from provision.endpoints import EndpointPlan
 from provision.engines import MetricNames
+from provision.errors import ProvisionError, error_text
 from provision.facts import HostFacts
 from provision.inventory import Settings
 from provision.parsers import ITERATION_STATS
@@ -495,3 +498,64 @@ def gather_status(inv: inventory.Inventory, targets: list[inventory.Host], overr
 
     return {**found, **with_deadline(stalled, again, stall_window + timeout + FOLLOW_UP_STEP + 2, kept)}
 
+
+@dataclass(frozen=True)
+class EndpointStatus:
+    """One endpoint as its router sees it: each replica's state there (UP, DRAIN, MAINT, DOWN) and its
+    requests in flight; `error` where the router did not answer."""
+
+    name: str
+    host: str
+    url: str
+    replicas: tuple[Mapping[str, Any], ...] = ()
+    error: str | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self.error is None and bool(self.replicas) and all(r["state"] == "UP" for r in self.replicas)
+
+    @property
+    def answers(self) -> bool:
+        """The router answered and sends to at least one replica."""
+        return self.error is None and any(r["state"] == "UP" for r in self.replicas)
+
+
+def endpoint_status(plan: EndpointPlan, seen: Sequence[Mapping[str, Any]]) -> EndpointStatus:
+    """Pure: the router's servers (`router.servers`) read as the endpoint's replicas, in the inventory's order."""
+    by_server = {(item.get("backend"), item.get("server")): item for item in seen}
+    replicas = []
+    for backend in plan.backends:
+        for replica in backend.replicas:
+            item = by_server.get((backend.name, replica.cluster))
+            replicas.append({"cluster": replica.cluster, "host": replica.host, "model": replica.model,
+                             "address": f"{replica.address}:{replica.port}",
+                             "state": str(item.get("state")) if item else "not in the router",
+                             "in_flight": int(item.get("in_flight") or 0) if item else 0})
+    return EndpointStatus(plan.name, plan.host, plan.url, tuple(replicas))
+
+
+def gather_endpoints(inv: inventory.Inventory, targets: list[inventory.Host], timeout: float) -> list[EndpointStatus]:
+    """The endpoints whose router runs on one of the targets, each asked through its router host's runtime
+    API (one more remote execution per router host)."""
+    from provision import router
+
+    names = {target.name for target in targets}
+    chosen = [endpoint for endpoint in inv.endpoints.values() if endpoint.host in names]
+    ssh = inventory.SshSettings(**{**inv.ssh.__dict__, "connect_timeout": min(inv.ssh.connect_timeout, timeout)})
+
+    def one(endpoint: inventory.Endpoint) -> EndpointStatus:
+        plan = endpoints.plan(endpoint, inv, inv.settings)
+        runner = remote.connect(inv.host(endpoint.host), ssh)
+        try:
+            return endpoint_status(plan, router.servers(runner))
+        except ProvisionError as exc:
+            return EndpointStatus(plan.name, plan.host, plan.url, error=error_text(exc))
+        finally:
+            runner.close()
+
+    return [one(endpoint) for endpoint in chosen]
+
+
+def endpoint_json(found: EndpointStatus) -> dict[str, Any]:
+    return {"host": found.host, "url": found.url, "healthy": found.healthy, "error": found.error,
+            "replicas": [dict(replica) for replica in found.replicas]}

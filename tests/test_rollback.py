@@ -252,3 +252,70 @@ def test_deploy_after_its_gate_asks_the_inventory_nothing(
     assert result.outcomes["cpu-1"].state == "rolled back", result.outcomes["cpu-1"]
     assert "cpu-2" in result.errors  # unchanged, but it too answers on :8000 only, not the run's :8123
     assert asked == []
+
+
+ENDPOINT_INVENTORY = """
+hosts:
+  cpu-1: {address: 10.0.0.5, profile: cpu}
+  cpu-2: {address: 10.0.0.6, profile: cpu}
+clusters:
+  a: {hosts: [cpu-1], vars: {model: lab/tiny-llama, fetch_weights: false, bind_host: 0.0.0.0}}
+  b: {hosts: [cpu-2], vars: {model: lab/tiny-llama, fetch_weights: false, bind_host: 0.0.0.0}}
+endpoints:
+  tiny: {host: cpu-2, clusters: [a, b], drain_timeout: 30}
+"""
+
+
+def _roll_behind_endpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                          serves: Callable[[dict[str, Any]], dict[str, Any]]) -> tuple[rolling.Deployed, list[str]]:
+    """cpu-1 (cluster a) restarts behind endpoint tiny, whose router runs on cpu-2 (not a target): every
+    program each host is sent, in order, as 'host: what'."""
+    path = tmp_path / "inventory.yaml"
+    path.write_text(ENDPOINT_INVENTORY)
+    inv = inventory.load(path)
+    plans = planned_for(inv, ["cpu-1"], {}, {"cpu-1": [RESTARTED]})
+    planned = run.Planned(["cpu-1"], plans, {"cpu-1": []}, {}, secrets.Secrets())
+    log: list[str] = []
+
+    def host(name: str) -> FakeHost:
+        def answer(call: str, spec: dict[str, Any]) -> dict[str, Any]:
+            if call == "router_main":
+                log.append(f"{name}: router {spec['action']} {spec.get('backend')}/{spec.get('server')}")
+                return ({"drained": True, "waited_s": 0.4, "in_flight_left": 0} if spec["action"] == "drain"
+                        else {"up": True, "waited_s": 1.0, "state": "UP"})
+            if call == "serve_main":
+                log.append(f"{name}: ready? {spec['base']}")
+                return serves(spec)
+            log.append(f"{name}: {spec['action']}")
+            if spec["action"] == "apply":
+                return {"ok": True, "done": [0], "skipped": [], "failed": None, "generation": 5, "unfinished": None}
+            if spec["action"] == "reject":
+                return restored(8000)
+            return {"ok": True, "done": [], "skipped": [], "failed": None}
+        return FakeHost(answer)
+
+    hosts = {name: host(name) for name in ("cpu-1", "cpu-2")}
+    monkeypatch.setattr(rolling.remote.Pool, "connect", lambda self, target: hosts[target.name])
+    with rolling.remote.Pool(inv.ssh) as pool:
+        result = rolling.roll_out(planned, run.Options(quiet=True), pool,
+                                  rolling.Roll(planned, {}, timeout=5, pool=pool), 0.0)
+    return result, log
+
+
+def test_a_replica_behind_an_endpoint_is_drained_before_its_restart_and_put_back_once_ready(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    result, log = _roll_behind_endpoint(tmp_path, monkeypatch, serves_on(8000))
+    assert result.ok, result.errors
+    assert log == ["cpu-2: router drain tiny-1/a", "cpu-1: apply", "cpu-1: ready? http://127.0.0.1:8000",
+                   "cpu-1: promote", "cpu-2: router ready tiny-1/a"]
+    assert {"drain", "restore"} <= set(result.outcomes["cpu-1"].steps)
+
+
+def test_a_replica_that_fails_behind_an_endpoint_is_rolled_back_before_it_goes_back_in(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = iter([{"ok": False, "error": "http://127.0.0.1:8000/health: connection refused"},
+                    {"ok": True, "seconds": 1.0}])
+    result, log = _roll_behind_endpoint(tmp_path, monkeypatch, lambda spec: next(answers))
+    assert result.outcomes["cpu-1"].state == "rolled back", result.outcomes["cpu-1"]
+    assert log == ["cpu-2: router drain tiny-1/a", "cpu-1: apply", "cpu-1: ready? http://127.0.0.1:8000",
+                   "cpu-1: reject", "cpu-1: ready? http://127.0.0.1:8000", "cpu-2: router ready tiny-1/a"]
