@@ -485,9 +485,10 @@ class Lab:
             with tempfile.TemporaryDirectory() as scratch:
                 for variant, wheel in wheels.torch_variants(Path(scratch)).items():
                     hub.publish_wheel(self.hub_root, variant, wheel)
-        if not (self.hub_root / "apt" / "InRelease").exists():
-            progress("building the lab's apt repository (stand-in driver and kernel packages) ...")
-            aptrepo.build(self.hub_root / "apt", self.dir / "gnupg")
+        if not aptrepo.holds(self.hub_root / "apt"):
+            progress("building the lab's apt repository (stand-in driver and kernel packages, Debian's "
+                     "haproxy) ...")
+            aptrepo.build(self.hub_root / "apt", self.dir / "gnupg", self.hub_root / "apt-debs")
         if _http_answers(f"{self.hub_url}/_lab/stats"):
             return
         from provision.lab import tinymodel  # needs numpy, safetensors, tokenizers (the lab extra)

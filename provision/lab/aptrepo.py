@@ -1,6 +1,7 @@
 """The lab's apt repository: stand-in packages under the real names `prepare` installs, built when the lab
-comes up, in a flat repository the hub serves at /apt/, signed with a key made then and trusted by the lab
-hosts (the way a site's own mirror is).
+comes up, and real Debian packages (HAProxy and what the lab's base root filesystem lacks of its
+dependencies, fetched once with this machine's own `apt-get download`), in a flat repository the hub serves
+at /apt/, signed with a key made then and trusted by the lab hosts (the way a site's own mirror is).
 
 A stand-in installs no driver and no kernel: its maintainer script records what the host will replay after
 its next boot (INSIDE/pending.json: a new /proc/driver/nvidia/version, a new `uname -r`) and asks for a
@@ -13,10 +14,14 @@ import gzip
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from provision.errors import LabError
 
 INSIDE = "/usr/local/lib/provision-lab"
 FAIL_MARKER = "/etc/provision-lab/fail-install"
@@ -50,6 +55,15 @@ STAND_INS = (
                        "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n"},
              "driver": "580.65.06"}),
 )
+
+# Real packages, as the Debian release of the lab's hosts (and of this machine, whose apt sources fetch them)
+# publishes them: haproxy (an endpoint's router, which `prepare` installs) and those of its dependencies
+# that the lab's base root filesystem (debootstrap's minbase with lab.BASE_PACKAGES) does not hold:
+# liblua5.3-0, libopentracing-c-wrapper0 and the libopentracing1 that one needs. Its others (libc6,
+# libcrypt1, libpcre2-8-0, libssl3, libsystemd0, adduser, init-system-helpers, lsb-base) are there.
+REAL_PACKAGES = ("haproxy", "liblua5.3-0", "libopentracing-c-wrapper0", "libopentracing1")
+DOWNLOAD_TIMEOUT = 600
+
 
 # Runs on the lab host as the package's postinst (python3 is on every lab host).
 POSTINST = '''#!/usr/bin/python3
@@ -101,6 +115,40 @@ def build_deb(package: StandIn, out: Path) -> Path:
         return target
 
 
+def _cached(cache: Path, name: str) -> list[Path]:
+    return sorted(cache.glob(f"{name}_*.deb"))
+
+
+def download_real(cache: Path, names: Sequence[str] = REAL_PACKAGES) -> list[Path]:
+    """The real .debs of `names`, fetched with `apt-get download` (this machine's apt sources) into `cache`
+    the first time; a package already there is not fetched again."""
+    cache.mkdir(parents=True, exist_ok=True)
+    missing = [name for name in names if not _cached(cache, name)]
+    if missing:
+        command = ["apt-get", "download", *missing]
+        shown = " ".join(command)
+        with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as scratch:
+            os.chmod(scratch, 0o755)  # apt's _apt user writes there (else apt warns and downloads as root)
+            try:
+                done = subprocess.run(command, cwd=scratch, capture_output=True, text=True,
+                                      timeout=DOWNLOAD_TIMEOUT, check=False)
+            except FileNotFoundError:
+                raise LabError(f"`{shown}` cannot run: this machine has no apt-get (the lab's apt repository "
+                               f"carries these real Debian packages)") from None
+            except subprocess.TimeoutExpired:
+                raise LabError(f"`{shown}` ran past {DOWNLOAD_TIMEOUT} s (in {cache})") from None
+            if done.returncode != 0:
+                said = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+                raise LabError(f"`{shown}` failed (exit {done.returncode}, in {cache}): {said}; "
+                               f"`apt-get update` may be what it needs")
+            for deb in Path(scratch).glob("*.deb"):
+                deb.rename(cache / deb.name)
+    absent = [name for name in names if not _cached(cache, name)]
+    if absent:
+        raise LabError(f"`apt-get download` gave no .deb of {', '.join(absent)} (in {cache})")
+    return [_cached(cache, name)[-1] for name in names]
+
+
 def _control_of(deb: Path) -> str:
     return subprocess.run(["dpkg-deb", "--field", str(deb)], check=True, capture_output=True,
                           text=True).stdout.strip()
@@ -138,13 +186,29 @@ def ensure_key(home: Path) -> bytes:
     return _gpg(home, "--armor", "--export", KEY_NAME)
 
 
-def build(root: Path, home: Path) -> bytes:
-    """Build the stand-ins and the signed flat repository in `root`; the public key the hosts trust."""
+def holds(root: Path, names: Sequence[str] = REAL_PACKAGES) -> bool:
+    """Whether the signed repository in `root` is built and its index names every one of `names` (a
+    repository built before the lab carried a real package is built again)."""
+    try:
+        index = (root / "Packages").read_text()
+    except OSError:
+        return False
+    listed = {line.split(":", 1)[1].strip() for line in index.splitlines() if line.startswith("Package:")}
+    return (root / "InRelease").exists() and set(names) <= listed
+
+
+def build(root: Path, home: Path, downloads: Path, real: Sequence[str] = REAL_PACKAGES) -> bytes:
+    """Build the stand-ins, bring the real packages (fetched into `downloads` once) and the signed flat
+    repository in `root`; the public key the hosts trust."""
     public = ensure_key(home)
+    fetched = download_real(downloads, real)
     root.mkdir(parents=True, exist_ok=True)
     pool = root / "pool"
     pool.mkdir(exist_ok=True)
     debs = [build_deb(package, pool) for package in STAND_INS]
+    for deb in fetched:
+        shutil.copyfile(deb, pool / deb.name)
+        debs.append(pool / deb.name)
     index = packages_index(debs, root)
     (root / "Packages").write_text(index)
     (root / "Packages.gz").write_bytes(gzip.compress(index.encode(), mtime=0))

@@ -1,0 +1,113 @@
+"""The lab's apt repository without booting the lab: the real Debian packages it carries for HAProxy,
+fetched once with `apt-get download` (a fake one here, on PATH, that hands out a recorded .deb), and their
+control fields in the Packages index."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from provision.errors import LabError
+from provision.lab import aptrepo
+
+DEB = Path(__file__).parent / "fixtures" / "debs" / "libopentracing-c-wrapper0_1.1.3-3+b1_amd64.deb"
+NAME = "libopentracing-c-wrapper0"
+
+FAKE_APT_GET = '''#!{python}
+import json, os, shutil, sys
+with open({calls!r}, "a") as log:
+    log.write(json.dumps(sys.argv[1:]) + "\\n")
+if {fail!r}:
+    sys.stderr.write({fail!r} + "\\n")
+    sys.exit(100)
+for name in sys.argv[2:]:
+    shutil.copy({deb!r}, os.getcwd())
+'''
+
+
+def fake_apt_get(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: str = "") -> Path:
+    """An `apt-get` first on PATH; returns the file where each of its runs writes its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.jsonl"
+    script = bin_dir / "apt-get"
+    script.write_text(FAKE_APT_GET.format(python=sys.executable, calls=str(calls), fail=fail, deb=str(DEB)))
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    return calls
+
+
+def runs(calls: Path) -> list[list[str]]:
+    return [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+
+
+def test_haproxy_and_its_missing_dependencies_are_carried() -> None:
+    assert aptrepo.REAL_PACKAGES == ("haproxy", "liblua5.3-0", "libopentracing-c-wrapper0", "libopentracing1")
+
+
+def test_the_index_carries_a_real_debs_control_fields(tmp_path: Path) -> None:
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    deb = pool / DEB.name
+    shutil.copyfile(DEB, deb)
+    index = aptrepo.packages_index([deb], tmp_path)
+    data = DEB.read_bytes()
+    for line in (f"Package: {NAME}", "Source: opentracing-c-wrapper (1.1.3-3)", "Version: 1.1.3-3+b1",
+                 "Architecture: amd64", "Multi-Arch: same",
+                 "Depends: libc6 (>= 2.34), libgcc-s1 (>= 3.0), libopentracing1 (>= 1.6.0), libstdc++6 (>= 11)",
+                 "Description: C wrapper for the C++ impl of the OpenTracing API",
+                 " C++ library.", f"Filename: ./pool/{DEB.name}", f"Size: {len(data)}",
+                 f"SHA256: {hashlib.sha256(data).hexdigest()}"):
+        assert line in index.splitlines(), line
+
+
+def test_a_package_is_fetched_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = fake_apt_get(tmp_path, monkeypatch)
+    cache = tmp_path / "apt-debs"
+    assert aptrepo.download_real(cache, [NAME]) == [cache / DEB.name]
+    assert aptrepo.download_real(cache, [NAME]) == [cache / DEB.name]  # a second lab.up: from the cache
+    assert runs(calls) == [["download", NAME]]
+    assert sorted(path.name for path in cache.iterdir()) == [DEB.name]  # no scratch left
+
+
+def test_a_failed_download_names_the_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_apt_get(tmp_path, monkeypatch, fail="E: Unable to locate package haproxy")
+    with pytest.raises(LabError) as failed:
+        aptrepo.download_real(tmp_path / "apt-debs", ["haproxy", NAME])
+    assert str(failed.value) == (f"`apt-get download haproxy {NAME}` failed (exit 100, in {tmp_path / 'apt-debs'}): "
+                                 "E: Unable to locate package haproxy; `apt-get update` may be what it needs")
+
+
+def test_no_apt_get_is_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(LabError, match=r"^`apt-get download haproxy` cannot run: this machine has no apt-get"):
+        aptrepo.download_real(tmp_path / "apt-debs", ["haproxy"])
+
+
+def test_a_download_that_gives_nothing_is_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_apt_get(tmp_path, monkeypatch)
+    with pytest.raises(LabError, match=r"^`apt-get download` gave no \.deb of haproxy "):
+        aptrepo.download_real(tmp_path / "apt-debs", ["haproxy"])  # the fake hands out another package
+
+
+def test_the_repository_holds_the_stand_ins_and_the_real_packages(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    if shutil.which("gpg") is None or shutil.which("dpkg-deb") is None:
+        pytest.fail("gpg and dpkg-deb are needed (the lab's preflight wants them too): apt-get install gnupg dpkg")
+    root = tmp_path / "hub" / "apt"
+    assert not aptrepo.holds(root, [NAME])
+    calls = fake_apt_get(tmp_path, monkeypatch)
+    aptrepo.build(root, tmp_path / "gnupg", tmp_path / "hub" / "apt-debs", [NAME])
+    index = (root / "Packages").read_text()
+    assert [line for line in index.splitlines() if line.startswith("Package: ")] == [
+        f"Package: {NAME}", *[f"Package: {package.name}" for package in sorted(
+            aptrepo.STAND_INS, key=lambda package: f"{package.name}_{package.version}_all.deb")]]
+    assert (root / "pool" / DEB.name).read_bytes() == DEB.read_bytes()
+    assert aptrepo.holds(root, [NAME])
+    assert not aptrepo.holds(root, ["haproxy", NAME])  # one built before haproxy was carried: built again
+    aptrepo.build(root, tmp_path / "gnupg", tmp_path / "hub" / "apt-debs", [NAME])
+    assert len(runs(calls)) == 1
