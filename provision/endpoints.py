@@ -77,7 +77,10 @@ class EndpointPlan:
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if ipaddress.ip_address(self.bind_host).is_unspecified else self.bind_host
+        """Where clients reach it: the router host's address where it listens on every address."""
+        host = self.bind_host
+        if ipaddress.ip_address(host).is_unspecified:
+            host = self.router.address if self.router and self.router.connection == "ssh" else "127.0.0.1"
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
 
 

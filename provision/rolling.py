@@ -215,11 +215,12 @@ def _restarts_server(hostplan: HostPlan) -> bool:
     return any(change.kind in ("restart", "stop") and change.target == unit for change in remaining(hostplan))
 
 
-def _drain(group: list[str], roll: Roll, bar: Bar) -> HostResults[EndpointPlan]:
+def _drain(group: list[str], roll: Roll, bar: Bar) -> HostResults[EndpointPlan | None]:
     """Each server of the batch that is behind an endpoint and is about to restart is taken out of its
-    router first: no new requests, and those in flight finish (up to the endpoint's drain_timeout)."""
+    router first: no new requests, and those in flight finish (up to the endpoint's drain_timeout).
+    None for one whose router does not run yet (nothing reaches it through the router)."""
 
-    def one(name: str) -> EndpointPlan:
+    def one(name: str) -> EndpointPlan | None:
         found = roll.router_of(name)
         assert found is not None
         endpoint, runner = found
@@ -228,6 +229,8 @@ def _drain(group: list[str], roll: Roll, bar: Bar) -> HostResults[EndpointPlan]:
         started = time.monotonic()
         result = router.drain(runner, endpoint, cluster, lambda event: update(
             int(event.get("waited_s") or 0), int(endpoint.drain_timeout)))
+        if result is None:
+            return None
         outcome = roll.outcomes[name]
         outcome.steps["drain"] = round(time.monotonic() - started, 2)
         if not result.complete:
@@ -239,11 +242,14 @@ def _drain(group: list[str], roll: Roll, bar: Bar) -> HostResults[EndpointPlan]:
     return for_each_host(behind, lambda name: name, one)
 
 
-def _restore(drained: Mapping[str, EndpointPlan], roll: Roll, errors: dict[str, BaseException], bar: Bar) -> None:
+def _restore(drained: Mapping[str, EndpointPlan | None], roll: Roll, errors: dict[str, BaseException],
+             bar: Bar) -> None:
     """Put each drained server back in its router: after its change, or after the generation it was
     rolled back to. The router sends to it only once its health check passes, so one that does not
     serve takes no requests, and joins again by itself when it does."""
     for name, endpoint in drained.items():
+        if endpoint is None:
+            continue
         runner = roll.router_of(name)
         assert runner is not None
         bar(f"{name}: back into endpoint {endpoint.name}")

@@ -36,17 +36,20 @@ def _run(runner: Runner, spec: Mapping[str, Any], timeout: float,
                                 if event.get("event") == "progress" else None)
     if not answer:
         raise ProvisionError(f"{runner.host}: no answer from the router (exit {done.exited}): {programs.tail(done)}")
-    if answer.get("error"):
+    if answer.get("error") and not answer.get("not_running"):
         raise ProvisionError(f"{runner.host}: router: {answer['error']}")
     return answer
 
 
 def drain(runner: Runner, plan: EndpointPlan, cluster: str,
-          on_progress: Callable[[dict[str, Any]], None] = lambda event: None) -> Drained:
+          on_progress: Callable[[dict[str, Any]], None] = lambda event: None) -> Drained | None:
     """Take `cluster`'s server out of the endpoint: no new requests; the router waits up to the
-    endpoint's drain_timeout for those in flight, then holds it in maintenance."""
+    endpoint's drain_timeout for those in flight, then holds it in maintenance. None where no router
+    runs yet (its first deploy starts it): nothing reaches the server through it to drain."""
     answer = _run(runner, {"action": "drain", "backend": plan.backend_of(cluster).name, "server": cluster,
                            "timeout": plan.drain_timeout, "poll": 0.2}, plan.drain_timeout, on_progress)
+    if answer.get("not_running"):
+        return None
     return Drained(plan.name, float(answer.get("waited_s") or 0.0), int(answer.get("in_flight_left") or 0))
 
 
@@ -54,6 +57,8 @@ def restore(runner: Runner, plan: EndpointPlan, cluster: str, timeout: float = 6
     """Put `cluster`'s server back; seconds until the router's health check passed on it."""
     answer = _run(runner, {"action": "ready", "backend": plan.backend_of(cluster).name, "server": cluster,
                            "timeout": timeout, "poll": 0.2}, timeout)
+    if answer.get("not_running"):
+        raise ProvisionError(f"{runner.host}: endpoint {plan.name}: its router does not run ({answer['error']})")
     if not answer.get("up"):
         raise ProvisionError(f"{runner.host}: endpoint {plan.name}: {cluster} is back in the router, and its "
                              f"health check has not passed in {timeout:.0f} s (state {answer.get('state')})")
@@ -62,4 +67,7 @@ def restore(runner: Runner, plan: EndpointPlan, cluster: str, timeout: float = 6
 
 def servers(runner: Runner) -> list[dict[str, Any]]:
     """Every server of every backend as the router sees it: backend, server, address, state, in_flight."""
-    return list(_run(runner, {"action": "state"}, 20.0).get("servers") or [])
+    answer = _run(runner, {"action": "state"}, 20.0)
+    if answer.get("not_running"):
+        raise ProvisionError(f"{runner.host}: router: {answer['error']}")
+    return list(answer.get("servers") or [])

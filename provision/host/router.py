@@ -37,6 +37,10 @@ class RouterError(Exception):
     """One line that says what went wrong with HAProxy; the result's "error"."""
 
 
+class NotRunning(RouterError):
+    """No HAProxy listens on the socket (not installed yet, or stopped): nothing is routed through it."""
+
+
 # -- parsing (pure) -----------------------------------------------------------------------------
 
 def parse_version(text: str) -> str:
@@ -121,10 +125,10 @@ def ask(path: str, command: str) -> str:
         try:
             client.connect(path)
         except FileNotFoundError:
-            raise RouterError(f"no HAProxy runtime socket at {path} (is haproxy running with "
+            raise NotRunning(f"no HAProxy runtime socket at {path} (is haproxy running with "
                               f"`stats socket {path}`?)") from None
         except ConnectionRefusedError:
-            raise RouterError(f"HAProxy's runtime socket {path} refuses connections "
+            raise NotRunning(f"HAProxy's runtime socket {path} refuses connections "
                               f"(haproxy is not running)") from None
         except PermissionError:
             raise RouterError(f"no permission to use HAProxy's runtime socket {path} (run as root)") from None
@@ -217,6 +221,8 @@ def router_main(spec: dict[str, Any]) -> None:
         if action is None:
             raise RouterError(f"no router action {spec.get('action')!r} (known: {', '.join(ACTIONS)})")
         result = action(spec)
+    except NotRunning as exc:
+        result = {"ok": False, "error": str(exc), "not_running": True}
     except RouterError as exc:
         result = {"ok": False, "error": str(exc)}
     except Exception as exc:  # noqa: BLE001  the result line says what broke, never a bare traceback

@@ -75,6 +75,8 @@ DEFAULT_HOSTS: tuple[LabHost, ...] = (
             small_disks=("/opt", "/var/lib/vllm")),
     # A workstation whose venv was built for a CUDA its driver cannot run (cu130 torch on 575).
     LabHost("ws-575", "rtx5090x2-driver575-venv-cu130", "rtx5090", default=False),
+    # A second llama.cpp replica of lab-llama's model, behind the endpoint whose router runs on cpu-2.
+    LabHost("cpu-3", None, "cpu", default=False),
 )
 # Plain CPU hosts in numbers, booted only when named (bench-01 ... bench-32): for measuring how the
 # tool scales with the host count (benchmarks/).
@@ -114,10 +116,21 @@ DEFAULT_CLUSTERS: Mapping[str, Mapping[str, Any]] = {
     "lab-llama": {"hosts": ["cpu-2"], "vars": {
         "engine": "llamacpp", "model": "lab/tiny-gguf", "served_model_name": "tiny-gguf",
         "venv_source": LLAMA_CPP_SOURCE, "max_model_len": 256}},
+    # The same server on cpu-3, listening on the lab network for cpu-2's router (it needs the API key,
+    # which a test gives through VLLM_API_KEY).
+    "lab-llama-b": {"hosts": ["cpu-3"], "vars": {
+        "engine": "llamacpp", "model": "lab/tiny-gguf", "served_model_name": "tiny-gguf",
+        "venv_source": LLAMA_CPP_SOURCE, "max_model_len": 256, "bind_host": "0.0.0.0"}},
     "lab-broken": {"hosts": ["ws-broken"], "vars": {
         "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2, **NO_FETCH}},
 }
 
+# Endpoints written into the lab inventory when their router host and every cluster's hosts are up:
+# lab-llama (cpu-2, over loopback) and lab-llama-b (cpu-3) as replicas of tiny-gguf behind cpu-2's router.
+DEFAULT_ENDPOINTS: Mapping[str, Mapping[str, Any]] = {
+    "lab-tiny": {"host": "cpu-2", "clusters": ["lab-llama", "lab-llama-b"], "bind_host": "0.0.0.0",
+                 "port": 9000, "drain_timeout": 30},
+}
 
 # Facts a lab host answers with this machine's values when its recording lacks them: its kernel, the
 # machine's /proc files, lscpu of the machine's CPU, the root's Debian. (A tool the host lacks, such as
@@ -401,9 +414,11 @@ class Lab:
         if host.log_sessions:
             # VERBOSE is the level at which sshd logs "Starting session: command" (or "subsystem").
             (root / "etc" / "ssh" / "sshd_config.d" / "log-sessions.conf").write_text("LogLevel VERBOSE\n")
+        # Every host's only package source is the lab's repository (a CPU host's prepare installs the
+        # endpoints' router from it); nothing else is reachable from the lab network.
+        self._trust_apt_repository(root)
         if machine is None:
             return []
-        self._trust_apt_repository(root)
         inside = root / INSIDE.lstrip("/")
         inside.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPLAYER, inside / "replay.py")
@@ -539,6 +554,10 @@ class Lab:
             "clusters": {name: dict(body) for name, body in DEFAULT_CLUSTERS.items()
                          if all(member in hosts for member in body["hosts"])},
         }
+        endpoints = {name: dict(body) for name, body in DEFAULT_ENDPOINTS.items()
+                     if body["host"] in hosts and all(cluster in document["clusters"] for cluster in body["clusters"])}
+        if endpoints:
+            document["endpoints"] = endpoints
         header = "# The lab inventory, written by `invoke lab.up` and removed by `invoke lab.down`.\n"
         self.inventory.write_text(header + yaml.safe_dump(document, sort_keys=False))
 
@@ -574,6 +593,17 @@ class Lab:
         if not keep_cache:
             shutil.rmtree(self.cache, ignore_errors=True)
         return removed
+
+    def remove(self, names: Sequence[str]) -> None:
+        """Stop the named hosts and forget them: their clusters and endpoints leave the inventory."""
+        state = self.state()
+        for name in names:
+            record = state["hosts"].pop(name, None)
+            if record is not None:
+                self._stop_one(name, {"netns": f"plab-{name}", **record})
+        self._save(state)
+        self._write_known_hosts(state)
+        self._write_inventory(state)
 
     def reset(self, names: Sequence[str], progress: Any = print) -> dict[str, Any]:
         """Boot the named hosts again from the base root: whatever was installed or changed on them is gone."""
