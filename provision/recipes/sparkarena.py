@@ -144,6 +144,12 @@ def container_version(image: str) -> str | None:
     return found["version"] if found else None
 
 
+def pinned_vllm(spec: Any) -> str | None:
+    """The version a vllm_spec of exactly `vllm==X.Y.Z` pins, else None."""
+    found = re.fullmatch(r"vllm==(\d+\.\d+\.\d+(?:\.post\d+)?)", str(spec or "").strip())
+    return found[1] if found else None
+
+
 def tokens(command: str) -> list[str]:
     """The command's arguments as a POSIX shell splits them (a backslash-newline joins lines)."""
     try:
@@ -242,7 +248,7 @@ def _engine_version(reading: _Reading, image: Any, overrides: Mapping[str, Any])
     given = [key for key in ("vllm_spec", "venv_source", "venv_wheels") if key in overrides]
     if given:
         reading.skip(f"container {image}", f"replaced by the venv given ({', '.join(given)})")
-        return None
+        return pinned_vllm(overrides.get("vllm_spec"))
     if version is None:
         reading.skip(f"container {image}", "its engine version cannot be known from its name: give the venv's "
                                            "pin (--set vllm_spec=vllm==X.Y.Z)")
@@ -373,8 +379,8 @@ def write(recipe: Recipe, container: str | None = None) -> str:
     if extra:
         raise RecipeError(f"{', '.join(extra)} have no place in a Spark Arena recipe (a container replaces "
                           "the venv and the host's layout)", file=recipe.file or recipe.name)
-    pin = re.fullmatch(r"vllm==(\d+\.\d+\.\d+(?:\.post\d+)?)", str(values.get("vllm_spec") or "").strip())
-    image = container or (f"vllm/vllm-openai:v{pin[1]}" if pin else None)
+    pinned = pinned_vllm(values.get("vllm_spec"))
+    image = container or (f"vllm/vllm-openai:v{pinned}" if pinned else None)
     if image is None:
         raise RecipeError("its engine version is not a vllm==X.Y.Z pin, so no container is known: give one "
                           "(--container IMAGE)", file=recipe.file or recipe.name)
@@ -390,7 +396,8 @@ def write(recipe: Recipe, container: str | None = None) -> str:
             continue
         defaults[placeholder] = value
         lines.append(f"{flag} {{{placeholder}}}")
-    lines.append("--enable-prefix-caching" if values["enable_prefix_caching"] else "--no-enable-prefix-caching")
+    if "enable_prefix_caching" in values:
+        lines.append("--enable-prefix-caching" if values["enable_prefix_caching"] else "--no-enable-prefix-caching")
     from provision.engines.base import own_args
 
     own = own_args(values.get("extra_args", ()), values.get("server_flags", {}))
@@ -414,8 +421,12 @@ def write(recipe: Recipe, container: str | None = None) -> str:
     if values.get("environment"):
         data["env"] = dict(values["environment"])
     data["command"] = " \\\n  ".join(lines) + "\n"
-    head = f"# {recipe.name}, exported from a provision recipe ({recipe.source}); figures: "
+    hardware = recipe.hardware
+    head = (f"# {recipe.name}, exported from a provision recipe ({recipe.source}); measured on profile "
+            f"{hardware.profile}, {hardware.gpus} GPU(s) x {hardware.nodes} node(s); figures: ")
     head += "; ".join(f"{f.metric} {f.value:g} {f.unit} ({f.kind})" for f in recipe.figures) or NOT_MEASURED
+    if container and values.get("vllm_spec"):
+        head += f"; its venv pin {values['vllm_spec']} is replaced by the container"
     return f"{clip(head, 400)}\n" + str(yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True,
                                                    width=100))
 
