@@ -198,6 +198,11 @@ def test_an_unknown_placeholder_is_named_and_its_flag_not_carried() -> None:
     assert any(what == "--quantization {quant}" for what, _ in result.not_carried)
 
 
+def test_the_model_and_engine_come_from_the_recipe_not_from_set() -> None:
+    with pytest.raises(RecipeError, match="come from the recipe itself"):
+        imported(FIXTURES / "openai-gpt-oss-120b-vllm.yaml", {"model": "a/b"})
+
+
 def test_settings_that_do_not_validate_say_why() -> None:
     text = (FIXTURES / "openai-gpt-oss-120b-vllm.yaml").read_text(encoding="utf-8")
     result = sparkarena.read(text.replace("gpu_memory_utilization: 0.70", "gpu_memory_utilization: 1.5"),

@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from provision.errors import RecipeError, clip
-from provision.recipes import NOT_MEASURED, Hardware, Recipe, read_yaml
+from provision.recipes import NOT_MEASURED, OWN_FIELDS, Hardware, Recipe, read_yaml
 
 FORMAT = "2"
 # The fields of a v2 file this reader knows, and what it does with each.
@@ -260,6 +260,9 @@ def read(text: str | bytes, source: str, name: str, overrides: Mapping[str, Any]
     recipe at all; `refused` where it is one that cannot be used here."""
     data = parse(text, source)
     overrides = dict(overrides or {})
+    own = [key for key in OWN_FIELDS if key in overrides]
+    if own:
+        raise RecipeError(f"{', '.join(own)} come from the recipe itself, not --set", file="command line")
     reading = _Reading(source)
     for key in data:
         if key not in READ:
