@@ -1003,6 +1003,8 @@ def print_imported(imported: Imported, out: Console) -> None:
         out.print(Text("  settings (an inventory's vars):"))
         for key, value in imported.recipe.inventory_vars().items():
             out.print(Text(f"    {key}: {json.dumps(list(value) if isinstance(value, tuple) else value)}"))
+        for note in imported.recipe.notes[1:]:  # the first lists what was not carried, shown above
+            out.print(Text(f"  note: {note}"))
     else:
         out.print(Text(f"  not imported: {imported.refused}"))
 

@@ -198,6 +198,23 @@ def test_an_unknown_placeholder_is_named_and_its_flag_not_carried() -> None:
     assert any(what == "--quantization {quant}" for what, _ in result.not_carried)
 
 
+def test_the_contract_table_speaks_against_a_flag_or_variable_the_release_lacks() -> None:
+    """engine_contracts.yaml dates --attention-backend (>= 0.13.0) and VLLM_ATTENTION_BACKEND (< 0.15.0)."""
+    text = (FIXTURES / "openai-gpt-oss-120b-vllm.yaml").read_text(encoding="utf-8")
+    old = imported(FIXTURES / "openai-gpt-oss-120b-vllm.yaml", {"vllm_spec": "vllm==0.12.0"})
+    assert old.recipe is not None
+    assert any("vllm 0.12.0 has no flag --attention-backend" in note for note in old.recipe.notes)
+    variable = sparkarena.read(text.replace('  VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8: "1"',
+                                            "  VLLM_ATTENTION_BACKEND: FLASHINFER"), "x.yaml", "x",
+                               {"vllm_spec": "vllm==0.32.0"})
+    assert variable.recipe is not None
+    assert any("vllm 0.32.0 does not read VLLM_ATTENTION_BACKEND" in note for note in variable.recipe.notes)
+    current = imported(FIXTURES / "openai-gpt-oss-120b-vllm.yaml", {"vllm_spec": "vllm==0.32.0"})
+    assert current.recipe is not None and not recipes.contract_notes("vllm", current.recipe.inventory_vars())
+    for recipe in recipes.load_recipes().values():  # a shipped recipe the table contradicts is a defect
+        assert recipes.contract_notes(recipe.engine, recipe.inventory_vars()) == [], recipe.name
+
+
 def test_the_model_and_engine_come_from_the_recipe_not_from_set() -> None:
     with pytest.raises(RecipeError, match="come from the recipe itself"):
         imported(FIXTURES / "openai-gpt-oss-120b-vllm.yaml", {"model": "a/b"})

@@ -104,6 +104,32 @@ class Recipe:
         return validate_settings(raw, source=self.file or self.name, entity=f"recipe {self.name}")
 
 
+def contract_notes(engine: str, values: Mapping[str, Any]) -> list[str]:
+    """What the engine contract table (provision/engine_contracts.yaml) says against these settings'
+    flags and variables at the release their vllm_spec pins (no pin: the table's target release): a flag
+    that release lacks, a variable it does not read. Only rows speak; a name without one says nothing."""
+    from provision import contracts
+
+    table = contracts.load()
+    if engine not in table.engines:
+        return []
+    release = table.release(engine, values.get("vllm_spec"))
+    judged = release if release != table.target(engine) or values.get("vllm_spec") else \
+        f"{release} (the table's target: no version pinned)"
+    flags = [*values.get("server_flags", {}), *(arg.split("=", 1)[0] for arg in values.get("extra_args", ())
+                                               if arg.startswith("-"))]
+    notes = []
+    for kind, names, verb in (("flag", flags, "has no flag"), ("env", list(values.get("environment", {})),
+                                                               "does not read")):
+        for name in names:
+            if table.accepts(engine, kind, name, release) is False:
+                row = table.row(engine, kind, name)
+                assert row is not None
+                notes.append(f"{engine} {judged} {verb} {name} (engine_contracts.yaml: {row.versions}; "
+                             f"{row.source})")
+    return notes
+
+
 def validate_settings(raw: Mapping[str, Any], *, source: str, entity: str) -> dict[str, Any]:
     """validate_vars, its InventoryError a RecipeError naming the same file, recipe and key."""
     from provision.inventory import validate_vars

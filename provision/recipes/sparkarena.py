@@ -21,6 +21,7 @@ way back, for a vLLM recipe whose settings fit the format. Pure: text in, values
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from collections.abc import Mapping
@@ -30,7 +31,7 @@ from typing import Any
 import yaml
 
 from provision.errors import RecipeError, clip
-from provision.recipes import NOT_MEASURED, OWN_FIELDS, Hardware, Recipe, read_yaml
+from provision.recipes import NOT_MEASURED, OWN_FIELDS, Hardware, Recipe, contract_notes, read_yaml
 
 FORMAT = "2"
 # The fields of a v2 file this reader knows, and what it does with each.
@@ -338,9 +339,13 @@ def read(text: str | bytes, source: str, name: str, overrides: Mapping[str, Any]
             hardware=Hardware(profile=PROFILE, gpus=1, gpu_memory_gib=None, nodes=nodes),
             figures=(), source=f"Spark Arena v2 recipe: {source}", notes=tuple(notes), file=source)
         try:
-            recipe.inventory_vars()
+            values = recipe.inventory_vars()
         except RecipeError as exc:
             refused, recipe = f"its settings do not validate: {exc.message} (key '{exc.key}')", None
+        else:
+            found = contract_notes(recipe.engine, values)
+            if found:
+                recipe = dataclasses.replace(recipe, notes=(*recipe.notes, *found))
     return Imported(source=source, recipe=recipe, refused=refused, placeholders=dict(reading.values),
                     unknown=tuple(reading.unknown), not_carried=tuple(reading.not_carried), command=tuple(argv))
 
