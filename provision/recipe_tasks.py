@@ -46,7 +46,7 @@ def show(c: Context, name: str, json_: bool = False) -> None:
     """One recipe: its settings as an inventory's vars, the hardware, each figure and where it comes from."""
     from provision import recipes, report
 
-    recipe = recipes.find(name)
+    recipe = recipes.find(_given(name, "show", "NAME"))
     if json_:
         print(report.dump_json(report.recipe_json(recipe)))
     else:
@@ -68,7 +68,7 @@ def import_(c: Context, path: str, set_: list[str] | None = None, output: str | 
     from provision.recipes import sparkarena
 
     overrides = inventory.parse_overrides(set_ or [])
-    given = Path(path)
+    given = Path(_given(path, "import", "PATH"))
     if given.is_dir():
         if output:
             raise RecipeError("--output takes one recipe: name a file, not a directory", file="command line")
@@ -106,12 +106,20 @@ def export(c: Context, name: str, format: str = "ours", container: str | None = 
 
     if format not in FORMATS:
         raise RecipeError(f"--format is {' or '.join(FORMATS)}, not {format!r}", file="command line")
-    recipe = recipes.find(name)
+    recipe = recipes.find(_given(name, "export", "NAME"))
     text = recipes.to_yaml(recipe) if format == "ours" else sparkarena.write(recipe, container)
     if output:
         _write_new(Path(output), text)
     else:
         print(text, end="")
+
+
+def _given(value: str, name: str, what: str) -> str:
+    """The positional argument, which Invoke fills with whatever comes next, -h included."""
+    if value.startswith("-"):
+        raise RecipeError(f"`invoke recipe.{name} {what}` takes the {what} first (its help: "
+                          f"`invoke --help recipe.{name}`), not {value!r}", file="command line")
+    return value
 
 
 def _read(path: Path) -> bytes:
