@@ -159,6 +159,16 @@ def test_build_args_a_quoted_placeholder_and_an_unused_default() -> None:
     assert "default data_parallel: 1" in named(result)  # no placeholder uses it: said, not dropped
 
 
+def test_the_node_count_follows_the_gpus_the_parallelism_asks() -> None:
+    """One GPU a DGX Spark: tensor x pipeline parallel GPUs, at least min_nodes, at most max_nodes."""
+    text = (FIXTURES / "openai-gpt-oss-120b-vllm.yaml").read_text(encoding="utf-8")
+    wider = sparkarena.read(text.replace("max_nodes: 1", "max_nodes: 2").replace("tensor_parallel: 1",
+                                                                                "tensor_parallel: 2"), "x.yaml", "x")
+    assert wider.recipe is not None and wider.recipe.hardware.nodes == 2
+    too_wide = sparkarena.read(text.replace("tensor_parallel: 1", "tensor_parallel: 2"), "x.yaml", "x")
+    assert too_wide.recipe is None and "asks 2 GPUs" in too_wide.refused and "max_nodes is 1" in too_wide.refused
+
+
 def test_a_runtime_with_no_engine_here_is_refused_saying_why() -> None:
     result = imported(FIXTURES / "qwen3.5-35b-a3b-nvfp4-atlas.yaml")
     assert result.recipe is None and result.refused.startswith("runtime 'atlas' has no engine here")

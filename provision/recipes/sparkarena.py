@@ -278,11 +278,14 @@ def read(text: str | bytes, source: str, name: str, overrides: Mapping[str, Any]
                     for key, value in defaults.items()})
     reading.used.clear()
     reading.values.clear()
-    for mod in data.get("mods") or []:
+    mods = data.get("mods") or []
+    for mod in [mods] if isinstance(mods, str) else mods:
         reading.skip(f"mod {mod}", "a sparkrun mod changes the container before launch: no bare-metal meaning; "
                                    "see what it changes and carry that into the venv or the host by hand")
-    if data.get("build_args"):
-        reading.skip(f"build_args {' '.join(map(str, data['build_args']))}",
+    build_args = data.get("build_args") or []
+    if build_args:
+        shown = build_args if isinstance(build_args, str) else " ".join(map(str, build_args))
+        reading.skip(f"build_args {shown}",
                      "arguments that build the container image: on bare metal, a venv_source built with the "
                      "same change")
     extra_metadata = sorted(str(key) for key in metadata if key != "description")
@@ -322,8 +325,9 @@ def read(text: str | bytes, source: str, name: str, overrides: Mapping[str, Any]
         if key not in reading.used and engine is not None and not refused:
             reading.skip(f"default {key}: {_word(value)}", "no placeholder of the command or env uses it")
     version = _engine_version(reading, data.get("container"), overrides) if engine else None
-    nodes = _nodes(data, source)
     settings.update(overrides)
+    nodes, too_many = _nodes(data, settings, source)
+    refused = refused or too_many
     recipe = None
     if not refused:
         carried_not = "; ".join(what for what, _ in reading.not_carried) or "nothing"
@@ -350,8 +354,9 @@ def read(text: str | bytes, source: str, name: str, overrides: Mapping[str, Any]
                     unknown=tuple(reading.unknown), not_carried=tuple(reading.not_carried), command=tuple(argv))
 
 
-def _nodes(data: Mapping[str, Any], source: str) -> int:
-    """The Sparks the recipe needs: min_nodes (max_nodes bounds it from above), else one."""
+def _nodes(data: Mapping[str, Any], settings: Mapping[str, Any], source: str) -> tuple[int, str]:
+    """The Sparks the recipe needs, one GPU each: its tensor x pipeline parallel GPUs, at least min_nodes;
+    and why not, where max_nodes is fewer."""
     counts = {}
     for key in ("min_nodes", "max_nodes"):
         value = data.get(key)
@@ -361,7 +366,14 @@ def _nodes(data: Mapping[str, Any], source: str) -> int:
     low, high = counts["min_nodes"], counts["max_nodes"]
     if low is not None and high is not None and low > high:
         raise RecipeError(f"min_nodes {low} is above max_nodes {high}", file=source)
-    return int(low or 1)
+    gpus = 1
+    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+        value = settings.get(key, 1)
+        gpus *= value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+    nodes = max(int(low or 1), gpus)
+    if high is not None and nodes > high:
+        return nodes, (f"tensor x pipeline parallel asks {gpus} GPUs, one a DGX Spark, and max_nodes is {high}")
+    return nodes, ""
 
 
 # Writing: the settings a v2 file has a place for; any other a recipe gives is refused by name.
