@@ -12,12 +12,20 @@ from typing import Any, TextIO
 from invoke.collection import Collection
 from invoke.program import Program
 
-from provision import cluster_tasks, init_tasks, prepare_tasks, tasks, tune_tasks, verify_tasks
+from provision import (
+    cluster_tasks,
+    init_tasks,
+    prepare_tasks,
+    recipe_tasks,
+    tasks,
+    tune_tasks,
+    verify_tasks,
+)
 
 ns = Collection(tasks.facts_, tasks.check, tasks.plan_, tasks.provision_, tasks.venv_, tasks.weights_,
                 cluster_tasks.deploy, cluster_tasks.status_, cluster_tasks.bench, cluster_tasks.ask, cluster_tasks.logs,
                 tasks.rollback_, tasks.show_inventory, tasks.lab_tasks, verify_tasks.verify, prepare_tasks.prepare,
-                tune_tasks.tune_, init_tasks.init)
+                tune_tasks.tune_, init_tasks.init, recipe_tasks.recipe_tasks)
 
 
 class AsTyped:

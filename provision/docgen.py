@@ -10,6 +10,7 @@ Each page mirrors one registry:
     known-issues.md   known_issues.load(): provision/known_issues.yaml, validated
     tasks.md          the command line's tasks (provision.cli.ns): docstring and options, as `-h` prints them
     profiles.md       provision/profiles/*.yaml: a summary, then each file as shipped
+    recipes.md        provision/recipes/*.yaml, validated: a summary, each figure and where it comes from
     modules.md        the package's modules, each one's summary and its imports both ways (ast)
 
 The module lives in the package, not beside the pages: mypy (strict) and ruff check it with the rest,
@@ -249,6 +250,42 @@ def profiles_page() -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# Recipes
+
+
+def recipes_page() -> str:
+    import yaml
+
+    from provision.recipes import NOT_MEASURED, load_recipes
+
+    shipped = sorted(load_recipes().values(), key=lambda recipe: recipe.name)
+    columns = ("recipe", "profile", "GPUs x nodes", "model", "engine", "figures")
+    body = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in shipped:
+        figures = "; ".join(f"{f.metric} {f.value:g} {f.unit} ({f.kind})" for f in r.figures) or NOT_MEASURED
+        body.append(f"| `{r.name}` | `{r.hardware.profile}` | {r.hardware.gpus} x {r.hardware.nodes} | "
+                    f"`{r.model}` | {r.engine} {r.engine_version or '(version not given)'} | {md(figures)} |")
+    body.append("")
+    for r in shipped:
+        body += [f"## `{r.name}`", "", *_wrap(md(r.description)), "", *_wrap(md(f"Source: {r.source}.")), ""]
+        body += ["Settings, as an inventory's `vars`:", "", "```yaml"]
+        values = {key: list(value) if isinstance(value, tuple) else value for key, value in r.inventory_vars().items()}
+        body += yaml.safe_dump(values, sort_keys=False, width=WIDTH).splitlines()
+        body += ["```", ""]
+        for f in r.figures:
+            origin = (f"measured: {f.how}; benchmark {f.benchmark}, {f.date}, {f.tool}" if f.kind == "measured"
+                      else f"cited: {f.where}")
+            body += _wrap(md(f"{f.metric}: {f.value:g} {f.unit} ({origin})"), "- ", "  ")
+        if not r.figures:
+            body.append(f"- figures: {NOT_MEASURED}")
+        body += [*(line for note in r.notes for line in _wrap(md(f"Note: {note}"), "- ", "  ")), ""]
+    return _page("Recipes", "provision/recipes/*.yaml",
+                 "The shipped recipes: known-good settings for a model on a kind of machine, each figure "
+                 "measured (how) or cited (where), never guessed. `invoke recipe.show NAME` prints one; "
+                 "[recipes](../recipes.md) says how to import Spark Arena's and share your own.", body)
+
+
+# ---------------------------------------------------------------------------------------------
 # The modules and their imports (the house's picture)
 
 
@@ -358,6 +395,7 @@ PAGES: Mapping[str, Callable[[], str]] = {
     "known-issues.md": known_issues_page,
     "tasks.md": tasks_page,
     "profiles.md": profiles_page,
+    "recipes.md": recipes_page,
     "modules.md": modules_page,
 }
 

@@ -3,7 +3,8 @@
     ProvisionError
     ├── InventoryError (also ValueError)   bad inventory or usage: exit code 2, nothing contacted
     │   ├── OutputExists                   starter.py: init's file is there already; init never overwrites
-    │   └── TuneError                      tune: a space, workload or kept-trials file that cannot be used
+    │   ├── TuneError                      tune: a space, workload or kept-trials file that cannot be used
+    │   └── RecipeError                    recipes/: a recipe (ours or Spark Arena's) that cannot be read or used
     ├── ProfileError (also ValueError)     a hardware profile file that does not validate
     ├── KnownIssueError (also ValueError)  an entry of the known-issues file that does not validate
     ├── ContractError (also ValueError)    a row of the engine contracts table that does not validate
@@ -93,6 +94,11 @@ class OutputExists(InventoryError):
 
 class TuneError(InventoryError):
     """A space or workload file that cannot be used (exit 2: nothing was changed)."""
+
+
+class RecipeError(InventoryError):
+    """A recipe file (shipped, a user's, or one of Spark Arena's registry) that cannot be read, or whose
+    settings do not validate as inventory settings, or that has no meaning here (exit 2)."""
 
 
 class ProfileError(ProvisionError, ValueError):

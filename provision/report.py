@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from provision import stall, status
     from provision.nccl import NcclRun
     from provision.prepare import HostReport, Prepared
+    from provision.recipes import Recipe
+    from provision.recipes.sparkarena import Imported
     from provision.rolling import Deployed
     from provision.run import Applied, HostPlan, Planned
     from provision.venv import WheelsSent
@@ -940,3 +942,98 @@ def print_init(done: Any, command: str, out: Console) -> None:
         out.print(f"[red]{done.why_not}[/red]")
     else:
         out.print(f"wrote {done.output}; next: `{command} inventory --inventory {done.output}`")
+
+
+def _figure_text(recipe: Recipe) -> str:
+    from provision.recipes import NOT_MEASURED
+
+    return "; ".join(f"{figure.metric} {figure.value:g} {figure.unit} ({figure.kind})"
+                     for figure in recipe.figures) or NOT_MEASURED
+
+
+def recipe_json(recipe: Recipe) -> dict[str, Any]:
+    from provision.recipes import to_mapping
+
+    return {**to_mapping(recipe), "inventory_vars": _jsonable(recipe.inventory_vars())}
+
+
+def _jsonable(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
+
+
+def print_recipes(recipes: Sequence[Recipe], out: Console) -> None:
+    if not recipes:
+        out.print("recipes: none for this profile")
+        return
+    table = Table(title="recipes", title_justify="left")
+    for column in ("name", "profile", "gpus", "nodes", "model", "engine", "figures"):
+        table.add_column(column)
+    for recipe in recipes:
+        hardware = recipe.hardware
+        table.add_row(recipe.name, hardware.profile, str(hardware.gpus), str(hardware.nodes), recipe.model,
+                      f"{recipe.engine} {recipe.engine_version or '(version not given)'}", _figure_text(recipe))
+    out.print(table)
+
+
+def print_recipe(recipe: Recipe, out: Console) -> None:
+    """One recipe: what it is, the settings as an inventory's vars, the hardware, every figure and where
+    it comes from."""
+    hardware = recipe.hardware
+    memory = f"{hardware.gpu_memory_gib:g} GiB a GPU" if hardware.gpu_memory_gib else "GPU memory: none given (unified, or no GPU)"
+    out.print(Text(f"recipe {recipe.name}: {recipe.description}"))
+    out.print(Text(f"  model {recipe.model} at {recipe.revision}; engine {recipe.engine} "
+                   f"{recipe.engine_version or '(version not given)'}"))
+    out.print(Text(f"  hardware: profile {hardware.profile}, {hardware.gpus} GPU(s) a node, {hardware.nodes} "
+                   f"node(s), {memory}"))
+    out.print(Text(f"  source: {recipe.source}"))
+    out.print(Text("  settings (an inventory's vars):"))
+    for key, value in recipe.inventory_vars().items():
+        out.print(Text(f"    {key}: {json.dumps(list(value) if isinstance(value, tuple) else value)}"))
+    if not recipe.figures:
+        out.print(Text("  figures: not measured here"))
+    for figure in recipe.figures:
+        origin = (f"measured: {figure.how}; benchmark {figure.benchmark}, {figure.date}, {figure.tool}"
+                  if figure.kind == "measured" else f"cited: {figure.where}")
+        out.print(Text(f"  figure {figure.metric}: {figure.value:g} {figure.unit} ({origin})"))
+    for note in recipe.notes:
+        out.print(Text(f"  note: {note}"))
+
+
+def imported_json(imported: Imported) -> dict[str, Any]:
+    return {"source": imported.source, "refused": imported.refused or None,
+            "placeholders": dict(imported.placeholders), "unknown_placeholders": list(imported.unknown),
+            "not_carried": [{"what": what, "why": why} for what, why in imported.not_carried],
+            "command": list(imported.command),
+            "recipe": recipe_json(imported.recipe) if imported.recipe is not None else None}
+
+
+def print_imported(imported: Imported, out: Console) -> None:
+    """What a registry file became: its command as expanded, the settings, and what was not carried."""
+    out.print(Text(f"{imported.source}:"))
+    if imported.command:
+        out.print(Text(f"  command, expanded: {' '.join(imported.command)}"))
+    for name in imported.unknown:
+        out.print(Text(f"  placeholder {{{name}}}: defined nowhere in the recipe"))
+    for what, why in imported.not_carried:
+        out.print(Text(f"  not carried: {what}: {why}"))
+    if imported.recipe is not None:
+        out.print(Text("  settings (an inventory's vars):"))
+        for key, value in imported.recipe.inventory_vars().items():
+            out.print(Text(f"    {key}: {json.dumps(list(value) if isinstance(value, tuple) else value)}"))
+        for note in imported.recipe.notes[1:]:  # the first lists what was not carried, shown above
+            out.print(Text(f"  note: {note}"))
+    else:
+        out.print(Text(f"  not imported: {imported.refused}"))
+
+
+def print_imports(results: Sequence[Imported], skipped: Sequence[str], out: Console) -> None:
+    """A registry checkout's recipes, one row each."""
+    table = Table(title="Spark Arena recipes", title_justify="left")
+    for column in ("file", "imported", "not carried"):
+        table.add_column(column)
+    for imported in results:
+        state = "yes" if imported.recipe is not None else f"no: {imported.refused}"
+        table.add_row(imported.source, state, str(len(imported.not_carried)))
+    out.print(table)
+    for line in skipped:
+        out.print(Text(f"not read: {line}"))

@@ -209,13 +209,16 @@ def test_plan_renders_the_units_from_the_packaged_templates(installed: Installed
 def test_lab_recordings_profiles_and_data_load_from_the_wheel(installed: Installed) -> None:
     out = json.loads(installed.python(
         "import json; from provision import cuda, known_issues, lab; from provision.profiles import load_profiles; "
+        "from provision.recipes import load_recipes; "
         "machines = sorted({h.machine for h in lab.DEFAULT_HOSTS if h.machine}); "
         "print(json.dumps({'machines': {m: lab.load_machine(m)['name'] for m in machines}, "
         "'replayer': lab.REPLAYER.is_file(), 'profiles': sorted(load_profiles()), "
-        "'issues': len(known_issues.load()), 'drivers': bool(cuda.driver_table())}))"))
+        "'issues': len(known_issues.load()), 'drivers': bool(cuda.driver_table()), "
+        "'recipes': sorted(load_recipes())}))"))
     assert out["machines"] and all(name == machine for machine, name in out["machines"].items())
     assert out["replayer"] and out["issues"] > 0 and out["drivers"]
     assert {"cpu", "rtx5090", "dgx-spark", "hopper"} <= set(out["profiles"])
+    assert "lab-cpu-tiny-llama" in out["recipes"]  # provision/recipes/*.yaml travel as package data
     assert "usage" in installed.run("lab.up", "--help").lower()
 
 

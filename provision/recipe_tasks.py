@@ -1,0 +1,168 @@
+"""`invoke recipe.*`: known-good settings per machine (provision/recipes), and Spark Arena's registry
+read and written (provision/recipes/sparkarena.py). Parse the flags, call the library, print through
+provision.report. Nothing here contacts a host.
+
+Exit codes: 0 done; 2 bad usage, or a recipe that cannot be read or used (one line on stderr).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from invoke.collection import Collection
+from invoke.context import Context
+from invoke.tasks import task
+
+from provision.errors import RecipeError
+from provision.taskargs import guarded, help_for
+
+if TYPE_CHECKING:
+    from provision.recipes.sparkarena import Imported
+
+FORMATS = ("ours", "spark-arena")
+MAX_FILES = 2000  # a registry checkout holds a few hundred files; a bigger tree is not one
+
+
+@task(auto_shortflags=False, name="list",
+      help=help_for("json", profile="only the recipes measured on this hardware profile (or its alias)"))
+@guarded
+def list_(c: Context, profile: str | None = None, json_: bool = False) -> None:
+    """The shipped recipes: model, engine, the hardware each was measured on and its figures."""
+    from provision import recipes, report
+    from provision.taskargs import profile_named
+
+    chosen = profile_named(profile)
+    found = [recipe for recipe in recipes.load_recipes().values()
+             if chosen is None or recipe.hardware.profile in (chosen.name, *chosen.aliases)]
+    if json_:
+        print(report.dump_json([report.recipe_json(recipe) for recipe in found]))
+    else:
+        report.print_recipes(found, report.console())
+
+
+@task(auto_shortflags=False, name="show", help=help_for("json", name="a recipe's name, or a recipe file"))
+@guarded
+def show(c: Context, name: str, json_: bool = False) -> None:
+    """One recipe: its settings as an inventory's vars, the hardware, each figure and where it comes from."""
+    from provision import recipes, report
+
+    recipe = recipes.find(_given(name, "show", "NAME"))
+    if json_:
+        print(report.dump_json(report.recipe_json(recipe)))
+    else:
+        report.print_recipe(recipe, report.console())
+
+
+@task(auto_shortflags=False, name="import", iterable=["set_"],
+      help=help_for("json", path="a Spark Arena v2 recipe file, or a checkout of its registry (every v2 file in it)",
+                    set="a setting the recipe cannot give, KEY=VALUE (repeatable): the venv's pin above all, "
+                        "vllm_spec=vllm==X.Y.Z, where the container's name does not say it",
+                    output="write the recipe (ours) to this file; never overwrites (a file only)"))
+@guarded
+def import_(c: Context, path: str, set_: list[str] | None = None, output: str | None = None,
+            json_: bool = False) -> None:
+    """Read Spark Arena's v2 recipes as they are: the command's placeholders expanded into settings and
+    server flags, the container's engine version into a venv pin where its name says it, and every
+    part with no bare-metal meaning named. Exit 2 if the file cannot be used here (it says why)."""
+    from provision import inventory, recipes, report
+    from provision.recipes import sparkarena
+
+    overrides = inventory.parse_overrides(set_ or [])
+    given = Path(_given(path, "import", "PATH"))
+    if given.is_dir():
+        if output:
+            raise RecipeError("--output takes one recipe: name a file, not a directory", file="command line")
+        results, skipped = _import_tree(given, overrides)
+        if json_:
+            print(report.dump_json({"recipes": [report.imported_json(item) for item in results],
+                                    "not_v2": skipped}))
+        else:
+            report.print_imports(results, skipped, report.console())
+        return
+    imported = sparkarena.read(_read(given), str(given), given.stem, overrides)
+    if json_:
+        print(report.dump_json(report.imported_json(imported)))
+    else:
+        report.print_imported(imported, report.console())
+    if imported.recipe is None:
+        raise RecipeError(f"not imported: {imported.refused}", file=str(given))
+    if output:
+        _write_new(Path(output), recipes.to_yaml(imported.recipe))
+
+
+@task(auto_shortflags=False, name="export",
+      help={"name": "a recipe's name, or a recipe file",
+            "format": f"the file written: {' or '.join(FORMATS)} (Spark Arena's v2, where the engine and "
+                      "settings fit it)",
+            "container": "the image a Spark Arena recipe runs (default: vLLM's release image of the recipe's "
+                         "vllm==X.Y.Z pin)",
+            "output": "the file to write (default: standard output); never overwrites"})
+@guarded
+def export(c: Context, name: str, format: str = "ours", container: str | None = None,
+           output: str | None = None) -> None:
+    """Write a recipe to share: ours, or Spark Arena's v2 format (vLLM recipes whose settings fit it)."""
+    from provision import recipes
+    from provision.recipes import sparkarena
+
+    if format not in FORMATS:
+        raise RecipeError(f"--format is {' or '.join(FORMATS)}, not {format!r}", file="command line")
+    recipe = recipes.find(_given(name, "export", "NAME"))
+    text = recipes.to_yaml(recipe) if format == "ours" else sparkarena.write(recipe, container)
+    if output:
+        _write_new(Path(output), text)
+    else:
+        print(text, end="")
+
+
+def _given(value: str, name: str, what: str) -> str:
+    """The positional argument, which Invoke fills with whatever comes next, -h included."""
+    if value.startswith("-"):
+        raise RecipeError(f"`invoke recipe.{name} {what}` takes the {what} first (its help: "
+                          f"`invoke --help recipe.{name}`), not {value!r}", file="command line")
+    return value
+
+
+def _read(path: Path) -> bytes:
+    try:
+        with path.open("rb") as stream:
+            data = stream.read(256 * 1024 + 1)
+    except OSError as exc:
+        raise RecipeError(f"cannot read: {exc.strerror or exc}", file=str(path)) from exc
+    if len(data) > 256 * 1024:
+        raise RecipeError("larger than 256 KiB: not a recipe", file=str(path))
+    return data
+
+
+def _import_tree(root: Path, overrides: dict[str, Any]) -> tuple[list[Imported], list[str]]:
+    """Every v2 recipe under `root` (sorted), and the YAML files that are not one, each with why."""
+    from provision.recipes import sparkarena
+
+    files = sorted(path for path in root.rglob("*") if path.suffix in (".yaml", ".yml") and path.is_file()
+                   and ".git" not in path.parts)
+    if len(files) > MAX_FILES:
+        raise RecipeError(f"more than {MAX_FILES} YAML files: not a recipe registry", file=str(root))
+    results: list[Imported] = []
+    skipped: list[str] = []
+    for path in files:
+        relative = str(path.relative_to(root))
+        try:
+            results.append(sparkarena.read(_read(path), relative, path.stem, overrides))
+        except RecipeError as exc:  # registry.yaml, benchmark profiles: not recipes
+            skipped.append(f"{relative}: {exc.message}")
+    if not results:
+        raise RecipeError("no Spark Arena v2 recipe (recipe_version: \"2\") in this directory", file=str(root))
+    return results, skipped
+
+
+def _write_new(path: Path, text: str) -> None:
+    try:
+        with path.open("x", encoding="utf-8") as stream:
+            stream.write(text)
+    except FileExistsError:
+        raise RecipeError("exists already: never overwritten (name another file)", file=str(path)) from None
+    except OSError as exc:
+        raise RecipeError(f"cannot write: {exc.strerror or exc}", file=str(path)) from exc
+    print(f"wrote {path}")
+
+
+recipe_tasks = Collection("recipe", list_, show, import_, export)

@@ -1,0 +1,305 @@
+"""Recipes: known-good settings for a model on a kind of machine, as data (one YAML file per recipe).
+
+A recipe names the model (a hub id, pinnable to a commit), the engine and its version, the inventory
+settings and server flags, the hardware it was measured on (profile, GPUs, GPU memory, nodes) and its
+figures. A figure is either measured (how: the benchmark profile, date and tool version) or cited
+(where); a recipe without figures says "not measured here". Nothing here is a guess.
+
+    name: lab-cpu-tiny-llama
+    description: ...
+    model: {id: lab/tiny-llama, revision: main}
+    engine: {name: vllm, version: 0.32.0}
+    settings: {max_model_len: 256, ...}      # inventory settings: held to VAR_SPECS (validate_vars)
+    hardware: {profile: cpu, gpus: 0, gpu_memory_gib: null, nodes: 1}
+    figures: not measured here             # or a list of {metric, value, unit, kind: measured|cited, ...}
+    source: where the recipe comes from
+    notes: [what a reader must know that the fields do not say]
+
+The shipped recipes are this package's *.yaml files; `load_file` reads one of a user's. Pure: reading
+files is the only I/O (provision/recipes/sparkarena.py reads Spark Arena's registry files).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from provision import datafiles
+from provision.errors import InventoryError, RecipeError, clip
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+RECIPE_DIR = resources.files("provision.recipes")  # package data: the shipped recipes
+NOT_MEASURED = "not measured here"
+FIGURE_KINDS = ("measured", "cited")
+MAX_RECIPE_BYTES = 256 * 1024  # a recipe file is a page of YAML; a bigger one is refused unread
+# The settings a recipe states in its own fields (model, engine), never again under `settings`.
+OWN_FIELDS = ("engine", "model", "model_revision")
+# The pip package each engine's version pins in vllm_spec (llama.cpp is built from a source instead).
+ENGINE_PACKAGES = {"vllm": "vllm", "trtllm": "tensorrt_llm"}
+
+_KEYS = {"name", "description", "model", "engine", "settings", "hardware", "figures", "source", "notes"}
+_REQUIRED = {"name", "model", "engine", "settings", "hardware", "figures", "source"}
+_MODEL_KEYS = {"id", "revision"}
+_ENGINE_KEYS = {"name", "version"}
+_HARDWARE_KEYS = {"profile", "gpus", "gpu_memory_gib", "nodes"}
+_FIGURE_KEYS = {"metric", "value", "unit", "kind", "how", "where", "benchmark", "date", "tool"}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the figures were measured on: Hardware(profile='rtx5090', gpus=2, gpu_memory_gib=32, nodes=1)."""
+
+    profile: str
+    gpus: int  # per node
+    gpu_memory_gib: float | None  # per GPU; None: unified memory or not a GPU
+    nodes: int = 1
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure: Figure('decode', 58.6, 'tok/s', 'cited', where='issue 35'). A measured one says how
+    (the benchmark profile, date and tool version); a cited one says where it was read."""
+
+    metric: str
+    value: float
+    unit: str
+    kind: str  # "measured" or "cited"
+    how: str = ""
+    where: str = ""
+    benchmark: str = ""
+    date: str = ""
+    tool: str = ""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    description: str
+    model: str
+    revision: str
+    engine: str
+    engine_version: str | None  # None: its source does not say
+    settings: Mapping[str, Any]  # inventory settings besides engine and model (validated)
+    hardware: Hardware
+    figures: tuple[Figure, ...]  # empty: not measured here
+    source: str
+    notes: tuple[str, ...] = ()
+    file: str = field(default="", compare=False)
+
+    def inventory_vars(self) -> dict[str, Any]:
+        """The recipe as one host's (or cluster's) `vars:`, held to the settings table: the engine, the
+        model and its revision, the settings; the engine's version as its vllm_spec pin where the
+        settings give none."""
+        raw: dict[str, Any] = {"engine": self.engine, "model": self.model, "model_revision": self.revision,
+                               **self.settings}
+        package = ENGINE_PACKAGES.get(self.engine)
+        if self.engine_version and package and "vllm_spec" not in raw:
+            raw["vllm_spec"] = f"{package}=={self.engine_version}"
+        return validate_settings(raw, source=self.file or self.name, entity=f"recipe {self.name}")
+
+
+def contract_notes(engine: str, values: Mapping[str, Any]) -> list[str]:
+    """What the engine contract table (provision/engine_contracts.yaml) says against these settings'
+    flags and variables at the release their vllm_spec pins (no pin: the table's target release): a flag
+    that release lacks, a variable it does not read. Only rows speak; a name without one says nothing."""
+    from provision import contracts
+
+    table = contracts.load()
+    if engine not in table.engines:
+        return []
+    release = table.release(engine, values.get("vllm_spec"))
+    judged = release if release != table.target(engine) or values.get("vllm_spec") else \
+        f"{release} (the table's target: no version pinned)"
+    flags = [*values.get("server_flags", {}), *(arg.split("=", 1)[0] for arg in values.get("extra_args", ())
+                                               if arg.startswith("-"))]
+    notes = []
+    for kind, names, verb in (("flag", flags, "has no flag"), ("env", list(values.get("environment", {})),
+                                                               "does not read")):
+        for name in names:
+            if table.accepts(engine, kind, name, release) is False:
+                row = table.row(engine, kind, name)
+                assert row is not None
+                notes.append(f"{engine} {judged} {verb} {name} (engine_contracts.yaml: {row.versions}; "
+                             f"{row.source})")
+    return notes
+
+
+def validate_settings(raw: Mapping[str, Any], *, source: str, entity: str) -> dict[str, Any]:
+    """validate_vars, its InventoryError a RecipeError naming the same file, recipe and key."""
+    from provision.inventory import validate_vars
+
+    try:
+        return validate_vars(raw, source=source, entity=entity)
+    except RecipeError:
+        raise
+    except InventoryError as exc:
+        raise RecipeError(exc.message, file=exc.file, line=exc.line, entity=exc.entity, key=exc.key) from exc
+
+
+def _mapping(data: Any, keys: set[str], required: set[str], where: str, source: str) -> Mapping[str, Any]:
+    if not isinstance(data, dict):
+        raise RecipeError(f"{where} must be a mapping", file=source)
+    unknown = set(data) - keys
+    if unknown:
+        raise RecipeError(f"unknown key(s) {', '.join(sorted(map(str, unknown)))} in {where} "
+                          f"(known: {', '.join(sorted(keys))})", file=source)
+    missing = required - set(data)
+    if missing:
+        raise RecipeError(f"{where} lacks {', '.join(sorted(missing))}", file=source)
+    return data
+
+
+def _text(data: Mapping[str, Any], key: str, source: str, *, empty: bool = False) -> str:
+    value = data.get(key, "")
+    if not isinstance(value, str) or (not empty and not value.strip()):
+        raise RecipeError(f"'{key}' must be {'a' if empty else 'a non-empty'} string, got {clip(repr(value))}",
+                          file=source)
+    return value
+
+
+def _count(value: Any, key: str, source: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise RecipeError(f"hardware '{key}' must be an integer of at least {low}, got {clip(repr(value))}",
+                          file=source)
+    return value
+
+
+def _figure(data: Any, source: str) -> Figure:
+    entry = _mapping(data, _FIGURE_KEYS, {"metric", "value", "unit", "kind"}, "a figure", source)
+    value = entry["value"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RecipeError(f"a figure's value must be a number, got {clip(repr(value))}", file=source)
+    kind = entry["kind"]
+    if kind not in FIGURE_KINDS:
+        raise RecipeError(f"a figure's kind is measured or cited, got {clip(repr(kind))}", file=source)
+    # A figure says where it comes from: measured ones how, cited ones where. Neither is invented.
+    if kind == "measured" and not all(entry.get(key) for key in ("how", "benchmark", "date", "tool")):
+        raise RecipeError(f"measured figure '{entry['metric']}' must say how, benchmark, date and tool",
+                          file=source)
+    if kind == "cited" and not entry.get("where"):
+        raise RecipeError(f"cited figure '{entry['metric']}' must say where it is cited from", file=source)
+    return Figure(metric=_text(entry, "metric", source), value=float(value), unit=_text(entry, "unit", source),
+                  kind=kind, **{key: str(entry.get(key) or "") for key in
+                                ("how", "where", "benchmark", "date", "tool")})
+
+
+def from_mapping(data: Any, source: str, profiles: Mapping[str, Any] | None = None) -> Recipe:
+    """A recipe from its YAML mapping; RecipeError (exit 2) names the file and what is wrong."""
+    top = _mapping(data, _KEYS, _REQUIRED, "a recipe", source)
+    name = _text(top, "name", source)
+    model = _mapping(top["model"], _MODEL_KEYS, {"id"}, "model", source)
+    engine = _mapping(top["engine"], _ENGINE_KEYS, {"name"}, "engine", source)
+    hardware = _mapping(top["hardware"], _HARDWARE_KEYS, {"profile", "gpus"}, "hardware", source)
+    if profiles is None:
+        from provision.profiles import load_profiles
+
+        profiles = load_profiles()
+    profile = _text(hardware, "profile", source)
+    if profile not in profiles:
+        raise RecipeError(f"unknown profile '{clip(profile)}' (known: {', '.join(sorted(profiles))})",
+                          file=source, key="hardware.profile")
+    memory = hardware.get("gpu_memory_gib")
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, (int, float)) or memory <= 0):
+        raise RecipeError(f"hardware 'gpu_memory_gib' must be a positive number or null, got {clip(repr(memory))}",
+                          file=source)
+    settings = top["settings"]
+    if not isinstance(settings, dict):
+        raise RecipeError("'settings' must be a mapping of inventory settings", file=source)
+    doubled = [key for key in OWN_FIELDS if key in settings]
+    if doubled:
+        raise RecipeError(f"{', '.join(doubled)} belong in the recipe's model and engine fields, not settings",
+                          file=source)
+    figures = top["figures"]
+    if figures == NOT_MEASURED:
+        figures = []
+    if not isinstance(figures, list) or (not figures and top["figures"] != NOT_MEASURED):
+        raise RecipeError(f"'figures' is a list of figures, or '{NOT_MEASURED}'", file=source)
+    notes = top.get("notes") or []
+    if not isinstance(notes, list) or not all(isinstance(note, str) for note in notes):
+        raise RecipeError("'notes' must be a list of strings", file=source)
+    version = engine.get("version")
+    if version is not None and (not isinstance(version, str) or not version.strip()):
+        raise RecipeError(f"engine 'version' must be a string (quoted: \"0.32.0\") or null, got "
+                          f"{clip(repr(version))}", file=source)
+    recipe = Recipe(
+        name=name, description=_text(top, "description", source, empty=True) if "description" in top else "",
+        model=_text(model, "id", source), revision=str(model.get("revision") or "main"),
+        engine=_text(engine, "name", source), engine_version=version,
+        settings=dict(settings),
+        hardware=Hardware(profile=profile, gpus=_count(hardware["gpus"], "gpus", source, 0),
+                          gpu_memory_gib=None if memory is None else float(memory),
+                          nodes=_count(hardware.get("nodes", 1), "nodes", source, 1)),
+        figures=tuple(_figure(entry, source) for entry in figures), source=_text(top, "source", source),
+        notes=tuple(notes), file=source)
+    recipe.inventory_vars()  # the settings validate, or the recipe is refused (naming the key)
+    return recipe
+
+
+def load_file(path: Path | Traversable, profiles: Mapping[str, Any] | None = None) -> Recipe:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RecipeError(f"cannot read: {clip(str(exc))}", file=str(path)) from exc
+    if len(data) > MAX_RECIPE_BYTES:
+        raise RecipeError(f"larger than {MAX_RECIPE_BYTES // 1024} KiB: not a recipe", file=str(path))
+    return from_mapping(read_yaml(data, str(path)), str(path), profiles)
+
+
+def read_yaml(data: bytes, source: str) -> Any:
+    """A file's YAML (the safe subset), or RecipeError naming it."""
+    try:
+        return datafiles.load(data.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise RecipeError(f"not YAML text: {clip(str(exc))}", file=source) from exc
+
+
+def load_recipes(directory: Traversable = RECIPE_DIR) -> dict[str, Recipe]:
+    """The recipes of a directory (the shipped ones by default) by name."""
+    recipes: dict[str, Recipe] = {}
+    for entry in sorted(directory.iterdir(), key=lambda item: item.name):
+        if not (entry.name.endswith(".yaml") and entry.is_file()):
+            continue
+        recipe = load_file(entry)
+        if recipe.name in recipes:
+            raise RecipeError(f"recipe '{recipe.name}' is defined twice", file=str(entry))
+        recipes[recipe.name] = recipe
+    return recipes
+
+
+def find(name_or_path: str, recipes: Mapping[str, Recipe] | None = None) -> Recipe:
+    """A shipped recipe by name, or a recipe file by its path."""
+    known = load_recipes() if recipes is None else recipes
+    if name_or_path in known:
+        return known[name_or_path]
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return load_file(path)
+    raise RecipeError(f"no recipe '{clip(name_or_path)}' (known: {', '.join(sorted(known))}; or a recipe "
+                      "file's path)", file="command line")
+
+
+def to_mapping(recipe: Recipe) -> dict[str, Any]:
+    """The recipe as its file holds it (from_mapping reads it back to the same recipe)."""
+    figures: Any = [{key: value for key, value in vars(figure).items() if value != ""}
+                    for figure in recipe.figures] or NOT_MEASURED
+    data: dict[str, Any] = {
+        "name": recipe.name, "description": recipe.description,
+        "model": {"id": recipe.model, "revision": recipe.revision},
+        "engine": {"name": recipe.engine, "version": recipe.engine_version},
+        "settings": dict(recipe.settings),
+        "hardware": {"profile": recipe.hardware.profile, "gpus": recipe.hardware.gpus,
+                     "gpu_memory_gib": recipe.hardware.gpu_memory_gib, "nodes": recipe.hardware.nodes},
+        "figures": figures, "source": recipe.source}
+    if recipe.notes:
+        data["notes"] = list(recipe.notes)
+    return data
+
+
+def to_yaml(recipe: Recipe) -> str:
+    return str(yaml.safe_dump(to_mapping(recipe), sort_keys=False, allow_unicode=True, width=100))
