@@ -115,7 +115,14 @@ def export(c: Context, name: str, format: str = "ours", container: str | None = 
 
 
 def _given(value: str, name: str, what: str) -> str:
-    """The positional argument, which Invoke fills with whatever comes next, -h included."""
+    """The positional argument, which Invoke fills with whatever comes next, -h included: -h and --help
+    print the task's help (as for every other task) and end."""
+    if value in ("-h", "--help"):
+        from invoke import Program
+
+        from provision.cli import ns
+        Program(namespace=ns).run(["invoke", "--help", f"recipe.{name}"], exit=False)
+        raise SystemExit(0)
     if value.startswith("-"):
         raise RecipeError(f"`invoke recipe.{name} {what}` takes the {what} first (its help: "
                           f"`invoke --help recipe.{name}`), not {value!r}", file="command line")
