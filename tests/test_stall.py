@@ -251,7 +251,8 @@ def test_status_watch_with_json_prints_one_document_per_line_and_ctrl_c_exits_0(
         try:
             assert watching.stdout is not None
             documents = [json.loads(watching.stdout.readline()) for _ in range(2)]
-            assert all(set(doc) == {"hosts", "healthy", "idle", "drift"} and "local" in doc["hosts"] for doc in documents)
+            assert all(set(doc) == {"hosts", "endpoints", "healthy", "idle", "drift"} and "local" in doc["hosts"]
+                       for doc in documents)
             watching.send_signal(signal.SIGINT)
             rest, errors = watching.communicate(timeout=90)
             assert watching.returncode == 0, errors
