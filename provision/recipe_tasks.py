@@ -118,7 +118,7 @@ def _given(value: str, name: str, what: str) -> str:
     """The positional argument, which Invoke fills with whatever comes next, -h included: -h and --help
     print the task's help (as for every other task) and end."""
     if value in ("-h", "--help"):
-        from invoke import Program
+        from invoke.program import Program
 
         from provision.cli import ns
         Program(namespace=ns).run(["invoke", "--help", f"recipe.{name}"], exit=False)
