@@ -95,28 +95,41 @@ def status_(c: Context, flags: HostFlags, watch: float = 0, timeout: float = 5, 
 @host_task("bench", "inventory", "json", "set",
            help={"host": COMMON_HELP["host"], "prompt": "the prompt (a number is appended per request)",
                  "count": "requests (default 16)", "concurrency": "requests at once (default 4)",
-                 "max-tokens": "tokens per completion (default 32)"})
+                 "max-tokens": "tokens per completion (default 32)",
+                 "endpoint": "an endpoint of the inventory instead of a host: the load goes through its "
+                             "router, from the router's host, to its first model's replicas"})
 def bench(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "Tell me about GPUs",
-          count: int = 16, concurrency: int = 4, max_tokens: int = 32) -> None:
-    """Real completions against a host's server: tokens/s, time to first token, the server's own figures."""
+          count: int = 16, concurrency: int = 4, max_tokens: int = 32, endpoint: str | None = None) -> None:
+    """Real completions against a host's server (or through an endpoint): tokens/s, time to first token,
+    the server's own figures (a host's only: behind a router they are spread over its replicas)."""
     from provision import remote, report, secrets, server
-    if not host:
-        raise Exit("error: bench needs --host NAME", code=2)
+    if bool(host) == bool(endpoint):
+        raise Exit("error: bench needs --host NAME or --endpoint NAME (one of them)", code=2)
     if count < 1 or concurrency < 1 or max_tokens < 1:
         raise Exit("error: --count, --concurrency and --max-tokens must be at least 1", code=2)
     chosen = flags.select(targets=False)
     held = secrets.load(chosen.inventory.secrets)
-    runner = remote.connect(chosen.inventory.host(host), chosen.inventory.ssh)
+    load = server.Requests(count, concurrency, max_tokens, prompt)
+
+    def progress(event: dict[str, object]) -> None:
+        if not flags.json:
+            print(f"  {event.get('done')}/{event.get('total')} requests", file=sys.stderr)
+
+    if endpoint:
+        from provision import endpoints
+        plan = endpoints.named(chosen.inventory, endpoint)
+        host, model = plan.host, plan.backends[0].model
+    runner = remote.connect(chosen.inventory.host(host or ""), chosen.inventory.ssh)
     try:
-        result = server.bench(runner, chosen.inventory.settings(host, chosen.overrides), held.vllm_api_key,
-                              server.Requests(count, concurrency, max_tokens, prompt),
-                              lambda event: print(f"  {event.get('done')}/{event.get('total')} requests",
-                                                  file=sys.stderr) if not flags.json else None)
+        result = (server.bench_endpoint(runner, plan, model, held.vllm_api_key, load, progress) if endpoint else
+                  server.bench(runner, chosen.inventory.settings(host or "", chosen.overrides), held.vllm_api_key,
+                               load, progress))
     except ProvisionError as exc:
-        raise Exit(report.host_error(host, exc), code=1) from None
+        raise Exit(report.host_error(host or "", exc), code=1) from None
     finally:
         runner.close()
-    report.print_bench(host, result, concurrency, flags.json)
+    report.print_bench(f"endpoint {endpoint} ({model}, from {host})" if endpoint else host or "", result,
+                       concurrency, flags.json)
     exit_unless(result.succeeded == result.requests)
 
 

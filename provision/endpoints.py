@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from provision.errors import InventoryError
 from provision.inventory import Endpoint, Host, Inventory, Settings
 
 ROUTER_UNIT = "provision-router.service"
@@ -76,6 +77,13 @@ class EndpointPlan:
         return not ipaddress.ip_address(self.bind_host).is_loopback
 
     @property
+    def local_url(self) -> str:
+        """Where a program on the router host reaches it."""
+        bound = ipaddress.ip_address(self.bind_host)
+        host = "127.0.0.1" if bound.is_unspecified else self.bind_host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+    @property
     def url(self) -> str:
         """Where clients reach it: the router host's address where it listens on every address."""
         host = self.bind_host
@@ -111,6 +119,14 @@ def plan(endpoint: Endpoint, inventory: Inventory, settings_of: Callable[[str], 
                                 str(settings.served_model_name or settings.model or ""), unreachable))
     return EndpointPlan(endpoint.name, endpoint.host, endpoint.bind_host, endpoint.port,
                         endpoint.drain_timeout, tuple(replicas), inventory.hosts[endpoint.host])
+
+
+def named(inventory: Inventory, name: str) -> EndpointPlan:
+    """The inventory's endpoint `name`, planned from the inventory's settings (a task that names one)."""
+    if name not in inventory.endpoints:
+        known = ", ".join(sorted(inventory.endpoints)) or "none"
+        raise InventoryError(f"unknown endpoint {name!r} (known: {known})", file="command line", key="--endpoint")
+    return plan(inventory.endpoints[name], inventory, inventory.settings)
 
 
 def plans_for(inventory: Inventory, host: str, settings: Mapping[str, Settings],

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from provision import engines, programs
+from provision.endpoints import EndpointPlan
 from provision.errors import NotReady, ProvisionError
 from provision.inventory import Settings
 from provision.parsers import prefix_counts, read_sample
@@ -204,6 +205,16 @@ def bench(runner: Runner, settings: Settings, api_key: str | None, load: Request
             "prompt": load.prompt, "count": load.count, "concurrency": load.concurrency,
             "max_tokens": load.max_tokens, "metrics_path": names.path, "prompts": list(load.prompts)}
     return bench_report(_run(runner, spec, on_progress, 3600), names)
+
+
+def bench_endpoint(runner: Runner, plan: EndpointPlan, model: str, api_key: str | None, load: Requests,
+                   on_progress: Callable[[dict[str, Any]], None]) -> BenchReport:
+    """`load`'s completions through an endpoint's router, from its host (where the endpoint listens for
+    sure). No server figures: the router's /metrics would be one replica's."""
+    spec = {"action": "bench", "base": plan.local_url, "model": model, "api_key": api_key,
+            "prompt": load.prompt, "count": load.count, "concurrency": load.concurrency,
+            "max_tokens": load.max_tokens, "metrics_path": None, "prompts": list(load.prompts)}
+    return bench_report(_run(runner, spec, on_progress, 3600))
 
 
 def context(runner: Runner, settings: Settings, api_key: str | None, probes: Sequence[str]) -> dict[str, Any]:

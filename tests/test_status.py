@@ -581,3 +581,25 @@ def test_only_a_generation_that_changed_the_unit_counts_as_the_tool_having_insta
     assert not status.installed_by_tool(deployed, "vllm-ray-worker.service")
     assert not status.installed_by_tool(weights_only, "vllm.service")
     assert not status.installed_by_tool(None, "vllm.service") and not status.installed_by_tool("{", "vllm.service")
+
+
+def test_bench_through_an_endpoint_goes_to_its_router_on_the_router_host_and_reads_no_servers_metrics() -> None:
+    """The load is sent from the router host to where the endpoint listens there; the router's /metrics
+    would be one replica's, so the server figures stay empty rather than wrong."""
+    from provision import endpoints, server
+    from provision.host import serve as hostserve
+    from tests.test_rollback import FakeHost
+
+    plan = endpoints.EndpointPlan("tiny", "cpu-2", "0.0.0.0", 9000, 30.0, (
+        endpoints.Replica("a", "cpu-2", "127.0.0.1", 8000, "tiny-gguf"),
+        endpoints.Replica("b", "cpu-3", "10.0.0.13", 8000, "tiny-gguf")))
+    answered = {"ok": True, "requests": 2, "succeeded": 2, "seconds": 1.0, "ttft_s": [0.1, 0.2],
+                "latency_s": [0.5, 0.6], "tokens": [8, 8], "itl_s": [], "metrics_before": "", "metrics_after": ""}
+    host = FakeHost(lambda call, spec: answered)
+    report = server.bench_endpoint(host, plan, "tiny-gguf", "key-0123456789", server.Requests(2, 2, 8, "hi"),
+                                   lambda event: None)
+    (call, spec), = host.asked
+    assert call == "serve_main" and spec["base"] == "http://127.0.0.1:9000" and spec["model"] == "tiny-gguf"
+    assert spec["metrics_path"] is None and spec["api_key"] == "key-0123456789"
+    assert report.succeeded == 2 and report.tokens_per_s == 16.0 and report.server_generation_tokens is None
+    assert hostserve._metrics({"base": "http://127.0.0.1:9", "metrics_path": None}) == ""  # asks nothing

@@ -176,8 +176,12 @@ def _stream(spec: dict[str, Any], prompt: str, max_tokens: int) -> tuple[float |
 
 
 def _metrics(spec: dict[str, Any]) -> str:
-    """The engine's metrics page (llama.cpp's wants the API key)."""
-    request = urllib.request.Request(spec["base"] + spec.get("metrics_path", "/metrics"), headers=_headers(spec))
+    """The engine's metrics page (llama.cpp's wants the API key); none where metrics_path is null (a
+    router in front of several servers)."""
+    path = spec.get("metrics_path", "/metrics")
+    if path is None:
+        return ""
+    request = urllib.request.Request(spec["base"] + path, headers=_headers(spec))
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
             return str(response.read().decode("utf-8", "replace")) if response.status == 200 else ""

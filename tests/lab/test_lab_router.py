@@ -142,6 +142,10 @@ def test_the_endpoint_needs_the_key_and_status_shows_both_replicas(endpoint: tup
         ("lab-llama", "cpu-2", "UP"), ("lab-llama-b", "cpu-3", "UP")], replicas
     table = run_invoke("status", "--host", "cpu-2", "--host", "cpu-3")
     assert "lab-llama-b (cpu-3" in table.stdout and "UP" in table.stdout, table.stdout
+    code, bench, text = invoke_json("bench", "--endpoint", "lab-tiny", "--count", "8", "--concurrency", "4",
+                                    "--max-tokens", "8")
+    assert code == 0 and bench["succeeded"] == 8 and bench["output_tokens"] == 64, text
+    assert bench["server_generation_tokens"] is None  # spread over the replicas: not one server's counter
 
 
 def test_a_rolling_deploy_of_both_replicas_fails_no_request_through_the_endpoint(
