@@ -77,19 +77,16 @@ class EndpointPlan:
         return not ipaddress.ip_address(self.bind_host).is_loopback
 
     @property
-    def local_url(self) -> str:
+    def local_address(self) -> str:
         """Where a program on the router host reaches it."""
-        bound = ipaddress.ip_address(self.bind_host)
-        host = "127.0.0.1" if bound.is_unspecified else self.bind_host
-        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+        return "127.0.0.1" if ipaddress.ip_address(self.bind_host).is_unspecified else self.bind_host
 
     @property
-    def url(self) -> str:
+    def address(self) -> str:
         """Where clients reach it: the router host's address where it listens on every address."""
-        host = self.bind_host
-        if ipaddress.ip_address(host).is_unspecified:
-            host = self.router.address if self.router and self.router.connection == "ssh" else "127.0.0.1"
-        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+        if ipaddress.ip_address(self.bind_host).is_unspecified and self.router and self.router.connection == "ssh":
+            return self.router.address
+        return self.local_address
 
 
 def replica_address(server_host: str, router_host: str, bind_host: str,

@@ -211,7 +211,7 @@ def bench_endpoint(runner: Runner, plan: EndpointPlan, model: str, api_key: str 
                    on_progress: Callable[[dict[str, Any]], None]) -> BenchReport:
     """`load`'s completions through an endpoint's router, from its host (where the endpoint listens for
     sure). No server figures: the router's /metrics would be one replica's."""
-    spec = {"action": "bench", "base": plan.local_url, "model": model, "api_key": api_key,
+    spec = {"action": "bench", "base": server_url(plan.local_address, plan.port), "model": model, "api_key": api_key,
             "prompt": load.prompt, "count": load.count, "concurrency": load.concurrency,
             "max_tokens": load.max_tokens, "metrics_path": None, "prompts": list(load.prompts)}
     return bench_report(_run(runner, spec, on_progress, 3600))

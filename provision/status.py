@@ -531,7 +531,7 @@ def endpoint_status(plan: EndpointPlan, seen: Sequence[Mapping[str, Any]]) -> En
                              "address": f"{replica.address}:{replica.port}",
                              "state": str(item.get("state")) if item else "not in the router",
                              "in_flight": int(item.get("in_flight") or 0) if item else 0})
-    return EndpointStatus(plan.name, plan.host, plan.url, tuple(replicas))
+    return EndpointStatus(plan.name, plan.host, server.server_url(plan.address, plan.port), tuple(replicas))
 
 
 def gather_endpoints(inv: inventory.Inventory, targets: list[inventory.Host], timeout: float) -> list[EndpointStatus]:
@@ -549,7 +549,8 @@ def gather_endpoints(inv: inventory.Inventory, targets: list[inventory.Host], ti
         try:
             return endpoint_status(plan, router.servers(runner))
         except ProvisionError as exc:
-            return EndpointStatus(plan.name, plan.host, plan.url, error=error_text(exc))
+            return EndpointStatus(plan.name, plan.host, server.server_url(plan.address, plan.port),
+                                  error=error_text(exc))
         finally:
             runner.close()
 
