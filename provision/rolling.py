@@ -205,7 +205,7 @@ def roll_one(group: list[str], roll: Roll, connect: Connect, bar: Bar, done: dic
             if name in made:
                 roll_back(name, made[name], roll, connect, errors, cause,
                           ready=_ready_again(connect, name, held, timeout, plans[name].declared_settings))
-    _restore(drained.values, roll, errors, bar)
+    _restore([name for name, done in drained.values.items() if done], roll, errors, bar)
     return errors
 
 
@@ -215,48 +215,43 @@ def _restarts_server(hostplan: HostPlan) -> bool:
     return any(change.kind in ("restart", "stop") and change.target == unit for change in remaining(hostplan))
 
 
-def _drain(group: list[str], roll: Roll, bar: Bar) -> HostResults[EndpointPlan | None]:
+def _drain(group: list[str], roll: Roll, bar: Bar) -> HostResults[bool]:
     """Each server of the batch that is behind an endpoint and is about to restart is taken out of its
     router first: no new requests, and those in flight finish (up to the endpoint's drain_timeout).
-    None for one whose router does not run yet (nothing reaches it through the router)."""
+    True for each server drained; False for one whose router does not run yet (nothing reaches it
+    through the router); a router that fails is the host's error."""
+    routed = {name: found for name in group if (found := roll.router_of(name)) and _restarts_server(roll.plans[name])}
 
-    def one(name: str) -> EndpointPlan | None:
-        found = roll.router_of(name)
-        assert found is not None
-        endpoint, runner = found
-        cluster = _cluster_of(roll.plans[name])
+    def one(name: str) -> bool:
+        endpoint, runner = routed[name]
         update = bar(f"{name}: draining from endpoint {endpoint.name}")
         started = time.monotonic()
-        result = router.drain(runner, endpoint, cluster, lambda event: update(
+        left = router.drain(runner, endpoint, _cluster_of(roll.plans[name]), lambda event: update(
             int(event.get("waited_s") or 0), int(endpoint.drain_timeout)))
-        if result is None:
-            return None
-        outcome = roll.outcomes[name]
-        outcome.steps["drain"] = round(time.monotonic() - started, 2)
-        if not result.complete:
-            outcome.detail = (f"{result.in_flight_left} request(s) still running after the drain timeout "
-                              f"({endpoint.drain_timeout:.0f} s) were cut by the restart")
-        return endpoint
+        if left is None:
+            return False
+        roll.outcomes[name].steps["drain"] = round(time.monotonic() - started, 2)
+        if left:
+            roll.outcomes[name].detail = (f"{left} request(s) still running after the drain timeout "
+                                          f"({endpoint.drain_timeout:.0f} s) were cut by the restart")
+        return True
 
-    behind = [name for name in group if roll.router_of(name) is not None and _restarts_server(roll.plans[name])]
-    return for_each_host(behind, lambda name: name, one)
+    return for_each_host(list(routed), lambda name: name, one)
 
 
-def _restore(drained: Mapping[str, EndpointPlan | None], roll: Roll, errors: dict[str, BaseException],
-             bar: Bar) -> None:
+def _restore(drained: list[str], roll: Roll, errors: dict[str, BaseException], bar: Bar) -> None:
     """Put each drained server back in its router: after its change, or after the generation it was
     rolled back to. The router sends to it only once its health check passes, so one that does not
     serve takes no requests, and joins again by itself when it does."""
-    for name, endpoint in drained.items():
-        if endpoint is None:
-            continue
-        runner = roll.router_of(name)
-        assert runner is not None
+    for name in drained:
+        found = roll.router_of(name)
+        assert found is not None  # it was drained through it
+        endpoint, runner = found
         bar(f"{name}: back into endpoint {endpoint.name}")
         started = time.monotonic()
         should_serve = name not in errors or roll.outcomes[name].state == "rolled back"
         try:
-            router.restore(runner[1], endpoint, _cluster_of(roll.plans[name]), timeout=60.0 if should_serve else 5.0)
+            router.restore(runner, endpoint, _cluster_of(roll.plans[name]), timeout=60.0 if should_serve else 5.0)
         except ProvisionError as exc:
             if name in errors:
                 roll.outcomes[name].detail += f"; endpoint {endpoint.name} sends it nothing until it serves"

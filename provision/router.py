@@ -2,31 +2,19 @@
 read which replicas the router sends to. Each call runs provision/host/router.py on the router host
 (over the run's SSH connection to it), which speaks HAProxy's runtime API on its local UNIX socket.
 
-    drain(runner, plan, cluster, on_progress) -> Drained    no new requests; those in flight finish (bounded)
+    drain(runner, plan, cluster, on_progress) -> int|None  no new requests; those in flight finish (bounded)
     restore(runner, plan, cluster, timeout)  -> float       back in, once its health check passes
     servers(runner)                          -> list[dict]  every replica as the router sees it now
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from provision import programs
 from provision.endpoints import ADMIN_SOCKET, EndpointPlan
 from provision.errors import ProvisionError
 from provision.runner import Runner
-
-
-@dataclass(frozen=True)
-class Drained:
-    endpoint: str
-    seconds: float
-    in_flight_left: int  # requests still running when the drain timeout passed (cut by the restart)
-
-    @property
-    def complete(self) -> bool:
-        return self.in_flight_left == 0
 
 
 def _run(runner: Runner, spec: Mapping[str, Any], timeout: float,
@@ -42,15 +30,16 @@ def _run(runner: Runner, spec: Mapping[str, Any], timeout: float,
 
 
 def drain(runner: Runner, plan: EndpointPlan, cluster: str,
-          on_progress: Callable[[dict[str, Any]], None] = lambda event: None) -> Drained | None:
+          on_progress: Callable[[dict[str, Any]], None] = lambda event: None) -> int | None:
     """Take `cluster`'s server out of the endpoint: no new requests; the router waits up to the
-    endpoint's drain_timeout for those in flight, then holds it in maintenance. None where no router
-    runs yet (its first deploy starts it): nothing reaches the server through it to drain."""
+    endpoint's drain_timeout for those in flight, then holds it in maintenance. The requests still in
+    flight when the timeout passed (the restart cuts them); None where no router runs yet (its first
+    deploy starts it): nothing reaches the server through it to drain."""
     answer = _run(runner, {"action": "drain", "backend": plan.backend_of(cluster).name, "server": cluster,
                            "timeout": plan.drain_timeout, "poll": 0.2}, plan.drain_timeout, on_progress)
     if answer.get("not_running"):
         return None
-    return Drained(plan.name, float(answer.get("waited_s") or 0.0), int(answer.get("in_flight_left") or 0))
+    return int(answer.get("in_flight_left") or 0)
 
 
 def restore(runner: Runner, plan: EndpointPlan, cluster: str, timeout: float = 60.0) -> float:
