@@ -70,3 +70,12 @@ def unit_values(ctx: Context) -> dict[str, Any]:
         "device_allow": devices if strict and not private_devices else [],
         "syscalls": [Allowed(name, reason) for name, reason in SYSCALLS_BEYOND_SYSTEM_SERVICE],
     }
+
+
+def router_values(ctx: Context) -> dict[str, Any]:
+    """The endpoints' router (HAProxy) in the same sandbox as the servers, minus what only they need:
+    no device at all, and no netlink (it listens where its config says, it asks no interface list)."""
+    return {**unit_values(ctx), "private_devices": True, "protect_clock": True, "device_allow": [],
+            "address_families": "AF_UNIX AF_INET AF_INET6",
+            "address_families_reason": "TCP for the endpoint and its replicas; UNIX for the runtime API and "
+                                       "the journal"}

@@ -197,11 +197,7 @@ def router_files(ctx: Context, common: Mapping[str, Any], api_key: str | None) -
     values = {**common, "config": endpoints.CONFIG_FILE, "keys_file": endpoints.KEYS_FILE if api_key else None,
               "keys_credential": endpoints.KEYS_CREDENTIAL, "runtime_dir": endpoints.RUNTIME_DIR.rsplit("/", 1)[1],
               "endpoint_names": ", ".join(plan.name for plan in ctx.endpoints),
-              "writable_paths": [endpoints.RUNTIME_DIR],
-              "hardening": {**common["hardening"], "private_devices": True, "protect_clock": True,
-                            "device_allow": [], "address_families": "AF_UNIX AF_INET AF_INET6",
-                            "address_families_reason": "TCP for the endpoint and its replicas; UNIX for the "
-                                                       "runtime API and the journal"}}
+              "writable_paths": [endpoints.RUNTIME_DIR], "hardening": hardening.router_values(ctx)}
     files = [DesiredFile(endpoints.CONFIG_FILE, config, "root", "root", 0o644, restarts=(unit,))]
     if api_key:
         files.append(DesiredFile(endpoints.KEYS_FILE, api_key + "\n", "root", "root", 0o600, restarts=(unit,)))
