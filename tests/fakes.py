@@ -48,6 +48,22 @@ def ok(stdout: str, argv: Sequence[str] = ("true",)) -> Result:
     return Result(command_line(argv), 0, stdout, "", 0.01)
 
 
+class JsonAnswers(BaseHTTPRequestHandler):
+    """A loopback HTTP handler that answers JSON (`answer`) and logs nothing: the base of the tests' fake
+    servers and workers."""
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+    def answer(self, code: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
 class _Pages(BaseHTTPRequestHandler):
     pages: ClassVar[list[str]] = []
 

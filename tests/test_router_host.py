@@ -11,7 +11,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import pytest
 
 from provision import programs
 from provision.host import router
+from tests.fakes import JsonAnswers
 
 FIXTURES = Path(__file__).parent / "fixtures" / "haproxy"
 PREFIX = "debian12-haproxy2.6-"
@@ -94,25 +95,14 @@ def test_find_server_names_what_exists() -> None:
 
 # -- end to end: a real haproxy ---------------------------------------------------------------------
 
-class Worker(BaseHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def _answer(self, code: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
+class Worker(JsonAnswers):
     def do_GET(self) -> None:
-        self._answer(200 if self.path == "/health" else 404, {})
+        self.answer(200 if self.path == "/health" else 404, {})
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         time.sleep(float(body.get("sleep", 0.05)))
-        self._answer(200, {"port": self.server.server_address[1]})
+        self.answer(200, {"port": self.server.server_address[1]})
 
 
 def free_port() -> int:

@@ -15,7 +15,7 @@ from provision.facts import HostFacts
 from provision.host import serve
 from provision.inventory import Settings
 from provision.rolling import batches as _batches
-from tests.fakes import ReplayedMetrics, ok, probe_answer_from_recording
+from tests.fakes import JsonAnswers, ReplayedMetrics, ok, probe_answer_from_recording
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 
@@ -143,30 +143,20 @@ class _KeyedServer:
 
         outer = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _answer(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        class Handler(JsonAnswers):
 
             def do_GET(self) -> None:
                 if self.path == "/health":
-                    return self._answer(200, {})
+                    return self.answer(200, {})
                 if self.path == "/metrics":
-                    return self._answer(200, {})
+                    return self.answer(200, {})
                 if self.headers.get("Authorization") != f"Bearer {outer.key}":
-                    return self._answer(401, {"error": "Unauthorized"})
-                self._answer(200, {"data": [{"id": "tiny-llama"}]})
+                    return self.answer(401, {"error": "Unauthorized"})
+                self.answer(200, {"data": [{"id": "tiny-llama"}]})
 
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                self._answer(401, {"error": "Unauthorized"})
+                self.answer(401, {"error": "Unauthorized"})
 
         self.key = key
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
