@@ -49,6 +49,16 @@ DROP_IN_BASES = ("/etc/systemd/system", "/etc/systemd/system.control", "/run/sys
 DROP_IN_DIRS = tuple(f"{base}/{unit}.d" for unit in MANAGED_UNITS for base in DROP_IN_BASES)
 
 PROBE_CACHE = "/var/cache/provision/probe-cache.json"  # on each host: answers kept by file identity
+# The probe's interpreter: -I leaves out the host's PYTHON* variables and the user's site directory
+# (they could put code into a run as root), -S the site module (its imports cost every gather a few
+# milliseconds, and the probe imports the standard library alone).
+PROBE_PYTHON = ("python3", "-I", "-S", "-")
+# What is fixed for one boot, or until the kernel says otherwise, read by content (procfs and sysfs
+# files keep no stat worth comparing): a new boot id every boot (systemd-nspawn gives each container
+# its own), the CPUs online (hotplug), the loaded NVIDIA driver (a module reload without a reboot).
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+CPUS_ONLINE = "/sys/devices/system/cpu/online"
+NVIDIA_VERSION = "/proc/driver/nvidia/version"
 # Where systemd (and so its offline scoring) finds a unit file and its drop-ins, the drop-ins for
 # every service (service.d) included (systemd.unit(5), "Unit File Load Path").
 UNIT_PATHS = (*DROP_IN_BASES, "/usr/local/lib/systemd/system", "/lib/systemd/system", "/usr/lib/systemd/system")
@@ -92,6 +102,9 @@ class Fact:
     # the answer in PROBE_CACHE with their identity and the probe reuses it until one changes. The
     # unit scores cost a systemd-analyze run and the venv's arch flags an `import torch` otherwise.
     identity: tuple[str, ...] = ()
+    # Small files whose content is part of the same key (argv's answer is kept while they read the
+    # same): what the hardware and kernel answer for a whole boot (lscpu, `nvidia-smi topo -m`).
+    keyed_by: tuple[str, ...] = ()
     # A file most hosts lack by design (the x86 hybrid lists): its absence is the answer ("not
     # present": the fact's value stays None) and not worth a note.
     optional: bool = False
@@ -107,7 +120,7 @@ class Fact:
 
 
 FACTS: tuple[Fact, ...] = (
-    Fact("uname", parsers.parse_uname, argv=("uname", "-r", "-m")),
+    Fact("uname", parsers.parse_uname, argv=("uname", "-r", "-m"), keyed_by=(BOOT_ID,)),
     Fact("os_release", parsers.parse_os_release, file="/etc/os-release"),
     Fact("meminfo", parsers.parse_meminfo, file="/proc/meminfo"),
     # The kernel's boot parameters: whether a GB10 kernel that boots with CMA off has kho=off.
@@ -116,15 +129,16 @@ FACTS: tuple[Fact, ...] = (
     # unset (images ship one). The service user's ~/.nccl.conf comes with the inspected users.
     Fact("nccl_conf", parsers.parse_nccl_conf, file=NCCL_CONF, optional=True),
     Fact("init", parsers.parse_pid1, file="/proc/1/comm"),
-    Fact("lscpu", parsers.parse_lscpu, argv=("lscpu",)),
-    Fact("lscpu_cpus", parsers.parse_lscpu_extended, argv=("lscpu", "-e")),
+    # What lscpu says of the CPUs (their models, caches, NUMA nodes, which are online) holds for a boot.
+    Fact("lscpu", parsers.parse_lscpu, argv=("lscpu",), keyed_by=(BOOT_ID, CPUS_ONLINE)),
+    Fact("lscpu_cpus", parsers.parse_lscpu_extended, argv=("lscpu", "-e"), keyed_by=(BOOT_ID, CPUS_ONLINE)),
     Fact("cpuinfo", parsers.parse_cpuinfo_parts, file="/proc/cpuinfo"),
     # The CPU's instruction set extensions: what a prebuilt native program (llama.cpp's ggml) may use.
     Fact("cpu_flags", parsers.parse_cpuinfo_flags, file="/proc/cpuinfo"),
     # Each CPU's core type by name (GB10: Cortex-X925 or Cortex-A725); the column list is Arm's
     # published DGX Spark layout, so that recording is this fact's fixture verbatim.
     Fact("lscpu_models", parsers.parse_lscpu_models,
-         argv=("lscpu", "-e=CPU,ONLINE,MAXMHZ,MODELNAME")),
+         argv=("lscpu", "-e=CPU,ONLINE,MAXMHZ,MODELNAME"), keyed_by=(BOOT_ID, CPUS_ONLINE)),
     # x86 hybrid CPUs (Intel P-cores and E-cores): the kernel's list of each type's CPUs.
     Fact("cpu_core_cpus", parsers.parse_cpu_list, file="/sys/devices/cpu_core/cpus", optional=True),
     Fact("cpu_atom_cpus", parsers.parse_cpu_list, file="/sys/devices/cpu_atom/cpus", optional=True),
@@ -136,7 +150,10 @@ FACTS: tuple[Fact, ...] = (
     # and the driver's own view of the same (`topo -m`, "CPU Affinity" / "NUMA Affinity").
     Fact("pci_gpus", parsers.parse_pci_gpus,
          tree=Tree("/sys/bus/pci/devices/*", ("class", "numa_node", "local_cpulist"), {"vendor": "0x10de"})),
-    Fact("gpu_topology", parsers.parse_nvidia_topo, argv=("nvidia-smi", "topo", "-m")),
+    # The GPUs' links and affinities: fixed for a boot and a loaded driver (a multi-GPU `topo -m`
+    # takes its time; the readings above, memory in use among them, are asked every time).
+    Fact("gpu_topology", parsers.parse_nvidia_topo, argv=("nvidia-smi", "topo", "-m"),
+         keyed_by=(BOOT_ID, NVIDIA_VERSION)),
     Fact("modules", parsers.parse_proc_modules, file="/proc/modules"),
     # The same list through kmod, for hosts whose /proc hides modules (some sandboxes do).
     Fact("lsmod", parsers.parse_lsmod, argv=("lsmod",)),
@@ -275,6 +292,7 @@ def probe_spec(facts: Sequence[Fact], paths: Iterable[str], timeout: float,
     return {
         "commands": {fact.name: list(fact.argv) for fact in facts if fact.argv},
         "identity": {fact.name: list(fact.identity) for fact in facts if fact.argv and fact.identity},
+        "keyed_by": {fact.name: list(fact.keyed_by) for fact in facts if fact.argv and fact.keyed_by},
         "cache_file": PROBE_CACHE,
         "files": {fact.name: fact.file for fact in facts if fact.file},
         "trees": {fact.name: {"pattern": fact.tree.pattern, "read": list(fact.tree.read), "where": dict(fact.tree.where)}
@@ -299,7 +317,7 @@ def gather(runner: Runner, paths: Iterable[str] = (), facts: Sequence[Fact] = FA
     """
     spec = probe_spec(facts, paths, timeout, inspect)
     # Each command may use up to `timeout`; the execution as a whole gets room for all of them.
-    result = runner.run(["python3", "-"], stdin=probe_program(spec),
+    result = runner.run(list(PROBE_PYTHON), stdin=probe_program(spec),
                         timeout=timeout * (len(facts) + 1) + 30)
     gathered = facts_from_probe(runner.host, result, facts)
     log.debug("%s: the probe took %s s: %s", runner.host, gathered.probe.seconds, ", ".join(
@@ -316,7 +334,7 @@ def reach(runner: Runner, endpoints: Sequence[str], timeout: float = REACH_TIMEO
     Its own round trip, asked only where a rule needs the answer (known_issues.endpoints_to_try):
     every gather paying a connection timeout on air-gapped hosts would cost them all seconds."""
     spec = {"reach": list(endpoints), "reach_timeout": timeout}
-    result = runner.run(["python3", "-"], stdin=probe_program(spec), timeout=timeout * len(endpoints) + 30)
+    result = runner.run(list(PROBE_PYTHON), stdin=probe_program(spec), timeout=timeout * len(endpoints) + 30)
     if not result.ok:
         raise CommandFailed(runner.host, "reachability probe", result)
     answer = probe_answer(result.stdout).get("reach") or {}

@@ -354,7 +354,7 @@ def gather_one(runner: Runner, host: str, role: str, settings: Settings, api_key
     window, timeout, stall_window = sampling.window, sampling.timeout, sampling.stall_window
     started = time.monotonic()
     spec = probe_spec(settings, api_key, window, timeout)
-    result: Result = runner.run(["python3", "-"], stdin=facts.probe_program(spec), timeout=timeout + window + 5)
+    result: Result = runner.run(list(facts.PROBE_PYTHON), stdin=facts.probe_program(spec), timeout=timeout + window + 5)
     host_facts = facts.facts_from_probe(host, result, STATUS_FACTS)
     serving = json.loads(result.stdout).get("serving")
     root = weights.root_of(settings) if weights.managed(settings) else None
@@ -395,7 +395,7 @@ def follow_up(runner: Runner, settings: Settings, api_key: str | None, found: Ho
     while progress is not None and progress.state == "stalled":
         pause = min(FOLLOW_UP_STEP, max(0.5, stall_window - (progress.seconds or 0.0)))
         spec = {"timeout": timeout, "serving": probe_spec(settings, api_key, pause, timeout)["serving"]}
-        result: Result = runner.run(["python3", "-"], stdin=facts.probe_program(spec), timeout=timeout + pause + 5)
+        result: Result = runner.run(list(facts.PROBE_PYTHON), stdin=facts.probe_program(spec), timeout=timeout + pause + 5)
         if not result.ok:
             break  # the first answer stands; the next status asks again
         more = samples_of(facts.probe_answer(result.stdout).get("serving"), names, counters)

@@ -34,7 +34,7 @@ def test_facts_take_exactly_one_execution_and_send_the_probe_on_stdin() -> None:
     gathered = facts.gather(runner, paths=["/opt/vllm/venv"])
     assert runner.executions == 1
     ((argv, stdin),) = runner.calls
-    assert argv == ["python3", "-"]
+    assert argv == ["python3", "-I", "-S", "-"]  # the host's PYTHON* variables and site module left out
     assert stdin is not None and '"/opt/vllm/venv"' in stdin
     assert "def collect(spec: Dict[str, Any]) -> Dict[str, Any]:" in stdin
     assert gathered.kernel == "6.17.0-1014-nvidia" and gathered.arch == "aarch64"
@@ -297,6 +297,64 @@ def test_the_unit_scores_are_answered_from_the_hosts_cache_until_a_unit_file_cha
     assert _collect(fact, cache)["results"]["unit_security"]["cached"] is True and _runs(log) == 2
 
 
+def _boot_keyed(tmp_path, name: str):
+    """The fact `name` with its program a counting stand-in and the files it is keyed by under tmp_path
+    (a boot id, the CPUs online, the driver's version file), as a host has them."""
+    program = tmp_path / "bin" / name
+    _counting_program(program, tmp_path / "runs.log")
+    fact = next(fact for fact in facts.FACTS if fact.name == name)
+    files = {path: tmp_path / "proc" / path.lstrip("/") for path in fact.keyed_by}
+    for path, local in files.items():
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_text({facts.BOOT_ID: "989f0869-1148-4510-ad17-a9c54847d6a5\n", facts.CPUS_ONLINE: "0-31\n",
+                          facts.NVIDIA_VERSION: "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  "
+                                                "580.159.04\n"}[path])
+    return dataclasses.replace(fact, argv=(str(program), *fact.argv[1:]),
+                               keyed_by=tuple(str(local) for local in files.values())), files, program
+
+
+BOOT_CHANGES = {
+    "a reboot (a new boot id)": (facts.BOOT_ID, "8f648788-2b91-4b26-996d-0bd379122baa\n"),
+    "a CPU taken offline (hotplug)": (facts.CPUS_ONLINE, "0-30\n"),
+    "the driver reloaded without a reboot": (
+        facts.NVIDIA_VERSION, "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.173.02\n"),
+    "the driver unloaded": (facts.NVIDIA_VERSION, None),
+    "the program upgraded": (None, None),
+}
+BOOT_KEYED = [(fact.name, change) for fact in facts.FACTS if fact.keyed_by for change, (path, _) in BOOT_CHANGES.items()
+              if path is None or path in fact.keyed_by]
+
+
+def test_what_holds_for_a_boot_is_keyed_by_it() -> None:
+    keyed = {fact.name: fact.keyed_by for fact in facts.FACTS if fact.keyed_by}
+    assert keyed == {"uname": (facts.BOOT_ID,), "lscpu": (facts.BOOT_ID, facts.CPUS_ONLINE),
+                     "lscpu_cpus": (facts.BOOT_ID, facts.CPUS_ONLINE),
+                     "lscpu_models": (facts.BOOT_ID, facts.CPUS_ONLINE),
+                     "gpu_topology": (facts.BOOT_ID, facts.NVIDIA_VERSION)}
+    # The GPUs' readings (memory in use, temperature), the units and the addresses change while a host runs.
+    assert not any(fact.keyed_by or fact.identity for fact in facts.FACTS if fact.name in ("gpus", "units", "interfaces"))
+
+
+@pytest.mark.parametrize(("name", "change"), BOOT_KEYED, ids=[f"{name}: {change}" for name, change in BOOT_KEYED])
+def test_an_answer_that_holds_for_a_boot_is_kept_until_its_key_changes(tmp_path, name: str, change: str) -> None:
+    fact, files, program = _boot_keyed(tmp_path, name)
+    cache, log = tmp_path / "cache" / "probe.json", tmp_path / "runs.log"
+    first = _collect(fact, cache)
+    assert _runs(log) == 1 and first["cache"]["written"] and "cached" not in first["results"][name]
+    again = _collect(fact, cache)
+    assert _runs(log) == 1 and again["results"][name]["cached"] is True, "an unchanged boot ran the command again"
+    assert again["results"][name]["stdout"] == first["results"][name]["stdout"]
+    path, content = BOOT_CHANGES[change]
+    if path is None:
+        _counting_program(program, tmp_path / "runs.log")  # rewritten: a new inode, size and mtime
+    elif content is None:
+        files[path].unlink()
+    else:
+        files[path].write_text(content)
+    assert "cached" not in _collect(fact, cache)["results"][name] and _runs(log) == 2, change
+    assert _collect(fact, cache)["results"][name]["cached"] is True and _runs(log) == 2
+
+
 def test_the_cache_is_root_s_alone_and_a_cache_that_cannot_be_written_only_costs_the_runs(tmp_path) -> None:
     fact, _, _ = _units(tmp_path)
     cache, log = tmp_path / "cache" / "probe.json", tmp_path / "runs.log"
@@ -405,7 +463,8 @@ def test_every_host_program_runs_on_the_oldest_python3_it_promises(name: str, ol
     if python is None:
         pytest.skip(f"no python{oldest} on this machine")
     text = programs.ship(SHIPPED_WITH.get(name, (name,)), "print", {"ok": 1})
-    done = subprocess.run([python, "-I", "-"], input=text, capture_output=True, text=True, timeout=60,
+    flags = facts.PROBE_PYTHON[1:] if name == "probe" else ("-I", "-")  # the probe's as it is started
+    done = subprocess.run([python, *flags], input=text, capture_output=True, text=True, timeout=60,
                           cwd="/", check=False)
     assert done.returncode == 0 and done.stdout.strip() == "{'ok': 1}", done.stderr
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from provision import checks, known_issues, parsers
+from provision import checks, facts, known_issues, parsers
 from provision.context import Context
 from provision.errors import KnownIssueError
 from provision.inventory import Cluster
@@ -437,7 +437,7 @@ def test_the_gate_tries_the_artifactory_once_and_only_from_the_host_that_needs_i
     result = gating._with_reachability(inv, {"a": needs, "b": other}, {"a", "b"}, errors, run.Options(), Pool())
     assert set(runners) == {"a"} and runners["a"].executions == 1 and not errors
     ((argv, stdin),) = runners["a"].calls
-    assert argv == ["python3", "-"] and stdin is not None and '"reach": ["edge.urm.nvidia.com:443"]' in stdin
+    assert argv == list(facts.PROBE_PYTHON) and stdin is not None and '"reach": ["edge.urm.nvidia.com:443"]' in stdin
     assert result["a"].facts.reachable == AIR_GAPPED and result["b"] is other
     assert finding(result["a"], "known.vllm-flashinfer-cubin-airgapped").status == "fail"
 

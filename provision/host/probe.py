@@ -5,7 +5,8 @@ host. The controller appends one call, `main(SPEC_JSON)`, where the spec lists w
 
     {"commands": {"NAME": ["argv", ...]}, "files": {"NAME": "/path"}, "paths": ["/opt/vllm", ...],
      "trees": {"NAME": {"pattern": "/sys/bus/pci/devices/*", "read": ["numa_node"], "where": {"vendor": "0x10de"}}},
-     "timeout": 20, "identity": {"NAME": ["/glob", ...]}, "cache_file": "/var/cache/provision/probe.json"}
+     "timeout": 20, "identity": {"NAME": ["/glob", ...]}, "keyed_by": {"NAME": ["/proc/sys/kernel/random/boot_id"]},
+     "cache_file": "/var/cache/provision/probe.json"}
 
 and it prints one JSON document:
 
@@ -24,8 +25,11 @@ says how long it took (`seconds`).
 A command named in "identity" ({"NAME": ["/glob", ...]}) depends only on the files those patterns
 match (and on its own program): the probe keeps its answer in the host's cache file
 (spec["cache_file"], root's alone) with the identity of those files (size, mtime, ctime, inode) and
-answers from there, `cached: true`, until one of them changes. Writing that file is the only change a
-probe makes on a host; where it cannot be written, every command simply runs.
+answers from there, `cached: true`, until one of them changes. A command named in "keyed_by"
+({"NAME": ["/proc/...", ...]}) is kept the same way while those small files read the same: procfs and
+sysfs files have no stat worth comparing, their content is the key (the boot id: what the hardware
+answers holds for a boot). Writing that file is the only change a probe makes on a host; where it
+cannot be written, every command simply runs.
 """
 import glob
 import json
@@ -383,6 +387,18 @@ def _identity(patterns: List[str]) -> List[List[Any]]:
     return found
 
 
+def _contents(paths: List[str]) -> List[List[Any]]:
+    """[path, its first 4 KiB as text] of each small file (None where it cannot be read)."""
+    found: List[List[Any]] = []
+    for path in paths:
+        try:
+            with open(path, "rb") as handle:
+                found.append([path, handle.read(4096).decode("utf-8", "replace")])
+        except OSError:
+            found.append([path, None])
+    return found
+
+
 def _program(argv: List[str]) -> str:
     """The file a command runs: its argv[0] as PATH resolves it (an upgraded tool is a changed one).
     Looked up here rather than with shutil.which: importing shutil costs more than the lookup."""
@@ -417,19 +433,30 @@ def _save_cache(path: str, entries: Dict[str, Any]) -> Optional[str]:
 KEPT = ("exit", "stdout", "stderr", "missing")  # what a cached answer holds of the command's result
 
 
+def _key(argv: List[str], identity: List[str], keyed_by: List[str]) -> Dict[str, Any]:
+    """What a kept answer must match: the command, its files' identity (its program's included) and
+    the content of the small files it is keyed by."""
+    key: Dict[str, Any] = {"argv": argv, "identity": _identity(identity + [_program(argv)])}
+    if keyed_by:
+        key["contents"] = _contents(keyed_by)
+    return key
+
+
 def _run_all(commands: Dict[str, List[str]], identities: Dict[str, List[str]], cache_file: Optional[str],
-             timeout: float) -> Tuple[Dict[str, Dict[str, Any]], Dict[str, Any]]:
-    """Every command's answer (those whose files kept their identity from the cache) and what became
-    of the cache: {"file", "written", "error"}."""
-    if not any(name in identities for name in commands):
-        cache_file = None  # nothing asked could be answered from it (status' probe): not even read
+             timeout: float, keyed_by: Optional[Dict[str, List[str]]] = None
+             ) -> Tuple[Dict[str, Dict[str, Any]], Dict[str, Any]]:
+    """Every command's answer (those whose key still holds from the cache) and what became of the
+    cache: {"file", "written", "error"}."""
+    keyed_by = keyed_by or {}
+    if not any(name in identities or name in keyed_by for name in commands):
+        cache_file = None  # nothing asked could be answered from it: not even read
     cache = _load_cache(cache_file) if cache_file else {}
     results: Dict[str, Dict[str, Any]] = {}
     keys: Dict[str, Dict[str, Any]] = {}
     threads: List[threading.Thread] = []
     for name, argv in commands.items():
-        if cache_file and name in identities:
-            keys[name] = {"argv": argv, "identity": _identity(identities[name] + [_program(argv)])}
+        if cache_file and (name in identities or name in keyed_by):
+            keys[name] = _key(argv, identities.get(name, []), keyed_by.get(name, []))
             held = cache.get(name)
             if isinstance(held, dict) and held.get("key") == keys[name]:
                 results[name] = dict(held["result"], timed_out=False, truncated=False, seconds=0.0,
@@ -474,7 +501,8 @@ def collect(spec: Dict[str, Any]) -> Dict[str, Any]:
     clock = time.strftime("%Y/%m/%d %H:%M:%S")
     # The server's two /metrics samples are a window apart: everything else is done meanwhile.
     served = serving_first(spec["serving"]) if spec.get("serving") else None
-    results, cache = _run_all(spec.get("commands", {}), spec.get("identity", {}), spec.get("cache_file"), timeout)
+    results, cache = _run_all(spec.get("commands", {}), spec.get("identity", {}), spec.get("cache_file"), timeout,
+                              spec.get("keyed_by", {}))
     for name, path in spec.get("files", {}).items():
         results[name] = _timed(_read, path)
     for name, tree in spec.get("trees", {}).items():

@@ -1,5 +1,6 @@
 """An unchanged host costs one cheap round trip: the probe answers the unit scores and the venv's
-versions from the host's own cache, and starts neither systemd-analyze nor the venv's python.
+versions from the host's own cache, and what holds for a boot (lscpu) from the same cache, and starts
+neither systemd-analyze, nor the venv's python, nor lscpu.
 
 What ran is seen from outside the host, not taken from the probe's own account: the lab host's root
 is a directory of this machine, so inotify here sees every program the host executes (an exec opens
@@ -57,8 +58,9 @@ class Opened:
 
 @contextmanager
 def watching(root: Path) -> Iterator[Opened]:
+    # Not uname: every SSH session runs it on a Debian host (pam_motd's update-motd.d/10-uname).
     opened = Opened({"systemd-analyze": root / "usr/bin/systemd-analyze",
-                     "the venv's python": root / "opt/vllm/venv/pyvenv.cfg"})
+                     "the venv's python": root / "opt/vllm/venv/pyvenv.cfg", "lscpu": root / "usr/bin/lscpu"})
     try:
         yield opened
     finally:
@@ -76,24 +78,25 @@ def host_root(the_lab: lab.Lab) -> Path:
     return the_lab.dir / "hosts" / "cpu-1" / "root"
 
 
-def test_a_noop_provision_runs_neither_systemd_analyze_nor_the_venvs_python(the_lab: lab.Lab) -> None:
+def test_a_noop_provision_runs_neither_systemd_analyze_nor_the_venvs_python_nor_lscpu(the_lab: lab.Lab) -> None:
     root = host_root(the_lab)
     run_invoke("facts", "--host", "cpu-1", "--json")  # whatever ran before, the cache is filled now
     with watching(root) as opened:
         code, planned, text = invoke_json("provision", "--host", "cpu-1")
         seen = opened.counts()
     assert code == 0 and planned["hosts"]["cpu-1"]["changes"] == [], text
-    assert seen == {"systemd-analyze": 0, "the venv's python": 0}, seen
-    # The same watch sees them both once the cache cannot answer (no cache file: every command runs).
+    assert seen == {"systemd-analyze": 0, "the venv's python": 0, "lscpu": 0}, seen
+    # The same watch sees them all once the cache cannot answer (no cache file: every command runs).
     cache = root / "var/cache/provision/probe-cache.json"
     cache.unlink()
     with watching(root) as opened:
         code, found, text = invoke_json("facts", "--host", "cpu-1")
         seen = opened.counts()
     assert code == 0 and seen["systemd-analyze"] >= 1 and seen["the venv's python"] >= 1, (seen, text)
+    assert seen["lscpu"] == 3, seen  # its three forms (the summary, -e, the models' columns)
     assert cache.exists() and (cache.stat().st_mode & 0o777) == 0o600
     ran = {step["fact"]: step["how"] for step in found["hosts"]["cpu-1"]["probe"]["steps"]}
-    assert ran["unit_security"] == ran["venv"] == "ran", ran
+    assert ran["unit_security"] == ran["venv"] == ran["lscpu"] == "ran", ran
 
 
 def test_a_drop_in_scores_the_units_again_and_leaves_the_venvs_answer_cached(the_lab: lab.Lab) -> None:
@@ -107,7 +110,7 @@ def test_a_drop_in_scores_the_units_again_and_leaves_the_venvs_answer_cached(the
             code, found, text = invoke_json("facts", "--host", "cpu-1", "--verbose")
             seen = opened.counts()
         assert code == 0, text
-        assert seen == {"systemd-analyze": 1, "the venv's python": 0}, seen
+        assert seen == {"systemd-analyze": 1, "the venv's python": 0, "lscpu": 0}, seen
         ran = {step["fact"]: step["how"] for step in found["hosts"]["cpu-1"]["probe"]["steps"]}
         assert (ran["unit_security"], ran["venv"]) == ("ran", "cached"), ran
     finally:
@@ -129,7 +132,7 @@ def test_a_changed_torch_version_file_asks_the_venv_again_and_not_systemd_analyz
             code, found, text = invoke_json("facts", "--host", "cpu-1")
             seen = opened.counts()
         assert code == 0, text
-        assert seen == {"systemd-analyze": 0, "the venv's python": 1}, seen
+        assert seen == {"systemd-analyze": 0, "the venv's python": 1, "lscpu": 0}, seen
         assert found["hosts"]["cpu-1"]["venv"]["torch"] == "2.13.0+cpu", found["hosts"]["cpu-1"]["venv"]
     finally:
         os.utime(version, ns=(before.st_atime_ns, before.st_mtime_ns))
