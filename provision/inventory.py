@@ -683,6 +683,18 @@ class Settings:
 
 
 @dataclass(frozen=True)
+class AppliedRecipe:
+    """A recipe applied to a cluster: its name, the settings it gives the cluster's hosts (the recipe's,
+    with what `--set` changed at apply), and the file that holds them."""
+
+    cluster: str
+    recipe: str
+    vars: Mapping[str, Any]
+    file: str
+    changed: tuple[str, ...] = ()  # the settings --set gave at apply, in place of the recipe's
+
+
+@dataclass(frozen=True)
 class Inventory:
     hosts: Mapping[str, Host]
     groups: Mapping[str, Group]
@@ -695,6 +707,9 @@ class Inventory:
     tuned: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     tuned_dir: str | None = None  # where they are read from and written to
     path: str | None = None  # the file or directory it was loaded from
+    # Recipes applied per cluster (RECIPES_DIR/CLUSTER.yaml beside the inventory, `invoke recipe.apply`):
+    # above the cluster's vars, below its groups' and hosts'.
+    applied: Mapping[str, AppliedRecipe] = field(default_factory=dict)
 
     def host(self, name: str) -> Host:
         """The named host; `local` is this machine even when the inventory does not list it."""
@@ -745,7 +760,8 @@ class Inventory:
     def settings(
         self, host_name: str, overrides: Mapping[str, Any] | None = None, profile: Profile | None = None
     ) -> Settings:
-        """Resolve a host's settings: command line > host > group > cluster > profile > built-in."""
+        """Resolve a host's settings: command line > tuned > host > group > recipe applied to its cluster >
+        cluster > profile > built-in."""
         host = self.host(host_name)
         profile = profile or host.profile
         layers: list[tuple[str, Mapping[str, Any]]] = [
@@ -758,6 +774,9 @@ class Inventory:
         cluster = self.cluster_of(host_name)
         if cluster:
             layers.append((f"cluster {cluster.name}", cluster.vars))
+            if cluster.name in self.applied:
+                applied = self.applied[cluster.name]
+                layers.append((f"recipe {applied.recipe} ({applied.file})", applied.vars))
         layers.extend((f"group {group.name}", group.vars) for group in self.groups_of(host_name))
         layers.append(("host", host.vars))
         if self.tuned.get(host_name):
@@ -1142,6 +1161,43 @@ def read_tuned(folder: Path, hosts: Mapping[str, Any], budget: int) -> dict[str,
     return tuned
 
 
+RECIPES_DIR = "recipes"  # beside an inventory file, or inside an inventory directory: CLUSTER.yaml each
+_APPLIED_KEYS = {"cluster", "recipe", "vars", "changed"}
+
+
+def recipes_dir_of(path: Path) -> Path:
+    return (path if path.is_dir() else path.parent) / RECIPES_DIR
+
+
+def read_applied(folder: Path, clusters: Mapping[str, Any], budget: int) -> dict[str, AppliedRecipe]:
+    """RECIPES_DIR/*.yaml, each {cluster: NAME, recipe: NAME, vars: {...}, changed: [...]}: what
+    `invoke recipe.apply` wrote for that cluster."""
+    applied: dict[str, AppliedRecipe] = {}
+    if not folder.is_dir():
+        return applied
+    for file in sorted(p for p in folder.iterdir() if p.suffix == ".yaml" and p.is_file()):
+        data, used = _parse_yaml(_read_bounded(file, MAX_INVENTORY_BYTES), str(file), budget)
+        budget -= used
+        if not isinstance(data, dict) or not {"cluster", "recipe", "vars"} <= set(data) <= _APPLIED_KEYS \
+                or not isinstance(data["vars"], dict):
+            raise InventoryError("an applied recipe holds `cluster: NAME`, `recipe: NAME` and `vars: {...}` "
+                                 "(and `changed: [...]`)", file=str(file))
+        name = data["cluster"]
+        if name not in clusters:
+            raise InventoryError(f"a recipe applied to unknown cluster {_brief(name)}", file=str(file),
+                                 line=_line(data, "cluster"))
+        if name in applied:
+            raise InventoryError(f"a second recipe for cluster {_brief(name)} (also {applied[name].file})",
+                                 file=str(file), line=_line(data, "cluster"))
+        changed = data.get("changed") or []
+        if not isinstance(changed, list) or not all(isinstance(key, str) for key in changed):
+            raise InventoryError("`changed` lists setting names", file=str(file), line=_line(data, "changed"))
+        applied[str(name)] = AppliedRecipe(
+            cluster=str(name), recipe=str(data["recipe"]), file=str(file), changed=tuple(changed),
+            vars=validate_vars(data["vars"], source=str(file), entity=f"recipe applied to {name}"))
+    return applied
+
+
 def inventory_files(path: Path) -> list[Path]:
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
@@ -1170,10 +1226,11 @@ def load(path: str | Path, profiles: Mapping[str, Profile] | None = None) -> Inv
     reader.cross_check()
     folder = tuned_dir_of(Path(path))
     tuned = read_tuned(folder, reader.hosts, MAX_INVENTORY_VALUES - values)
+    applied = read_applied(recipes_dir_of(Path(path)), reader.clusters, MAX_INVENTORY_VALUES - values)
     return Inventory(hosts=dict(reader.hosts), groups=dict(reader.groups),
                      clusters=dict(reader.clusters), endpoints=dict(reader.endpoints), ssh=reader.ssh,
                      sources=tuple(str(f) for f in files), secrets=reader.secrets, tuned=tuned,
-                     tuned_dir=str(folder), path=str(path))
+                     tuned_dir=str(folder), path=str(path), applied=applied)
 
 
 def _read_bounded(file: Path, allowed: int) -> str:

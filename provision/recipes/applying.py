@@ -1,0 +1,158 @@
+"""Applying a recipe to a cluster: the file it writes beside the inventory and what it changes.
+
+`invoke recipe.apply NAME --cluster C` writes `recipes/C.yaml` beside the inventory (inside an inventory
+directory), which the inventory reads above the cluster's own vars and below its groups', its hosts',
+tuned settings and the command line (inventory.Inventory.settings). A file of its own, like tune's
+`tuned/HOST.yaml`: the user's inventory file is never rewritten (its comments and layout stay theirs),
+and removing the file goes back to the cluster's own settings.
+
+Pure: plan() reads the inventory already loaded and the recipe; the task gates the result on the
+cluster's hosts and writes the file (provision/recipe_tasks.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from provision.errors import RecipeError
+from provision.inventory import MERGED, AppliedRecipe, Inventory, recipes_dir_of
+from provision.recipes import Recipe, contract_notes
+
+# The recipe's own choice: another engine is another recipe (its flags and pin mean nothing to it).
+NOT_SETTABLE = ("engine",)
+
+
+@dataclass(frozen=True)
+class SettingChange:
+    """A setting a host resolves differently once the recipe is applied, and the layer it comes from."""
+
+    key: str
+    before: Any
+    after: Any
+    origin: str
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A setting of the recipe a higher layer keeps from the host (a group's, the host's, tuned)."""
+
+    key: str
+    recipe_value: Any
+    value: Any
+    origin: str
+
+
+@dataclass(frozen=True)
+class Application:
+    """What applying `recipe` to `cluster` writes (`path`: `old_text` is None where there is no file
+    yet) and does: the inventory with it applied (what the gate judges), per host each setting that
+    changes and each the recipe sets that a higher layer keeps, and what a reader must know."""
+
+    cluster: str
+    recipe: Recipe
+    path: Path
+    old_text: str | None
+    new_text: str
+    applied: Inventory
+    changes: Mapping[str, tuple[SettingChange, ...]]
+    kept: Mapping[str, tuple[Kept, ...]]
+    notes: tuple[str, ...]
+
+    @property
+    def unchanged(self) -> bool:
+        return self.old_text == self.new_text
+
+    @property
+    def diff(self) -> str:
+        return "".join(difflib.unified_diff((self.old_text or "").splitlines(keepends=True),
+                                            self.new_text.splitlines(keepends=True),
+                                            fromfile=f"{self.path} (now)", tofile=f"{self.path} (applied)"))
+
+
+def plan(inv: Inventory, cluster: str, recipe: Recipe, overrides: Mapping[str, Any]) -> Application:
+    """The file and the changes of applying `recipe` to `cluster`, `overrides` (validated `--set` values)
+    in place of the recipe's own. RecipeError: what cannot be applied (exit 2)."""
+    if inv.path is None:
+        raise RecipeError("applying a recipe needs an inventory file or directory (--inventory)", file="command line")
+    if cluster not in inv.clusters:
+        raise RecipeError(f"no cluster {cluster!r} in the inventory (clusters: {', '.join(sorted(inv.clusters)) or 'none'})",
+                          file="command line", key="--cluster")
+    refused = [key for key in NOT_SETTABLE if key in overrides and overrides[key] != recipe.engine]
+    if refused:
+        raise RecipeError(f"--set {refused[0]}: the recipe's engine is {recipe.engine} (another engine is another "
+                          "recipe)", file="command line")
+    own = recipe.inventory_vars()
+    values = {**own, **overrides}
+    changed = tuple(key for key in overrides if own.get(key) != overrides[key])
+    if "model" in changed and "model_revision" not in overrides:
+        values.pop("model_revision", None)  # the recipe's revision is its own model's commit or branch
+    path = recipes_dir_of(Path(inv.path)) / f"{cluster}.yaml"
+    applied = dataclasses.replace(inv, applied={**inv.applied, cluster: AppliedRecipe(
+        cluster=cluster, recipe=recipe.name, vars=values, file=str(path), changed=changed)})
+    hosts = inv.clusters[cluster].hosts
+    changes = {host: _changes(inv, applied, host) for host in hosts}
+    kept = {host: _kept(applied, host, values) for host in hosts}
+    old_text = path.read_text(encoding="utf-8") if path.is_file() else None
+    return Application(cluster=cluster, recipe=recipe, path=path, old_text=old_text,
+                       new_text=applied_text(cluster, recipe, values, changed), applied=applied,
+                       changes=changes, kept=kept, notes=tuple(_notes(inv, cluster, recipe, values, changed)))
+
+
+def applied_text(cluster: str, recipe: Recipe, values: Mapping[str, Any], changed: tuple[str, ...]) -> str:
+    """The file recipe.apply writes: the cluster, the recipe's name, what --set changed, the settings."""
+    body: dict[str, Any] = {"cluster": cluster, "recipe": recipe.name}
+    if changed:
+        body["changed"] = list(changed)
+    body["vars"] = {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
+    header = (f"# Recipe {recipe.name} applied to cluster {cluster} by recipe.apply ({recipe.source}).\n"
+              "# Read by the inventory above the cluster's own vars, below its groups', hosts' and tuned\n"
+              "# settings; remove this file to go back to the cluster's own settings.\n")
+    return header + yaml.safe_dump(body, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def _changes(before: Inventory, after: Inventory, host: str) -> tuple[SettingChange, ...]:
+    old, new = before.settings(host), after.settings(host)
+    old_values, new_values = old.values, new.values
+    return tuple(SettingChange(key, old_values[key], new_values[key], new.origin.get(key, "default"))
+                 for key in new_values if old_values[key] != new_values[key])
+
+
+def _kept(after: Inventory, host: str, values: Mapping[str, Any]) -> tuple[Kept, ...]:
+    """The recipe's settings that a layer above it decides on this host."""
+    resolved = after.settings(host)
+    found = []
+    for key, wanted in values.items():
+        now = getattr(resolved, key)
+        origin = resolved.origin.get(key, "default")
+        if key in MERGED:  # merged across layers: each of its entries is its own setting
+            for name, value in dict(wanted).items():
+                if now.get(name) != value:
+                    found.append(Kept(f"{key}.{name}", value, now.get(name), origin))
+        elif not origin.startswith("recipe ") and now != (tuple(wanted) if isinstance(wanted, list) else wanted):
+            found.append(Kept(key, wanted, now, origin))
+    return tuple(found)
+
+
+def _notes(inv: Inventory, cluster: str, recipe: Recipe, values: Mapping[str, Any],
+           changed: tuple[str, ...]) -> list[str]:
+    notes = []
+    hosts = inv.clusters[cluster].hosts
+    other = sorted({inv.hosts[name].profile.name for name in hosts
+                    if recipe.hardware.profile not in (inv.hosts[name].profile.name, *inv.hosts[name].profile.aliases)})
+    if other:
+        notes.append(f"measured on profile {recipe.hardware.profile}; cluster {cluster} runs {', '.join(other)}: "
+                     "its figures say nothing of these hosts")
+    if recipe.hardware.nodes != len(hosts):
+        notes.append(f"measured on {recipe.hardware.nodes} node(s); cluster {cluster} has {len(hosts)}")
+    if "model" in changed:
+        notes.append(f"model {values['model']} in place of the recipe's {recipe.model} (--set): the recipe's "
+                     "figures are not this model's")
+    notes.extend(f"{key} {values[key]!r} in place of the recipe's (--set)" for key in changed if key != "model")
+    notes.extend(contract_notes(recipe.engine, values))
+    return notes
