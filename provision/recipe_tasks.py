@@ -1,8 +1,9 @@
 """`invoke recipe.*`: known-good settings per machine (provision/recipes), and Spark Arena's registry
 read and written (provision/recipes/sparkarena.py). Parse the flags, call the library, print through
-provision.report. Nothing here contacts a host.
+provision.report. Only recipe.apply contacts hosts: the gate, on the cluster it applies a recipe to.
 
-Exit codes: 0 done; 2 bad usage, or a recipe that cannot be read or used (one line on stderr).
+Exit codes: 0 done; 1 the gate refused a host (nothing written); 2 bad usage, or a recipe that cannot be
+read or used (one line on stderr).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from invoke.context import Context
 from invoke.tasks import task
 
 from provision.errors import RecipeError
-from provision.taskargs import guarded, help_for
+from provision.taskargs import HostFlags, exit_unless, guarded, help_for, host_task
 
 if TYPE_CHECKING:
     from provision.recipes.sparkarena import Imported
@@ -114,6 +115,48 @@ def export(c: Context, name: str, format: str = "ours", container: str | None = 
         print(text, end="")
 
 
+@host_task("apply", "inventory", "cluster", "json", "accept-new-host-keys", "set", "verbose", "force",
+           help={"name": "a recipe's name, or a recipe file",
+                 "cluster": "the cluster the recipe is for (its hosts are gated with it)",
+                 "set": "a setting in place of the recipe's, KEY=VALUE (repeatable; written with it, and "
+                        "said): a model this machine can serve, say",
+                 "dry-run": "show the changes and the gate's verdict; write nothing"})
+def apply(c: Context, flags: HostFlags, name: str, dry_run: bool = False) -> None:
+    """Apply a recipe to a cluster: the settings each host would change shown first, the gate run on the
+    cluster's hosts with them, and only if it passes, recipes/CLUSTER.yaml written beside the inventory
+    (read above the cluster's own vars; remove it to go back). Exit 1 if the gate refuses a host."""
+    from provision import checks, inventory, recipes, report, run
+    from provision.recipes import applying
+    from provision.taskargs import Selection, command_name, load_inventory
+
+    recipe = recipes.find(_given(name, "apply", "NAME"))
+    if not flags.cluster:
+        raise RecipeError("name the cluster to apply it to: --cluster NAME", file="command line")
+    inv = load_inventory(flags.inventory)
+    application = applying.plan(inv, flags.cluster, recipe, inventory.parse_overrides(list(flags.set)))
+    chosen = Selection(application.applied, application.applied.select(cluster=flags.cluster), {})
+    gated = run.gate(chosen.inventory, chosen.targets, flags.options(chosen))
+    passed = not gated.errors and not any(checks.verdict(found) == "blocked" for found in gated.findings.values())
+    written = passed and not dry_run and not application.unchanged
+    if written:
+        _write_atomically(application.path, application.new_text)
+    if flags.json:
+        print(report.dump_json(report.application_json(application, gated, passed, written)))
+    else:
+        report.print_application(application, gated, passed, dry_run, command_name(), report.console())
+    exit_unless(passed)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(text, encoding="utf-8")
+        temporary.replace(path)
+    except OSError as exc:
+        raise RecipeError(f"cannot write: {exc.strerror or exc}", file=str(path)) from exc
+
+
 def _given(value: str, name: str, what: str) -> str:
     """The positional argument, which Invoke fills with whatever comes next, -h included: -h and --help
     print the task's help (as for every other task) and end."""
@@ -172,4 +215,4 @@ def _write_new(path: Path, text: str) -> None:
     print(f"wrote {path}")
 
 
-recipe_tasks = Collection("recipe", list_, show, import_, export)
+recipe_tasks = Collection("recipe", list_, show, import_, export, apply)

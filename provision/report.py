@@ -28,9 +28,10 @@ if TYPE_CHECKING:
     from provision.nccl import NcclRun
     from provision.prepare import HostReport, Prepared
     from provision.recipes import Recipe
+    from provision.recipes.applying import Application
     from provision.recipes.sparkarena import Imported
     from provision.rolling import Deployed
-    from provision.run import Applied, HostPlan, Planned
+    from provision.run import Applied, Gated, HostPlan, Planned
     from provision.venv import WheelsSent
     from provision.weights import FetchResult
 
@@ -997,6 +998,51 @@ def print_recipe(recipe: Recipe, out: Console) -> None:
         out.print(Text(f"  figure {figure.metric}: {figure.value:g} {figure.unit} ({origin})"))
     for note in recipe.notes:
         out.print(Text(f"  note: {note}"))
+
+
+def application_json(application: Application, gated: Gated, passed: bool, written: bool) -> dict[str, Any]:
+    """The stable shape of `recipe.apply --json`: the file, whether it was written, the gate's answer
+    (check's shape), and per host each changed setting and each the recipe sets that a higher layer keeps."""
+    return {"recipe": application.recipe.name, "cluster": application.cluster, "file": str(application.path),
+            "written": written, "unchanged": application.unchanged, "gate_passed": passed,
+            "diff": application.diff, "notes": list(application.notes),
+            "changes": {host: [{"key": change.key, "before": _plain_deep(change.before),
+                                "after": _plain_deep(change.after), "from": change.origin} for change in changes]
+                        for host, changes in application.changes.items()},
+            "kept": {host: [{"key": kept.key, "recipe": _plain_deep(kept.recipe_value), "value": _plain_deep(kept.value),
+                             "from": kept.origin} for kept in items] for host, items in application.kept.items()},
+            "gate": check_json(gated.order, gated.findings, gated.errors)}
+
+
+def print_application(application: Application, gated: Gated, passed: bool, dry_run: bool, command: str,
+                      out: Console) -> None:
+    """What applying the recipe changes on each host, what a higher layer keeps, the gate's verdict on
+    the cluster's hosts, and what became of the file."""
+    out.print(Text(f"recipe {application.recipe.name} on cluster {application.cluster}"))
+    for host, changes in application.changes.items():
+        table = Table(title=f"{host}: settings that change", title_justify="left")
+        for column in ("setting", "now", "applied", "from"):
+            table.add_column(column, overflow="fold")
+        for change in changes:
+            table.add_row(change.key, json.dumps(_plain_deep(change.before)), json.dumps(_plain_deep(change.after)),
+                          change.origin)
+        out.print(table if changes else Text(f"{host}: no setting changes"))
+        for kept in application.kept.get(host, ()):
+            out.print(Text(f"  kept: {kept.key} stays {json.dumps(_plain_deep(kept.value))} ({kept.origin}; the "
+                           f"recipe's {json.dumps(_plain_deep(kept.recipe_value))})"))
+    for note in application.notes:
+        out.print(Text(f"note: {note}"))
+    print_check(gated.order, gated.findings, gated.errors, out)
+    path = application.path
+    if not passed:
+        out.print(Text(f"not written: the gate refused a host of {application.cluster} (above); {path} is as it was"))
+    elif application.unchanged:
+        out.print(Text(f"{path}: unchanged (the recipe is applied already)"))
+    else:
+        out.print(Text(application.diff.rstrip("\n")))
+        out.print(Text(f"{'would write' if dry_run else 'wrote'} {path}; next: `{command} deploy --cluster "
+                       f"{application.cluster}`" + (f" --inventory {application.applied.path}"
+                                                     if application.applied.path else "")))
 
 
 def imported_json(imported: Imported) -> dict[str, Any]:

@@ -309,7 +309,10 @@ def host_task(name: str, *shared: str, help: Mapping[str, str] | None = None, as
         declared = [inspect.Parameter(flag.parameter, keyword, default=flag.default, annotation=flag.annotation)
                     for flag in flags]
         last = [parameter for parameter in declared if parameter.name == "verbose"]  # after the task's own
-        signature = inspect.Signature([context, *[p for p in declared if p not in last], *own, *last],
+        # The body's own parameters without a default come first: Invoke takes them as positional.
+        required = [parameter for parameter in own if parameter.default is inspect.Parameter.empty]
+        optional = [parameter for parameter in own if parameter not in required]
+        signature = inspect.Signature([context, *required, *[p for p in declared if p not in last], *optional, *last],
                                       return_annotation=None)
 
         @functools.wraps(body)
