@@ -870,7 +870,8 @@ def tuned_json(results: Sequence[Any], errors: Mapping[str, BaseException]) -> d
             "winner": dict(result.winner.settings) if result.winner else None,
             "tokens_per_s": result.winner.score(slo) if result.winner else None,
             "decision": result.decision.as_json(slo) if result.decision else None,
-            "tuned_file": result.tuned_file, "diff": result.diff, "plot": result.plot,
+            "tuned_file": result.tuned_file, "recipe_file": result.recipe_file, "diff": result.diff,
+            "plot": result.plot,
             "trials": [{**parsers.json_ready(trial), "verdict": trial.verdict(slo), "score": trial.score(slo),
                         "spread": trial.spread(slo)} for trial in result.trials]}
     return {"units": units, "errors": {name: error_text(error) for name, error in errors.items()}}
@@ -907,6 +908,9 @@ def print_tuned(results: Sequence[Any], errors: Mapping[str, BaseException], out
                 out.print(f"margin: {margin_words(result.decision, slo)}")
         if result.tuned_file:
             out.print(f"kept in {result.tuned_file}" + ("" if result.diff else " (unchanged)"))
+        if result.recipe_file:
+            out.print(f"the winner as a recipe: {result.recipe_file} (`recipe.show`, `recipe.apply`, `recipe.export` "
+                      "take its path)")
         elif not result.winner:
             out.print("no trial passed: nothing kept")
         if result.plot:

@@ -40,6 +40,7 @@ from provision import (
     datafiles,
     engines,
     inventory,
+    recipes,
     remote,
     rolling,
     secrets,
@@ -397,6 +398,7 @@ class Tuned:
     dimensions: tuple[Dimension, ...]
     winner: Trial | None = None
     tuned_file: str | None = None
+    recipe_file: str | None = None  # the winner as a recipe, with its measurements (tuned/recipes/)
     diff: str = ""
     plot: str | None = None
     interrupted: str | None = None  # "interrupted" | "budget" when the search stopped early
@@ -622,7 +624,8 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, tuning: Tuning,
     result.decision = decide(result.trials, slo)
     result.winner = result.decision.winner
     progress(f"{unit.server}: {result.decision.note}")
-    finished = finish(inv, unit, options, result, base, timeout, plot, progress)
+    on = measured_on(ctx.profile.name, ctx.facts, len(unit.hosts), ctx.settings.engine)
+    finished = finish(inv, unit, options, result, base, timeout, plot, progress, on)
     finished.seconds = round(time.monotonic() - started, 1)
     return finished
 
@@ -674,9 +677,89 @@ def tuned_text(unit: Unit, vars_: Mapping[str, Any], trial: Trial, baseline: Tri
     return "\n".join(header) + "\n" + body
 
 
+# What of a server's settings a recipe carries: how it serves, not where (its port, paths, user, indexes).
+RECIPE_SETTINGS = ("served_model_name", "tensor_parallel_size", "pipeline_parallel_size", "max_model_len",
+                   "gpu_memory_utilization", "enable_prefix_caching", "extra_args", "environment", "server_flags",
+                   "vllm_spec", "venv_source", "cpu_affinity", "cuda_version")
+RECIPES = "recipes"  # under the tuned folder: the winners as recipes (`invoke recipe.show FILE`, apply, export)
+
+
+@dataclass(frozen=True)
+class MeasuredOn:
+    """What the winner was measured on, from the server's facts: the hardware (recipes.Hardware's
+    fields) and the engine's version the venv holds (None where its facts do not say)."""
+
+    profile: str
+    gpus: int
+    gpu_memory_gib: float | None
+    nodes: int
+    engine_version: str | None = None
+
+    @property
+    def hardware(self) -> dict[str, Any]:
+        return {"profile": self.profile, "gpus": self.gpus, "gpu_memory_gib": self.gpu_memory_gib, "nodes": self.nodes}
+
+
+def measured_on(profile: str, host_facts: HostFacts, nodes: int, engine: str) -> MeasuredOn:
+    """The profile, the GPUs a node and each one's memory (None: unified, unreadable, or none), the
+    engine's version (vLLM's, read from the venv)."""
+    gpus = host_facts.gpus or ()
+    memory = gpus[0].memory_total_mib if gpus else None
+    version = host_facts.venv.vllm if engine == "vllm" and host_facts.venv is not None else None
+    return MeasuredOn(profile, len(gpus), round(memory / 1024, 1) if memory else None, nodes, version)
+
+
+def tuned_recipe(unit: Unit, settings: inventory.Settings, on: MeasuredOn, trial: Trial, baseline: Trial | None,
+                 workload: Workload, slo: Slo, decision: Decision | None,
+                 day: str | None = None) -> recipes.Recipe:
+    """The winner as a recipe: the settings the server runs with that the inventory, tune or --set chose
+    (not the built-in or profile defaults, which every host of the profile has), the hardware, and its
+    figures measured by this tuning (how, the workload, the date, this tool's version)."""
+    best = trial.best(slo)
+    assert best is not None, "a winner held the bound at some level"
+    day = day or time.strftime("%Y-%m-%d")
+    chosen = {key: getattr(settings, key) for key in RECIPE_SETTINGS
+              if not settings.origin.get(key, "default").startswith(("default", "profile "))}
+    chosen = {key: list(value) if isinstance(value, tuple) else value for key, value in chosen.items()}
+    low, high = workload.prompt_words
+    bound = (f"TTFT p95 {'no bound' if slo.ttft_p95_ms is None else f'<= {slo.ttft_p95_ms:g} ms'}, ITL p95 "
+             f"{'no bound' if slo.itl_p95_ms is None else f'<= {slo.itl_p95_ms:g} ms'}")
+    how = (f"invoke tune on {unit.server}: {workload.requests} requests at concurrency {best.concurrency} "
+           f"(of {list(workload.concurrency)}), prompts of {low}-{high} words after a shared "
+           f"{workload.shared_prefix_words}, {workload.output_tokens} tokens out, seed {workload.seed}; {bound}")
+    common = {"kind": "measured", "how": how, "benchmark": f"tune workload {workload.name}", "date": day,
+              "tool": f"provision {__version__}"}
+    figures = [{"metric": "throughput", "value": round(best.tokens_per_s, 1), "unit": "tok/s", **common}]
+    figures += [{"metric": metric, "value": round(seconds * 1000, 1), "unit": "ms", **common}
+                for metric, seconds in (("TTFT p50", best.ttft_p50_s), ("TTFT p95", best.ttft_p95_s),
+                                        ("ITL p95", best.itl_p95_s)) if seconds is not None]
+    notes = [f"tune's winner: {describe(trial.settings)}"]
+    if baseline is not None and baseline is not trial and baseline.score(slo):
+        notes.append(f"the host as it was: {baseline.score(slo):.1f} tok/s in the same run")
+    if decision is not None:
+        notes.append(f"margin: {tune_rules.margin_words(decision, slo)}")
+    source = f"invoke tune on {unit.server}, {day}"
+    return recipes.from_mapping({
+        "name": f"tuned-{unit.server}-{workload.name}",
+        "description": f"{settings.model} as tune left it on {unit.server} ({on.profile})",
+        "model": {"id": settings.model, "revision": settings.model_revision},
+        "engine": {"name": settings.engine, "version": on.engine_version}, "settings": chosen,
+        "hardware": on.hardware, "figures": figures, "source": source, "notes": notes}, source)
+
+
+def keep_recipe(folder: Path, recipe: recipes.Recipe) -> Path:
+    """tuned/recipes/NAME.yaml: the last tuning of that server and workload (a later one replaces it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{recipe.name}.yaml"
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(recipes.to_yaml(recipe), encoding="utf-8")
+    temporary.replace(path)
+    return path
+
+
 def finish(inv: inventory.Inventory, unit: Unit, options: Options, result: Tuned, base: Mapping[str, Any],
-           timeout: float, plot: bool, progress: Callable[[str], None]) -> Tuned:
-    """Keep the winner (diff first), deploy what the host should run now, draw the plot."""
+           timeout: float, plot: bool, progress: Callable[[str], None], on: MeasuredOn) -> Tuned:
+    """Keep the winner (diff first) and the recipe it makes, deploy what the host should run now, draw the plot."""
     folder = Path(inv.tuned_dir or "tuned")
     path = folder / f"{unit.server}.yaml"
     winning = result.winner
@@ -696,6 +779,12 @@ def finish(inv: inventory.Inventory, unit: Unit, options: Options, result: Tuned
         result.tuned_file = str(path)
     # What the host runs from now on: the inventory (with the file just written) under the run's own --set.
     current = inventory.load(inv.path) if inv.path else inv
+    if winning is not None:
+        recipe = tuned_recipe(unit, current.settings(unit.server, base), on, winning,
+                              next((t for t in result.trials if not t.settings), None), result.workload, result.slo,
+                              result.decision)
+        result.recipe_file = str(keep_recipe(folder / RECIPES, recipe))
+        progress(f"{unit.server}: the winner as a recipe: {result.recipe_file}")
     deployed = rolling.deploy(current, [current.host(name) for name in unit.hosts],
                               dataclasses.replace(options, overrides=dict(base), quiet=True), timeout=timeout)
     outcome = deployed.outcomes.get(unit.server)

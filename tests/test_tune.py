@@ -511,3 +511,34 @@ def test_the_recorded_run_kept_the_host_because_its_own_two_runs_were_far_apart(
     as_set = dataclasses.replace(baseline, settings={"max_model_len": 256})
     alone = tune_rules.decide([as_set, dataclasses.replace(one, outcome="failed")], slo)
     assert alone.note.startswith("the host as it is: the only trial within the bound (spread 132.5%"), alone.note
+
+
+def test_the_winner_becomes_a_recipe_with_its_measurements_and_the_settings_chosen_for_it(tmp_path: Path) -> None:
+    """What the recipe carries: the settings the inventory, tune or --set chose (not the built-in and
+    profile defaults, nor where the server listens or keeps its files), the hardware from the facts,
+    and figures measured by this tuning: how, the workload, the date, this tool's version."""
+    from provision import recipes
+
+    (tmp_path / "hosts.yaml").write_text(
+        "hosts:\n  ws: {address: 192.0.2.10, user: root, profile: rtx5090}\n"
+        "clusters:\n  qwen:\n    hosts: [ws]\n    vars: {model: Qwen/Qwen2.5-32B-Instruct-AWQ, tensor_parallel_size: 2, "
+        "port: 8001, max_model_len: 16384, server_flags: {--max-num-seqs: 16}}\n")
+    settings = inventory.load(tmp_path).settings("ws", {"gpu_memory_utilization": 0.85})
+    on = tune.measured_on("rtx5090", recorded("rtx5090x2-tr7960x"), 1, "vllm")
+    assert (on.profile, on.gpus, on.gpu_memory_gib) == ("rtx5090", 2, 31.8)
+    decided = tune_rules.decide([BASELINE, CANDIDATE], tune_rules.Slo(itl_p95_ms=50))
+    made = tune.tuned_recipe(tune.Unit("ws", ("ws",)), settings, on, CANDIDATE, BASELINE, tune_rules.Workload(),
+                             tune_rules.Slo(itl_p95_ms=50), decided, day="2026-12-02")
+    assert made.name == "tuned-ws-chat" and made.model == "Qwen/Qwen2.5-32B-Instruct-AWQ" and made.engine == "vllm"
+    assert dict(made.settings) == {"tensor_parallel_size": 2, "max_model_len": 16384, "gpu_memory_utilization": 0.85,
+                                   "server_flags": {"--max-num-seqs": 16}}
+    throughput = made.figures[0]
+    assert (throughput.metric, throughput.value, throughput.unit, throughput.kind) == ("throughput", 104.0, "tok/s",
+                                                                                      "measured")
+    assert throughput.benchmark == "tune workload chat" and throughput.date == "2026-12-02"
+    assert throughput.tool == f"provision {tune.__version__}" and "ITL p95 <= 50 ms" in throughput.how
+    assert [(f.metric, f.value) for f in made.figures[1:]] == [("TTFT p50", 50.0), ("TTFT p95", 100.0),
+                                                               ("ITL p95", 10.0)]
+    assert "the host as it was: 99.3 tok/s in the same run" in made.notes
+    path = tune.keep_recipe(tmp_path / "tuned" / "recipes", made)
+    assert recipes.load_file(path) == made  # the file reads back to the same recipe

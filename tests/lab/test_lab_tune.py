@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from provision import inventory, lab
+from provision import inventory, lab, recipes
 from tests.lab.conftest import invoke_json, on_host, run_invoke
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
@@ -90,6 +90,14 @@ def test_tune_keeps_the_fastest_passing_settings_and_resumes(files: tuple[str, s
     assert "--max-model-len 256" in unit_text and "--max-num-seqs" not in unit_text, unit_text
     assert on_host(lab_inventory, "cpu-1", ["systemctl", "is-active", "vllm.service"]).strip() == "active"
     assert Path(unit["plot"]).read_bytes()[:4] == b"\x89PNG"
+    # The winner as a recipe, its figures measured by this run; the recipe tasks read it by its path.
+    made = recipes.load_file(Path(unit["recipe_file"]))
+    assert Path(unit["recipe_file"]).parent == tuned / "recipes" and made.name.startswith("tuned-cpu-1-"), made
+    assert made.hardware.profile == "cpu" and made.settings["max_model_len"] == 256 and "port" not in made.settings
+    assert (made.engine_version or "").startswith("0.32.0") and made.figures[0].metric == "throughput" and made.figures[0].value > 0
+    assert all(figure.kind == "measured" and figure.tool.startswith("provision ") for figure in made.figures)
+    shown = run_invoke("recipe.show", unit["recipe_file"])
+    assert shown.returncode == 0 and "measured: invoke tune on cpu-1" in shown.stdout, shown.stdout + shown.stderr
     # A second run measures nothing again: every trial comes from the kept ones, the same winner.
     code, again, text = tune_cpu_1(space, workload)
     assert code == 0, text
