@@ -92,19 +92,35 @@ def status_(c: Context, flags: HostFlags, watch: float = 0, timeout: float = 5, 
         screen.stop()
 
 
-@host_task("bench", "inventory", "json", "set",
+@host_task("bench", "inventory", "json", "set", iterable=["arg"],
            help={"host": COMMON_HELP["host"], "prompt": "the prompt (a number is appended per request)",
                  "count": "requests (default 16)", "concurrency": "requests at once (default 4)",
                  "max-tokens": "tokens per completion (default 32)",
                  "endpoint": "an endpoint of the inventory instead of a host: the load goes through its "
-                             "router, from the router's host, to its first model's replicas"})
+                             "router, from the router's host, to its first model's replicas",
+                 "profile": "a published benchmark profile, a file (Spark Arena's benchmarking/*.yaml) or a "
+                            "shipped one by name (spark-arena-v2), run with the tool it names, llama-benchy, from "
+                            "this machine (with --host); cut to the server's context where it cannot hold a run (said)",
+                 "book-url": "with --profile: the text llama-benchy cuts its prompts from (default: its own)",
+                 "arg": "with --profile: one of its args changed, KEY=VALUE (repeatable; named in the results): "
+                        "skip_coherence=true for a model that cannot answer a question, say",
+                 "output": "with --profile: where the results go (default: beside the cluster's applied recipe, "
+                           "else bench/ beside the inventory); never overwrites"})
 def bench(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "Tell me about GPUs",
-          count: int = 16, concurrency: int = 4, max_tokens: int = 32, endpoint: str | None = None) -> None:
+          count: int = 16, concurrency: int = 4, max_tokens: int = 32, endpoint: str | None = None,
+          profile: str | None = None, book_url: str | None = None, output: str | None = None,
+          arg: list[str] | None = None) -> None:
     """Real completions against a host's server (or through an endpoint): tokens/s, time to first token,
-    the server's own figures (a host's only: behind a router they are spread over its replicas)."""
+    the server's own figures (a host's only: behind a router they are spread over its replicas). With
+    --profile, a published benchmark profile run with llama-benchy, its results kept."""
     from provision import remote, report, secrets, server
     if bool(host) == bool(endpoint):
         raise Exit("error: bench needs --host NAME or --endpoint NAME (one of them)", code=2)
+    if profile:
+        if endpoint:
+            raise Exit("error: --profile runs against one host's server (--host NAME), not an endpoint", code=2)
+        bench_profile(flags, host or "", profile, book_url, output, arg or [])
+        return
     if count < 1 or concurrency < 1 or max_tokens < 1:
         raise Exit("error: --count, --concurrency and --max-tokens must be at least 1", code=2)
     chosen = flags.select(targets=False)
@@ -131,6 +147,37 @@ def bench(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "
     report.print_bench(f"endpoint {endpoint} ({model}, from {host})" if endpoint else host or "", result,
                        concurrency, flags.json)
     exit_unless(result.succeeded == result.requests)
+
+
+def bench_profile(flags: HostFlags, host: str, profile_file: str, book_url: str | None, output: str | None,
+                  args: list[str]) -> None:
+    """bench --profile: the runs, their results kept (a new file), a table or the document."""
+    import tempfile
+    from pathlib import Path
+
+    from provision import benchprofile, benchrun, remote, report, secrets
+    from provision.errors import BenchProfileError
+    chosen = flags.select(targets=False)
+    profile = benchprofile.with_args(benchprofile.named(profile_file), benchprofile.parse_args(args))
+    benchrun.tool_version()  # installed, or exit 2 before anything connects
+    kept = Path(output) if output else benchrun.kept_path(chosen.inventory, host, profile.name)
+    if kept.exists():
+        raise BenchProfileError("exists already: never overwritten (name another file)", file=str(kept))
+    held = secrets.load(chosen.inventory.secrets)
+    settings = chosen.inventory.settings(host, chosen.overrides)
+    runner = remote.connect(chosen.inventory.host(host), chosen.inventory.ssh)
+    quiet = flags.json
+    try:
+        with tempfile.TemporaryDirectory(prefix="provision-bench-") as work:
+            measured = benchrun.run_profile(runner, settings, held.vllm_api_key, profile, Path(work), book_url,
+                                            lambda line: None if quiet else print(line, file=sys.stderr))
+    except ProvisionError as exc:
+        raise Exit(report.host_error(host, exc), code=1) from None
+    finally:
+        runner.close()
+    benchrun.keep(kept, measured.document)
+    report.print_bench_profile(host, measured.document, str(kept), flags.json)
+    exit_unless(measured.ok)
 
 
 @host_task("ask", "inventory", "json", "set",

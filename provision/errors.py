@@ -4,7 +4,8 @@
     ├── InventoryError (also ValueError)   bad inventory or usage: exit code 2, nothing contacted
     │   ├── OutputExists                   starter.py: init's file is there already; init never overwrites
     │   ├── TuneError                      tune: a space, workload or kept-trials file that cannot be used
-    │   └── RecipeError                    recipes/: a recipe (ours or Spark Arena's) that cannot be read or used
+    │   ├── RecipeError                    recipes/: a recipe (ours or Spark Arena's) that cannot be read or used
+    │   └── BenchProfileError              benchprofile.py: a published benchmark profile that cannot be run here
     ├── ProfileError (also ValueError)     a hardware profile file that does not validate
     ├── KnownIssueError (also ValueError)  an entry of the known-issues file that does not validate
     ├── ContractError (also ValueError)    a row of the engine contracts table that does not validate
@@ -99,6 +100,11 @@ class TuneError(InventoryError):
 class RecipeError(InventoryError):
     """A recipe file (shipped, a user's, or one of Spark Arena's registry) that cannot be read, or whose
     settings do not validate as inventory settings, or that has no meaning here (exit 2)."""
+
+
+class BenchProfileError(InventoryError):
+    """A benchmark profile file (Spark Arena's, or a user's) that cannot be read, names a tool this one
+    does not run, or asks nothing the server can serve (exit 2)."""
 
 
 class ProfileError(ProvisionError, ValueError):

@@ -23,7 +23,8 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -412,6 +413,31 @@ class LocalRunner(_Counting):
 
     def close(self) -> None:
         return None
+
+
+def free_port() -> int:
+    """A TCP port free on this machine's loopback now (the OS picks it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def forwarded(runner: Runner, address: str, port: int) -> Iterator[tuple[str, int]]:
+    """ADDRESS:PORT as the host sees it, reached from this machine while the block runs: over an SSH
+    runner's connection (Fabric's forward_local, a loopback port here), directly for this machine."""
+    if not isinstance(runner, SshRunner):
+        yield address, port
+        return
+    runner._open()
+    local = free_port()
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(runner.connection.forward_local(local, remote_port=port, remote_host=address))
+        except (OSError, paramiko.SSHException) as exc:
+            raise UnreachableHost(runner.host, f"cannot forward to {address}:{port} on the host: "
+                                  f"{in_words(exc)}") from exc
+        yield "127.0.0.1", local
 
 
 class Pool:

@@ -618,6 +618,34 @@ def print_bench(host: str, result: Any, concurrency: int, json_: bool) -> None:
         print(f"  error: {error}", file=sys.stderr)
 
 
+def print_bench_profile(host: str, document: Mapping[str, Any], kept: str, json_: bool) -> None:
+    """bench --profile: per run its sizes, llama-benchy's tokens/s and time to first token; the cut; the file."""
+    from provision.benchrun import rows_of
+
+    if json_:
+        print(dump_json({**document, "file": kept, "summary": rows_of(document)}))
+        return
+    out = console()
+    profile, tool = document["profile"], document["tool"]
+    table = Table(title=f"bench {host}: profile {profile['name']} with {tool['name']} {tool['version']}",
+                  title_justify="left")
+    for column in ("run", "pp", "tg", "prefill tok/s", "decode tok/s", "TTFT ms", "s", "exit"):
+        table.add_column(column)
+    for row in rows_of(document):
+        table.add_row(row["label"], str(row["pp"]), str(row["tg"]), _fmt(row["pp_tokens_per_s"], digits=1),
+                      _fmt(row["tg_tokens_per_s"], digits=1), _fmt(row["ttft_ms"], digits=1),
+                      _fmt(row["seconds"], digits=0), str(row["exit"]))
+    out.print(table)
+    if document.get("cut"):
+        out.print(Text(f"profile {document['cut']}"))
+    for key, value in profile.get("changed_by_command_line", {}).items():
+        out.print(Text(f"profile arg {key} = {json.dumps(value)} (--arg, not the published profile's)"))
+    for item in document["runs"]:
+        if item.get("output_tail"):
+            out.print(Text(f"{item['label']}: llama-benchy exit {item['exit']}: {' | '.join(item['output_tail'])}"))
+    out.print(Text(f"kept in {kept}"))
+
+
 def status_document(found: Mapping[str, Any], routed: Sequence[Any] = ()) -> dict[str, Any]:
     from provision import status
     return {"hosts": {name: status.as_json(item) for name, item in found.items()},

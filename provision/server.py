@@ -19,12 +19,15 @@ def server_url(address: str, port: int) -> str:
     return f"http://{'[' + address + ']' if ':' in address else address}:{port}"
 
 
-def base_url(settings: Settings) -> str:
-    """The server's URL on its own host (a wildcard listener answers on loopback too)."""
+def local_address(settings: Settings) -> str:
+    """Where the server answers on its own host (a wildcard listener answers on loopback too)."""
     address = str(settings.bind_host)
-    if address in ("0.0.0.0", "::"):
-        address = "127.0.0.1"
-    return server_url(address, settings.port)
+    return "127.0.0.1" if address in ("0.0.0.0", "::") else address
+
+
+def base_url(settings: Settings) -> str:
+    """The server's URL on its own host."""
+    return server_url(local_address(settings), settings.port)
 
 
 def served_name(settings: Settings) -> str:

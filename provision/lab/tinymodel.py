@@ -76,7 +76,10 @@ def make(directory: Path, seed: int = 0) -> Path:
     tokenizer.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-        "unk_token": "<unk>", "model_max_length": 512, "clean_up_tokenization_spaces": False}))
+        "unk_token": "<unk>", "model_max_length": 512, "clean_up_tokenization_spaces": False,
+        # A chat model's template, as every served chat model has (vLLM answers /v1/chat/completions only
+        # with one): the messages' texts, one a line.
+        "chat_template": CHAT_TEMPLATE}))
     (directory / "special_tokens_map.json").write_text(json.dumps(
         {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
     for path in directory.iterdir():
@@ -84,6 +87,7 @@ def make(directory: Path, seed: int = 0) -> Path:
     return directory
 
 
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n{% endfor %}"
 AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm",
               "modules_to_not_convert": None}
 

@@ -1,0 +1,159 @@
+"""`bench --profile FILE`: a published benchmark profile (provision/benchprofile.py) run against one host's
+server with llama-benchy, from this machine, as sparkrun runs Spark Arena's profiles.
+
+The server is reached through the host's SSH connection (remote.forwarded): it need not listen beyond
+loopback for a benchmark. llama-benchy counts tokens with the model's own tokenizer, fetched from the
+host's model directory (else it looks the model's name up on the hub). Each run is one llama-benchy
+process whose JSON result is kept verbatim; the runs go into one document with the profile, the cut,
+the tool's version and what was measured. The API key reaches llama-benchy through its environment
+(provision/benchlaunch.py), never argv.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from provision import __version__, benchprofile, remote, render, server
+from provision.benchlaunch import KEY_VARIABLE
+from provision.benchprofile import Profile, Run, Target
+from provision.errors import BenchProfileError
+from provision.inventory import Inventory, Settings, recipes_dir_of
+from provision.runner import Runner
+
+RUN_TIMEOUT = 3600.0  # seconds one run (3 repetitions at one depth and concurrency) may take
+
+
+def tool_version() -> str:
+    """llama-benchy's version here; BenchProfileError (exit 2) where it is not installed."""
+    try:
+        return metadata.version("llama-benchy")
+    except metadata.PackageNotFoundError:
+        raise BenchProfileError("llama-benchy is not installed here (the bench extra: pip install "
+                                "'provision[bench]')", file="command line", key="--profile") from None
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a profile run kept: the document (written where the task says) and whether every run ended well."""
+
+    document: dict[str, Any]
+    ok: bool
+
+
+def run_profile(runner: Runner, settings: Settings, api_key: str | None, profile: Profile, work: Path,
+                book_url: str | None, progress: Callable[[str], None]) -> Measured:
+    """Every run of the profile that the server's context holds, one after the other; a run that fails
+    is recorded (its exit and its output's end) and the others still run."""
+    version = tool_version()
+    runs, cut = benchprofile.cut(profile.runs, settings.max_model_len)
+    if not runs:
+        raise BenchProfileError(f"no run of the profile fits the server: {cut.words() if cut else ''}",
+                                file=profile.source)
+    if cut is not None and cut.cut:
+        progress(f"profile {profile.name}: {cut.words()}")
+    tokenizer = fetch_tokenizer(runner, settings, work)
+    if tokenizer is None:
+        progress(f"no tokenizer.json in {render.model_path(settings)} on {runner.host}: llama-benchy looks "
+                 f"{settings.model} up by name")
+    results = []
+    with remote.forwarded(runner, server.local_address(settings), settings.port) as (address, port):
+        target = Target(server.server_url(address, port) + "/v1", str(settings.model), server.served_name(settings),
+                        str(tokenizer) if tokenizer else None, book_url)
+        for number, run in enumerate(runs, 1):
+            progress(f"[{number}/{len(runs)}] {run.label}: pp {run.args.get('pp')} tg {run.args.get('tg')} ...")
+            results.append(_one(run, target, api_key, work / f"run-{number:02d}"))
+    document = {
+        "profile": {"name": profile.name, "description": profile.description, "source": profile.source,
+                    "framework": benchprofile.FRAMEWORK, "args": dict(profile.args),
+                    "changed_by_command_line": dict(profile.changed)},
+        "cut": cut.words() if cut is not None and cut.cut else None,
+        "tool": {"name": benchprofile.FRAMEWORK, "version": version},
+        "measured_with": f"provision {__version__}", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": runner.host, "engine": settings.engine, "model": settings.model,
+        "served_model_name": server.served_name(settings), "runs": results}
+    return Measured(document, all(item["exit"] == 0 and item["result"] for item in results))
+
+
+def _one(run: Run, target: Target, api_key: str | None, stem: Path) -> dict[str, Any]:
+    result_file, log_file = stem.with_suffix(".json"), stem.with_suffix(".log")
+    env = {**os.environ, **({KEY_VARIABLE: api_key} if api_key else {})}
+    started = time.monotonic()
+    with log_file.open("w") as log:
+        try:
+            done = subprocess.run([sys.executable, "-m", "provision.benchlaunch",
+                                   *benchprofile.argv(run, target, str(result_file))],
+                                  stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                  timeout=RUN_TIMEOUT, check=False)
+            code = done.returncode
+        except subprocess.TimeoutExpired:
+            code = 124
+    result: Any = None
+    if result_file.is_file():
+        try:
+            result = json.loads(result_file.read_text(encoding="utf-8"))
+        except ValueError:
+            result = None
+    tail = log_file.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
+    return {"label": run.label, "depth": run.depth, "concurrency": run.concurrency, "args": dict(run.args),
+            "exit": code, "seconds": round(time.monotonic() - started, 1), "result": result,
+            "output_tail": None if code == 0 and result else tail}
+
+
+def kept_path(inv: Inventory, host: str, profile: str) -> Path:
+    """Where bench --profile keeps its results by default: beside the recipe applied to the host's
+    cluster (recipes/CLUSTER-PROFILE-TIME.json), else bench/HOST-PROFILE-TIME.json beside the inventory."""
+    base = Path(inv.path) if inv.path else Path.cwd()
+    folder = base if base.is_dir() else base.parent
+    cluster = inv.cluster_of(host)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if cluster is not None and cluster.name in inv.applied:
+        return recipes_dir_of(base) / f"{cluster.name}-{profile}-{stamp}.json"
+    return folder / "bench" / f"{host}-{profile}-{stamp}.json"
+
+
+def keep(path: Path, document: Mapping[str, Any]) -> None:
+    """The results, as a new file (never over one)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("x", encoding="utf-8") as stream:
+            stream.write(json.dumps(document, indent=1) + "\n")
+    except FileExistsError:
+        raise BenchProfileError("exists already: never overwritten (name another file)", file=str(path)) from None
+    except OSError as exc:
+        raise BenchProfileError(f"cannot write: {exc.strerror or exc}", file=str(path)) from exc
+
+
+def fetch_tokenizer(runner: Runner, settings: Settings, work: Path) -> Path | None:
+    """The model's tokenizer.json from its directory on the host, here; None where it has none."""
+    remote_path = f"{render.model_path(settings)}/tokenizer.json"
+    if not runner.run(["test", "-f", remote_path]).ok:
+        return None
+    local = work / "tokenizer.json"
+    runner.get(remote_path, local)
+    return local
+
+
+def rows_of(document: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per run: its label, the prompt and output sizes, llama-benchy's mean prefill and
+    generation tokens/s and time to first token (ms) across its phases; None where it gave none."""
+    rows = []
+    for item in document.get("runs", []):
+        benchmarks = (item.get("result") or {}).get("benchmarks") or []
+
+        def mean(metric: str, runs: list[dict[str, Any]] = benchmarks) -> float | None:
+            values = [run[metric]["mean"] for run in runs if isinstance(run.get(metric), dict)]
+            return round(sum(values) / len(values), 2) if values else None
+
+        rows.append({"label": item["label"], "pp": item["args"].get("pp"), "tg": item["args"].get("tg"),
+                     "exit": item["exit"], "pp_tokens_per_s": mean("pp_throughput"),
+                     "tg_tokens_per_s": mean("tg_throughput"), "ttft_ms": mean("e2e_ttft"),
+                     "seconds": item["seconds"]})
+    return rows

@@ -1,0 +1,127 @@
+"""Published benchmark profiles: Spark Arena's v2 profile read as it is (tests/fixtures/bench-profiles,
+verbatim, its repository and commit in sources.json), cut to a server's context, and each run's
+arguments judged by llama-benchy's own parser (the pinned release, the bench and test extras)."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from provision import benchprofile, benchrun
+from provision.benchprofile import Target
+from provision.errors import BenchProfileError
+from tests.conftest import FIXTURES, REPO
+
+PROFILES = FIXTURES / "bench-profiles"
+V2 = PROFILES / "spark-arena-v2.yaml"
+TARGET = Target("http://127.0.0.1:41234/v1", "lab/tiny-llama", "tiny-llama", "/tmp/work/tokenizer.json",
+                "http://10.231.77.1:8930/corpus/book.txt")
+
+
+def test_the_v2_profile_is_read_as_sparkrun_runs_it_its_schedule_in_order() -> None:
+    assert json.loads((PROFILES / "sources.json").read_text())["spark-arena-v2.yaml"]["repository"] == \
+        "spark-arena/recipe-registry"
+    profile = benchprofile.load(V2)
+    assert profile.name == "spark-arena-v2" and profile.description == "Spark Arena Benchmark Profile v2"
+    assert len(profile.runs) == 28 and profile.runs[0].label == "d=8192 c=5" and profile.runs[-1].label == "d=100000 c=10"
+    assert {(run.depth, run.concurrency) for run in profile.runs} == {
+        (depth, concurrency) for depth in (0, 4096, 8192, 16384, 32768, 65535, 100000) for concurrency in (1, 2, 5, 10)}
+    assert profile.runs[0].args == {"depth": [8192], "pp": [2048], "tg": [128], "concurrency": [5],
+                                    "enable_prefix_caching": True}
+
+
+def test_without_a_schedule_every_depth_runs_with_every_concurrency_depth_first(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text("framework: llama-benchy\nargs: {pp: [512], tg: [32], depth: [0, 1024], concurrency: [1, 4], runs: 2}\n")
+    profile = benchprofile.load(path)
+    assert [run.label for run in profile.runs] == ["d=0 c=1", "d=0 c=4", "d=1024 c=1", "d=1024 c=4"]
+    assert profile.runs[0].args["runs"] == 2
+
+
+@pytest.mark.parametrize("run", benchprofile.load(V2).runs, ids=lambda run: run.label)
+def test_each_run_s_arguments_are_what_llama_benchy_s_own_parser_reads(monkeypatch: pytest.MonkeyPatch,
+                                                                        run: benchprofile.Run) -> None:
+    from llama_benchy.config import BenchmarkConfig
+
+    line = benchprofile.argv(run, TARGET, "/tmp/work/run-01.json")
+    assert "--api-key" not in line
+    monkeypatch.setattr(sys, "argv", ["llama-benchy", *line, "--api-key", "secret"])
+    config = BenchmarkConfig.from_args()
+    assert (config.base_url, config.model, config.served_model_name) == (TARGET.base_url, "lab/tiny-llama", "tiny-llama")
+    assert (config.tokenizer, config.book_url) == (TARGET.tokenizer, TARGET.book_url)
+    assert (config.pp_counts, config.tg_counts, config.depths, config.concurrency_levels) == (
+        [2048], [128], [run.depth], [run.concurrency])
+    assert config.enable_prefix_caching is True and config.num_runs == benchprofile.DEFAULT_RUNS
+    assert (config.result_format, config.save_result, config.api_key) == ("json", "/tmp/work/run-01.json", "secret")
+
+
+def test_a_small_server_gets_the_profile_cut_to_its_context_and_the_cut_says_what() -> None:
+    runs, cut = benchprofile.cut(benchprofile.load(V2).runs, 256)
+    assert cut is not None and cut.cut
+    assert [run.label for run in runs] == ["d=0 c=1", "d=0 c=10", "d=0 c=5", "d=0 c=2"]  # the schedule's order
+    assert all(run.args["pp"] == [196] and run.args["tg"] == [28] and run.tokens() <= 256 - 32 for run in runs)
+    assert len(cut.dropped) == 24 and "d=100000 c=10" in cut.dropped
+    assert cut.words().startswith("cut to the server's context (256 tokens, 32 kept for the chat template): "
+                                  "pp 2048 -> 196; tg 128 -> 28; 24 run(s) dropped (d=8192 c=5, ")
+    whole, none_cut = benchprofile.cut(benchprofile.load(V2).runs, 131072)
+    assert len(whole) == 28 and none_cut is not None and not none_cut.cut
+    assert none_cut.words() == "as published (the server's context, 131072 tokens, holds every run)"
+    mid, some = benchprofile.cut(benchprofile.load(V2).runs, 40960)
+    assert {run.depth for run in mid} == {0, 4096, 8192, 16384, 32768} and some is not None and not some.shrunk
+    unknown, no_cut = benchprofile.cut(benchprofile.load(V2).runs, None)
+    assert len(unknown) == 28 and no_cut is None
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("framework: vllm-bench\nargs: {pp: [1]}\n", "this tool runs llama-benchy profiles only"),
+    ("framework: llama-benchy\nargs: {pp: [1]}\nextras: 1\n", "unknown key(s) extras"),
+    ("framework: llama-benchy\nargs: {base_url: http://x}\n", "args.base_url: this tool sets it"),
+    ("framework: llama-benchy\nargs: {api_key: k}\n", "args.api_key: this tool sets it"),
+    ("framework: llama-benchy\nargs: {pp: [two]}\n", "args.pp must be a list of whole numbers"),
+    ("framework: llama-benchy\nargs: {pp: [1]}\nschedule: [{depth: 0}]\n", "schedule entry 1 must be"),
+    ("framework: llama-benchy\nargs: {pp: [1]}\nschedule: {depth: 0}\n", "'schedule' must be a list"),
+    ("- a list\n", "a mapping with framework and args"),
+])
+def test_a_profile_that_cannot_run_here_is_refused_saying_why(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(BenchProfileError, match=re.escape(message)) as caught:
+        benchprofile.load(path)
+    assert "bad.yaml" in str(caught.value)
+
+
+def test_a_profile_nothing_of_which_fits_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    path = tmp_path / "deep.yaml"
+    path.write_text("framework: llama-benchy\nargs: {pp: [2048], tg: [128], depth: [8192]}\n")
+    runs, cut = benchprofile.cut(benchprofile.load(path).runs, 256)
+    assert runs == () and cut is not None and cut.dropped == ("d=8192 c=1",)
+
+
+def test_the_installed_llama_benchy_is_the_pinned_one() -> None:
+    pinned = next(line for line in (REPO / "pyproject.toml").read_text().splitlines() if line.startswith("bench = "))
+    assert f'"llama-benchy=={benchrun.tool_version()}"' in pinned
+
+
+def test_an_arg_changed_on_the_command_line_is_held_to_the_same_rules_and_named() -> None:
+    profile = benchprofile.with_args(benchprofile.load(V2), benchprofile.parse_args(["skip_coherence=true", "runs=1"]))
+    assert profile.changed == {"skip_coherence": True, "runs": 1}
+    assert all(run.args["skip_coherence"] is True and run.args["runs"] == 1 for run in profile.runs)
+    assert "--skip-coherence" in benchprofile.argv(profile.runs[0], TARGET, "r.json")
+    with pytest.raises(BenchProfileError, match="this tool sets it"):
+        benchprofile.with_args(profile, {"api_key": "k"})
+    with pytest.raises(BenchProfileError, match="--arg expects KEY=VALUE"):
+        benchprofile.parse_args(["skip_coherence"])
+
+
+def test_the_shipped_v2_profile_is_the_published_one_found_by_name(tmp_path: Path) -> None:
+    shipped = benchprofile.named("spark-arena-v2")
+    assert shipped.runs == benchprofile.load(V2).runs and shipped.args == benchprofile.load(V2).args
+    assert (REPO / "provision" / "benchprofiles" / "spark-arena-v2.yaml").read_text().endswith(V2.read_text())
+    path = tmp_path / "spark-arena-v2.yaml"
+    path.write_text("framework: llama-benchy\nargs: {pp: [64]}\n")
+    assert benchprofile.named(str(path)).args["pp"] == [64]  # a file by its path comes first
+    with pytest.raises(BenchProfileError, match="shipped: spark-arena-v2"):
+        benchprofile.named("spark-arena-v9")
