@@ -120,12 +120,7 @@ def named(name_or_path: str) -> Profile:
 
 def load(path: Path) -> Profile:
     """A profile file; BenchProfileError (exit 2) names the file and what is wrong."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise BenchProfileError(f"cannot read: {exc.strerror or exc}", file=str(path)) from exc
-    if len(data) > MAX_PROFILE_BYTES:
-        raise BenchProfileError(f"larger than {MAX_PROFILE_BYTES // 1024} KiB: not a benchmark profile", file=str(path))
+    data = datafiles.read_bounded(path, MAX_PROFILE_BYTES, BenchProfileError, "a benchmark profile")
     try:
         body = datafiles.load(data.decode("utf-8"))
     except (UnicodeDecodeError, yaml.YAMLError) as exc:

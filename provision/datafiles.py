@@ -3,12 +3,32 @@ with libyaml's safe loader where PyYAML was built with it, as its wheels are: th
 took a third of a second of every run for these files. The same safe subset of YAML either way."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+    from pathlib import Path
+
+    from provision.errors import InventoryError
 
 SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def load(text: str) -> Any:
     return yaml.load(text, Loader=SAFE_LOADER)  # a safe loader, C or Python
+
+
+def read_bounded(path: Path | Traversable, limit: int, error: type[InventoryError], what: str) -> bytes:
+    """A user's data file (a recipe, a benchmark profile), read no further than `limit` bytes; `error`
+    (exit 2) names the file where it cannot be read or is larger than `what` ever is."""
+    from provision.errors import clip
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise error(f"cannot read: {clip(str(exc))}", file=str(path)) from exc
+    if len(data) > limit:
+        raise error(f"larger than {limit // 1024} KiB: not {what}", file=str(path))
+    return data

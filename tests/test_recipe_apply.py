@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from invoke.program import Program
 
 from provision import checks, inventory, recipes, run
-from provision.cli import ns
 from provision.errors import InventoryError, RecipeError
 from provision.recipes import applying
+from tests.test_recipes import run as cli
 
 INVENTORY = """\
 hosts:
@@ -156,14 +155,6 @@ def gated_with(status: str) -> Any:
         names = [target.name for target in targets]
         return run.Gated(names, {name: [finding(status)] for name in names}, {}, {}, None)  # type: ignore[arg-type]
     return gate
-
-
-def cli(argv: list[str]) -> int:
-    try:
-        Program(namespace=ns, name="provision", binary="provision").run(["provision", *argv])
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
 
 
 def test_the_file_is_written_only_when_the_gate_passes(folder: Path, monkeypatch: pytest.MonkeyPatch,

@@ -242,12 +242,7 @@ def from_mapping(data: Any, source: str, profiles: Mapping[str, Any] | None = No
 
 
 def load_file(path: Path | Traversable, profiles: Mapping[str, Any] | None = None) -> Recipe:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise RecipeError(f"cannot read: {clip(str(exc))}", file=str(path)) from exc
-    if len(data) > MAX_RECIPE_BYTES:
-        raise RecipeError(f"larger than {MAX_RECIPE_BYTES // 1024} KiB: not a recipe", file=str(path))
+    data = datafiles.read_bounded(path, MAX_RECIPE_BYTES, RecipeError, "a recipe")
     return from_mapping(read_yaml(data, str(path)), str(path), profiles)
 
 
