@@ -24,34 +24,59 @@ FORMATS = ("ours", "spark-arena")
 MAX_FILES = 2000  # a registry checkout holds a few hundred files; a bigger tree is not one
 
 
-@task(auto_shortflags=False, name="list",
-      help=help_for("json", profile="only the recipes measured on this hardware profile (or its alias)"))
-@guarded
-def list_(c: Context, profile: str | None = None, json_: bool = False) -> None:
-    """The shipped recipes: model, engine, the hardware each was measured on and its figures."""
-    from provision import recipes, report
-    from provision.taskargs import profile_named
+FITS_HELP = ("a host of the inventory: the gate run on it with each recipe's settings (as --set gives them), "
+             "its verdict and the memory fit shown; nothing changes on it")
 
-    chosen = profile_named(profile)
+
+@task(auto_shortflags=False, name="list",
+      help=help_for("json", "inventory", profile="only the recipes measured on this hardware profile (or its alias)",
+                    fits=FITS_HELP + " (with no --profile: the recipes of its profile)"))
+@guarded
+def list_(c: Context, profile: str | None = None, fits: str | None = None, inventory: str | None = None,
+          json_: bool = False) -> None:
+    """The shipped recipes: model, engine, the hardware each was measured on and its figures; with
+    --fits HOST, whether each would pass the gate there and how it fits the host's memory."""
+    from provision import recipes, report
+    from provision.taskargs import load_inventory, profile_named
+
+    inv = load_inventory(inventory) if fits else None
+    chosen = profile_named(profile) or (inv.host(fits).profile if inv is not None and fits else None)
     found = [recipe for recipe in recipes.load_recipes().values()
              if chosen is None or recipe.hardware.profile in (chosen.name, *chosen.aliases)]
+    fitted = _fitted(inv, fits, found) if inv is not None and fits else None
     if json_:
-        print(report.dump_json([report.recipe_json(recipe) for recipe in found]))
+        print(report.dump_json([{**report.recipe_json(recipe), **({"fits": report.fit_json(fitted[recipe.name])}
+                                                                   if fitted else {})} for recipe in found]))
     else:
-        report.print_recipes(found, report.console())
+        report.print_recipes(found, report.console(), fits, fitted)
 
 
-@task(auto_shortflags=False, name="show", help=help_for("json", name="a recipe's name, or a recipe file"))
+@task(auto_shortflags=False, name="show",
+      help=help_for("json", "inventory", name="a recipe's name, or a recipe file", host=FITS_HELP))
 @guarded
-def show(c: Context, name: str, json_: bool = False) -> None:
-    """One recipe: its settings as an inventory's vars, the hardware, each figure and where it comes from."""
+def show(c: Context, name: str, host: str | None = None, inventory: str | None = None, json_: bool = False) -> None:
+    """One recipe: its settings as an inventory's vars, the hardware, each figure and where it comes from;
+    with --host, whether it would pass the gate there and how it fits the host's memory."""
     from provision import recipes, report
+    from provision.taskargs import load_inventory
 
     recipe = recipes.find(_given(name, "show", "NAME"))
+    fitted = _fitted(load_inventory(inventory), host, [recipe]) if host else None
     if json_:
-        print(report.dump_json(report.recipe_json(recipe)))
+        print(report.dump_json({**report.recipe_json(recipe),
+                                **({"fits": report.fit_json(fitted[recipe.name])} if fitted else {})}))
     else:
-        report.print_recipe(recipe, report.console())
+        report.print_recipe(recipe, report.console(), host, fitted[recipe.name] if fitted else None)
+
+
+def _fitted(inv: Any, host: str, found: list[Any]) -> dict[str, Any]:
+    """Each recipe's gate on `host`: its settings as the command line's (the host's own layers below
+    them), as `invoke check --host HOST --set ...` would judge them. Contacts the host, changes nothing."""
+    from provision import run
+
+    target = inv.host(host)
+    return {recipe.name: run.gate(inv, [target], run.Options(overrides=recipe.inventory_vars(), quiet=True))
+            for recipe in found}
 
 
 @task(auto_shortflags=False, name="import", iterable=["set_"],

@@ -994,21 +994,46 @@ def _jsonable(values: Mapping[str, Any]) -> dict[str, Any]:
     return {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
 
 
-def print_recipes(recipes: Sequence[Recipe], out: Console) -> None:
+def fit_json(gated: Gated) -> dict[str, Any]:
+    """A recipe judged on one host: the gate's verdict (or the host's error) and its memory finding."""
+    host = gated.order[0]
+    if host in gated.errors:
+        return {"host": host, "verdict": None, "error": error_text(gated.errors[host]), "memory": None}
+    findings = gated.findings[host]
+    memory = next((finding for finding in findings if finding.id == "memory.fits"), None)
+    return {"host": host, "verdict": verdict(findings), "error": None,
+            "blockers": [finding.id for finding in findings if finding.blocks],
+            "memory": finding_json(memory) if memory is not None else None}
+
+
+def _fit_text(gated: Gated) -> str:
+    fit = fit_json(gated)
+    if fit["error"]:
+        return f"error: {fit['error']}"
+    memory = fit["memory"]
+    blockers = [name for name in fit["blockers"] if name != "memory.fits"]
+    return "; ".join([fit["verdict"], *([f"memory: {memory['message']}"] if memory else []),
+                      *([f"blocked by {', '.join(blockers)}"] if blockers else [])])
+
+
+def print_recipes(recipes: Sequence[Recipe], out: Console, host: str | None = None,
+                  fitted: Mapping[str, Gated] | None = None) -> None:
     if not recipes:
         out.print("recipes: none for this profile")
         return
     table = Table(title="recipes", title_justify="left")
-    for column in ("name", "profile", "gpus", "nodes", "model", "engine", "figures"):
-        table.add_column(column)
+    for column in ("name", "profile", "gpus", "nodes", "model", "engine", "figures",
+                   *([f"on {host}"] if fitted is not None else [])):
+        table.add_column(column, overflow="fold")
     for recipe in recipes:
         hardware = recipe.hardware
         table.add_row(recipe.name, hardware.profile, str(hardware.gpus), str(hardware.nodes), recipe.model,
-                      f"{recipe.engine} {recipe.engine_version or '(version not given)'}", _figure_text(recipe))
+                      f"{recipe.engine} {recipe.engine_version or '(version not given)'}", _figure_text(recipe),
+                      *([_fit_text(fitted[recipe.name])] if fitted is not None else []))
     out.print(table)
 
 
-def print_recipe(recipe: Recipe, out: Console) -> None:
+def print_recipe(recipe: Recipe, out: Console, host: str | None = None, gated: Gated | None = None) -> None:
     """One recipe: what it is, the settings as an inventory's vars, the hardware, every figure and where
     it comes from."""
     hardware = recipe.hardware
@@ -1030,6 +1055,8 @@ def print_recipe(recipe: Recipe, out: Console) -> None:
         out.print(Text(f"  figure {figure.metric}: {figure.value:g} {figure.unit} ({origin})"))
     for note in recipe.notes:
         out.print(Text(f"  note: {note}"))
+    if gated is not None:
+        out.print(Text(f"  on {host}: {_fit_text(gated)}"))
 
 
 def application_json(application: Application, gated: Gated, passed: bool, written: bool) -> dict[str, Any]:

@@ -200,3 +200,33 @@ def test_the_shape_of_the_applied_file(folder: Path) -> None:
     assert body.startswith("cluster: tiny\nrecipe: lab-cpu-tiny-llama\nvars:\n  engine: vllm\n"), text
     assert textwrap.dedent("""\
         # Recipe lab-cpu-tiny-llama applied to cluster tiny by recipe.apply""") in text
+
+
+# ---------------------------------------------------------------------------------------------
+# --fits HOST and show --host: each recipe judged on a host by the gate, nothing written
+
+
+def memory_gate(inv: inventory.Inventory, targets: list[inventory.Host], options: run.Options) -> run.Gated:
+    """The gate's answer where the recipe asks two GPUs of a host that has them: the memory finding says
+    how it fits (recorded verdicts; the lab's test runs the real gate)."""
+    names = [target.name for target in targets]
+    assert options.overrides["model"], "each recipe's settings are judged as --set gives them"
+    fits = checks.Finding(id="memory.fits", status="pass", severity="blocker",
+                          message=f"fits: {options.overrides['model']} with 3.1 GiB of KV cache a GPU")
+    return run.Gated(names, {name: [fits] for name in names}, {}, {}, None)  # type: ignore[arg-type]
+
+
+def test_list_fits_judges_the_host_s_profile_recipes_on_it(folder: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(run, "gate", memory_gate)
+    assert cli(["recipe.list", "--fits", "ws-1", "--inventory", str(folder), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [item["name"] for item in listed] == [SEED]  # ws-1 is an rtx5090: that profile's recipes
+    fit = listed[0]["fits"]
+    assert fit["host"] == "ws-1" and fit["verdict"] == "ok" and fit["memory"]["message"].startswith(
+        "fits: casperhansen/deepseek-r1-distill-qwen-32b-awq")
+    assert cli(["recipe.show", SEED, "--host", "ws-1", "--inventory", str(folder)]) == 0
+    assert "on ws-1: ok; memory: fits: casperhansen/deepseek-r1-distill-qwen-32b-awq" in capsys.readouterr().out
+    assert cli(["recipe.list", "--fits", "nope", "--inventory", str(folder)]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert not (folder / "recipes").exists()

@@ -57,3 +57,12 @@ def test_the_lab_s_own_recipe_passes_is_written_and_read_by_the_inventory(applie
     assert {host["origin"][key] for key in ("model", "vllm_spec", "max_model_len", "extra_args")} == {layer}, host["origin"]
     code, again, text = invoke_json("recipe.apply", LAB, "--cluster", "lab-cpu")
     assert code == 0 and again["unchanged"] and not again["written"], text
+
+
+def test_list_fits_runs_the_real_gate_on_cpu_1_for_each_recipe_of_its_profile(applied_file: Path) -> None:
+    code, listed, text = invoke_json("recipe.list", "--fits", "cpu-1")
+    assert code == 0, text
+    fits = {item["name"]: item["fits"] for item in listed}
+    assert set(fits) == {LAB}, fits  # cpu-1 plays the cpu profile: that profile's recipes only
+    assert fits[LAB]["verdict"] != "blocked" and fits[LAB]["memory"] is not None, fits
+    assert not applied_file.exists()  # judged, nothing written
