@@ -7,6 +7,7 @@ read or used (one line on stderr).
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +81,8 @@ def _fitted(inv: Any, host: str, found: list[Any]) -> dict[str, Any]:
 
 
 @task(auto_shortflags=False, name="import", iterable=["set_"],
-      help=help_for("json", path="a Spark Arena v2 recipe file, or a checkout of its registry (every v2 file in it)",
+      help=help_for("json", path="a Spark Arena v2 recipe file, a checkout of its registry (every v2 file in it), "
+                                 "or its git URL (cloned with this machine's git, then read as a checkout)",
                     set="a setting the recipe cannot give, KEY=VALUE (repeatable): the venv's pin above all, "
                         "vllm_spec=vllm==X.Y.Z, where the container's name does not say it",
                     output="write the recipe (ours) to this file; never overwrites (a file only)"))
@@ -94,7 +96,20 @@ def import_(c: Context, path: str, set_: list[str] | None = None, output: str | 
     from provision.recipes import sparkarena
 
     overrides = inventory.parse_overrides(set_ or [])
-    given = Path(_given(path, "import", "PATH"))
+    named = _given(path, "import", "PATH")
+    if is_git_url(named):
+        import tempfile
+
+        if output:
+            raise RecipeError("--output takes one recipe: a registry's URL holds many", file="command line")
+        with tempfile.TemporaryDirectory(prefix="provision-registry-") as work:
+            results, skipped = _import_tree(_clone(named, Path(work) / "registry"), overrides)
+        if json_:
+            print(report.dump_json({"recipes": [report.imported_json(item) for item in results], "not_v2": skipped}))
+        else:
+            report.print_imports(results, skipped, report.console())
+        return
+    given = Path(named)
     if given.is_dir():
         if output:
             raise RecipeError("--output takes one recipe: name a file, not a directory", file="command line")
@@ -195,6 +210,33 @@ def _given(value: str, name: str, what: str) -> str:
         raise RecipeError(f"`invoke recipe.{name} {what}` takes the {what} first (its help: "
                           f"`invoke --help recipe.{name}`), not {value!r}", file="command line")
     return value
+
+
+GIT_URL = ("https://", "http://", "ssh://", "git://", "file://", "git@")
+
+
+def is_git_url(text: str) -> bool:
+    """A registry's git URL rather than a path: https://github.com/spark-arena/recipe-registry(.git),
+    git@host:org/repo.git, ssh://, git://, file:// (a local repository)."""
+    return text.startswith(GIT_URL)
+
+
+def _clone(url: str, into: Path) -> Path:
+    """A shallow clone with this machine's own git (its credentials and proxy), never a git of ours."""
+    import shutil
+    import subprocess
+
+    git = shutil.which("git")
+    if git is None:
+        raise RecipeError("git is not installed here: clone the registry yourself and give its directory",
+                          file="command line")
+    done = subprocess.run([git, "clone", "--quiet", "--depth", "1", "--", url, str(into)], capture_output=True,
+                          text=True, timeout=600, check=False, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RecipeError(f"git clone {url} failed (exit {done.returncode}): {last}", file="command line")
+    return into
 
 
 def _read(path: Path) -> bytes:

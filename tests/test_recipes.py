@@ -365,3 +365,27 @@ def test_import_and_export_on_the_command_line(tmp_path: Path, capsys: pytest.Ca
     tree = json.loads(capsys.readouterr().out)
     assert len(tree["recipes"]) == len(FILES) and tree["not_v2"] == []
     assert sum(item["recipe"] is None for item in tree["recipes"]) == 1
+
+
+def test_a_registry_s_git_url_is_cloned_with_this_machine_s_git_and_read_as_a_checkout(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A registry as a git repository (made here from the fixtures, reached by a file:// URL: no test
+    reaches the network), cloned with the machine's own git, every v2 file in it read."""
+    import shutil
+    import subprocess
+
+    registry = tmp_path / "recipe-registry"
+    shutil.copytree(FIXTURES, registry / "recipes")
+    (registry / "recipes" / "sources.json").unlink()
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.invalid", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    for argv in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"], ["git", "commit", "-q", "-m", "recipes"]):
+        subprocess.run(argv, cwd=registry, env=env, check=True, capture_output=True)
+    assert run(["recipe.import", f"file://{registry}", "--json"]) == 0
+    tree = json.loads(capsys.readouterr().out)
+    assert len(tree["recipes"]) == len(FILES) and tree["not_v2"] == []
+    assert run(["recipe.import", f"file://{tmp_path}/no-such-registry"]) == 2
+    err = capsys.readouterr().err
+    assert "git clone file://" in err and "failed (exit 128)" in err and len(err.splitlines()) == 1
+    assert run(["recipe.import", f"file://{registry}", "--output", str(tmp_path / "one.yaml")]) == 2
+    assert "a registry's URL holds many" in capsys.readouterr().err
