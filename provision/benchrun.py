@@ -15,13 +15,14 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from provision import __version__, benchprofile, remote, render, server
+from provision import __version__, benchprofile, endpoints, remote, render, server
 from provision.benchlaunch import KEY_VARIABLE
 from provision.benchprofile import Profile, Run, Target
 from provision.errors import BenchProfileError
@@ -48,24 +49,47 @@ class Measured:
     ok: bool
 
 
-def run_profile(runner: Runner, settings: Settings, api_key: str | None, profile: Profile, work: Path,
-                book_url: str | None, progress: Callable[[str], None]) -> Measured:
+@dataclass(frozen=True)
+class Served:
+    """What a profile measures: where the server answers (ADDRESS:PORT as seen from `runner`'s host: a
+    host's own server, or an endpoint's router), the model's hub name and the name it is served as,
+    the context it holds, and a host that keeps the model's files (`files`, its settings) for the
+    tokenizer; `what`: how the results name it."""
+
+    runner: Runner
+    address: str
+    port: int
+    served_name: str
+    files: Runner
+    settings: Settings
+    what: str
+
+
+def served_by(runner: Runner, settings: Settings) -> Served:
+    """A host's own server."""
+    return Served(runner, server.local_address(settings), settings.port, server.served_name(settings), runner,
+                  settings, f"host {runner.host}")
+
+
+def run_profile(served: Served, api_key: str | None, profile: Profile, work: Path, book_url: str | None,
+                progress: Callable[[str], None]) -> Measured:
     """Every run of the profile that the server's context holds, one after the other; a run that fails
     is recorded (its exit and its output's end) and the others still run."""
     version = tool_version()
+    settings = served.settings
     runs, cut = benchprofile.cut(profile.runs, settings.max_model_len)
     if not runs:
         raise BenchProfileError(f"no run of the profile fits the server: {cut.words() if cut else ''}",
                                 file=profile.source)
     if cut is not None and cut.cut:
         progress(f"profile {profile.name}: {cut.words()}")
-    tokenizer = fetch_tokenizer(runner, settings, work)
+    tokenizer = fetch_tokenizer(served.files, settings, work)
     if tokenizer is None:
-        progress(f"no tokenizer.json in {render.model_path(settings)} on {runner.host}: llama-benchy looks "
+        progress(f"no tokenizer.json in {render.model_path(settings)} on {served.files.host}: llama-benchy looks "
                  f"{settings.model} up by name")
     results = []
-    with remote.forwarded(runner, server.local_address(settings), settings.port) as (address, port):
-        target = Target(server.server_url(address, port) + "/v1", str(settings.model), server.served_name(settings),
+    with remote.forwarded(served.runner, served.address, served.port) as (address, port):
+        target = Target(server.server_url(address, port) + "/v1", str(settings.model), served.served_name,
                         str(tokenizer) if tokenizer else None, book_url)
         for number, run in enumerate(runs, 1):
             progress(f"[{number}/{len(runs)}] {run.label}: pp {run.args.get('pp')} tg {run.args.get('tg')} ...")
@@ -77,8 +101,8 @@ def run_profile(runner: Runner, settings: Settings, api_key: str | None, profile
         "cut": cut.words() if cut is not None and cut.cut else None,
         "tool": {"name": benchprofile.FRAMEWORK, "version": version},
         "measured_with": f"provision {__version__}", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "host": runner.host, "engine": settings.engine, "model": settings.model,
-        "served_model_name": server.served_name(settings), "runs": results}
+        "measured": served.what, "host": served.runner.host, "engine": settings.engine, "model": settings.model,
+        "served_model_name": served.served_name, "runs": results}
     return Measured(document, all(item["exit"] == 0 and item["result"] for item in results))
 
 
@@ -107,16 +131,45 @@ def _one(run: Run, target: Target, api_key: str | None, stem: Path) -> dict[str,
             "output_tail": None if code == 0 and result else tail}
 
 
-def kept_path(inv: Inventory, host: str, profile: str) -> Path:
+def kept_path(inv: Inventory, host: str | None, endpoint: str | None, profile: str) -> Path:
     """Where bench --profile keeps its results by default: beside the recipe applied to the host's
-    cluster (recipes/CLUSTER-PROFILE-TIME.json), else bench/HOST-PROFILE-TIME.json beside the inventory."""
+    cluster (recipes/CLUSTER-PROFILE-TIME.json), else bench/HOST-PROFILE-TIME.json (an endpoint's:
+    bench/endpoint-NAME-PROFILE-TIME.json) beside the inventory."""
     base = Path(inv.path) if inv.path else Path.cwd()
     folder = base if base.is_dir() else base.parent
-    cluster = inv.cluster_of(host)
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    if endpoint is not None:
+        return folder / "bench" / f"endpoint-{endpoint}-{profile}-{stamp}.json"
+    cluster = inv.cluster_of(host or "")
     if cluster is not None and cluster.name in inv.applied:
         return recipes_dir_of(base) / f"{cluster.name}-{profile}-{stamp}.json"
     return folder / "bench" / f"{host}-{profile}-{stamp}.json"
+
+
+@contextmanager
+def connected(inv: Inventory, host: str | None, endpoint: str | None, overrides: Mapping[str, Any]) -> Iterator[Served]:
+    """What a profile measures, its connections closed after: a host's own server; or an endpoint's
+    router (reached on its host) serving its first model, whose files come from that model's first
+    replica's host."""
+    if endpoint is None:
+        runner = remote.connect(inv.host(host or ""), inv.ssh)
+        try:
+            yield served_by(runner, inv.settings(host or "", overrides))
+        finally:
+            runner.close()
+        return
+    plan = endpoints.named(inv, endpoint)
+    backend = plan.backends[0]
+    replica = backend.replicas[0]
+    router = remote.connect(inv.host(plan.host), inv.ssh)
+    files = remote.connect(inv.host(replica.host), inv.ssh)
+    try:
+        yield Served(router, plan.local_address, plan.port, backend.model, files, inv.settings(replica.host, overrides),
+                     f"endpoint {endpoint} ({backend.model}: {len(backend.replicas)} replica(s), through its router "
+                     f"on {plan.host})")
+    finally:
+        files.close()
+        router.close()
 
 
 def keep(path: Path, document: Mapping[str, Any]) -> None:

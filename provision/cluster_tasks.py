@@ -100,7 +100,8 @@ def status_(c: Context, flags: HostFlags, watch: float = 0, timeout: float = 5, 
                              "router, from the router's host, to its first model's replicas",
                  "profile": "a published benchmark profile, a file (Spark Arena's benchmarking/*.yaml) or a "
                             "shipped one by name (spark-arena-v2), run with the tool it names, llama-benchy, from "
-                            "this machine (with --host); cut to the server's context where it cannot hold a run (said)",
+                            "this machine against the host's server or the endpoint; cut to the server's context "
+                            "where it cannot hold a run (said)",
                  "book-url": "with --profile: the text llama-benchy cuts its prompts from (default: its own)",
                  "arg": "with --profile: one of its args changed, KEY=VALUE (repeatable; named in the results): "
                         "skip_coherence=true for a model that cannot answer a question, say",
@@ -117,9 +118,7 @@ def bench(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "
     if bool(host) == bool(endpoint):
         raise Exit("error: bench needs --host NAME or --endpoint NAME (one of them)", code=2)
     if profile:
-        if endpoint:
-            raise Exit("error: --profile runs against one host's server (--host NAME), not an endpoint", code=2)
-        bench_profile(flags, host or "", profile, book_url, output, arg or [])
+        bench_profile(flags, host, endpoint, profile, book_url, output, arg or [])
         return
     if count < 1 or concurrency < 1 or max_tokens < 1:
         raise Exit("error: --count, --concurrency and --max-tokens must be at least 1", code=2)
@@ -149,34 +148,31 @@ def bench(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "
     exit_unless(result.succeeded == result.requests)
 
 
-def bench_profile(flags: HostFlags, host: str, profile_file: str, book_url: str | None, output: str | None,
-                  args: list[str]) -> None:
-    """bench --profile: the runs, their results kept (a new file), a table or the document."""
+def bench_profile(flags: HostFlags, host: str | None, endpoint: str | None, profile_file: str,
+                  book_url: str | None, output: str | None, args: list[str]) -> None:
+    """bench --profile against a host's server or an endpoint: the runs, their results kept (a new file)."""
     import tempfile
     from pathlib import Path
 
-    from provision import benchprofile, benchrun, remote, report, secrets
+    from provision import benchprofile, benchrun, report, secrets
     from provision.errors import BenchProfileError
     chosen = flags.select(targets=False)
     profile = benchprofile.with_args(benchprofile.named(profile_file), benchprofile.parse_args(args))
     benchrun.tool_version()  # installed, or exit 2 before anything connects
-    kept = Path(output) if output else benchrun.kept_path(chosen.inventory, host, profile.name)
+    inv = chosen.inventory
+    kept = Path(output) if output else benchrun.kept_path(inv, host, endpoint, profile.name)
     if kept.exists():
         raise BenchProfileError("exists already: never overwritten (name another file)", file=str(kept))
-    held = secrets.load(chosen.inventory.secrets)
-    settings = chosen.inventory.settings(host, chosen.overrides)
-    runner = remote.connect(chosen.inventory.host(host), chosen.inventory.ssh)
-    quiet = flags.json
-    try:
-        with tempfile.TemporaryDirectory(prefix="provision-bench-") as work:
-            measured = benchrun.run_profile(runner, settings, held.vllm_api_key, profile, Path(work), book_url,
-                                            lambda line: None if quiet else print(line, file=sys.stderr))
-    except ProvisionError as exc:
-        raise Exit(report.host_error(host, exc), code=1) from None
-    finally:
-        runner.close()
+    held = secrets.load(inv.secrets)
+    with benchrun.connected(inv, host, endpoint, chosen.overrides) as served:
+        try:
+            with tempfile.TemporaryDirectory(prefix="provision-bench-") as work:
+                measured = benchrun.run_profile(served, held.vllm_api_key, profile, Path(work), book_url,
+                                                lambda line: None if flags.json else print(line, file=sys.stderr))
+        except ProvisionError as exc:
+            raise Exit(report.host_error(served.runner.host, exc), code=1) from None
     benchrun.keep(kept, measured.document)
-    report.print_bench_profile(host, measured.document, str(kept), flags.json)
+    report.print_bench_profile(measured.document, str(kept), flags.json)
     exit_unless(measured.ok)
 
 

@@ -618,7 +618,7 @@ def print_bench(host: str, result: Any, concurrency: int, json_: bool) -> None:
         print(f"  error: {error}", file=sys.stderr)
 
 
-def print_bench_profile(host: str, document: Mapping[str, Any], kept: str, json_: bool) -> None:
+def print_bench_profile(document: Mapping[str, Any], kept: str, json_: bool) -> None:
     """bench --profile: per run its sizes, llama-benchy's tokens/s and time to first token; the cut; the file."""
     from provision.benchrun import rows_of
 
@@ -627,7 +627,7 @@ def print_bench_profile(host: str, document: Mapping[str, Any], kept: str, json_
         return
     out = console()
     profile, tool = document["profile"], document["tool"]
-    table = Table(title=f"bench {host}: profile {profile['name']} with {tool['name']} {tool['version']}",
+    table = Table(title=f"bench {document['measured']}: profile {profile['name']} with {tool['name']} {tool['version']}",
                   title_justify="left")
     for column in ("run", "pp", "tg", "prefill tok/s", "decode tok/s", "TTFT ms", "s", "exit"):
         table.add_column(column)

@@ -125,3 +125,32 @@ def test_the_shipped_v2_profile_is_the_published_one_found_by_name(tmp_path: Pat
     assert benchprofile.named(str(path)).args["pp"] == [64]  # a file by its path comes first
     with pytest.raises(BenchProfileError, match="shipped: spark-arena-v2"):
         benchprofile.named("spark-arena-v9")
+
+
+def test_a_profile_measures_a_host_s_server_or_an_endpoint_through_its_router(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where each is reached (over which host's connection, at which address and port), whose files give
+    the tokenizer, and where the results are kept: the connections the task makes, recorded."""
+    from provision import inventory, remote
+    from tests.fakes import FakeRunner
+    from tests.test_rollback import ENDPOINT_INVENTORY
+
+    (tmp_path / "hosts.yaml").write_text(ENDPOINT_INVENTORY.replace("drain_timeout: 30", "drain_timeout: 30, port: 9000"))
+    inv = inventory.load(tmp_path)
+    opened: list[str] = []
+
+    def connect(host: inventory.Host, ssh: inventory.SshSettings, **_: object) -> FakeRunner:
+        opened.append(host.name)
+        return FakeRunner(host.name, lambda argv, stdin: None)  # type: ignore[arg-type,return-value]
+
+    monkeypatch.setattr(remote, "connect", connect)
+    with benchrun.connected(inv, "cpu-1", None, {"max_model_len": 128}) as served:
+        assert (served.runner.host, served.address, served.port, served.files.host) == ("cpu-1", "127.0.0.1", 8000, "cpu-1")
+        assert served.settings.max_model_len == 128 and served.what == "host cpu-1"
+    with benchrun.connected(inv, None, "tiny", {}) as served:
+        assert (served.runner.host, served.port, served.files.host) == ("cpu-2", 9000, "cpu-1")
+        assert served.served_name == "lab/tiny-llama" and served.what.startswith("endpoint tiny (lab/tiny-llama: 2 replica(s)")
+    assert opened == ["cpu-1", "cpu-2", "cpu-1"]
+    assert benchrun.kept_path(inv, None, "tiny", "v2").parent == tmp_path / "bench"
+    assert benchrun.kept_path(inv, None, "tiny", "v2").name.startswith("endpoint-tiny-v2-")
+    assert benchrun.kept_path(inv, "cpu-1", None, "v2").name.startswith("cpu-1-v2-")
