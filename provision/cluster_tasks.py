@@ -44,6 +44,9 @@ def deploy(c: Context, flags: HostFlags, batch: int = 1, timeout: float = 600) -
             if result.outcomes[name].state in ("ready", "unchanged"):  # both answered the readiness gate
                 report.print_how_to_query(server.how_to_query(
                     name, result.plans[name].host.address, result.plans[name].settings, key_source, scope, same))
+                behind = result.plans[name].ctx.behind
+                if behind is not None:
+                    report.print_how_to_query(server.behind_endpoint(name, behind, key_source, same))
     exit_unless(result.ok)
 
 

@@ -62,6 +62,18 @@ def how_to_query(host: str, address: str, settings: Settings, key_source: str | 
     return lines
 
 
+def behind_endpoint(host: str, plan: EndpointPlan, key_source: str | None, inventory_option: str = "") -> list[str]:
+    """A replica's clients use its endpoint: the router's URL, and the bench that goes through it."""
+    where = f" {inventory_option}" if inventory_option else ""
+    url = server_url(plan.address, plan.port)
+    lines = [(f"{host} is a replica of endpoint {plan.name}: clients use {url} (the router on {plan.host}), "
+              "which drains it before each restart")]
+    if plan.listens_beyond_loopback and key_source:
+        lines.append(f"  with the API key of {key_source}: -H \"Authorization: Bearer $VLLM_API_KEY\"")
+    lines.append(f"  through it: invoke bench --endpoint {plan.name}{where}")
+    return lines
+
+
 @dataclass(frozen=True)
 class Answer:
     """One completion as `invoke ask` shows it."""

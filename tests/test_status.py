@@ -289,6 +289,20 @@ def test_a_server_beyond_loopback_gets_a_curl_and_the_key_is_named_by_where_it_c
     assert "Authorization" not in keyless[2]
 
 
+def test_a_replica_behind_an_endpoint_is_told_with_the_endpoint_s_url_and_its_bench(tmp_path: Path) -> None:
+    from provision import endpoints, inventory
+    from tests.test_rollback import ENDPOINT_INVENTORY
+
+    (tmp_path / "hosts.yaml").write_text(ENDPOINT_INVENTORY.replace("drain_timeout: 30",
+                                                                    "drain_timeout: 30, bind_host: 0.0.0.0, port: 9000"))
+    plan = endpoints.named(inventory.load(tmp_path), "tiny")
+    lines = server.behind_endpoint("cpu-1", plan, "the environment (VLLM_API_KEY)", "--inventory inv.yaml")
+    assert lines == [("cpu-1 is a replica of endpoint tiny: clients use http://10.0.0.6:9000 (the router on cpu-2), "
+                     "which drains it before each restart"),
+                     '  with the API key of the environment (VLLM_API_KEY): -H "Authorization: Bearer $VLLM_API_KEY"',
+                     "  through it: invoke bench --endpoint tiny --inventory inv.yaml"]
+
+
 def test_ask_reads_the_completion_vllm_answered() -> None:
     # vLLM 0.32.0 (CPU build) on the lab's cpu-1, /v1/completions, max_tokens 4: its reply verbatim.
     body = json.loads((FIXTURES.parent / "completions" / "vllm-0.32.0-cpu-tiny-llama-4-tokens.json").read_text())
