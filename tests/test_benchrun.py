@@ -1,0 +1,130 @@
+"""One run of a profile as benchrun starts it: the pinned llama-benchy, through benchlaunch, against an
+OpenAI-compatible server on this machine's loopback that streams its answers the way vLLM does and
+refuses a request without the key. What it shows: the key reaches llama-benchy through the environment
+and no process's argv holds it; llama-benchy's own JSON result is read back; a failing run is kept
+with its exit and output's end. The real engine is the lab's test (tests/lab/test_lab_bench_profile.py)."""
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from provision import benchprofile, benchrun
+from provision.benchprofile import Target
+from provision.lab import tinymodel
+
+KEY = "bench-secret-4242"
+WORDS = [word for word in tinymodel.vocabulary() if not word.startswith("<")]
+
+
+class Server(http.server.BaseHTTPRequestHandler):
+    """/v1/models, /v1/chat/completions (streamed as server-sent events, usage last) and a book."""
+
+    seen: ClassVar[list[str]] = []  # the Authorization headers, and each process's argv read while it ran
+    argvs: ClassVar[list[str]] = []
+
+    def log_message(self, *args: object) -> None:
+        return None
+
+    def _json(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path.endswith("/book.txt"):
+            text = " ".join(WORDS[i % len(WORDS)] for i in range(5000)).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+            return
+        self._json(200, {"object": "list", "data": [{"id": "tiny-llama", "object": "model"}]})
+
+    def do_POST(self) -> None:
+        Server.seen.append(self.headers.get("Authorization", ""))
+        Server.argvs.extend(_argvs())
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.headers.get("Authorization") != f"Bearer {KEY}":
+            self._json(401, {"error": "unauthorized"})
+            return
+        prompt = sum(len(message["content"].split()) for message in body["messages"])
+        tokens = int(body.get("max_tokens") or 1)
+        if not body.get("stream"):
+            self._json(200, {"choices": [{"message": {"role": "assistant", "content": "word"}}],
+                             "usage": {"prompt_tokens": prompt, "completion_tokens": 1}})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for _ in range(tokens):  # one token every 5 ms, as an engine decodes: each its own chunk
+            time.sleep(0.005)
+            self.wfile.write(b'data: {"choices": [{"delta": {"content": "word "}}]}\n\n')
+            self.wfile.flush()
+        usage = {"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": tokens}}
+        self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+
+
+def _argvs() -> list[str]:
+    """Every process's command line on this machine now: where a key passed in argv would show."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                found.append(Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.fixture
+def served() -> Iterator[str]:
+    Server.seen, Server.argvs = [], []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def one_run(base: str, tmp_path: Path, key: str | None) -> dict[str, Any]:
+    tinymodel.make(tmp_path / "model")
+    profile = benchprofile.from_mapping({"framework": "llama-benchy", "args": {
+        "pp": [64], "tg": [8], "depth": [0], "concurrency": [2], "runs": 1, "skip_coherence": True}}, "t.yaml", "t")
+    target = Target(f"{base}/v1", "lab/tiny-llama", "tiny-llama", str(tmp_path / "model" / "tokenizer.json"),
+                    f"{base}/book.txt")
+    return benchrun._one(profile.runs[0], target, key, tmp_path / "run-01")
+
+
+def test_a_run_measures_through_llama_benchy_with_the_key_outside_argv(served: str, tmp_path: Path) -> None:
+    item = one_run(served, tmp_path, KEY)
+    assert item["exit"] == 0 and item["output_tail"] is None, item
+    result = item["result"]
+    assert result["version"] == benchrun.tool_version() and result["model"] == "lab/tiny-llama"
+    (measured,) = result["benchmarks"]
+    assert (measured["concurrency"], measured["prompt_size"], measured["response_size"]) == (2, 64, 8)
+    assert measured["tg_throughput"]["mean"] > 0 and measured["e2e_ttft"]["mean"] > 0
+    assert Server.seen and set(Server.seen) == {f"Bearer {KEY}"}
+    launched = [line for line in Server.argvs if "provision.benchlaunch" in line]
+    assert launched and not any(KEY in line for line in Server.argvs), launched
+    (row,) = benchrun.rows_of({"runs": [item]})
+    assert row["label"] == "d=0 c=2" and row["pp"] == [64] and row["tg_tokens_per_s"] == round(
+        measured["tg_throughput"]["mean"], 2)
+
+
+def test_a_run_the_server_refuses_is_kept_with_its_exit_and_output(served: str, tmp_path: Path) -> None:
+    item = one_run(served, tmp_path, None)  # no key: every request is refused
+    assert item["exit"] != 0 or not (item["result"] or {}).get("benchmarks"), item
+    assert item["output_tail"] and any("401" in line or "failed" in line.lower() for line in item["output_tail"]), item
