@@ -99,7 +99,8 @@ class Cut:
             return f"as published (the server's context, {self.context} tokens, holds every run)"
         parts = [f"{name} {was} -> {now}" for name, (was, now) in self.shrunk.items()]
         if self.dropped:
-            parts.append(f"{len(self.dropped)} run(s) dropped ({', '.join(self.dropped)})")
+            depths = sorted({int(label.split()[0].removeprefix("d=")) for label in self.dropped})
+            parts.append(f"{len(self.dropped)} run(s) dropped (at depth {', '.join(map(str, depths))})")
         return (f"cut to the server's context ({self.context} tokens, {TEMPLATE_ROOM} kept for the chat "
                 f"template): {'; '.join(parts)}")
 

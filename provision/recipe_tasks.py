@@ -8,6 +8,7 @@ read or used (one line on stderr).
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -183,7 +184,8 @@ def apply(c: Context, flags: HostFlags, name: str, dry_run: bool = False) -> Non
     if flags.json:
         print(report.dump_json(report.application_json(application, gated, passed, written)))
     else:
-        report.print_application(application, gated, passed, dry_run, command_name(), report.console())
+        where = f"--inventory {shlex.quote(flags.inventory)}" if flags.inventory else ""
+        report.print_application(application, gated, passed, dry_run, command_name(), where, report.console())
     exit_unless(passed)
 
 

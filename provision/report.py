@@ -1074,7 +1074,7 @@ def application_json(application: Application, gated: Gated, passed: bool, writt
 
 
 def print_application(application: Application, gated: Gated, passed: bool, dry_run: bool, command: str,
-                      out: Console) -> None:
+                      inventory_option: str, out: Console) -> None:
     """What applying the recipe changes on each host, what a higher layer keeps, the gate's verdict on
     the cluster's hosts, and what became of the file."""
     out.print(Text(f"recipe {application.recipe.name} on cluster {application.cluster}"))
@@ -1100,8 +1100,7 @@ def print_application(application: Application, gated: Gated, passed: bool, dry_
     else:
         out.print(Text(application.diff.rstrip("\n")))
         out.print(Text(f"{'would write' if dry_run else 'wrote'} {path}; next: `{command} deploy --cluster "
-                       f"{application.cluster}`" + (f" --inventory {application.applied.path}"
-                                                     if application.applied.path else "")))
+                       f"{application.cluster}{' ' + inventory_option if inventory_option else ''}`"))
 
 
 def imported_json(imported: Imported) -> dict[str, Any]:

@@ -168,6 +168,7 @@ def test_the_file_is_written_only_when_the_gate_passes(folder: Path, monkeypatch
     assert cli(["recipe.apply", SEED, "--cluster", "coder", "--inventory", str(folder), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert f"would write {target}" in out and "+recipe: " + SEED in out and not target.exists()
+    assert f"deploy --cluster coder --inventory {folder}`" in out.replace("\n", "")
     assert cli(["recipe.apply", SEED, "--cluster", "coder", "--inventory", str(folder), "--json"]) == 0
     answer = json.loads(capsys.readouterr().out)
     assert answer["written"] and answer["gate_passed"] and target.exists()
