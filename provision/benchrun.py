@@ -102,8 +102,24 @@ def run_profile(served: Served, api_key: str | None, profile: Profile, work: Pat
         "tool": {"name": benchprofile.FRAMEWORK, "version": version},
         "measured_with": f"provision {__version__}", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "measured": served.what, "host": served.runner.host, "engine": settings.engine, "model": settings.model,
-        "served_model_name": served.served_name, "runs": results}
+        "served_model_name": served.served_name, "runs": results, "consolidated": consolidated(results)}
     return Measured(document, all(item["exit"] == 0 and item["result"] for item in results))
+
+
+def consolidated(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The runs as one llama-benchy document, the shape sparkrun consolidates a profile's runs into and
+    uploads to Spark Arena's leaderboard: the first run's model, the highest concurrency measured, every
+    run's benchmark rows in the schedule's order; runs that failed are left out."""
+    model, highest, rows = "", 0, []
+    for item in results:
+        result = item.get("result")
+        if item.get("exit") != 0 or not isinstance(result, dict):
+            continue
+        model = model or str(result.get("model", ""))
+        for row in result.get("benchmarks") or []:
+            rows.append(row)
+            highest = max(highest, int(row.get("concurrency") or 0))
+    return {"model": model, "max_concurrency": highest, "benchmarks": rows}
 
 
 def _one(run: Run, target: Target, api_key: str | None, stem: Path) -> dict[str, Any]:

@@ -124,6 +124,14 @@ def test_a_run_measures_through_llama_benchy_with_the_key_outside_argv(served: s
         measured["tg_throughput"]["mean"], 2)
 
 
+def test_the_runs_consolidate_as_sparkrun_uploads_them_failed_ones_left_out(served: str, tmp_path: Path) -> None:
+    good = one_run(served, tmp_path / "a", KEY)
+    refused = one_run(served, tmp_path / "b", None)
+    merged = benchrun.consolidated([good, refused, good])
+    assert merged["model"] == "lab/tiny-llama" and merged["max_concurrency"] == 2
+    assert merged["benchmarks"] == good["result"]["benchmarks"] * 2
+
+
 def test_a_run_the_server_refuses_is_kept_with_its_exit_and_output(served: str, tmp_path: Path) -> None:
     item = one_run(served, tmp_path, None)  # no key: every request is refused
     assert item["exit"] != 0 or not (item["result"] or {}).get("benchmarks"), item

@@ -86,6 +86,8 @@ def test_the_v2_profile_runs_cut_to_the_lab_s_model_and_is_kept_beside_its_recip
         assert run["exit"] == 0 and run["result"]["benchmarks"], run
         measured = run["result"]["benchmarks"]
         assert all(item["concurrency"] == run["concurrency"] and item["prompt_size"] == 196 for item in measured)
+    assert found["consolidated"]["max_concurrency"] == 10 and len(found["consolidated"]["benchmarks"]) == sum(
+        len(run["result"]["benchmarks"]) for run in found["runs"])
     rows = found["summary"]
     assert all(row["tg_tokens_per_s"] and row["tg_tokens_per_s"] > 0 and row["ttft_ms"] for row in rows), rows
     # Kept beside the recipe applied to lab-cpu, the same document.
