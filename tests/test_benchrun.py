@@ -19,27 +19,17 @@ import pytest
 from provision import benchprofile, benchrun
 from provision.benchprofile import Target
 from provision.lab import tinymodel
+from tests.fakes import JsonAnswers
 
 KEY = "bench-secret-4242"
 WORDS = [word for word in tinymodel.vocabulary() if not word.startswith("<")]
 
 
-class Server(http.server.BaseHTTPRequestHandler):
+class Server(JsonAnswers):
     """/v1/models, /v1/chat/completions (streamed as server-sent events, usage last) and a book."""
 
     seen: ClassVar[list[str]] = []  # the Authorization headers, and each process's argv read while it ran
     argvs: ClassVar[list[str]] = []
-
-    def log_message(self, *args: object) -> None:
-        return None
-
-    def _json(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_GET(self) -> None:
         if self.path.endswith("/book.txt"):
@@ -49,19 +39,19 @@ class Server(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(text)
             return
-        self._json(200, {"object": "list", "data": [{"id": "tiny-llama", "object": "model"}]})
+        self.answer(200, {"object": "list", "data": [{"id": "tiny-llama", "object": "model"}]})
 
     def do_POST(self) -> None:
         Server.seen.append(self.headers.get("Authorization", ""))
         Server.argvs.extend(_argvs())
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.headers.get("Authorization") != f"Bearer {KEY}":
-            self._json(401, {"error": "unauthorized"})
+            self.answer(401, {"error": "unauthorized"})
             return
         prompt = sum(len(message["content"].split()) for message in body["messages"])
         tokens = int(body.get("max_tokens") or 1)
         if not body.get("stream"):
-            self._json(200, {"choices": [{"message": {"role": "assistant", "content": "word"}}],
+            self.answer(200, {"choices": [{"message": {"role": "assistant", "content": "word"}}],
                              "usage": {"prompt_tokens": prompt, "completion_tokens": 1}})
             return
         self.send_response(200)
