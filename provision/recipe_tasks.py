@@ -1,6 +1,7 @@
 """`invoke recipe.*`: known-good settings per machine (provision/recipes), and Spark Arena's registry
 read and written (provision/recipes/sparkarena.py). Parse the flags, call the library, print through
-provision.report. Only recipe.apply contacts hosts: the gate, on the cluster it applies a recipe to.
+provision.report. Hosts are contacted only for the gate: recipe.apply's on the cluster it applies a recipe
+to, `recipe.list --fits HOST` and `recipe.show --host HOST` on that host (nothing changes there).
 
 Exit codes: 0 done; 1 the gate refused a host (nothing written); 2 bad usage, or a recipe that cannot be
 read or used (one line on stderr).
