@@ -26,7 +26,7 @@ from provision import __version__, benchprofile, endpoints, remote, render, serv
 from provision.benchlaunch import KEY_VARIABLE
 from provision.benchprofile import Profile, Run, Target
 from provision.errors import BenchProfileError
-from provision.inventory import Inventory, Settings, recipes_dir_of
+from provision.inventory import Inventory, Settings, applied_dir_of
 from provision.runner import Runner
 
 RUN_TIMEOUT = 3600.0  # seconds one run (3 repetitions at one depth and concurrency) may take
@@ -149,7 +149,7 @@ def _one(run: Run, target: Target, api_key: str | None, stem: Path) -> dict[str,
 
 def kept_path(inv: Inventory, host: str | None, endpoint: str | None, profile: str) -> Path:
     """Where bench --profile keeps its results by default: beside the recipe applied to the host's
-    cluster (recipes/CLUSTER-PROFILE-TIME.json), else bench/HOST-PROFILE-TIME.json (an endpoint's:
+    cluster (applied/CLUSTER-PROFILE-TIME.json), else bench/HOST-PROFILE-TIME.json (an endpoint's:
     bench/endpoint-NAME-PROFILE-TIME.json) beside the inventory."""
     base = Path(inv.path) if inv.path else Path.cwd()
     folder = base if base.is_dir() else base.parent
@@ -158,7 +158,7 @@ def kept_path(inv: Inventory, host: str | None, endpoint: str | None, profile: s
         return folder / "bench" / f"endpoint-{endpoint}-{profile}-{stamp}.json"
     cluster = inv.cluster_of(host or "")
     if cluster is not None and cluster.name in inv.applied:
-        return recipes_dir_of(base) / f"{cluster.name}-{profile}-{stamp}.json"
+        return applied_dir_of(base) / f"{cluster.name}-{profile}-{stamp}.json"
     return folder / "bench" / f"{host}-{profile}-{stamp}.json"
 
 

@@ -707,7 +707,7 @@ class Inventory:
     tuned: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     tuned_dir: str | None = None  # where they are read from and written to
     path: str | None = None  # the file or directory it was loaded from
-    # Recipes applied per cluster (RECIPES_DIR/CLUSTER.yaml beside the inventory, `invoke recipe.apply`):
+    # Recipes applied per cluster (APPLIED_DIR/CLUSTER.yaml beside the inventory, `invoke recipe.apply`):
     # above the cluster's vars, below its groups' and hosts'.
     applied: Mapping[str, AppliedRecipe] = field(default_factory=dict)
 
@@ -1161,16 +1161,16 @@ def read_tuned(folder: Path, hosts: Mapping[str, Any], budget: int) -> dict[str,
     return tuned
 
 
-RECIPES_DIR = "recipes"  # beside an inventory file, or inside an inventory directory: CLUSTER.yaml each
+APPLIED_DIR = "applied"  # beside an inventory file, or inside an inventory directory: CLUSTER.yaml each
 _APPLIED_KEYS = {"cluster", "recipe", "vars", "changed"}
 
 
-def recipes_dir_of(path: Path) -> Path:
-    return (path if path.is_dir() else path.parent) / RECIPES_DIR
+def applied_dir_of(path: Path) -> Path:
+    return (path if path.is_dir() else path.parent) / APPLIED_DIR
 
 
 def read_applied(folder: Path, clusters: Mapping[str, Any], budget: int) -> dict[str, AppliedRecipe]:
-    """RECIPES_DIR/*.yaml, each {cluster: NAME, recipe: NAME, vars: {...}, changed: [...]}: what
+    """APPLIED_DIR/*.yaml, each {cluster: NAME, recipe: NAME, vars: {...}, changed: [...]}: what
     `invoke recipe.apply` wrote for that cluster."""
     applied: dict[str, AppliedRecipe] = {}
     if not folder.is_dir():
@@ -1226,7 +1226,7 @@ def load(path: str | Path, profiles: Mapping[str, Profile] | None = None) -> Inv
     reader.cross_check()
     folder = tuned_dir_of(Path(path))
     tuned = read_tuned(folder, reader.hosts, MAX_INVENTORY_VALUES - values)
-    applied = read_applied(recipes_dir_of(Path(path)), reader.clusters, MAX_INVENTORY_VALUES - values)
+    applied = read_applied(applied_dir_of(Path(path)), reader.clusters, MAX_INVENTORY_VALUES - values)
     return Inventory(hosts=dict(reader.hosts), groups=dict(reader.groups),
                      clusters=dict(reader.clusters), endpoints=dict(reader.endpoints), ssh=reader.ssh,
                      sources=tuple(str(f) for f in files), secrets=reader.secrets, tuned=tuned,

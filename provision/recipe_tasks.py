@@ -165,7 +165,7 @@ def export(c: Context, name: str, format: str = "ours", container: str | None = 
                  "dry-run": "show the changes and the gate's verdict; write nothing"})
 def apply(c: Context, flags: HostFlags, name: str, dry_run: bool = False) -> None:
     """Apply a recipe to a cluster: the settings each host would change shown first, the gate run on the
-    cluster's hosts with them, and only if it passes, recipes/CLUSTER.yaml written beside the inventory
+    cluster's hosts with them, and only if it passes, applied/CLUSTER.yaml written beside the inventory
     (read above the cluster's own vars; remove it to go back). Exit 1 if the gate refuses a host."""
     from provision import checks, inventory, recipes, report, run
     from provision.recipes import applying

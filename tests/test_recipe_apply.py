@@ -1,4 +1,4 @@
-"""recipe.apply: a recipe written beside the inventory for one cluster (recipes/CLUSTER.yaml), read above
+"""recipe.apply: a recipe written beside the inventory for one cluster (applied/CLUSTER.yaml), read above
 the cluster's own vars and below its groups', hosts', tuned settings and the command line; what changes
 on each host shown first; the gate's verdict deciding whether the file is written."""
 from __future__ import annotations
@@ -57,9 +57,9 @@ def write(application: applying.Application) -> None:
 def test_applied_the_cluster_s_hosts_take_the_recipe_s_settings_above_the_cluster_s_own(folder: Path) -> None:
     inv = inventory.load(folder)
     application = applying.plan(inv, "coder", recipe(SEED), {})
-    assert application.path == folder / "recipes" / "coder.yaml" and application.old_text is None
+    assert application.path == folder / "applied" / "coder.yaml" and application.old_text is None
     changed = {change.key: (change.before, change.after, change.origin) for change in application.changes["ws-1"]}
-    origin = f"recipe {SEED} ({folder / 'recipes' / 'coder.yaml'})"
+    origin = f"recipe {SEED} ({folder / 'applied' / 'coder.yaml'})"
     assert changed["model"] == ("Qwen/Qwen2.5-Coder-32B-Instruct-AWQ", "casperhansen/deepseek-r1-distill-qwen-32b-awq",
                                 origin)
     assert changed["tensor_parallel_size"] == (1, 2, origin)
@@ -125,17 +125,17 @@ def test_what_cannot_be_applied_is_refused_saying_why(folder: Path) -> None:
 ])
 def test_an_applied_file_that_does_not_read_stops_the_inventory_with_its_file(folder: Path, text: str,
                                                                                message: str) -> None:
-    (folder / "recipes").mkdir()
-    (folder / "recipes" / "bad.yaml").write_text(text)
+    (folder / "applied").mkdir()
+    (folder / "applied" / "bad.yaml").write_text(text)
     with pytest.raises(InventoryError, match=message) as caught:
         inventory.load(folder)
     assert "bad.yaml" in str(caught.value)
 
 
 def test_two_recipes_for_one_cluster_are_refused(folder: Path) -> None:
-    (folder / "recipes").mkdir()
+    (folder / "applied").mkdir()
     for name in ("a", "b"):
-        (folder / "recipes" / f"{name}.yaml").write_text("cluster: coder\nrecipe: x\nvars: {}\n")
+        (folder / "applied" / f"{name}.yaml").write_text("cluster: coder\nrecipe: x\nvars: {}\n")
     with pytest.raises(InventoryError, match="a second recipe for cluster 'coder'"):
         inventory.load(folder)
 
@@ -159,7 +159,7 @@ def gated_with(status: str) -> Any:
 
 def test_the_file_is_written_only_when_the_gate_passes(folder: Path, monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    target = folder / "recipes" / "coder.yaml"
+    target = folder / "applied" / "coder.yaml"
     monkeypatch.setattr(run, "gate", gated_with("fail"))
     assert cli(["recipe.apply", SEED, "--cluster", "coder", "--inventory", str(folder)]) == 1
     out = capsys.readouterr().out
@@ -190,7 +190,7 @@ def test_bad_usage_exits_2_with_one_line(folder: Path, monkeypatch: pytest.Monke
         assert cli(argv) == 2, argv
         err = capsys.readouterr().err
         assert message in err and len(err.splitlines()) == 1, err
-    assert not (folder / "recipes").exists()
+    assert not (folder / "applied").exists()
     assert cli(["recipe.apply", "-h"]) == 0
     assert "--dry-run" in capsys.readouterr().out
 
@@ -230,4 +230,4 @@ def test_list_fits_judges_the_host_s_profile_recipes_on_it(folder: Path, monkeyp
     assert "on ws-1: ok; memory: fits: casperhansen/deepseek-r1-distill-qwen-32b-awq" in capsys.readouterr().out
     assert cli(["recipe.list", "--fits", "nope", "--inventory", str(folder)]) == 2
     assert "nope" in capsys.readouterr().err
-    assert not (folder / "recipes").exists()
+    assert not (folder / "applied").exists()

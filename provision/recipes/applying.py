@@ -1,6 +1,6 @@
 """Applying a recipe to a cluster: the file it writes beside the inventory and what it changes.
 
-`invoke recipe.apply NAME --cluster C` writes `recipes/C.yaml` beside the inventory (inside an inventory
+`invoke recipe.apply NAME --cluster C` writes `applied/C.yaml` beside the inventory (inside an inventory
 directory), which the inventory reads above the cluster's own vars and below its groups', its hosts',
 tuned settings and the command line (inventory.Inventory.settings). A file of its own, like tune's
 `tuned/HOST.yaml`: the user's inventory file is never rewritten (its comments and layout stay theirs),
@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from provision.errors import RecipeError
-from provision.inventory import MERGED, AppliedRecipe, Inventory, recipes_dir_of
+from provision.inventory import MERGED, AppliedRecipe, Inventory, applied_dir_of
 from provision.recipes import Recipe, contract_notes
 
 # The recipe's own choice: another engine is another recipe (its flags and pin mean nothing to it).
@@ -92,7 +92,7 @@ def plan(inv: Inventory, cluster: str, recipe: Recipe, overrides: Mapping[str, A
     changed = tuple(key for key in overrides if own.get(key) != overrides[key])
     if "model" in changed and "model_revision" not in overrides:
         values.pop("model_revision", None)  # the recipe's revision is its own model's commit or branch
-    path = recipes_dir_of(Path(inv.path)) / f"{cluster}.yaml"
+    path = applied_dir_of(Path(inv.path)) / f"{cluster}.yaml"
     applied = dataclasses.replace(inv, applied={**inv.applied, cluster: AppliedRecipe(
         cluster=cluster, recipe=recipe.name, vars=values, file=str(path), changed=changed)})
     hosts = inv.clusters[cluster].hosts

@@ -56,8 +56,8 @@ def book() -> Iterator[str]:
 
 
 @pytest.fixture
-def recipes_dir(the_lab: lab.Lab) -> Iterator[Path]:
-    folder = the_lab.inventory.parent / "recipes"
+def applied_dir(the_lab: lab.Lab) -> Iterator[Path]:
+    folder = the_lab.inventory.parent / "applied"
     assert not folder.exists(), f"{folder} was left by an earlier run"
     try:
         yield folder
@@ -69,7 +69,7 @@ def recipes_dir(the_lab: lab.Lab) -> Iterator[Path]:
 
 
 def test_the_v2_profile_runs_cut_to_the_lab_s_model_and_is_kept_beside_its_recipe(served: None, book: str,
-                                                                                   recipes_dir: Path) -> None:
+                                                                                   applied_dir: Path) -> None:
     code, applied, text = invoke_json("recipe.apply", "lab-cpu-tiny-llama", "--cluster", "lab-cpu")
     assert code == 0 and applied["written"], text
     code, found, text = invoke_json("bench", "--host", "cpu-1", "--profile", "spark-arena-v2", "--book-url", book,
@@ -92,5 +92,5 @@ def test_the_v2_profile_runs_cut_to_the_lab_s_model_and_is_kept_beside_its_recip
     assert all(row["tg_tokens_per_s"] and row["tg_tokens_per_s"] > 0 and row["ttft_ms"] for row in rows), rows
     # Kept beside the recipe applied to lab-cpu, the same document.
     kept = Path(found["file"])
-    assert kept.parent == recipes_dir and kept.name.startswith("lab-cpu-spark-arena-v2-"), kept
+    assert kept.parent == applied_dir and kept.name.startswith("lab-cpu-spark-arena-v2-"), kept
     assert json.loads(kept.read_text())["runs"] == found["runs"]

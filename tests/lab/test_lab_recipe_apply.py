@@ -20,7 +20,7 @@ LAB = "lab-cpu-tiny-llama"
 
 @pytest.fixture
 def applied_file(the_lab: lab.Lab) -> Iterator[Path]:
-    path = the_lab.inventory.parent / "recipes" / "lab-cpu.yaml"
+    path = the_lab.inventory.parent / "applied" / "lab-cpu.yaml"
     assert not path.exists(), f"{path} was left by an earlier run"
     try:
         yield path
