@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from provision.errors import RecipeError
-from provision.inventory import MERGED, AppliedRecipe, Inventory, applied_dir_of
+from provision.inventory import MERGED, AppliedRecipe, Inventory, Settings, applied_dir_of
 from provision.recipes import Recipe, contract_notes
 
 # The recipe's own choice: another engine is another recipe (its flags and pin mean nothing to it).
@@ -96,8 +96,9 @@ def plan(inv: Inventory, cluster: str, recipe: Recipe, overrides: Mapping[str, A
     applied = dataclasses.replace(inv, applied={**inv.applied, cluster: AppliedRecipe(
         cluster=cluster, recipe=recipe.name, vars=values, file=str(path), changed=changed)})
     hosts = inv.clusters[cluster].hosts
-    changes = {host: _changes(inv, applied, host) for host in hosts}
-    kept = {host: _kept(applied, host, values) for host in hosts}
+    resolved = {host: applied.settings(host) for host in hosts}  # each host resolved once, with the recipe
+    changes = {host: _changes(inv.settings(host), resolved[host]) for host in hosts}
+    kept = {host: _kept(resolved[host], values) for host in hosts}
     old_text = path.read_text(encoding="utf-8") if path.is_file() else None
     return Application(cluster=cluster, recipe=recipe, path=path, old_text=old_text,
                        new_text=applied_text(cluster, recipe, values, changed), applied=applied,
@@ -116,16 +117,14 @@ def applied_text(cluster: str, recipe: Recipe, values: Mapping[str, Any], change
     return header + yaml.safe_dump(body, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
-def _changes(before: Inventory, after: Inventory, host: str) -> tuple[SettingChange, ...]:
-    old, new = before.settings(host), after.settings(host)
+def _changes(old: Settings, new: Settings) -> tuple[SettingChange, ...]:
     old_values, new_values = old.values, new.values
     return tuple(SettingChange(key, old_values[key], new_values[key], new.origin.get(key, "default"))
                  for key in new_values if old_values[key] != new_values[key])
 
 
-def _kept(after: Inventory, host: str, values: Mapping[str, Any]) -> tuple[Kept, ...]:
+def _kept(resolved: Settings, values: Mapping[str, Any]) -> tuple[Kept, ...]:
     """The recipe's settings that a layer above it decides on this host."""
-    resolved = after.settings(host)
     found = []
     for key, wanted in values.items():
         now = getattr(resolved, key)
