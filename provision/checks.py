@@ -21,13 +21,14 @@ from packaging.version import InvalidVersion, Version
 
 from provision import affinity, contracts, endpoints, hardening, known_issues, kvcache, render
 from provision import cuda as cuda_builds
-from provision.context import Context, cluster_network_of, flag_value
+from provision.context import Context, cluster_network_of, flag_value, visible
 from provision.engines import Engine, Verdict, engine_of
 from provision.engines.llamacpp import gguf_models
 from provision.engines.trtllm import TRTLLM
 from provision.engines.vllm import vllm_version
 from provision.errors import AffinityError, KvError, ProvisionError
 from provision.facts import DROP_IN_DIRS, MANAGED_UNITS
+from provision.inventory import VAR_SPECS, Settings
 from provision.render import model_path
 
 BLOCKER, WARNING, INFO = "blocker", "warning", "info"
@@ -265,7 +266,7 @@ def gpu_count(ctx: Context) -> Finding | None:
                     pipeline_parallel_size=ctx.settings.pipeline_parallel_size, nodes=ctx.nodes)
     if ctx.facts.gpus is None:
         return unknown("GPU count", ctx, "gpus")
-    have = len(ctx.facts.gpus)
+    have = len(ctx.visible_gpus)  # a service's own GPUs (CUDA_VISIBLE_DEVICES), else all of them
     evidence = {"gpus": have, "needed": needed, "tensor_parallel_size": ctx.settings.tensor_parallel_size,
                 "pipeline_parallel_size": ctx.settings.pipeline_parallel_size, "nodes": ctx.nodes}
     if have >= needed:
@@ -371,7 +372,7 @@ def _gpu_budget(ctx: Context) -> tuple[float, str] | Finding:
             return unknown("memory", ctx, "meminfo")
         return (min(ctx.facts.memory.available - OS_HEADROOM_BYTES, ctx.facts.memory.total * utilization),
                 "MemAvailable - host headroom (unified memory)")
-    sizes = [gpu.memory_total_mib for gpu in ctx.facts.gpus or ()]
+    sizes = [gpu.memory_total_mib for gpu in ctx.visible_gpus]
     if None in sizes or not sizes:
         return unknown("GPU memory", ctx, "gpus")
     return min(size for size in sizes if size is not None) * 2**20 * utilization, \
@@ -792,8 +793,8 @@ def unit_security(ctx: Context) -> Finding | None:
     level = str(ctx.settings.hardening)
     target = hardening.EXPOSURE_TARGETS[level]
     scored = ctx.facts.unit_security or {}
-    installed = sorted({name for name, state in ctx.facts.units.items()
-                        if name in MANAGED_UNITS and state.load_state == "loaded"} | set(scored))
+    installed = sorted({name for name, state in ctx.facts.units.items()  # a service's units among them
+                        if (name in MANAGED_UNITS or "@" in name) and state.load_state == "loaded"} | set(scored))
     note = ctx.facts.notes.get("unit_security", "")
     if not installed or (ctx.facts.unit_security is None and "not present" in note):
         return None  # nothing installed yet, or no systemd-analyze to ask
@@ -860,7 +861,8 @@ def unit_dropins(ctx: Context) -> Finding | None:
     while systemd runs something else, and the next daemon-reload brings an unloaded one into force.
     Provision refuses rather than deleting it: it is an operator's change, often a deliberate fix,
     which belongs in the inventory (environment, extra_args, cpu_affinity) where the plan sees it."""
-    listed = {path: ctx.facts.dirs[path] for path in DROP_IN_DIRS if path in ctx.facts.dirs}
+    listed = {path: names for path, names in ctx.facts.dirs.items()  # a service's units' drop-ins too
+              if path in DROP_IN_DIRS or (path.endswith(".service.d") and "@" in path)}
     if not listed:
         return None  # not inspected (facts without a plan's inspection)
     found = [f"{path}/{name}" for path, names in listed.items() for name in names or ()
@@ -872,6 +874,87 @@ def unit_dropins(ctx: Context) -> Finding | None:
                     f"`rm {' '.join(found)}` and `systemctl daemon-reload`; or --force unit.dropins to keep it",
                     drop_ins=found)
     return ok("no drop-in overrides the tool's units", checked=sorted(listed))
+
+
+# ---------------------------------------------------------------------------------------------
+# Several services on one host (provision/services.py): judged together, each from its own side
+
+
+def _gpu_indices(ctx: Context, settings: Settings) -> set[int]:
+    """The host GPUs a service of these settings runs on (its CUDA_VISIBLE_DEVICES; none set: all)."""
+    selection = settings.environment.get("CUDA_VISIBLE_DEVICES")
+    return {gpu.index for gpu in visible(ctx.facts.gpus or (), None if selection is None else str(selection))}
+
+
+@rule("services.gpus", BLOCKER)
+def services_gpus(ctx: Context) -> Finding | None:
+    """A service's `gpus` are GPUs the host has (CUDA would silently hide the rest, and the server would
+    land on fewer GPUs than its tensor parallel size, or on none)."""
+    selection = ctx.env("CUDA_VISIBLE_DEVICES")
+    if ctx.naming.service is None or ctx.profile.gpu is None or selection is None:
+        return None
+    if ctx.facts.gpus is None:
+        return unknown("GPUs", ctx, "gpus")
+    asked = [part.strip() for part in selection.split(",")]
+    seen = ctx.visible_gpus
+    if len(seen) < len(asked):
+        missing = asked[len(seen)]
+        return fail(f"GPU {missing} is not on this host ({len(ctx.facts.gpus)} GPU(s): "
+                    f"{', '.join(str(gpu.index) for gpu in ctx.facts.gpus) or 'none'})",
+                    "name GPUs from `invoke facts --host HOST` in the service's gpus", gpus=asked)
+    return ok(f"GPU(s) {', '.join(str(gpu.index) for gpu in seen)}", gpus=[gpu.index for gpu in seen])
+
+
+@rule("services.ports", BLOCKER)
+def services_ports(ctx: Context) -> Finding | None:
+    """Each service of a host listens on a port of its own: two servers cannot bind one port (the
+    second would crash-loop at start)."""
+    if not ctx.siblings:
+        return None
+    port = int(ctx.settings.port)
+    taken = sorted(name for name, settings in ctx.siblings.items() if int(settings.port) == port)
+    if taken:
+        return fail(f"port {port} is also {', '.join(taken)}'s", "give each service its own port in its vars",
+                    port=port, also=taken)
+    return ok(f"port {port} is this service's alone", port=port,
+              others={name: int(settings.port) for name, settings in ctx.siblings.items()})
+
+
+@rule("services.shared_gpu", BLOCKER)
+def services_shared_gpu(ctx: Context) -> Finding | None:
+    """Services that share a GPU each declare their share of its memory (gpu_memory_utilization in the
+    service's vars), and the shares of every service on that GPU sum to at most the profile's own
+    (what it gives one server alone): each engine takes its share of the whole GPU at start, so two
+    undeclared 0.9s leave the second server without memory. Each service's weights and KV cache
+    must fit its share: memory.fits judges that with the declared share as its budget."""
+    if not ctx.siblings or ctx.profile.gpu is None or not ctx.facts.gpus:
+        return None
+    mine = _gpu_indices(ctx, ctx.settings)
+    sharing = {name: settings for name, settings in ctx.siblings.items() if _gpu_indices(ctx, settings) & mine}
+    if not sharing:
+        return ok(f"GPU(s) {', '.join(map(str, sorted(mine)))} serve this service alone")
+    everyone = {ctx.host: ctx.settings, **sharing}
+    undeclared = sorted(name for name, settings in everyone.items()
+                        if not settings.origin.get("gpu_memory_utilization", "").startswith("service "))
+    limit = float(ctx.profile.defaults.get("gpu_memory_utilization", VAR_SPECS["gpu_memory_utilization"].default))
+    shares = {name: float(settings.gpu_memory_utilization) for name, settings in everyone.items()}
+    evidence = {"shared_with": sorted(sharing), "gpus": sorted(mine), "shares": shares, "limit": limit}
+    if undeclared:
+        return fail(f"GPU(s) {', '.join(map(str, sorted(mine)))} shared with {', '.join(sorted(sharing))}, but "
+                    f"{', '.join(undeclared)} declare(s) no gpu_memory_utilization of its own",
+                    f"set gpu_memory_utilization in each sharing service's vars, together at most {limit}",
+                    undeclared=undeclared, **evidence)
+    for index in sorted(mine):
+        on_gpu = {name: share for name, share in shares.items()
+                  if index in _gpu_indices(ctx, everyone[name])}
+        total = round(sum(on_gpu.values()), 4)
+        if total > limit:
+            listed = " + ".join(f"{name} {share}" for name, share in on_gpu.items())
+            return fail(f"GPU {index}: {listed} = {total} of its memory, more than the profile's {limit}",
+                        f"lower the services' gpu_memory_utilization to sum to {limit} or less", gpu=index,
+                        **evidence)
+    return ok(f"GPU(s) {', '.join(map(str, sorted(mine)))} shared with {', '.join(sorted(sharing))}: "
+              f"shares {', '.join(f'{name} {share}' for name, share in shares.items())}, within {limit}", **evidence)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -222,7 +222,8 @@ def logs(c: Context, host: str | None = None, inventory_: str | None = None, fol
         raise Exit(f"error: --unit must be one of {', '.join(server.UNITS)}, not {unit!r}", code=2)
     chosen = select(inventory_, targets=False)
     if unit is None:
-        unit = engines.engine_of(chosen.inventory.settings(host, {})).server_unit.removesuffix(".service")
+        found = engines.engine_of(chosen.inventory.settings(host, {})).server_unit
+        unit = chosen.inventory.naming(host).unit(found).removesuffix(".service")
     secrets.load(chosen.inventory.secrets)  # registered for masking
     runner = remote.connect(chosen.inventory.host(host), chosen.inventory.ssh)
     try:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provision import cuda as cuda_builds
+from provision import services
 from provision.endpoints import EndpointPlan, plans_for
 from provision.facts import HostFacts
 from provision.inventory import Cluster, Inventory, Settings
@@ -51,6 +52,10 @@ class Context:
     # The endpoints whose router runs on this host, and the one this host's server is behind.
     endpoints: tuple[EndpointPlan, ...] = ()
     behind: EndpointPlan | None = None
+    # Where this server's units, environment and generations live on the host (services.py), and the
+    # settings of the host's other services (the gate judges GPUs, ports and memory across them).
+    naming: services.Naming = services.HOST
+    siblings: Mapping[str, Settings] = field(default_factory=dict)
 
     @property
     def parallel(self) -> int:
@@ -61,23 +66,18 @@ class Context:
         return len(self.cluster.hosts) if self.cluster else 1
 
     @property
+    def visible_gpus(self) -> tuple[Gpu, ...]:
+        """The GPUs this server may see: all of the host's, narrowed by CUDA_VISIBLE_DEVICES (a
+        service's `gpus`) as CUDA reads it: up to the first entry that names no GPU."""
+        return visible(self.facts.gpus or (), self.env("CUDA_VISIBLE_DEVICES"))
+
+    @property
     def server_gpus(self) -> tuple[Gpu, ...]:
         """The GPUs this host's share of the server runs on: the first TP x PP / nodes of those it may
         see. CUDA_VISIBLE_DEVICES in the environment setting (indices or GPU-UUID prefixes, read as
         CUDA reads it: up to the first entry that names no GPU) narrows them; nvidia-smi's order is
         taken as CUDA's, which holds for GPUs of one model (CUDA orders by speed, then PCI bus)."""
-        gpus = self.facts.gpus or ()
-        visible = self.env("CUDA_VISIBLE_DEVICES")
-        if visible is not None:
-            chosen: list[Gpu] = []
-            for entry in (part.strip() for part in visible.split(",")):
-                found = next((gpu for gpu in gpus if (entry.isdigit() and gpu.index == int(entry))
-                              or (entry.startswith("GPU-") and gpu.uuid.startswith(entry))), None)
-                if found is None:
-                    break
-                chosen.append(found)
-            gpus = tuple(chosen)
-        return tuple(gpus[:max(1, self.parallel // self.nodes)])
+        return tuple(self.visible_gpus[:max(1, self.parallel // self.nodes)])
 
     @property
     def is_head(self) -> bool:
@@ -136,6 +136,20 @@ class Context:
         return tuple(self.settings.extra_args)
 
 
+def visible(gpus: Sequence[Gpu], selection: str | None) -> tuple[Gpu, ...]:
+    """The GPUs CUDA_VISIBLE_DEVICES=`selection` leaves (indices or GPU-UUID prefixes; None: all)."""
+    if selection is None:
+        return tuple(gpus)
+    chosen: list[Gpu] = []
+    for entry in (part.strip() for part in selection.split(",")):
+        found = next((gpu for gpu in gpus if (entry.isdigit() and gpu.index == int(entry))
+                      or (entry.startswith("GPU-") and gpu.uuid.startswith(entry))), None)
+        if found is None:
+            break
+        chosen.append(found)
+    return tuple(chosen)
+
+
 def flag_value(args: Sequence[str], flag: str) -> str | None:
     """The value of a server argument given as `--flag VALUE` or `--flag=VALUE`; None where it is not given."""
     for index, arg in enumerate(args):
@@ -191,9 +205,12 @@ def contexts(inventory: Inventory, facts: Mapping[str, HostFacts], overrides: Ma
         peers = {member: facts[member] for member in cluster.hosts if member in facts} if cluster else {}
         head_address = inventory.host(cluster.head).address if cluster else None
         routed, behind = plans_for(inventory, name, settings or {}, inventory.settings)
+        siblings = {sibling: settings[sibling] if settings and sibling in settings else inventory.settings(sibling)
+                    for sibling in inventory.siblings(name)}
         result[name] = Context(host=name, profile=profile or inventory.host(name).profile,
                                settings=settings[name] if settings and name in settings
                                else inventory.settings(name, overrides, profile=profile),
                                facts=host_facts, cluster=cluster, peers=peers, head_address=head_address,
-                               weights_bytes=weights_bytes, endpoints=routed, behind=behind)
+                               weights_bytes=weights_bytes, endpoints=routed, behind=behind,
+                               naming=inventory.naming(name), siblings=siblings)
     return result

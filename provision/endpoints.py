@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from provision import services
 from provision.errors import InventoryError
 from provision.inventory import Endpoint, Host, Inventory, Settings
 
@@ -134,7 +135,11 @@ def plans_for(inventory: Inventory, host: str, settings: Mapping[str, Settings],
     def settings_of(name: str) -> Settings:
         return settings[name] if name in settings else resolve(name)
 
-    routed = tuple(plan(endpoint, inventory, settings_of) for endpoint in inventory.endpoints_on(host))
+    machine, service = services.split(host)
+    # A host's router runs beside its first service (which carries the host's own names).
+    carrier = service is None or inventory.host(machine).services[:1] == (service,)
+    routed = tuple(plan(endpoint, inventory, settings_of) for endpoint in inventory.endpoints_on(machine)) \
+        if carrier else ()
     cluster = inventory.cluster_of(host)
     endpoint = inventory.endpoint_of(cluster.name) if cluster and cluster.head == host else None
     return routed, plan(endpoint, inventory, settings_of) if endpoint else None

@@ -64,10 +64,10 @@ NVIDIA_VERSION = "/proc/driver/nvidia/version"
 UNIT_PATHS = (*DROP_IN_BASES, "/usr/local/lib/systemd/system", "/lib/systemd/system", "/usr/lib/systemd/system")
 
 
-def unit_files(root: str = "") -> tuple[str, ...]:
+def unit_files(root: str = "", units: Sequence[str] = MANAGED_UNITS) -> tuple[str, ...]:
     """The managed units' files and drop-ins (and every service's drop-ins) as glob patterns, under
     `root` (a test's directory; "" on a host): what systemd-analyze's offline score reads."""
-    return tuple(f"{root}{pattern}" for base in UNIT_PATHS for name in (*MANAGED_UNITS, "service")
+    return tuple(f"{root}{pattern}" for base in UNIT_PATHS for name in (*units, "service")
                  for pattern in (f"{base}/{name}", f"{base}/{name}.d", f"{base}/{name}.d/*.conf")
                  if pattern != f"{base}/service")
 
@@ -172,6 +172,20 @@ FACTS: tuple[Fact, ...] = (
          argv=("systemd-analyze", "security", "--offline=yes", *MANAGED_UNITS), exits=(0, 1),
          identity=unit_files()),
 )
+
+
+def with_units(facts: Sequence[Fact], units: Sequence[str]) -> tuple[Fact, ...]:
+    """`facts` with the units' state and score asked of `units` (a service's, beside the host's own)."""
+    if tuple(units) == MANAGED_UNITS:
+        return tuple(facts)
+    asked = {
+        "units": Fact("units", parsers.parse_systemctl_show,
+                      argv=("systemctl", "show", "--property=" + ",".join(parsers.UNIT_PROPERTIES), *units)),
+        "unit_security": Fact("unit_security", parsers.parse_systemd_security,
+                              argv=("systemd-analyze", "security", "--offline=yes", *units), exits=(0, 1),
+                              identity=unit_files(units=units)),
+    }
+    return tuple(asked.get(fact.name, fact) for fact in facts)
 
 
 def venv_fact(venv_dir: str) -> Fact:

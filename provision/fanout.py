@@ -36,21 +36,31 @@ class HostResults(Generic[T]):
 
 def for_each_host(items: Iterable[H], name: Callable[[H], str], work: Callable[[H], T],
                   workers: int | None = None) -> HostResults[T]:
-    """Call `work(item)` for every item at once (one thread each, up to MAX_WORKERS)."""
+    """Call `work(item)` for every host at once (one thread each, up to MAX_WORKERS). The services of
+    one host (HOST/SERVICE) run one after the other in one thread: they share its venv, user,
+    directories and lock, and a host serves one change at a time."""
     items = list(items)
     order = tuple(name(item) for item in items)
     values: dict[str, T] = {}
     errors: dict[str, BaseException] = {}
     if not items:
         return HostResults(order, values, errors)
-    size = workers or min(len(items), MAX_WORKERS)
-    with ThreadPoolExecutor(max_workers=size) as pool:
-        futures = {name(item): pool.submit(work, item) for item in items}
-        for host, future in futures.items():
+    by_host: dict[str, list[H]] = {}
+    for item in items:
+        by_host.setdefault(name(item).partition("/")[0], []).append(item)
+
+    def in_turn(batch: list[H]) -> None:
+        for item in batch:
             try:
-                values[host] = future.result()
+                values[name(item)] = work(item)
             except Exception as exc:  # noqa: BLE001 - every failure is reported per host, never lost
-                errors[host] = exc
+                errors[name(item)] = exc
                 if exc.__cause__ is not None:  # the report says the error; --verbose what it came from
-                    log.debug("%s: %s (caused by %s)", host, error_text(exc), " <- ".join(causes(exc)))
-    return HostResults(order, values, errors)
+                    log.debug("%s: %s (caused by %s)", name(item), error_text(exc), " <- ".join(causes(exc)))
+
+    size = workers or min(len(by_host), MAX_WORKERS)
+    with ThreadPoolExecutor(max_workers=size) as pool:
+        for future in [pool.submit(in_turn, batch) for batch in by_host.values()]:
+            future.result()
+    return HostResults(order, {host: values[host] for host in order if host in values},
+                       {host: errors[host] for host in order if host in errors})

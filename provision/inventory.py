@@ -17,6 +17,10 @@ Schema (every key is checked; an unknown key is an error, not ignored):
         connection: ssh        # or local: run on this machine, no SSH
         key_file: PATH         # overrides ssh.key_file for this host
         vars: {...}            # service settings (VAR_SPECS below)
+        services:              # optional: several servers on this host, each its own target HOST/NAME
+          NAME:                # with its own unit, environment file, generations (provision/services.py)
+            gpus: [0]          # the host's GPU indices it runs on (CUDA_VISIBLE_DEVICES); default all
+            vars: {...}        # above the host's vars: model, port, engine, gpu_memory_utilization, ...
     groups:
       NAME:
         hosts: [NAME, ...]
@@ -28,7 +32,7 @@ Schema (every key is checked; an unknown key is an error, not ignored):
         vars: {...}
 
 Precedence of service settings, highest first: command line (--set KEY=VALUE) > tuned (what `invoke tune`
-kept in tuned/HOST.yaml beside the inventory) > host vars > group vars (groups in file order; a later
+kept in tuned/HOST.yaml beside the inventory) > a service's vars > host vars > group vars (groups in file order; a later
 group wins) > cluster vars > profile defaults > built-in defaults.
 The `environment` and `server_flags` mappings merge key by key along the same order.
 
@@ -38,6 +42,7 @@ One without hosts is an error. Its bytes, values (aliases expanded) and nesting 
 """
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import ipaddress
 import posixpath
@@ -50,6 +55,7 @@ from typing import Any
 
 import yaml
 
+from provision import services as service_names  # the module; `services` is an Inventory field
 from provision.errors import InventoryError, ProfileError, clip
 from provision.profiles import Profile, load_profiles
 
@@ -590,6 +596,18 @@ class Host:
     key_file: str | None
     vars: Mapping[str, Any]
     source: str  # the file that defined it
+    services: tuple[str, ...] = ()  # the servers the host declares (services.py), in the file's order
+    # A service's target (NAME/SERVICE): its host's name, its own name, GPUs and vars (a layer above
+    # the host's vars; its GPUs become CUDA_VISIBLE_DEVICES there).
+    machine: str | None = None
+    service: str | None = None
+    gpus: tuple[int, ...] | None = None
+    service_vars: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def host_name(self) -> str:
+        """The host a service runs on (itself for a host without services)."""
+        return self.machine or self.name
 
 
 @dataclass(frozen=True)
@@ -710,11 +728,16 @@ class Inventory:
     # Recipes applied per cluster (APPLIED_DIR/CLUSTER.yaml beside the inventory, `invoke recipe.apply`):
     # above the cluster's vars, below its groups' and hosts'.
     applied: Mapping[str, AppliedRecipe] = field(default_factory=dict)
+    # The servers of hosts that declare services, by NAME/SERVICE (each a target of its own).
+    services: Mapping[str, Host] = field(default_factory=dict)
 
     def host(self, name: str) -> Host:
-        """The named host; `local` is this machine even when the inventory does not list it."""
+        """The named host or service (HOST/SERVICE); `local` is this machine even when the inventory
+        does not list it."""
         if name in self.hosts:
             return self.hosts[name]
+        if name in self.services:
+            return self.services[name]
         if name == LOCAL_HOST:
             return local_host()
         known = ", ".join(sorted(self.hosts)) or "none"
@@ -741,7 +764,27 @@ class Inventory:
         return [endpoint for endpoint in self.endpoints.values() if endpoint.host == host]
 
     def groups_of(self, host: str) -> list[Group]:
-        return [group for group in self.groups.values() if host in group.hosts]
+        machine = service_names.split(host)[0]
+        return [group for group in self.groups.values() if machine in group.hosts]
+
+    def targets_of(self, name: str) -> list[str]:
+        """What a name on the command line stands for: a host's services where it declares some."""
+        host = self.host(name)
+        return [service_names.target_name(name, service) for service in host.services] or [name]
+
+    def naming(self, target: str) -> service_names.Naming:
+        """Where the target's server lives on its host (services.py): its host's own names, or a
+        service's (the host's first service carries the host's own names too)."""
+        host = self.host(target)
+        first = self.hosts[host.machine].services[:1] if host.machine and host.machine in self.hosts else ()
+        return service_names.naming_of(target, first[0] if first else None)
+
+    def siblings(self, target: str) -> list[str]:
+        """The other services of a service's host (none for a host without services)."""
+        machine, service = service_names.split(target)
+        if service is None or machine not in self.hosts:
+            return []
+        return [name for name in self.targets_of(machine) if name != target]
 
     def select(
         self, *, hosts: Iterable[str] = (), cluster: str | None = None, everything: bool = False
@@ -754,7 +797,7 @@ class Inventory:
             names.extend(self.hosts)
         if not names:
             raise InventoryError("name a host (--host), a cluster (--cluster) or --all", file="command line")
-        unique = list(dict.fromkeys(names))
+        unique = list(dict.fromkeys(target for name in names for target in self.targets_of(name)))
         return [self.host(name) for name in unique]
 
     def settings(
@@ -779,6 +822,12 @@ class Inventory:
                 layers.append((f"recipe {applied.recipe} ({applied.file})", applied.vars))
         layers.extend((f"group {group.name}", group.vars) for group in self.groups_of(host_name))
         layers.append(("host", host.vars))
+        if host.service is not None:
+            service_layer = dict(host.service_vars)
+            if host.gpus:  # the engines' device selection: CUDA's own variable
+                service_layer["environment"] = {**service_layer.get("environment", {}),
+                                                "CUDA_VISIBLE_DEVICES": ",".join(map(str, host.gpus))}
+            layers.append((f"service {host.service}", service_layer))
         if self.tuned.get(host_name):
             layers.append((f"tuned {self.tuned_dir}/{host_name}.yaml", self.tuned[host_name]))
         if overrides:
@@ -845,7 +894,8 @@ def local_host(profile: Profile | None = None) -> Host:
 _TOP_LEVEL = {"ssh", "secrets", "hosts", "groups", "clusters", "endpoints"}
 _ENDPOINT_KEYS = {"host", "clusters", "bind_host", "port", "drain_timeout"}
 _SSH_KEYS = {"known_hosts", "key_file", "connect_timeout", "command_timeout"}
-_HOST_KEYS = {"address", "port", "user", "profile", "connection", "key_file", "vars"}
+_HOST_KEYS = {"address", "port", "user", "profile", "connection", "key_file", "vars", "services"}
+_SERVICE_KEYS = {"gpus", "vars"}
 _GROUP_KEYS = {"hosts", "vars"}
 _CLUSTER_KEYS = {"hosts", "head", "vars"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -873,6 +923,7 @@ class _Reader:
         self.groups: dict[str, Group] = {}
         self.clusters: dict[str, Cluster] = {}
         self.endpoints: dict[str, Endpoint] = {}
+        self.services: dict[str, Host] = {}  # each service's target, by NAME/SERVICE
         self.ssh = SshSettings()
         self.secrets: str | None = None
         self.defined_in: dict[tuple[str, str], str] = {}
@@ -968,11 +1019,47 @@ class _Reader:
             raise InventoryError(str(exc), file=source, line=_line(body, "user"), entity=entity,
                                  key="user") from exc
         key_file = self._path(body, "key_file", source, base, entity) if "key_file" in body else None
-        self.hosts[name] = Host(
+        host = Host(
             name=name, address=str(address or "localhost"), port=port, user=user,
             profile=self.profiles[profile_name], connection=connection, key_file=key_file,
             vars=self._vars(body, source, entity), source=source,
         )
+        served = self._services(host, body, source, entity) if "services" in body else []
+        self.hosts[name] = dataclasses.replace(host, services=tuple(s.service or "" for s in served))
+        self.services.update((s.name, s) for s in served)
+
+    def _services(self, host: Host, body: Any, source: str, entity: str) -> list[Host]:
+        """A host's `services:` {NAME: {gpus: [INDEX, ...], vars: {...}}}: a target for each."""
+        entries = body["services"]
+        if not isinstance(entries, dict) or not entries:
+            raise InventoryError("expected a mapping of NAME: {gpus: [...], vars: {...}}, at least one",
+                                 file=source, line=_line(body, "services"), entity=entity, key="services")
+        result = []
+        for service, spec in entries.items():
+            where = f"{entity}, service {_brief(service)}"
+            line = _line(entries, service)
+            if not isinstance(service, str) or not service_names.NAME.match(service):
+                raise InventoryError("a service name is 1-31 lower-case letters, digits and '-', from a letter "
+                                     "or digit (it is part of the unit's name)", file=source, line=line,
+                                     entity=where)
+            if spec is None:
+                spec = {}
+            if not isinstance(spec, dict):
+                raise InventoryError("expected a mapping (gpus, vars)", file=source, line=line, entity=where)
+            self._unknown(spec, _SERVICE_KEYS, source, where)
+            gpus = spec.get("gpus")
+            if gpus is not None and (not isinstance(gpus, list) or not gpus or len(set(gpus)) != len(gpus) or not all(
+                    isinstance(g, int) and not isinstance(g, bool) and 0 <= g < 64 for g in gpus)):
+                raise InventoryError(f"expected a list of GPU indices (0, 1, ...), each once, got {_show(gpus)}",
+                                     file=source, line=_line(spec, "gpus") or line, entity=where, key="gpus")
+            service_vars = self._vars(spec, source, where)
+            if gpus is not None and "CUDA_VISIBLE_DEVICES" in (service_vars.get("environment") or {}):
+                raise InventoryError("gpus and CUDA_VISIBLE_DEVICES both choose the service's GPUs: keep gpus",
+                                     file=source, line=_line(spec, "gpus"), entity=where, key="gpus")
+            result.append(dataclasses.replace(
+                host, name=service_names.target_name(host.name, service), machine=host.name, service=service,
+                gpus=tuple(gpus) if gpus is not None else None, service_vars=service_vars))
+        return result
 
     def _read_group(self, name: str, body: Any, source: str, base: Path) -> None:
         entity = f"group '{name}'"
@@ -1075,6 +1162,11 @@ class _Reader:
                         "a host serves one cluster", file=self.defined_in[("cluster", cluster.name)],
                         entity=f"cluster '{cluster.name}'", key="hosts")
                 seen[member] = cluster.name
+                if self.hosts[member].services:
+                    raise InventoryError(
+                        f"host '{member}' declares services: each is a server of its own, in no cluster (put "
+                        "the cluster's vars in the host's or a group's)", file=self.defined_in[("cluster", cluster.name)],
+                        entity=f"cluster '{cluster.name}'", key="hosts")
         self._cross_check_endpoints()
 
     def _cross_check_endpoints(self) -> None:
@@ -1230,7 +1322,7 @@ def load(path: str | Path, profiles: Mapping[str, Profile] | None = None) -> Inv
     return Inventory(hosts=dict(reader.hosts), groups=dict(reader.groups),
                      clusters=dict(reader.clusters), endpoints=dict(reader.endpoints), ssh=reader.ssh,
                      sources=tuple(str(f) for f in files), secrets=reader.secrets, tuned=tuned,
-                     tuned_dir=str(folder), path=str(path), applied=applied)
+                     tuned_dir=str(folder), path=str(path), applied=applied, services=dict(reader.services))
 
 
 def _read_bounded(file: Path, allowed: int) -> str:

@@ -7,14 +7,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from provision import programs
+from provision import programs, services
 from provision.errors import ApplyFailed, CommandFailed, UnreachableHost
 from provision.facts import MANAGED_UNITS
 from provision.plan import MANAGED_FILES, Change
 from provision.runner import Runner
 
 LOCK = "/run/lock/provision.lock"
-GENERATIONS = "/var/lib/provision/generations"
+GENERATIONS = services.HOST_GENERATIONS
 
 
 @dataclass(frozen=True)
@@ -36,13 +36,17 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Scope:
-    """What a host's generations cover: the managed files and units, its venv and model root."""
+    """What a server's generations cover: its managed files and units, its venv and model root, kept
+    under `root` (a host's own, or a service's: services.Naming)."""
 
     venv: str | None = None
     model_root: str | None = None
+    root: str = GENERATIONS
+    files: tuple[str, ...] = MANAGED_FILES
+    units: tuple[str, ...] = MANAGED_UNITS
 
     def spec(self) -> dict[str, Any]:
-        return {"root": GENERATIONS, "files": list(MANAGED_FILES), "units": list(MANAGED_UNITS),
+        return {"root": self.root, "files": list(self.files), "units": list(self.units),
                 "venv": self.venv, "model_root": self.model_root}
 
 

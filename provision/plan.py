@@ -13,15 +13,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from provision import services
 from provision.context import HOST_KEY
 from provision.errors import ForeignDirectory
-from provision.facts import DROP_IN_DIRS, USER_NCCL_CONF, HostFacts
-from provision.render import UNIT_DIR, DesiredState, managed_paths
+from provision.facts import DROP_IN_BASES, DROP_IN_DIRS, USER_NCCL_CONF, HostFacts
+from provision.render import UNIT_DIR, DesiredState, managed_paths, managed_paths_of, service_units
 from provision.secrets import mask
 
 MANAGED_FILES = managed_paths()
-# The host's record of its generations (host/generations.py): the probe reads it with the managed files.
-GENERATIONS_STATE = "/var/lib/provision/generations/state.json"
+# The host's record of its generations (host/generations.py): the probe reads it with the managed files
+# (a service's: services.Naming.state_file).
+GENERATIONS_STATE = services.HOST.state_file
 # The host programs' record of the directories they made (provision/host/common.py keeps the same path).
 MADE_DIRECTORIES = "/var/lib/provision/made-directories.json"
 
@@ -41,13 +43,26 @@ class Change:
         return f"{self.kind} {self.target}: {self.reason}"
 
 
-def inspect_spec(state_paths: list[str], user: str) -> dict[str, list[str]]:
-    """What the probe must look at for a plan: every managed file, the host's generations record, the
-    directories, the user, and the managed units' drop-in directories (which unit.dropins reports)."""
-    return {"files": sorted({*MANAGED_FILES, GENERATIONS_STATE, HOST_KEY, MADE_DIRECTORIES, *state_paths}),
+def inspect_spec(state_paths: list[str], user: str, naming: services.Naming = services.HOST) -> dict[str, list[str]]:
+    """What the probe must look at for a plan: every managed file (a service's too), its generations
+    record, the directories, the user, the managed units' drop-in directories (which unit.dropins
+    reports) and the unit directory (the units of services the inventory no longer declares)."""
+    own = managed_paths_of(naming)
+    drop_ins = [f"{base}/{unit}.d" for unit in service_units(naming) for base in DROP_IN_BASES] \
+        if naming.service else []
+    return {"files": sorted({*MANAGED_FILES, *own, GENERATIONS_STATE, naming.state_file, HOST_KEY,
+                             MADE_DIRECTORIES, *state_paths}),
             "users": [user],
             "home_files": [USER_NCCL_CONF],  # NCCL reads it as the service user (nccl_conf fact)
-            "dirs": list(DROP_IN_DIRS)}
+            "dirs": [*DROP_IN_DIRS, *drop_ins, UNIT_DIR, services.CONFIG_DIR]}
+
+
+def _present(path: str, facts: HostFacts) -> bool:
+    """The file is on the host: read by the probe, or listed in a directory it listed."""
+    if facts.files.get(path, {}).get("exists"):
+        return True
+    folder, _, name = path.rpartition("/")
+    return name in (facts.dirs.get(folder) or ())
 
 
 def _octal(mode: int) -> str:
@@ -154,14 +169,25 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
     file_changes = _file_changes(desired, facts)
     changes.extend(file_changes)
     changed = {change.target for change in file_changes}
+    renamed_from = {}
     for unit in desired.absent_units:
         state = facts.units.get(unit)
         if state and state.load_state == "loaded" and (state.active_state in ("active", "activating")
                                                        or state.unit_file_state == "enabled"):
-            changes.append(Change("stop", unit, "not part of this host's role or engine any more"))
-    removed = [path for path in desired.absent_files if facts.files.get(path, {}).get("exists")]
+            new = desired.renamed.get(unit)
+            if new and new in desired.units:
+                renamed_from[new] = unit
+                changes.append(Change("stop", unit, f"renamed {unit} -> {new}: the host declares services now "
+                                                    "(systemd cannot rename a running unit: this server restarts)"))
+            else:
+                changes.append(Change("stop", unit, "not part of this host's role or engine any more"))
+        elif state is None and _present(f"{UNIT_DIR}/{unit}", facts):
+            # a unit the probe did not ask about (a service the inventory no longer declares)
+            changes.append(Change("stop", unit, "a service the inventory no longer declares"))
+    removed = [path for path in desired.absent_files if _present(path, facts)]
     for path in removed:
-        old = str(facts.files[path].get("content", "")) if "content" in facts.files[path] else ""
+        known = facts.files.get(path, {})
+        old = str(known.get("content", "")) if "content" in known else ""
         changes.append(Change("remove", path, "not rendered for this host's role or engine",
                               diff=_diff(path, old, "")))
     if any(wanted.unit and wanted.path in changed for wanted in desired.files):
@@ -180,8 +206,8 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
             changes.append(Change("enable", unit, "not enabled"))
         running = state is not None and state.active_state in ("active", "activating", "reloading")
         if not running:
-            changes.append(Change("start", unit, "not running" if state and state.load_state == "loaded"
-                                  else "new unit"))
+            changes.append(Change("start", unit, f"renamed from {renamed_from[unit]}" if unit in renamed_from
+                                  else "not running" if state and state.load_state == "loaded" else "new unit"))
         elif unit in restart_due:
             because = sorted(w.path for w in desired.files if w.path in changed and unit in w.restarts)
             causes = because + (["venv"] if venv_changed else []) + (

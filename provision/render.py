@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from provision import affinity, endpoints, engines, hardening
+from provision import affinity, endpoints, engines, hardening, services
 from provision.context import Context
 from provision.engines.llamacpp import gguf_models
 from provision.engines.vllm import VLLM
@@ -39,8 +39,8 @@ def _templates() -> Traversable:
 
 TEMPLATES = _templates()
 UNIT_DIR = "/etc/systemd/system"
-CONFIG_DIR = "/etc/vllm"
-ENV_FILE = f"{CONFIG_DIR}/vllm.env"
+CONFIG_DIR = services.CONFIG_DIR
+ENV_FILE = services.HOST_ENV_FILE  # a host without services; a service's is services.Naming.env_file
 STATE_DIR = "/var/lib/vllm"
 SERVER_UNIT = VLLM.server_unit  # vLLM's; each engine names its own (engines.engine_of(settings).server_unit)
 SUPERVISION = {"start_limit_interval_sec": 600, "start_limit_burst": 5, "restart_sec": 10}
@@ -78,6 +78,8 @@ class DesiredState:
     absent_files: tuple[str, ...] = ()  # managed files this host must not have (removed where found)
     shell: str = "/usr/sbin/nologin"  # the service user's login shell
     server_unit: str | None = None  # the unit serving the API here (None on a worker)
+    # A unit this server replaces under another name (a host that declares services now): {old: new}.
+    renamed: Mapping[str, str] = field(default_factory=dict)
 
 
 @functools.lru_cache(maxsize=1)
@@ -179,10 +181,46 @@ def _unit_values(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def managed_paths(home: str = STATE_DIR) -> tuple[str, ...]:
-    """Every file any engine renders on any host: a generation records each one, present or absent."""
+    """Every file any engine renders on a host without services: a generation records each one, present
+    or absent."""
     units = tuple(f"{UNIT_DIR}/{unit}" for unit in MANAGED_UNITS)
     configs = tuple(path for engine in engines.ENGINES.values() for path in engine.config_paths(home))
     return (ENV_FILE, *units, *configs, endpoints.CONFIG_FILE, endpoints.KEYS_FILE)
+
+
+SERVER_UNITS = tuple(engine.server_unit for engine in engines.ENGINES.values())  # what a service may run
+
+
+def service_units(naming: services.Naming) -> tuple[str, ...]:
+    """The units a server of these names may have: a service's, one per engine (single-node only); the
+    host's own names' otherwise."""
+    return MANAGED_UNITS if naming.service is None else naming.units(SERVER_UNITS)
+
+
+def managed_paths_of(naming: services.Naming, home: str = STATE_DIR) -> tuple[str, ...]:
+    """The files a server of these names owns (and its generations record): a service's environment
+    file and units, and where it carries the host's own names, theirs too."""
+    if naming.service is None:
+        return managed_paths(home)
+    own = (naming.env_file, *(f"{UNIT_DIR}/{unit}" for unit in service_units(naming)))
+    return (*own, *managed_paths(home)) if naming.carrier else own
+
+
+def units_of(naming: services.Naming) -> tuple[str, ...]:
+    """The units a server's generations record: its own, and the host's where it carries those."""
+    if naming.service is None:
+        return MANAGED_UNITS
+    return (*service_units(naming), *MANAGED_UNITS) if naming.carrier else service_units(naming)
+
+
+def stale_services(ctx: Context) -> dict[str, str]:
+    """Units of services the host still has that the inventory no longer declares ({unit: service}):
+    a host without services (or a service carrying the host's names) removes them."""
+    if not ctx.naming.carrier:
+        return {}
+    found = services.service_units_in(ctx.facts.dirs.get(UNIT_DIR) or (), SERVER_UNITS)
+    declared = {ctx.naming.service, *(services.split(name)[1] for name in ctx.siblings)}
+    return {unit: service for unit, service in found.items() if service not in declared}
 
 
 def router_files(ctx: Context, common: Mapping[str, Any], api_key: str | None) -> list[DesiredFile]:
@@ -212,14 +250,16 @@ def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | 
     names (an engine's files may hold one: the MPI key of a TensorRT-LLM cluster)."""
     settings = ctx.settings
     engine = engines.engine_of(settings)
+    naming = ctx.naming
+    env_file = naming.env_file
     user = str(settings.service_user)
     chosen = affinity.choose(str(settings.cpu_affinity), ctx.facts.cpu, ctx.facts.unreadable, ctx.server_gpus)
     writable = sorted({STATE_DIR, settings.model_dir, settings.hf_home})
-    common = {"host": ctx.host, "profile": ctx.profile.name, "user": user, "env_file": ENV_FILE,
+    common = {"host": ctx.host, "profile": ctx.profile.name, "user": user, "env_file": env_file,
               "state_dir": STATE_DIR, "writable_paths": writable, "hardening": hardening.unit_values(ctx),
               **SUPERVISION}
     environment = service_environment(ctx, api_key)
-    files = [DesiredFile(ENV_FILE, render("env/vllm.env.j2", {**common, "environment": environment}),
+    files = [DesiredFile(env_file, render("env/vllm.env.j2", {**common, "environment": environment}),
                          "root", "root", 0o600)]
     server = {"served_model_name": str(settings.served_model_name or settings.model), "engine": engine.title,
               "environment": [name for name, _ in environment],  # the names the environment file sets
@@ -229,9 +269,10 @@ def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | 
     units = []
     for unit in engine.unit_files(ctx, common, server, resolutions):
         content = render(unit.template, _unit_values(unit.values))
-        files.append(DesiredFile(f"{UNIT_DIR}/{unit.name}", content, "root", "root", 0o644,
-                                 restarts=(unit.name,), unit=True))
-        units.append(unit.name)
+        name = naming.unit(unit.name)
+        files.append(DesiredFile(f"{UNIT_DIR}/{name}", content, "root", "root", 0o644,
+                                 restarts=(name,), unit=True))
+        units.append(name)
     extra_dirs = []
     for config in engine.config_files(ctx, secrets or {}, STATE_DIR):
         owner = user if config.owner == "service" else config.owner
@@ -241,7 +282,7 @@ def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | 
         if parent not in (CONFIG_DIR, STATE_DIR):
             extra_dirs.append(DesiredDir(parent, owner, owner, 0o700))
     # The environment feeds every unit of the host (the router reads none of it).
-    files[0] = DesiredFile(ENV_FILE, files[0].content, "root", "root", 0o600, restarts=tuple(units))
+    files[0] = DesiredFile(env_file, files[0].content, "root", "root", 0o600, restarts=tuple(units))
     if ctx.endpoints:
         files.extend(router_files(ctx, common, api_key))
         units.append(endpoints.ROUTER_UNIT)
@@ -253,7 +294,13 @@ def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | 
         *extra_dirs,
     )
     rendered = {f.path for f in files}
-    return DesiredState(user=user, home=STATE_DIR, directories=directories, files=tuple(files),
-                        units=tuple(units), absent_units=tuple(u for u in MANAGED_UNITS if u not in units),
-                        absent_files=tuple(p for p in managed_paths(STATE_DIR) if p not in rendered),
-                        shell=engine.user_shell(ctx), server_unit=engine.server_unit if ctx.is_head else None)
+    stale = stale_services(ctx)
+    stale_files = [f"{UNIT_DIR}/{unit}" for unit in stale] + [
+        services.Naming(service).env_file for service in sorted(set(stale.values()))]
+    server_unit = naming.unit(engine.server_unit) if ctx.is_head else None
+    renamed = {old: server_unit for old in SERVER_UNITS if naming.service and naming.carrier and server_unit}
+    return DesiredState(user=user, home=STATE_DIR, directories=directories, files=tuple(files), units=tuple(units),
+                        absent_units=tuple(u for u in (*units_of(naming), *stale) if u not in units),
+                        absent_files=tuple(p for p in (*managed_paths_of(naming, STATE_DIR), *stale_files)
+                                           if p not in rendered),
+                        shell=engine.user_shell(ctx), server_unit=server_unit, renamed=renamed)

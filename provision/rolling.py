@@ -152,7 +152,8 @@ def roll_one(group: list[str], roll: Roll, connect: Connect, bar: Bar, done: dic
     def apply(name: str) -> int:
         changes = remaining(plans[name])
         if ray and cluster and head_engine and name == cluster.head:  # vLLM starts only once Ray sees every node
-            held_back[name] = [c for c in changes if c.target == head_engine.server_unit and c.kind in ("start", "restart")]
+            held_back[name] = [c for c in changes if c.target == plans[name].ctx.naming.unit(head_engine.server_unit)
+                               and c.kind in ("start", "restart")]
             changes = [c for c in changes if c not in held_back[name]]
         started = time.monotonic()
         count = 0
@@ -211,7 +212,7 @@ def roll_one(group: list[str], roll: Roll, connect: Connect, bar: Bar, done: dic
 
 def _restarts_server(hostplan: HostPlan) -> bool:
     """Whether the plan restarts or stops the server clients are sent to (a first start drains nothing)."""
-    unit = engines.engine_of(hostplan.settings).server_unit
+    unit = hostplan.ctx.naming.unit(engines.engine_of(hostplan.settings).server_unit)
     return any(change.kind in ("restart", "stop") and change.target == unit for change in remaining(hostplan))
 
 
@@ -424,7 +425,7 @@ def rollback(inv: inventory.Inventory, targets: list[inventory.Host], options: O
     with remote.Pool(inv.ssh, accept_new_host_keys=options.accept_new_host_keys) as pool:
         if listing:
             return for_each_host(targets, lambda target: target.name, lambda target: ops.generations(
-                pool.connect(target), run.scope_of(inv.settings(target.name, options.overrides))))
+                pool.connect(target), run.scope_of(inv.settings(target.name, options.overrides), inv.naming(target.name))))
         values: dict[str, Any] = {}
         errors: dict[str, BaseException] = {}
         for group in batches([target.name for target in targets],
@@ -448,7 +449,7 @@ def _roll_back_host(inv: inventory.Inventory, runner: Runner, options: Options, 
     before (restored whole, its units as they were, and waited for in turn): NotReady names both."""
     started = time.monotonic()
     declared = inv.settings(runner.host, options.overrides)
-    scope = run.scope_of(declared)
+    scope = run.scope_of(declared, inv.naming(runner.host))
     back = ops.rollback(runner, scope, to=to, wait=options.wait, secrets=secret_environment(held))
     where = restored_endpoint(back, inv.settings(runner.host, {}))
     ready_s = None

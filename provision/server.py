@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from provision import engines, programs
+from provision import engines, programs, services
 from provision.endpoints import EndpointPlan
 from provision.errors import NotReady, ProvisionError
 from provision.inventory import Settings
@@ -124,10 +124,10 @@ def _run(runner: Runner, spec: Mapping[str, Any], on_progress: Callable[[dict[st
     return answer
 
 
-def endpoint(settings: Settings) -> dict[str, str]:
+def endpoint(settings: Settings, naming: services.Naming = services.HOST) -> dict[str, str]:
     """Where a server of these settings answers, as a generation records it: {"base", "model", "unit"}."""
     return {"base": base_url(settings), "model": served_name(settings),
-            "unit": engines.engine_of(settings).server_unit}
+            "unit": naming.unit(engines.engine_of(settings).server_unit)}
 
 
 def wait_ready(runner: Runner, settings: Settings, api_key: str | None, timeout: float,

@@ -27,10 +27,11 @@ from provision import (
     facts,
     inventory,
     parsers,
-    plan,
     remote,
+    render,
     secrets,
     server,
+    services,
     stall,
     weights,
 )
@@ -212,7 +213,8 @@ def unauthorized(key_sent: bool) -> str:
 
 def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[str, Any] | None,
                 model_root: str | None, seconds: float, key_sent: bool = False,
-                engine: engines.Engine = engines.ENGINES["vllm"], names: MetricNames | None = None) -> HostStatus:
+                engine: engines.Engine = engines.ENGINES["vllm"], names: MetricNames | None = None,
+                naming: services.Naming = services.HOST) -> HostStatus:
     """Pure: the probe's answer -> what status shows, and whether the host is healthy. `names`: the
     metric names of the host's release (engine.metric_names(settings)); the engine's default otherwise.
     Nine parameters: each is one separate reading of the host (its role, facts, server answer, model
@@ -222,7 +224,7 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
     machine: dict[str, Any] = {
         "kernel": host_facts.kernel, "driver": host_facts.driver.version if host_facts.driver else None,
         "gpus": _gpu_rows(host_facts), "seconds": round(seconds, 2)}
-    unit_name = engine.server_unit if role == "server" else engine.worker_unit
+    unit_name = naming.unit(engine.server_unit) if role == "server" else engine.worker_unit
     if unit_name is None:  # a worker the head's server starts its processes on (TensorRT-LLM over MPI)
         return HostStatus(host, role, True, True, None, health="-", **machine, unit={
             "name": "-", "active": "n/a", "installed": True, "note": f"{engine.title} ranks started by the head"})
@@ -301,14 +303,20 @@ def judged(found: HostStatus, progress: stall.Progress, samples: Sequence[stall.
                                samples=tuple(samples))
 
 
-def probe_spec(settings: Settings, api_key: str | None, window: float, timeout: float) -> dict[str, Any]:
+def status_facts(naming: services.Naming) -> tuple[facts.Fact, ...]:
+    """The facts status reads, its units those of the server's names (a service's, or the host's)."""
+    return facts.with_units(STATUS_FACTS, render.units_of(naming))
+
+
+def probe_spec(settings: Settings, api_key: str | None, window: float, timeout: float,
+               naming: services.Naming = services.HOST) -> dict[str, Any]:
     """What one host's status execution collects (a probe spec with the server part)."""
-    spec = facts.probe_spec(STATUS_FACTS, [], timeout)
+    spec = facts.probe_spec(status_facts(naming), [], timeout)
     names = engines.engine_of(settings).metric_names(settings)
-    spec["inspect"] = {"files": [plan.GENERATIONS_STATE]}  # which generation runs, and how it came
+    spec["inspect"] = {"files": [naming.state_file]}  # which generation runs, and how it came
     if weights.managed(settings):
         spec["inspect"] = {"weights": [weights.root_of(settings)],
-                           "files": [served_config(settings), plan.GENERATIONS_STATE]}
+                           "files": [served_config(settings), naming.state_file]}
     spec["serving"] = {"base": server.base_url(settings), "api_key": api_key, "window": window,
                        "timeout": min(3.0, timeout), "metrics_path": names.path,
                        # JSON is not filtered line by line on the host: it comes back whole.
@@ -349,22 +357,23 @@ class Sampling:
 
 
 def gather_one(runner: Runner, host: str, role: str, settings: Settings, api_key: str | None, sampling: Sampling,
-               profile: Profile | None = None, history: Sequence[stall.Sample] = ()) -> HostStatus:
-    """One host's status in one execution; `history`: its samples of earlier refreshes (--watch)."""
+               profile: Profile | None = None, history: Sequence[stall.Sample] = (),
+               naming: services.Naming = services.HOST) -> HostStatus:
+    """One server's status in one execution; `history`: its samples of earlier refreshes (--watch)."""
     window, timeout, stall_window = sampling.window, sampling.timeout, sampling.stall_window
     started = time.monotonic()
-    spec = probe_spec(settings, api_key, window, timeout)
+    spec = probe_spec(settings, api_key, window, timeout, naming)
     result: Result = runner.run(list(facts.PROBE_PYTHON), stdin=facts.probe_program(spec), timeout=timeout + window + 5)
-    host_facts = facts.facts_from_probe(host, result, STATUS_FACTS)
+    host_facts = facts.facts_from_probe(host, result, status_facts(naming))
     serving = json.loads(result.stdout).get("serving")
     root = weights.root_of(settings) if weights.managed(settings) else None
     engine = engines.engine_of(settings)
     found = host_status(host, role, host_facts, serving, root, time.monotonic() - started, key_sent=bool(api_key),
-                        engine=engine, names=engine.metric_names(settings))
-    generation = current_generation((host_facts.files.get(plan.GENERATIONS_STATE) or {}).get("content"))
+                        engine=engine, names=engine.metric_names(settings), naming=naming)
+    generation = current_generation((host_facts.files.get(naming.state_file) or {}).get("content"))
     found = dataclasses.replace(found, engine=engine.name, generation=generation,
                                 drift=drift_of(generation, time.time()))
-    state_text = (host_facts.files.get(plan.GENERATIONS_STATE) or {}).get("content")
+    state_text = (host_facts.files.get(naming.state_file) or {}).get("content")
     found = idle_by_design(found, provisioned=installed_by_tool(state_text, str(found.unit.get("name", ""))),
                            declares_model=bool(settings.model))
     if role == "server" and profile is not None:
@@ -472,7 +481,8 @@ def gather_status(inv: inventory.Inventory, targets: list[inventory.Host], overr
         runner = remote.connect(target, ssh)
         try:
             return gather_one(runner, name, role_of(inv, name), inv.settings(name, overrides),
-                              held.vllm_api_key, sampling, target.profile, (history or {}).get(name, ()))
+                              held.vllm_api_key, sampling, target.profile, (history or {}).get(name, ()),
+                              inv.naming(name))
         finally:
             runner.close()
 

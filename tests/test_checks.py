@@ -15,7 +15,18 @@ from typing import Any
 
 import pytest
 
-from provision import affinity, checks, context, endpoints, facts, inventory, lab, parsers, weights
+from provision import (
+    affinity,
+    checks,
+    context,
+    endpoints,
+    facts,
+    inventory,
+    lab,
+    parsers,
+    services,
+    weights,
+)
 from provision.facts import DiskSpace, HostFacts
 from provision.inventory import Cluster, Settings
 from provision.profiles import load_profiles
@@ -375,6 +386,19 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
      {"endpoint.router": "fail"}),
     ("no-endpoint-no-router-rules", "h200x2-driver580", "cpu", {"model": "m"}, _cpu_router(None), None,
      {"endpoint.router": "skip", "endpoint.replicas": "skip", "endpoint.api_key": "skip"}),
+    # Two services on a 2x RTX 5090 workstation (tests/test_services.py judges them through an inventory).
+    ("service-on-gpu0-beside-one-on-gpu1", "rtx5090x2-tr7960x", "rtx5090",
+     {"model": "Qwen/Qwen2.5-7B-Instruct-AWQ", "environment": {"CUDA_VISIBLE_DEVICES": "0"},
+      "_naming": services.Naming("coder"),
+      "_siblings": {"ws/chat": settings("rtx5090", port=8001, environment={"CUDA_VISIBLE_DEVICES": "1"})}},
+     None, None, {"services.gpus": "pass", "services.ports": "pass", "services.shared_gpu": "pass",
+                  "gpu.count": "pass", "memory.fits": "pass"}),
+    ("service-on-a-missing-gpu-same-port-shared-undeclared", "rtx5090x2-tr7960x", "rtx5090",
+     {"model": "Qwen/Qwen2.5-7B-Instruct-AWQ", "environment": {"CUDA_VISIBLE_DEVICES": "1,2"},
+      "tensor_parallel_size": 2, "_naming": services.Naming("coder"),
+      "_siblings": {"ws/chat": settings("rtx5090", environment={"CUDA_VISIBLE_DEVICES": "1"})}},
+     None, None, {"services.gpus": "fail", "services.ports": "fail", "services.shared_gpu": "fail",
+                  "gpu.count": "fail"}),
 ]
 
 

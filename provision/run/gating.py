@@ -55,17 +55,19 @@ def gather(inv: inventory.Inventory, targets: list[inventory.Host], options: Opt
         settings = resolved[target.name] if resolved is not None else \
             inv.settings(target.name, options.overrides, profile=options.profile)
         paths = [settings.venv_dir, settings.model_dir, settings.hf_home]
+        naming = inv.naming(target.name)
         inspect: dict[str, list[str]] = plan.inspect_spec(
             [render.CONFIG_DIR, render.STATE_DIR, *paths[1:], *venv.inspect_paths(settings),
-             f"{weights.HUB_VENV}/{facts.VENV_MANIFEST}"], settings.service_user)
+             f"{weights.HUB_VENV}/{facts.VENV_MANIFEST}"], settings.service_user, naming)
         inspect["weights"] = [weights.root_of(settings)] if weights.managed(settings) else []
         # Weights placed by hand: their config.json and sizes, for the memory fit (one small read).
         inspect["models"] = [render.model_path(settings)] if settings.model and not weights.managed(settings) else []
         runner = pool.connect(target) if pool else remote.connect(
             target, inv.ssh, accept_new_host_keys=options.accept_new_host_keys)
         try:
+            asked = facts.with_units(facts.FACTS, render.units_of(naming))
             return facts.gather(runner, paths=paths, inspect=inspect,
-                                facts=(*facts.FACTS, facts.venv_fact(settings.venv_dir)))
+                                facts=(*asked, facts.venv_fact(settings.venv_dir)))
         finally:
             if pool is None:
                 runner.close()

@@ -24,6 +24,7 @@ from provision import (
     render,
     secrets,
     server,
+    services,
     venv,
     weights,
 )
@@ -174,20 +175,21 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
         if house and any(c.kind == "venv" and c.target == directory for c in changes):
             pushes.append((house, venv.missing_wheels(house, host_facts)))
     link = ctx.link
-    scope = ops.Scope(venv=settings.venv_dir.rstrip("/") if venv.requirements_of(settings) or local_wheels
-                      else None, model_root=weights.root_of(settings) if weights.managed(settings) else None)
+    scope = scope_of(settings, ctx.naming, venv=bool(venv.requirements_of(settings) or local_wheels))
     return HostPlan(changes, pushes, link.address if link else None,
-                    ctx.cluster.name if ctx.cluster else ctx.host, scope, unfinished_generation(host_facts),
+                    ctx.cluster.name if ctx.cluster else ctx.host, scope,
+                    unfinished_generation(host_facts, state_file=ctx.naming.state_file),
                     transfer=settings.transfer, arch=arch, held_wheels=venv.remote_wheels(host_facts),
-                    serve=server.endpoint(settings) if settings.model else None, holds=holds,
+                    serve=server.endpoint(settings, ctx.naming) if settings.model else None, holds=holds,
                     weights_note=weights.not_fetched(settings, weights.placed_model(
                         host_facts, render.model_path(settings))), context=ctx)
 
 
-def unfinished_generation(host_facts: facts.HostFacts, now: float | None = None) -> dict[str, Any] | None:
-    """The host's current generation when a deploy left it pending and its readiness deadline passed
+def unfinished_generation(host_facts: facts.HostFacts, now: float | None = None,
+                          state_file: str = plan.GENERATIONS_STATE) -> dict[str, Any] | None:
+    """The server's current generation when a deploy left it pending and its readiness deadline passed
     (the deploy stopped: killed, or its connection lost): the next deploy finishes it."""
-    state = host_facts.files.get(plan.GENERATIONS_STATE, {})
+    state = host_facts.files.get(state_file, {})
     try:
         recorded = json.loads(str(state.get("content") or "{}"))
         current = next(g for g in recorded.get("generations", []) if g["id"] == recorded.get("current"))
@@ -258,7 +260,9 @@ def departing(asked: inventory.Settings, declared: inventory.Settings, overrides
     return tuple(sorted(key for key in overrides if getattr(asked, key, None) != getattr(declared, key, None)))
 
 
-def scope_of(settings: inventory.Settings) -> ops.Scope:
-    """What a host's generations cover: its venv and the model root it serves from."""
-    return ops.Scope(venv=settings.venv_dir.rstrip("/"),
-                     model_root=weights.root_of(settings) if weights.managed(settings) else None)
+def scope_of(settings: inventory.Settings, naming: services.Naming = services.HOST, venv: bool = True) -> ops.Scope:
+    """What a server's generations cover: its venv (where the tool installs one), the model root it
+    serves from, and its own files and units, kept where its names say."""
+    return ops.Scope(venv=settings.venv_dir.rstrip("/") if venv else None,
+                     model_root=weights.root_of(settings) if weights.managed(settings) else None,
+                     root=naming.generations, files=render.managed_paths_of(naming), units=render.units_of(naming))
