@@ -87,7 +87,7 @@ SMALL_DISK = "64M"
 HUB_PORT = 8930
 # The lab hub's repositories, made at lab.up: (repo id, maker in lab/tinymodel.py, gated).
 HUB_REPOS = (("lab/tiny-llama", "make", False), ("lab/tiny-llama-awq", "make_awq", False),
-             ("lab/tiny-gguf", "make_gguf", False),
+             ("lab/tiny-gguf", "make_gguf", False), ("lab/tiny-gguf-b", "make_gguf_b", False),
              ("lab/gated-llama", "make", True))
 
 # Clusters written into the lab inventory when all their hosts are up.
@@ -504,17 +504,17 @@ class Lab:
             progress("building the lab's apt repository (stand-in driver and kernel packages, Debian's "
                      "haproxy) ...")
             aptrepo.build(self.hub_root / "apt", self.dir / "gnupg", self.hub_root / "apt-debs")
-        if _http_answers(f"{self.hub_url}/_lab/stats"):
-            return
         from provision.lab import tinymodel  # needs numpy, safetensors, tokenizers (the lab extra)
 
-        progress(f"starting the lab hub at {self.hub_url} ...")
         self.hub_root.mkdir(parents=True, exist_ok=True)
-        for repo_id, maker, gated in HUB_REPOS:
+        for repo_id, maker, gated in HUB_REPOS:  # the hub reads them from disk: a running one serves new ones
             if not (self.hub_root / "repos" / repo_id / "repo.json").exists():
                 with tempfile.TemporaryDirectory() as scratch:
                     made = getattr(tinymodel, maker)(Path(scratch) / "files")
                     hub.publish(self.hub_root, repo_id, made, gated=gated)
+        if _http_answers(f"{self.hub_url}/_lab/stats"):
+            return
+        progress(f"starting the lab hub at {self.hub_url} ...")
         if not self.secrets_file.exists():
             token = "hf_lab_" + os.urandom(16).hex()
             self.secrets_file.write_text(f"hf_token: {token}\n")

@@ -187,3 +187,10 @@ def make_gguf(directory: Path, seed: int = 2) -> Path:
     writer.close()
     (directory / "README.md").write_text("A tiny random Llama in GGUF, made by the lab for llama.cpp's server.\n")
     return directory
+
+
+def make_gguf_b(directory: Path) -> Path:
+    """A second tiny GGUF (other random weights): the second model beside the first on one lab host."""
+    made = make_gguf(directory, seed=3)
+    (made / "README.md").write_text("A second tiny random Llama in GGUF, made by the lab for llama.cpp's server.\n")
+    return made
