@@ -35,7 +35,7 @@ MODEL_NAME = re.compile(r"^[A-Za-z0-9._:/@+-]{1,200}$")
 class Replica:
     """One cluster's server as the router sees it."""
 
-    cluster: str  # HAProxy's server name
+    cluster: str  # the cluster's name, or a service's as HOST:SERVICE: HAProxy's server name
     host: str  # the cluster's head: the host that serves the API
     address: str  # where the router reaches it
     port: int
@@ -104,16 +104,23 @@ def replica_address(server_host: str, router_host: str, bind_host: str,
     return (inventory_address if bound.is_unspecified else bind_host), None
 
 
+def server_name(target: str) -> str:
+    """A server's name in the router: its cluster's name, or a service's as HOST:SERVICE (HAProxy
+    refuses '/' in a server's name)."""
+    return target.replace(services.SEPARATOR, ":")
+
+
 def plan(endpoint: Endpoint, inventory: Inventory, settings_of: Callable[[str], Settings]) -> EndpointPlan:
     """The endpoint with each of its clusters' servers: their head, address, port and model name, from
     the settings the run resolved for each head (`settings_of`)."""
     replicas = []
-    for name in endpoint.clusters:
-        cluster = inventory.clusters[name]
-        settings = settings_of(cluster.head)
-        address, unreachable = replica_address(cluster.head, endpoint.host, str(settings.bind_host),
-                                               inventory.hosts[cluster.head].address)
-        replicas.append(Replica(name, cluster.head, address, int(settings.port),
+    servers = [(name, inventory.clusters[name].head) for name in endpoint.clusters] + [
+        (server_name(target), target) for target in endpoint.services]
+    for name, head in servers:
+        settings = settings_of(head)
+        address, unreachable = replica_address(services.split(head)[0], endpoint.host, str(settings.bind_host),
+                                               inventory.host(head).address)
+        replicas.append(Replica(name, head, address, int(settings.port),
                                 str(settings.served_model_name or settings.model or ""), unreachable))
     return EndpointPlan(endpoint.name, endpoint.host, endpoint.bind_host, endpoint.port,
                         endpoint.drain_timeout, tuple(replicas), inventory.hosts[endpoint.host])
@@ -141,11 +148,13 @@ def plans_for(inventory: Inventory, host: str, settings: Mapping[str, Settings],
     routed = tuple(plan(endpoint, inventory, settings_of) for endpoint in inventory.endpoints_on(machine)) \
         if carrier else ()
     cluster = inventory.cluster_of(host)
-    endpoint = inventory.endpoint_of(cluster.name) if cluster and cluster.head == host else None
+    endpoint = inventory.endpoint_of(cluster.name) if cluster and cluster.head == host else \
+        inventory.endpoint_of(host) if service is not None else None
     return routed, plan(endpoint, inventory, settings_of) if endpoint else None
 
 
 def heads_behind(inventory: Inventory, hosts: list[str]) -> list[str]:
     """The cluster heads whose settings the routers on `hosts` render from."""
-    return [inventory.clusters[name].head for host in hosts for endpoint in inventory.endpoints_on(host)
-            for name in endpoint.clusters]
+    return [*(inventory.clusters[name].head for host in hosts for endpoint in inventory.endpoints_on(host)
+              for name in endpoint.clusters),
+            *(target for host in hosts for endpoint in inventory.endpoints_on(host) for target in endpoint.services)]

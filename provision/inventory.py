@@ -640,6 +640,12 @@ class Endpoint:
     bind_host: str = "127.0.0.1"
     port: int = 9000
     drain_timeout: float = 60.0  # seconds a replica's requests in flight may take to finish before its restart
+    services: tuple[str, ...] = ()  # services' servers (HOST/SERVICE) behind it, beside the clusters'
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """Every server behind it: the clusters' (by cluster name), then the services' (HOST/SERVICE)."""
+        return (*self.clusters, *self.services)
 
 
 @dataclass(frozen=True)
@@ -755,9 +761,10 @@ class Inventory:
                 return cluster
         return None
 
-    def endpoint_of(self, cluster: str) -> Endpoint | None:
-        """The endpoint whose router sends to `cluster`'s server, if any (a cluster is in one at most)."""
-        return next((endpoint for endpoint in self.endpoints.values() if cluster in endpoint.clusters), None)
+    def endpoint_of(self, member: str) -> Endpoint | None:
+        """The endpoint whose router sends to the server of `member` (a cluster, or a service HOST/SERVICE),
+        if any (a server is behind one at most)."""
+        return next((endpoint for endpoint in self.endpoints.values() if member in endpoint.members), None)
 
     def endpoints_on(self, host: str) -> list[Endpoint]:
         """The endpoints whose router runs on `host`."""
@@ -892,7 +899,7 @@ def local_host(profile: Profile | None = None) -> Host:
 # Loading and validation
 
 _TOP_LEVEL = {"ssh", "secrets", "hosts", "groups", "clusters", "endpoints"}
-_ENDPOINT_KEYS = {"host", "clusters", "bind_host", "port", "drain_timeout"}
+_ENDPOINT_KEYS = {"host", "clusters", "services", "bind_host", "port", "drain_timeout"}
 _SSH_KEYS = {"known_hosts", "key_file", "connect_timeout", "command_timeout"}
 _HOST_KEYS = {"address", "port", "user", "profile", "connection", "key_file", "vars", "services"}
 _SERVICE_KEYS = {"gpus", "vars"}
@@ -1089,11 +1096,13 @@ class _Reader:
             raise InventoryError(f"expected the name of the host the router runs on, got {_show(host)}",
                                  file=source, line=_line(body, "host") or self.entry_line, entity=entity, key="host")
         clusters = body.get("clusters", [])
-        if (not isinstance(clusters, list) or not clusters or not all(isinstance(c, str) for c in clusters)
-                or len(set(clusters)) != len(clusters)):
-            raise InventoryError(f"expected a list of cluster names, each once, got {_show(clusters)}",
-                                 file=source, line=_line(body, "clusters") or self.entry_line, entity=entity,
-                                 key="clusters")
+        served = body.get("services", [])
+        for key, value, what in (("clusters", clusters, "cluster names"), ("services", served, "HOST/SERVICE names")):
+            if (not isinstance(value, list) or not all(isinstance(c, str) for c in value)
+                    or len(set(value)) != len(value) or not (clusters or served)):
+                raise InventoryError(f"expected a list of {what}, each once (clusters, services or both), got "
+                                     f"{_show(value)}", file=source, line=_line(body, key) or self.entry_line,
+                                     entity=entity, key=key)
         checked: dict[str, Any] = {}
         for key, check in (("bind_host", _bind_address), ("port", _int_range(1, 65535)),
                            ("drain_timeout", _seconds)):
@@ -1103,7 +1112,8 @@ class _Reader:
                 except ValueError as exc:
                     raise InventoryError(str(exc), file=source, line=_line(body, key), entity=entity,
                                          key=key) from exc
-        self.endpoints[name] = Endpoint(name=name, host=host, clusters=tuple(clusters), **checked)
+        self.endpoints[name] = Endpoint(name=name, host=host, clusters=tuple(clusters), services=tuple(served),
+                                        **checked)
         self.endpoint_lines[name] = (source, body)
 
     def _names(self, body: Any, key: str, source: str, entity: str) -> tuple[str, ...]:
@@ -1191,6 +1201,16 @@ class _Reader:
                                          f"'{endpoint.name}'; a cluster is behind one endpoint", file=source,
                                          line=_line(body, "clusters"), entity=entity, key="clusters")
                 behind[cluster] = endpoint.name
+            for target in endpoint.services:
+                if target not in self.services:
+                    known = ", ".join(sorted(self.services)) or "none"
+                    raise InventoryError(f"names unknown service {_brief(target)} (known: {known})", file=source,
+                                         line=_line(body, "services"), entity=entity, key="services")
+                if target in behind:
+                    raise InventoryError(f"service '{target}' is behind endpoints '{behind[target]}' and "
+                                         f"'{endpoint.name}'; a server is behind one endpoint", file=source,
+                                         line=_line(body, "services"), entity=entity, key="services")
+                behind[target] = endpoint.name
             other = listening.get((endpoint.host, endpoint.port))
             if other is not None:
                 raise InventoryError(f"endpoint '{other}' listens on port {endpoint.port} of host "

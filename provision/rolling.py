@@ -33,7 +33,7 @@ from provision import (
     venv,
     weights,
 )
-from provision.endpoints import EndpointPlan
+from provision.endpoints import EndpointPlan, server_name
 from provision.engines.vllm import RAY_PORT
 from provision.errors import NotReady, ProvisionError, RollStopped, error_text
 from provision.fanout import HostResults, for_each_host
@@ -262,9 +262,9 @@ def _restore(drained: list[str], roll: Roll, errors: dict[str, BaseException], b
 
 
 def _cluster_of(hostplan: HostPlan) -> str:
-    """The cluster's name: the router's name for this host's server (an endpoint names clusters)."""
+    """The router's name for this host's server: its cluster's name, or a service's HOST:SERVICE."""
     cluster = hostplan.ctx.cluster
-    return cluster.name if cluster else hostplan.ctx.host
+    return cluster.name if cluster else server_name(hostplan.ctx.host)
 
 
 def _elapsed_on(update: Callable[[int, int], None], timeout: float) -> Callable[[dict[str, Any]], None]:

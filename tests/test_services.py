@@ -4,6 +4,7 @@ to services (and back) restarting nothing that did not change."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import hashlib
 import textwrap
 import threading
@@ -293,3 +294,50 @@ def test_the_services_of_one_host_run_in_turn_and_hosts_at_once() -> None:
     assert any(len(hosts) > 1 for hosts in seen_hosts)  # hosts in parallel
     assert results.order == tuple(names) and set(results.values) == {"a/one", "a/three", "b", "c/one"}
     assert str(results.errors["a/two"]) == "failed"  # a failing service never stops its host's next
+
+
+ONE_URL = TWO_MODELS + """
+endpoints:
+  ws:
+    host: ws
+    services: [ws/coder, ws/chat]
+    port: 9000
+"""
+
+
+def test_one_endpoint_routes_to_both_services_by_model_from_beside_the_first(tmp_path: Path) -> None:
+    import os
+    import shutil
+    import subprocess
+
+    from provision import endpoints
+
+    inv = load(tmp_path, ONE_URL)
+    contexts = gated(inv)
+    coder, chat = contexts["ws/coder"], contexts["ws/chat"]
+    (routed,) = coder.endpoints
+    assert chat.endpoints == () and coder.behind == routed and chat.behind == routed
+    assert [(b.model, [r.cluster for r in b.replicas]) for b in routed.backends] == [
+        ("Qwen/Qwen2.5-Coder-7B-Instruct-AWQ", ["ws:coder"]), ("Qwen/Qwen2.5-7B-Instruct-AWQ", ["ws:chat"])]
+    assert [(r.address, r.port) for r in routed.replicas] == [("127.0.0.1", 8001), ("127.0.0.1", 8002)]
+    rendered = {name: render.desired_state(ctx) for name, ctx in contexts.items()}
+    assert rendered["ws/coder"].units == ("vllm@coder.service", endpoints.ROUTER_UNIT)
+    assert endpoints.ROUTER_UNIT not in rendered["ws/chat"].units + rendered["ws/chat"].absent_units
+    config = next(f for f in rendered["ws/coder"].files if f.path == endpoints.CONFIG_FILE).content
+    assert shutil.which("haproxy"), "haproxy is not installed: the README's first command installs it"
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(config)
+    done = subprocess.run(["haproxy", "-c", "-f", str(path)], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ), check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "server ws:coder 127.0.0.1:8001 check" in config and "server ws:chat 127.0.0.1:8002 check" in config
+
+
+@pytest.mark.parametrize("endpoint, says", [
+    ("services: [ws/nope]", "unknown service 'ws/nope'"),
+    ("services: []", "clusters, services or both"),
+    ("services: [ws/coder, ws/coder]", "each once"),
+])
+def test_an_endpoint_naming_a_service_wrongly_is_an_inventory_error(tmp_path: Path, endpoint: str, says: str) -> None:
+    with pytest.raises(InventoryError, match=re.escape(says)):
+        load(tmp_path, TWO_MODELS + f"endpoints:\n  e:\n    host: ws\n    {endpoint}\n")

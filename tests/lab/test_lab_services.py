@@ -74,6 +74,7 @@ def two_services(the_lab: lab.Lab, tmp_path_factory: pytest.TempPathFactory) -> 
         code, report, text = invoke_json("deploy", "--host", "cpu-3", "--inventory", str(path), "--timeout", "420",
                                          timeout=1200)
         assert code == 0, text
+        assert [(row["host"], row["state"]) for row in report["hosts"]] == [("cpu-3/a", "ready"), ("cpu-3/b", "ready")], text
         yield path, planned.stdout
     finally:
         the_lab.remove(["cpu-3"])
@@ -129,6 +130,7 @@ def test_a_bad_flag_on_one_service_is_rolled_back_while_the_other_keeps_answerin
     print(f"\nservice a during service b's failed deploy and rollback: {len(answers) + len(failures)} requests, "
           f"{len(failures)} failed, {seconds:.1f} s")
     assert code == 1, text
+    assert [row["host"] for row in report["hosts"]] == ["cpu-3/b"] and report["hosts"][0]["state"] != "ready", text
     assert "rolled back" in text or "rejected" in text, text
     assert not failures and len(answers) >= 5 and set(answers) == {"tiny-a"}, failures[:3]
     assert main_pid(inv, "llama-server@a.service") == pid_before  # a never restarted
