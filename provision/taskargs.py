@@ -35,7 +35,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 COMMON_HELP = {
     "inventory": "inventory file or directory (default: the lab's while it is up, else ./inventory)",
-    "host": "a host name from the inventory, or 'local' for this machine (repeatable)",
+    "host": "a host name from the inventory (a host with services: all of them; HOST/SERVICE: one), or 'local' for this machine (repeatable)",
     "cluster": "a cluster name from the inventory",
     "all": "every host of the inventory",
     "json": "print JSON for scripts instead of tables",

@@ -4,8 +4,8 @@ to services (and back) restarting nothing that did not change."""
 from __future__ import annotations
 
 import dataclasses
-import re
 import hashlib
+import re
 import textwrap
 import threading
 import time
