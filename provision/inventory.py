@@ -1180,8 +1180,8 @@ class _Reader:
         self._cross_check_endpoints()
 
     def _cross_check_endpoints(self) -> None:
-        """An endpoint's router host and clusters exist; a cluster is behind one endpoint at most, and
-        two endpoints on one host listen on different ports."""
+        """An endpoint's router host, clusters and services exist; a server is behind one endpoint at
+        most, and two endpoints on one host listen on different ports."""
         behind: dict[str, str] = {}
         listening: dict[tuple[str, int], str] = {}
         for endpoint in self.endpoints.values():
@@ -1191,26 +1191,18 @@ class _Reader:
                 known = ", ".join(sorted(self.hosts)) or "none"
                 raise InventoryError(f"names unknown host {_brief(endpoint.host)} (known: {known})", file=source,
                                      line=_line(body, "host"), entity=entity, key="host")
-            for cluster in endpoint.clusters:
-                if cluster not in self.clusters:
-                    known = ", ".join(sorted(self.clusters)) or "none"
-                    raise InventoryError(f"names unknown cluster {_brief(cluster)} (known: {known})", file=source,
-                                         line=_line(body, "clusters"), entity=entity, key="clusters")
-                if cluster in behind:
-                    raise InventoryError(f"cluster '{cluster}' is behind endpoints '{behind[cluster]}' and "
-                                         f"'{endpoint.name}'; a cluster is behind one endpoint", file=source,
-                                         line=_line(body, "clusters"), entity=entity, key="clusters")
-                behind[cluster] = endpoint.name
-            for target in endpoint.services:
-                if target not in self.services:
-                    known = ", ".join(sorted(self.services)) or "none"
-                    raise InventoryError(f"names unknown service {_brief(target)} (known: {known})", file=source,
-                                         line=_line(body, "services"), entity=entity, key="services")
-                if target in behind:
-                    raise InventoryError(f"service '{target}' is behind endpoints '{behind[target]}' and "
+            members = [("cluster", "clusters", name, self.clusters) for name in endpoint.clusters] + [
+                ("service", "services", name, self.services) for name in endpoint.services]
+            for kind, key, member, known_ones in members:
+                if member not in known_ones:
+                    known = ", ".join(sorted(known_ones)) or "none"
+                    raise InventoryError(f"names unknown {kind} {_brief(member)} (known: {known})", file=source,
+                                         line=_line(body, key), entity=entity, key=key)
+                if member in behind:
+                    raise InventoryError(f"{kind} '{member}' is behind endpoints '{behind[member]}' and "
                                          f"'{endpoint.name}'; a server is behind one endpoint", file=source,
-                                         line=_line(body, "services"), entity=entity, key="services")
-                behind[target] = endpoint.name
+                                         line=_line(body, key), entity=entity, key=key)
+                behind[member] = endpoint.name
             other = listening.get((endpoint.host, endpoint.port))
             if other is not None:
                 raise InventoryError(f"endpoint '{other}' listens on port {endpoint.port} of host "
