@@ -836,7 +836,7 @@ class Inventory:
                                                 "CUDA_VISIBLE_DEVICES": ",".join(map(str, host.gpus))}
             layers.append((f"service {host.service}", service_layer))
         if self.tuned.get(host_name):
-            layers.append((f"tuned {self.tuned_dir}/{host_name}.yaml", self.tuned[host_name]))
+            layers.append((f"tuned {self.tuned_dir}/{tuned_file_name(host_name)}", self.tuned[host_name]))
         if overrides:
             layers.append(("command line", overrides))
         values: dict[str, Any] = {}
@@ -1248,8 +1248,14 @@ def tuned_dir_of(path: Path) -> Path:
     return (path if path.is_dir() else path.parent) / TUNED_DIR
 
 
+def tuned_file_name(target: str) -> str:
+    """Where tune keeps a target's settings in TUNED_DIR: HOST.yaml, a service's HOST@SERVICE.yaml."""
+    return target.replace(service_names.SEPARATOR, "@") + ".yaml"
+
+
 def read_tuned(folder: Path, hosts: Mapping[str, Any], budget: int) -> dict[str, dict[str, Any]]:
-    """TUNED_DIR/*.yaml, each {host: NAME, vars: {...}}: what `invoke tune` kept for that host."""
+    """TUNED_DIR/*.yaml, each {host: NAME, vars: {...}}: what `invoke tune` kept for that host (or
+    service, HOST/SERVICE)."""
     tuned: dict[str, dict[str, Any]] = {}
     if not folder.is_dir():
         return tuned
@@ -1329,7 +1335,7 @@ def load(path: str | Path, profiles: Mapping[str, Profile] | None = None) -> Inv
         raise InventoryError("the inventory is empty (no hosts)", file=str(path))
     reader.cross_check()
     folder = tuned_dir_of(Path(path))
-    tuned = read_tuned(folder, reader.hosts, MAX_INVENTORY_VALUES - values)
+    tuned = read_tuned(folder, {**reader.hosts, **reader.services}, MAX_INVENTORY_VALUES - values)
     applied = read_applied(applied_dir_of(Path(path)), reader.clusters, MAX_INVENTORY_VALUES - values)
     return Inventory(hosts=dict(reader.hosts), groups=dict(reader.groups),
                      clusters=dict(reader.clusters), endpoints=dict(reader.endpoints), ssh=reader.ssh,

@@ -740,7 +740,7 @@ def tuned_recipe(unit: Unit, settings: inventory.Settings, on: MeasuredOn, trial
         notes.append(f"margin: {tune_rules.margin_words(decision, slo)}")
     source = f"invoke tune on {unit.server}, {day}"
     return recipes.from_mapping({
-        "name": f"tuned-{unit.server}-{workload.name}",
+        "name": f"tuned-{unit.server.replace('/', '-')}-{workload.name}",
         "description": f"{settings.model} as tune left it on {unit.server} ({on.profile})",
         "model": {"id": settings.model, "revision": settings.model_revision},
         "engine": {"name": settings.engine, "version": on.engine_version}, "settings": chosen,
@@ -761,7 +761,7 @@ def finish(inv: inventory.Inventory, unit: Unit, options: Options, result: Tuned
            timeout: float, plot: bool, progress: Callable[[str], None], on: MeasuredOn) -> Tuned:
     """Keep the winner (diff first) and the recipe it makes, deploy what the host should run now, draw the plot."""
     folder = Path(inv.tuned_dir or "tuned")
-    path = folder / f"{unit.server}.yaml"
+    path = folder / inventory.tuned_file_name(unit.server)
     winning = result.winner
     if winning is not None:
         old_vars = dict(inv.tuned.get(unit.server, {}))

@@ -341,3 +341,13 @@ def test_one_endpoint_routes_to_both_services_by_model_from_beside_the_first(tmp
 def test_an_endpoint_naming_a_service_wrongly_is_an_inventory_error(tmp_path: Path, endpoint: str, says: str) -> None:
     with pytest.raises(InventoryError, match=re.escape(says)):
         load(tmp_path, TWO_MODELS + f"endpoints:\n  e:\n    host: ws\n    {endpoint}\n")
+
+
+def test_tuned_settings_of_one_service_are_read_for_that_service_alone(tmp_path: Path) -> None:
+    (tmp_path / "tuned").mkdir()
+    assert inventory.tuned_file_name("ws/coder") == "ws@coder.yaml"
+    (tmp_path / "tuned" / "ws@coder.yaml").write_text("host: ws/coder\nvars: {max_model_len: 4096}\n")
+    inv = load(tmp_path, TWO_MODELS)
+    coder, chat = inv.settings("ws/coder"), inv.settings("ws/chat")
+    assert coder.max_model_len == 4096 and coder.origin["max_model_len"].endswith("tuned/ws@coder.yaml")
+    assert chat.max_model_len == 8192
