@@ -144,9 +144,8 @@ def plans_for(inventory: Inventory, host: str, settings: Mapping[str, Settings],
 
     machine, service = services.split(host)
     # A host's router runs beside its first service (which carries the host's own names).
-    carrier = service is None or inventory.host(machine).services[:1] == (service,)
     routed = tuple(plan(endpoint, inventory, settings_of) for endpoint in inventory.endpoints_on(machine)) \
-        if carrier else ()
+        if inventory.naming(host).carrier else ()
     cluster = inventory.cluster_of(host)
     endpoint = inventory.endpoint_of(cluster.name) if cluster and cluster.head == host else \
         inventory.endpoint_of(host) if service is not None else None
@@ -154,7 +153,8 @@ def plans_for(inventory: Inventory, host: str, settings: Mapping[str, Settings],
 
 
 def heads_behind(inventory: Inventory, hosts: list[str]) -> list[str]:
-    """The cluster heads whose settings the routers on `hosts` render from."""
-    return [*(inventory.clusters[name].head for host in hosts for endpoint in inventory.endpoints_on(host)
-              for name in endpoint.clusters),
-            *(target for host in hosts for endpoint in inventory.endpoints_on(host) for target in endpoint.services)]
+    """The cluster heads and services whose settings the routers on `hosts` (targets: a service's
+    router is its host's) render from."""
+    return [inventory.clusters[member].head if member in inventory.clusters else member
+            for host in hosts for endpoint in inventory.endpoints_on(services.split(host)[0])
+            for member in endpoint.members]

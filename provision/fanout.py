@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from provision import services
 from provision.errors import causes, error_text
 
 T = TypeVar("T")
@@ -47,7 +48,7 @@ def for_each_host(items: Iterable[H], name: Callable[[H], str], work: Callable[[
         return HostResults(order, values, errors)
     by_host: dict[str, list[H]] = {}
     for item in items:
-        by_host.setdefault(name(item).partition("/")[0], []).append(item)
+        by_host.setdefault(services.split(name(item))[0], []).append(item)
 
     def in_turn(batch: list[H]) -> None:
         for item in batch:

@@ -604,11 +604,6 @@ class Host:
     gpus: tuple[int, ...] | None = None
     service_vars: Mapping[str, Any] = field(default_factory=dict)
 
-    @property
-    def host_name(self) -> str:
-        """The host a service runs on (itself for a host without services)."""
-        return self.machine or self.name
-
 
 @dataclass(frozen=True)
 class Group:
