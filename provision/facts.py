@@ -46,7 +46,14 @@ MANAGED_UNITS = ("vllm.service", "vllm-ray-head.service", "vllm-ray-worker.servi
 # `systemctl set-property` to system.control, their --runtime forms to /run (systemd.unit(5)).
 DROP_IN_BASES = ("/etc/systemd/system", "/etc/systemd/system.control", "/run/systemd/system",
                  "/run/systemd/system.control")
-DROP_IN_DIRS = tuple(f"{base}/{unit}.d" for unit in MANAGED_UNITS for base in DROP_IN_BASES)
+
+
+def drop_in_dirs(units: Sequence[str]) -> tuple[str, ...]:
+    """Where systemd looks for drop-ins of `units`."""
+    return tuple(f"{base}/{unit}.d" for unit in units for base in DROP_IN_BASES)
+
+
+DROP_IN_DIRS = drop_in_dirs(MANAGED_UNITS)
 
 PROBE_CACHE = "/var/cache/provision/probe-cache.json"  # on each host: answers kept by file identity
 # The probe's interpreter: -I leaves out the host's PYTHON* variables and the user's site directory
@@ -119,6 +126,21 @@ class Fact:
         return self.file or (self.argv[0] if self.argv else self.tree.pattern if self.tree else self.name)
 
 
+def units_fact(units: Sequence[str]) -> Fact:
+    """The units' state (`systemctl show`): the host's managed units, or a service's beside them."""
+    return Fact("units", parsers.parse_systemctl_show,
+                argv=("systemctl", "show", "--property=" + ",".join(parsers.UNIT_PROPERTIES), *units))
+
+
+def unit_security_fact(units: Sequence[str]) -> Fact:
+    """systemd's own score of the installed units, drop-ins included (the offline form reads the unit
+    files, so it needs no D-Bus and scores exactly what the unit tests score; systemd 250+), kept until
+    one of those files changes."""
+    return Fact("unit_security", parsers.parse_systemd_security,
+                argv=("systemd-analyze", "security", "--offline=yes", *units), exits=(0, 1),
+                identity=unit_files(units=units))
+
+
 FACTS: tuple[Fact, ...] = (
     Fact("uname", parsers.parse_uname, argv=("uname", "-r", "-m"), keyed_by=(BOOT_ID,)),
     Fact("os_release", parsers.parse_os_release, file="/etc/os-release"),
@@ -157,20 +179,14 @@ FACTS: tuple[Fact, ...] = (
     Fact("modules", parsers.parse_proc_modules, file="/proc/modules"),
     # The same list through kmod, for hosts whose /proc hides modules (some sandboxes do).
     Fact("lsmod", parsers.parse_lsmod, argv=("lsmod",)),
-    Fact("units", parsers.parse_systemctl_show,
-         argv=("systemctl", "show", "--property=" + ",".join(parsers.UNIT_PROPERTIES),
-               *MANAGED_UNITS)),
+    units_fact(MANAGED_UNITS),
     Fact("rdma", parsers.parse_ibdev2netdev, argv=("ibdev2netdev",)),
     Fact("interfaces", parsers.parse_ip_addr, argv=("ip", "-j", "addr", "show")),
     # Triton on sm_121 needs a CUDA 13 ptxas (the bundled one does not know sm_121a).
     Fact("ptxas", parsers.parse_cuda_release, argv=(CUDA_PTXAS, "--version")),
     # The endpoints' router (HAProxy) where installed: its release, kept until the program changes.
     Fact("router", parsers.parse_haproxy_version, argv=("haproxy", "-v"), identity=("/usr/sbin/haproxy",)),
-    # systemd's own score of the installed units, drop-ins included (the offline form reads the unit
-    # files, so it needs no D-Bus and scores exactly what the unit tests score; systemd 250+).
-    Fact("unit_security", parsers.parse_systemd_security,
-         argv=("systemd-analyze", "security", "--offline=yes", *MANAGED_UNITS), exits=(0, 1),
-         identity=unit_files()),
+    unit_security_fact(MANAGED_UNITS),
 )
 
 
@@ -178,13 +194,7 @@ def with_units(facts: Sequence[Fact], units: Sequence[str]) -> tuple[Fact, ...]:
     """`facts` with the units' state and score asked of `units` (a service's, beside the host's own)."""
     if tuple(units) == MANAGED_UNITS:
         return tuple(facts)
-    asked = {
-        "units": Fact("units", parsers.parse_systemctl_show,
-                      argv=("systemctl", "show", "--property=" + ",".join(parsers.UNIT_PROPERTIES), *units)),
-        "unit_security": Fact("unit_security", parsers.parse_systemd_security,
-                              argv=("systemd-analyze", "security", "--offline=yes", *units), exits=(0, 1),
-                              identity=unit_files(units=units)),
-    }
+    asked = {"units": units_fact(units), "unit_security": unit_security_fact(units)}
     return tuple(asked.get(fact.name, fact) for fact in facts)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from provision import services
 from provision.context import HOST_KEY
 from provision.errors import ForeignDirectory
-from provision.facts import DROP_IN_BASES, DROP_IN_DIRS, USER_NCCL_CONF, HostFacts
+from provision.facts import DROP_IN_DIRS, USER_NCCL_CONF, HostFacts, drop_in_dirs
 from provision.render import UNIT_DIR, DesiredState, managed_paths, managed_paths_of, service_units
 from provision.secrets import mask
 
@@ -48,8 +48,7 @@ def inspect_spec(state_paths: list[str], user: str, naming: services.Naming = se
     record, the directories, the user, the managed units' drop-in directories (which unit.dropins
     reports) and the unit directory (the units of services the inventory no longer declares)."""
     own = managed_paths_of(naming)
-    drop_ins = [f"{base}/{unit}.d" for unit in service_units(naming) for base in DROP_IN_BASES] \
-        if naming.service else []
+    drop_ins = drop_in_dirs(service_units(naming)) if naming.service else ()
     return {"files": sorted({*MANAGED_FILES, *own, GENERATIONS_STATE, naming.state_file, HOST_KEY,
                              MADE_DIRECTORIES, *state_paths}),
             "users": [user],
