@@ -90,9 +90,11 @@ def gate(inv: inventory.Inventory, targets: list[inventory.Host], options: Optio
                         if name not in {h.name for h in everyone})
     held = secrets.load(inv.secrets)
     resolved = resolve(inv, [target.name for target in everyone], options)
-    # A router host renders its config from its replicas' settings: as the inventory has them where
-    # the run does not change them (--set and --profile are the targets').
-    resolved.update({name: inv.settings(name) for name in endpoints.heads_behind(inv, list(wanted))
+    # A router host renders its config from its replicas' settings, and the gate judges a service
+    # beside its host's other services (ports, shared GPUs): theirs as the inventory has them where the
+    # run does not change them (--set and --profile are the targets'). Resolved once, here.
+    resolved.update({name: inv.settings(name) for name in [*endpoints.heads_behind(inv, list(wanted)),
+                                                           *(s for target in wanted for s in inv.siblings(target))]
                      if name not in resolved})
     early = ask_early([resolved[name] for name in sorted(wanted)], held)  # while the facts are gathered
     gathered = gather(inv, everyone, options, pool, resolved)
