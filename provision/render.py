@@ -298,7 +298,8 @@ def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | 
     stale_files = [f"{UNIT_DIR}/{unit}" for unit in stale] + [
         services.Naming(service).env_file for service in sorted(set(stale.values()))]
     server_unit = naming.unit(engine.server_unit) if ctx.is_head else None
-    renamed = {old: server_unit for old in SERVER_UNITS if naming.service and naming.carrier and server_unit}
+    # The first service of a host takes over the server a host without services ran, under its own name.
+    renamed = dict.fromkeys(SERVER_UNITS, server_unit) if naming.service and naming.carrier and server_unit else {}
     return DesiredState(user=user, home=STATE_DIR, directories=directories, files=tuple(files), units=tuple(units),
                         absent_units=tuple(u for u in (*units_of(naming), *stale) if u not in units),
                         absent_files=tuple(p for p in (*managed_paths_of(naming, STATE_DIR), *stale_files)

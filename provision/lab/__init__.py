@@ -504,11 +504,14 @@ class Lab:
             progress("building the lab's apt repository (stand-in driver and kernel packages, Debian's "
                      "haproxy) ...")
             aptrepo.build(self.hub_root / "apt", self.dir / "gnupg", self.hub_root / "apt-debs")
-        from provision.lab import tinymodel  # needs numpy, safetensors, tokenizers (the lab extra)
-
         self.hub_root.mkdir(parents=True, exist_ok=True)
-        for repo_id, maker, gated in HUB_REPOS:  # the hub reads them from disk: a running one serves new ones
-            if not (self.hub_root / "repos" / repo_id / "repo.json").exists():
+        missing = [repo for repo in HUB_REPOS if not (self.hub_root / "repos" / repo[0] / "repo.json").exists()]
+        if missing:  # the hub reads them from disk: a running one serves new ones
+            from provision.lab import (
+                tinymodel,  # needs numpy, safetensors, tokenizers (the lab extra)
+            )
+
+            for repo_id, maker, gated in missing:
                 with tempfile.TemporaryDirectory() as scratch:
                     made = getattr(tinymodel, maker)(Path(scratch) / "files")
                     hub.publish(self.hub_root, repo_id, made, gated=gated)
