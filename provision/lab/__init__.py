@@ -507,9 +507,8 @@ class Lab:
         self.hub_root.mkdir(parents=True, exist_ok=True)
         missing = [repo for repo in HUB_REPOS if not (self.hub_root / "repos" / repo[0] / "repo.json").exists()]
         if missing:  # the hub reads them from disk: a running one serves new ones
-            from provision.lab import (
-                tinymodel,  # needs numpy, safetensors, tokenizers (the lab extra)
-            )
+            # needs numpy, safetensors, tokenizers (the lab extra)
+            from provision.lab import tinymodel
 
             for repo_id, maker, gated in missing:
                 with tempfile.TemporaryDirectory() as scratch:
