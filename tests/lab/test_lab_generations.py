@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from provision import inventory
+from provision.ops import LOCK
 from tests.conftest import REPO
 from tests.lab.conftest import invoke_json, on_host, run_invoke
 
@@ -104,13 +106,56 @@ def test_ready_is_refused_when_another_run_changed_the_host_during_readiness(
     assert "--max-model-len 220" in unit(lab_inventory)[2]  # the later run's config stays: it is current
 
 
+# Holds the host's provision lock until a file appears (then removes it): both runs plan while it is
+# held, and both wait for it, whatever the order their processes start in.
+HOLD_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+open(sys.argv[2] + ".held", "w").close()
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.1)
+for path in (sys.argv[2], sys.argv[2] + ".held"):
+    os.remove(path)
+"""
+# How many of the tool's host programs (`python3 -`, fed on stdin) run on the host now.
+COUNT_PROGRAMS = """
+import os
+found = 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        found += open(f"/proc/{pid}/cmdline", "rb").read() == b"python3\\x00-\\x00"
+    except OSError:
+        pass
+print(found)
+"""
+RELEASE = "/run/lock/provision-test-release"
+
+
+def wait_on_host(inv: inventory.Inventory, argv: list[str], expected: str, limit: float = 300) -> None:
+    deadline = time.monotonic() + limit
+    while on_host(inv, "cpu-1", argv).strip() != expected:
+        assert time.monotonic() < deadline, f"{argv[-1] if argv else argv} never printed {expected}"
+        time.sleep(0.2)
+
+
 def test_two_identical_runs_that_wait_for_the_lock_apply_once(lab_inventory: inventory.Inventory) -> None:
     assert invoke_json("deploy", "--cluster", "lab-cpu", "--timeout", "420")[0] == 0
     before = generations(lab_inventory)
     argv = [sys.executable, "-m", "invoke", "provision", "--cluster", "lab-cpu", "--json", "--set", "port=8013",
             "--wait", "300"]
+    holder = threading.Thread(target=on_host, args=(lab_inventory, "cpu-1", ["python3", "-c", HOLD_LOCK,
+                                                                               LOCK, RELEASE]), daemon=True)
+    holder.start()
+    wait_on_host(lab_inventory, ["python3", "-c", "import os, sys; print(os.path.exists(sys.argv[1]))",
+                                 f"{RELEASE}.held"], "True")
     runs = [subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(2)]
+    try:
+        wait_on_host(lab_inventory, ["python3", "-c", COUNT_PROGRAMS], "2")  # both planned, both wait
+    finally:
+        on_host(lab_inventory, "cpu-1", ["touch", RELEASE])
+        holder.join(timeout=60)
     answers = [run.communicate(timeout=600) for run in runs]
     assert all(run.returncode == 0 for run in runs), answers
     applied = sorted(json.loads(out)["hosts"]["cpu-1"]["applied"] for out, _ in answers)
