@@ -32,3 +32,12 @@ def read_bounded(path: Path | Traversable, limit: int, error: type[InventoryErro
     if len(data) > limit:
         raise error(f"larger than {limit // 1024} KiB: not {what}", file=str(path))
     return data
+
+
+def write_whole(path: Path, text: str) -> None:
+    """`text` as the whole of `path`, its folder made: written beside it and renamed over it, so a
+    reader (the inventory, a resumed run) finds the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.write_text(text, encoding="utf-8")
+    temporary.replace(path)

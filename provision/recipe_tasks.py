@@ -191,11 +191,9 @@ def apply(c: Context, flags: HostFlags, name: str, dry_run: bool = False) -> Non
 
 
 def _write_atomically(path: Path, text: str) -> None:
+    from provision import datafiles
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(text, encoding="utf-8")
-        temporary.replace(path)
+        datafiles.write_whole(path, text)
     except OSError as exc:
         raise RecipeError(f"cannot write: {exc.strerror or exc}", file=str(path)) from exc
 

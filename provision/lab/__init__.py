@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from provision import config
+from provision import config, datafiles
 from provision.errors import LabError
 from provision.fanout import for_each_host
 
@@ -254,10 +254,7 @@ class Lab:
         return data
 
     def _save(self, state: Mapping[str, Any]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        temporary = self.state_file.with_suffix(".tmp")
-        temporary.write_text(json.dumps(state, indent=1), encoding="utf-8")
-        temporary.replace(self.state_file)
+        datafiles.write_whole(self.state_file, json.dumps(state, indent=1))
 
     def address(self, index: int) -> str:
         return str(self.network.network_address + 11 + index)
