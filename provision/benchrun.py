@@ -163,10 +163,11 @@ def kept_path(inv: Inventory, host: str | None, endpoint: str | None, profile: s
 
 
 @contextmanager
-def connected(inv: Inventory, host: str | None, endpoint: str | None, overrides: Mapping[str, Any]) -> Iterator[Served]:
+def connected(inv: Inventory, host: str | None, endpoint: str | None, overrides: Mapping[str, Any],
+              model: str | None = None) -> Iterator[Served]:
     """What a profile measures, its connections closed after: a host's own server; or an endpoint's
-    router (reached on its host) serving its first model, whose files come from that model's first
-    replica's host."""
+    router (reached on its host) serving `model` (None: its first), whose files come from that model's
+    first replica's host."""
     if endpoint is None:
         runner = remote.connect(inv.host(host or ""), inv.ssh)
         try:
@@ -175,7 +176,7 @@ def connected(inv: Inventory, host: str | None, endpoint: str | None, overrides:
             runner.close()
         return
     plan = endpoints.named(inv, endpoint)
-    backend = plan.backends[0]
+    backend = plan.backend_for(model)
     replica = backend.replicas[0]
     router = remote.connect(inv.host(plan.host), inv.ssh)
     files = remote.connect(inv.host(replica.host), inv.ssh)

@@ -100,7 +100,8 @@ def status_(c: Context, flags: HostFlags, watch: float = 0, timeout: float = 5, 
                  "count": "requests (default 16)", "concurrency": "requests at once (default 4)",
                  "max-tokens": "tokens per completion (default 32)",
                  "endpoint": "an endpoint of the inventory instead of a host: the load goes through its "
-                             "router, from the router's host, to its first model's replicas",
+                             "router, from the router's host, to one model's replicas (--model)",
+                 "model": "with --endpoint: the model the requests name (default: the endpoint's first)",
                  "profile": "a published benchmark profile, a file (Spark Arena's benchmarking/*.yaml) or a "
                             "shipped one by name (spark-arena-v2), run with the tool it names, llama-benchy, from "
                             "this machine against the host's server or the endpoint; cut to the server's context "
@@ -113,15 +114,17 @@ def status_(c: Context, flags: HostFlags, watch: float = 0, timeout: float = 5, 
 def bench(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "Tell me about GPUs",
           count: int = 16, concurrency: int = 4, max_tokens: int = 32, endpoint: str | None = None,
           profile: str | None = None, book_url: str | None = None, output: str | None = None,
-          arg: list[str] | None = None) -> None:
+          arg: list[str] | None = None, model: str | None = None) -> None:
     """Real completions against a host's server (or through an endpoint): tokens/s, time to first token,
     the server's own figures (a host's only: behind a router they are spread over its replicas). With
     --profile, a published benchmark profile run with llama-benchy, its results kept."""
     from provision import remote, report, secrets, server
     if bool(host) == bool(endpoint):
         raise Exit("error: bench needs --host NAME or --endpoint NAME (one of them)", code=2)
+    if model and not endpoint:
+        raise Exit("error: --model names one of an endpoint's models: it goes with --endpoint NAME", code=2)
     if profile:
-        bench_profile(flags, host, endpoint, profile, book_url, output, arg or [])
+        bench_profile(flags, host, endpoint, profile, book_url, output, arg or [], model)
         return
     if count < 1 or concurrency < 1 or max_tokens < 1:
         raise Exit("error: --count, --concurrency and --max-tokens must be at least 1", code=2)
@@ -133,26 +136,27 @@ def bench(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "
         if not flags.json:
             print(f"  {event.get('done')}/{event.get('total')} requests", file=sys.stderr)
 
+    routed = None  # the model the requests name through the endpoint
     if endpoint:
         from provision import endpoints
         plan = endpoints.named(chosen.inventory, endpoint)
-        host, model = plan.host, plan.backends[0].model
+        host, routed = plan.host, plan.backend_for(model).model
     runner = remote.connect(chosen.inventory.host(host or ""), chosen.inventory.ssh)
     try:
-        result = (server.bench_endpoint(runner, plan, model, held.vllm_api_key, load, progress) if endpoint else
+        result = (server.bench_endpoint(runner, plan, routed, held.vllm_api_key, load, progress) if routed else
                   server.bench(runner, chosen.inventory.settings(host or "", chosen.overrides), held.vllm_api_key,
                                load, progress))
     except ProvisionError as exc:
         raise Exit(report.host_error(host or "", exc), code=1) from None
     finally:
         runner.close()
-    report.print_bench(f"endpoint {endpoint} ({model}, from {host})" if endpoint else host or "", result,
+    report.print_bench(f"endpoint {endpoint} ({routed}, from {host})" if endpoint else host or "", result,
                        concurrency, flags.json)
     exit_unless(result.succeeded == result.requests)
 
 
 def bench_profile(flags: HostFlags, host: str | None, endpoint: str | None, profile_file: str,
-                  book_url: str | None, output: str | None, args: list[str]) -> None:
+                  book_url: str | None, output: str | None, args: list[str], model: str | None = None) -> None:
     """bench --profile against a host's server or an endpoint: the runs, their results kept (a new file)."""
     import tempfile
     from pathlib import Path
@@ -167,7 +171,7 @@ def bench_profile(flags: HostFlags, host: str | None, endpoint: str | None, prof
     if kept.exists():
         raise BenchProfileError("exists already: never overwritten (name another file)", file=str(kept))
     held = secrets.load(inv.secrets)
-    with benchrun.connected(inv, host, endpoint, chosen.overrides) as served:
+    with benchrun.connected(inv, host, endpoint, chosen.overrides, model) as served:
         try:
             with tempfile.TemporaryDirectory(prefix="provision-bench-") as work:
                 measured = benchrun.run_profile(served, held.vllm_api_key, profile, Path(work), book_url,

@@ -70,6 +70,15 @@ class EndpointPlan:
                              tuple(r for r in self.replicas if r.model == model))
                      for index, model in enumerate(models, 1))
 
+    def backend_for(self, model: str | None) -> Backend:
+        """The replicas of `model` (None: the first model's); an InventoryError names the models routed."""
+        found = next((b for b in self.backends if model is None or b.model == model), None)
+        if found is None:
+            routed = ", ".join(b.model for b in self.backends) or "none"
+            raise InventoryError(f"endpoint {self.name} routes no model {model!r} (it routes: {routed})",
+                                 file="command line", key="--model")
+        return found
+
     def backend_of(self, cluster: str) -> Backend:
         return next(b for b in self.backends if any(r.cluster == cluster for r in b.replicas))
 

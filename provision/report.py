@@ -890,7 +890,7 @@ def tuned_json(results: Sequence[Any], errors: Mapping[str, BaseException]) -> d
     units = {}
     for result in results:
         slo = result.slo
-        units[result.unit.server] = {
+        units[result.unit.name] = {
             "hosts": list(result.unit.hosts), "workload": parsers.json_ready(result.workload),
             "workload_asked": parsers.json_ready(result.asked), "fit": result.fit,
             "slo": parsers.json_ready(slo), "interrupted": result.interrupted, "final": result.final, "ok": result.ok,
@@ -898,7 +898,7 @@ def tuned_json(results: Sequence[Any], errors: Mapping[str, BaseException]) -> d
             "winner": dict(result.winner.settings) if result.winner else None,
             "tokens_per_s": result.winner.score(slo) if result.winner else None,
             "decision": result.decision.as_json(slo) if result.decision else None,
-            "tuned_file": result.tuned_file, "recipe_file": result.recipe_file, "diff": result.diff,
+            "tuned_file": next(iter(result.tuned_files), None), "tuned_files": result.tuned_files, "recipe_file": result.recipe_file, "diff": result.diff,
             "plot": result.plot,
             "trials": [{**parsers.json_ready(trial), "verdict": trial.verdict(slo), "score": trial.score(slo),
                         "spread": trial.spread(slo)} for trial in result.trials]}
@@ -910,7 +910,7 @@ def print_tuned(results: Sequence[Any], errors: Mapping[str, BaseException], out
     from provision.tune_rules import margin_words
     for result in results:
         slo = result.slo
-        table = Table(title=f"tune {result.unit.server}: {len(result.trials)} trial(s), workload "
+        table = Table(title=f"tune {result.unit.name}: {len(result.trials)} trial(s), workload "
                             f"{result.workload.name}" + (f" ({result.interrupted})" if result.interrupted else ""))
         for column in ("#", "settings", "tokens/s", "at c=", "TTFT p50", "TTFT p95", "ITL p95", "s", "verdict"):
             table.add_column(column)
@@ -934,8 +934,8 @@ def print_tuned(results: Sequence[Any], errors: Mapping[str, BaseException], out
             out.print(f"decision: {result.decision.note}")
             if result.winner is not None:
                 out.print(f"margin: {margin_words(result.decision, slo)}")
-        if result.tuned_file:
-            out.print(f"kept in {result.tuned_file}" + ("" if result.diff else " (unchanged)"))
+        if result.tuned_files:
+            out.print(f"kept in {', '.join(result.tuned_files)}" + ("" if result.diff else " (unchanged)"))
         if result.recipe_file:
             out.print(f"the winner as a recipe: {result.recipe_file} (`recipe.show`, `recipe.apply`, `recipe.export` "
                       "take its path)")
@@ -943,7 +943,7 @@ def print_tuned(results: Sequence[Any], errors: Mapping[str, BaseException], out
             out.print("no trial passed: nothing kept")
         if result.plot:
             out.print(f"plot: {result.plot}")
-        out.print(f"{result.unit.server} {result.final}")
+        out.print(f"{result.unit.name} {result.final}")
     for name, error in errors.items():
         out.print(f"[red]{name}: {error_text(error).removeprefix(name + ': ')}[/red]")
 

@@ -244,7 +244,8 @@ class NcclFlags:
 @dataclass(frozen=True)
 class TuneFlags:
     """What tune was asked: the space and workload files, the latency bounds and the budget (text, read
-    by the task), seconds each trial's server has to become ready, and whether to draw the trials."""
+    by the task), seconds each trial's server has to become ready, whether to draw the trials, and the
+    endpoint (and its model) to tune through instead of hosts."""
 
     space: str | None = None
     workload: str | None = None
@@ -253,6 +254,8 @@ class TuneFlags:
     budget: str | None = None
     timeout: float = 600
     no_plot: bool = False
+    endpoint: str | None = None
+    model: str | None = None
 
 
 @dataclass(frozen=True)

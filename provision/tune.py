@@ -38,6 +38,7 @@ from provision import (
     __version__,
     contracts,
     datafiles,
+    endpoints,
     engines,
     inventory,
     recipes,
@@ -311,11 +312,25 @@ def overrides_of(dimensions: Sequence[Dimension], settings: Mapping[str, Any]) -
 
 @dataclass(frozen=True)
 class Unit:
-    """What one tuning serves: the host that answers, and every host its deploy touches (a multi-node
-    cluster's nodes)."""
+    """What one tuning serves: the server that answers (its gate, facts and served context stand for
+    the unit), and every host its deploy touches (a multi-node cluster's nodes). Through an endpoint:
+    the replicas of one model behind it, each trial rolled over all of them (drained, as deploy does)
+    and measured through the router; the winner is kept for each replica."""
 
     server: str
     hosts: tuple[str, ...]
+    endpoint: str | None = None
+    model: str | None = None  # the model the endpoint routes to these replicas (a request's "model")
+    replicas: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"endpoint {self.endpoint} ({self.model})" if self.endpoint else self.server
+
+    @property
+    def kept_for(self) -> tuple[str, ...]:
+        """The servers whose tuned/ file the winner goes to."""
+        return self.replicas or (self.server,)
 
 
 def units_of(inv: inventory.Inventory, targets: Sequence[inventory.Host]) -> list[Unit]:
@@ -331,16 +346,36 @@ def units_of(inv: inventory.Inventory, targets: Sequence[inventory.Host]) -> lis
     return units
 
 
+def endpoint_unit(inv: inventory.Inventory, name: str, model: str | None,
+                  overrides: Mapping[str, Any]) -> Unit:
+    """The replicas of `model` (default: the endpoint's first) behind endpoint `name`: every host a roll
+    over them touches. They must run one engine: a space is one engine's flags."""
+    backend = endpoints.named(inv, name).backend_for(model)
+    heads = tuple(replica.host for replica in backend.replicas)
+    engines_run = {inv.settings(head, dict(overrides)).engine for head in heads}
+    if len(engines_run) > 1:
+        raise TuneError(f"the replicas of {backend.model} behind endpoint {name} run different engines "
+                        f"({', '.join(sorted(engines_run))}): tune them one host at a time", file="command line")
+    hosts: list[str] = []
+    for head in heads:
+        cluster = inv.cluster_of(head)
+        hosts += [host for host in (cluster.hosts if cluster and cluster.multi_node else [head]) if host not in hosts]
+    return Unit(heads[0], tuple(hosts), name, backend.model, heads)
+
+
 def fingerprint(profile: str, host_facts: HostFacts, settings: inventory.Settings,
-                overrides: Mapping[str, Any] | None = None) -> str:
+                overrides: Mapping[str, Any] | None = None, replicas: int = 1) -> str:
     """Hosts with the same hardware and served model measure alike: their trials are shared (a run's
-    --set is part of what was measured)."""
+    --set is part of what was measured, and so is the number of replicas a load through an endpoint
+    was spread over)."""
     gpus = sorted(f"{gpu.name}" for gpu in host_facts.gpus or ())
     cpu = host_facts.cpu
     what = {"profile": profile, "arch": host_facts.arch, "gpus": gpus, "overrides": dict(overrides or {}),
             "cpus": len(getattr(cpu, "cpus", ()) or ()) if cpu is not None else None, "memory": host_facts.memory.total // 2**30
             if host_facts.memory else None, "engine": settings.engine, "model": settings.model,
             "revision": settings.model_revision, "spec": settings.vllm_spec, "max_model_len": settings.max_model_len}
+    if replicas > 1:  # one server's fingerprint stays what it was: its kept trials are still found
+        what["replicas"] = replicas
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -376,11 +411,8 @@ class TrialStore:
         if trial.outcome == "skipped" or trial.resumed:
             return
         self.trials[trial.key] = trial
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_suffix(".tmp")
         rows = [dataclasses.asdict(t) | {"resumed": False} for t in self.trials.values()]
-        temporary.write_text(json.dumps({"trials": rows}, indent=1, default=str) + "\n", encoding="utf-8")
-        temporary.replace(self.path)
+        datafiles.write_whole(self.path, json.dumps({"trials": rows}, indent=1, default=str) + "\n")
 
 
 def _levels(rows: Sequence[Mapping[str, Any]]) -> tuple[Level, ...]:
@@ -397,7 +429,7 @@ class Tuned:
     workload: Workload
     dimensions: tuple[Dimension, ...]
     winner: Trial | None = None
-    tuned_file: str | None = None
+    tuned_files: list[str] = field(default_factory=list)  # tuned/SERVER.yaml of each server kept for
     recipe_file: str | None = None  # the winner as a recipe, with its measurements (tuned/recipes/)
     diff: str = ""
     plot: str | None = None
@@ -412,11 +444,23 @@ class Tuned:
     seconds: float = 0.0  # the whole tuning, its way back included
 
 
-def measure_levels(runner: Runner, settings: inventory.Settings, api_key: str | None, workload: Workload,
-                   progress: Callable[[str], None], warm: bool = True,
+Send = Callable[[server.Requests], server.BenchReport]
+
+
+def sender(runner: Runner, unit: Unit, settings: inventory.Settings, api_key: str | None,
+           plan: endpoints.EndpointPlan | None) -> Send:
+    """How a trial's requests reach the unit: the server on its host, or the endpoint's router from the
+    router's host (`plan`), named by the unit's model."""
+    if plan is not None:
+        return lambda load: server.bench_endpoint(runner, plan, str(unit.model), api_key, load, lambda event: None)
+    return lambda load: server.bench(runner, settings, api_key, load, lambda event: None)
+
+
+def measure_levels(send: Send, workload: Workload, progress: Callable[[str], None], warm: bool = True,
                    room_for: Callable[[float, int], bool] | None = None) -> tuple[Level, ...]:
-    """The workload's levels in order. With `room_for` (the first benchmark, before any was measured)
-    a level starts only if room_for(its estimate in seconds, its concurrency): the first level is
+    """The workload's levels in order (`send` runs one level's requests). With `room_for` (the first
+    benchmark, before any was measured) a level starts only if room_for(its estimate in seconds, its
+    concurrency): the first level is
     estimated from the warm-up (its requests one after the other at the warm-up's latency), each next
     by the slowest level so far (the same requests at more concurrency take no longer)."""
     prompts = workload.prompts()
@@ -424,8 +468,7 @@ def measure_levels(runner: Runner, settings: inventory.Settings, api_key: str | 
     # a few short ones first, not counted, so every trial is measured warm.
     warm_s: float | None = None
     if warm:
-        found = server.bench(runner, settings, api_key, server.Requests(min(4, workload.requests), 1, 4,
-                                                                        prompts=prompts), lambda event: None)
+        found = send(server.Requests(min(4, workload.requests), 1, 4, prompts=prompts))
         if found.ttft_p50_s is not None:
             warm_s = found.ttft_p50_s + workload.output_tokens * (found.itl_p50_s or 0.0)
     levels = []
@@ -437,8 +480,7 @@ def measure_levels(runner: Runner, settings: inventory.Settings, api_key: str | 
             break
         progress(f"  bench: {workload.requests} requests, concurrency {concurrency}")
         begun = time.monotonic()
-        found = server.bench(runner, settings, api_key, server.Requests(
-            workload.requests, concurrency, workload.output_tokens, prompts=prompts), lambda event: None)
+        found = send(server.Requests(workload.requests, concurrency, workload.output_tokens, prompts=prompts))
         slowest = max(slowest or 0.0, time.monotonic() - begun)
         levels.append(Level(concurrency, found.tokens_per_s, found.ttft_p50_s, found.ttft_p95_s, found.itl_p95_s,
                             found.succeeded, found.requests, found.errors))
@@ -480,35 +522,37 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, tuning: Tuning,
     folder = Path(inv.tuned_dir or "tuned")
     held = secrets.load(inv.secrets)
     targets = [inv.host(name) for name in unit.hosts]
+    routed = endpoints.named(inv, unit.endpoint) if unit.endpoint else None  # the router the load goes through
     result = Tuned(unit, [], slo, workload, dimensions, asked=workload, budget_s=budget_s)
 
     def deploy(overrides: Mapping[str, Any], by: str) -> tuple[rolling.Deployed, bool]:
         deployed = rolling.deploy(inv, targets, dataclasses.replace(options, overrides=dict(overrides), quiet=True),
                                   timeout=timeout, by=by)  # named so in `rollback --list`
-        plan = deployed.plans.get(unit.server)
-        return deployed, bool(plan is not None and plan.changes)
+        plans = [deployed.plans.get(name) for name in unit.kept_for]
+        return deployed, any(plan is not None and plan.changes for plan in plans)
 
     # The workload fitted to the context the server serves, before any benchmark (and before the
     # kept trials are looked up: they are kept by the workload measured).
     early_restart: float | None = None
     answer = served_context_answer(inv, server_host, settings_now, held.vllm_api_key)
     if answer.get("models") is None:  # nothing answers: the host as it is first, then ask again
-        progress(f"{unit.server}: its server does not answer ({answer.get('models_error')}): deploying it as it is")
+        progress(f"{unit.name}: {unit.server}'s server does not answer ({answer.get('models_error')}): "
+                 "deploying it as it is")
         begun = time.monotonic()
         deployed, restarted = deploy(base, "tune trial")
         early_restart = round(time.monotonic() - begun, 1) if restarted else None
         answer = served_context_answer(inv, server_host, settings_now, held.vllm_api_key)
         if answer.get("models") is None:
-            outcome = deployed.outcomes.get(unit.server)
+            why = not_serving(deployed, unit)
             raise ProvisionError(f"{unit.server}: does not serve its own settings, nothing to tune from "
-                                 f"({outcome.detail if outcome else answer.get('models_error')})")
+                                 f"({why[1] if why else answer.get('models_error')})")
     context = tune_rules.served_context(answer, server.served_name(settings_now), settings_now.max_model_len)
     result.workload, result.fit = tune_rules.fit(workload, context)
-    progress(f"{unit.server}: workload {result.fit}")
+    progress(f"{unit.name}: workload {result.fit}")
 
     def store_path(measured: Workload) -> Path:
-        return (folder / "trials" / f"{ctx.profile.name}-{fingerprint(ctx.profile.name, ctx.facts, settings_now, base)}"
-                f"-{workload_key(measured)}.json")
+        kind = fingerprint(ctx.profile.name, ctx.facts, settings_now, base, len(unit.kept_for))
+        return folder / "trials" / f"{ctx.profile.name}-{kind}-{workload_key(measured)}.json"
 
     store = TrialStore(store_path(result.workload))
 
@@ -520,18 +564,16 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, tuning: Tuning,
         key = key_of(absolute)
         kept = store.get(key)
         if kept is not None:
-            progress(f"{unit.server}: {describe(trial_settings)}: measured before ({kept.outcome})")
+            progress(f"{unit.name}: {describe(trial_settings)}: measured before ({kept.outcome})")
             return kept
-        progress(f"{unit.server}: trial {describe(trial_settings)} ...")
+        progress(f"{unit.name}: trial {describe(trial_settings)} ...")
         begun = time.monotonic()
         overrides = merge(base, overrides_of(dimensions, trial_settings))
         deployed, restarted = deploy(overrides, "tune trial")
         deploy_s = round(time.monotonic() - begun, 1)
-        outcome = deployed.outcomes.get(unit.server)
-        if not deployed.ok or outcome is None or outcome.state not in ("ready", "unchanged"):
-            detail = (outcome.detail if outcome and outcome.detail else
-                      "; ".join(str(e) for e in deployed.errors.values()) or "not deployed")
-            state = outcome.state if outcome else "failed"
+        why = not_serving(deployed, unit)
+        if why is not None:
+            state, detail = why
             outcome_word = "skipped" if state == "blocked" else "failed"
             return Trial(key, absolute, outcome_word, _clip(f"{state}: {detail}"), seconds=deploy_s,
                          deploy_s=deploy_s, restarted=restarted)
@@ -539,7 +581,7 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, tuning: Tuning,
         levels, failure, bench_s = bench_now(overrides, warm=True, back_s=deploy_s if first else None)
         if first and levels and len(levels) < len(result.workload.concurrency) and not failure:
             held_levels = tuple(level.concurrency for level in levels)
-            progress(f"{unit.server}: the budget holds the levels at concurrency {list(held_levels)} only: "
+            progress(f"{unit.name}: the budget holds the levels at concurrency {list(held_levels)} only: "
                      "every trial measures those")
             result.workload = dataclasses.replace(result.workload, concurrency=held_levels)
             result.fit += f"; concurrency {list(held_levels)} only (the budget)"
@@ -552,7 +594,7 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, tuning: Tuning,
     def bench_now(overrides: Mapping[str, Any], warm: bool,
                   back_s: float | None = None) -> tuple[tuple[Level, ...], str, float]:
         begun = time.monotonic()
-        runner = remote.connect(server_host, inv.ssh)
+        runner = remote.connect(inv.host(routed.host) if routed else server_host, inv.ssh)
 
         def room_for(estimate: float, concurrency: int) -> bool:
             left = (budget_s or 0.0) - (time.monotonic() - started) - (back_s or 0.0)
@@ -564,12 +606,12 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, tuning: Tuning,
                                   f"{max(0.0, left):.0f} s of the budget are left (the way back kept): --budget "
                                   f"{tune_rules.minutes_for(time.monotonic() - started + (back_s or 0.0), estimate)} "
                                   "leaves room for it")
-                progress(f"{unit.server}: the budget stops the benchmark: {result.stopped}")
+                progress(f"{unit.name}: the budget stops the benchmark: {result.stopped}")
             return False
 
         try:
-            levels = measure_levels(runner, inv.settings(unit.server, dict(overrides)), held.vllm_api_key,
-                                    result.workload, progress, warm=warm,
+            send = sender(runner, unit, inv.settings(unit.server, dict(overrides)), held.vllm_api_key, routed)
+            levels = measure_levels(send, result.workload, progress, warm=warm,
                                     room_for=room_for if back_s is not None else None)
         except ProvisionError as exc:
             levels, failure = (), str(exc)
@@ -580,11 +622,11 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, tuning: Tuning,
         return levels, failure, round(time.monotonic() - begun, 1)
 
     def repeat(trial: Trial) -> Trial:
-        progress(f"{unit.server}: {describe(trial.settings)}: run again, {result.workload.requests} requests more "
+        progress(f"{unit.name}: {describe(trial.settings)}: run again, {result.workload.requests} requests more "
                  f"({'the noise' if tune_rules.noise_of(result.trials, slo) is None else 'within the noise of the leader'})")
         levels, failure, bench_s = bench_now(merge(base, overrides_of(dimensions, trial.settings)), warm=False)
         if failure:
-            progress(f"{unit.server}: the run again failed ({failure}): its first run stands alone")
+            progress(f"{unit.name}: the run again failed ({failure}): its first run stands alone")
             return dataclasses.replace(trial, bench_s=trial.bench_s + bench_s, seconds=trial.seconds + bench_s)
         return dataclasses.replace(trial, repeats=(*trial.repeats, levels), bench_s=round(trial.bench_s + bench_s, 1),
                                    seconds=round(trial.seconds + bench_s, 1))
@@ -604,13 +646,13 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, tuning: Tuning,
             hint = (f": --budget {tune_rules.minutes_for(elapsed, need)} leaves room for it" if need is not None
                     else "")
             result.interrupted, result.stopped = "budget", f"{why}{hint}"
-            progress(f"{unit.server}: the budget stops the search: {result.stopped}")
+            progress(f"{unit.name}: the budget stops the search: {result.stopped}")
         return why
 
     def keep(trial: Trial) -> None:
         store.keep(trial)
         result.trials.append(trial)
-        progress(f"{unit.server}: {describe(trial.settings)}: {trial.verdict(slo)}"
+        progress(f"{unit.name}: {describe(trial.settings)}: {trial.verdict(slo)}"
                  + (f" ({trial.score(slo):.1f} tokens/s)" if trial.score(slo) else ""))
 
     def skip(dimension: Dimension, value: Any) -> str | None:
@@ -620,14 +662,29 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, tuning: Tuning,
         search(dimensions, current, measure, slo, skip, room, keep, repeat)
     except KeyboardInterrupt:
         result.interrupted = "interrupted"
-        progress(f"{unit.server}: interrupted: putting the best settings found so far in place ...")
+        progress(f"{unit.name}: interrupted: putting the best settings found so far in place ...")
     result.decision = decide(result.trials, slo)
     result.winner = result.decision.winner
-    progress(f"{unit.server}: {result.decision.note}")
-    on = measured_on(ctx.profile.name, ctx.facts, len(unit.hosts), ctx.settings.engine)
+    progress(f"{unit.name}: {result.decision.note}")
+    nodes = len(unit.hosts) // len(unit.kept_for)  # one replica's
+    on = measured_on(ctx.profile.name, ctx.facts, nodes, ctx.settings.engine)
     finished = finish(inv, unit, options, result, base, timeout, plot, progress, on)
     finished.seconds = round(time.monotonic() - started, 1)
     return finished
+
+
+def not_serving(deployed: rolling.Deployed, unit: Unit) -> tuple[str, str] | None:
+    """Why the unit does not serve after a deploy, as (state, detail) of the first of its servers that
+    is not ready (named where there are several), or None when every one is."""
+    for name in unit.kept_for:
+        outcome = deployed.outcomes.get(name)
+        if deployed.ok and outcome is not None and outcome.state in ("ready", "unchanged"):
+            continue
+        detail = (outcome.detail if outcome and outcome.detail else
+                  "; ".join(str(e) for e in deployed.errors.values()) or "not deployed")
+        return (outcome.state if outcome else "failed",
+                f"{name}: {detail}" if len(unit.kept_for) > 1 else detail)
+    return None
 
 
 def served_context_answer(inv: inventory.Inventory, host: inventory.Host, settings: inventory.Settings,
@@ -657,11 +714,15 @@ def describe(settings: Mapping[str, Any]) -> str:
 
 
 def tuned_text(unit: Unit, vars_: Mapping[str, Any], trial: Trial, baseline: Trial | None, workload: Workload,
-               slo: Slo, decision: Decision | None = None) -> str:
+               slo: Slo, decision: Decision | None = None, server: str | None = None) -> str:
+    """The tuned/ file of `server` (default: the unit's own): the vars, then how they were measured."""
     best = trial.best(slo)
     assert best is not None
+    server = server or unit.server
+    through = (f" Measured through endpoint {unit.endpoint}, over its {len(unit.kept_for)} replicas of "
+               f"{unit.model}." if unit.endpoint else "")
     header = [
-        f"# Kept by `invoke tune` on {time.strftime('%Y-%m-%d %H:%M')} (provision {__version__}) for {unit.server}.",
+        f"# Kept by `invoke tune` on {time.strftime('%Y-%m-%d %H:%M')} (provision {__version__}) for {server}.{through}",
         (f"# Workload {workload.name}: {workload.requests} requests, prompts of {workload.prompt_words[0]}-"
         f"{workload.prompt_words[1]} words after a shared {workload.shared_prefix_words}, {workload.output_tokens} "
         f"tokens out, concurrency {list(workload.concurrency)}, seed {workload.seed}."),
@@ -673,7 +734,7 @@ def tuned_text(unit: Unit, vars_: Mapping[str, Any], trial: Trial, baseline: Tri
         *([f"# Margin: {tune_rules.margin_words(decision, slo)}."] if decision is not None else []),
         "# Delete this file to go back to the inventory's own settings (then `invoke deploy`).",
     ]
-    body = yaml.safe_dump({"host": unit.server, "vars": dict(vars_)}, sort_keys=True, default_flow_style=False)
+    body = yaml.safe_dump({"host": server, "vars": dict(vars_)}, sort_keys=True, default_flow_style=False)
     return "\n".join(header) + "\n" + body
 
 
@@ -724,7 +785,7 @@ def tuned_recipe(unit: Unit, settings: inventory.Settings, on: MeasuredOn, trial
     low, high = workload.prompt_words
     bound = (f"TTFT p95 {'no bound' if slo.ttft_p95_ms is None else f'<= {slo.ttft_p95_ms:g} ms'}, ITL p95 "
              f"{'no bound' if slo.itl_p95_ms is None else f'<= {slo.itl_p95_ms:g} ms'}")
-    how = (f"invoke tune on {unit.server}: {workload.requests} requests at concurrency {best.concurrency} "
+    how = (f"invoke tune on {unit.name}: {workload.requests} requests at concurrency {best.concurrency} "
            f"(of {list(workload.concurrency)}), prompts of {low}-{high} words after a shared "
            f"{workload.shared_prefix_words}, {workload.output_tokens} tokens out, seed {workload.seed}; {bound}")
     common = {"kind": "measured", "how": how, "benchmark": f"tune workload {workload.name}", "date": day,
@@ -738,10 +799,11 @@ def tuned_recipe(unit: Unit, settings: inventory.Settings, on: MeasuredOn, trial
         notes.append(f"the host as it was: {baseline.score(slo):.1f} tok/s in the same run")
     if decision is not None:
         notes.append(f"margin: {tune_rules.margin_words(decision, slo)}")
-    source = f"invoke tune on {unit.server}, {day}"
+    source = f"invoke tune on {unit.name}, {day}"
+    where = f"endpoint-{unit.endpoint}" if unit.endpoint else unit.server.replace("/", "-")
     return recipes.from_mapping({
-        "name": f"tuned-{unit.server.replace('/', '-')}-{workload.name}",
-        "description": f"{settings.model} as tune left it on {unit.server} ({on.profile})",
+        "name": f"tuned-{where}-{workload.name}",
+        "description": f"{settings.model} as tune left it on {unit.name} ({on.profile})",
         "model": {"id": settings.model, "revision": settings.model_revision},
         "engine": {"name": settings.engine, "version": on.engine_version}, "settings": chosen,
         "hardware": on.hardware, "figures": figures, "source": source, "notes": notes}, source)
@@ -749,11 +811,8 @@ def tuned_recipe(unit: Unit, settings: inventory.Settings, on: MeasuredOn, trial
 
 def keep_recipe(folder: Path, recipe: recipes.Recipe) -> Path:
     """tuned/recipes/NAME.yaml: the last tuning of that server and workload (a later one replaces it)."""
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{recipe.name}.yaml"
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(recipes.to_yaml(recipe), encoding="utf-8")
-    temporary.replace(path)
+    datafiles.write_whole(path, recipes.to_yaml(recipe))
     return path
 
 
@@ -761,22 +820,20 @@ def finish(inv: inventory.Inventory, unit: Unit, options: Options, result: Tuned
            timeout: float, plot: bool, progress: Callable[[str], None], on: MeasuredOn) -> Tuned:
     """Keep the winner (diff first) and the recipe it makes, deploy what the host should run now, draw the plot."""
     folder = Path(inv.tuned_dir or "tuned")
-    path = folder / inventory.tuned_file_name(unit.server)
     winning = result.winner
     if winning is not None:
-        old_vars = dict(inv.tuned.get(unit.server, {}))
-        new_vars = merge(old_vars, overrides_of(result.dimensions, winning.settings))
         baseline = next((t for t in result.trials if not t.settings), None)
-        text = tuned_text(unit, new_vars, winning, baseline, result.workload, result.slo, result.decision)
-        old_text = path.read_text(encoding="utf-8") if path.exists() else ""
-        result.diff = "".join(difflib.unified_diff(old_text.splitlines(keepends=True), text.splitlines(keepends=True),
-                                                   fromfile=f"{path} (kept)", tofile=f"{path} (tuned)"))
-        progress(result.diff or f"{path}: unchanged")
-        folder.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(text, encoding="utf-8")
-        temporary.replace(path)
-        result.tuned_file = str(path)
+        for name in unit.kept_for:  # through an endpoint, each replica keeps the winner as its own
+            path = folder / inventory.tuned_file_name(name)
+            new_vars = merge(dict(inv.tuned.get(name, {})), overrides_of(result.dimensions, winning.settings))
+            text = tuned_text(unit, new_vars, winning, baseline, result.workload, result.slo, result.decision, name)
+            old_text = path.read_text(encoding="utf-8") if path.exists() else ""
+            diff = "".join(difflib.unified_diff(old_text.splitlines(keepends=True), text.splitlines(keepends=True),
+                                                fromfile=f"{path} (kept)", tofile=f"{path} (tuned)"))
+            progress(diff or f"{path}: unchanged")
+            datafiles.write_whole(path, text)
+            result.diff += diff
+            result.tuned_files.append(str(path))
     # What the host runs from now on: the inventory (with the file just written) under the run's own --set.
     current = inventory.load(inv.path) if inv.path else inv
     if winning is not None:
@@ -784,16 +841,16 @@ def finish(inv: inventory.Inventory, unit: Unit, options: Options, result: Tuned
                               next((t for t in result.trials if not t.settings), None), result.workload, result.slo,
                               result.decision)
         result.recipe_file = str(keep_recipe(folder / RECIPES, recipe))
-        progress(f"{unit.server}: the winner as a recipe: {result.recipe_file}")
+        progress(f"{unit.name}: the winner as a recipe: {result.recipe_file}")
     deployed = rolling.deploy(current, [current.host(name) for name in unit.hosts],
                               dataclasses.replace(options, overrides=dict(base), quiet=True), timeout=timeout)
-    outcome = deployed.outcomes.get(unit.server)
-    result.ok = deployed.ok and outcome is not None and outcome.state in ("ready", "unchanged")
+    why = not_serving(deployed, unit)
+    result.ok = why is None
     what = describe(winning.settings) if winning is not None else "its original settings (no trial passed)"
-    result.final = (f"runs {what}" if result.ok else
-                    f"could not be put back on {what}: {outcome.detail if outcome else deployed.errors}")
+    result.final = f"runs {what}" if why is None else f"could not be put back on {what}: {why[1]}"
     if plot and result.trials:
-        result.plot = draw(result, folder / f"{unit.server}.png")
+        name = f"endpoint-{unit.endpoint}" if unit.endpoint else inventory.tuned_file_name(unit.server)[:-len(".yaml")]
+        result.plot = draw(result, folder / f"{name}.png")
     return result
 
 

@@ -28,24 +28,34 @@ from provision.taskargs import (
                       "candidate, e.g. with --timeout 120 and a 20 s benchmark about 6 minutes; the run "
                       "prints the --budget its next step needed when it stops",
             "timeout": "seconds each trial's server has to become ready (default 600)",
-            "no-plot": "no PNG of throughput against latency"})
+            "no-plot": "no PNG of throughput against latency",
+            "endpoint": "an endpoint of the inventory instead of hosts: each trial rolled over the replicas of one "
+                        "model behind it (drained, as deploy does), the load sent through its router from the "
+                        "router's host; the winner kept for every replica",
+            "model": "with --endpoint: the model whose replicas are tuned (default: the endpoint's first)"})
 def tune_(c: Context, flags: HostFlags, asked: TuneFlags) -> None:
     """Find the fastest serving settings within a latency bound, on the host itself, and keep them.
 
     Each trial is a deploy (rendered unit, restart, readiness) and a benchmark; a failed trial is
     rolled back and recorded. The winner goes to tuned/HOST.yaml beside the inventory (diff shown) and
-    the host is left running it (or its original settings when none passed). Hosts one at a time."""
+    the host is left running it (or its original settings when none passed). Hosts one at a time.
+    With --endpoint, the replicas of one model behind it are tuned together, measured as clients see them."""
     from provision import report, tune, tune_rules
     minutes, ttft, itl = (_positive(value, flag) for value, flag in (
         (asked.budget, "--budget"), (asked.slo_ttft_ms, "--slo-ttft-ms"), (asked.slo_itl_ms, "--slo-itl-ms")))
     if asked.timeout <= 0:
         raise Exit("error: --timeout must be positive", code=2)
-    chosen = flags.select()
+    if asked.endpoint and (flags.host or flags.cluster or flags.all):
+        raise Exit("error: tune takes --endpoint NAME or hosts (--host, --cluster, --all), not both", code=2)
+    if asked.model and not asked.endpoint:
+        raise Exit("error: --model names one of an endpoint's models: it goes with --endpoint NAME", code=2)
+    chosen = flags.select(targets=not asked.endpoint)
     run = flags.options(chosen)
     space = asked.space
     tuning = tune.Tuning(space, tune.load_workload(asked.workload), tune_rules.Slo(ttft, itl),
                           budget_s=minutes * 60 if minutes else None, timeout=asked.timeout, plot=not asked.no_plot)
-    units = tune.units_of(chosen.inventory, chosen.targets)
+    units = ([tune.endpoint_unit(chosen.inventory, asked.endpoint, asked.model, chosen.overrides)] if asked.endpoint
+             else tune.units_of(chosen.inventory, chosen.targets))
     for unit in units:  # a bad file, or flags another engine's, refused before any host is contacted
         tune.space_of(chosen.inventory, unit, run, space)
     results: list[tune.Tuned] = []
@@ -54,7 +64,7 @@ def tune_(c: Context, flags: HostFlags, asked: TuneFlags) -> None:
         try:
             results.append(tune.tune(chosen.inventory, unit, run, tuning))
         except ProvisionError as exc:
-            errors[unit.server] = exc
+            errors[unit.name] = exc
     if flags.json:
         print(report.dump_json(report.tuned_json(results, errors)))
     else:
