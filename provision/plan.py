@@ -199,6 +199,7 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
     server = desired.server_unit
     if weights is not None and server in desired.units:
         restart_due.add(str(server))  # a new revision is read at start
+    reload_due = {unit for wanted in desired.files if wanted.path in changed for unit in wanted.reloads} - restart_due
     for unit in desired.units:
         state = facts.units.get(unit)
         if state is None or state.unit_file_state != "enabled":
@@ -215,6 +216,10 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
             because += ["the model"] if weights is not None and unit == server else []
             # apply restarts only when one of these was really written in its run (see hostapply)
             changes.append(Change("restart", unit, f"{', '.join(because)} changed", {"because": causes}))
+        elif unit in reload_due:
+            because = sorted(w.path for w in desired.files if w.path in changed and unit in w.reloads)
+            changes.append(Change("reload", unit, f"{', '.join(because)} changed (a reload: what the unit holds "
+                                                  "is finished, not cut)", {"because": because}))
     return changes
 
 

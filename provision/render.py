@@ -54,6 +54,7 @@ class DesiredFile:
     group: str
     mode: int
     restarts: tuple[str, ...] = ()  # units to restart when this file changes
+    reloads: tuple[str, ...] = ()  # units that re-read it on `systemctl reload` (and keep what they hold)
     unit: bool = False  # a systemd unit file: a change needs daemon-reload
 
 
@@ -236,7 +237,9 @@ def router_files(ctx: Context, common: Mapping[str, Any], api_key: str | None) -
               "keys_credential": endpoints.KEYS_CREDENTIAL, "runtime_dir": endpoints.RUNTIME_DIR.rsplit("/", 1)[1],
               "endpoint_names": ", ".join(plan.name for plan in ctx.endpoints),
               "writable_paths": [endpoints.RUNTIME_DIR], "hardening": hardening.router_values(ctx)}
-    files = [DesiredFile(endpoints.CONFIG_FILE, config, "root", "root", 0o644, restarts=(unit,))]
+    # A new config is a reload: HAProxy's master starts new workers on it and the old ones finish the
+    # requests they hold (a restart would cut them). The key is a credential, read at start: a restart.
+    files = [DesiredFile(endpoints.CONFIG_FILE, config, "root", "root", 0o644, reloads=(unit,))]
     if api_key:
         files.append(DesiredFile(endpoints.KEYS_FILE, api_key + "\n", "root", "root", 0o600, restarts=(unit,)))
     files.append(DesiredFile(f"{UNIT_DIR}/{unit}", render("systemd/provision-router.service.j2", values),

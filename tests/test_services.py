@@ -333,6 +333,26 @@ def test_one_endpoint_routes_to_both_services_by_model_from_beside_the_first(tmp
     assert "server ws:coder 127.0.0.1:8001 check" in config and "server ws:chat 127.0.0.1:8002 check" in config
 
 
+def test_a_changed_endpoint_reloads_its_router_and_restarts_no_server(tmp_path: Path) -> None:
+    from provision import endpoints
+
+    host = as_rendered(*states(load(tmp_path, ONE_URL)).values())
+    moved_inv = load(tmp_path, ONE_URL.replace("port: 9000", "port: 9001"))
+    moved, contexts = states(moved_inv), gated(moved_inv)
+    coder = plan.build(moved["ws/coder"], seen_by(host, contexts["ws/coder"]))
+    # The config is new; the router re-reads it (HAProxy's new workers), the old ones finish what they hold.
+    assert [(c.kind, c.target) for c in coder] == [("file", endpoints.CONFIG_FILE), ("reload", endpoints.ROUTER_UNIT)]
+    assert coder[-1].reason.endswith("changed (a reload: what the unit holds is finished, not cut)")
+    assert coder[-1].data == {"because": [endpoints.CONFIG_FILE]}
+    assert plan.build(moved["ws/chat"], seen_by(host, contexts["ws/chat"])) == []
+    # A replica's new port: its server restarts, the router (whose config names the port) reloads.
+    ported_inv = load(tmp_path, ONE_URL.replace("port: 8001", "port: 8011"))
+    ported, contexts = states(ported_inv), gated(ported_inv)
+    steps = [(c.kind, c.target) for c in plan.build(ported["ws/coder"], seen_by(host, contexts["ws/coder"]))]
+    assert ("restart", "vllm@coder.service") in steps and ("reload", endpoints.ROUTER_UNIT) in steps
+    assert ("restart", endpoints.ROUTER_UNIT) not in steps
+
+
 @pytest.mark.parametrize("endpoint, says", [
     ("services: [ws/nope]", "unknown service 'ws/nope'"),
     ("services: []", "clusters, services or both"),

@@ -11,7 +11,7 @@ Standard library only, python3 >= 3.7 (see host/__init__.py). The controller app
 It holds an exclusive lock for the whole run, so two runs on one host cannot interleave (the second
 fails at once naming the holder, or waits up to `wait` seconds). Under the lock each step first looks
 at the host as it is now: a step already in place (another run applied the same while this one waited)
-is skipped, and a restart happens only when something it depends on was written by this run. Files are
+is skipped, and a restart (or reload) happens only when something it depends on was written by this run. Files are
 written to a temporary file in the same directory with owner and mode set, fsynced and renamed. A run
 that changed anything records a generation (host/generations.py): `pending` for a deploy until its
 readiness verdict (`promote` or `reject`), `applied` for a provision. It prints one JSON document:
@@ -218,7 +218,7 @@ def _already(change: dict[str, Any], written: set[str], venv_built: bool) -> boo
         return subprocess.run(["systemctl", "is-enabled", "--quiet", target], check=False).returncode == 0
     if kind == "start":
         return subprocess.run(["systemctl", "is-active", "--quiet", target], check=False).returncode == 0
-    if kind == "restart":
+    if kind in ("restart", "reload"):
         because = data.get("because")
         if because is None:
             return False
@@ -281,6 +281,8 @@ def step(change: dict[str, Any]) -> None:
         subprocess.run(["systemctl", "reset-failed", target], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, check=False)
         _run(["systemctl", "restart", target])
+    elif kind == "reload":
+        _run(["systemctl", "reload", target])
     elif kind == "stop":
         _run(["systemctl", "disable", "--now", target])
     else:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Self
 
 import pytest
+import yaml
 
 from provision import inventory, lab, programs
 from provision.endpoints import ADMIN_SOCKET
@@ -198,4 +199,42 @@ def test_a_replica_killed_under_load_is_taken_out_by_the_router_without_a_failed
     deadline = time.monotonic() + 90  # systemd starts it again (Restart=on-failure); the router takes it back
     while router_servers(inv).get("lab-llama-b") != "UP":
         assert time.monotonic() < deadline, "the restarted replica is not back in the router"
+        time.sleep(1)
+
+
+def router_pid(inv: inventory.Inventory) -> str:
+    """The router's master process (HAProxy's master-worker mode: a reload keeps it, a restart does not)."""
+    return on_host(inv, "cpu-2", ["systemctl", "show", "--property=MainPID", "--value", "provision-router.service"]).strip()
+
+
+def test_an_endpoint_losing_and_regaining_a_replica_reloads_its_router_without_a_failed_request(
+        the_lab: lab.Lab, endpoint: tuple[inventory.Inventory, str]) -> None:
+    inv, url = endpoint
+    original = the_lab.inventory.read_text()
+    document = yaml.safe_load(original)
+    document["endpoints"]["lab-tiny"]["clusters"] = ["lab-llama"]
+    pid = router_pid(inv)
+    with Load(url) as load:
+        try:
+            time.sleep(2)
+            the_lab.inventory.write_text(yaml.safe_dump(document, sort_keys=False))
+            code, one, text = invoke_json("provision", "--host", "cpu-2", timeout=600)
+            assert code == 0, text
+            assert router_servers(inv) == {"lab-llama": "UP"}
+            time.sleep(2)
+        finally:
+            the_lab.inventory.write_text(original)
+        code, both, text = invoke_json("provision", "--host", "cpu-2", timeout=600)
+        assert code == 0, text
+        time.sleep(2)
+    for report in (one, both):
+        changes = [(change["kind"], change["target"]) for change in report["hosts"]["cpu-2"]["changes"]]
+        assert changes == [("file", "/etc/provision-router/haproxy.cfg"), ("reload", "provision-router.service")], changes
+    print(f"\nreplica lab-llama-b taken out of the endpoint and put back (two router reloads) under {CLIENTS} "
+          f"clients: {load.sent} requests, {len(load.failures)} failed, p95 {load.p95():.3f} s")
+    assert router_pid(inv) == pid  # reloaded, never restarted
+    assert not load.failures, load.failures[:5]
+    deadline = time.monotonic() + 30
+    while router_servers(inv) != {"lab-llama": "UP", "lab-llama-b": "UP"}:
+        assert time.monotonic() < deadline, f"lab-llama-b is not back in the router: {router_servers(inv)}"
         time.sleep(1)
