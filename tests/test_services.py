@@ -256,6 +256,37 @@ def test_a_service_dropped_from_the_inventory_is_stopped_and_removed_by_the_host
     assert ("remove", "/etc/vllm/coder.env") in steps and ("start", "vllm.service") in steps
 
 
+def test_a_hosts_services_share_one_probe_that_asks_what_each_of_them_asks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ast
+    import json
+
+    from provision import lab, remote, run
+    from tests.fakes import FakeRunner, ok, probe_answer_from_recording
+
+    answer = probe_answer_from_recording(lab.load_machine("rtx5090x2-tr7960x"))
+    runners: list[FakeRunner] = []
+
+    def connect(host: inventory.Host, *_: Any, **__: Any) -> FakeRunner:
+        runners.append(FakeRunner(host.name, lambda argv, stdin: ok(answer, argv)))
+        return runners[-1]
+
+    monkeypatch.setattr(remote, "connect", connect)
+    inv = load(tmp_path, TWO_MODELS + ONE_SERVER.replace("hosts:\n  ws:", "  other:").replace("192.0.2.10", "192.0.2.11"))
+    gathered = run.gather(inv, inv.select(everything=True), run.Options(quiet=True))
+    assert gathered.ok and list(gathered.values) == ["ws/coder", "ws/chat", "other"]
+    assert sorted((runner.host, runner.executions) for runner in runners) == [("other", 1), ("ws/coder", 1)]
+    assert gathered.values["ws/chat"].host == "ws/chat"  # the same answer, named for each service
+    # One probe asks each service's units (and the host's own names, which the first one carries).
+    program = str(next(r for r in runners if r.host == "ws/coder").calls[0][1])
+    spec = json.loads(ast.literal_eval(program.rstrip().rsplit("json.loads(", 1)[1][:-2]))
+    asked = spec["commands"]["units"]
+    assert {"vllm@coder.service", "vllm@chat.service", "vllm.service"} <= set(asked), asked
+    assert {"/etc/vllm/coder.env", "/etc/vllm/chat.env"} <= set(spec["inspect"]["files"])
+    assert {"/etc/systemd/system/vllm@coder.service.d", "/etc/systemd/system/vllm@chat.service.d"} <= \
+        set(spec["inspect"]["dirs"]), spec["inspect"]["dirs"]
+
+
 def test_a_service_s_generations_are_its_own(tmp_path: Path) -> None:
     inv = load(tmp_path, TWO_MODELS)
     contexts = gated(inv)

@@ -19,6 +19,7 @@ from provision import (
     remote,
     render,
     secrets,
+    services,
     venv,
     weights,
 )
@@ -44,33 +45,85 @@ def resolve(inv: inventory.Inventory, names: Sequence[str], options: Options) ->
     return {name: inv.settings(name, options.overrides, profile=options.profile) for name in names}
 
 
+@dataclass(frozen=True)
+class ProbeAsk:
+    """What one probe asks of a host: the paths whose free space the gate reads, the managed state the
+    plan reads (files, users, directories, units), and whose venv's versions."""
+
+    paths: tuple[str, ...]
+    inspect: Mapping[str, tuple[str, ...]]
+    units: tuple[str, ...]
+    venv_dir: str
+
+    def joined(self, other: ProbeAsk) -> ProbeAsk:
+        """Both asks in one probe: each list's entries once, in the order first asked."""
+        keys = list(dict.fromkeys([*self.inspect, *other.inspect]))
+        return ProbeAsk(_once(self.paths, other.paths),
+                        {key: _once(self.inspect.get(key, ()), other.inspect.get(key, ())) for key in keys},
+                        _once(self.units, other.units), self.venv_dir)
+
+
+def _once(first: Sequence[str], second: Sequence[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys([*first, *second]))
+
+
+def probe_ask(inv: inventory.Inventory, target: str, settings: inventory.Settings) -> ProbeAsk:
+    """What the gate and the plan read of `target`'s host for its server."""
+    paths = [settings.venv_dir, settings.model_dir, settings.hf_home]
+    naming = inv.naming(target)
+    inspect = plan.inspect_spec(
+        [render.CONFIG_DIR, render.STATE_DIR, *paths[1:], *venv.inspect_paths(settings),
+         f"{weights.HUB_VENV}/{facts.VENV_MANIFEST}"], settings.service_user, naming)
+    inspect["weights"] = [weights.root_of(settings)] if weights.managed(settings) else []
+    # Weights placed by hand: their config.json and sizes, for the memory fit (one small read).
+    inspect["models"] = [render.model_path(settings)] if settings.model and not weights.managed(settings) else []
+    return ProbeAsk(tuple(paths), {key: tuple(values) for key, values in inspect.items()},
+                    tuple(render.units_of(naming)), settings.venv_dir)
+
+
 def gather(inv: inventory.Inventory, targets: list[inventory.Host], options: Options,
            pool: remote.Pool | None = None,
            resolved: Mapping[str, inventory.Settings] | None = None) -> HostResults[facts.HostFacts]:
-    """Every target's facts in parallel, one round trip each; a failing host never stops the others.
-    With a pool, the connections stay open for what the run does next; with `resolved`, the targets'
-    settings are the run's (else each is resolved here)."""
+    """Every host's facts in parallel, one round trip each; a failing host never stops the others.
+    The services of one host that share a venv share its probe, which asks what each of them asks
+    (fanout runs a host's services in turn, so the first one's probe serves the next). With a pool,
+    the connections stay open for what the run does next; with `resolved`, the targets' settings are
+    the run's (else each is resolved here)."""
+
+    def settings_of(target: inventory.Host) -> inventory.Settings:
+        return resolved[target.name] if resolved is not None else \
+            inv.settings(target.name, options.overrides, profile=options.profile)
+
+    asks = {target.name: probe_ask(inv, target.name, settings_of(target)) for target in targets}
+
+    def probe_of(name: str) -> tuple[str, str]:
+        return services.split(name)[0], asks[name].venv_dir
+
+    shared: dict[tuple[str, str], ProbeAsk] = {}
+    for name, ask in asks.items():
+        key = probe_of(name)
+        shared[key] = shared[key].joined(ask) if key in shared else ask
+    probed: dict[tuple[str, str], facts.HostFacts | ProvisionError] = {}
 
     def one(target: inventory.Host) -> facts.HostFacts:
-        settings = resolved[target.name] if resolved is not None else \
-            inv.settings(target.name, options.overrides, profile=options.profile)
-        paths = [settings.venv_dir, settings.model_dir, settings.hf_home]
-        naming = inv.naming(target.name)
-        inspect: dict[str, list[str]] = plan.inspect_spec(
-            [render.CONFIG_DIR, render.STATE_DIR, *paths[1:], *venv.inspect_paths(settings),
-             f"{weights.HUB_VENV}/{facts.VENV_MANIFEST}"], settings.service_user, naming)
-        inspect["weights"] = [weights.root_of(settings)] if weights.managed(settings) else []
-        # Weights placed by hand: their config.json and sizes, for the memory fit (one small read).
-        inspect["models"] = [render.model_path(settings)] if settings.model and not weights.managed(settings) else []
-        runner = pool.connect(target) if pool else remote.connect(
-            target, inv.ssh, accept_new_host_keys=options.accept_new_host_keys)
-        try:
-            asked = facts.with_units(facts.FACTS, render.units_of(naming))
-            return facts.gather(runner, paths=paths, inspect=inspect,
-                                facts=(*asked, facts.venv_fact(settings.venv_dir)))
-        finally:
-            if pool is None:
-                runner.close()
+        key = probe_of(target.name)
+        if key not in probed:
+            ask = shared[key]
+            runner = pool.connect(target) if pool else remote.connect(
+                target, inv.ssh, accept_new_host_keys=options.accept_new_host_keys)
+            try:
+                probed[key] = facts.gather(runner, paths=ask.paths, inspect=ask.inspect,
+                                           facts=(*facts.with_units(facts.FACTS, ask.units),
+                                                  facts.venv_fact(ask.venv_dir)))
+            except ProvisionError as exc:
+                probed[key] = exc
+            finally:
+                if pool is None:
+                    runner.close()
+        found = probed[key]
+        if isinstance(found, ProvisionError):
+            raise found
+        return found if found.host == target.name else dataclasses.replace(found, host=target.name)
 
     return for_each_host(targets, lambda target: target.name, one)
 
