@@ -5,6 +5,7 @@ installed `provision` command (main(), the console script of pyproject.toml).
 """
 from __future__ import annotations
 
+import os
 import sys
 from importlib import metadata
 from typing import Any, TextIO
@@ -50,5 +51,11 @@ def main() -> None:
     distribution's metadata (the version the wheel was built with)."""
     sys.stdout = AsTyped(sys.stdout)
     sys.stderr = AsTyped(sys.stderr)
-    Program(namespace=ns, version=metadata.version("provision"), name="provision",
-            binary="provision", binary_names=["provision"]).run()
+    try:
+        Program(namespace=ns, version=metadata.version("provision"), name="provision",
+                binary="provision", binary_names=["provision"]).run()
+    except BrokenPipeError:
+        # The reader went away (`provision check -h | head -3`): stop quietly. What is still buffered
+        # for stdout goes nowhere, so the interpreter's own flush at exit cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        sys.exit(1)

@@ -38,6 +38,21 @@ def test_status_of_this_machine_needs_no_inventory(tmp_path: Path) -> None:
     assert list(json.loads(done.stdout)["hosts"]) == ["local"]
 
 
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    """`provision check -h | head -3`: the pipe is closed before the help is written; no traceback."""
+    command = shutil.which("provision")
+    if command is None:
+        pytest.fail("the `provision` console script is not installed (README's first command installs it)")
+    running = subprocess.Popen([command, "check", "-h"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert running.stdout is not None and running.stderr is not None
+    running.stdout.close()  # before the interpreter has even started: every write meets a closed pipe
+    with running.stderr:
+        error = running.stderr.read()
+    running.wait(timeout=120)
+    assert "Traceback" not in error and "BrokenPipeError" not in error, error
+    assert running.returncode == 1
+
+
 def test_a_host_task_declares_the_shared_flags_and_hands_them_over_parsed() -> None:
     """host_task gives Invoke one signature of the shared flags and the task's own, each with its help,
     and the body one HostFlags (repeated flags as tuples, an own flag's help where the task gives it)."""
