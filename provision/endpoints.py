@@ -23,8 +23,10 @@ from provision.inventory import Endpoint, Host, Inventory, Settings
 ROUTER_UNIT = "provision-router.service"
 CONFIG_DIR = "/etc/provision-router"
 CONFIG_FILE = f"{CONFIG_DIR}/haproxy.cfg"
-KEYS_FILE = f"{CONFIG_DIR}/api-keys"  # root's alone; the unit reads it as a systemd credential
 KEYS_CREDENTIAL = "api-keys"
+# Root's alone; the unit reads it as a systemd credential of the same name, so the reload's config check
+# finds it with CREDENTIALS_DIRECTORY set to this folder.
+KEYS_FILE = f"{CONFIG_DIR}/{KEYS_CREDENTIAL}"
 RUNTIME_DIR = "/run/provision-router"
 ADMIN_SOCKET = f"{RUNTIME_DIR}/admin.sock"
 # HAProxy reads model names in an ACL as words: the names an endpoint routes by keep to these.

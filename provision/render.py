@@ -234,6 +234,7 @@ def router_files(ctx: Context, common: Mapping[str, Any], api_key: str | None) -
         "endpoints": [{"name": plan.name, "bind": f"{plan.bind_host}:{plan.port}", "key_file": keys,
                        "backends": plan.backends} for plan in ctx.endpoints]})
     values = {**common, "config": endpoints.CONFIG_FILE, "keys_file": endpoints.KEYS_FILE if api_key else None,
+              "keys_dir": endpoints.KEYS_FILE.rsplit("/", 1)[0],
               "keys_credential": endpoints.KEYS_CREDENTIAL, "runtime_dir": endpoints.RUNTIME_DIR.rsplit("/", 1)[1],
               "endpoint_names": ", ".join(plan.name for plan in ctx.endpoints),
               "writable_paths": [endpoints.RUNTIME_DIR], "hardening": hardening.router_values(ctx)}
