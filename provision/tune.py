@@ -546,7 +546,7 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, tuning: Tuning,
             why = not_serving(deployed, unit)
             raise ProvisionError(f"{unit.server}: does not serve its own settings, nothing to tune from "
                                  f"({why[1] if why else answer.get('models_error')})")
-    context = tune_rules.served_context(answer, server.served_name(settings_now), settings_now.max_model_len)
+    context = counted_context(inv, server_host, settings_now, held.vllm_api_key, answer)
     result.workload, result.fit = tune_rules.fit(workload, context)
     progress(f"{unit.name}: workload {result.fit}")
 
@@ -688,13 +688,32 @@ def not_serving(deployed: rolling.Deployed, unit: Unit) -> tuple[str, str] | Non
 
 
 def served_context_answer(inv: inventory.Inventory, host: inventory.Host, settings: inventory.Settings,
-                          api_key: str | None) -> dict[str, Any]:
-    """host/serve.py's `context` answer for the server as it runs now (models None: it does not answer)."""
+                          api_key: str | None, words: Sequence[str] = tune_rules.PROBE_WORDS) -> dict[str, Any]:
+    """host/serve.py's `context` answer for the server as it runs now (models None: it does not answer),
+    its probes made of `words`."""
     runner = remote.connect(host, inv.ssh)
     try:
-        return server.context(runner, settings, api_key, tune_rules.probe_texts())
+        return server.context(runner, settings, api_key, tune_rules.probe_texts(words))
     finally:
         runner.close()
+
+
+def counted_context(inv: inventory.Inventory, host: inventory.Host, settings: inventory.Settings,
+                    api_key: str | None, answer: Mapping[str, Any]) -> tune_rules.ServedContext:
+    """The served context and the server's count of the probe words. A server whose context is shorter
+    than the probes (llama-server refuses such a prompt; a tokenizer of many tokens a word makes them
+    long) is asked again with half the words, down to a few."""
+    words: Sequence[str] = tune_rules.PROBE_WORDS
+    model = server.served_name(settings)
+    context = tune_rules.served_context(answer, model, settings.max_model_len, words)
+    while context.tokens_per_word is None and len(words) >= 2 * MIN_PROBE_WORDS:
+        words = words[:len(words) // 2]
+        context = tune_rules.served_context(served_context_answer(inv, host, settings, api_key, words), model,
+                                            settings.max_model_len, words)
+    return context
+
+
+MIN_PROBE_WORDS = 4  # fewer words count the tokens a word takes too coarsely
 
 
 def _clip(text: str, room: int = 900) -> str:

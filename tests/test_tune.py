@@ -542,3 +542,32 @@ def test_the_winner_becomes_a_recipe_with_its_measurements_and_the_settings_chos
     assert "the host as it was: 99.3 tok/s in the same run" in made.notes
     path = tune.keep_recipe(tmp_path / "tuned" / "recipes", made)
     assert recipes.load_file(path) == made  # the file reads back to the same recipe
+
+
+def test_a_server_whose_context_the_probes_overflow_is_asked_again_with_fewer_words(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama-server refuses a prompt longer than its context; the lab's tiny GGUF takes about 8.6 tokens
+    a word, so the 30 probe words (259 and 517 tokens) overflow its 256: asked again with 15, then 7
+    (only the served name and max_model_len of the settings are read)."""
+    asked: list[int] = []
+
+    def answer(_inv: Any, _host: Any, _settings: Any, _key: Any, words: Any = tune_rules.PROBE_WORDS) -> dict[str, Any]:
+        asked.append(len(words))
+        probes = []
+        for text in tune_rules.probe_texts(words):
+            tokens = round(len(text.split()) * 8.6) + 1
+            probes.append({"prompt_tokens": tokens} if tokens <= 256 else {
+                "error": f"HTTP 400: request ({tokens} tokens) exceeds the available context size (256 tokens)"})
+        return {"models": '{"data": [{"id": "tiny-gguf"}]}', "probes": probes}
+
+    monkeypatch.setattr(tune, "served_context_answer", answer)
+    fake = type("S", (), {"served_model_name": "tiny-gguf", "model": "lab/tiny-gguf", "max_model_len": 256})()
+    first = answer(None, None, None, None)
+    context = tune.counted_context(None, None, fake, None, first)  # type: ignore[arg-type]
+    assert asked == [30, 15, 7] and context.max_model_len == 256
+    assert context.tokens_per_word is not None and 8.0 < context.tokens_per_word < 9.5, context
+    # A server that refuses every probe, however short: asked down to a few words, then said why.
+    refusing = {"models": "{}", "probes": [{"error": "HTTP 500: no"}] * 2}
+    monkeypatch.setattr(tune, "served_context_answer", lambda *_a, **_k: refusing)
+    refused = tune.counted_context(None, None, fake, None, refusing)  # type: ignore[arg-type]
+    assert refused.tokens_per_word is None and refused.error.startswith("HTTP 500"), refused
