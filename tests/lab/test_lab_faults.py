@@ -38,7 +38,9 @@ def test_a_host_down_before_the_run_is_named_the_others_converge_and_so_does_it_
 
 def test_a_crash_looping_server_is_stopped_by_its_bound_and_status_says_so(
         the_lab: lab.Lab, lab_inventory: inventory.Inventory) -> None:
-    bad = 'extra_args=["--dtype", "bfloat16", "--enforce-eager", "--no-such-vllm-flag"]'
+    # An interpreter that cannot start (its standard library not where PYTHONHOME says): the server
+    # dies at every start, at once, the way a storm would go without the bound.
+    bad = "environment={PYTHONHOME: /nonexistent}"
     done = run_invoke("provision", "--cluster", "lab-cpu", "--set", bad)
     assert done.returncode == 0, done.stdout + done.stderr  # provision does not wait for readiness; deploy does
     deadline = time.monotonic() + 600
