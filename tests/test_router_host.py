@@ -68,6 +68,15 @@ def test_every_recorded_state(name: str, server: str, state: str, status: str, c
     assert (entry["state"], entry["status"], entry["check"]) == (state, status, check)
 
 
+def test_a_check_in_progress_reports_the_last_result() -> None:
+    """HAProxy 2.6 marks a check that is running at that moment: "* L7OK" (seen from the real one in
+    CI); the state action reports the last result, as between checks."""
+    text = recorded("stat-up.csv")
+    assert ",L7OK," in text
+    running = router.servers(router.parse_stat(text.replace(",L7OK,", ",* L7OK,", 1)))
+    assert [entry["check"] for entry in running[:2]] == ["L7OK", "L7OK"]
+
+
 def test_busy_server_counts_its_requests_in_flight() -> None:
     found = by_name("stat-busy.csv")
     assert (found["w2"]["in_flight"], found["w2"]["queued"], found["w2"]["state"]) == (4, 0, "UP")

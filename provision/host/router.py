@@ -94,10 +94,12 @@ def servers(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
         if row.get("svname") in ("FRONTEND", "BACKEND") or row.get("type") not in (None, "2"):
             continue
         status = row.get("status", "")
+        # "* L7OK": the last check passed and the next is running now (HAProxy marks one in progress).
+        check = row.get("check_status", "")
         found.append({"backend": row.get("pxname", ""), "server": row.get("svname", ""),
                       "address": row.get("addr", ""), "state": normalise_state(status), "status": status,
                       "in_flight": _count(row.get("scur", "")), "queued": _count(row.get("qcur", "")),
-                      "check": row.get("check_status", "")})
+                      "check": check[2:] if check.startswith("* ") else check})
     return found
 
 
