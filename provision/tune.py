@@ -460,9 +460,9 @@ def measure_levels(send: Send, workload: Workload, progress: Callable[[str], Non
                    room_for: Callable[[float, int], bool] | None = None) -> tuple[Level, ...]:
     """The workload's levels in order (`send` runs one level's requests). With `room_for` (the first
     benchmark, before any was measured) a level starts only if room_for(its estimate in seconds, its
-    concurrency): the first level is
-    estimated from the warm-up (its requests one after the other at the warm-up's latency), each next
-    by the slowest level so far (the same requests at more concurrency take no longer)."""
+    concurrency): the first level is estimated from the warm-up (its requests one after the other at
+    the warm-up's latency), each next by the slowest level so far (the same requests at more
+    concurrency take no longer)."""
     prompts = workload.prompts()
     # A server just restarted answers its first requests slower (caches, allocator, compiled paths):
     # a few short ones first, not counted, so every trial is measured warm.

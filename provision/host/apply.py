@@ -11,8 +11,8 @@ Standard library only, python3 >= 3.7 (see host/__init__.py). The controller app
 It holds an exclusive lock for the whole run, so two runs on one host cannot interleave (the second
 fails at once naming the holder, or waits up to `wait` seconds). Under the lock each step first looks
 at the host as it is now: a step already in place (another run applied the same while this one waited)
-is skipped, and a restart (or reload) happens only when something it depends on was written by this run. Files are
-written to a temporary file in the same directory with owner and mode set, fsynced and renamed. A run
+is skipped, and a restart (or reload) happens only when something it depends on was written by this
+run. Files are written to a temporary file in the same directory with owner and mode set, fsynced and renamed. A run
 that changed anything records a generation (host/generations.py): `pending` for a deploy until its
 readiness verdict (`promote` or `reject`), `applied` for a provision. It prints one JSON document:
 {"ok": bool, "done": [...], "skipped": [...], "failed": {...} | null, "generation": N | null,
