@@ -109,6 +109,18 @@ def test_secrets_rest_as_placeholders_and_come_back_on_restore(host: dict[str, A
     assert text(host) == f"VLLM_API_KEY={SECRET}\n"
 
 
+def test_a_rollback_lacking_a_secret_says_which_and_changes_nothing(host: dict[str, Any]) -> None:
+    env, other = host["files"]
+    run(host, "apply", by="deploy", verify=True, changes=[write(env, f"VLLM_API_KEY={SECRET}\n"), write(other, "x\n")])
+    run(host, "promote", generation=2)
+    later = run(host, "apply", by="deploy", verify=True, changes=[write(env, "A=1\n"), write(other, "y\n")])
+    run(host, "promote", generation=later["generation"])
+    refused = run(host, "rollback", secrets={})  # other.conf sorts first: it would have been written
+    assert not refused["ok"] and "needs the secret VLLM_API_KEY" in refused["failed"]["error"], refused
+    assert (Path(env).read_text(), Path(other).read_text()) == ("A=1\n", "y\n")
+    assert run(host, "rollback")["to"] == 2 and Path(other).read_text() == "x\n"  # with the secret it restores
+
+
 def test_a_deploy_that_stopped_before_its_verdict_is_reported_and_then_abandoned(host: dict[str, Any]) -> None:
     deploy(host, "PORT=8000\n")
     run(host, "promote", generation=2)

@@ -115,6 +115,11 @@ def unit_states(units: Iterable[str]) -> dict[str, dict[str, bool]]:
     return parse_unit_states(shown, asked)
 
 
+def _active_state(unit: str) -> str:
+    return subprocess.run(["systemctl", "show", "--property=ActiveState", "--value", "--", unit],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False).stdout.decode().strip()
+
+
 def venv_key(venv: str | None) -> str | None:
     if not venv:
         return None
@@ -307,6 +312,13 @@ def restore(root: str, number: int, spec: dict[str, Any], secrets: Mapping[str, 
     if meta["state"] in ("rejected", "abandoned", "pending") and meta["state"] not in allow:
         raise GenerationError(f"generation {number} is {meta['state']}: not a rollback target "
                               "(see `invoke rollback --list`)")
+    # Every kept file with its secrets filled in before anything is touched: a secret this run does
+    # not hold fails the restore with the host as it was, not half restored.
+    filled: dict[str, bytes] = {}
+    for path, recorded in meta["files"].items():
+        if recorded is not None:
+            with open(os.path.join(root, str(number), "files", path.lstrip("/")), "rb") as handle:
+                filled[path] = _fill_secrets(handle.read(), secrets, number, path)
     said: list[str] = []
     units_changed = False
     for path, recorded in sorted(meta["files"].items()):
@@ -316,8 +328,7 @@ def restore(root: str, number: int, spec: dict[str, Any], secrets: Mapping[str, 
                 said.append(f"removed {path}")
                 units_changed = units_changed or path.endswith((".service", ".conf"))
             continue
-        with open(os.path.join(root, str(number), "files", path.lstrip("/")), "rb") as handle:
-            data = _fill_secrets(handle.read(), secrets, number, path)
+        data = filled[path]
         current: bytes | None = None
         if os.path.isfile(path):
             with open(path, "rb") as handle:
@@ -362,6 +373,9 @@ def restore(root: str, number: int, spec: dict[str, Any], secrets: Mapping[str, 
     restored = [line for line in said if " left as it is" not in line]
     for unit, wanted in sorted((units or meta["units"]).items()):
         now = unit_states([unit])[unit]
+        # A server that crashed at start waits out RestartSec as "activating", not active: left alone
+        # it starts again by itself, whatever the generation restored says.
+        restarting = _active_state(unit) == "activating"
         if not wanted["installed"] or not wanted["enabled"]:
             if now["enabled"]:
                 subprocess.run(["systemctl", "disable", unit], stdout=subprocess.DEVNULL,
@@ -371,11 +385,13 @@ def restore(root: str, number: int, spec: dict[str, Any], secrets: Mapping[str, 
         if wanted["installed"] and wanted["active"]:
             subprocess.run(["systemctl", "reset-failed", unit], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, check=False)
-            if not now["active"]:
+            if restarting:
+                run(["systemctl", "restart", unit])  # now, with what was restored
+            elif not now["active"]:
                 run(["systemctl", "start", unit])
             elif must_restart(unit, restored, set(meta.get("models") or {})):
                 run(["systemctl", "restart", unit])  # it must run what was just restored
-        elif now["active"]:
+        elif now["active"] or restarting:
             subprocess.run(["systemctl", "stop", unit], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            check=False)
     state = load_state(root)

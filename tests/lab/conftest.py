@@ -97,6 +97,26 @@ def restores_lab_cpu(the_lab: lab.Lab) -> Iterator[None]:
     restore_lab_cpu()
 
 
+def restore_lab_llama() -> None:
+    """cpu-2 back to lab-llama as the lab inventory declares it, answering, and planning no changes."""
+    done = run_invoke("deploy", "--cluster", "lab-llama", "--json", "--timeout", "420", timeout=2400)
+    assert done.returncode == 0, f"restoring lab-llama failed: {done.stdout[-2000:]} {done.stderr[-2000:]}"
+    planned = run_invoke("plan", "--cluster", "lab-llama", "--json")
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert json.loads(planned.stdout)["hosts"]["cpu-2"]["changes"] == [], planned.stdout
+
+
+@pytest.fixture(scope="module")
+def restores_lab_llama(the_lab: lab.Lab) -> Iterator[None]:
+    """For modules whose tests change cpu-2's llama.cpp server (which starts in a second, where vLLM's
+    CPU build takes half a minute): cpu-2 booted and serving lab-llama first (its first deploy in a
+    run builds llama.cpp there), put back and checked afterwards."""
+    the_lab.up(["cpu-2"], progress=lambda line: None)
+    restore_lab_llama()
+    yield
+    restore_lab_llama()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked lab_last run after every other test: they check what the suite left behind."""
     last = [item for item in items if item.get_closest_marker("lab_last")]

@@ -1,7 +1,11 @@
-"""Generations on the lab's cpu-1, against real vLLM: a rejected deploy is never a rollback target, the
-previous state comes back whole (units' enablement and activity included), "ready" is about what this
-run applied, a run that waited for the lock applies nothing already in place, a killed deploy is
-finished by the next one."""
+"""Generations in the lab: a rejected deploy is never a rollback target, the previous state comes back
+whole (units' enablement and activity included), "ready" is about what this run applied, a run that
+waited for the lock applies nothing already in place, a killed deploy is finished by the next one.
+
+Generations are the tool's, not the engine's: most of these run on cpu-2's llama.cpp server, which
+starts in a second where vLLM's CPU build takes half a minute, and they restart the server a dozen
+times. The one that needs a readiness long enough for another run to change the host meanwhile runs
+on cpu-1's vLLM. Both hosts are put back afterwards (their plans change nothing)."""
 from __future__ import annotations
 
 import json
@@ -9,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -17,85 +22,101 @@ from provision.ops import LOCK
 from tests.conftest import REPO
 from tests.lab.conftest import invoke_json, on_host, run_invoke
 
-pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu", "restores_lab_llama")]
 
-BOGUS = 'extra_args=["--dtype", "bfloat16", "--enforce-eager", "--no-such-vllm-flag"]'
 STATE = "/var/lib/provision/generations/state.json"
 
 
+@dataclass(frozen=True)
+class Served:
+    """A lab host serving one cluster: its unit, and how max_model_len shows in the unit's ExecStart."""
 
-def generations(inv: inventory.Inventory) -> dict:
-    return json.loads(on_host(inv, "cpu-1", ["cat", STATE]))
+    host: str
+    cluster: str
+    unit: str
+    context_flag: str
 
 
-def current(inv: inventory.Inventory) -> dict:
-    state = generations(inv)
+LLAMA = Served("cpu-2", "lab-llama", "llama-server.service", "--ctx-size")
+VLLM = Served("cpu-1", "lab-cpu", "vllm.service", "--max-model-len")
+BOGUS = 'extra_args=["--no-such-flag"]'  # llama-server exits at start: "error: invalid argument"
+
+
+def generations(inv: inventory.Inventory, served: Served) -> dict:
+    return json.loads(on_host(inv, served.host, ["cat", STATE]))
+
+
+def current(inv: inventory.Inventory, served: Served) -> dict:
+    state = generations(inv, served)
     return next(g for g in state["generations"] if g["id"] == state["current"])
 
 
-def unit(inv: inventory.Inventory) -> tuple[str, str, str]:
-    text = on_host(inv, "cpu-1", ["systemctl", "show", "-p", "UnitFileState,ActiveState,ExecStart", "vllm.service"])
+def unit(inv: inventory.Inventory, served: Served) -> tuple[str, str, str]:
+    text = on_host(inv, served.host, ["systemctl", "show", "-p", "UnitFileState,ActiveState,ExecStart", served.unit])
     values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
     return values["UnitFileState"], values["ActiveState"], values["ExecStart"]
 
 
-def wait_for_pending(inv: inventory.Inventory, after: int, limit: float = 300) -> dict:
+def wait_for_pending(inv: inventory.Inventory, after: int, served: Served, limit: float = 300) -> dict:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         try:
-            now = current(inv)
+            now = current(inv, served)
         except (json.JSONDecodeError, StopIteration):
             now = {}
         if now.get("id", 0) > after and now.get("state") == "pending":
             return now
-        time.sleep(0.5)
+        time.sleep(0.2)
     pytest.fail("the deploy never recorded its pending generation")
 
 
 def test_good_rejected_good_then_rollback_restores_a_good_one(lab_inventory: inventory.Inventory) -> None:
-    code, _, text = invoke_json("deploy", "--cluster", "lab-cpu", "--set", "max_model_len=200", "--timeout", "420")
+    deploy = ["deploy", "--cluster", LLAMA.cluster, "--timeout", "420"]
+    code, _, text = invoke_json(*deploy, "--set", "max_model_len=200")
     assert code == 0, text
-    good = current(lab_inventory)
+    good = current(lab_inventory, LLAMA)
     assert good["state"] == "good"
-    code, report, text = invoke_json("deploy", "--cluster", "lab-cpu", "--set", BOGUS, "--timeout", "420")
+    code, report, text = invoke_json(*deploy, "--set", BOGUS)
     assert code == 1 and report["hosts"][0]["state"] == "rolled back", text
     assert f"rolled back to generation {good['id']}" in report["hosts"][0]["detail"]
-    assert unit(lab_inventory)[:2] == ("enabled", "active")  # as it was before the deploy
-    code, _, text = invoke_json("deploy", "--cluster", "lab-cpu", "--timeout", "420")
+    assert unit(lab_inventory, LLAMA)[:2] == ("enabled", "active")  # as it was before the deploy
+    code, _, text = invoke_json(*deploy)
     assert code == 0, text
-    code, listing, text = invoke_json("rollback", "--host", "cpu-1", "--list")
+    code, listing, text = invoke_json("rollback", "--host", LLAMA.host, "--list")
     assert code == 0, text
-    rows = listing["hosts"]["cpu-1"]["generations"][-3:]
+    rows = listing["hosts"][LLAMA.host]["generations"][-3:]
     assert [(row["state"], row["target"]) for row in rows] == [("good", True), ("rejected", False), ("good", False)]
     assert rows[0]["id"] == good["id"] and rows[-1]["current"]  # the current one runs: no rollback target
-    assert rows[0]["default"] and listing["hosts"]["cpu-1"]["default"] == good["id"]
+    assert rows[0]["default"] and listing["hosts"][LLAMA.host]["default"] == good["id"]
     # The rejected generation is never restored: rollback goes to the good one before the current.
-    code, rolled, text = invoke_json("rollback", "--host", "cpu-1")
-    assert code == 0 and rolled["hosts"]["cpu-1"]["to"] == good["id"], text
-    _state, _active, start = unit(lab_inventory)
-    assert "--max-model-len 200" in start and "--no-such-vllm-flag" not in start
-    code, found, text = invoke_json("deploy", "--cluster", "lab-cpu", "--set", "max_model_len=200", "--timeout", "420")
+    code, rolled, text = invoke_json("rollback", "--host", LLAMA.host)
+    assert code == 0 and rolled["hosts"][LLAMA.host]["to"] == good["id"], text
+    _state, _active, start = unit(lab_inventory, LLAMA)
+    assert f"{LLAMA.context_flag} 200" in start and "--no-such-flag" not in start
+    code, found, text = invoke_json(*deploy, "--set", "max_model_len=200")
     assert code == 0 and found["hosts"][0]["state"] == "ready", text  # the restored generation serves
 
 
 def test_a_failed_deploy_leaves_a_stopped_enabled_unit_stopped_and_enabled(lab_inventory: inventory.Inventory) -> None:
-    assert invoke_json("deploy", "--cluster", "lab-cpu", "--timeout", "420")[0] == 0
-    on_host(lab_inventory, "cpu-1", ["systemctl", "stop", "vllm.service"])
-    code, report, text = invoke_json("deploy", "--cluster", "lab-cpu", "--set", BOGUS, "--timeout", "420")
+    deploy = ["deploy", "--cluster", LLAMA.cluster, "--timeout", "420"]
+    assert invoke_json(*deploy)[0] == 0
+    on_host(lab_inventory, LLAMA.host, ["systemctl", "stop", LLAMA.unit])
+    code, report, text = invoke_json(*deploy, "--set", BOGUS)
     assert code == 1 and report["hosts"][0]["state"] == "rolled back", text
-    assert unit(lab_inventory)[:2] == ("enabled", "inactive")
+    assert unit(lab_inventory, LLAMA)[:2] == ("enabled", "inactive")
 
 
 def test_ready_is_refused_when_another_run_changed_the_host_during_readiness(
         lab_inventory: inventory.Inventory) -> None:
-    assert invoke_json("deploy", "--cluster", "lab-cpu", "--timeout", "420")[0] == 0
-    before = current(lab_inventory)["id"]
-    deploy = subprocess.Popen([sys.executable, "-m", "invoke", "deploy", "--cluster", "lab-cpu", "--json",
+    # vLLM's half-minute start is the window in which the other run changes the host.
+    assert invoke_json("deploy", "--cluster", VLLM.cluster, "--timeout", "420")[0] == 0
+    before = current(lab_inventory, VLLM)["id"]
+    deploy = subprocess.Popen([sys.executable, "-m", "invoke", "deploy", "--cluster", VLLM.cluster, "--json",
                                "--set", "max_model_len=210", "--timeout", "420"], cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for_pending(lab_inventory, before)
-        meanwhile = run_invoke("provision", "--cluster", "lab-cpu", "--set", "max_model_len=220", "--wait", "120")
+        wait_for_pending(lab_inventory, before, VLLM)
+        meanwhile = run_invoke("provision", "--cluster", VLLM.cluster, "--set", "max_model_len=220", "--wait", "120")
         assert meanwhile.returncode == 0, meanwhile.stdout + meanwhile.stderr
         out, err = deploy.communicate(timeout=900)
     finally:
@@ -103,7 +124,7 @@ def test_ready_is_refused_when_another_run_changed_the_host_during_readiness(
     assert deploy.returncode == 1, out + err
     row = json.loads(out)["hosts"][0]
     assert row["state"] != "ready" and "another run changed the host" in row["detail"], row
-    assert "--max-model-len 220" in unit(lab_inventory)[2]  # the later run's config stays: it is current
+    assert f"{VLLM.context_flag} 220" in unit(lab_inventory, VLLM)[2]  # the later run's config stays: it is current
 
 
 # Holds the host's provision lock until a file appears (then removes it): both runs plan while it is
@@ -134,17 +155,17 @@ RELEASE = "/run/lock/provision-test-release"
 
 def wait_on_host(inv: inventory.Inventory, argv: list[str], expected: str, limit: float = 300) -> None:
     deadline = time.monotonic() + limit
-    while on_host(inv, "cpu-1", argv).strip() != expected:
+    while on_host(inv, LLAMA.host, argv).strip() != expected:
         assert time.monotonic() < deadline, f"{argv[-1] if argv else argv} never printed {expected}"
         time.sleep(0.2)
 
 
 def test_two_identical_runs_that_wait_for_the_lock_apply_once(lab_inventory: inventory.Inventory) -> None:
-    assert invoke_json("deploy", "--cluster", "lab-cpu", "--timeout", "420")[0] == 0
-    before = generations(lab_inventory)
-    argv = [sys.executable, "-m", "invoke", "provision", "--cluster", "lab-cpu", "--json", "--set", "port=8013",
+    assert invoke_json("deploy", "--cluster", LLAMA.cluster, "--timeout", "420")[0] == 0
+    before = generations(lab_inventory, LLAMA)
+    argv = [sys.executable, "-m", "invoke", "provision", "--cluster", LLAMA.cluster, "--json", "--set", "port=8013",
             "--wait", "300"]
-    holder = threading.Thread(target=on_host, args=(lab_inventory, "cpu-1", ["python3", "-c", HOLD_LOCK,
+    holder = threading.Thread(target=on_host, args=(lab_inventory, LLAMA.host, ["python3", "-c", HOLD_LOCK,
                                                                                LOCK, RELEASE]), daemon=True)
     holder.start()
     wait_on_host(lab_inventory, ["python3", "-c", "import os, sys; print(os.path.exists(sys.argv[1]))",
@@ -154,31 +175,33 @@ def test_two_identical_runs_that_wait_for_the_lock_apply_once(lab_inventory: inv
     try:
         wait_on_host(lab_inventory, ["python3", "-c", COUNT_PROGRAMS], "2")  # both planned, both wait
     finally:
-        on_host(lab_inventory, "cpu-1", ["touch", RELEASE])
+        on_host(lab_inventory, LLAMA.host, ["touch", RELEASE])
         holder.join(timeout=60)
     answers = [run.communicate(timeout=600) for run in runs]
     assert all(run.returncode == 0 for run in runs), answers
-    applied = sorted(json.loads(out)["hosts"]["cpu-1"]["applied"] for out, _ in answers)
+    applied = sorted(json.loads(out)["hosts"][LLAMA.host]["applied"] for out, _ in answers)
     assert applied[0] == 0 and applied[1] > 0  # the second found everything in place after waiting
-    after = generations(lab_inventory)
+    after = generations(lab_inventory, LLAMA)
     made = {g["id"] for g in after["generations"]} - {g["id"] for g in before["generations"]}
     assert made == {after["current"]}  # one new generation (older ones may be pruned beyond ten)
     # The last-known-good is still the version before: a rollback restores port 8000.
-    code, rolled, text = invoke_json("rollback", "--host", "cpu-1")
-    assert code == 0 and rolled["hosts"]["cpu-1"]["to"] == before["current"], text
-    assert "--port 8000" in unit(lab_inventory)[2]
+    code, rolled, text = invoke_json("rollback", "--host", LLAMA.host)
+    assert code == 0 and rolled["hosts"][LLAMA.host]["to"] == before["current"], text
+    assert "--port 8000" in unit(lab_inventory, LLAMA)[2]
 
 
 def test_a_killed_deploy_is_finished_by_the_next_run(lab_inventory: inventory.Inventory) -> None:
-    assert invoke_json("deploy", "--cluster", "lab-cpu", "--timeout", "420")[0] == 0
-    good = current(lab_inventory)
-    args = ["deploy", "--cluster", "lab-cpu", "--set", BOGUS, "--timeout", "15"]
+    assert invoke_json("deploy", "--cluster", LLAMA.cluster, "--timeout", "420")[0] == 0
+    good = current(lab_inventory, LLAMA)
+    # The server exits at once, but systemd restarts it only after RestartSec (10 s): the deploy's
+    # readiness learns of the crash no sooner, and the deploy is killed before that.
+    args = ["deploy", "--cluster", LLAMA.cluster, "--set", BOGUS, "--timeout", "15"]
     killed = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    pending = wait_for_pending(lab_inventory, good["id"])
+    pending = wait_for_pending(lab_inventory, good["id"], LLAMA)
     killed.kill()
     killed.wait()
-    assert "--no-such-vllm-flag" in unit(lab_inventory)[2]  # the deploy's change is in place
+    assert "--no-such-flag" in unit(lab_inventory, LLAMA)[2]  # the deploy's change is in place
     time.sleep(max(0.0, pending["deadline"] - time.time()) + 1)  # its readiness deadline has passed
     planned = run_invoke("plan", *args[1:4])
     assert f"generation {pending['id']} was left pending by a deploy that stopped" in planned.stdout
@@ -186,4 +209,4 @@ def test_a_killed_deploy_is_finished_by_the_next_run(lab_inventory: inventory.In
     assert code == 1, text
     row = report["hosts"][0]
     assert row["state"] == "rolled back" and f"rolled back to generation {good['id']}" in row["detail"], row
-    assert "--no-such-vllm-flag" not in unit(lab_inventory)[2]
+    assert "--no-such-flag" not in unit(lab_inventory, LLAMA)[2]

@@ -13,7 +13,7 @@ import pytest
 
 from provision import inventory
 from tests.lab.conftest import invoke_json, on_host
-from tests.lab.test_lab_generations import current, unit
+from tests.lab.test_lab_generations import VLLM, current, unit
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
@@ -62,7 +62,7 @@ print(urllib.request.urlopen(request, timeout=60).status)
 
 def test_rollback_under_load_returns_once_the_restored_generation_answers(
         lab_inventory: inventory.Inventory) -> None:
-    before = current(lab_inventory)
+    before = current(lab_inventory, VLLM)
     # What runs now is what the rollback must come back to: a generation a rollback may restore.
     assert before["state"] in ("good", "applied"), before
     code, deployed, text = invoke_json("deploy", "--cluster", "lab-cpu", "--set", "max_model_len=200",
@@ -95,7 +95,7 @@ def test_rollback_under_load_returns_once_the_restored_generation_answers(
     status_row = found["hosts"]["cpu-1"]
     assert status_code == 0 and status_row["healthy"], status_text
     assert not any("--set" in line for line in status_row["drift"]), status_text
-    assert "--max-model-len 200" not in unit(lab_inventory)[2]
+    assert "--max-model-len 200" not in unit(lab_inventory, VLLM)[2]
 
     results = json.loads(answers[0])
     failed = [(sent, done) for sent, done, ok in results if not ok]
