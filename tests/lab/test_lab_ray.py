@@ -3,6 +3,7 @@ start vLLM while a node is missing."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,11 +36,18 @@ def pair(the_lab: lab.Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     path.write_text(yaml.safe_dump(document))
     yield path
     inv = inventory.load(path)
-    for host in (HEAD, WORKER):  # leave the hosts as the lab booted them
-        on_host(inv, host, ["sh", "-c", ("systemctl disable --now vllm.service vllm-ray-head.service "
-                                         "vllm-ray-worker.service 2>/dev/null; rm -f /etc/systemd/system/vllm*.service "
-                                         "/etc/vllm/vllm.env; rm -rf /opt/raylab /var/lib/provision/generations /var/lib/vllm/.config; "
-                                         "systemctl daemon-reload; systemctl reset-failed; true")])
+    # Leave the hosts as the lab booted them: both at once (`ray stop` takes its time on each).
+    cleanups = [threading.Thread(target=on_host, args=(inv, host, ["sh", "-c", CLEAN_UP])) for host in (HEAD, WORKER)]
+    for cleanup in cleanups:
+        cleanup.start()
+    for cleanup in cleanups:
+        cleanup.join(timeout=300)
+
+
+CLEAN_UP = ("systemctl disable --now vllm.service vllm-ray-head.service vllm-ray-worker.service 2>/dev/null; "
+            "rm -f /etc/systemd/system/vllm*.service /etc/vllm/vllm.env; "
+            "rm -rf /opt/raylab /var/lib/provision/generations /var/lib/vllm/.config; "
+            "systemctl daemon-reload; systemctl reset-failed; true")
 
 
 def ray_nodes(inv: inventory.Inventory) -> tuple[int, str]:
