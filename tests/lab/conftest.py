@@ -117,7 +117,13 @@ def restores_lab_llama(the_lab: lab.Lab) -> Iterator[None]:
     restore_lab_llama()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked lab_last run after every other test: they check what the suite left behind."""
+    """The lab's tests are one group, which one worker runs in this order (they share the lab's hosts;
+    the unit tests run in the other worker meanwhile). Tests marked lab_last run after every other
+    test: they check what the suite left behind."""
+    for item in items:
+        if item.get_closest_marker("lab"):
+            item.add_marker(pytest.mark.xdist_group("lab"))
     last = [item for item in items if item.get_closest_marker("lab_last")]
     items[:] = [item for item in items if item not in last] + last
