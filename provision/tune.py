@@ -319,9 +319,13 @@ class Unit:
 
     server: str
     hosts: tuple[str, ...]
-    endpoint: str | None = None
+    routed: endpoints.EndpointPlan | None = None  # the endpoint the load goes through, as planned
     model: str | None = None  # the model the endpoint routes to these replicas (a request's "model")
     replicas: tuple[str, ...] = ()
+
+    @property
+    def endpoint(self) -> str | None:
+        return self.routed.name if self.routed else None
 
     @property
     def name(self) -> str:
@@ -350,7 +354,8 @@ def endpoint_unit(inv: inventory.Inventory, name: str, model: str | None,
                   overrides: Mapping[str, Any]) -> Unit:
     """The replicas of `model` (default: the endpoint's first) behind endpoint `name`: every host a roll
     over them touches. They must run one engine: a space is one engine's flags."""
-    backend = endpoints.named(inv, name).backend_for(model)
+    routed = endpoints.named(inv, name)
+    backend = routed.backend_for(model)
     heads = tuple(replica.host for replica in backend.replicas)
     engines_run = {inv.settings(head, dict(overrides)).engine for head in heads}
     if len(engines_run) > 1:
@@ -360,7 +365,7 @@ def endpoint_unit(inv: inventory.Inventory, name: str, model: str | None,
     for head in heads:
         cluster = inv.cluster_of(head)
         hosts += [host for host in (cluster.hosts if cluster and cluster.multi_node else [head]) if host not in hosts]
-    return Unit(heads[0], tuple(hosts), name, backend.model, heads)
+    return Unit(heads[0], tuple(hosts), routed, backend.model, heads)
 
 
 def fingerprint(profile: str, host_facts: HostFacts, settings: inventory.Settings,
@@ -522,7 +527,6 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, tuning: Tuning,
     folder = Path(inv.tuned_dir or "tuned")
     held = secrets.load(inv.secrets)
     targets = [inv.host(name) for name in unit.hosts]
-    routed = endpoints.named(inv, unit.endpoint) if unit.endpoint else None  # the router the load goes through
     result = Tuned(unit, [], slo, workload, dimensions, asked=workload, budget_s=budget_s)
 
     def deploy(overrides: Mapping[str, Any], by: str) -> tuple[rolling.Deployed, bool]:
@@ -594,7 +598,7 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, tuning: Tuning,
     def bench_now(overrides: Mapping[str, Any], warm: bool,
                   back_s: float | None = None) -> tuple[tuple[Level, ...], str, float]:
         begun = time.monotonic()
-        runner = remote.connect(inv.host(routed.host) if routed else server_host, inv.ssh)
+        runner = remote.connect(inv.host(unit.routed.host) if unit.routed else server_host, inv.ssh)
 
         def room_for(estimate: float, concurrency: int) -> bool:
             left = (budget_s or 0.0) - (time.monotonic() - started) - (back_s or 0.0)
@@ -610,7 +614,7 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, tuning: Tuning,
             return False
 
         try:
-            send = sender(runner, unit, inv.settings(unit.server, dict(overrides)), held.vllm_api_key, routed)
+            send = sender(runner, unit, inv.settings(unit.server, dict(overrides)), held.vllm_api_key, unit.routed)
             levels = measure_levels(send, result.workload, progress, warm=warm,
                                     room_for=room_for if back_s is not None else None)
         except ProvisionError as exc:
