@@ -83,11 +83,17 @@ def restore_lab_cpu() -> None:
     """cpu-1 back to the lab inventory's state, served and answering, and checked: a plan that changes
     nothing. A test that changes the host (another port, another model, an API key, a rollback to some
     earlier files) must leave the lab as the README's first command made it."""
-    done = run_invoke("deploy", "--cluster", "lab-cpu", "--json", "--timeout", "420")
-    assert done.returncode == 0, f"restoring lab-cpu failed: {done.stdout[-2000:]} {done.stderr[-2000:]}"
-    planned = run_invoke("plan", "--cluster", "lab-cpu", "--json")
+    restore("lab-cpu", "cpu-1")
+
+
+def restore(cluster: str, host: str) -> None:
+    """Deploy `cluster` as the lab inventory declares it (gated on an answer), then check that its plan
+    for `host` changes nothing."""
+    done = run_invoke("deploy", "--cluster", cluster, "--json", "--timeout", "420", timeout=2400)
+    assert done.returncode == 0, f"restoring {cluster} failed: {done.stdout[-2000:]} {done.stderr[-2000:]}"
+    planned = run_invoke("plan", "--cluster", cluster, "--json")
     assert planned.returncode == 0, planned.stdout + planned.stderr
-    assert json.loads(planned.stdout)["hosts"]["cpu-1"]["changes"] == [], planned.stdout
+    assert json.loads(planned.stdout)["hosts"][host]["changes"] == [], planned.stdout
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +105,7 @@ def restores_lab_cpu(the_lab: lab.Lab) -> Iterator[None]:
 
 def restore_lab_llama() -> None:
     """cpu-2 back to lab-llama as the lab inventory declares it, answering, and planning no changes."""
-    done = run_invoke("deploy", "--cluster", "lab-llama", "--json", "--timeout", "420", timeout=2400)
-    assert done.returncode == 0, f"restoring lab-llama failed: {done.stdout[-2000:]} {done.stderr[-2000:]}"
-    planned = run_invoke("plan", "--cluster", "lab-llama", "--json")
-    assert planned.returncode == 0, planned.stdout + planned.stderr
-    assert json.loads(planned.stdout)["hosts"]["cpu-2"]["changes"] == [], planned.stdout
+    restore("lab-llama", "cpu-2")
 
 
 @pytest.fixture(scope="module")
