@@ -109,13 +109,14 @@ def restore_lab_llama() -> None:
 
 
 @pytest.fixture(scope="module")
-def restores_lab_llama(the_lab: lab.Lab) -> Iterator[None]:
+def lab_llama(the_lab: lab.Lab) -> Iterator[inventory.Inventory]:
     """For modules whose tests change cpu-2's llama.cpp server (which starts in a second, where vLLM's
     CPU build takes half a minute): cpu-2 booted and serving lab-llama first (its first deploy in a
-    run builds llama.cpp there), put back and checked afterwards."""
+    run builds llama.cpp there), put back and checked afterwards. The lab inventory as it is once
+    cpu-2 runs (the session's lab_inventory was read before cpu-2 was booted)."""
     the_lab.up(["cpu-2"], progress=lambda line: None)
     restore_lab_llama()
-    yield
+    yield inventory.load(the_lab.inventory)
     restore_lab_llama()
 
 

@@ -82,12 +82,11 @@ def test_the_kv_estimate_agrees_with_the_running_servers_own_capacity(deployed: 
     assert planned["hosts"]["cpu-1"]["memory"]["evidence"]["kv_bytes_per_token"] == 1024, text
 
 
-@pytest.mark.usefixtures("restores_lab_llama")
-def test_a_killed_server_is_restarted_by_systemd_and_status_shows_it(lab_inventory: inventory.Inventory) -> None:
+def test_a_killed_server_is_restarted_by_systemd_and_status_shows_it(lab_llama: inventory.Inventory) -> None:
     # On cpu-2's llama.cpp server: systemd's restart and status's count are the engine's no more than
     # the roll below is, and it starts in a second where vLLM's CPU build takes half a minute.
     before = invoke_json("status", "--host", "cpu-2")[1]["hosts"]["cpu-2"]["unit"]["restarts"]
-    on_host(lab_inventory, "cpu-2", ["systemctl", "kill", "--signal=SIGKILL", "--kill-whom=main", "llama-server.service"])
+    on_host(lab_llama, "cpu-2", ["systemctl", "kill", "--signal=SIGKILL", "--kill-whom=main", "llama-server.service"])
     deadline = time.monotonic() + 120
     host: dict = {}
     while time.monotonic() < deadline:
@@ -98,10 +97,8 @@ def test_a_killed_server_is_restarted_by_systemd_and_status_shows_it(lab_invento
         time.sleep(2)
     assert host["unit"]["restarts"] == before + 1 and host["health"] == "ok", host
 
-@pytest.mark.usefixtures("restores_lab_llama")
-def test_a_broken_config_stops_the_roll_and_the_host_returns_to_what_worked(
-        lab_inventory: inventory.Inventory, the_lab: lab.Lab) -> None:
-    inv = inventory.load(the_lab.inventory)
+def test_a_broken_config_stops_the_roll_and_the_host_returns_to_what_worked(lab_llama: inventory.Inventory) -> None:
+    inv = lab_llama
     working, other = llama_unit_files(inv), on_host(inv, "h200", SNAPSHOT)
     code, report, text = invoke_json("deploy", "--host", "cpu-2", "--host", "h200", "--timeout", "420",
                                      "--set", 'extra_args=["--no-such-flag"]')

@@ -22,7 +22,7 @@ from provision.ops import LOCK
 from tests.conftest import REPO
 from tests.lab.conftest import invoke_json, on_host, run_invoke
 
-pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu", "restores_lab_llama")]
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
 STATE = "/var/lib/provision/generations/state.json"
 
@@ -70,16 +70,16 @@ def wait_for_pending(inv: inventory.Inventory, after: int, served: Served, limit
     pytest.fail("the deploy never recorded its pending generation")
 
 
-def test_good_rejected_good_then_rollback_restores_a_good_one(lab_inventory: inventory.Inventory) -> None:
+def test_good_rejected_good_then_rollback_restores_a_good_one(lab_llama: inventory.Inventory) -> None:
     deploy = ["deploy", "--cluster", LLAMA.cluster, "--timeout", "420"]
     code, _, text = invoke_json(*deploy, "--set", "max_model_len=200")
     assert code == 0, text
-    good = current(lab_inventory, LLAMA)
+    good = current(lab_llama, LLAMA)
     assert good["state"] == "good"
     code, report, text = invoke_json(*deploy, "--set", BOGUS)
     assert code == 1 and report["hosts"][0]["state"] == "rolled back", text
     assert f"rolled back to generation {good['id']}" in report["hosts"][0]["detail"]
-    assert unit(lab_inventory, LLAMA)[:2] == ("enabled", "active")  # as it was before the deploy
+    assert unit(lab_llama, LLAMA)[:2] == ("enabled", "active")  # as it was before the deploy
     code, _, text = invoke_json(*deploy)
     assert code == 0, text
     code, listing, text = invoke_json("rollback", "--host", LLAMA.host, "--list")
@@ -91,19 +91,19 @@ def test_good_rejected_good_then_rollback_restores_a_good_one(lab_inventory: inv
     # The rejected generation is never restored: rollback goes to the good one before the current.
     code, rolled, text = invoke_json("rollback", "--host", LLAMA.host)
     assert code == 0 and rolled["hosts"][LLAMA.host]["to"] == good["id"], text
-    _state, _active, start = unit(lab_inventory, LLAMA)
+    _state, _active, start = unit(lab_llama, LLAMA)
     assert f"{LLAMA.context_flag} 200" in start and "--no-such-flag" not in start
     code, found, text = invoke_json(*deploy, "--set", "max_model_len=200")
     assert code == 0 and found["hosts"][0]["state"] == "ready", text  # the restored generation serves
 
 
-def test_a_failed_deploy_leaves_a_stopped_enabled_unit_stopped_and_enabled(lab_inventory: inventory.Inventory) -> None:
+def test_a_failed_deploy_leaves_a_stopped_enabled_unit_stopped_and_enabled(lab_llama: inventory.Inventory) -> None:
     deploy = ["deploy", "--cluster", LLAMA.cluster, "--timeout", "420"]
     assert invoke_json(*deploy)[0] == 0
-    on_host(lab_inventory, LLAMA.host, ["systemctl", "stop", LLAMA.unit])
+    on_host(lab_llama, LLAMA.host, ["systemctl", "stop", LLAMA.unit])
     code, report, text = invoke_json(*deploy, "--set", BOGUS)
     assert code == 1 and report["hosts"][0]["state"] == "rolled back", text
-    assert unit(lab_inventory, LLAMA)[:2] == ("enabled", "inactive")
+    assert unit(lab_llama, LLAMA)[:2] == ("enabled", "inactive")
 
 
 def test_ready_is_refused_when_another_run_changed_the_host_during_readiness(
@@ -160,48 +160,48 @@ def wait_on_host(inv: inventory.Inventory, argv: list[str], expected: str, limit
         time.sleep(0.2)
 
 
-def test_two_identical_runs_that_wait_for_the_lock_apply_once(lab_inventory: inventory.Inventory) -> None:
+def test_two_identical_runs_that_wait_for_the_lock_apply_once(lab_llama: inventory.Inventory) -> None:
     assert invoke_json("deploy", "--cluster", LLAMA.cluster, "--timeout", "420")[0] == 0
-    before = generations(lab_inventory, LLAMA)
+    before = generations(lab_llama, LLAMA)
     argv = [sys.executable, "-m", "invoke", "provision", "--cluster", LLAMA.cluster, "--json", "--set", "port=8013",
             "--wait", "300"]
-    holder = threading.Thread(target=on_host, args=(lab_inventory, LLAMA.host, ["python3", "-c", HOLD_LOCK,
+    holder = threading.Thread(target=on_host, args=(lab_llama, LLAMA.host, ["python3", "-c", HOLD_LOCK,
                                                                                LOCK, RELEASE]), daemon=True)
     holder.start()
-    wait_on_host(lab_inventory, ["python3", "-c", "import os, sys; print(os.path.exists(sys.argv[1]))",
+    wait_on_host(lab_llama, ["python3", "-c", "import os, sys; print(os.path.exists(sys.argv[1]))",
                                  f"{RELEASE}.held"], "True")
     runs = [subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(2)]
     try:
-        wait_on_host(lab_inventory, ["python3", "-c", COUNT_PROGRAMS], "2")  # both planned, both wait
+        wait_on_host(lab_llama, ["python3", "-c", COUNT_PROGRAMS], "2")  # both planned, both wait
     finally:
-        on_host(lab_inventory, LLAMA.host, ["touch", RELEASE])
+        on_host(lab_llama, LLAMA.host, ["touch", RELEASE])
         holder.join(timeout=60)
     answers = [run.communicate(timeout=600) for run in runs]
     assert all(run.returncode == 0 for run in runs), answers
     applied = sorted(json.loads(out)["hosts"][LLAMA.host]["applied"] for out, _ in answers)
     assert applied[0] == 0 and applied[1] > 0  # the second found everything in place after waiting
-    after = generations(lab_inventory, LLAMA)
+    after = generations(lab_llama, LLAMA)
     made = {g["id"] for g in after["generations"]} - {g["id"] for g in before["generations"]}
     assert made == {after["current"]}  # one new generation (older ones may be pruned beyond ten)
     # The last-known-good is still the version before: a rollback restores port 8000.
     code, rolled, text = invoke_json("rollback", "--host", LLAMA.host)
     assert code == 0 and rolled["hosts"][LLAMA.host]["to"] == before["current"], text
-    assert "--port 8000" in unit(lab_inventory, LLAMA)[2]
+    assert "--port 8000" in unit(lab_llama, LLAMA)[2]
 
 
-def test_a_killed_deploy_is_finished_by_the_next_run(lab_inventory: inventory.Inventory) -> None:
+def test_a_killed_deploy_is_finished_by_the_next_run(lab_llama: inventory.Inventory) -> None:
     assert invoke_json("deploy", "--cluster", LLAMA.cluster, "--timeout", "420")[0] == 0
-    good = current(lab_inventory, LLAMA)
+    good = current(lab_llama, LLAMA)
     # The server exits at once, but systemd restarts it only after RestartSec (10 s): the deploy's
     # readiness learns of the crash no sooner, and the deploy is killed before that.
     args = ["deploy", "--cluster", LLAMA.cluster, "--set", BOGUS, "--timeout", "15"]
     killed = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    pending = wait_for_pending(lab_inventory, good["id"], LLAMA)
+    pending = wait_for_pending(lab_llama, good["id"], LLAMA)
     killed.kill()
     killed.wait()
-    assert "--no-such-flag" in unit(lab_inventory, LLAMA)[2]  # the deploy's change is in place
+    assert "--no-such-flag" in unit(lab_llama, LLAMA)[2]  # the deploy's change is in place
     time.sleep(max(0.0, pending["deadline"] - time.time()) + 1)  # its readiness deadline has passed
     planned = run_invoke("plan", *args[1:4])
     assert f"generation {pending['id']} was left pending by a deploy that stopped" in planned.stdout
@@ -209,4 +209,4 @@ def test_a_killed_deploy_is_finished_by_the_next_run(lab_inventory: inventory.In
     assert code == 1, text
     row = report["hosts"][0]
     assert row["state"] == "rolled back" and f"rolled back to generation {good['id']}" in row["detail"], row
-    assert "--no-such-flag" not in unit(lab_inventory, LLAMA)[2]
+    assert "--no-such-flag" not in unit(lab_llama, LLAMA)[2]
