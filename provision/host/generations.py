@@ -115,11 +115,6 @@ def unit_states(units: Iterable[str]) -> dict[str, dict[str, bool]]:
     return parse_unit_states(shown, asked)
 
 
-def _active_state(unit: str) -> str:
-    return subprocess.run(["systemctl", "show", "--property=ActiveState", "--value", "--", unit],
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False).stdout.decode().strip()
-
-
 def venv_key(venv: str | None) -> str | None:
     if not venv:
         return None
@@ -372,10 +367,12 @@ def restore(root: str, number: int, spec: dict[str, Any], secrets: Mapping[str, 
         run(["systemctl", "daemon-reload"])
     restored = [line for line in said if " left as it is" not in line]
     for unit, wanted in sorted((units or meta["units"]).items()):
-        now = unit_states([unit])[unit]
+        shown = subprocess.run(["systemctl", "show", "--property=LoadState,UnitFileState,ActiveState", "--", unit],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False).stdout.decode()
+        now = parse_unit_states(shown, [unit])[unit]
         # A server that crashed at start waits out RestartSec as "activating", not active: left alone
         # it starts again by itself, whatever the generation restored says.
-        restarting = _active_state(unit) == "activating"
+        restarting = "ActiveState=activating" in shown.splitlines()
         if not wanted["installed"] or not wanted["enabled"]:
             if now["enabled"]:
                 subprocess.run(["systemctl", "disable", unit], stdout=subprocess.DEVNULL,
