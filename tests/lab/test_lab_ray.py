@@ -37,20 +37,25 @@ def pair(the_lab: lab.Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     yield path
     inv = inventory.load(path)
     # Leave the hosts as the lab booted them: both at once (`ray stop` takes its time on each).
-    cleanups = [threading.Thread(target=on_host, args=(inv, host, ["sh", "-c", CLEAN_UP])) for host in (HEAD, WORKER)]
+    cleanups = [threading.Thread(target=clean_up, args=(inv, host)) for host in (HEAD, WORKER)]
     for cleanup in cleanups:
         cleanup.start()
     for cleanup in cleanups:
         cleanup.join(timeout=300)
 
 
-# Killed, not stopped: the units' `ray stop` waits out Ray's own shutdown, half a minute on each host.
-CLEAN_UP = ("systemctl disable vllm.service vllm-ray-head.service vllm-ray-worker.service 2>/dev/null; "
-            "systemctl kill --signal=SIGKILL vllm.service vllm-ray-head.service vllm-ray-worker.service 2>/dev/null; "
-            "systemctl stop vllm.service vllm-ray-head.service vllm-ray-worker.service 2>/dev/null; "
-            "rm -f /etc/systemd/system/vllm*.service /etc/vllm/vllm.env; "
-            "rm -rf /opt/raylab /var/lib/provision/generations /var/lib/vllm/.config; "
-            "systemctl daemon-reload; systemctl reset-failed; true")
+UNITS = ["vllm.service", "vllm-ray-head.service", "vllm-ray-worker.service"]
+
+
+def clean_up(inv: inventory.Inventory, host: str) -> None:
+    """The units killed, not stopped (their `ray stop` waits out Ray's own shutdown, half a minute on
+    each host), and everything the module's runs wrote removed; a step with nothing to do fails quietly."""
+    for argv in (["systemctl", "disable", *UNITS], ["systemctl", "kill", "--signal=SIGKILL", *UNITS],
+                 ["systemctl", "stop", *UNITS],
+                 ["rm", "-rf", *(f"/etc/systemd/system/{unit}" for unit in UNITS), "/etc/vllm/vllm.env",
+                  "/opt/raylab", "/var/lib/provision/generations", "/var/lib/vllm/.config"],
+                 ["systemctl", "daemon-reload"], ["systemctl", "reset-failed"]):
+        on_host(inv, host, argv)
 
 
 def ray_nodes(inv: inventory.Inventory) -> tuple[int, str]:
