@@ -607,3 +607,21 @@ def test_bench_through_an_endpoint_goes_to_its_router_on_the_router_host_and_rea
     assert spec["metrics_path"] is None and spec["api_key"] == "key-0123456789"
     assert report.succeeded == 2 and report.tokens_per_s == 16.0 and report.server_generation_tokens is None
     assert hostserve._metrics({"base": "http://127.0.0.1:9", "metrics_path": None}) == ""  # asks nothing
+
+
+# `systemctl show -p ActiveState,SubState,NRestarts` as a lab host's systemd 252 (Debian 12) prints it:
+# started, running, exited and waiting out RestartSec, started again by systemd, given up.
+SHOWN_RUNNING = "NRestarts=0\nActiveState=active\nSubState=running\n"
+SHOWN_EXITED = "NRestarts=0\nActiveState=activating\nSubState=auto-restart\n"
+SHOWN_RESTARTED = "NRestarts=1\nActiveState=active\nSubState=running\n"
+SHOWN_GIVEN_UP = "NRestarts=5\nActiveState=failed\nSubState=failed\n"
+
+
+def test_readiness_reads_a_crash_when_the_process_exits_not_when_systemd_restarts_it() -> None:
+    assert serve.restart_count(SHOWN_RUNNING) == 0 and serve.restart_count("") is None
+    assert serve.crashed(SHOWN_RUNNING, 0) is None
+    assert serve.crashed(SHOWN_EXITED, 0) == "crashed"  # RestartSec not waited out
+    assert serve.crashed(SHOWN_RESTARTED, 0) == "crashed"  # exited and started again between two looks
+    assert serve.crashed(SHOWN_RESTARTED, 1) is None  # the restart counted before readiness began
+    assert serve.crashed(SHOWN_GIVEN_UP, 0) == "failed"
+    assert serve.crashed("", None) is None  # no systemd: the server's answers decide

@@ -67,17 +67,36 @@ def _complete(spec: dict[str, Any], max_tokens: int, prompt: str, timeout: float
         return json.loads(response.read().decode("utf-8", "replace"))
 
 
-def _unit(unit: str) -> tuple[str | None, int | None]:
-    """(ActiveState, NRestarts) of the unit, or (None, None) without systemd."""
+def _unit(unit: str) -> str:
+    """`systemctl show` of the unit's state and restart count; "" without systemd."""
     import subprocess
     try:
-        text = subprocess.run(["systemctl", "show", "-p", "ActiveState,NRestarts", unit],
+        return subprocess.run(["systemctl", "show", "-p", "ActiveState,SubState,NRestarts", unit],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False).stdout.decode()
     except OSError:
-        return None, None
-    values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+        return ""
+
+
+def restart_count(shown: str) -> int | None:
+    """Pure: NRestarts from `systemctl show` (None where systemd does not say)."""
+    values = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
     restarts = values.get("NRestarts", "")
-    return values.get("ActiveState"), int(restarts) if restarts.isdigit() else None
+    return int(restarts) if restarts.isdigit() else None
+
+
+def crashed(shown: str, restarts_before: int | None) -> str | None:
+    """Pure: `systemctl show -p ActiveState,SubState,NRestarts` of a server started for readiness ->
+    how it ended ("failed", "crashed") or None while it may still come up. A server that exits waits
+    out RestartSec in SubState auto-restart: that is its answer, not ten more seconds of waiting
+    until systemd starts it again and NRestarts counts it."""
+    values = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+    if values.get("ActiveState") == "failed":
+        return "failed"
+    restarts = restart_count(shown)
+    if values.get("SubState") == "auto-restart" or (
+            restarts is not None and restarts_before is not None and restarts > restarts_before):
+        return "crashed"
+    return None
 
 
 def _journal_tail(unit: str) -> str:
@@ -113,15 +132,16 @@ def ready(spec: dict[str, Any]) -> dict[str, Any]:
     last = ""
     stage = "health"
     unit = spec.get("unit")
-    _, restarts_before = _unit(unit) if unit else (None, None)
+    restarts_before = restart_count(_unit(unit)) if unit else None
     while time.time() < deadline:
         if unit:  # a crash is an answer: no need to wait out the timeout
-            state, restarts = _unit(unit)
-            if state == "failed" or (restarts is not None and restarts_before is not None
-                                     and restarts > restarts_before):
+            shown = _unit(unit)
+            ended = crashed(shown, restarts_before)
+            if ended:
+                restarts = restart_count(shown)
+                counted = f" ({restarts} restart(s))" if restarts else ""
                 return {"ok": False, "seconds": round(time.time() - started, 1),
-                        "error": f"{unit} {'failed' if state == 'failed' else 'crashed'} after start "
-                                 f"({restarts} restart(s)): {_journal_tail(unit)}"}
+                        "error": f"{unit} {ended} after start{counted}: {_journal_tail(unit)}"}
         if stage == "health":
             status, text = _get(spec["base"] + "/health", timeout=5)
             last = f"/health: {status if status is not None else text}"
