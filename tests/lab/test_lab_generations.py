@@ -40,6 +40,7 @@ class Served:
 LLAMA = Served("cpu-2", "lab-llama", "llama-server.service", "--ctx-size")
 VLLM = Served("cpu-1", "lab-cpu", "vllm.service", "--max-model-len")
 BOGUS = 'extra_args=["--no-such-flag"]'  # llama-server exits at start: "error: invalid argument"
+NEVER_READY = "environment={LLAMA_API_KEY: lab-key-no-client-sends}"
 
 
 def generations(inv: inventory.Inventory, served: Served) -> dict:
@@ -72,8 +73,12 @@ def wait_for_pending(inv: inventory.Inventory, after: int, served: Served, limit
 
 def test_good_rejected_good_then_rollback_restores_a_good_one(lab_llama: inventory.Inventory) -> None:
     deploy = ["deploy", "--cluster", LLAMA.cluster, "--timeout", "420"]
-    code, _, text = invoke_json(*deploy, "--set", "max_model_len=200")
+    code, changed, text = invoke_json(*deploy, "--set", "max_model_len=200")
     assert code == 0, text
+    # A changed value: one restart, gated on /health and a real completion, with the time it took.
+    (row,) = changed["hosts"]
+    assert row["state"] == "ready" and row["ready_s"] > 0 and "apply" in row["steps_s"], row
+    assert any(f"restart {LLAMA.unit}" in change for change in row["planned"]), row["planned"]
     good = current(lab_llama, LLAMA)
     assert good["state"] == "good"
     code, report, text = invoke_json(*deploy, "--set", BOGUS)
@@ -193,20 +198,23 @@ def test_two_identical_runs_that_wait_for_the_lock_apply_once(lab_llama: invento
 def test_a_killed_deploy_is_finished_by_the_next_run(lab_llama: inventory.Inventory) -> None:
     assert invoke_json("deploy", "--cluster", LLAMA.cluster, "--timeout", "420")[0] == 0
     good = current(lab_llama, LLAMA)
-    # The server exits at once, but systemd restarts it only after RestartSec (10 s): the deploy's
-    # readiness learns of the crash no sooner, and the deploy is killed before that.
-    args = ["deploy", "--cluster", LLAMA.cluster, "--set", BOGUS, "--timeout", "15"]
+    # The deploy is killed while its readiness waits. A server that exits is read at once, so this
+    # change must keep the server up and never ready: llama-server reads an API key from its environment
+    # and then refuses every completion the readiness gate sends without one (its /health stays public).
+    args = ["deploy", "--cluster", LLAMA.cluster, "--set", NEVER_READY, "--timeout", "10"]
     killed = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    pending = wait_for_pending(lab_llama, good["id"], LLAMA)
-    killed.kill()
-    killed.wait()
-    assert "--no-such-flag" in unit(lab_llama, LLAMA)[2]  # the deploy's change is in place
+    try:
+        pending = wait_for_pending(lab_llama, good["id"], LLAMA)
+    finally:
+        killed.kill()
+        killed.wait()
+    assert "LLAMA_API_KEY" in on_host(lab_llama, LLAMA.host, ["cat", "/etc/vllm/vllm.env"])  # the change is in place
     time.sleep(max(0.0, pending["deadline"] - time.time()) + 1)  # its readiness deadline has passed
     planned = run_invoke("plan", *args[1:4])
     assert f"generation {pending['id']} was left pending by a deploy that stopped" in planned.stdout
-    code, report, text = invoke_json(*args[:-2], "--timeout", "60")  # the same deploy again
+    code, report, text = invoke_json(*args[:-2], "--timeout", "10")  # the same deploy again
     assert code == 1, text
     row = report["hosts"][0]
     assert row["state"] == "rolled back" and f"rolled back to generation {good['id']}" in row["detail"], row
-    assert "--no-such-flag" not in unit(lab_llama, LLAMA)[2]
+    assert "LLAMA_API_KEY" not in on_host(lab_llama, LLAMA.host, ["cat", "/etc/vllm/vllm.env"])
