@@ -77,7 +77,7 @@ def test_good_rejected_good_then_rollback_restores_a_good_one(lab_llama: invento
     assert code == 0, text
     # A changed value: one restart, gated on /health and a real completion, with the time it took.
     (row,) = changed["hosts"]
-    assert row["state"] == "ready" and row["ready_s"] > 0 and "apply" in row["steps_s"], row
+    assert row["state"] == "ready" and row["ready_s"] is not None and "apply" in row["steps_s"], row
     assert any(f"restart {LLAMA.unit}" in change for change in row["planned"]), row["planned"]
     good = current(lab_llama, LLAMA)
     assert good["state"] == "good"
