@@ -618,10 +618,12 @@ SHOWN_GIVEN_UP = "NRestarts=5\nActiveState=failed\nSubState=failed\n"
 
 
 def test_readiness_reads_a_crash_when_the_process_exits_not_when_systemd_restarts_it() -> None:
-    assert serve.restart_count(SHOWN_RUNNING) == 0 and serve.restart_count("") is None
-    assert serve.crashed(SHOWN_RUNNING, 0) is None
-    assert serve.crashed(SHOWN_EXITED, 0) == "crashed"  # RestartSec not waited out
-    assert serve.crashed(SHOWN_RESTARTED, 0) == "crashed"  # exited and started again between two looks
-    assert serve.crashed(SHOWN_RESTARTED, 1) is None  # the restart counted before readiness began
-    assert serve.crashed(SHOWN_GIVEN_UP, 0) == "failed"
-    assert serve.crashed("", None) is None  # no systemd: the server's answers decide
+    running, exited, restarted, given_up = (serve.parse_show(shown) for shown in (
+        SHOWN_RUNNING, SHOWN_EXITED, SHOWN_RESTARTED, SHOWN_GIVEN_UP))
+    assert serve.restart_count(running) == 0 and serve.restart_count(serve.parse_show("")) is None
+    assert serve.crashed(running, 0) is None
+    assert serve.crashed(exited, 0) == "crashed"  # RestartSec not waited out
+    assert serve.crashed(restarted, 0) == "crashed"  # exited and started again between two looks
+    assert serve.crashed(restarted, 1) is None  # the restart counted before readiness began
+    assert serve.crashed(given_up, 0) == "failed"
+    assert serve.crashed(serve.parse_show(""), None) is None  # no systemd: the server's answers decide

@@ -67,32 +67,36 @@ def _complete(spec: dict[str, Any], max_tokens: int, prompt: str, timeout: float
         return json.loads(response.read().decode("utf-8", "replace"))
 
 
-def _unit(unit: str) -> str:
-    """`systemctl show` of the unit's state and restart count; "" without systemd."""
+def _unit(unit: str) -> dict[str, str]:
+    """The unit's state and restart count as `systemctl show` says them; {} without systemd."""
     import subprocess
     try:
-        return subprocess.run(["systemctl", "show", "-p", "ActiveState,SubState,NRestarts", unit],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False).stdout.decode()
+        return parse_show(subprocess.run(["systemctl", "show", "-p", "ActiveState,SubState,NRestarts", unit],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                         check=False).stdout.decode())
     except OSError:
-        return ""
+        return {}
 
 
-def restart_count(shown: str) -> int | None:
-    """Pure: NRestarts from `systemctl show` (None where systemd does not say)."""
-    values = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+def parse_show(shown: str) -> dict[str, str]:
+    """Pure: `systemctl show -p ...` of one unit -> its KEY=VALUE lines as a dict."""
+    return dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+
+
+def restart_count(values: dict[str, str]) -> int | None:
+    """Pure: NRestarts (None where systemd does not say)."""
     restarts = values.get("NRestarts", "")
     return int(restarts) if restarts.isdigit() else None
 
 
-def crashed(shown: str, restarts_before: int | None) -> str | None:
-    """Pure: `systemctl show -p ActiveState,SubState,NRestarts` of a server started for readiness ->
-    how it ended ("failed", "crashed") or None while it may still come up. A server that exits waits
-    out RestartSec in SubState auto-restart: that is its answer, not ten more seconds of waiting
-    until systemd starts it again and NRestarts counts it."""
-    values = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+def crashed(values: dict[str, str], restarts_before: int | None) -> str | None:
+    """Pure: ActiveState, SubState and NRestarts of a server started for readiness -> how it ended
+    ("failed", "crashed") or None while it may still come up. A server that exits waits out RestartSec
+    in SubState auto-restart: that is its answer, not ten more seconds of waiting until systemd starts
+    it again and NRestarts counts it."""
     if values.get("ActiveState") == "failed":
         return "failed"
-    restarts = restart_count(shown)
+    restarts = restart_count(values)
     if values.get("SubState") == "auto-restart" or (
             restarts is not None and restarts_before is not None and restarts > restarts_before):
         return "crashed"
@@ -135,10 +139,10 @@ def ready(spec: dict[str, Any]) -> dict[str, Any]:
     restarts_before = restart_count(_unit(unit)) if unit else None
     while time.time() < deadline:
         if unit:  # a crash is an answer: no need to wait out the timeout
-            shown = _unit(unit)
-            ended = crashed(shown, restarts_before)
+            values = _unit(unit)
+            ended = crashed(values, restarts_before)
             if ended:
-                restarts = restart_count(shown)
+                restarts = restart_count(values)
                 counted = f" ({restarts} restart(s))" if restarts else ""
                 return {"ok": False, "seconds": round(time.time() - started, 1),
                         "error": f"{unit} {ended} after start{counted}: {_journal_tail(unit)}"}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from provision import inventory
+from provision import inventory, render
 from provision.ops import LOCK
 from tests.conftest import REPO
 from tests.lab.conftest import invoke_json, on_host, run_invoke
@@ -209,7 +209,7 @@ def test_a_killed_deploy_is_finished_by_the_next_run(lab_llama: inventory.Invent
     finally:
         killed.kill()
         killed.wait()
-    assert "LLAMA_API_KEY" in on_host(lab_llama, LLAMA.host, ["cat", "/etc/vllm/vllm.env"])  # the change is in place
+    assert "LLAMA_API_KEY" in on_host(lab_llama, LLAMA.host, ["cat", render.ENV_FILE])  # the change is in place
     time.sleep(max(0.0, pending["deadline"] - time.time()) + 1)  # its readiness deadline has passed
     planned = run_invoke("plan", *args[1:4])
     assert f"generation {pending['id']} was left pending by a deploy that stopped" in planned.stdout
@@ -217,4 +217,4 @@ def test_a_killed_deploy_is_finished_by_the_next_run(lab_llama: inventory.Invent
     assert code == 1, text
     row = report["hosts"][0]
     assert row["state"] == "rolled back" and f"rolled back to generation {good['id']}" in row["detail"], row
-    assert "LLAMA_API_KEY" not in on_host(lab_llama, LLAMA.host, ["cat", "/etc/vllm/vllm.env"])
+    assert "LLAMA_API_KEY" not in on_host(lab_llama, LLAMA.host, ["cat", render.ENV_FILE])
