@@ -168,6 +168,9 @@ GPU_QUERY_FIELDS = (
     "index", "name", "uuid", "pci.bus_id", "driver_version", "compute_cap",
     "memory.total", "memory.used", "pcie.link.gen.max", "pcie.link.gen.current",
     "pcie.link.width.max", "pcie.link.width.current", "temperature.gpu", "utilization.gpu",
+    # The board's draw and its limit (W): a GPU at its idle draw while requests run is a wedged engine
+    # (status), and what a benchmark drew is part of its figure.
+    "power.draw", "power.limit",
     # When nvidia-smi took the readings ("2026/11/30 01:45:22.371", the host's local time): readings
     # replayed from a recording carry the recording's time (recorded_at).
     "timestamp",
@@ -196,6 +199,8 @@ class Gpu:
     pcie_width_current: int | None
     temperature_c: int | None
     utilization_pct: int | None
+    power_w: float | None = None  # power.draw (None: [N/A], or a recording made before the column)
+    power_limit_w: float | None = None  # power.limit
     # Where the GPU sits (facts._assemble adds these from sysfs and `nvidia-smi topo -m`; None: not said).
     numa_node: int | None = None  # /sys/bus/pci/devices/<bus id>/numa_node (-1 there: None)
     local_cpus: tuple[int, ...] | None = None  # .../local_cpulist
@@ -220,6 +225,16 @@ def _maybe_int(value: str, what: str, stdout: str) -> int | None:
         return None
     try:
         return int(float(value))
+    except ValueError as exc:
+        raise ParseError("gpus", f"{what}: not a number: {value!r}", stdout) from exc
+
+
+def _maybe_float(value: str, what: str, stdout: str) -> float | None:
+    value = value.removesuffix(" W")
+    if value in _UNAVAILABLE:
+        return None
+    try:
+        return float(value)
     except ValueError as exc:
         raise ParseError("gpus", f"{what}: not a number: {value!r}", stdout) from exc
 
@@ -266,6 +281,8 @@ def parse_nvidia_smi_csv(stdout: str) -> tuple[Gpu, ...]:
             pcie_width_current=number("pcie.link.width.current"),
             temperature_c=number("temperature.gpu"),
             utilization_pct=number("utilization.gpu"),
+            power_w=_maybe_float(row.get("power.draw", ""), "power.draw", stdout),
+            power_limit_w=_maybe_float(row.get("power.limit", ""), "power.limit", stdout),
             read_at=None if row.get("timestamp", "") in _UNAVAILABLE else row["timestamp"],
         ))
     return tuple(gpus)

@@ -542,7 +542,7 @@ def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
     from provision import status
 
     table = Table(title=title)
-    for column in ("host", "unit", "restarts", "health", "model @ revision", "GPUs (mem used/total GiB, °C, util)",
+    for column in ("host", "unit", "restarts", "health", "model @ revision", "GPUs (mem used/total GiB, °C, util, W)",
                    "run/wait", "tok/s", "KV %", "KV tokens (est.)", "prefix hit %"):
         table.add_column(column)
     for name, item in found.items():
@@ -553,6 +553,7 @@ def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
         gpus = "; ".join(
             f"{g['name'].replace('NVIDIA ', '')} {_fmt((g['memory_used_mib'] or 0) / 1024)}/"
             f"{_fmt((g['memory_total_mib'] or 0) / 1024)} {_fmt(g['temperature_c'])}° {_fmt(g['utilization_pct'])}%"
+            + (f" {g['power_w']:.0f} W" if g.get("power_w") is not None else "")
             + (f" (recorded {g['recorded']})" if g.get("recorded") else "")
             for g in item.gpus) or "-"
         fig = item.figures

@@ -198,7 +198,8 @@ def _gpu_rows(host_facts: HostFacts) -> tuple[dict[str, Any], ...]:
             source = "/proc/meminfo"
         rows.append({"index": gpu.index, "name": gpu.name, "memory_used_mib": used, "memory_total_mib": total,
                      "memory_from": source, "temperature_c": gpu.temperature_c,
-                     "utilization_pct": gpu.utilization_pct, "recorded": gpu.recorded})
+                     "utilization_pct": gpu.utilization_pct, "power_w": gpu.power_w,
+                     "power_limit_w": gpu.power_limit_w, "recorded": gpu.recorded})
     return tuple(rows)
 
 

@@ -19,6 +19,10 @@ FACTS = {fact.name: fact for fact in (*facts.FACTS, facts.venv_fact("/opt/vllm/v
 CASES = sorted((FIXTURES / "facts").glob("*/*.json"))
 
 
+# nvidia-smi query fields asked for after some recordings were made (their readings are None there).
+LATER_GPU_FIELDS = ("power.draw", "power.limit", "timestamp")
+
+
 def _output(case: dict, fact: facts.Fact) -> str:
     if "machine" in case:
         recording = lab.load_machine(case["machine"])
@@ -31,9 +35,11 @@ def _output(case: dict, fact: facts.Fact) -> str:
         # interpreter and its flags must still be the fact's own.
         assert fact.argv and case["command"][:2] == list(fact.argv[:2]), "re-record this fixture"
     elif case.get("recorded_before_timestamp"):
-        # nvidia-smi's query before its last field (timestamp) was asked for: the same columns less that one.
+        # nvidia-smi's query before its later fields (power.draw, power.limit, timestamp) were asked for:
+        # the same columns less those (the parser reads columns by the header).
         wanted = list(_wanted(fact)["argv"])
-        wanted[1] = wanted[1].removesuffix(",timestamp")
+        fields = [field for field in wanted[1].removeprefix("--query-gpu=").split(",") if field not in LATER_GPU_FIELDS]
+        wanted[1] = "--query-gpu=" + ",".join(fields)
         assert case["command"] == wanted, "re-record this fixture"
     else:
         assert case["command"] == _source(_wanted(fact)), "the fact's command changed: re-record this fixture"
