@@ -7,6 +7,7 @@ It answers nonsense, quickly: what the lab needs to prove the server, health, co
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +195,155 @@ def make_gguf_b(directory: Path) -> Path:
     made = make_gguf(directory, seed=3)
     (made / "README.md").write_text("A second tiny random Llama in GGUF, made by the lab for llama.cpp's server.\n")
     return made
+
+
+@dataclass(frozen=True)
+class GgufShape:
+    """The shape of a Llama-architecture model: what its compute per token and its memory depend on."""
+
+    name: str
+    layers: int
+    hidden: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    context: int
+    rope_base: float = 10000.0
+
+
+# Llama-3.1-8B's shape (its config.json on the hub: 32 layers, hidden 4096, intermediate 14336, 32 heads,
+# 8 KV heads, vocabulary 128256, 131072 positions, rope_theta 500000): 8.03 B parameters.
+SHAPES = {"llama-3.1-8b": GgufShape("llama-3.1-8b", 32, 4096, 14336, 32, 8, 128256, 131072, 500000.0)}
+# The file types a shaped model is written in (llama.cpp's LLAMA_FTYPE numbers): every matrix in F16; or
+# Q4_0 matrices with the output matrix in Q6_K, as llama-quantize's Q4_0 writes them (its size is then
+# the 4.33 GiB published llama.cpp benchmarks name for "llama 8B Q4_0"). Norms stay F32.
+FILE_TYPES = {"f16": 1, "q4_0": 2}
+
+
+def make_shaped_gguf(directory: Path, shape: GgufShape, file_type: str, seed: int = 4) -> Path:
+    """A GGUF file of `shape` with random weights, written tensor by tensor (an 8B model in F16 is 15 GiB:
+    never held in memory whole). Its text is noise; its compute per token is the real shape's, so the
+    throughput it is served at is a real figure for that shape.
+
+    The vocabulary (SentencePiece, no byte tokens) has the lab's words, every printable ASCII character
+    alone and after a word boundary, then filler words up to the shape's size: any ASCII prompt
+    tokenizes, and every token the model says is valid UTF-8. Quantized blocks are random bytes with a
+    fixed small scale (valid blocks of the type, values of about the size a trained model's have)."""
+    import gguf
+    import numpy as np
+
+    if file_type not in FILE_TYPES:
+        raise ValueError(f"file type {file_type!r}: one of {', '.join(FILE_TYPES)}")
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    tokens = _shaped_vocabulary(shape.vocab)
+    path = directory / f"{shape.name}-random-{file_type}.gguf"
+    partial = path.with_name(path.name + ".partial")  # renamed once whole: a file half written is no model
+    writer = gguf.GGUFWriter(str(partial), "llama")
+    writer.add_name(f"{shape.name} shape, random weights")
+    writer.add_context_length(shape.context)
+    writer.add_embedding_length(shape.hidden)
+    writer.add_block_count(shape.layers)
+    writer.add_feed_forward_length(shape.ffn)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_rope_dimension_count(shape.hidden // shape.heads)
+    writer.add_rope_freq_base(shape.rope_base)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(shape.vocab)
+    writer.add_file_type(FILE_TYPES[file_type])
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * 3 + [-float(index) for index in range(len(tokens) - 3)])
+    writer.add_token_types([2, 3, 3] + [1] * (len(tokens) - 3))  # unknown, control, control, normal...
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    plan = _shaped_tensors(shape, file_type)
+    for name, rows, columns, kind in plan:
+        kind_type = gguf.GGMLQuantizationType[kind]
+        block, size = gguf.GGML_QUANT_SIZES[kind_type]
+        shape_of = (rows, columns) if rows else (columns,)
+        writer.add_tensor_info(name, shape_of, np.dtype(np.float32 if kind == "F32" else np.float16),
+                               max(rows, 1) * columns // block * size, raw_dtype=kind_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    noise = (rng.standard_normal(1 << 22) * 0.02).astype(np.float16)
+    for _name, rows, columns, kind in plan:
+        writer.write_tensor_data(_random_tensor(rng, noise, rows, columns, kind))
+    writer.close()
+    partial.chmod(0o644)
+    partial.rename(path)
+    return path
+
+
+def _shaped_vocabulary(size: int) -> list[str]:
+    characters = [chr(code) for code in range(33, 127)]
+    known = ["<unk>", "<s>", "</s>", "\u2581", *("\u2581" + word for word in dict.fromkeys(WORDS)),
+             *characters, *("\u2581" + character for character in characters)]
+    known = list(dict.fromkeys(known))
+    return known + [f"\u2581w{index}" for index in range(size - len(known))]
+
+
+def _shaped_tensors(shape: GgufShape, file_type: str) -> list[tuple[str, int, int, str]]:
+    """(name, rows, columns, ggml type) in llama.cpp's names; rows 0 for a vector."""
+    matrix = "F16" if file_type == "f16" else "Q4_0"
+    output = "F16" if file_type == "f16" else "Q6_K"
+    head_dim = shape.hidden // shape.heads
+    tensors = [("token_embd.weight", shape.vocab, shape.hidden, matrix), ("output_norm.weight", 0, shape.hidden, "F32"),
+               ("output.weight", shape.vocab, shape.hidden, output)]
+    for block in range(shape.layers):
+        prefix = f"blk.{block}."
+        tensors += [(prefix + "attn_norm.weight", 0, shape.hidden, "F32"),
+                    (prefix + "ffn_norm.weight", 0, shape.hidden, "F32"),
+                    (prefix + "attn_q.weight", shape.hidden, shape.hidden, matrix),
+                    (prefix + "attn_k.weight", shape.kv_heads * head_dim, shape.hidden, matrix),
+                    (prefix + "attn_v.weight", shape.kv_heads * head_dim, shape.hidden, matrix),
+                    (prefix + "attn_output.weight", shape.hidden, shape.hidden, matrix),
+                    (prefix + "ffn_gate.weight", shape.ffn, shape.hidden, matrix),
+                    (prefix + "ffn_up.weight", shape.ffn, shape.hidden, matrix),
+                    (prefix + "ffn_down.weight", shape.hidden, shape.ffn, matrix)]
+    return tensors
+
+
+def _random_tensor(rng: Any, noise: Any, rows: int, columns: int, kind: str) -> Any:
+    """One tensor's bytes: ones for a norm, a random window of `noise` for F16, random blocks for Q4_0 and
+    Q6_K with their scale fields set (Q4_0: f16 d first, then 16 bytes of 4-bit values, one block per 32
+    weights; Q6_K: 128 + 64 bytes of 6-bit values, 16 int8 sub-scales, f16 d last, one per 256)."""
+    import numpy as np
+
+    if kind == "F32":
+        return np.ones(columns, np.float32)
+    count = rows * columns
+    if kind == "F16":
+        start = int(rng.integers(0, noise.size))
+        return np.resize(np.roll(noise, -start), count).reshape(rows, columns)
+    if kind == "Q4_0":
+        blocks = rng.integers(0, 256, (count // 32, 18), dtype=np.uint8)
+        blocks[:, 0:2] = np.frombuffer(np.float16(0.0025).tobytes(), np.uint8)
+    else:  # Q6_K
+        blocks = rng.integers(0, 256, (count // 256, 210), dtype=np.uint8)
+        blocks[:, 192:208] = 8
+        blocks[:, 208:210] = np.frombuffer(np.float16(0.02 / (8 * 18)).tobytes(), np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python3 -m provision.lab.tinymodel DIR --shape llama-3.1-8b --type q4_0`: one shaped GGUF file."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python3 -m provision.lab.tinymodel", description=main.__doc__)
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    parser.add_argument("--type", dest="file_type", choices=sorted(FILE_TYPES), required=True)
+    parser.add_argument("--seed", type=int, default=4)
+    args = parser.parse_args(argv)
+    made = make_shaped_gguf(args.directory, SHAPES[args.shape], args.file_type, args.seed)
+    print(made)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
