@@ -55,7 +55,9 @@ def drop_in_dirs(units: Sequence[str]) -> tuple[str, ...]:
 
 DROP_IN_DIRS = drop_in_dirs(MANAGED_UNITS)
 
-PROBE_CACHE = "/var/cache/provision/probe-cache.json"  # on each host: answers kept by file identity
+# On each host: answers kept by file identity, one entry per fact and what it asks (the same fact of
+# two venvs keeps two; host/probe.py's _slot).
+PROBE_CACHE = "/var/cache/provision/probe-cache.json"
 # The probe's interpreter: -I leaves out the host's PYTHON* variables and the user's site directory
 # (they could put code into a run as root), -S the site module (its imports cost every gather a few
 # milliseconds, and the probe imports the standard library alone).

@@ -260,6 +260,88 @@ def test_the_venv_fact_is_answered_from_the_hosts_cache_until_a_file_it_depends_
     assert _runs(log) == 2 and "cached" not in changed["results"]["venv"], change
 
 
+def _probe_on(python: str | None):
+    """collect() as a host runs it: here, or shipped to `python -I -S -` (python None: here)."""
+    def collect(fact: facts.Fact, cache) -> dict:
+        spec = facts.probe_spec([fact], [], 5)
+        spec["cache_file"] = str(cache)
+        if python is None:
+            return hostprobe.collect(spec)
+        done = subprocess.run([python, *facts.PROBE_PYTHON[1:]], input=facts.probe_program(spec),
+                              capture_output=True, text=True, timeout=60, cwd="/", check=False)
+        assert done.returncode == 0, done.stderr
+        return facts.probe_answer(done.stdout)
+    return collect
+
+
+def _how(answers: list[dict]) -> list[str]:
+    return ["cached" if answer["results"]["venv"].get("cached") else "ran" for answer in answers]
+
+
+@pytest.mark.parametrize("python", ["this python", "python3.6"])
+def test_two_venvs_on_one_host_each_keep_their_answer_in_the_hosts_cache(tmp_path, python) -> None:
+    """A host with two services in two venvs is sent one probe per venv (run.gating.gather), each
+    asking a fact named "venv": both answers are kept, a second round answers both from the cache,
+    and a change in one venv asks that venv alone again."""
+    interpreter = None if python == "this python" else _python("3.6")
+    if python != "this python" and interpreter is None:
+        pytest.skip("no python3.6 on this machine")
+    collect = _probe_on(interpreter)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (venv_a, _), (venv_b, site_b) = _venv(tmp_path / "a"), _venv(tmp_path / "b")
+    asked = (facts.venv_fact(str(venv_a)), facts.venv_fact(str(venv_b)))
+    log_a, log_b = tmp_path / "a" / "runs.log", tmp_path / "b" / "runs.log"
+    cache = tmp_path / "cache" / "probe.json"
+
+    first = [collect(fact, cache) for fact in asked]
+    assert _how(first) == ["ran", "ran"] and (_runs(log_a), _runs(log_b)) == (1, 1)
+    assert all(answer["cache"]["written"] for answer in first)
+    kept = json.loads(cache.read_text()).values()
+    assert sorted(entry["key"]["argv"][0] for entry in kept) == [
+        f"{venv_a}/bin/python", f"{venv_b}/bin/python"]
+
+    again = [collect(fact, cache) for fact in asked]
+    assert _how(again) == ["cached", "cached"] and (_runs(log_a), _runs(log_b)) == (1, 1)
+    assert not any(answer["cache"]["written"] for answer in again)
+
+    _bump(site_b / "torch" / "version.py")
+    assert _how([collect(fact, cache) for fact in asked]) == ["cached", "ran"]
+    assert (_runs(log_a), _runs(log_b)) == (1, 2)
+    assert _how([collect(fact, cache) for fact in asked]) == ["cached", "cached"]
+    assert (_runs(log_a), _runs(log_b)) == (1, 2)
+
+
+def test_the_hosts_cache_misses_an_old_entry_and_keeps_a_bounded_number_per_fact(tmp_path) -> None:
+    """An entry of the old form (one per fact's name) misses, runs and is kept anew in the new form;
+    venvs that come and go leave at most MAX_SLOTS entries of the fact: the newest stored."""
+    venvs = []
+    for index in range(hostprobe.MAX_SLOTS + 2):
+        (tmp_path / str(index)).mkdir()
+        venvs.append(_venv(tmp_path / str(index))[0])
+    cache = tmp_path / "cache" / "probe.json"
+    cache.parent.mkdir()
+    first = facts.venv_fact(str(venvs[0]))
+    argv, identity = list(first.argv or ()), list(first.identity)
+    # What the probe kept before: an entry named after the fact, whose key still matches.
+    result = {"exit": 0, "stdout": "{}", "stderr": "", "missing": False}
+    cache.write_text(json.dumps({"venv": {"key": hostprobe._key(argv, identity, []), "result": result}}))
+
+    assert _how([_collect(first, cache)]) == ["ran"] and _runs(tmp_path / "0" / "runs.log") == 1
+    assert list(json.loads(cache.read_text())) == [hostprobe._slot("venv", argv, identity, [])]
+    for venv in venvs[1:]:
+        _collect(facts.venv_fact(str(venv)), cache)
+
+    def pythons() -> set[str]:
+        return {entry["key"]["argv"][0] for entry in json.loads(cache.read_text()).values()}
+
+    assert pythons() == {f"{venv}/bin/python" for venv in venvs[-hostprobe.MAX_SLOTS:]}
+    assert _how([_collect(facts.venv_fact(str(venvs[-hostprobe.MAX_SLOTS])), cache)]) == ["cached"]
+    # The first venv asked again runs (its entry went) and is kept; the oldest stored goes.
+    assert _how([_collect(first, cache)]) == ["ran"] and _runs(tmp_path / "0" / "runs.log") == 2
+    assert pythons() == {f"{venv}/bin/python" for venv in [venvs[0], *venvs[-hostprobe.MAX_SLOTS + 1:]]}
+
+
 def _units(tmp_path):
     root = str(tmp_path / "root")
     system = tmp_path / "root" / "etc" / "systemd" / "system"

@@ -30,15 +30,21 @@ answers from there, `cached: true`, until one of them changes. A command named i
 sysfs files have no stat worth comparing, their content is the key (the boot id: what the hardware
 answers holds for a boot). Writing that file is the only change a probe makes on a host; where it
 cannot be written, every command simply runs.
+
+Each answer has an entry of its own, named after its fact and what it asks (the command, the
+identity patterns, the keyed_by files; see _slot): a host with two services in two venvs is sent two
+probes, each asking a fact named "venv" of its own venv, and each keeps its own entry. At most
+MAX_SLOTS entries per fact are kept (see _bounded).
 """
 import glob
+import hashlib
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from provision.host.common import write_atomically
 
@@ -431,6 +437,39 @@ def _save_cache(path: str, entries: Dict[str, Any]) -> Optional[str]:
 
 
 KEPT = ("exit", "stdout", "stderr", "missing")  # what a cached answer holds of the command's result
+# Entries kept per fact, those this run asked for first, then the most recently stored: a host's
+# services each ask the venv fact of their own venv (and the unit scores of their own units), a
+# handful per host. A count, not an age: an entry a venv still in use has not rewritten for months
+# is as good as a new one (an age would cost it an `import torch` again), and the file stays bounded
+# however many venvs come and go.
+MAX_SLOTS = 8
+
+
+def _slot(name: str, argv: List[str], identity: List[str], keyed_by: List[str]) -> str:
+    """The cache entry a command's answer is kept in: its fact's name and a digest of what it asks
+    (its argv, its identity patterns, the files it is keyed by), "venv 3f0c9a1e52b7d4a6". The name
+    alone is not enough: one probe per venv asks a fact named "venv" of each, and with one entry per
+    name each probe replaced the other's answer on every run. The digest only picks the entry; the
+    key stored in it still decides whether the answer holds."""
+    asked = json.dumps([argv, identity, keyed_by]).encode()
+    return name + " " + hashlib.sha256(asked).hexdigest()[:16]
+
+
+def _bounded(cache: Dict[str, Any], asked: Set[str]) -> Dict[str, Any]:
+    """The entries worth writing back: per fact, those asked for in this run and then the most
+    recently stored others, MAX_SLOTS in all. An entry of the old form (named after its fact alone,
+    no "fact" in it) is never read again: it goes."""
+    by_fact: Dict[str, List[Tuple[bool, float, str]]] = {}
+    for slot, entry in cache.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("fact"), str)):
+            continue
+        stored = entry.get("stored")
+        by_fact.setdefault(entry["fact"], []).append(
+            (slot in asked, stored if isinstance(stored, (int, float)) else 0.0, slot))
+    kept: Set[str] = set()
+    for slots in by_fact.values():
+        kept.update(slot for _, _, slot in sorted(slots, reverse=True)[:MAX_SLOTS])
+    return {slot: entry for slot, entry in cache.items() if slot in kept}
 
 
 def _key(argv: List[str], identity: List[str], keyed_by: List[str]) -> Dict[str, Any]:
@@ -453,11 +492,13 @@ def _run_all(commands: Dict[str, List[str]], identities: Dict[str, List[str]], c
     cache = _load_cache(cache_file) if cache_file else {}
     results: Dict[str, Dict[str, Any]] = {}
     keys: Dict[str, Dict[str, Any]] = {}
+    slots: Dict[str, str] = {}
     threads: List[threading.Thread] = []
     for name, argv in commands.items():
         if cache_file and (name in identities or name in keyed_by):
             keys[name] = _key(argv, identities.get(name, []), keyed_by.get(name, []))
-            held = cache.get(name)
+            slots[name] = _slot(name, argv, identities.get(name, []), keyed_by.get(name, []))
+            held = cache.get(slots[name])
             if isinstance(held, dict) and held.get("key") == keys[name]:
                 results[name] = dict(held["result"], timed_out=False, truncated=False, seconds=0.0,
                                      cached=True)
@@ -471,13 +512,15 @@ def _run_all(commands: Dict[str, List[str]], identities: Dict[str, List[str]], c
         threads.append(thread)
     for thread in threads:
         thread.join()
-    kept = {name: {"key": key, "result": {field: results[name][field] for field in KEPT}}
+    stored = time.time()
+    kept = {slots[name]: {"fact": name, "stored": stored, "key": key,
+                          "result": {field: results[name][field] for field in KEPT}}
             for name, key in keys.items()
             if not (results[name].get("cached") or results[name]["timed_out"] or results[name]["truncated"])}
     state: Dict[str, Any] = {"file": cache_file, "written": False, "error": None}
     if kept and cache_file:
         cache.update(kept)
-        state["error"] = _save_cache(cache_file, cache)
+        state["error"] = _save_cache(cache_file, _bounded(cache, set(slots.values())))
         state["written"] = state["error"] is None
     return results, state
 
