@@ -201,7 +201,7 @@ def test_device_access_follows_the_profile_and_the_level() -> None:
     assert cpu["PrivateDevices"] == ["yes"] and cpu["ProtectClock"] == ["yes"] and "DeviceAllow" not in cpu
     ws = _directives("rtx5090x2-tp2-awq-strict", "vllm.service")
     assert ws["DevicePolicy"] == ["closed"] and ws["SystemCallFilter"] == ["@system-service", "pidfd_getfd"]
-    assert ws["DeviceAllow"] == ["char-nvidia-frontend rw", "char-nvidia-uvm rw", "char-nvidia-caps rw"]
+    assert ws["DeviceAllow"] == ["char-nvidia rw", "char-nvidiactl rw", "char-nvidia-uvm rw", "char-nvidia-caps rw"]
     worker = _directives("spark-pair-worker-strict", "vllm-ray-worker.service")
     assert worker["DeviceAllow"][-1] == "char-infiniband_verbs rw"  # NCCL over the CX-7 RDMA links
 
