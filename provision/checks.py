@@ -820,6 +820,55 @@ def unit_security(ctx: Context) -> Finding | None:
                    evidence)
 
 
+@rule("unit.devices", BLOCKER)
+def unit_devices(ctx: Context) -> Finding | None:
+    """`hardening: strict` closes every device but an allow-list: the profile's `devices` entries
+    matched against the character device groups the host's drivers registered in /proc/devices
+    (provision/hardening.py; systemd resolves DeviceAllow=char-NAME the same way when the unit starts).
+    A list that holds none of the groups on the NVIDIA driver's major, 195 (the GPUs and
+    /dev/nvidiactl: `nvidia` and `nvidiactl` since driver 545, read so on an H200 with 580; facts
+    section 10), would shut the server out of the GPU where the device controller is enforced: refused.
+    An entry that matches no group (nvidia-uvm not loaded yet, say) is left out of the unit: a warning.
+    Where /proc/devices was not read, the entries are rendered as written, and the finding says so.
+    The default level keeps the host's /dev: nothing to judge."""
+    if str(ctx.settings.hardening) != "strict" or not ctx.profile.devices:
+        return None
+    entries = hardening.device_entries(ctx)
+    written = ", ".join(item.entry for item in entries)
+    host = ctx.facts.device_groups
+    if host is None:
+        note = ctx.facts.notes.get("proc_devices", "no value")
+        return warn(f"could not be checked: the host's device groups are unknown ({note}); the unit allows "
+                    f"the profile's entries as written, unchecked against its driver: {written}",
+                    f"make /proc/devices readable (see `invoke facts --host {ctx.host}`)",
+                    entries=[item.entry for item in entries], proc_devices=None)
+    matched = {item.entry: [f"{group.major} {group.name}" for group in item.groups]
+               for item in entries if item.groups}
+    unmatched = [item for item in entries if item.groups == ()]
+    nvidia = [f"{group.major} {group.name}" for group in host if group.major == hardening.NVIDIA_MAJOR]
+    evidence = {"matched": matched, "unmatched": [item.entry for item in unmatched], "nvidia_groups": nvidia}
+    if not any(group.major == hardening.NVIDIA_MAJOR for item in entries for group in item.groups or ()):
+        if nvidia:
+            return fail(f"strict's device allow-list ({written}) matches none of the NVIDIA driver's groups "
+                        f"on major {hardening.NVIDIA_MAJOR} ({', '.join(nvidia)}): the server would be shut "
+                        "out of the GPUs",
+                        "name the driver's groups in the profile's devices (char-NAME rw: what it covers), or "
+                        "--set hardening=default", **evidence)
+        return fail(f"strict's device allow-list would reach no GPU: the host's /proc/devices has no group on "
+                    f"major {hardening.NVIDIA_MAJOR}, the NVIDIA driver's: no driver registered its devices there (a "
+                    "container reads its machine's /proc/devices)",
+                    "load the NVIDIA driver (it registers 195 nvidia and nvidiactl), or --set hardening=default",
+                    **evidence)
+    allowed = ", ".join(dict.fromkeys(f"char-{group.name} ({group.major})" for item in entries
+                                      for group in item.groups or ()))
+    if unmatched:
+        left = ", ".join(f"{item.entry} ({item.reason})" for item in unmatched)
+        return warn(f"DeviceAllow= {allowed}; left out, no such group in /proc/devices: {left}",
+                    "load the module that registers it before the unit starts (nvidia-uvm: a modules-load.d "
+                    "entry), then render again (`invoke provision`)", **evidence)
+    return ok(f"DeviceAllow= {allowed}: the groups the host's drivers registered", **evidence)
+
+
 @rule("cpu.affinity", BLOCKER)
 def cpu_affinity(ctx: Context) -> Finding | None:
     """The server's CPUAffinity comes from the topology facts (provision/affinity.py). Where one of them

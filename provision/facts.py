@@ -22,6 +22,7 @@ from provision import parsers, programs
 from provision.errors import CommandFailed, ParseError, ProvisionError
 from provision.parsers import (
     CpuTopology,
+    DeviceGroup,
     Gpu,
     Interface,
     Memory,
@@ -167,6 +168,9 @@ FACTS: tuple[Fact, ...] = (
     Fact("cpu_core_cpus", parsers.parse_cpu_list, file="/sys/devices/cpu_core/cpus", optional=True),
     Fact("cpu_atom_cpus", parsers.parse_cpu_list, file="/sys/devices/cpu_atom/cpus", optional=True),
     Fact("nvidia_driver", parsers.parse_nvidia_version, file="/proc/driver/nvidia/version"),
+    # The character device groups drivers registered (195 nvidia, 195 nvidiactl, 238 nvidia-uvm, ...):
+    # the names strict hardening's DeviceAllow=char-NAME entries are matched against (hardening.py).
+    Fact("proc_devices", parsers.parse_proc_devices, file="/proc/devices"),
     Fact("gpus", parsers.parse_nvidia_smi_csv,
          argv=("nvidia-smi", "--query-gpu=" + ",".join(parsers.GPU_QUERY_FIELDS),
                "--format=csv,nounits")),
@@ -260,6 +264,9 @@ class HostFacts:
     init: str | None = None
     cpu: CpuTopology | None = None
     driver: NvidiaDriver | None = None
+    # /proc/devices' character groups, (DeviceGroup(195, 'nvidia'), DeviceGroup(195, 'nvidiactl'), ...);
+    # None where it was not read (a recording made before this fact) or could not be (`notes` says).
+    device_groups: tuple[DeviceGroup, ...] | None = None
     # () where nvidia-smi lists none or cannot run (no driver, no GPU: the note says which); None
     # where its answer could not be read, which says nothing about how many GPUs there are.
     gpus: tuple[Gpu, ...] | None = ()
@@ -494,6 +501,7 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         init=values.get("init"),
         cpu=cpu,
         driver=values.get("nvidia_driver"),
+        device_groups=values.get("proc_devices"),
         gpus=None if "gpus" in unreadable else tuple(
             dataclasses.replace(gpu, recorded=parsers.recorded_at(gpu.read_at, answer.get("clock")))
             for gpu in placed(values.get("gpus", ()), values.get("pci_gpus", ()), values.get("gpu_topology", {}))),

@@ -13,7 +13,7 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from provision.errors import ParseError
 
@@ -699,6 +699,49 @@ def parse_lsmod(stdout: str) -> frozenset[str]:
     if not lines or not lines[0].startswith("Module"):
         raise ParseError("lsmod", "no 'Module Size Used by' header", stdout)
     return parse_proc_modules("\n".join(lines[1:]))
+
+
+class DeviceGroup(NamedTuple):
+    """One character device group of /proc/devices: its major and the name a driver registered,
+    DeviceGroup(major=195, name='nvidiactl'). systemd's DeviceAllow=char-NAME matches these names."""
+
+    major: int
+    name: str
+
+
+_PROC_DEVICES_LINE = re.compile(r"^\s*(\d+) (\S.*)$")
+
+
+def parse_proc_devices(text: str) -> tuple[DeviceGroup, ...]:
+    """/proc/devices -> the character device groups, in the kernel's order (by major):
+    (DeviceGroup(1, 'mem'), ..., DeviceGroup(195, 'nvidia'), DeviceGroup(195, 'nvidiactl'), ...).
+
+    The kernel (fs/proc/devices.c) writes 'Character devices:', one '%3d %s' line per registered
+    region, then a blank line, 'Block devices:' and theirs (none without CONFIG_BLOCK); block groups
+    are read for their shape and left out. A major holds several groups where drivers registered
+    minor ranges under different names (195: nvidia, nvidiactl, nvidia-modeset). The file ends with
+    a newline: text cut before it is refused rather than read as a shorter list.
+    """
+    lines = text.split("\n")
+    if not text.strip() or lines[0] != "Character devices:":
+        first = text.strip().splitlines()[0][:60] if text.strip() else ""
+        raise ParseError("proc_devices", f"no 'Character devices:' header (first line {first!r})", text)
+    if not text.endswith("\n"):
+        raise ParseError("proc_devices", f"cut short: the last line {lines[-1][:60]!r} has no newline", text)
+    groups: list[DeviceGroup] = []
+    section = "char"
+    for line in lines[1:-1]:
+        if not line:
+            continue
+        if line == "Block devices:" and section == "char":
+            section = "block"
+            continue
+        match = _PROC_DEVICES_LINE.match(line)
+        if not match:
+            raise ParseError("proc_devices", f"not a /proc/devices line: {line[:80]!r}", text)
+        if section == "char":
+            groups.append(DeviceGroup(int(match.group(1)), match.group(2)))
+    return tuple(groups)
 
 
 def parse_pid1(text: str) -> str:

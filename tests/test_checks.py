@@ -121,6 +121,22 @@ def installed_unscored(note: str) -> Callable[[HostFacts], HostFacts]:
     return lambda f: dataclasses.replace(f, unit_security={} if "exit" in note else None,
                                          units={"vllm.service": unit}, notes={**f.notes, "unit_security": note})
 
+def proc_devices_text(case: str) -> str:
+    """A /proc/devices of tests/fixtures/facts/proc_devices/ (the H200's, this machine's: a lab host's)."""
+    data = json.loads((Path(__file__).parent / "fixtures" / "facts" / "proc_devices" / f"{case}.json").read_text())
+    return str(data["stdout"])
+
+
+def proc_devices(case: str, edit: Callable[[str], str] = lambda text: text) -> Callable[[HostFacts], HostFacts]:
+    """The host's character device groups read from a /proc/devices fixture (after `edit`)."""
+    def change(f: HostFacts) -> HostFacts:
+        notes = {name: note for name, note in f.notes.items() if name != "proc_devices"}
+        return dataclasses.replace(f, device_groups=parsers.parse_proc_devices(edit(proc_devices_text(case))),
+                                   notes=notes)
+
+    return change
+
+
 SNAPSHOT = weights.Snapshot("Qwen/Qwen2.5-7B-Instruct-AWQ", "main", "a" * 40, (
     weights.WeightFile("config.json", 700, "git-sha1:" + "b" * 40),
     weights.WeightFile("model-00001-of-00002.safetensors", 3_900_000_000, "sha256:" + "c" * 64),
@@ -373,6 +389,25 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
      lambda f: dataclasses.replace(f, dirs={**{path: None for path in facts.DROP_IN_DIRS},
                                             "/etc/systemd/system/vllm.service.d": ("override.conf", "notes.txt")}),
      None, {"unit.dropins": "fail"}),
+    # Strict hardening's device allow-list against the groups a host's drivers registered (/proc/devices):
+    # the H200's real ones; a lab host's, which are its machine's (no GPU); a driver before 545.
+    ("h200-strict-device-groups", "h200x2-driver580", "hopper", {"hardening": "strict"},
+     proc_devices("h200-driver580-open"), None, {"unit.devices": "pass"}),
+    ("h200-strict-on-a-lab-host", "h200x2-driver580", "hopper", {"hardening": "strict"},
+     proc_devices("firecracker-vm-no-gpu"), None, {"unit.devices": "fail"}),
+    ("h200-default-on-a-lab-host", "h200x2-driver580", "hopper", {},
+     proc_devices("firecracker-vm-no-gpu"), None, {"unit.devices": "skip"}),
+    ("h200-strict-no-uvm-loaded", "h200x2-driver580", "hopper", {"hardening": "strict"},
+     proc_devices("h200-driver580-open", lambda text: text.replace("238 nvidia-uvm\n", "")), None,
+     {"unit.devices": "fail"}),
+    ("h200-strict-driver-before-545", "h200x2-driver580", "hopper", {"hardening": "strict"},
+     proc_devices("h200-driver580-open", lambda text: text.replace("195 nvidia\n195 nvidiactl\n",
+                                                                   "195 nvidia-frontend\n")), None,
+     {"unit.devices": "fail"}),
+    ("strict-on-a-recording-without-proc-devices", "rtx5090x2-tr7960x", "rtx5090", {"hardening": "strict"},
+     None, None, {"unit.devices": "fail"}),
+    ("cpu-profile-strict-opens-no-device", "h200x2-driver580", "cpu", {"hardening": "strict"},
+     lambda f: dataclasses.replace(f, gpus=(), driver=None), None, {"unit.devices": "skip"}),
     # Endpoints: HAProxy as `haproxy -v` printed it on Debian 12; a replica here and one elsewhere.
     ("endpoint-router-with-key", "h200x2-driver580", "cpu",
      {"model": "m", "_endpoints": (ENDPOINT,), "_api_key_set": True},
@@ -745,3 +780,63 @@ def test_the_docs_example_is_read_verbatim_and_a_broken_file_is_said() -> None:
     assert broken.status == "fail" and broken.message.startswith("could not be checked: /var/lib/vllm/.nccl.conf")
     assert nccl_conf_finding({}).status == "skip"
 
+
+
+def _devices_finding(case_id: str) -> checks.Finding:
+    (ctx,) = context_for(next(c for c in CASES if c[0] == case_id)).values()
+    return next(f for f in checks.evaluate(ctx) if f.id == "unit.devices")
+
+
+def test_strict_allows_the_groups_the_h200s_driver_registered() -> None:
+    """The profile's entries against the H200's /proc/devices (read from the fixture, which is to be
+    replaced by the verbatim recording): each entry's group by name, with its major."""
+    host = parsers.parse_proc_devices(proc_devices_text("h200-driver580-open"))
+    found = _devices_finding("h200-strict-device-groups")
+    assert (found.status, found.severity) == ("pass", "blocker")
+    wanted = [entry.split()[0].removeprefix("char-") for entry, _ in PROFILES["hopper"].devices]
+    groups = [group for name in wanted for group in host if group.name == name]
+    assert [group.name for group in groups] == wanted  # every entry matched one of the driver's groups
+    assert found.message == ("DeviceAllow= " + ", ".join(f"char-{g.name} ({g.major})" for g in groups)
+                             + ": the groups the host's drivers registered")
+    assert found.evidence["nvidia_groups"] == [f"195 {g.name}" for g in host if g.major == 195]
+    assert found.evidence["unmatched"] == []
+
+
+def test_strict_on_a_host_without_nvidia_groups_is_refused_and_the_default_level_is_not_judged() -> None:
+    """A lab host (systemd-nspawn on a machine with no GPU) reads its machine's /proc/devices: no group
+    on 195, whatever GPU its recording replays. Strict would shut the server out: a blocker."""
+    found = _devices_finding("h200-strict-on-a-lab-host")
+    assert found.blocks
+    assert found.message.startswith("strict's device allow-list would reach no GPU: the host's /proc/devices has "
+                                    "no group on major 195, the NVIDIA driver's")
+    assert "--set hardening=default" in (found.fix or "") and found.evidence["nvidia_groups"] == []
+    default = _devices_finding("h200-default-on-a-lab-host")
+    assert default.status == "skip"
+    # Before 545 the driver registered 195 as one group, nvidia-frontend: the names match none of it.
+    old = _devices_finding("h200-strict-driver-before-545")
+    assert old.blocks and "matches none of the NVIDIA driver's groups on major 195 (195 nvidia-frontend)" in old.message
+
+
+def test_an_entry_no_group_matches_warns_and_unknown_groups_say_so() -> None:
+    no_uvm = _devices_finding("h200-strict-no-uvm-loaded")
+    assert (no_uvm.status, no_uvm.severity) == ("fail", "warning")
+    assert "left out, no such group in /proc/devices: char-nvidia-uvm rw (CUDA's unified memory" in no_uvm.message
+    assert no_uvm.evidence["unmatched"] == ["char-nvidia-uvm rw"]
+    unknown = _devices_finding("strict-on-a-recording-without-proc-devices")
+    assert (unknown.status, unknown.severity) == ("fail", "warning")
+    assert unknown.message.startswith("could not be checked: the host's device groups are unknown (not collected); "
+                                      "the unit allows the profile's entries as written")
+    assert "char-nvidia rw, char-nvidiactl rw, char-nvidia-uvm rw, char-nvidia-caps rw" in unknown.message
+
+
+def test_a_glob_entry_allows_each_group_it_matches_by_name() -> None:
+    """systemd matches DeviceAllow=char-PATTERN with fnmatch; the unit spells out what it matched here."""
+    from provision import hardening
+
+    host = parsers.parse_proc_devices(proc_devices_text("h200-driver580-open"))
+    assert [g.name for g in hardening.matching("nvidia-caps*", host)] == ["nvidia-caps", "nvidia-caps-imex-channels"]
+    entries = (hardening.DeviceEntry("char-nvidia-caps* rw", "caps", hardening.matching("nvidia-caps*", host)),
+               hardening.DeviceEntry("char-nvidia-caps rw", "caps", hardening.matching("nvidia-caps", host)),
+               hardening.DeviceEntry("/dev/nvidia-modeset rw", "a path", None))
+    assert [a.entry for a in hardening.allowed_devices(entries)] == [
+        "char-nvidia-caps rw", "char-nvidia-caps-imex-channels rw", "/dev/nvidia-modeset rw"]

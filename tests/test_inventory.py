@@ -166,7 +166,7 @@ def test_a_gpu_profile_must_say_which_device_nodes_it_opens(tmp_path: Path) -> N
     from provision.profiles import PROFILE_DIR, profile_from_mapping
 
     data = yaml.safe_load((PROFILE_DIR / "rtx5090.yaml").read_text())
-    assert profile_from_mapping(data, "rtx5090.yaml").devices[0][0] == "char-nvidia-frontend rw"
+    assert profile_from_mapping(data, "rtx5090.yaml").devices[0][0] == "char-nvidia rw"
     without = {k: v for k, v in data.items() if k != "devices"}
     with pytest.raises(ProfileError, match="a GPU profile must list the device nodes"):
         profile_from_mapping(without, "site.yaml")

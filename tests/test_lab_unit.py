@@ -79,9 +79,10 @@ def test_every_lab_machine_says_which_facts_it_cannot_replay() -> None:
             for host in lab.DEFAULT_HOSTS if host.machine}
     # The recorded H200 node replays its module list (lsmod from its verbatim /proc/modules), so the
     # nouveau check reads the node's modules, not "could not be checked" for this machine's lack of them.
-    assert said["h200x2-driver580"] == [] and said["dgx-spark-gb10"] == []
+    # No recording holds /proc/devices: every host reads this machine's (no NVIDIA group), said so.
+    assert said["h200x2-driver580"] == ["proc_devices"] and said["dgx-spark-gb10"] == ["proc_devices"]
     # No memory or /proc/cpuinfo was recorded on the 5090 workstation: this machine's answer, said so.
-    assert said["rtx5090x2-tr7960x"] == ["meminfo", "cpuinfo"]
+    assert said["rtx5090x2-tr7960x"] == ["meminfo", "cpuinfo", "proc_devices"]
     h200 = {e["fact"]: e for e in lab.load_machine("h200x2-driver580")["outputs"]}
     from provision import parsers
     assert parsers.parse_lsmod(h200["lsmod"]["stdout"]) == parsers.parse_proc_modules(h200["modules"]["stdout"])

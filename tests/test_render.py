@@ -32,7 +32,7 @@ from provision.engines.vllm import RAY_HEAD_UNIT, RAY_WORKER_UNIT
 from provision.facts import HostFacts
 from provision.parsers import UnitState
 from tests.conftest import FIXTURES
-from tests.test_checks import CASES, context_for
+from tests.test_checks import CASES, context_for, proc_devices_text
 from tests.test_topology import stdout
 
 GOLDEN = FIXTURES / "render"
@@ -69,6 +69,8 @@ def seed_states() -> dict[str, render.DesiredState]:
     (ws_strict,) = contexts_of("rtx5090x2-tp2-awq32b-all-good", hardening="strict").values()
     pair = contexts_of("spark-pair-good")
     pair_strict = contexts_of("spark-pair-good", hardening="strict")
+    # An H200 node's allow-list from the groups its driver registered (the proc_devices fixture).
+    (h200_strict,) = contexts_of("h200-strict-device-groups").values()
     # The lab's serving host: the cpu profile, as its vLLM CPU build runs there.
     (cpu,) = contexts_of("cpu-host", model="lab/tiny-llama", max_model_len=256).values()
     return {
@@ -78,6 +80,7 @@ def seed_states() -> dict[str, render.DesiredState]:
         "cpu-tiny-llama": _state(dataclasses.replace(cpu, host="cpu-1")),
         "rtx5090x2-tp2-awq-strict": _state(dataclasses.replace(ws_strict, host="ws-5090")),
         "spark-pair-worker-strict": _state(pair_strict["spark-b"]),
+        "h200-hopper-strict": _state(dataclasses.replace(h200_strict, host="h200")),
         **engine_states(),
     }
 
@@ -108,7 +111,7 @@ LAB_ENDPOINT = endpoints.EndpointPlan("lab-tiny", "cpu-2", "0.0.0.0", 9000, 60.0
 
 
 GOLDEN_CASES = ["rtx5090x2-tp2-awq", "spark-pair-head", "spark-pair-worker", "cpu-tiny-llama",
-                "rtx5090x2-tp2-awq-strict", "spark-pair-worker-strict", "rtx5090x2-trtllm-nvfp4",
+                "rtx5090x2-tp2-awq-strict", "spark-pair-worker-strict", "h200-hopper-strict", "rtx5090x2-trtllm-nvfp4",
                 "spark-pair-trtllm-head", "spark-pair-trtllm-worker", "cpu-llamacpp-gguf",
                 "cpu-llamacpp-gguf-router"]
 
@@ -138,6 +141,7 @@ EXPOSURE = {  # (case, unit): (hardening level, before, after)
     ("cpu-tiny-llama", "vllm.service"): ("default", 8.5, 2.9),
     ("rtx5090x2-tp2-awq-strict", "vllm.service"): ("strict", 8.5, 1.9),
     ("spark-pair-worker-strict", "vllm-ray-worker.service"): ("strict", 8.5, 1.9),
+    ("h200-hopper-strict", "vllm.service"): ("strict", 8.5, 1.9),
     ("rtx5090x2-trtllm-nvfp4", "trtllm-serve.service"): ("default", 8.5, 3.3),
     ("spark-pair-trtllm-head", "trtllm-serve.service"): ("default", 8.5, 3.3),
     ("cpu-llamacpp-gguf", "llama-server.service"): ("default", 8.5, 2.9),
@@ -201,9 +205,32 @@ def test_device_access_follows_the_profile_and_the_level() -> None:
     assert cpu["PrivateDevices"] == ["yes"] and cpu["ProtectClock"] == ["yes"] and "DeviceAllow" not in cpu
     ws = _directives("rtx5090x2-tp2-awq-strict", "vllm.service")
     assert ws["DevicePolicy"] == ["closed"] and ws["SystemCallFilter"] == ["@system-service", "pidfd_getfd"]
-    assert ws["DeviceAllow"] == ["char-nvidia-frontend rw", "char-nvidia-uvm rw", "char-nvidia-caps rw"]
+    # No /proc/devices in the workstation's recording: the profile's entries as written.
+    assert ws["DeviceAllow"] == ["char-nvidia rw", "char-nvidiactl rw", "char-nvidia-uvm rw", "char-nvidia-caps rw"]
+    assert "# The profile's groups as written: the host's /proc/devices was not read (not collected)." in (
+        GOLDEN / "rtx5090x2-tp2-awq-strict" / "vllm.service").read_text()
     worker = _directives("spark-pair-worker-strict", "vllm-ray-worker.service")
     assert worker["DeviceAllow"][-1] == "char-infiniband_verbs rw"  # NCCL over the CX-7 RDMA links
+    # The H200: the groups its driver registered, by the names in its /proc/devices.
+    h200 = _directives("h200-hopper-strict", "vllm.service")
+    registered = {group.name for group in parsers.parse_proc_devices(proc_devices_text("h200-driver580-open"))}
+    assert h200["DevicePolicy"] == ["closed"]
+    assert h200["DeviceAllow"] == ["char-nvidia rw", "char-nvidiactl rw", "char-nvidia-uvm rw", "char-nvidia-caps rw"]
+    assert {entry.split()[0].removeprefix("char-") for entry in h200["DeviceAllow"]} <= registered
+
+
+def test_strict_on_a_host_whose_driver_registered_nothing_stays_closed_and_names_what_it_left_out() -> None:
+    """A lab host's /proc/devices (its machine's, no GPU): nothing to allow, yet the policy stays closed
+    (the gate refuses the unit: unit.devices); the unit names each entry it left out, and why."""
+    (lab_host,) = contexts_of("h200-strict-on-a-lab-host").values()
+    unit = next(f.content for f in _state(lab_host).files if f.path.endswith("/vllm.service"))
+    assert "DevicePolicy=closed\n" in unit and "DeviceAllow=" not in unit
+    assert ("# Left out, no such group in the host's /proc/devices: char-nvidia rw (the GPUs (/dev/nvidia[0-9]*, "
+            "major 195)).") in unit
+    (default,) = contexts_of("h200-default-on-a-lab-host").values()
+    unit = next(f.content for f in _state(default).files if f.path.endswith("/vllm.service"))
+    assert not {"DevicePolicy", "DeviceAllow", "Left out"} & {line.split("=")[0].lstrip("# ").split(",")[0]
+                                                             for line in unit.splitlines()}
 
 
 def test_the_server_on_a_ray_head_shares_the_heads_tmp() -> None:

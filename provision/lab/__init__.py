@@ -135,8 +135,8 @@ DEFAULT_ENDPOINTS: Mapping[str, Mapping[str, Any]] = {
 # Facts a lab host answers with this machine's values when its recording lacks them: its kernel, the
 # machine's /proc files, lscpu of the machine's CPU, the root's Debian. (A tool the host lacks, such as
 # nvidia-smi or ibdev2netdev, answers "not present", which is no lie; units, interfaces and PID 1 are the
-# host's own on purpose.)
-FROM_THIS_MACHINE = ("uname", "os_release", "meminfo", "cpuinfo", "lscpu", "lscpu_cpus", "modules")
+# host's own on purpose.) /proc/devices is the machine's too: no NVIDIA group, whatever GPU is replayed.
+FROM_THIS_MACHINE = ("uname", "os_release", "meminfo", "cpuinfo", "lscpu", "lscpu_cpus", "modules", "proc_devices")
 
 
 def not_replayed(machine: Mapping[str, Any]) -> list[str]:

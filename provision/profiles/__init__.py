@@ -183,7 +183,7 @@ def _devices(data: Mapping[str, Any], source: str) -> tuple[tuple[str, str], ...
         if data.get("gpu") is not None:
             # A GPU profile without the list would get a private /dev, which hides /dev/nvidia*.
             raise ProfileError(f"{source}: a GPU profile must list the device nodes its server opens "
-                               "(devices: {char-nvidia-frontend rw: /dev/nvidiactl ..., ...})")
+                               "(devices: {char-nvidiactl rw: /dev/nvidiactl, ...})")
         return ()
     devices = data.get("devices") or {}
     if not isinstance(devices, dict):

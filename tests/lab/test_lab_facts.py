@@ -39,6 +39,8 @@ def test_facts_over_ssh_are_the_replayed_machine_in_one_execution(
     assert gathered.driver == parsers.parse_nvidia_version(recorded(machine, "nvidia_driver"))
     assert gathered.kernel == parsers.parse_uname(recorded(machine, "uname")).release
     assert gathered.systemd_is_pid1  # the real systemd of the lab host, not a recording
+    # /proc/devices is not replayed: a container reads its machine's, which has no NVIDIA group.
+    assert gathered.device_groups == parsers.parse_proc_devices(Path("/proc/devices").read_text())
     assert gathered.units["vllm.service"].load_state in ("loaded", "not-found")  # real systemd answers
     assert any(addr.startswith(host.address + "/") for i in gathered.interfaces for addr in i.addresses)
 
