@@ -203,6 +203,14 @@ def _gpu_rows(host_facts: HostFacts) -> tuple[dict[str, Any], ...]:
     return tuple(rows)
 
 
+def silent(unit: str) -> str:
+    """A server whose process runs and accepts connections but answers nothing: stopped (SIGSTOP) or
+    wedged in a way that holds its HTTP thread too. On an H200 a SIGSTOPped llama-server read so: the
+    unit active and running, /health timing out (not refused), the GPU at its idle draw."""
+    return (f"stuck: {unit} runs but /health did not answer (its process is stopped or wedged); "
+            f"`journalctl -u {unit}` on the host shows its last lines, `systemctl restart {unit}` clears it")
+
+
 def unauthorized(key_sent: bool) -> str:
     """What an HTTP 401 from vLLM means for the person running the tool."""
     if key_sent:
@@ -270,6 +278,8 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
     refused_key = (serving.get("models") or {}).get("status") == 401
     healthy = unit["active"] == "active" and health_text == "ok" and not refused_key
     problem = None if healthy else (f"{unit_name} is {unit['active']}" if unit["active"] != "active"
+                                    else silent(unit_name) if health_text == "not answering"
+                                    and unit["sub"] == "running"
                                     else f"/health {health_text}" if health_text != "ok"
                                     else unauthorized(key_sent))
     return HostStatus(host, role, True, healthy, problem, health=health_text, model=model, figures=found,

@@ -90,15 +90,21 @@ def test_one_sample_or_pages_without_the_counter_are_not_judged() -> None:
     assert stall.progress(empty, 3.0, VLLM_COUNTERS).state == "not judged"
 
 
-def test_llama_cpp_and_trtllm_12_are_not_judged_and_say_why() -> None:
+def test_llama_cpp_is_judged_by_its_counter_and_gauge_and_trtllm_12_is_not() -> None:
+    """llama-server's own names, from the contract table: its generated-token counter moving under two
+    requests on the lab's b10434 pages, and both names on the b11434 page recorded on an H200."""
     llama = engines.ENGINES["llamacpp"]
     found = stall.counters(llama, llama.metrics, None)
-    assert found.missing and "engine_contracts.yaml has no row" in found.missing and "llamacpp:tokens_predicted_total" in found.missing
+    assert (found.generated, found.running, found.missing) == (
+        "llamacpp:tokens_predicted_total", "llamacpp:requests_processing", None)
     rec = recording("llamacpp-b10434-tiny-gguf")
     read = [stall.sample(0.0, parsers.parse_metrics(rec["first"]), found),
-            stall.sample(5.0, parsers.parse_metrics(rec["second"]), found)]
-    judged = stall.progress(read, 3.0, found)
-    assert judged.state == "not judged" and judged.detail == found.missing
+            stall.sample(float(rec["window"]), parsers.parse_metrics(rec["second"]), found)]
+    assert stall.progress(read, 3.0, found).state == "generating"
+    h200 = parsers.parse_metrics(recording("llamacpp-b11434-h200-llama-8b-shape")["page"])
+    assert {found.generated, found.running} <= set(h200)
+    frozen = [stall.sample(at, {**h200, "llamacpp:requests_processing": 4.0}, found) for at in (0.0, 70.0)]
+    assert stall.progress(frozen, stall.STALL_WINDOW, found).state == "stuck"
     trtllm = engines.ENGINES["trtllm"]
     on_12 = stall.counters(trtllm, trtllm.metric_names(Settings.of({"vllm_spec": "tensorrt_llm==1.2.0"})),
                            "tensorrt_llm==1.2.0")

@@ -627,3 +627,22 @@ def test_readiness_reads_a_crash_when_the_process_exits_not_when_systemd_restart
     assert serve.crashed(restarted, 1) is None  # the restart counted before readiness began
     assert serve.crashed(given_up, 0) == "failed"
     assert serve.crashed(serve.parse_show(""), None) is None  # no systemd: the server's answers decide
+
+
+def test_a_server_that_runs_but_answers_nothing_is_called_stuck() -> None:
+    """As a SIGSTOPped llama-server read on the H200: the unit active and running, /health timing out
+    (not refused); a refused connection on a running unit stays a plain /health problem."""
+    answer = probe_answer_from_recording(lab.load_machine("h200x2-driver580"), python="3.12.3")
+    host = facts.facts_from_probe("h200", ok(answer))
+    unit = parsers.UnitState("llama-server.service", "loaded", "active", "running", "enabled", 0,
+                             "Thu 2026-12-03 20:50:54 UTC")
+    host = dataclasses.replace(host, units={**host.units, unit.name: unit})
+    llama = engines.ENGINES["llamacpp"]
+    timed_out = {"health": {"status": None, "error": "TimeoutError: timed out"}}
+    found = status.host_status("h200", "server", host, timed_out, None, 3.1, engine=llama)
+    assert not found.healthy and found.problem is not None
+    assert found.problem.startswith("stuck: llama-server.service runs but /health did not answer")
+    assert "systemctl restart llama-server.service" in found.problem
+    refused = {"health": {"status": None, "error": "ConnectionRefusedError: [Errno 111]"}}
+    assert status.host_status("h200", "server", host, refused, None, 0.4, engine=llama).problem == (
+        "/health not answering (connection refused)")
