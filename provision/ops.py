@@ -126,10 +126,12 @@ def _decide(runner: Runner, action: str, scope: Scope, wait: float, secrets: Map
                    left=answer.get("left"))
 
 
-def promote(runner: Runner, generation: int, scope: Scope, wait: float = 0) -> Outcome:
+def promote(runner: Runner, generation: int, scope: Scope, wait: float = 0,
+            restart_s: float | None = None) -> Outcome:
     """The generation passed readiness: last-known-good. Refused when another run has changed the host
-    since (then what answered is not what this run applied)."""
-    return _decide(runner, "promote", scope, wait, None, generation=generation)
+    since (then what answered is not what this run applied). `restart_s`: how long its apply and the
+    readiness after it took, kept with it (tune reads it as this hardware's restart)."""
+    return _decide(runner, "promote", scope, wait, None, generation=generation, restart_s=restart_s)
 
 
 def reject(runner: Runner, generation: int, scope: Scope, why: str, wait: float = 0,

@@ -196,7 +196,10 @@ def roll_one(group: list[str], roll: Roll, connect: Connect, bar: Bar, done: dic
         outcomes[name].steps["ready"] = round(time.monotonic() - started, 2)
     for name, number in sorted(made.items()) if not errors else []:
         try:  # "ready" must be about what this run applied: refused if another run changed the host since
-            ops.promote(connect(name), number, plans[name].scope, wait=wait)
+            steps = outcomes[name].steps
+            restart = (round(steps.get("apply", 0.0) + steps["ready"], 1)
+                       if outcomes[name].ready_s is not None and "ready" in steps else None)
+            ops.promote(connect(name), number, plans[name].scope, wait=wait, restart_s=restart)
         except ProvisionError as exc:
             errors[name] = exc
             outcomes[name].state = "failed"

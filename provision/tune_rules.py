@@ -305,6 +305,19 @@ class Costs:
         return cls(max(restarts, default=None), max(unchanged, default=None), max(benches, default=None))
 
 
+def recorded_restart_s(state_text: str | None, newest: int = 5) -> float | None:
+    """Pure: the host's generations state.json -> the longest restart (apply until the server answered)
+    that its newest `newest` good generations recorded, None where none did. Deploys, tune's own trials
+    included, keep it with each generation they promote: a restart measured on this hardware before
+    this run (on the H200 host, 4-9 s, where a tune with none measured counted --timeout, 120 s)."""
+    try:
+        kept = json.loads(state_text or "").get("generations") or []
+        times = [float(g["restart_s"]) for g in kept if g.get("state") == "good" and g.get("restart_s")]
+    except (ValueError, AttributeError, TypeError, KeyError):
+        return None
+    return max(times[-newest:]) if times else None
+
+
 def step_cost(step: str, *, costs: Costs, timeout: float, back_restarts: bool) -> tuple[float | None, str]:
     """The most seconds `step` may take, its way back included, and the sum in words (None: unknown).
 

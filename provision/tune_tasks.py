@@ -23,8 +23,8 @@ from provision.taskargs import (
             "slo-itl-ms": "bound on the p95 inter-token latency (ms)",
             "budget": "minutes one host's tuning may take, the way back to the winner included: a step starts "
                       "only if the times measured so far say it ends in time (a candidate: a restart, a "
-                      "benchmark, a restart back; a restart not yet measured on this hardware counts as "
-                      "--timeout). Useful from: two benchmarks of the host as it is (the noise) plus one "
+                      "benchmark, a restart back; a restart not yet measured by tune is the host's last deploys', "
+                      "else --timeout). Useful from: two benchmarks of the host as it is (the noise) plus one "
                       "candidate, e.g. with --timeout 120 and a 20 s benchmark about 6 minutes; the run "
                       "prints the --budget its next step needed when it stops",
             "timeout": "seconds each trial's server has to become ready (default 600)",

@@ -363,3 +363,16 @@ def test_unit_states_read_one_systemctl_show_for_all_units() -> None:
     assert host_generations.parse_unit_states(case["stdout"], case["units"]) == case["expected"]
     assert host_generations.parse_unit_states("", ["vllm.service"]) == {
         "vllm.service": {"installed": False, "enabled": False, "active": False}}
+
+
+def test_a_promoted_generation_keeps_how_long_its_restart_took(host: dict[str, Any]) -> None:
+    """Deploy's apply plus readiness, kept with the generation: tune's estimate of a restart on this
+    hardware (the H200 host's deploys took 4-9 s while tune, knowing none, counted 120 s)."""
+    deploy(host, "PORT=8000\n")
+    assert run(host, "promote", generation=2, restart_s=9.1)["ok"]
+    deploy(host, "PORT=8001\n")
+    assert run(host, "promote", generation=3)["ok"]  # a caller that measured none (older tools)
+    rows = {row["id"]: row for row in run(host, "list")["generations"]["generations"]}
+    assert (rows[2]["restart_s"], rows[3].get("restart_s")) == (9.1, None)
+    state = Path(host["root"], "state.json").read_text()
+    assert [g.get("restart_s") for g in json.loads(state)["generations"] if g["id"] in (2, 3)] == [9.1, None]

@@ -571,3 +571,19 @@ def test_a_server_whose_context_the_probes_overflow_is_asked_again_with_fewer_wo
     monkeypatch.setattr(tune, "served_context_answer", lambda *_a, **_k: refusing)
     refused = tune.counted_context(None, None, fake, None, refusing)  # type: ignore[arg-type]
     assert refused.tokens_per_word is None and refused.error.startswith("HTTP 500"), refused
+
+
+def test_a_restart_recorded_by_the_hosts_deploys_is_the_budgets_estimate() -> None:
+    """The newest good generations' restart times (apply + readiness) stand for a restart not yet measured
+    by tune: on the H200 host the budget counted --timeout (120 s) and tried no candidate."""
+    state = json.dumps({"current": 5, "generations": [
+        {"id": 1, "state": "found"}, {"id": 2, "state": "good", "restart_s": 9.1},
+        {"id": 3, "state": "rejected", "restart_s": 300.0}, {"id": 4, "state": "good", "restart_s": 4.4},
+        {"id": 5, "state": "good"}]})
+    assert tune_rules.recorded_restart_s(state) == 9.1
+    assert tune_rules.recorded_restart_s(state, newest=1) == 4.4
+    for nothing in (None, "", "not json", json.dumps({"generations": [{"id": 2, "state": "good"}]})):
+        assert tune_rules.recorded_restart_s(nothing) is None
+    costs = tune_rules.Costs(restart_s=tune_rules.recorded_restart_s(state), bench_s=48.0)
+    need, words = tune_rules.step_cost("trial", costs=costs, timeout=120, back_restarts=True)
+    assert need == pytest.approx(2 * 9.1 + 48.0) and "none measured" not in words

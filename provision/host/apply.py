@@ -361,7 +361,7 @@ def _decide(spec: dict[str, Any], result: dict[str, Any]) -> None:
         if not matches(root, number, generations):
             raise StepFailed(f"the managed files changed since generation {number} was applied")
         set_state(root, number, "good", units=unit_states(generations["units"]),
-                  verified=time.strftime("%Y-%m-%d %H:%M:%S"))
+                  verified=time.strftime("%Y-%m-%d %H:%M:%S"), restart_s=spec.get("restart_s"))
         result["generation"] = number
         return
     if action == "reject":

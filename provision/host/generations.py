@@ -73,7 +73,7 @@ def load_meta(root: str, number: int) -> dict[str, Any]:
 
 def _summary(meta: dict[str, Any]) -> dict[str, Any]:
     return {key: meta.get(key) for key in ("id", "state", "created", "by", "changes", "previous", "deadline",
-                                            "note", "models", "venv", "overrides")}
+                                            "note", "models", "venv", "overrides", "restart_s")}
 
 
 def _store(root: str, meta: dict[str, Any]) -> None:
