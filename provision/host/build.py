@@ -12,6 +12,7 @@ while the compiler works and one {"event": "result", "ok", "wheel", "sha256", "s
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,9 +22,23 @@ from typing import Any
 
 from provision.host.common import emit, sha256_of
 
+# Lines that say why a build failed, wherever they fall in its output: pip closes a failed build with
+# "This error originates from a subprocess, and is likely not a problem with pip" and three more lines
+# that say nothing (on the H200 host the cause, a cmake that could not execute, was 60 lines above).
+TELLING = re.compile(r"CMake Error|\berror\b:|\bfatal\b|Error: |Error\b.*\[Errno|No such file|"
+                     r"not found|Permission denied|nvcc fatal|FAILED:|Killed|No space left")
+QUIET = ("error: subprocess-exited-with-error", "ERROR: Failed building wheel", "ERROR: Failed to build")
+
+
+def telling(lines: list[str], keep: int = 3) -> list[str]:
+    """Pure: a failed step's output lines -> the first `keep` that say why (pip's own closing words left
+    out), else its last lines."""
+    found = [line.strip() for line in lines if TELLING.search(line) and not any(q in line for q in QUIET)]
+    return [line[:300] for line in found[:keep] or [line.strip() for line in lines[-4:]]]
+
 
 def _run(step: str, argv: list[str], env: Mapping[str, str] | None = None) -> None:
-    """Run a step, streaming its output as log events; the last lines are kept for the error."""
+    """Run a step, streaming its output as log events; the lines that say why it failed are kept."""
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, env=env)
     lines: list[str] = []
@@ -31,10 +46,10 @@ def _run(step: str, argv: list[str], env: Mapping[str, str] | None = None) -> No
     for raw in process.stdout:
         line = raw.decode("utf-8", "replace").rstrip()
         lines.append(line)
-        del lines[:-20]
+        del lines[:-400]
         emit("log", line=line)
     if process.wait() != 0:
-        raise RuntimeError(f"{step} failed (exit {process.returncode}): {' | '.join(lines[-4:])}")
+        raise RuntimeError(f"{step} failed (exit {process.returncode}): {' | '.join(telling(lines))}")
 
 
 def build(spec: dict[str, Any]) -> dict[str, Any]:

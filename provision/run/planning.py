@@ -216,8 +216,16 @@ def builder(inv: inventory.Inventory, accept_new_host_keys: bool) -> Builder:
             venv.push(runner, house.files(venv.missing_wheels(house, ctx.facts)))
             progress_line(f"{ctx.host}: building {recipe.source} for {recipe.arch}/Python {recipe.python} "
                            f"({', '.join(f'{k}={v}' for k, v in sorted(recipe.env.items()))}) ...")
-            return build.build(runner, recipe, on_line=lambda line: logging.getLogger("provision.build").debug(
-                "%s: %s", ctx.host, line))
+            shown = [-100]
+
+            def on_line(line: str) -> None:
+                logging.getLogger("provision.build").debug("%s: %s", ctx.host, line)
+                percent = build.build_percent(line, shown[0])
+                if percent is not None:
+                    shown[0] = percent
+                    progress_line(f"{ctx.host}: building {ctx.settings.venv_source}: {percent} % ({line.strip()[7:90]})")
+
+            return build.build(runner, recipe, on_line=on_line)
         finally:
             runner.close()
 
