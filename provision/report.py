@@ -490,6 +490,12 @@ def print_rollback(results: HostResults[Any], listing: bool, json_: bool) -> Non
 # deploy and status
 
 
+def _build_from(hostplan: Any) -> str | None:
+    """Where a host's source-built wheel came from this run: built on it, or the build cache."""
+    built = hostplan.build if hostplan is not None else None
+    return built[0] if built else None
+
+
 def print_deployed(result: Deployed, json_: bool) -> None:
     """deploy's summary: each host's state, changes, seconds per step and what happened."""
     order, plans, outcomes, applied = result.order, result.plans, result.outcomes, result.applied
@@ -501,6 +507,7 @@ def print_deployed(result: Deployed, json_: bool) -> None:
         rows.append({"host": name, "state": outcome.state, "changes": applied.get(name, 0),
                      "planned": [c.describe() for c in changes], "steps_s": outcome.steps,
                      "ready_s": outcome.ready_s, "weights_from": fetched[name].source if name in fetched else None,
+                     "build_from": _build_from(plans.get(name)),
                      "detail": outcome.detail or (error_text(errors[name]) if name in errors else "")})
     if json_:
         print(dump_json({"hosts": rows, "seconds": round(seconds, 2), "ok": not errors,

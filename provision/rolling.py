@@ -395,7 +395,8 @@ def roll_out(planned: Planned, options: Options, pool: remote.Pool, roll: Roll, 
     errors.update(failed)
     _gate_unchanged(roll, pool, errors)
     for name, outcome in outcomes.items():
-        outcome.steps = {**timings.get(name, {}), **outcome.steps}
+        built = plans[name].build if name in plans else None
+        outcome.steps = {**({"build": built[1]} if built else {}), **timings.get(name, {}), **outcome.steps}
         if name in errors and outcome.state in ("unchanged", "ready"):
             outcome.state, outcome.detail = "failed", error_text(errors[name])
         elif name not in plans and name not in errors:

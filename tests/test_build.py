@@ -90,3 +90,39 @@ def test_a_long_build_shows_cmakes_progress_every_ten_points() -> None:
             seen.append(percent)
     assert seen == [3, 19, 100]
     assert build.build_percent("[100%] Built target x", 100) is None
+
+
+def test_deploy_says_where_a_source_built_wheel_came_from_and_how_long_the_build_took(
+        tmp_path: Path, monkeypatch) -> None:
+    """A source built in this run is a step of its own with its seconds (on the H200 host llama.cpp's build
+    was 432 of the 442 s to ready, and deploy's steps did not show it); the next run takes the cache; a
+    plan (no builder) shows the build as a change to come."""
+    import time
+
+    from provision import context
+    from provision.run import planning
+    from tests.test_checks import PROFILES, recorded, settings
+
+    monkeypatch.setenv("PROVISION_WHEELHOUSE", str(tmp_path / "wheelhouse"))
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "setup.py").write_text("from setuptools import setup\nsetup(name='x', version='1')\n")
+    ctx = context.Context(host="h", profile=PROFILES["cpu"], facts=recorded("h200x2-driver580"),
+                          settings=settings("cpu", venv_source=str(source), vllm_spec=None))
+    calls: list[str] = []
+
+    def builder(ctx: context.Context, recipe: build.Recipe) -> Path:
+        calls.append(ctx.host)
+        time.sleep(0.2)
+        recipe.cache.mkdir(parents=True)
+        made = recipe.cache / "x-1-py3-none-any.whl"
+        made.write_bytes(b"built")
+        return made
+
+    planned, pending, step = planning.source_wheel(ctx, None)
+    assert planned is None and step is None and pending is not None and pending.kind == "build"
+    wheel, pending, step = planning.source_wheel(ctx, builder)
+    assert wheel is not None and wheel.read_bytes() == b"built" and pending is None
+    assert step is not None and step[0] == "built on h" and step[1] >= 0.2
+    again, pending, step = planning.source_wheel(ctx, builder)
+    assert (again, pending, step) == (wheel, None, ("the build cache", 0.0)) and calls == ["h"]

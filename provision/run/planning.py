@@ -60,6 +60,9 @@ class HostPlan:
     context: Context | None = None  # what the gate saw and judged (host_plan sets it)
     target: inventory.Host | None = None  # the inventory's host: where to connect
     declared: inventory.Settings | None = None  # the inventory's settings, without the run's --set
+    # The source build the venv needed: where its wheel came from and the seconds it took (deploy's
+    # steps show it: llama.cpp's CUDA build was 432 of an H200 host's 442 s to ready).
+    build: tuple[str, float] | None = None
 
     @property
     def ctx(self) -> Context:
@@ -113,6 +116,26 @@ class Planned:
 Builder = Callable[[context.Context, build.Recipe], "Path | None"]
 
 
+def source_wheel(ctx: context.Context, builder: Builder | None
+                 ) -> tuple[Path | None, plan.Change | None, tuple[str, float] | None]:
+    """The wheel of the host's `venv_source`: from the build cache, or built now by `builder` (timed), or
+    a pending "build" change when there is no builder (plan). Also where it came from and its seconds."""
+    settings = ctx.settings
+    engine_env = engines.engine_of(settings).build_env(ctx, build.jobs_of(ctx.facts))
+    recipe = build.recipe(str(settings.venv_source), ctx.profile, ctx.facts, engine_env,
+                          venv.indexes_of(settings).args())
+    built = build.cached_wheel(recipe)
+    if built is not None:
+        return built, None, ("the build cache", 0.0)
+    if builder is not None:
+        begun = time.monotonic()
+        made = builder(ctx, recipe)
+        return made, None, (f"built on {ctx.host}", round(time.monotonic() - begun, 1))
+    return None, plan.Change("build", str(recipe.source), (
+        f"no wheel built yet for {recipe.arch}/Python {recipe.python}: provision builds it on one "
+        f"host of that architecture ({', '.join(f'{k}={v}' for k, v in sorted(recipe.env.items()))})")), None
+
+
 def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | None,
                verify: bool = False, builder: Builder | None = None, api_key: str | None = None,
                held: secrets.Secrets | None = None) -> HostPlan:
@@ -124,16 +147,10 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
     wheelhouse, venv_data = None, None
     local_wheels = list(settings.venv_wheels)
     pending_build: plan.Change | None = None
+    build_step: tuple[str, float] | None = None
     if only != "weights" and settings.venv_source:
-        engine_env = engines.engine_of(settings).build_env(ctx, build.jobs_of(host_facts))
-        recipe = build.recipe(settings.venv_source, ctx.profile, host_facts, engine_env,
-                              venv.indexes_of(settings).args())
-        built = build.cached_wheel(recipe) or (builder(ctx, recipe) if builder else None)
-        if built is None:
-            pending_build = plan.Change("build", str(recipe.source), (
-                f"no wheel built yet for {recipe.arch}/Python {recipe.python}: provision builds it on one "
-                f"host of that architecture ({', '.join(f'{k}={v}' for k, v in sorted(recipe.env.items()))})"))
-        else:
+        built, pending_build, build_step = source_wheel(ctx, builder)
+        if built is not None:
             local_wheels.append(str(built))
     requirements = venv.service_requirements(ctx)
     if only != "weights" and pending_build is None and (requirements or local_wheels):
@@ -182,7 +199,7 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
                     transfer=settings.transfer, arch=arch, held_wheels=venv.remote_wheels(host_facts),
                     serve=server.endpoint(settings, ctx.naming) if settings.model else None, holds=holds,
                     weights_note=weights.not_fetched(settings, weights.placed_model(
-                        host_facts, render.model_path(settings))), context=ctx)
+                        host_facts, render.model_path(settings))), context=ctx, build=build_step)
 
 
 def unfinished_generation(host_facts: facts.HostFacts, now: float | None = None,
