@@ -1,5 +1,7 @@
 """A GGUF model placed by hand (llama.cpp's one file): the probe reads its size and its header's scalar
-metadata (host/gguf.py).
+metadata (host/gguf.py), the controller maps that metadata to config.json's keys
+(kvcache.config_from_gguf), and memory.fits judges the file's real size and the KV cache its header
+describes, not a guess from the model's name.
 
 Seen on the H200 host: /srv/models/llama-3.1-8b-random-q4_0.gguf (4.33 GiB, Q4_0) was judged as "8B
 parameters x 16 bit" with the KV cache not estimated; llama-server took 5.9 GiB with --ctx-size 8192."""
@@ -9,17 +11,22 @@ import dataclasses
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from provision import facts, weights
+from provision import checks, facts, kvcache, render, secrets, weights
+from provision.errors import KvError
 from provision.host import gguf as hostgguf
 from provision.host import probe
 from provision.lab import tinymodel
+from provision.run import hub as hub_stage
 from tests.fakes import ok
+from tests.test_checks import context_for
 
 GIB = 2**30
 SMALL = tinymodel.GgufShape("small", layers=2, hidden=256, ffn=512, heads=4, kv_heads=2, vocab=1000, context=1024)
+PLACED = "/srv/models/llama-3.1-8b-random-q4_0.gguf"
 TOKENIZER_ARRAYS = ["tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"]
 
 
@@ -151,3 +158,110 @@ def test_the_bounds_stop_the_walk(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     answer = hostgguf.read_gguf(str(path))
     assert answer == {"version": 3, "tensors": 0, "keys": 2, "metadata": {"llama.block_count": 2},
                       "skipped": ["general.description"], "error": None}
+
+
+# --- the mapping: GGUF metadata -> config.json's keys ---------------------------------------------
+
+def llama_8b_metadata() -> dict[str, Any]:
+    shape = tinymodel.SHAPES["llama-3.1-8b"]
+    return {"general.architecture": "llama", "general.file_type": 2, "llama.block_count": shape.layers,
+            "llama.embedding_length": shape.hidden, "llama.attention.head_count": shape.heads,
+            "llama.attention.head_count_kv": shape.kv_heads, "llama.context_length": shape.context,
+            "llama.feed_forward_length": shape.ffn, "llama.rope.dimension_count": 128}
+
+
+def test_llama_metadata_maps_to_the_config_json_keys_and_its_shape() -> None:
+    config = kvcache.config_from_gguf(llama_8b_metadata())
+    assert config == {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32,
+                      "torch_dtype": "float16", "hidden_size": 4096, "num_key_value_heads": 8,
+                      "max_position_embeddings": 131072, "intermediate_size": 14336}
+    shape = kvcache.shape_of(config)
+    assert (shape.layers, shape.kv_heads, shape.head_dim, shape.attention) == (32, 8, 128, "GQA")
+    est = kvcache.estimate(shape, kvcache.Layout(), weights_total=0, budget=GIB, max_model_len=8192)
+    assert est.kv_dtype == "float16" and est.kv_per_token == 2 * 32 * 8 * 128 * 2 == 128 * 1024
+
+
+def test_another_architecture_maps_the_same_way_with_its_own_prefix_and_key_length() -> None:
+    """Qwen3-30B-A3B's header: head_dim 128 is key_length, not 2048 / 32."""
+    metadata = {"general.architecture": "qwen3moe", "qwen3moe.block_count": 48, "qwen3moe.embedding_length": 2048,
+                "qwen3moe.attention.head_count": 32, "qwen3moe.attention.head_count_kv": 4,
+                "qwen3moe.attention.key_length": 128, "qwen3moe.attention.value_length": 128,
+                "qwen3moe.context_length": 40960, "qwen3moe.expert_count": 128}
+    shape = kvcache.shape_of(kvcache.config_from_gguf(metadata))
+    assert (shape.layers, shape.kv_heads, shape.head_dim, shape.experts) == (48, 4, 128, 128)
+
+
+@pytest.mark.parametrize("metadata, why", [
+    ({}, "the GGUF header names no general.architecture"),
+    ({"general.architecture": "mamba", "mamba.block_count": 64}, "the GGUF architecture 'mamba' is not one"),
+    ({"general.architecture": "gemma3"}, "the GGUF architecture 'gemma3' is not one"),
+    ({"general.architecture": "llama", "llama.embedding_length": 4096},
+     "the GGUF header names no llama.block_count or llama.attention.head_count"),
+    ({"general.architecture": "qwen2", "qwen2.block_count": 2, "qwen2.attention.head_count": 2,
+      "qwen2.attention.key_length": 192, "qwen2.attention.value_length": 128}, "the GGUF header's K and V"),
+], ids=["no-architecture", "state-space", "sliding-window", "no-layers", "k-and-v-differ"])
+def test_what_cannot_be_mapped_says_why(metadata: dict[str, Any], why: str) -> None:
+    with pytest.raises(KvError, match=why.replace("(", r"\(")):
+        kvcache.config_from_gguf(metadata)
+
+
+# --- the gate -------------------------------------------------------------------------------------
+
+def h200_llamacpp(models: dict[str, Any], **values: Any) -> checks.Finding:
+    """memory.fits on the recorded H200 host (143771 MiB per GPU, hopper's gpu_memory_utilization 0.9)
+    serving PLACED with llama.cpp, after the placed-weights step (the hub never asked)."""
+    settings = {"engine": "llamacpp", "model": PLACED, "fetch_weights": False, "max_model_len": 8192, **values}
+    (ctx,) = context_for(("gguf", "h200x2-driver580", "hopper", settings, None, None, {})).values()
+    assert render.model_path(ctx.settings) == PLACED
+    assert ctx.visible_gpus[0].memory_total_mib == 143771 and ctx.settings.gpu_memory_utilization == 0.9
+    ctx = dataclasses.replace(ctx, facts=dataclasses.replace(ctx.facts, models=models))
+    (ctx,) = hub_stage.with_placed_weights({"h": ctx}, secrets.Secrets(), {"h"}).values()
+    found = checks.memory_fits(ctx)
+    assert found is not None
+    return found
+
+
+def placed_q4_0(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """Llama-3.1-8B's shape in Q4_0 as the probe sees it: the real header, the real size (sparse)."""
+    path = tinymodel.make_shaped_header(tmp_path, tinymodel.SHAPES["llama-3.1-8b"], "q4_0")
+    return path, {PLACED: probe.inspect({"models": [str(path)]})["models"][str(path)]}
+
+
+def test_a_placed_8b_q4_0_file_is_judged_by_its_size_and_header(tmp_path: Path) -> None:
+    path, models = placed_q4_0(tmp_path)
+    assert round(path.stat().st_size / GIB, 2) == 4.34  # llama-quantize's Q4_0 of Llama-3.1-8B: 4.33 GiB
+    found = h200_llamacpp(models)
+    ev = found.evidence
+    assert found.status == "pass", found.message
+    assert ev["weights_from"] == "the GGUF file's size on the host"
+    assert ev["config_from"] == f"the GGUF header of {PLACED}"
+    assert ev["weights_gib"] == round(path.stat().st_size / GIB, 2)
+    assert (ev["kv_dtype"], ev["kv_bytes_per_token"], ev["max_model_len"]) == ("float16", 128 * 1024, 8192)
+    assert ev["kv_per_sequence_gib"] == 1.0  # 128 KiB x 8192 tokens
+    assert ev["budget_gib"] == round(143771 * 2**20 * 0.9 / GIB, 2)
+    # llama-server measured 5.9 GiB on the H200: weights and KV land under it (its compute buffers and the
+    # CUDA context are the rest), and the allowance on top keeps the estimate above it.
+    assert 5.0 < ev["weights_gib"] + ev["kv_per_sequence_gib"] < 5.9 < \
+        ev["weights_gib"] + ev["kv_per_sequence_gib"] + ev["allowance_gib"]
+    assert "8B parameters x 16 bit" not in json.dumps(ev)
+
+
+def test_an_unmapped_architecture_keeps_the_files_size_and_says_why(tmp_path: Path) -> None:
+    _, models = placed_q4_0(tmp_path)
+    seen = dict(models[PLACED])
+    seen["gguf"] = {**seen["gguf"], "metadata": {**seen["gguf"]["metadata"], "general.architecture": "rwkv7"}}
+    found = h200_llamacpp({PLACED: seen})
+    assert found.status == "pass"
+    assert found.evidence["weights_from"] == "the GGUF file's size on the host"
+    assert found.evidence["kv_cache"] == (f"not estimated: the GGUF header of {PLACED}: the GGUF architecture "
+                                          f"'rwkv7' is not one whose KV cache is estimated "
+                                          f"({', '.join(kvcache.GGUF_ARCHITECTURES)})")
+
+
+def test_a_file_that_is_not_gguf_is_said(tmp_path: Path) -> None:
+    bogus = tmp_path / "model.gguf"
+    bogus.write_bytes(b"<html>not found</html>")
+    found = h200_llamacpp({PLACED: probe.inspect({"models": [str(bogus)]})["models"][str(bogus)]})
+    assert found.evidence["weights_from"].startswith("estimated from the name")  # nothing better is known
+    assert f"{PLACED} is a file, not a model directory, and the GGUF header of {PLACED} on the host cannot be " \
+        "read: not a GGUF file (it starts with b'<htm')" in found.message
