@@ -316,7 +316,8 @@ def estimate_weights_bytes(model: str | None) -> tuple[int, str] | None:
 @rule("memory.fits", BLOCKER)
 def memory_fits(ctx: Context) -> Finding | None:
     """Each GPU holds its share of the weights, a runtime allowance and the KV cache of one sequence of
-    max_model_len (provision/kvcache.py, from the model's config.json and the hub's file sizes); warns
+    max_model_len (provision/kvcache.py, from the model's config.json and the hub's file sizes, or a
+    placed GGUF file's header and size on the host); warns
     below MIN_CONCURRENT_SEQUENCES such sequences. On GB10 the budget comes from /proc/meminfo, never
     from nvidia-smi's [N/A] (facts sections 1 and 5); on vLLM's CPU build it is VLLM_CPU_KVCACHE_SPACE."""
     if ctx.profile.gpu is None:

@@ -338,7 +338,7 @@ def probe_spec(facts: Sequence[Fact], paths: Iterable[str], timeout: float,
 
 def probe_program(spec: Mapping[str, Any]) -> str:
     """The probe's source with the call that runs it: the whole stdin of the one remote execution."""
-    return programs.ship(("probe",), "main", spec)
+    return programs.ship(("gguf", "probe"), "main", spec)
 
 
 def gather(runner: Runner, paths: Iterable[str] = (), facts: Sequence[Fact] = FACTS,

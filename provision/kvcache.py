@@ -1,6 +1,7 @@
 """Will the model and its context fit? Weights, the KV cache for `max_model_len` and a stated allowance, per
-GPU, from the model's config.json and the hub's file sizes. Pure: the gate (memory.fits), the plan and
-status read it.
+GPU, from the model's config.json and the hub's file sizes (or, for a GGUF file placed by hand, its
+header's metadata mapped to config.json's keys, config_from_gguf, and its size on the host). Pure: the
+gate (memory.fits), the plan and status read it.
 
 KV bytes per token on one GPU = 2 (K and V) x layers on that GPU x KV heads on that GPU x head_dim x the
 KV dtype's bytes. Under tensor parallelism each GPU holds KV heads / TP of them (at least one: vLLM
@@ -103,6 +104,47 @@ def shape_of(config: Mapping[str, Any]) -> ModelShape:
                       head_dim=head_dim, dtype=dtype, mla_width=mla, experts=experts,
                       max_position_embeddings=_int(text, "max_position_embeddings", "n_positions"),
                       notes=tuple(notes))
+
+
+# GGUF architectures (general.architecture) whose llama.cpp KV cache is the plain one config.json's keys
+# describe: every layer full attention, K and V of key_length (else embedding_length / head_count) per KV
+# head. Others (sliding windows, per-layer head counts, MLA, state-space layers) are not mapped: the gate
+# says the KV cache was not estimated, and why, rather than a wrong figure.
+GGUF_ARCHITECTURES = ("llama", "mistral3", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "granite", "granitemoe",
+                      "olmo2", "internlm2")
+# llama.cpp keeps its KV cache in f16 whatever the weights' type (--cache-type-k/-v change it: not read).
+GGUF_KV_DTYPE = "float16"
+
+
+def config_from_gguf(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """A GGUF header's scalar metadata (host/gguf.py) -> the config.json keys shape_of reads:
+    {"general.architecture": "llama", "llama.block_count": 32, "llama.attention.head_count_kv": 8, ...}
+    -> {"model_type": "llama", "num_hidden_layers": 32, "num_key_value_heads": 8, ...}. KvError names
+    what is missing, or the architecture it does not map."""
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise KvError("the GGUF header names no general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise KvError(f"the GGUF architecture {arch!r} is not one whose KV cache is estimated "
+                      f"({', '.join(GGUF_ARCHITECTURES)})")
+
+    def number(key: str) -> int | None:
+        value = metadata.get(f"{arch}.{key}")
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    layers, heads, hidden = number("block_count"), number("attention.head_count"), number("embedding_length")
+    if layers is None or heads is None:
+        raise KvError(f"the GGUF header names no {arch}.block_count or {arch}.attention.head_count")
+    key_length, value_length = number("attention.key_length"), number("attention.value_length")
+    if key_length and value_length and key_length != value_length:
+        raise KvError(f"the GGUF header's K and V widths differ ({key_length}, {value_length}): not estimated")
+    config: dict[str, Any] = {"model_type": arch, "num_hidden_layers": layers, "num_attention_heads": heads,
+                              "torch_dtype": GGUF_KV_DTYPE}
+    mapped = {"hidden_size": hidden, "num_key_value_heads": number("attention.head_count_kv"),
+              "head_dim": key_length or value_length, "max_position_embeddings": number("context_length"),
+              "intermediate_size": number("feed_forward_length"), "num_experts": number("expert_count")}
+    config.update({key: value for key, value in mapped.items() if value is not None})
+    return config
 
 
 def _layer_kinds(text: Mapping[str, Any], layers: int) -> tuple[int, int, int | None, list[str]]:

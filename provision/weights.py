@@ -282,28 +282,62 @@ def change_data(settings: Settings, snapshot: Snapshot) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class PlacedModel:
-    """A model directory the tool does not fetch, as the probe saw it (host/probe.py `_inspect_model`):
-    every file's size, and its config.json read (None, with `config_error` saying why, where there
-    is none or it is not a JSON object)."""
+    """A model the tool does not fetch, as the probe saw it (host/probe.py `_inspect_model`): a
+    directory's files and sizes and its config.json read (None, with `config_error` saying why, where
+    there is none or it is not a JSON object); or one file (llama.cpp's GGUF, `is_file`). Where the
+    directory holds one GGUF model, or the file is one, `gguf` is its header's scalar metadata
+    (host/gguf.py; None, with `gguf_error` saying why, where it could not be read)."""
 
-    directory: str
-    present: bool  # the directory exists
+    directory: str  # the model's path: a directory, or for `is_file` the file
+    present: bool  # the directory (or the file) exists
     sizes: Mapping[str, int] = field(default_factory=dict)
     config: Mapping[str, Any] | None = None
     config_error: str | None = None
     truncated: bool = False  # more files than the probe lists: not a model directory
+    is_file: bool = False
+    gguf_file: str | None = None  # the GGUF file whose header was read (its full path)
+    gguf: Mapping[str, Any] | None = None
+    gguf_error: str | None = None
 
     @property
     def weight_bytes(self) -> int | None:
-        """The tensor files' bytes (tensor_bytes), None where the directory holds no file at all."""
-        return tensor_bytes(self.sizes) if self.sizes and not self.truncated else None
+        """The tensor files' bytes (tensor_bytes; a GGUF model's files, every part of a split one), None
+        where the directory holds no file at all."""
+        if not self.sizes or self.truncated:
+            return None
+        if self.gguf_file is not None and not self.is_file:
+            return sum(size for path, size in self.sizes.items() if path.endswith(".gguf")) or None
+        return tensor_bytes(self.sizes)
+
+
+def _gguf_seen(seen: Mapping[str, Any], path: str) -> tuple[Mapping[str, Any] | None, str | None]:
+    """The probe's reading of a GGUF header -> (scalar metadata, None) or (None, why not). A header
+    read only in part keeps what it found where that names the architecture (the walk stops after
+    the metadata llama.cpp writes first), else says where it stopped."""
+    header = seen.get("gguf")
+    if not isinstance(header, Mapping):
+        return None, f"the GGUF header of {path} was not read"
+    metadata = header.get("metadata")
+    error = header.get("error")
+    if not isinstance(metadata, Mapping) or (error and "general.architecture" not in metadata):
+        return None, f"the GGUF header of {path} on the host cannot be read: {error or 'no metadata'}"
+    return metadata, None
 
 
 def placed_model(facts: HostFacts, directory: str) -> PlacedModel | None:
-    """Pure: the probe's view of a model directory placed by hand; None where it was not inspected."""
+    """Pure: the probe's view of a model placed by hand; None where it was not inspected."""
     seen = facts.models.get(directory)
     if not isinstance(seen, Mapping):
         return None
+    if seen.get("is_file"):
+        if not isinstance(seen.get("size"), int):
+            return PlacedModel(directory, False, is_file=True,
+                               config_error=f"{directory} on the host cannot be read: {seen.get('error')}")
+        metadata, why = _gguf_seen(seen, directory)
+        name = directory.rstrip("/").rsplit("/", 1)[-1]
+        return PlacedModel(directory, True, {name: int(seen["size"])}, is_file=True, gguf_file=directory,
+                           gguf=metadata, gguf_error=why,
+                           config_error=why and f"{directory} is a file, not a model directory, and {why}")
     if not seen.get("is_dir"):
         why = "is not a directory" if seen.get("exists") else "does not exist"
         return PlacedModel(directory, False, config_error=f"{directory} {why} on the host")
@@ -323,7 +357,12 @@ def placed_model(facts: HostFacts, directory: str) -> PlacedModel | None:
             config = found
         elif error is None:
             error = f"{directory}/config.json on the host is not a JSON object"
-    return PlacedModel(directory, True, sizes, config, error, bool(seen.get("truncated")))
+    gguf_file, metadata, why = None, None, None
+    if isinstance(seen.get("gguf_file"), str):
+        gguf_file = f"{directory.rstrip('/')}/{seen['gguf_file']}"
+        metadata, why = _gguf_seen(seen, gguf_file)
+    return PlacedModel(directory, True, sizes, config, error, bool(seen.get("truncated")),
+                       gguf_file=gguf_file, gguf=metadata, gguf_error=why)
 
 
 def not_fetched(settings: Settings, placed: PlacedModel | None) -> str | None:
@@ -336,6 +375,8 @@ def not_fetched(settings: Settings, placed: PlacedModel | None) -> str | None:
         return f"not fetched: {why}"
     if not placed.present or not placed.sizes:
         return f"not fetched: {why}; none present in {placed.directory}"
+    if placed.is_file:
+        return f"not fetched: {why}; {placed.directory} placed by hand"
     return f"not fetched: {why}; {len(placed.sizes)} file(s) placed by hand in {placed.directory}"
 
 

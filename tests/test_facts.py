@@ -508,7 +508,7 @@ def test_the_facts_table_shows_the_venv_when_one_exists_and_says_when_none() -> 
     assert dict(report.facts_rows(bare))["venv"] == "not collected"
 
 
-SHIPPED_WITH = {"apply": ("generations", "apply"), "weights": ("relay", "weights")}
+SHIPPED_WITH = {"apply": ("generations", "apply"), "weights": ("relay", "weights"), "probe": ("gguf", "probe")}
 
 
 @pytest.mark.parametrize("name", ["probe", "apply", "generations", "relay", "weights", "build", "nccl", "serve"])

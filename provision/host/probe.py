@@ -47,6 +47,7 @@ import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from provision.host.common import write_atomically
+from provision.host.gguf import read_gguf
 
 MAX_OUTPUT = 1 << 20  # 1 MiB per output is plenty for any fact and bounds a runaway command
 
@@ -255,10 +256,25 @@ def _inspect_weights(root: str) -> Dict[str, Any]:
 MAX_MODEL_FILES = 10000  # a model directory holds tens of files; more is not a model (the answer says so)
 
 
+def _gguf_model(sizes: Dict[str, int]) -> Optional[str]:
+    """The one GGUF model among a directory's files (a split one by its first part,
+    NAME-00001-of-0000N.gguf, which holds the header), None where there are none or several."""
+    ggufs = sorted(name for name in sizes if name.endswith(".gguf"))
+    models = [name for name in ggufs if "-00001-of-" in name] or ggufs
+    return models[0] if len(models) == 1 else None
+
+
 def _inspect_model(path: str) -> Dict[str, Any]:
-    """A model directory the tool does not fetch (placed by hand): its config.json's text and every
-    file's size, hidden entries (.cache, .git) left out. Nothing but config.json is read; symbolic
-    links are followed (a hub cache's snapshot links its blobs)."""
+    """A model the tool does not fetch (placed by hand). A directory: its config.json's text and every
+    file's size, hidden entries (.cache, .git) left out, and where it holds one GGUF model, that file's
+    header (`gguf_file`, `gguf`: host/gguf.py). A file (llama.cpp's GGUF): its size and header. Nothing
+    else is read; symbolic links are followed (a hub cache's snapshot links its blobs)."""
+    if os.path.isfile(path):
+        try:
+            size = os.stat(path).st_size
+        except OSError as exc:
+            return {"exists": True, "is_dir": False, "is_file": True, "error": str(exc)}
+        return {"exists": True, "is_dir": False, "is_file": True, "size": size, "gguf": read_gguf(path)}
     if not os.path.isdir(path):
         return {"exists": os.path.exists(path), "is_dir": False}
     sizes: Dict[str, int] = {}
@@ -280,6 +296,10 @@ def _inspect_model(path: str) -> Dict[str, Any]:
             break
     answer: Dict[str, Any] = {"exists": True, "is_dir": True, "sizes": sizes, "truncated": truncated,
                               "config": None}
+    model = None if truncated else _gguf_model(sizes)
+    if model is not None:
+        answer["gguf_file"] = model
+        answer["gguf"] = read_gguf(os.path.join(path, model))
     try:
         with open(os.path.join(path, "config.json"), "rb") as handle:
             answer["config"] = handle.read(MAX_OUTPUT).decode("utf-8", "replace")

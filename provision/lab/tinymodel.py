@@ -7,6 +7,7 @@ It answers nonsense, quickly: what the lab needs to prove the server, health, co
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -230,17 +231,56 @@ def make_shaped_gguf(directory: Path, shape: GgufShape, file_type: str, seed: in
     alone and after a word boundary, then filler words up to the shape's size: any ASCII prompt
     tokenizes, and every token the model says is valid UTF-8. Quantized blocks are random bytes with a
     fixed small scale (valid blocks of the type, values of about the size a trained model's have)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    path = directory / f"{shape.name}-random-{file_type}.gguf"
+    partial = path.with_name(path.name + ".partial")  # renamed once whole: a file half written is no model
+    writer, plan = _shaped_header(partial, shape, file_type)
+    noise = (rng.standard_normal(1 << 22) * 0.02).astype(np.float16)
+    for _name, rows, columns, kind in plan:
+        writer.write_tensor_data(_random_tensor(rng, noise, rows, columns, kind))
+    writer.close()
+    partial.chmod(0o644)
+    partial.rename(path)
+    return path
+
+
+def make_shaped_header(directory: Path, shape: GgufShape, file_type: str) -> Path:
+    """What make_shaped_gguf writes, less the tensor data: the same header (metadata, tokenizer, tensor
+    infos), the file then extended, sparse, to the size the whole file has. A stand-in of an 8B
+    model's file in a test's temporary directory: readers of the header and of the size see the real
+    ones, and no disk is spent on weights."""
+    path = directory / f"{shape.name}-header-{file_type}.gguf"
+    writer, plan = _shaped_header(path, shape, file_type)
+    writer.close()
+    import gguf
+
+    align = writer.data_alignment
+    data = sum(gguf.GGUFWriter.ggml_pad(_tensor_bytes(rows, columns, kind), align)
+               for _name, rows, columns, kind in plan)
+    os.truncate(path, gguf.GGUFWriter.ggml_pad(path.stat().st_size, align) + data)
+    return path
+
+
+def _tensor_bytes(rows: int, columns: int, kind: str) -> int:
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
+    return max(rows, 1) * columns // block * size
+
+
+def _shaped_header(path: Path, shape: GgufShape, file_type: str) -> tuple[Any, list[tuple[str, int, int, str]]]:
+    """A GGUFWriter at `path` with the shape's metadata, tokenizer and tensor infos written: (writer, the
+    tensors it awaits, in order)."""
     import gguf
     import numpy as np
 
     if file_type not in FILE_TYPES:
         raise ValueError(f"file type {file_type!r}: one of {', '.join(FILE_TYPES)}")
-    directory.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tokens = _shaped_vocabulary(shape.vocab)
-    path = directory / f"{shape.name}-random-{file_type}.gguf"
-    partial = path.with_name(path.name + ".partial")  # renamed once whole: a file half written is no model
-    writer = gguf.GGUFWriter(str(partial), "llama")
+    writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name(f"{shape.name} shape, random weights")
     writer.add_context_length(shape.context)
     writer.add_embedding_length(shape.hidden)
@@ -262,21 +302,13 @@ def make_shaped_gguf(directory: Path, shape: GgufShape, file_type: str, seed: in
     writer.add_unk_token_id(0)
     plan = _shaped_tensors(shape, file_type)
     for name, rows, columns, kind in plan:
-        kind_type = gguf.GGMLQuantizationType[kind]
-        block, size = gguf.GGML_QUANT_SIZES[kind_type]
         shape_of = (rows, columns) if rows else (columns,)
         writer.add_tensor_info(name, shape_of, np.dtype(np.float32 if kind == "F32" else np.float16),
-                               max(rows, 1) * columns // block * size, raw_dtype=kind_type)
+                               _tensor_bytes(rows, columns, kind), raw_dtype=gguf.GGMLQuantizationType[kind])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    noise = (rng.standard_normal(1 << 22) * 0.02).astype(np.float16)
-    for _name, rows, columns, kind in plan:
-        writer.write_tensor_data(_random_tensor(rng, noise, rows, columns, kind))
-    writer.close()
-    partial.chmod(0o644)
-    partial.rename(path)
-    return path
+    return writer, plan
 
 
 def _shaped_vocabulary(size: int) -> list[str]:

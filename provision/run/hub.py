@@ -13,11 +13,12 @@ from typing import Any
 from provision import (
     context,
     inventory,
+    kvcache,
     render,
     secrets,
     weights,
 )
-from provision.errors import WeightsError
+from provision.errors import KvError, WeightsError
 
 
 def _quantization(model_config: dict[str, Any] | None) -> str | None:
@@ -142,11 +143,30 @@ def with_snapshots(contexts: dict[str, context.Context], held: secrets.Secrets, 
     return result
 
 
+def _from_gguf(ctx: context.Context, placed: weights.PlacedModel) -> context.Context:
+    """A GGUF model placed by hand (llama.cpp's one file, or a directory holding one GGUF model): the
+    weights are its file's size, the KV cache's shape its header's metadata (kvcache.config_from_gguf);
+    an architecture that is not mapped leaves the weights alone, and says why. The hub is not asked:
+    a GGUF repository has no config.json to give."""
+    assert placed.gguf is not None
+    weights_from = "the GGUF file's size on the host" if placed.is_file else \
+        f"the GGUF files' sizes in {placed.directory} on the host"
+    try:
+        config = kvcache.config_from_gguf(placed.gguf)
+    except KvError as exc:
+        return dataclasses.replace(ctx, weights_bytes=placed.weight_bytes, weights_from=weights_from,
+                                   model_config_note=f"the GGUF header of {placed.gguf_file}: {exc}")
+    return dataclasses.replace(ctx, model_config=config, weights_bytes=placed.weight_bytes,
+                               weights_from=weights_from,
+                               model_config_from=f"the GGUF header of {placed.gguf_file}")
+
+
 def with_placed_weights(contexts: dict[str, context.Context], held: secrets.Secrets,
                          wanted: set[str]) -> dict[str, context.Context]:
     """Hosts whose weights the tool does not fetch learn the model's config.json and weight bytes for
-    the memory fit: from the model directory on the host (read by the probe), else, for a hub
-    repository id, from the hub (once per model, revision, files and endpoint); where neither has
+    the memory fit: from the model directory on the host (read by the probe; a GGUF model's header
+    stands for config.json where the directory has none, or where the model is one GGUF file), else,
+    for a hub repository id, from the hub (once per model, revision, files and endpoint); where neither has
     them, why (the gate says it instead of nothing). The hub's refusal blocks nothing here: the
     weights are the host's own."""
     asked: dict[HubKey, HubAnswer] = {}
@@ -162,6 +182,9 @@ def with_placed_weights(contexts: dict[str, context.Context], held: secrets.Secr
                 ctx, model_config=placed.config, quantization=_quantization(dict(placed.config)),
                 weights_bytes=placed.weight_bytes, model_config_from=f"{directory}/config.json on the host",
                 weights_from=f"file sizes in {directory} on the host" if placed.weight_bytes else None)
+            continue
+        if placed is not None and placed.gguf is not None:
+            result[name] = _from_gguf(ctx, placed)
             continue
         on_host = placed.config_error if placed is not None else f"{directory} was not inspected"
         if str(s.model).startswith("/"):
