@@ -70,6 +70,13 @@ NOTE = ("model: Llama-3.1-8B's shape (32 layers, hidden 4096, 8 KV heads, vocabu
         "weights: its text is noise, its compute per token the real model's")
 
 
+def json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
 def merge_usr() -> dict[str, int]:
     """The image's root is merged-/usr (/bin -> usr/bin); unpacking Debian 12's systemd packages into
     the container (dpkg -x) replaced /bin, /sbin and /lib there with directories holding only those
@@ -143,10 +150,7 @@ class Run:
         result: dict[str, Any] = {"argv": argv, "exit": code, "seconds": round(time.monotonic() - started, 2),
                                   "stdout": out[-60000:], "stderr": err[-20000:], "at": round(self.elapsed(), 1)}
         if parse_json:
-            try:
-                result["json"] = json.loads(out)
-            except json.JSONDecodeError:
-                result["json"] = None
+            result["json"] = json_or_none(out)
         self.record(step, **result)
         self.log(f"  exit {code} in {result['seconds']} s; {err.strip().splitlines()[-1] if err.strip() else ''}")
         return result
@@ -163,11 +167,8 @@ class Run:
             process.kill()
             out, err = process.communicate()
         result = {"argv": process.args[-8:] if isinstance(process.args, list) else str(process.args),
-                  "exit": process.returncode, "stdout": out[-60000:], "stderr": err[-20000:], "at": round(self.elapsed(), 1)}
-        try:
-            result["json"] = json.loads(out)
-        except json.JSONDecodeError:
-            result["json"] = None
+                  "exit": process.returncode, "stdout": out[-60000:], "stderr": err[-20000:],
+                  "at": round(self.elapsed(), 1), "json": json_or_none(out)}
         self.record(step, **result)
         return result
 
@@ -326,11 +327,8 @@ class Run:
         out, err = files["out"].read_text(), files["err"].read_text()
         result: dict[str, Any] = {"argv": argv, "exit": int(files["rc"].read_text().strip() or 1),
                                   "seconds": round(files["rc"].stat().st_mtime - float(files["started"].read_text()), 1),
-                                  "stdout": out[-60000:], "stderr": err[-400000:], "at": round(self.elapsed(), 1)}
-        try:
-            result["json"] = json.loads(out)
-        except json.JSONDecodeError:
-            result["json"] = None
+                                  "stdout": out[-60000:], "stderr": err[-400000:], "at": round(self.elapsed(), 1),
+                                  "json": json_or_none(out)}
         self.record(step, **result)
         self.log(f"  exit {result['exit']} in {result['seconds']} s")
         for path in files.values():  # a later attempt starts afresh
