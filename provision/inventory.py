@@ -1314,9 +1314,10 @@ def inventory_files(path: Path) -> list[Path]:
     raise InventoryError("no such file or directory", file=str(path))
 
 
-def load(path: str | Path, profiles: Mapping[str, Profile] | None = None) -> Inventory:
+def load(path: str | Path, profiles: Mapping[str, Profile] | None = None, allow_empty: bool = False) -> Inventory:
     """Read and validate an inventory file or directory. Raises InventoryError; contacts nothing.
-    Bounded: past MAX_INVENTORY_BYTES, _VALUES or _DEPTH it stops and says where."""
+    Bounded: past MAX_INVENTORY_BYTES, _VALUES or _DEPTH it stops and says where. `allow_empty`: an
+    inventory with no hosts is read too (a task for `--host local` alone: the machine needs no entry)."""
     reader = _Reader(profiles if profiles is not None else load_profiles())
     files = inventory_files(Path(path))
     size = values = 0
@@ -1326,7 +1327,7 @@ def load(path: str | Path, profiles: Mapping[str, Profile] | None = None) -> Inv
         data, used = _parse_yaml(text, str(file), MAX_INVENTORY_VALUES - values)
         values += used
         reader.read(data, str(file), file.parent)
-    if not reader.hosts:  # else every task would answer "name a host", even to --all
+    if not reader.hosts and not allow_empty:  # else every task would answer "name a host", even to --all
         raise InventoryError("the inventory is empty (no hosts)", file=str(path))
     reader.cross_check()
     folder = tuned_dir_of(Path(path))

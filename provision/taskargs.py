@@ -132,7 +132,7 @@ def load_inventory(path: str | None, local_only: bool = False) -> Inventory:
         if local_only and not named:
             return inventory.Inventory(hosts={}, groups={}, clusters={}, ssh=inventory.SshSettings())
         raise missing_inventory(path)
-    return inventory.load(chosen)
+    return inventory.load(chosen, allow_empty=local_only)
 
 
 def profile_named(name: str | None) -> Profile | None:

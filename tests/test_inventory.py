@@ -3,6 +3,7 @@ code 2, before anything is contacted; the shipped inventories load; precedence i
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import socket
 import subprocess
@@ -339,6 +340,22 @@ def test_cli_says_the_inventory_is_empty_and_exits_2_even_with_all(tmp_path: Pat
     done = run_invoke(*task, "--inventory", str(empty))
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == f"error: {empty}: the inventory is empty (no hosts)" and done.stdout == ""
+
+
+def test_a_task_for_this_machine_alone_reads_an_inventory_without_hosts(tmp_path: Path) -> None:
+    """`--host local` needs no entry: an inventory that names no host (its ssh settings only, say) is read,
+    and `local` is this machine; every other selection still says the inventory is empty."""
+    from provision import taskargs
+
+    path = tmp_path / "inv.yaml"
+    path.write_text("ssh: {connect_timeout: 5}\n")
+    inv = taskargs.load_inventory(str(path), local_only=True)
+    assert inv.hosts == {} and inv.host("local").connection == "local" and inv.ssh.connect_timeout == 5
+    with pytest.raises(InventoryError, match="the inventory is empty"):
+        taskargs.load_inventory(str(path))
+    done = run_invoke("facts", "--host", "local", "--json", "--inventory", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "local" in json.loads(done.stdout)["hosts"]
 
 
 def test_the_typed_settings_hold_exactly_the_rows_of_the_settings_table() -> None:
