@@ -126,3 +126,13 @@ def test_an_sdist_source_must_name_one_exact_version(spec: str) -> None:
 def test_the_cpu_flags_parser_reads_x86_flags_and_arm_features() -> None:
     assert "avx2" in parsers.parse_cpuinfo_flags(EPYC_AVX2["stdout"])
     assert "avx512f" not in parsers.parse_cpuinfo_flags(EPYC_AVX2["stdout"])
+
+
+def test_a_served_name_with_a_comma_is_refused_since_llama_server_splits_its_alias() -> None:
+    """common/arg.cpp @b11434: `--alias` is split on ',' (each part stripped, empty ones dropped)."""
+    ctx = llama_context("h200x2-driver580", "cpu", served_model_name="chat,v2", **FROM_SOURCE)
+    verdict = LLAMACPP.support(ctx)
+    assert verdict is not None and verdict.status == "fail" and "holds a comma" in verdict.message, verdict
+    assert "served_model_name" in verdict.fix
+    fine = llama_context("h200x2-driver580", "cpu", served_model_name="chat-v2", **FROM_SOURCE)
+    assert LLAMACPP.support(fine).status == "pass"  # type: ignore[union-attr]

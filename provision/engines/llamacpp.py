@@ -177,7 +177,17 @@ class LlamaCpp(Engine):
                        "serve a multi-node cluster with engine: vllm (Ray) or trtllm (MPI)", {"nodes": ctx.nodes})
 
     def support(self, ctx: Context) -> Verdict | None:
-        return self._cpu_runs(ctx) or self._toolkit(ctx) or self._format(ctx)
+        return self._cpu_runs(ctx) or self._toolkit(ctx) or self._alias(ctx) or self._format(ctx)
+
+    def _alias(self, ctx: Context) -> Verdict | None:
+        """llama-server splits --alias on commas (common/arg.cpp @b11434): one name would serve as two."""
+        name = str(ctx.settings.served_model_name or ctx.settings.model or "")
+        if "," not in name:
+            return None
+        return Verdict(FAIL, f"the served name {name!r} holds a comma: llama-server's --alias takes a "
+                             "comma-separated list, so it would answer to each part and not to the whole",
+                       "set served_model_name to a name without a comma",
+                       {"served_model_name": name, "source": "https://github.com/ggml-org/llama.cpp/blob/b11434/common/arg.cpp"})
 
     def _toolkit(self, ctx: Context) -> Verdict | None:
         """The CUDA build compiles on the host: without the toolkit's nvcc it fails minutes into the build."""
