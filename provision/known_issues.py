@@ -16,7 +16,7 @@ gate (checks.py) turns each entry into a check of its own id. An entry:
         flags: {--kv-cache-dtype: fp8}    # vLLM arguments (extra_args): a value, true (given), false (not)
         env: {TRITON_PTXAS_PATH: false}   # the service's environment: a value, true (set), false (unset)
         multi_node: true                  # the host serves in a multi-node cluster (false: one node)
-        kernel_cma: ["off"]               # /proc/meminfo's CMA: on, off (CmaTotal 0, CmaFree > 0),
+        kernel_cma: ["off"]               # /proc/meminfo's CMA: on, off (CmaFree > CmaTotal: KHO scratch),
                                           #   empty (both 0) or absent (no CONFIG_CMA)
         absent: [flashinfer_cubin]        # none of these distributions among the planned wheels
         unreachable: [HOST:PORT]          # the host cannot open a TCP connection to any of these

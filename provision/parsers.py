@@ -69,14 +69,16 @@ class Memory:
 
     @property
     def cma_state(self) -> str:
-        """'on' (a CMA area), 'off' (CmaTotal 0 with pages free as CMA all the same: the GB10 7.0
-        kernels' signature, NV-Kernels PR #591), 'empty' (CmaTotal and CmaFree 0) or 'absent' (no
-        CMA lines: a kernel without CONFIG_CMA)."""
+        """'on' (a CMA area), 'off' (more free as CMA than the CMA area holds: the 7.0 kernels' KHO
+        scratch released as MIGRATE_CMA, about 9.3 GiB, beside a CmaTotal of 0 or of a small `cma=`
+        reservation; NV-Kernels #590/#591, MiaAI-Lab #259), 'empty' (CmaTotal and CmaFree 0) or
+        'absent' (no CMA lines: a kernel without CONFIG_CMA). A CMA area never has more free than it
+        holds, so CmaFree above CmaTotal is the signature whatever the reservation."""
         if self.cma_total is None or self.cma_free is None:
             return "absent"
-        if self.cma_total > 0:
-            return "on"
-        return "off" if self.cma_free > 0 else "empty"
+        if self.cma_free > self.cma_total:
+            return "off"
+        return "on" if self.cma_total > 0 else "empty"
 
 
 def parse_meminfo(text: str) -> Memory:

@@ -377,6 +377,19 @@ def test_the_cma_finding_names_the_meminfo_lines_the_kernel_and_the_fix() -> Non
     assert cleared.message.endswith("kernel 7.0.0-1019-nvidia, kho=off)")
 
 
+def test_kho_scratch_beside_a_small_cma_reservation_is_the_same_trap() -> None:
+    """The other form (Ubuntu's HWE 7.0 line, driver 595.84; MiaAI-Lab #259, NV-Kernels #590/#591):
+    CmaTotal a small cma= reservation, CmaFree the KHO scratch far above it. Composed from #259's lines
+    with a 64 MiB reservation; a healthy CMA area (free within total) is no trap."""
+    composed = CMA_OFF["meminfo"].replace("CmaTotal:        0 kB", "CmaTotal:    65536 kB").replace(
+        "CmaFree:    940604 kB", "CmaFree:   9437184 kB")
+    found = finding(context(*SPARK, outputs={**CMA_OFF, "meminfo": composed}, cluster=PAIR), "known.gb10-kernel-cma-off")
+    assert found.blocks and found.evidence["kernel_cma"].startswith("off: CmaTotal 65536 kB, CmaFree 9437184 kB")
+    healthy = composed.replace("CmaFree:   9437184 kB", "CmaFree:    60000 kB")
+    assert finding(context(*SPARK, outputs={**CMA_OFF, "meminfo": healthy}, cluster=PAIR),
+                   "known.gb10-kernel-cma-off").status == "pass"
+
+
 def test_the_planned_wheels_give_the_versions_the_next_apply_installs() -> None:
     ev = known_issues.evidence_of(context(*SPARK, venv_info=venv(vllm="0.20.0"), wheels=NO_CUBIN))
     assert ev.versions["vllm"] == "0.26.0" and ev.versions["torch"] == "2.11.0+cu130"
