@@ -635,15 +635,16 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, tuning: Tuning,
         return dataclasses.replace(trial, repeats=(*trial.repeats, levels), bench_s=round(trial.bench_s + bench_s, 1),
                                    seconds=round(trial.seconds + bench_s, 1))
 
+    # A restart the host's deploys measured before this run (read once: the facts do not change here).
+    recorded_restart = tune_rules.recorded_restart_s(ctx.facts.files.get(ctx.naming.state_file, {}).get("content"))
+
     def room(step: str, trial: Trial | None) -> str | None:
         if budget_s is None:
             return None
         costs = Costs.of([*store.trials.values(), *result.trials, *([trial] if trial else [])])
-        if costs.restart_s is None:
-            recorded = tune_rules.recorded_restart_s(ctx.facts.files.get(ctx.naming.state_file, {}).get("content"))
-            known = early_restart if early_restart is not None else recorded
-            if known is not None:
-                costs = dataclasses.replace(costs, restart_s=known)
+        known = early_restart if early_restart is not None else recorded_restart
+        if costs.restart_s is None and known is not None:
+            costs = dataclasses.replace(costs, restart_s=known)
         elapsed = time.monotonic() - started
         back_restarts = trial is not None and trial.key != base_key
         why = tune_rules.room(step, left_s=budget_s - elapsed, costs=costs, timeout=timeout,
