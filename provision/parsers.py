@@ -1068,7 +1068,9 @@ def parse_ray_status(text: str) -> int:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {metric name: value summed over its label sets} (comments skipped)."""
+    """Prometheus text -> {metric name: value summed over its label sets} (comments skipped), and
+    {'name{label="value"}': the sum over the samples with that label}, for each label a sample has
+    (how a figure is read from one label: vLLM's requests that finished with an error)."""
     values: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -1083,6 +1085,9 @@ def parse_metrics(text: str) -> dict[str, float]:
         if math.isnan(value):
             continue
         values[match.group(1)] = values.get(match.group(1), 0.0) + value
+        for label, label_value in _LABEL.findall(match.group(2) or ""):
+            key = f'{match.group(1)}{{{label}="{label_value}"}}'
+            values[key] = values.get(key, 0.0) + value
     return values
 
 

@@ -550,12 +550,12 @@ def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
 
     table = Table(title=title)
     for column in ("host", "unit", "restarts", "health", "model @ revision", "GPUs (mem used/total GiB, °C, util, W)",
-                   "run/wait", "tok/s", "KV %", "KV tokens (est.)", "prefix hit %"):
+                   "run/wait", "failed", "tok/s", "KV %", "KV tokens (est.)", "prefix hit %"):
         table.add_column(column)
     for name, item in found.items():
         if not item.reachable:  # the whole reason goes below the table, not into a narrow last column
             table.add_row(f"[red]{name}[/red]", "[red]unreachable[/red]", "-",
-                          status.short_reason(item.problem or ""), "-", "-", "-", "-", "-", "-", "-")
+                          status.short_reason(item.problem or ""), "-", "-", "-", "-", "-", "-", "-", "-")
             continue
         gpus = "; ".join(
             f"{g['name'].replace('NVIDIA ', '')} {_fmt((g['memory_used_mib'] or 0) / 1024)}/"
@@ -576,6 +576,7 @@ def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
                       model if item.role == "server" or item.unit.get("installed") is False
                       else f"({item.unit.get('note') or 'Ray worker'})", gpus,
                       f"{_fmt(fig.running, digits=0)}/{_fmt(fig.waiting, digits=0)}" if fig else "-",
+                      _fmt(fig.failed_requests, digits=0) if fig else "-",  # since the server started
                       (_fmt(fig.generation_tokens_per_s) if fig else "-") + _progress(item.progress),
                       _fmt(fig.kv_cache_usage_pct) if fig else "-", _kv_tokens(item),
                       _fmt(fig.prefix_cache_hit_pct) if fig else "-")
@@ -667,17 +668,27 @@ def status_document(found: Mapping[str, Any], routed: Sequence[Any] = ()) -> dic
 def endpoints_table(routed: Sequence[Any]) -> Table:
     """status: each endpoint's replicas as its router sees them."""
     table = Table(title="endpoints", title_justify="left")
-    for column in ("endpoint", "router", "replica", "model", "state", "in flight"):
+    for column in ("endpoint", "router", "replica", "model", "state", "in flight", "failed (since router start)"):
         table.add_column(column)
     for item in routed:
         if item.error:
-            table.add_row(item.name, item.url, "", "", f"router: {item.error}", "")
+            table.add_row(item.name, item.url, "", "", f"router: {item.error}", "", "")
             continue
         for index, replica in enumerate(item.replicas):
             table.add_row(item.name if index == 0 else "", item.url if index == 0 else "",
                           f"{replica['cluster']} ({replica['host']} {replica['address']})", replica["model"],
-                          replica["state"], str(replica["in_flight"]))
+                          replica["state"], str(replica["in_flight"]), replica_failures(replica.get("failures") or {}))
     return table
+
+
+def replica_failures(counted: Mapping[str, int]) -> str:
+    """A replica's failure counters from its router, in words: "none", or "3 HTTP 5xx, 1 cut"; retries
+    (a client never saw them fail) after a semicolon."""
+    words = {"http_5xx": "HTTP 5xx", "response_errors": "cut or unreadable", "connection_errors": "refused",
+             "server_aborts": "aborted by the server"}
+    failed = [f"{counted[key]} {word}" for key, word in words.items() if counted.get(key)]
+    retried = counted.get("retried", 0) + counted.get("redispatched", 0)
+    return (", ".join(failed) or "none") + (f"; {retried} retried elsewhere" if retried else "")
 
 
 def status_view(found: Mapping[str, Any], seconds: float, routed: Sequence[Any] = ()) -> Group:

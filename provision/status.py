@@ -60,6 +60,8 @@ class Figures:
     prefix_cache_hit_pct: float | None = None  # since the server started
     generation_tokens_total: float | None = None
     kv_capacity_tokens: int | None = None  # the server's own KV cache size (vllm:cache_config_info)
+    # Requests the server itself counts as failed since it started (None: its engine counts none).
+    failed_requests: float | None = None
 
 
 VLLM_METRICS = engines.ENGINES["vllm"].metrics
@@ -85,6 +87,8 @@ def figures(first: Mapping[str, float], second: Mapping[str, float], window: flo
         prefix_cache_hit_pct=round(hits / queries * 100, 2) if hits is not None and queries else None,
         generation_tokens_total=parsers.first_of(second, *names.generated),
         kv_capacity_tokens=capacity,
+        failed_requests=sum(second[name] for name in names.failed if name in second)
+        if any(name in second for name in names.failed) else None,
     )
 
 
@@ -551,7 +555,8 @@ def endpoint_status(plan: EndpointPlan, seen: Sequence[Mapping[str, Any]]) -> En
             replicas.append({"cluster": replica.cluster, "host": replica.host, "model": replica.model,
                              "address": f"{replica.address}:{replica.port}",
                              "state": str(item.get("state")) if item else "not in the router",
-                             "in_flight": int(item.get("in_flight") or 0) if item else 0})
+                             "in_flight": int(item.get("in_flight") or 0) if item else 0,
+                             "failures": dict(item.get("failures") or {}) if item else {}})
     return EndpointStatus(plan.name, plan.host, server.server_url(plan.address, plan.port), tuple(replicas))
 
 

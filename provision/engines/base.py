@@ -94,13 +94,17 @@ class MetricNames:
     prefix_hits: tuple[str, ...] = ()
     prefix_queries: tuple[tuple[str, ...], ...] = ()  # summed over the outer tuple
     cache_info: str | None = None  # an info gauge whose labels say the KV cache's size (vLLM)
+    # Counters of requests that failed in the server (summed; 'name{label="value"}' reads one label's
+    # samples): status shows them since the server started. Empty where the engine counts none.
+    failed: tuple[str, ...] = ()
     needs_key: bool = False  # the endpoint answers 401 without the API key
 
     @property
     def read(self) -> tuple[str, ...]:
         """Every sample these names read: the host sends back only these."""
         names = (*self.running, *self.waiting, *self.generated, *self.prompted, *self.kv_usage,
-                 *self.prefix_hits, *(name for group in self.prefix_queries for name in group))
+                 *self.prefix_hits, *(name for group in self.prefix_queries for name in group),
+                 *(name.split("{", 1)[0] for name in self.failed))
         return (*names, self.cache_info) if self.cache_info else names
 
 

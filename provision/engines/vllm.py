@@ -84,7 +84,11 @@ class Vllm(Engine):
         kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
         prefix_hits=("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
         prefix_queries=(("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),),
-        cache_info="vllm:cache_config_info")
+        cache_info="vllm:cache_config_info",
+        # v1/metrics/loggers.py: every finished request counted by its FinishReason; "error" is a
+        # request-level internal error, sent to the client as a 500 or an error chunk in its stream
+        # (v1/engine/__init__.py). Aborts are clients going away, not failures.
+        failed=('vllm:request_success_total{finished_reason="error"}',))
 
     def server_command(self, ctx: Context, model: str, resolutions: Sequence[str]) -> list[str]:
         settings = ctx.settings

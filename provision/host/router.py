@@ -99,8 +99,22 @@ def servers(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
         found.append({"backend": row.get("pxname", ""), "server": row.get("svname", ""),
                       "address": row.get("addr", ""), "state": normalise_state(status), "status": status,
                       "in_flight": _count(row.get("scur", "")), "queued": _count(row.get("qcur", "")),
-                      "check": check[2:] if check.startswith("* ") else check})
+                      "check": check[2:] if check.startswith("* ") else check, "failures": failures(row)})
     return found
+
+
+# What went wrong with a server's requests since the router started, by `show stat`'s own columns
+# (HAProxy 2.6 management guide, 9.1): 5xx answers, answers cut or unreadable (eresp), connections
+# refused (econ), requests the server aborted (srv_abrt), and retries/redispatches, which a client
+# never saw fail. An error a server sends inside an HTTP 200 stream is none of these: the engine's
+# own counter says it where it has one (status's "errors").
+FAILURE_COLUMNS = {"http_5xx": "hrsp_5xx", "response_errors": "eresp", "connection_errors": "econ",
+                   "server_aborts": "srv_abrt", "retried": "wretr", "redispatched": "wredis"}
+
+
+def failures(row: dict[str, str]) -> dict[str, int]:
+    """Pure: one server's `show stat` row -> its failure counters (FAILURE_COLUMNS)."""
+    return {name: _count(row.get(column, "")) for name, column in FAILURE_COLUMNS.items()}
 
 
 def find_server(found: list[dict[str, Any]], backend: str, server: str) -> dict[str, Any]:

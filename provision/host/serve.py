@@ -10,6 +10,9 @@ stdin to `python3 -`; standard library only. The controller appends `serve_main(
 ready: waits for /health, then for a real one-token completion (readiness, not only liveness).
 ask: one completion, its whole answer (what a person pastes a request to see).
 bench: streamed completions, timing the first token of each, with /metrics read before and after.
+ready, ask and bench stream and read each answer to its end (StreamReader): a server can answer
+HTTP 200 and then send an error inside the stream, or be cut off; either is a failed request, with
+the server's words.
 context: /v1/models as served (its max_model_len), and each probe's prompt tokens as the server counts
 them (a one-token completion's usage.prompt_tokens, or why the server refused it).
 Output: JSON lines, {"event": "progress", ...} and one {"event": "result", ...}.
@@ -45,6 +48,8 @@ def _describe(exc: BaseException, spec: dict[str, Any]) -> str:
                 "or VLLM_API_KEY in the environment)")
     if isinstance(exc, urllib.error.HTTPError):
         return f"HTTP {exc.code} {exc.read(900).decode('utf-8', 'replace')}"  # the server's message whole
+    if isinstance(exc, StreamFailed):
+        return str(exc)
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -153,12 +158,9 @@ def ready(spec: dict[str, Any]) -> dict[str, Any]:
                 stage = "completion"
                 continue
         else:
-            try:
-                reply = _complete(spec, 1, "Hello", timeout=max(5, deadline - time.time()))
-                if reply.get("choices"):
-                    return {"ok": True, "seconds": round(time.time() - started, 1),
-                            "text": reply["choices"][0].get("text", "")}
-                last = "completion without choices"
+            try:  # streamed and read to its end: an error inside a 200 is not readiness
+                reply = _streamed(spec, "Hello", 1, max(5, deadline - time.time()), ignore_eos=False)
+                return {"ok": True, "seconds": round(time.time() - started, 1), "text": reply.text}
             except Exception as exc:  # noqa: BLE001  any failed attempt means "not ready yet": try again
                 last = "completion: " + _describe(exc, spec)
         emit("progress", stage=stage, elapsed=round(time.time() - started, 1), last=last)
@@ -167,36 +169,129 @@ def ready(spec: dict[str, Any]) -> dict[str, Any]:
             "error": f"not ready within {int(spec.get('timeout', 600))}s ({last})"}
 
 
+class StreamFailed(Exception):
+    """A streamed answer that failed after its HTTP 200: an error sent inside the stream, or a stream
+    that ended without saying it was done."""
+
+
+def error_in(chunk: Any) -> str | None:
+    """Pure: one streamed chunk -> the error it carries, in the server's words, or None.
+
+    llama-server sends {"error": {"code": 500, "message": "Context size has been exceeded.", ...}} and
+    closes the stream (no [DONE]); vLLM 0.32 sends its ErrorResponse, {"error": {"message", "type",
+    "code"}}, and then [DONE] as after any answer (entrypoints/openai/completion/serving.py), so a
+    [DONE] alone never means it went well; vLLM before 0.10 sent {"object": "error", "message": ...}."""
+    if not isinstance(chunk, dict):
+        return f"a chunk that is not a JSON object: {str(chunk)[:200]!r}"
+    error = chunk.get("error")
+    if isinstance(error, dict):
+        code = error.get("code")
+        return (f"HTTP {code} " if code else "") + str(error.get("message") or error)[:600]
+    if error:
+        return str(error)[:600]
+    if chunk.get("object") == "error":
+        return str(chunk.get("message") or chunk)[:600]
+    return None
+
+
+class StreamReader:
+    """Pure: a streamed completion or chat answer (server-sent events), fed one line at a time.
+
+    It ended well when it said so (a finish reason, or [DONE]) and carried no error; `failure()` says
+    why not: an error chunk (the server's words), a finish reason of "error" or "abort", or a stream cut
+    before either (a server killed, a connection reset). Text comes from completions' `text` and chats'
+    `delta.content`."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.usage: dict[str, Any] | None = None
+        self.model: str | None = None
+        self.finish_reason: str | None = None
+        self.done = False
+        self.error: str | None = None
+        self.chunks = 0
+
+    def feed(self, line: str) -> bool:
+        """Read one line; True when it carried text (a token, on these servers)."""
+        line = line.strip()
+        if not line.startswith("data:"):
+            return False
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            self.done = True
+            return False
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            chunk = payload
+        error = error_in(chunk)
+        if error is not None:
+            self.error = self.error or error
+            return False
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        self.model = chunk.get("model") or self.model
+        text = False
+        for choice in chunk.get("choices") or []:
+            piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+            if piece:
+                self.parts.append(piece)
+                text = True
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+        self.chunks += text
+        return text
+
+    def failure(self) -> str | None:
+        """Why the answer failed, or None where it ended well."""
+        if self.error is not None:
+            return f"error in the stream after HTTP 200: {self.error}"
+        if self.finish_reason in ("error", "abort"):
+            return f"the stream ended with finish reason {self.finish_reason!r} after {self.chunks} chunk(s)"
+        if self.finish_reason is None and not self.done:
+            return f"the stream was cut: no finish reason and no [DONE] after {self.chunks} chunk(s)"
+        return None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def as_body(self) -> dict[str, Any]:
+        """The answer in a completion's shape (model, choices[0].text and finish_reason, usage)."""
+        return {"model": self.model, "choices": [{"text": self.text, "finish_reason": self.finish_reason}],
+                "usage": self.usage or {}}
+
+
+def _streamed(spec: dict[str, Any], prompt: str, max_tokens: int, timeout: float, *, ignore_eos: bool,
+              on_text: Any = None) -> StreamReader:
+    """One streamed completion read to its end; StreamFailed where it failed after its HTTP 200."""
+    body = {"model": spec["model"], "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    if ignore_eos:
+        body["ignore_eos"] = True
+    request = urllib.request.Request(spec["base"] + "/v1/completions", json.dumps(body).encode(), _headers(spec))
+    reader = StreamReader()
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        for raw in response:
+            if reader.feed(raw.decode("utf-8", "replace")) and on_text is not None:
+                on_text()
+    failure = reader.failure()
+    if failure is not None:
+        raise StreamFailed(failure)
+    return reader
+
+
 def _stream(spec: dict[str, Any], prompt: str, max_tokens: int) -> tuple[float | None, float, int, list[float]]:
     """One streamed completion: (seconds to the first token, total seconds, tokens, the gaps between
     chunks after the first: the inter-token latencies, a chunk being a token on these servers)."""
-    body = json.dumps({"model": spec["model"], "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                       "stream": True, "stream_options": {"include_usage": True},
-                       "ignore_eos": True}).encode()
-    request = urllib.request.Request(spec["base"] + "/v1/completions", body, _headers(spec))
     started = time.time()
-    first: float | None = None
-    tokens: int | None = None
-    chunks = 0
-    gaps: list[float] = []
-    last = 0.0
-    with urllib.request.urlopen(request, timeout=600) as response:
-        for raw in response:
-            line = raw.decode("utf-8", "replace").strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            data = json.loads(line[6:])
-            if data.get("choices") and data["choices"][0].get("text"):
-                chunks += 1
-                now = time.time() - started
-                if first is None:
-                    first = now
-                else:
-                    gaps.append(now - last)
-                last = now
-            if data.get("usage"):
-                tokens = data["usage"].get("completion_tokens")
-    return first, time.time() - started, tokens if tokens is not None else chunks, gaps
+    times: list[float] = []
+    reader = _streamed(spec, prompt, max_tokens, 600, ignore_eos=True,
+                       on_text=lambda: times.append(time.time() - started))
+    tokens = (reader.usage or {}).get("completion_tokens")
+    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    return (times[0] if times else None), time.time() - started, \
+        tokens if isinstance(tokens, int) else reader.chunks, gaps
 
 
 def _metrics(spec: dict[str, Any]) -> str:
@@ -245,20 +340,34 @@ def bench(spec: dict[str, Any]) -> dict[str, Any]:
     for thread in threads:
         thread.join()
     wall = time.time() - started
-    return {"ok": not errors, "requests": count, "succeeded": len(results), "errors": errors[:5],
+    return {"ok": not errors, "requests": count, "succeeded": len(results), "failed": len(errors),
+            "errors": counted(errors)[:5],
             "seconds": round(wall, 3), "ttft_s": [round(r[0], 4) for r in results if r[0] is not None],
             "latency_s": [round(r[1], 4) for r in results], "tokens": [r[2] for r in results],
             "itl_s": [round(gap, 5) for r in results for gap in r[3]],
             "metrics_before": before, "metrics_after": _metrics(spec)}
 
 
+def counted(errors: list[str]) -> list[str]:
+    """Pure: every failed request's reason -> each reason once, most frequent first, with its count
+    where it happened more than once ("6 x error in the stream after HTTP 200: ...")."""
+    tally: dict[str, int] = {}
+    for error in errors:
+        tally[error] = tally.get(error, 0) + 1
+    ordered = sorted(tally.items(), key=lambda item: -item[1])
+    return [error if times == 1 else f"{times} x {error}" for error, times in ordered]
+
+
 def ask(spec: dict[str, Any]) -> dict[str, Any]:
+    """One completion, streamed and read to its end (an error inside a 200 is a failed ask), its body
+    in a completion's shape."""
     started = time.monotonic()
     try:
-        body = _complete(spec, int(spec["max_tokens"]), spec["prompt"], float(spec.get("timeout") or 60))
+        reader = _streamed(spec, spec["prompt"], int(spec["max_tokens"]), float(spec.get("timeout") or 60),
+                           ignore_eos=False)
     except Exception as exc:  # noqa: BLE001  said in words (a 401 names what to set)
         return {"ok": False, "error": _describe(exc, spec)}
-    return {"ok": True, "body": body, "seconds": round(time.monotonic() - started, 3)}
+    return {"ok": True, "body": reader.as_body(), "seconds": round(time.monotonic() - started, 3)}
 
 
 def context(spec: dict[str, Any]) -> dict[str, Any]:
