@@ -549,10 +549,21 @@ class UnitState:
     unit_file_state: str | None  # "enabled" | "disabled" | None
     restarts: int | None
     active_since: str | None
+    # How its main process last ended (systemd's Result: "signal", "exit-code", "success"), when, and its
+    # exit status or signal number: what a unit waiting out RestartSec after a crash says of the crash.
+    result: str | None = None
+    exited_at: str | None = None
+    exit_status: int | None = None
+
+    @property
+    def restarting(self) -> bool:
+        """Its process ended and systemd starts it again after RestartSec: NRestarts and the start time
+        are still the run that ended."""
+        return self.sub_state == "auto-restart"
 
 
 UNIT_PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "UnitFileState", "NRestarts",
-                   "ActiveEnterTimestamp")
+                   "ActiveEnterTimestamp", "Result", "ExecMainExitTimestamp", "ExecMainStatus")
 
 
 _ACTIVE_STATES = {"active", "reloading", "inactive", "failed", "activating", "deactivating",
@@ -582,6 +593,9 @@ def parse_systemctl_show(stdout: str) -> dict[str, UnitState]:
             unit_file_state=values.get("UnitFileState") or None,
             restarts=int(restarts) if restarts and restarts.isdigit() else None,
             active_since=values.get("ActiveEnterTimestamp") or None,
+            result=values.get("Result") or None,
+            exited_at=values.get("ExecMainExitTimestamp") or None,
+            exit_status=int(values["ExecMainStatus"]) if values.get("ExecMainStatus", "").isdigit() else None,
         )
     return units
 

@@ -565,7 +565,8 @@ def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
             for g in item.gpus) or "-"
         fig = item.figures
         unit = (f"{str(item.unit.get('name', '?')).removesuffix('.service')}: {item.unit.get('active', '?')}"
-                + (f" since {item.unit['since']}" if item.unit.get("since") else ""))
+                + (f" since {item.unit['since']}" if item.unit.get("since") else "")
+                + (" (crashed, restarting)" if item.unit.get("crashed") else ""))
         if item.unit.get("installed") is False:
             unit = "idle" if item.idle is not None else "not installed"
         colour = ("dim" if item.idle is not None else "red" if not item.healthy

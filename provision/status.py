@@ -41,7 +41,7 @@ from provision.engines import MetricNames
 from provision.errors import ProvisionError, error_text
 from provision.facts import HostFacts
 from provision.inventory import Settings
-from provision.parsers import ITERATION_STATS
+from provision.parsers import ITERATION_STATS, UnitState
 from provision.profiles import Profile
 from provision.runner import Result, Runner
 
@@ -207,6 +207,16 @@ def _gpu_rows(host_facts: HostFacts) -> tuple[dict[str, Any], ...]:
     return tuple(rows)
 
 
+def crash_of(state: UnitState) -> str:
+    """Pure: a unit waiting out RestartSec -> how its last run ended, in words ("crashed at ... (killed
+    by signal 9), restarting: restart 1 pending"). systemd counts the restart (NRestarts) and sets the
+    new start time only when it starts the process again."""
+    how = (f"killed by signal {state.exit_status}" if state.result == "signal"
+           else f"exit status {state.exit_status}" if state.exit_status is not None else state.result or "ended")
+    pending = (state.restarts or 0) + 1
+    return f"crashed at {state.exited_at or 'an unknown time'} ({how}), restarting: restart {pending} pending"
+
+
 def silent(unit: str) -> str:
     """A server whose process runs and accepts connections but answers nothing: stopped (SIGSTOP) or
     wedged in a way that holds its HTTP thread too. On an H200 a SIGSTOPped llama-server read so: the
@@ -246,6 +256,8 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
     unit = {"name": unit_name, "active": state.active_state if state else "unknown",
             "sub": state.sub_state if state else None, "restarts": state.restarts if state else None,
             "since": state.active_since if state else None, "installed": installed}
+    if state is not None and state.restarting:  # the start time and count are the run that just ended
+        unit.update(since=None, crashed=crash_of(state))
     revision = None
     if model_root:
         revision = (host_facts.weights.get(model_root) or {}).get("current")
@@ -281,7 +293,8 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
              else None)
     refused_key = (serving.get("models") or {}).get("status") == 401
     healthy = unit["active"] == "active" and health_text == "ok" and not refused_key
-    problem = None if healthy else (f"{unit_name} is {unit['active']}" if unit["active"] != "active"
+    problem = None if healthy else (f"{unit_name} {unit['crashed']}" if unit.get("crashed")
+                                    else f"{unit_name} is {unit['active']}" if unit["active"] != "active"
                                     else silent(unit_name) if health_text == "not answering"
                                     and unit["sub"] == "running"
                                     else f"/health {health_text}" if health_text != "ok"
