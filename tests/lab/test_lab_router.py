@@ -11,6 +11,7 @@ Each case prints its figures (requests, failures, p95 latency against the steady
 """
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import threading
@@ -31,39 +32,100 @@ from tests.lab.conftest import invoke_json, on_host, run_invoke
 pytestmark = [pytest.mark.lab]
 
 KEY = "lab-endpoint-key-0123456789"  # the replicas listen beyond loopback: the endpoint and they check it
-CLIENTS = 4
+# Streamed chats from eight clients, as people load an endpoint: each prompt near the served context
+# (max_model_len 256 per request: PROMPT_TOKENS of prompt, MAX_TOKENS of answer, a few spare).
+CLIENTS = 8
+MAX_TOKENS = 16
+PROMPT_TOKENS = 220
 # A change that restarts each replica's server and nothing else: one more variable in its environment.
 ROLL = ["--set", "environment={PROVISION_LAB_ROLL: '1'}"]
 
 
+def outcome_of(status: int, lines: list[str]) -> str:
+    """One streamed chat's outcome, judged here from its lines (not by the tool's own reader): "ok" when
+    it ended with [DONE] or a finish reason and carried no error chunk, else why not."""
+    finished = done = False
+    for line in lines:
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            done = True
+            continue
+        chunk = json.loads(payload)
+        if "error" in chunk or chunk.get("object") == "error":
+            return f"error in the stream: {json.dumps(chunk)[:200]}"
+        finished = finished or any(choice.get("finish_reason") for choice in chunk.get("choices") or [])
+    if status != 200:
+        return f"HTTP {status}"
+    return "ok" if done or finished else "cut: no [DONE] and no finish reason"
+
+
+def chat(url: str, messages: list[dict[str, str]], timeout: float = 60) -> tuple[str, str]:
+    """One streamed chat through the endpoint, read to its end: (outcome, its text)."""
+    body = json.dumps({"model": "tiny-gguf", "messages": messages, "max_tokens": MAX_TOKENS, "stream": True,
+                       "temperature": 0}).encode()
+    request = urllib.request.Request(f"{url}/v1/chat/completions", data=body, headers={
+        "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            lines = [raw.decode("utf-8", "replace").strip() for raw in answer]
+            status = answer.status
+    except urllib.error.HTTPError as exc:
+        why = exc.read(300).decode("utf-8", "replace")
+        exc.close()
+        return f"HTTP {exc.code}: {why}", ""
+    except TimeoutError:
+        return "timeout", ""
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        return f"reset: {type(exc).__name__}: {exc}", ""
+    try:
+        found = outcome_of(status, lines)
+    except ValueError:
+        found = "a line that is not JSON"
+    text = "".join(json.loads(line[5:]).get("choices", [{}])[0].get("delta", {}).get("content") or ""
+                   for line in lines if line.startswith("data:") and line[5:].strip() not in ("[DONE]", "")
+                   and found == "ok")
+    return found, text
+
+
+def prompt_near_the_context(url: str) -> str:
+    """A user message whose chat, with the model's template, is about PROMPT_TOKENS tokens as the server
+    counts them (its usage.prompt_tokens of a one-token chat), found from two probes (linear in words)."""
+    def tokens(words: int) -> int:
+        body = json.dumps({"model": "tiny-gguf", "max_tokens": 1, "messages": [
+            {"role": "user", "content": " ".join(f"w{i % 10}" for i in range(words))}]}).encode()
+        request = urllib.request.Request(f"{url}/v1/chat/completions", data=body, headers={
+            "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return int(json.loads(answer.read())["usage"]["prompt_tokens"])
+
+    low, high = tokens(10), tokens(40)
+    words = 10 + int((PROMPT_TOKENS - low) * 30 / max(1, high - low))
+    assert PROMPT_TOKENS - 8 <= tokens(words) <= PROMPT_TOKENS + 8, (low, high, words, tokens(words))
+    return " ".join(f"w{i % 10}" for i in range(words))
+
+
 @dataclass
 class Load:
-    """CLIENTS clients sending one completion after another through the endpoint until stopped."""
+    """CLIENTS clients streaming one chat after another through the endpoint until stopped, each
+    request's start, end and outcome counted."""
 
     url: str
-    latencies: list[float] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
+    prompt: str
+    outcomes: list[tuple[float, float, str]] = field(default_factory=list)
     stopping: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def client(self, number: int) -> None:
-        body = json.dumps({"model": "tiny-gguf", "prompt": f"client {number} says", "max_tokens": 8}).encode()
+        turn = 0
         while not self.stopping.is_set():
             started = time.monotonic()
-            request = urllib.request.Request(f"{self.url}/v1/completions", data=body, headers={
-                "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(request, timeout=60) as answer:
-                    ok = answer.status == 200 and bool(json.loads(answer.read())["choices"])
-                    why = f"HTTP {answer.status}"
-            except urllib.error.HTTPError as exc:
-                exc.close()
-                ok, why = False, f"HTTP {exc.code}: {exc.reason}"
-            except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
-                ok, why = False, str(exc)
+            found, _ = chat(self.url, [{"role": "user", "content": f"{number}.{turn % 10} {self.prompt}"}])
+            turn += 1
             with self.lock:
-                (self.latencies.append(time.monotonic() - started) if ok else self.failures.append(why))
+                self.outcomes.append((started, time.monotonic(), found))
 
     def __enter__(self) -> Self:
         self.threads = [threading.Thread(target=self.client, args=(n,), daemon=True) for n in range(CLIENTS)]
@@ -78,10 +140,21 @@ class Load:
 
     @property
     def sent(self) -> int:
-        return len(self.latencies) + len(self.failures)
+        return len(self.outcomes)
+
+    @property
+    def failures(self) -> list[str]:
+        return [found for _, _, found in self.outcomes if found != "ok"]
+
+    def counts(self) -> str:
+        """Every outcome and how often: "412 ok" or "398 ok, 14 cut: ...". """
+        tally: dict[str, int] = {}
+        for _, _, found in self.outcomes:
+            tally[found] = tally.get(found, 0) + 1
+        return ", ".join(f"{n} {found}" for found, n in sorted(tally.items(), key=lambda item: -item[1]))
 
     def p95(self) -> float:
-        ordered = sorted(self.latencies)
+        ordered = sorted(end - start for start, end, found in self.outcomes if found == "ok")
         return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))] if ordered else float("nan")
 
 
@@ -94,7 +167,7 @@ def router_servers(inv: inventory.Inventory) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def endpoint(the_lab: lab.Lab) -> Iterator[tuple[inventory.Inventory, str]]:
+def endpoint(the_lab: lab.Lab) -> Iterator[tuple[inventory.Inventory, str, str]]:
     """cpu-2 prepared (HAProxy) and both replicas deployed with the API key; afterwards cpu-3 is forgotten
     and lab-llama deployed again as the lab inventory has it, without the endpoint and the key."""
     the_lab.up(["cpu-2", "cpu-3"], progress=lambda line: None)
@@ -113,7 +186,8 @@ def endpoint(the_lab: lab.Lab) -> Iterator[tuple[inventory.Inventory, str]]:
         while router_servers(inv) != {"lab-llama": "UP", "lab-llama-b": "UP"}:
             assert time.monotonic() < deadline, f"the router did not see both replicas up: {router_servers(inv)}"
             time.sleep(1)
-        yield inv, f"http://{inv.host('cpu-2').address}:9000"
+        url = f"http://{inv.host('cpu-2').address}:9000"
+        yield inv, url, prompt_near_the_context(url)
     finally:
         if before is None:
             os.environ.pop("VLLM_API_KEY", None)
@@ -128,8 +202,9 @@ def endpoint(the_lab: lab.Lab) -> Iterator[tuple[inventory.Inventory, str]]:
                        ["systemctl", "is-active", "provision-router.service"]).strip() != "active"
 
 
-def test_the_endpoint_needs_the_key_and_status_shows_both_replicas(endpoint: tuple[inventory.Inventory, str]) -> None:
-    _, url = endpoint
+def test_the_endpoint_needs_the_key_and_status_shows_both_replicas(
+        endpoint: tuple[inventory.Inventory, str, str]) -> None:
+    _, url, _ = endpoint
     request = urllib.request.Request(f"{url}/v1/completions", data=b'{"model": "tiny-gguf", "prompt": "hi"}',
                                      headers={"Content-Type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as refused:
@@ -150,15 +225,22 @@ def test_the_endpoint_needs_the_key_and_status_shows_both_replicas(endpoint: tup
 
 
 def test_a_rolling_deploy_of_both_replicas_fails_no_request_through_the_endpoint(
-        endpoint: tuple[inventory.Inventory, str]) -> None:
-    inv, url = endpoint
-    with Load(url):  # warm-up: the first requests after a start are slower
+        endpoint: tuple[inventory.Inventory, str, str]) -> None:
+    inv, url, prompt = endpoint
+    with Load(url, prompt):  # warm-up: the first requests after a start are slower
         time.sleep(3)
-    with Load(url) as steady:
-        time.sleep(10)
+    with Load(url, prompt) as steady:
+        time.sleep(20)
+    print(f"\nsteady, {CLIENTS} clients streaming chats of ~{PROMPT_TOKENS}+{MAX_TOKENS} tokens (the served "
+          f"context 256): {steady.sent} requests: {steady.counts()}")
     assert not steady.failures and steady.sent > 0, steady.failures[:3]
+    code, found, text = invoke_json("status", "--host", "cpu-2", "--host", "cpu-3")
+    assert code == 0, text
+    for replica in found["endpoints"]["lab-tiny"]["replicas"]:  # the router saw no failure either
+        assert {key: replica["failures"][key] for key in ("http_5xx", "response_errors")} == {
+            "http_5xx": 0, "response_errors": 0}, replica
     rolls = []
-    with Load(url) as rolling:
+    with Load(url, prompt) as rolling:
         for extra in (ROLL, []):  # the change, then back to the inventory's: both restart each replica
             code, report, text = invoke_json("deploy", "--host", "cpu-3", "--host", "cpu-2", *extra,
                                              "--timeout", "300", timeout=1200)
@@ -168,20 +250,23 @@ def test_a_rolling_deploy_of_both_replicas_fails_no_request_through_the_endpoint
     for roll in rolls:  # each replica was drained and put back
         for host in roll["hosts"]:
             assert {"drain", "restore"} <= set(host["steps_s"]), host
-    print(f"\nrolling deploy of 2 replicas, twice, under {CLIENTS} clients: {rolling.sent} requests, "
-          f"{len(rolling.failures)} failed; p95 {rolling.p95():.3f} s during the rolls against "
+    print(f"\nrolling deploy of 2 replicas, twice, under {CLIENTS} clients: {rolling.sent} requests "
+          f"({rolling.counts()}); p95 {rolling.p95():.3f} s during the rolls against "
           f"{steady.p95():.3f} s steady ({rolling.p95() / steady.p95():.2f}x, {steady.sent} steady requests)")
     assert not rolling.failures, rolling.failures[:5]
     assert set(states) == {"cpu-2", "cpu-3"}
     assert router_servers(inv) == {"lab-llama": "UP", "lab-llama-b": "UP"}
 
 
-def test_a_replica_killed_under_load_is_taken_out_by_the_router_without_a_failed_request(
-        endpoint: tuple[inventory.Inventory, str]) -> None:
-    inv, url = endpoint
+def test_a_replica_killed_under_load_is_taken_out_by_the_router_and_only_its_streams_in_flight_are_cut(
+        endpoint: tuple[inventory.Inventory, str, str]) -> None:
+    """A stream whose server dies mid-answer cannot be saved (its first tokens are already the client's):
+    those in flight at the kill may be cut, at most the killed replica's slots. Every request sent from
+    the kill on is answered whole: the router retries refused connections on the other replica."""
+    inv, url, prompt = endpoint
     pid = on_host(inv, "cpu-3", ["systemctl", "show", "--property=MainPID", "--value", "llama-server.service"]).strip()
     assert pid.isdigit() and int(pid) > 0, pid
-    with Load(url) as load:
+    with Load(url, prompt) as load:
         time.sleep(3)
         killed = time.monotonic()
         on_host(inv, "cpu-3", ["kill", "-9", pid])
@@ -191,11 +276,16 @@ def test_a_replica_killed_under_load_is_taken_out_by_the_router_without_a_failed
                 out_after = time.monotonic() - killed
                 break
         time.sleep(2)
+    in_flight = [found for started, ended, found in load.outcomes if started < killed <= ended]
+    after = [found for started, _, found in load.outcomes if started >= killed]
+    cut = [found for found in in_flight if found != "ok"]
     print(f"\nreplica killed (kill -9 {pid}) under {CLIENTS} clients: the router took it out after "
-          f"{out_after if out_after is None else round(out_after, 2)} s; {load.sent} requests, "
-          f"{len(load.failures)} failed")
+          f"{out_after if out_after is None else round(out_after, 2)} s; {load.sent} requests ({load.counts()}); "
+          f"{len(in_flight)} in flight at the kill, {len(cut)} of them cut; {len(after)} sent after it, "
+          f"{sum(found != 'ok' for found in after)} failed")
     assert out_after is not None, "the router still sends to the killed replica after 30 s"
-    assert not load.failures, load.failures[:5]
+    assert [found for found in after if found != "ok"] == []
+    assert len(cut) <= 4 and all(found.startswith(("cut", "reset")) for found in cut), cut
     deadline = time.monotonic() + 90  # systemd starts it again (Restart=on-failure); the router takes it back
     while router_servers(inv).get("lab-llama-b") != "UP":
         assert time.monotonic() < deadline, "the restarted replica is not back in the router"
@@ -208,13 +298,13 @@ def router_pid(inv: inventory.Inventory) -> str:
 
 
 def test_an_endpoint_losing_and_regaining_a_replica_reloads_its_router_without_a_failed_request(
-        the_lab: lab.Lab, endpoint: tuple[inventory.Inventory, str]) -> None:
-    inv, url = endpoint
+        the_lab: lab.Lab, endpoint: tuple[inventory.Inventory, str, str]) -> None:
+    inv, url, prompt = endpoint
     original = the_lab.inventory.read_text()
     document = yaml.safe_load(original)
     document["endpoints"]["lab-tiny"]["clusters"] = ["lab-llama"]
     pid = router_pid(inv)
-    with Load(url) as load:
+    with Load(url, prompt) as load:
         try:
             time.sleep(2)
             the_lab.inventory.write_text(yaml.safe_dump(document, sort_keys=False))
@@ -231,7 +321,7 @@ def test_an_endpoint_losing_and_regaining_a_replica_reloads_its_router_without_a
         changes = [(change["kind"], change["target"]) for change in report["hosts"]["cpu-2"]["changes"]]
         assert changes == [("file", "/etc/provision-router/haproxy.cfg"), ("reload", "provision-router.service")], changes
     print(f"\nreplica lab-llama-b taken out of the endpoint and put back (two router reloads) under {CLIENTS} "
-          f"clients: {load.sent} requests, {len(load.failures)} failed, p95 {load.p95():.3f} s")
+          f"clients: {load.sent} requests ({load.counts()}), p95 {load.p95():.3f} s")
     assert router_pid(inv) == pid  # reloaded, never restarted
     assert not load.failures, load.failures[:5]
     deadline = time.monotonic() + 30
