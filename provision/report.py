@@ -517,7 +517,8 @@ def print_deployed(result: Deployed, json_: bool) -> None:
     for column in ("host", "state", "changes", "steps (s)", "detail"):
         table.add_column(column)
     for row in rows:
-        steps = ", ".join(f"{step} {value:g}" for step, value in row["steps_s"].items())
+        steps = ", ".join(f"{step} {value:g}" + (f" ({row['build_from']})" if step == "build" and row["build_from"]
+                                                 else "") for step, value in row["steps_s"].items())
         style = {"ready": "green", "unchanged": "", "rolled back": "yellow"}.get(row["state"], "red")
         table.add_row(row["host"], f"[{style}]{row['state']}[/{style}]" if style else row["state"],
                       str(row["changes"]), steps, row["detail"])
