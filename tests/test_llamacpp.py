@@ -15,6 +15,7 @@ import re
 import pytest
 
 from provision import build, context, errors, inventory, lab, parsers, tune
+from provision.engines import llamacpp
 from provision.engines.llamacpp import LLAMACPP
 from tests.conftest import FIXTURES
 from tests.test_checks import PROFILES, recorded, settings
@@ -192,6 +193,23 @@ def test_the_slot_count_and_the_split_cache_come_before_the_inventorys_own_argum
                             server_flags={"--cache-type-k": "q8_0"})
     assert command[command.index("--no-kv-unified") + 1:] == [
         "--n-gpu-layers", "0", "--batch-size", "1024", "--cache-type-k", "q8_0"]
+
+
+@pytest.mark.parametrize(("length", "slots", "cells"), [
+    (256, 4, 256), (8192, 4, 8192), (100, 4, 256), (300, 3, 512), (131072, 4, 131072), (1000, 1, 1024)])
+def test_a_slot_holds_what_llama_context_makes_of_its_share(length: int, slots: int, cells: int) -> None:
+    """src/llama-context.cpp:291-308 at b11434: the context padded up to 256, a split stream's share padded
+    again. Seen on the b11434 build: 3 slots x 300 gave 'n_ctx is not divisible by n_seq_max - rounding
+    down to 1536' (3 x 512)."""
+    assert llamacpp.slot_tokens(length, slots) == cells >= length
+    assert LLAMACPP.kv_slots(settings("cpu", engine="llamacpp", concurrent_sequences=slots), length) == (slots, cells)
+
+
+def test_other_engines_keep_one_kv_pool() -> None:
+    from provision.engines import ENGINES
+
+    assert [name for name, engine in ENGINES.items()
+            if engine.kv_slots(settings("cpu", concurrent_sequences=2), 256) is not None] == ["llamacpp"]
 
 
 @pytest.mark.parametrize("layer", [{"server_flags": {"--parallel": 8}}, {"server_flags": {"--kv-unified": True}},

@@ -172,6 +172,13 @@ class Engine:
         there answers by the release its settings pin)."""
         return self.metrics
 
+    def kv_slots(self, settings: Any, length: int) -> tuple[int, int] | None:
+        """Where the server allocates the KV cache of a fixed number of sequences at its start
+        (llama.cpp's slots): how many, and the tokens each holds for a context of `length`. None where
+        the cache is one pool that requests take blocks of as they grow (vLLM, TensorRT-LLM): memory.fits
+        then counts how many sequences of `length` fit."""
+        return None
+
     def environment(self, ctx: Context, environment: dict[str, str]) -> dict[str, str]:
         """The service environment with what the engine needs added (the API key is added by render)."""
         return environment

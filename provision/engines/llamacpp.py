@@ -96,6 +96,7 @@ CMAKE_ARGS = ("-DGGML_NATIVE=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXA
 # So the tool renders --parallel N --ctx-size N x max_model_len --no-kv-unified: every slot holds a whole
 # max_model_len whatever the others hold, as max_model_len means in vLLM and TensorRT-LLM (per request).
 DEFAULT_SLOTS = 4  # llama-server's own count for auto (server.cpp:168-173), explicit here
+KV_PAD = 256  # llama-context.cpp:292 and 298: n_ctx and a split stream are padded up to a multiple of this
 CTX_SIZE_MAX = 2**31 - 1  # common/arg.cpp:859 reads an N with std::stoi: a 32-bit int
 
 
@@ -107,6 +108,14 @@ def slots_of(settings: Any) -> int:
 def ctx_size(settings: Any) -> int:
     """--ctx-size: slots x max_model_len; 0 (the model's training context for each slot) where unset."""
     return slots_of(settings) * int(settings.max_model_len) if settings.max_model_len else 0
+
+
+def slot_tokens(length: int, slots: int) -> int:
+    """The KV cells each slot of a split cache holds for a server context of slots x length: what
+    llama_context makes of it (llama-context.cpp:291-308), never less than `length`."""
+    def pad(tokens: int) -> int:
+        return -(-tokens // KV_PAD) * KV_PAD
+    return pad(pad(slots * length) // slots)
 
 
 def gguf_models(paths: Sequence[str]) -> list[str]:
@@ -201,6 +210,10 @@ class LlamaCpp(Engine):
         if not settings.enable_prefix_caching:
             args.append("--no-cache-prompt")
         return args + closing_args(settings, resolutions)
+
+    def kv_slots(self, settings: Any, length: int) -> tuple[int, int]:
+        slots = slots_of(settings)
+        return slots, slot_tokens(length, slots)
 
     def build_env(self, ctx: Context, jobs: int) -> dict[str, str]:
         if not built_from_source(ctx.settings.venv_source):
