@@ -1312,6 +1312,27 @@ def config_attention_backend(ctx: Context) -> Finding | None:
     return ok(f"vLLM {judged} reads VLLM_ATTENTION_BACKEND (it has no --attention-backend yet)", **evidence)
 
 
+@rule("config.concurrent_sequences", WARNING)
+def config_concurrent_sequences(ctx: Context) -> Finding | None:
+    """concurrent_sequences is the slot count of an engine that holds every sequence's KV cache from its
+    start (llama.cpp's --parallel, engines/llamacpp.py). An engine with one KV pool that requests take
+    blocks of does not read it: its own bound is a server flag (vLLM's --max-num-seqs, TensorRT-LLM's
+    --max_batch_size), so the setting is said to do nothing there rather than ignored. On llama.cpp it
+    passes, naming the slots."""
+    count = ctx.settings.concurrent_sequences
+    if count is None:
+        return None
+    engine = engine_of(ctx.settings)
+    if engine.kv_slots(ctx.settings, 1) is not None:
+        return ok(f"{engine.title} serves {count} sequences at once, each in a slot of its own holding "
+                  "max_model_len (memory.fits counts every slot)", concurrent_sequences=count, engine=engine.name)
+    flag = engine.concurrency_flag
+    fix = (f"--set server_flags='{{{flag}: {count}}}' for {engine.title}'s own bound, and leave "
+           "concurrent_sequences unset") if flag else "leave concurrent_sequences unset"
+    return fail(f"concurrent_sequences ({count}) is llama.cpp's slot count: {engine.title} does not read it",
+                fix, concurrent_sequences=count, engine=engine.name, **({"flag": flag} if flag else {}))
+
+
 # ---------------------------------------------------------------------------------------------
 # Multi-GPU and multi-node
 

@@ -142,6 +142,9 @@ class Engine:
     # to use instead; host_flags: those that say the address the server listens on.
     owned_flags: ClassVar[Mapping[str, str]] = {}
     host_flags: tuple[str, ...] = ("--host",)
+    # The server flag that bounds the requests it runs at once, where that is a flag of its own and not
+    # the concurrent_sequences setting (engine_contracts.yaml has its row).
+    concurrency_flag: str | None = None
 
     def owned(self, arg: str) -> tuple[str, str] | None:
         """Where `arg` (a flag, or --flag=value) is one the tool sets: that flag and the setting to use

@@ -95,6 +95,7 @@ class TrtLlm(Engine):
     # trtllm-serve's options (SERVE_DOC; its model is the first positional argument, which the tool
     # gives), by flag_name: --served_model_name is written so.
     owned_flags: ClassVar[Mapping[str, str]] = {"--host": LISTEN, "--port": PORT, "--served-model-name": NAME, "--api-key": KEY}
+    concurrency_flag = "--max_batch_size"  # engine_contracts.yaml; tune's spaces try it
     metrics = ITERATION_METRICS  # the target release's (1.2.0); metric_names answers per host
 
     def release(self, settings: Any) -> str:
