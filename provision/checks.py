@@ -318,8 +318,11 @@ def memory_fits(ctx: Context) -> Finding | None:
     """Each GPU holds its share of the weights, a runtime allowance and the KV cache of one sequence of
     max_model_len (provision/kvcache.py, from the model's config.json and the hub's file sizes, or a
     placed GGUF file's header and size on the host); warns
-    below MIN_CONCURRENT_SEQUENCES such sequences. On GB10 the budget comes from /proc/meminfo, never
-    from nvidia-smi's [N/A] (facts sections 1 and 5); on vLLM's CPU build it is VLLM_CPU_KVCACHE_SPACE."""
+    below MIN_CONCURRENT_SEQUENCES such sequences. llama.cpp allocates the KV cache of all its slots at
+    start: there concurrent_sequences slots of max_model_len (unset: the model's context) must fit, and a
+    fail names the most slots and the longest max_model_len that do. On GB10 the budget comes from
+    /proc/meminfo, never from nvidia-smi's [N/A] (facts sections 1 and 5); on vLLM's CPU build it is
+    VLLM_CPU_KVCACHE_SPACE."""
     if ctx.profile.gpu is None:
         return _cpu_kv_space(ctx)
     if not ctx.facts.gpus:
@@ -347,6 +350,9 @@ def memory_fits(ctx: Context) -> Finding | None:
                 "max_model_len_from": length_from, "config_from": ctx.model_config_from or "the hub"}
     terms = (f"per GPU {_gib(est.weights)} weights + {_gib(est.allowance)} allowance of {_gib(est.budget)}; "
              f"KV {est.kv_per_token / 1024:g} KiB/token ({shape.attention}, {est.kv_dtype})")
+    slots = engine_of(ctx.settings).kv_slots(ctx.settings, length)
+    if slots is not None:
+        return _slots_fit(ctx, shape, layout, est, slots, terms, evidence)
     if not est.fits:
         return fail(f"{terms}: one sequence of {length} tokens needs {_gib(est.kv_per_sequence)} of KV cache, "
                     f"{_gib(max(0, est.kv_budget))} is left", _fit_fixes(ctx, shape, layout, est, weights, 1),
@@ -361,6 +367,38 @@ def memory_fits(ctx: Context) -> Finding | None:
 
 def _gib(value: float) -> str:
     return f"{value / 2**30:.1f} GiB"
+
+
+def _slots_fit(ctx: Context, shape: kvcache.ModelShape, layout: kvcache.Layout, est: kvcache.Estimate,
+               slots: tuple[int, int], terms: str, evidence: Mapping[str, Any]) -> Finding:
+    """A server that allocates every slot's KV cache at its start (llama.cpp, engines/llamacpp.py SLOTS)
+    fits when all of its slots do, each at the context it holds; where they do not, the most slots of
+    that context and the longest max_model_len for that many slots that fit."""
+    count, tokens = slots
+    _, kv_bytes = kvcache.kv_dtype(shape, ctx.extra_args)
+    per_slot = kvcache.sequence_bytes(shape, layout, kv_bytes, tokens)
+    need = count * per_slot
+    fitting = max(0, est.kv_budget) // per_slot if per_slot else count
+    # The server's KV cache is its slots' (status shows it beside the server's own figure), and the
+    # sequences it serves at once are its slots: the pool estimate's count of them would read as the setting.
+    evidence = {**{key: value for key, value in evidence.items() if key != "concurrent_sequences"},
+                "context_tokens": count * tokens, "slots": count, "slot_tokens": tokens, "slots_that_fit": fitting,
+                "kv_per_slot_gib": round(per_slot / kvcache.GIB, 3), "kv_all_slots_gib": round(need / kvcache.GIB, 3)}
+    if not ctx.settings.max_model_len:
+        evidence["max_model_len_from"] = (f"max_model_len not set: each slot holds the model's context "
+                                          f"({est.max_model_len:,} tokens; --ctx-size 0)")
+    said = f"{count} slots x {tokens:,} tokens need {_gib(need)} of KV cache"
+    if est.kv_budget >= need:
+        return ok(f"{terms}; {said}, {_gib(est.kv_budget)} is left", **evidence)
+    fixes = []
+    fewer = min(fitting, count - 1)
+    if fewer >= 1:
+        fixes.append(f"--set concurrent_sequences={fewer} ({fewer} slots of {tokens:,} tokens)")
+    longest = kvcache.largest_context(shape, layout, kv_bytes, est.kv_budget // count)
+    if longest >= 256:
+        fixes.append(f"--set max_model_len={longest} ({count} slots of {longest:,} tokens)")
+    fix = " or ".join(fixes) if fixes else "a smaller or more quantized model, or a GPU with more memory"
+    return fail(f"{terms}: {said}, {_gib(max(0, est.kv_budget))} is left", fix, **evidence)
 
 
 def _gpu_budget(ctx: Context) -> tuple[float, str] | Finding:
@@ -1272,6 +1310,27 @@ def config_attention_backend(ctx: Context) -> Finding | None:
     if table.accepts("vllm", "flag", "--attention-backend", version):
         return fail(f"VLLM_ATTENTION_BACKEND is deprecated in vLLM {judged}", fix, **evidence)
     return ok(f"vLLM {judged} reads VLLM_ATTENTION_BACKEND (it has no --attention-backend yet)", **evidence)
+
+
+@rule("config.concurrent_sequences", WARNING)
+def config_concurrent_sequences(ctx: Context) -> Finding | None:
+    """concurrent_sequences is the slot count of an engine that holds every sequence's KV cache from its
+    start (llama.cpp's --parallel, engines/llamacpp.py). An engine with one KV pool that requests take
+    blocks of does not read it: its own bound is a server flag (vLLM's --max-num-seqs, TensorRT-LLM's
+    --max_batch_size), so the setting is said to do nothing there rather than ignored. On llama.cpp it
+    passes, naming the slots."""
+    count = ctx.settings.concurrent_sequences
+    if count is None:
+        return None
+    engine = engine_of(ctx.settings)
+    if engine.kv_slots(ctx.settings, 1) is not None:
+        return ok(f"{engine.title} serves {count} sequences at once, each in a slot of its own holding "
+                  "max_model_len (memory.fits counts every slot)", concurrent_sequences=count, engine=engine.name)
+    flag = engine.concurrency_flag
+    fix = (f"--set server_flags='{{{flag}: {count}}}' for {engine.title}'s own bound, and leave "
+           "concurrent_sequences unset") if flag else "leave concurrent_sequences unset"
+    return fail(f"concurrent_sequences ({count}) is llama.cpp's slot count: {engine.title} does not read it",
+                fix, concurrent_sequences=count, engine=engine.name, **({"flag": flag} if flag else {}))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -510,6 +510,14 @@ VAR_SPECS: Mapping[str, VarSpec] = {
     "tensor_parallel_size": VarSpec("GPUs one model is split across", _int_range(1, 1024), 1),
     "pipeline_parallel_size": VarSpec("pipeline stages (nodes)", _int_range(1, 1024), 1),
     "max_model_len": VarSpec("context length limit", _optional(_int_range(16, 10_000_000))),
+    # llama.cpp allocates every slot's KV cache at start: the slots are a setting of their own, each
+    # holding max_model_len (engines/llamacpp.py). 256 is llama.cpp's LLAMA_MAX_SEQ (b11434
+    # src/llama-cparams.h:8; more is refused at start, src/llama-context.cpp:102-104).
+    "concurrent_sequences": VarSpec("sequences one server holds at once, each up to max_model_len: llama.cpp's "
+                                    "slots (--parallel; unset: 4, llama-server's own count), every one's KV "
+                                    "cache allocated at start; vLLM and TensorRT-LLM do not read it (their "
+                                    "server_flags --max-num-seqs, --max_batch_size)",
+                                    _optional(_int_range(1, 256))),
     "gpu_memory_utilization": VarSpec("share of GPU memory vLLM may take", _fraction, 0.9),
     "enable_prefix_caching": VarSpec("reuse KV cache across requests", _boolean, True),
     "extra_args": VarSpec("further server arguments (not the flags the tool sets: --host, --port, --model, ...)",
@@ -673,6 +681,7 @@ class Settings:
     tensor_parallel_size: int
     pipeline_parallel_size: int
     max_model_len: int | None
+    concurrent_sequences: int | None
     gpu_memory_utilization: float
     enable_prefix_caching: bool
     extra_args: tuple[str, ...]

@@ -767,8 +767,8 @@ def tuned_text(unit: Unit, vars_: Mapping[str, Any], trial: Trial, baseline: Tri
 
 # What of a server's settings a recipe carries: how it serves, not where (its port, paths, user, indexes).
 RECIPE_SETTINGS = ("served_model_name", "tensor_parallel_size", "pipeline_parallel_size", "max_model_len",
-                   "gpu_memory_utilization", "enable_prefix_caching", "extra_args", "environment", "server_flags",
-                   "vllm_spec", "venv_source", "cpu_affinity", "cuda_version")
+                   "concurrent_sequences", "gpu_memory_utilization", "enable_prefix_caching", "extra_args",
+                   "environment", "server_flags", "vllm_spec", "venv_source", "cpu_affinity", "cuda_version")
 RECIPES = "recipes"  # under the tuned folder: the winners as recipes (`invoke recipe.show FILE`, apply, export)
 
 

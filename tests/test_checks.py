@@ -230,6 +230,10 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
     ("attention-backend-variable-on-0-12", "rtx5090x2-tr7960x", "rtx5090",
      {"vllm_spec": "vllm==0.12.0", "environment": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}}, None, None,
      {"config.attention_backend": "pass"}),
+    ("slots-set-for-vllm", "rtx5090x2-tr7960x", "rtx5090", {"concurrent_sequences": 8}, None, None,
+     {"config.concurrent_sequences": "fail"}),  # llama.cpp's slots: vLLM reads --max-num-seqs
+    ("slots-set-for-llamacpp", "rtx5090x2-tr7960x", "rtx5090", {"engine": "llamacpp", "concurrent_sequences": 8},
+     None, None, {"config.concurrent_sequences": "pass"}),
     ("spark-pair-good", "dgx-spark-gb10", "dgx-spark",
      {"model": "Qwen/Qwen2.5-72B-Instruct-AWQ", "tensor_parallel_size": 2}, None, spark_pair(),
      {"kernel.version": "pass", "memory.unified_headroom": "pass", "memory.fits": "pass",
@@ -675,6 +679,27 @@ def test_the_attention_variable_is_judged_by_the_contract_table(version: str, st
     assert (finding.status, says in finding.message) == (status, True), finding
     if status == "fail":
         assert finding.fix == "extra_args: [--attention-backend, FLASHINFER] instead of the variable"
+
+@pytest.mark.parametrize("engine, status, says", [
+    ("vllm", "fail", "--set server_flags='{--max-num-seqs: 8}' for vLLM's own bound"),
+    ("trtllm", "fail", "--set server_flags='{--max_batch_size: 8}' for TensorRT-LLM's own bound"),
+    ("llamacpp", "pass", None),
+])
+def test_concurrent_sequences_on_an_engine_that_does_not_read_it_is_said(engine: str, status: str,
+                                                                          says: str | None) -> None:
+    """llama.cpp renders it as its slots; vLLM and TensorRT-LLM have a flag of their own (a warning)."""
+    case = ("slots", "rtx5090x2-tr7960x", "rtx5090", {"engine": engine, "concurrent_sequences": 8}, None, None, {})
+    (ctx,) = context_for(case).values()
+    found = next(f for f in checks.evaluate(ctx) if f.id == "config.concurrent_sequences")
+    assert (found.status, found.severity) == (status, checks.WARNING), found
+    if says is not None:
+        title = {"vllm": "vLLM", "trtllm": "TensorRT-LLM"}[engine]
+        assert found.message == f"concurrent_sequences (8) is llama.cpp's slot count: {title} does not read it"
+        assert says in str(found.fix) and not found.blocks
+    unset = ("slots", "rtx5090x2-tr7960x", "rtx5090", {"engine": engine}, None, None, {})
+    (ctx,) = context_for(unset).values()
+    assert next(f for f in checks.evaluate(ctx) if f.id == "config.concurrent_sequences").status == "skip"
+
 
 def test_engine_version_says_what_differs_and_how_to_converge() -> None:
     """The installed 1.3.0rc5 beside a unit rendered for the target 1.2.0: a warning naming both, whose

@@ -239,11 +239,60 @@ def test_a_placed_8b_q4_0_file_is_judged_by_its_size_and_header(tmp_path: Path) 
     assert (ev["kv_dtype"], ev["kv_bytes_per_token"], ev["max_model_len"]) == ("float16", 128 * 1024, 8192)
     assert ev["kv_per_sequence_gib"] == 1.0  # 128 KiB x 8192 tokens
     assert ev["budget_gib"] == round(143771 * 2**20 * 0.9 / GIB, 2)
-    # llama-server measured 5.9 GiB on the H200: weights and KV land under it (its compute buffers and the
-    # CUDA context are the rest), and the allowance on top keeps the estimate above it.
+    # llama.cpp's four slots (concurrent_sequences unset), each holding 8192 tokens of its own.
+    assert (ev["slots"], ev["slot_tokens"], ev["kv_per_slot_gib"], ev["kv_all_slots_gib"]) == (4, 8192, 1.0, 4.0)
+    assert "4 slots x 8,192 tokens need 4.0 GiB of KV cache" in found.message
+    # llama-server measured 5.9 GiB on the H200 with one --ctx-size 8192 for all its slots (before each
+    # had its own): weights and one 8192-token KV land under it (its compute buffers and the CUDA context
+    # are the rest), and the allowance on top keeps the estimate above it.
     assert 5.0 < ev["weights_gib"] + ev["kv_per_sequence_gib"] < 5.9 < \
         ev["weights_gib"] + ev["kv_per_sequence_gib"] + ev["allowance_gib"]
     assert "8B parameters x 16 bit" not in json.dumps(ev)
+
+
+def test_with_max_model_len_unset_each_slot_holds_the_models_context(tmp_path: Path) -> None:
+    """--ctx-size 0 with a split KV cache: llama.cpp's fit step takes the training context (131072, the
+    GGUF's llama.context_length) x the slots (common/fit.cpp at b11434), 16 GiB a slot here."""
+    _, models = placed_q4_0(tmp_path)
+    found = h200_llamacpp(models, max_model_len=None)
+    ev = found.evidence
+    assert found.status == "pass", found.message
+    assert (ev["slots"], ev["slot_tokens"], ev["kv_per_slot_gib"], ev["kv_all_slots_gib"]) == (4, 131072, 16.0, 64.0)
+    assert ev["max_model_len_from"] == ("max_model_len not set: each slot holds the model's context "
+                                        "(131,072 tokens; --ctx-size 0)")
+    assert ev["context_tokens"] == 4 * 131072  # the server's KV cache, as status shows it beside its own
+
+
+@pytest.mark.parametrize(("values", "slots", "tokens", "fix"), [
+    # 120.02 GiB of KV budget: 7 slots of 16 GiB, or 8 slots of 15.0 GiB (122,880 tokens, a multiple of 256)
+    ({"max_model_len": None, "concurrent_sequences": 8}, 8, 131072,
+     "--set concurrent_sequences=7 (7 slots of 131,072 tokens) or --set max_model_len=122880 (8 slots of 122,880 tokens)"),
+    ({"max_model_len": 65536, "concurrent_sequences": 16}, 16, 65536,
+     "--set concurrent_sequences=15 (15 slots of 65,536 tokens) or --set max_model_len=61440 (16 slots of 61,440 tokens)"),
+    ({"max_model_len": None, "concurrent_sequences": 64}, 64, 131072,
+     "--set concurrent_sequences=7 (7 slots of 131,072 tokens) or --set max_model_len=15360 (64 slots of 15,360 tokens)"),
+], ids=["8-slots-of-the-models-context", "16-slots-of-64k", "64-slots-of-the-models-context"])
+def test_slots_that_do_not_all_fit_are_refused_naming_the_most_slots_and_the_longest_context(
+        tmp_path: Path, values: dict[str, Any], slots: int, tokens: int, fix: str) -> None:
+    """Every slot's KV cache is allocated at start: one more slot than fits fails the server, not one
+    request. The fix names both ways out, each of which the same rule then passes."""
+    _, models = placed_q4_0(tmp_path)
+    found = h200_llamacpp(models, **values)
+    ev = found.evidence
+    assert found.status == "fail" and found.severity == "blocker", found.message
+    assert (ev["slots"], ev["slot_tokens"]) == (slots, tokens)
+    assert f"{slots} slots x {tokens:,} tokens need {ev['kv_all_slots_gib']:.1f} GiB of KV cache" in found.message
+    assert found.fix == fix
+    for way in fix.split(" or "):
+        key, value = way.split()[1].split("=")
+        assert h200_llamacpp(models, **{**values, key: int(value)}).status == "pass", way
+
+
+def test_a_context_too_long_for_one_slot_names_only_the_length_that_fits(tmp_path: Path) -> None:
+    _, models = placed_q4_0(tmp_path)
+    found = h200_llamacpp(models, max_model_len=1_048_576)  # 128 GiB a slot, 120 GiB left
+    assert found.status == "fail" and found.evidence["slots_that_fit"] == 0
+    assert found.fix == "--set max_model_len=245760 (4 slots of 245,760 tokens)"  # 30 GiB a slot
 
 
 def test_an_unmapped_architecture_keeps_the_files_size_and_says_why(tmp_path: Path) -> None:

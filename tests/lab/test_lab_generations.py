@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import pytest
 
 from provision import inventory, render
+from provision.engines.llamacpp import DEFAULT_SLOTS
 from provision.ops import LOCK
 from tests.conftest import REPO
 from tests.lab.conftest import invoke_json, on_host, run_invoke
@@ -35,9 +36,13 @@ class Served:
     cluster: str
     unit: str
     context_flag: str
+    slots: int = 1  # the sequences that flag's context is for: llama-server's --ctx-size is all its slots'
+
+    def context(self, max_model_len: int) -> str:
+        return f"{self.context_flag} {max_model_len * self.slots}"
 
 
-LLAMA = Served("cpu-2", "lab-llama", "llama-server.service", "--ctx-size")
+LLAMA = Served("cpu-2", "lab-llama", "llama-server.service", "--ctx-size", DEFAULT_SLOTS)
 VLLM = Served("cpu-1", "lab-cpu", "vllm.service", "--max-model-len")
 BOGUS = 'extra_args=["--no-such-flag"]'  # llama-server exits at start: "error: invalid argument"
 NEVER_READY = "environment={LLAMA_API_KEY: lab-key-no-client-sends}"
@@ -97,7 +102,7 @@ def test_good_rejected_good_then_rollback_restores_a_good_one(lab_llama: invento
     code, rolled, text = invoke_json("rollback", "--host", LLAMA.host)
     assert code == 0 and rolled["hosts"][LLAMA.host]["to"] == good["id"], text
     _state, _active, start = unit(lab_llama, LLAMA)
-    assert f"{LLAMA.context_flag} 200" in start and "--no-such-flag" not in start
+    assert LLAMA.context(200) in start and "--no-such-flag" not in start
     code, found, text = invoke_json(*deploy, "--set", "max_model_len=200")
     assert code == 0 and found["hosts"][0]["state"] == "ready", text  # the restored generation serves
 
@@ -129,7 +134,7 @@ def test_ready_is_refused_when_another_run_changed_the_host_during_readiness(
     assert deploy.returncode == 1, out + err
     row = json.loads(out)["hosts"][0]
     assert row["state"] != "ready" and "another run changed the host" in row["detail"], row
-    assert f"{VLLM.context_flag} 220" in unit(lab_inventory, VLLM)[2]  # the later run's config stays: it is current
+    assert VLLM.context(220) in unit(lab_inventory, VLLM)[2]  # the later run's config stays: it is current
 
 
 # Holds the host's provision lock until a file appears (then removes it): both runs plan while it is
