@@ -5,10 +5,12 @@ of the model that cluster serves (its served_model_name); a request goes to the 
 its JSON body names, by HAProxy's own json_query, and to the first model's when it names none (GET
 /v1/models); one naming a model the endpoint does not serve gets 404, in OpenAI's error shape, naming
 those it serves. A body over the endpoint's max_body_mb gets 413 before it reaches a replica. Among a
-model's replicas the router sends to the one with the fewest requests in flight. HAProxy checks each
-replica's /health, retries a request whose replica refused or dropped it on another, and takes a
-replica out and back through its runtime API on a UNIX socket on the router host, which is how a
-rolling deploy drains a replica (provision/host/router.py).
+model's replicas the router sends to the one with the fewest requests in flight, or, with `routing:
+prefix-affinity`, to the one a consistent hash of the conversation's first messages picks (its prefix
+cache holds the conversation's history). HAProxy checks each replica's /health, retries a request
+whose replica refused or dropped it on another, and takes a replica out and back through its runtime
+API on a UNIX socket on the router host, which is how a rolling deploy drains a replica
+(provision/host/router.py).
 
     plan(endpoint, inventory, settings) -> EndpointPlan     what the router host renders and the roll reads
 """
@@ -42,6 +44,10 @@ MIB = 1024 * 1024
 # which are held to HEADERS_MAX (431 beyond); a body that fills what is left is over the limit (413).
 HEADERS_MAX = 32 * 1024
 HEADER_ROOM = 64 * 1024
+# prefix-affinity on /v1/completions hashes the prompt's first bytes (a raw prompt has no turns): long
+# enough to tell apart prompts that share a template, short enough that a conversation's first prompt
+# already holds them.
+PROMPT_PREFIX_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,8 @@ class EndpointPlan:
     drain_timeout: float
     replicas: tuple[Replica, ...]
     router: Host | None = None  # the router host as the inventory has it: what a roll connects to
-    max_body_mb: float = Endpoint.max_body_mb  # the inventory's endpoint settings (inventory.ENDPOINT_SPECS)
+    routing: str = Endpoint.routing  # the inventory's endpoint settings (inventory.ENDPOINT_SPECS)
+    max_body_mb: float = Endpoint.max_body_mb
     request_timeout: float = Endpoint.request_timeout
     receive_timeout: float = Endpoint.receive_timeout
 
@@ -166,7 +173,7 @@ def plan(endpoint: Endpoint, inventory: Inventory, settings_of: Callable[[str], 
                                 str(settings.served_model_name or settings.model or ""), unreachable))
     return EndpointPlan(endpoint.name, endpoint.host, endpoint.bind_host, endpoint.port,
                         endpoint.drain_timeout, tuple(replicas), inventory.hosts[endpoint.host],
-                        max_body_mb=endpoint.max_body_mb,
+                        routing=endpoint.routing, max_body_mb=endpoint.max_body_mb,
                         request_timeout=endpoint.request_timeout, receive_timeout=endpoint.receive_timeout)
 
 

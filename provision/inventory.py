@@ -631,6 +631,8 @@ def _megabytes(value: Any) -> float:
     return float(value)
 
 
+ROUTINGS = ("least-connections", "prefix-affinity")
+
 # An endpoint's own settings (the inventory's `endpoints: NAME: {...}`, beside host, clusters and
 # services): what each means, its check and its default. Endpoint's fields take these defaults (a test
 # holds them equal); the reference page (provision/docgen.py) prints them.
@@ -640,6 +642,11 @@ ENDPOINT_SPECS: Mapping[str, VarSpec] = {
     "port": VarSpec("the port the router listens on", _int_range(1, 65535), 9000),
     "drain_timeout": VarSpec("seconds a replica's requests in flight may take to finish before a rolling "
                              "deploy restarts it", _seconds, 60.0),
+    "routing": VarSpec("how the router picks one of a model's replicas: least-connections (the one with "
+                       "the fewest requests in flight) or prefix-affinity (every turn of a conversation "
+                       "to one replica, whose prefix cache holds its history: a consistent hash of its "
+                       "first messages; conversations that open with the same messages share a replica)",
+                       _choice(*ROUTINGS), "least-connections"),
     "max_body_mb": VarSpec("the largest request body the router takes (MiB); a larger one gets 413 "
                            "before it reaches a replica. 2 MiB holds a chat near a 128k-token context "
                            "(about 0.5-0.6 MiB of JSON; 1.1 MiB where a client escapes non-ASCII text) "
@@ -668,6 +675,7 @@ class Endpoint:
     port: int = 9000
     drain_timeout: float = 60.0  # seconds a replica's requests in flight may take to finish before its restart
     services: tuple[str, ...] = ()  # services' servers (HOST/SERVICE) behind it, beside the clusters'
+    routing: str = "least-connections"
     max_body_mb: float = 2.0
     request_timeout: float = 900.0
     receive_timeout: float = 30.0

@@ -230,12 +230,12 @@ def router_config(host: str, plans: Sequence[endpoints.EndpointPlan], *, keys: b
     checked in front (the unit hands its file over as a credential)."""
     return render("router/haproxy.cfg.j2", {
         "host": host, "admin_socket": admin_socket, "bufsize": endpoints.buffer_size(plans),
-        "headers_max": endpoints.HEADERS_MAX,
+        "headers_max": endpoints.HEADERS_MAX, "prompt_bytes": endpoints.PROMPT_PREFIX_BYTES,
         "endpoints": [{"name": plan.name, "bind": f"{plan.bind_host}:{plan.port}",
                        "key_file": endpoints.KEYS_CREDENTIAL if keys else None, "backends": plan.backends,
                        "models": " ".join(backend.model for backend in plan.backends),
                        "served": ", ".join(backend.model for backend in plan.backends),
-                       "body_limit": plan.body_limit,
+                       "routing": plan.routing, "body_limit": plan.body_limit,
                        "body_limit_text": f"{plan.max_body_mb:g} MiB",
                        "request_timeout": endpoints.haproxy_time(plan.request_timeout),
                        "receive_timeout": endpoints.haproxy_time(plan.receive_timeout)}

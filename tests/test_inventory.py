@@ -497,11 +497,13 @@ def test_an_endpoints_settings_reach_the_router_plan(tmp_path: Path) -> None:
     from tests.test_rollback import ENDPOINT_INVENTORY
 
     (tmp_path / "hosts.yaml").write_text(ENDPOINT_INVENTORY.replace(
-        "drain_timeout: 30", "drain_timeout: 30, max_body_mb: 0.5, request_timeout: 120, receive_timeout: 5"))
+        "drain_timeout: 30", "drain_timeout: 30, max_body_mb: 0.5, request_timeout: 120, receive_timeout: 5, "
+                             "routing: prefix-affinity"))
     plan = endpoints.named(inventory.load(tmp_path), "tiny")
-    assert (plan.max_body_mb, plan.body_limit, plan.request_timeout, plan.receive_timeout) == (
-        0.5, 512 * 1024, 120.0, 5.0)
+    assert (plan.routing, plan.max_body_mb, plan.body_limit, plan.request_timeout, plan.receive_timeout) == (
+        "prefix-affinity", 0.5, 512 * 1024, 120.0, 5.0)
     assert endpoints.buffer_size([plan]) == 512 * 1024 + endpoints.HEADER_ROOM
     (tmp_path / "hosts.yaml").write_text(ENDPOINT_INVENTORY)
     plan = endpoints.named(inventory.load(tmp_path), "tiny")
-    assert (plan.max_body_mb, plan.request_timeout, plan.receive_timeout) == (2.0, 900.0, 30.0)
+    assert (plan.routing, plan.max_body_mb, plan.request_timeout, plan.receive_timeout) == (
+        "least-connections", 2.0, 900.0, 30.0)

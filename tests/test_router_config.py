@@ -5,6 +5,7 @@ buffer trap: a model named after a long "messages" array, as the OpenAI client w
 """
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import os
@@ -16,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,8 +44,8 @@ class Server(ThreadingHTTPServer):
     """A replica: answers which one it is, the model it was asked for and the body's length; records
     each request's "id"."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
+    def __init__(self, name: str, port: int = 0) -> None:
+        super().__init__(("127.0.0.1", port), Handler)
         self.name = name
         self.seen: list[Any] = []
 
@@ -80,6 +82,21 @@ class Router:
     ports: dict[str, int]  # endpoint name -> port
     servers: dict[str, Server]
     plans: dict[str, endpoints.EndpointPlan]
+    admin: Path  # the runtime API's socket
+
+    def state(self, backend: str, server: str) -> str:
+        """The server's status as `show stat` says it (UP, DOWN, "DOWN 1/2", MAINT...)."""
+        with socket.socket(socket.AF_UNIX) as connection:
+            connection.connect(str(self.admin))
+            connection.sendall(b"show stat\n")
+            text = b""
+            while data := connection.recv(65536):
+                text += data
+        for line in text.decode().splitlines():
+            fields = line.split(",")
+            if fields[:2] == [backend, server]:
+                return fields[17]
+        raise AssertionError(f"no server {backend}/{server} in: {text.decode()}")
 
     def post(self, endpoint: str, body: dict[str, Any] | bytes, *, key: str | None = KEY,
              path: str = "/v1/chat/completions") -> tuple[int, dict[str, Any]]:
@@ -109,10 +126,11 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
     if binary is None:
         pytest.fail("haproxy is not installed here: these tests run a real one "
                     "(apt-get install -y haproxy, as the project's first command does)")
-    servers = {name: Server(name) for name in ("alpha-1", "alpha-2", "beta-1", "quick-1")}
+    servers = {name: Server(name) for name in ("alpha-1", "alpha-2", "beta-1", "quick-1", "aff-1", "aff-2",
+                                                "down-1", "down-2")}
     for server in servers.values():
         threading.Thread(target=server.serve_forever, daemon=True).start()
-    ports = {name: free_port() for name in ("models", "quick")}
+    ports = {name: free_port() for name in ("models", "quick", "affinity", "affinity-down")}
     plans = {
         # Two models, the first with two replicas: the default limits and timeouts.
         "models": endpoints.EndpointPlan("models", "here", "127.0.0.1", ports["models"], 60.0, replicas(
@@ -120,6 +138,13 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
         # The timeouts at a second, to see them strike.
         "quick": endpoints.EndpointPlan("quick", "here", "127.0.0.1", ports["quick"], 60.0, replicas(
             servers, ("quick-1", "alpha")), request_timeout=1.0, receive_timeout=1.0),
+        # A model's two replicas by prefix (its second model's one replica: nothing to pick).
+        "affinity": endpoints.EndpointPlan("affinity", "here", "127.0.0.1", ports["affinity"], 60.0, replicas(
+            servers, ("aff-1", "alpha"), ("aff-2", "alpha"), ("beta-1", "beta")), routing="prefix-affinity"),
+        # The same, for the test that takes a replica down.
+        "affinity-down": endpoints.EndpointPlan("affinity-down", "here", "127.0.0.1", ports["affinity-down"], 60.0,
+                                                replicas(servers, ("down-1", "alpha"), ("down-2", "alpha")),
+                                                routing="prefix-affinity"),
     }
     directory = tmp_path_factory.mktemp("router")
     (directory / endpoints.KEYS_CREDENTIAL).write_text(KEY + "\n", encoding="utf-8")
@@ -137,7 +162,7 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
             if process.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"haproxy did not start: {log.read_text(encoding='utf-8')}")
             time.sleep(0.05)
-        yield Router(ports, servers, plans)
+        yield Router(ports, servers, plans, admin)
     finally:
         process.terminate()
         process.wait(timeout=10)
@@ -283,9 +308,112 @@ def test_a_silent_replica_gets_504_after_request_timeout_and_no_retry(router: Ro
 
 # -- what the config is rendered from -----------------------------------------------------------
 
+def test_least_connections_is_the_default_and_prefix_affinity_hashes_where_there_is_a_choice() -> None:
+    plan = endpoints.EndpointPlan("e", "h", "127.0.0.1", 9000, 60.0, (
+        endpoints.Replica("a1", "h", "10.0.0.1", 8000, "a"), endpoints.Replica("a2", "h", "10.0.0.2", 8000, "a"),
+        endpoints.Replica("b1", "h", "10.0.0.3", 8000, "b")))
+    backends = render.router_config("h", [plan], keys=False).split("\nbackend ")[1:]
+    assert ["balance leastconn" in text for text in backends] == [True, True]
+    affinity = dataclasses.replace(plan, routing="prefix-affinity")
+    backends = render.router_config("h", [affinity], keys=False).split("\nbackend ")[1:]
+    assert ["balance hash var(txn.prefix)" in text and "hash-type consistent" in text for text in backends] == [
+        True, False]
+    assert "balance leastconn" in backends[1]  # one replica: nothing to pick
+
+
 def test_the_buffer_holds_the_largest_body_of_the_routers_endpoints_and_times_read_as_haproxys() -> None:
     small = endpoints.EndpointPlan("a", "h", "127.0.0.1", 9000, 60.0, (), max_body_mb=0.5)
     large = endpoints.EndpointPlan("b", "h", "127.0.0.1", 9001, 60.0, (), max_body_mb=8)
     assert endpoints.buffer_size([small, large]) == 8 * endpoints.MIB + endpoints.HEADER_ROOM
     assert endpoints.buffer_size([small]) == endpoints.MIB // 2 + endpoints.HEADER_ROOM
     assert [endpoints.haproxy_time(s) for s in (900, 900.0, 0.5, 1.25)] == ["900s", "900s", "500ms", "1250ms"]
+
+
+# -- prefix affinity ----------------------------------------------------------------------------
+
+SYSTEM = "You are a careful assistant. Answer in one short sentence, and never make anything up."
+
+
+def conversation(number: int, turns: int, *, system: bool = True) -> list[dict[str, Any]]:
+    """The messages of conversation `number` at turn `turns` (1: its first question): its own first
+    question, then each answer and the next question, as a chat client resends them."""
+    messages = [{"role": "system", "content": SYSTEM}] if system else []
+    for turn in range(turns):
+        if turn:
+            messages.append({"role": "assistant", "content": f"answer {turn - 1} of conversation {number}"})
+        messages.append({"role": "user", "content": f"conversation {number}, question {turn}: why is the sky blue?"})
+    return messages
+
+
+def order(count: int, turn: int) -> list[int]:
+    """0 .. count-1 rotated by the turn, every other turn backwards."""
+    numbers = [(number + turn) % count for number in range(count)]
+    return numbers[::-1] if turn % 2 else numbers
+
+
+@pytest.mark.parametrize("system", [True, False], ids=["a-shared-system-prompt", "no-system-prompt"])
+def test_a_conversations_turns_stay_on_one_replica_and_conversations_spread(router: Router, system: bool) -> None:
+    """Thirteen conversations sharing one system prompt (or none), four turns each, the history
+    growing, taken in another order each turn (least connections, which alternates between idle
+    replicas, would move them): every turn of one goes where its first went, and the thirteen use
+    both replicas."""
+    placed: dict[int, set[str]] = {}
+    for turn in range(1, 5):
+        for number in order(13, turn):
+            status, answer = router.post("affinity", {"messages": conversation(number, turn, system=system),
+                                                      "model": "alpha", "stream": True})
+            assert status == 200
+            placed.setdefault(number, set()).add(answer["replica"])
+    assert all(len(replicas) == 1 for replicas in placed.values()), placed
+    assert set().union(*placed.values()) == {"aff-1", "aff-2"}, placed
+
+
+def test_a_parts_list_content_and_a_completions_prompt_are_hashed_too(router: Router) -> None:
+    def parts(number: int, turns: int) -> list[dict[str, Any]]:
+        return [{"role": m["role"], "content": [{"type": "text", "text": m["content"]}]}
+                for m in conversation(number, turns)]
+
+    placed: dict[str, set[str]] = {}
+    for turn in range(1, 4):
+        for number in order(13, turn):
+            placed.setdefault(f"parts {number}", set()).add(
+                router.post("affinity", {"messages": parts(number, turn), "model": "alpha"})[1]["replica"])
+            # A raw prompt grows as a conversation does; its first 1,024 bytes are its key.
+            prompt = f"Document {number}: " + "lorem ipsum " * 100 + "".join(
+                f"\nQ{t}: why?\nA{t}: because." for t in range(turn))
+            placed.setdefault(f"prompt {number}", set()).add(router.post(
+                "affinity", {"model": "alpha", "prompt": prompt, "max_tokens": 8}, path="/v1/completions")[1]["replica"])
+    assert all(len(replicas) == 1 for replicas in placed.values()), placed
+    for kind in ("parts", "prompt"):
+        assert set().union(*(r for key, r in placed.items() if key.startswith(kind))) == {"aff-1", "aff-2"}, placed
+
+
+def test_a_replica_down_moves_only_its_own_conversations_and_they_come_back(router: Router) -> None:
+    """Consistent hashing: when its health check takes a replica out, its conversations go to the
+    other, the other's stay where they were; when it is back, its own return to it."""
+    def places() -> dict[int, str]:
+        return {number: router.post("affinity-down", {"messages": conversation(number, 2), "model": "alpha"})[1][
+            "replica"] for number in range(12)}
+
+    before = places()
+    assert set(before.values()) == {"down-1", "down-2"}, before
+    stopped = router.servers["down-1"]
+    port = stopped.server_address[1]
+    stopped.shutdown()
+    stopped.server_close()
+    during = places()  # answered all the same: refused connections are retried on the other replica
+    assert set(during.values()) == {"down-2"}
+    wait_for(lambda: router.state("affinity-down-1", "down-1").startswith("DOWN"))
+    assert places() == {number: "down-2" for number in range(12)}
+    back = Server("down-1", port)
+    threading.Thread(target=back.serve_forever, daemon=True).start()
+    router.servers["down-1"] = back
+    wait_for(lambda: router.state("affinity-down-1", "down-1") == "UP")
+    assert places() == before
+
+
+def wait_for(condition: Any, seconds: float = 15) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the router's health checks never got there"
+        time.sleep(0.1)
