@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from provision import endpoints, render
+from provision import endpoints, inventory, render
 
 DEFAULT_BUFFER = 16384  # HAProxy's tune.bufsize when the config sets none
 
@@ -133,7 +133,7 @@ def main() -> None:
     for size in [None, *(float(text) for text in args.sizes.split(","))]:
         port = free_port()
         plan = endpoints.EndpointPlan("bench", "here", "127.0.0.1", port, 60.0, replicas,
-                                      max_body_mb=size or endpoints.Endpoint.max_body_mb)
+                                      max_body_mb=size or inventory.Endpoint.max_body_mb)
         config = render.router_config("here", [plan], keys=False)
         bufsize = endpoints.buffer_size([plan])
         if size is None:  # the baseline: the same config at HAProxy's default buffer
