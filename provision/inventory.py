@@ -658,7 +658,8 @@ ENDPOINT_SPECS: Mapping[str, VarSpec] = {
                                _seconds, 900.0),
     "receive_timeout": VarSpec("seconds a client may take to send a request's headers, and again its "
                                "body, before the router answers 408 (slow or stalled clients hold no "
-                               "connection longer)", _seconds, 30.0),
+                               "connection longer); also how long an idle kept-alive connection stays "
+                               "open for its next request", _seconds, 30.0),
 }
 
 

@@ -297,6 +297,15 @@ def test_a_client_that_sends_its_body_too_slowly_gets_408(router: Router) -> Non
     assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == "request_timeout"
 
 
+def test_an_idle_kept_alive_connection_is_closed_after_receive_timeout(router: Router) -> None:
+    with socket.create_connection(("127.0.0.1", router.ports["quick"]), timeout=10) as connection:
+        connection.sendall(f"GET /v1/models HTTP/1.1\r\nHost: router\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode())
+        assert connection.recv(65536).split(b" ")[1] == b"200"
+        started = time.monotonic()
+        assert connection.recv(65536) == b""  # closed by the router, without a 408: nothing was asked
+        assert 0.9 < time.monotonic() - started < 2.5  # receive_timeout: 1 s
+
+
 def test_a_silent_replica_gets_504_after_request_timeout_and_no_retry(router: Router) -> None:
     started = time.monotonic()
     status, answer = router.post("quick", chat("alpha", sleep=2.5, id="silent"))
