@@ -635,8 +635,9 @@ def api_key(ctx: Context) -> Finding | None:
 # ---------------------------------------------------------------------------------------------
 # Endpoints (provision/endpoints.py): the router on this host and the replicas it sends to
 
-# The oldest HAProxy the rendered config was checked with (`haproxy -c`: Debian 12's 2.6.12); it
-# routes by the request's model with json_query and retries dropped requests with retry-on.
+# The oldest HAProxy the rendered config was checked with (`haproxy -c`, and run by the tests: Debian
+# 12's 2.6.12); it routes by the request's model with json_query, reads bodies whole with
+# wait-for-body (2.4) and retries dropped requests with retry-on.
 ROUTER_MINIMUM = (2, 6)
 
 

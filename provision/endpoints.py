@@ -3,9 +3,14 @@
 An endpoint (the inventory's `endpoints:`) runs HAProxy on one host. Each cluster it names is a replica
 of the model that cluster serves (its served_model_name); a request goes to the replicas of the model
 its JSON body names, by HAProxy's own json_query, and to the first model's when it names none (GET
-/v1/models). HAProxy checks each replica's /health, retries a request whose replica refused or dropped
-it on another, and takes a replica out and back through its runtime API on a UNIX socket on the router
-host, which is how a rolling deploy drains a replica (provision/host/router.py).
+/v1/models); one naming a model the endpoint does not serve gets 404, in OpenAI's error shape, naming
+those it serves. A body over the endpoint's max_body_mb gets 413 before it reaches a replica. Among a
+model's replicas the router sends to the one with the fewest requests in flight, or, with `routing:
+prefix-affinity`, to the one a consistent hash of the conversation's first messages picks (its prefix
+cache holds the conversation's history). HAProxy checks each replica's /health, retries a request
+whose replica refused or dropped it on another, and takes a replica out and back through its runtime
+API on a UNIX socket on the router host, which is how a rolling deploy drains a replica
+(provision/host/router.py).
 
     plan(endpoint, inventory, settings) -> EndpointPlan     what the router host renders and the roll reads
 """
@@ -13,7 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from provision import services
@@ -31,6 +36,18 @@ RUNTIME_DIR = "/run/provision-router"
 ADMIN_SOCKET = f"{RUNTIME_DIR}/admin.sock"
 # HAProxy reads model names in an ACL as words: the names an endpoint routes by keep to these.
 MODEL_NAME = re.compile(r"^[A-Za-z0-9._:/@+-]{1,200}$")
+MIB = 1024 * 1024
+# The router reads a request's model from its body, which must therefore be whole in one HAProxy
+# buffer: a part past the buffer is not seen (with the default 16 kB buffer a chat of ~15 kB whose
+# "model" follows "messages", as the OpenAI client writes it, lost its model), and a retry resends the
+# body from a copy of that buffer. The buffer is the largest body allowed plus room for the headers,
+# which are held to HEADERS_MAX (431 beyond); a body that fills what is left is over the limit (413).
+HEADERS_MAX = 32 * 1024
+HEADER_ROOM = 64 * 1024
+# prefix-affinity on /v1/completions hashes the prompt's first bytes (a raw prompt has no turns): long
+# enough to tell apart prompts that share a template, short enough that a conversation's first prompt
+# already holds them.
+PROMPT_PREFIX_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -63,6 +80,15 @@ class EndpointPlan:
     drain_timeout: float
     replicas: tuple[Replica, ...]
     router: Host | None = None  # the router host as the inventory has it: what a roll connects to
+    routing: str = Endpoint.routing  # the inventory's endpoint settings (inventory.ENDPOINT_SPECS)
+    max_body_mb: float = Endpoint.max_body_mb
+    request_timeout: float = Endpoint.request_timeout
+    receive_timeout: float = Endpoint.receive_timeout
+
+    @property
+    def body_limit(self) -> int:
+        """The largest request body the router takes, in bytes."""
+        return int(self.max_body_mb * MIB)
 
     @property
     def backends(self) -> tuple[Backend, ...]:
@@ -101,6 +127,18 @@ class EndpointPlan:
         return self.local_address
 
 
+def buffer_size(plans: Sequence[EndpointPlan]) -> int:
+    """HAProxy's tune.bufsize for a router serving `plans` (one per process): the largest body limit
+    among them plus room for the headers, so that every body it lets through is whole in one buffer."""
+    largest = max((plan.body_limit for plan in plans), default=Endpoint.max_body_mb * MIB)
+    return int(largest) + HEADER_ROOM
+
+
+def haproxy_time(seconds: float) -> str:
+    """Seconds as HAProxy's time format: 900 -> "900s", 0.5 -> "500ms"."""
+    return f"{int(seconds)}s" if float(seconds).is_integer() else f"{round(seconds * 1000)}ms"
+
+
 def replica_address(server_host: str, router_host: str, bind_host: str,
                     inventory_address: str) -> tuple[str, str | None]:
     """Where a router on `router_host` reaches a server on `server_host` that listens on `bind_host`,
@@ -134,7 +172,9 @@ def plan(endpoint: Endpoint, inventory: Inventory, settings_of: Callable[[str], 
         replicas.append(Replica(name, head, address, int(settings.port),
                                 str(settings.served_model_name or settings.model or ""), unreachable))
     return EndpointPlan(endpoint.name, endpoint.host, endpoint.bind_host, endpoint.port,
-                        endpoint.drain_timeout, tuple(replicas), inventory.hosts[endpoint.host])
+                        endpoint.drain_timeout, tuple(replicas), inventory.hosts[endpoint.host],
+                        routing=endpoint.routing, max_body_mb=endpoint.max_body_mb,
+                        request_timeout=endpoint.request_timeout, receive_timeout=endpoint.receive_timeout)
 
 
 def named(inventory: Inventory, name: str) -> EndpointPlan:

@@ -647,10 +647,50 @@ class Cluster:
         return len(self.hosts) > 1
 
 
+def _megabytes(value: Any) -> float:
+    """a number of MiB from 0.1 to 64"""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.1 <= value <= 64:
+        raise ValueError(f"expected a number of MiB from 0.1 to 64, got {_show(value)}")
+    return float(value)
+
+
+ROUTINGS = ("least-connections", "prefix-affinity")
+
+# An endpoint's own settings (the inventory's `endpoints: NAME: {...}`, beside host, clusters and
+# services): what each means, its check and its default. Endpoint's fields take these defaults (a test
+# holds them equal); the reference page (provision/docgen.py) prints them.
+ENDPOINT_SPECS: Mapping[str, VarSpec] = {
+    "bind_host": VarSpec("the address the router listens on (0.0.0.0: every address; beyond loopback it "
+                         "needs vllm_api_key)", _bind_address, "127.0.0.1"),
+    "port": VarSpec("the port the router listens on", _int_range(1, 65535), 9000),
+    "drain_timeout": VarSpec("seconds a replica's requests in flight may take to finish before a rolling "
+                             "deploy restarts it", _seconds, 60.0),
+    "routing": VarSpec("how the router picks one of a model's replicas: least-connections (the one with "
+                       "the fewest requests in flight) or prefix-affinity (every turn of a conversation "
+                       "to one replica, whose prefix cache holds its history: a consistent hash of its "
+                       "first messages; conversations that open with the same messages share a replica)",
+                       _choice(*ROUTINGS), "least-connections"),
+    "max_body_mb": VarSpec("the largest request body the router takes (MiB); a larger one gets 413 "
+                           "before it reaches a replica. 2 MiB holds a chat near a 128k-token context "
+                           "(about 0.5-0.6 MiB of JSON; 1.1 MiB where a client escapes non-ASCII text) "
+                           "with room; each request in flight holds about this much of the router's "
+                           "memory (a copy of it, kept for a retry until its answer ends)", _megabytes, 2.0),
+    "request_timeout": VarSpec("seconds a replica may stay silent (before its answer's first byte, or "
+                               "between two parts of a stream) before the router answers 504; a "
+                               "streamed generation may run longer in all, one answered whole may not",
+                               _seconds, 900.0),
+    "receive_timeout": VarSpec("seconds a client may take to send a request's headers, and again its "
+                               "body, before the router answers 408 (slow or stalled clients hold no "
+                               "connection longer); also how long an idle kept-alive connection stays "
+                               "open for its next request", _seconds, 30.0),
+}
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """One address in front of several clusters' servers (HAProxy on `host`): the clusters serving one
-    model are its replicas, and a request goes to those of the model it names."""
+    model are its replicas, and a request goes to those of the model it names. The settings after
+    `clusters` are ENDPOINT_SPECS' (their defaults the same)."""
 
     name: str
     host: str  # where the router runs
@@ -659,6 +699,10 @@ class Endpoint:
     port: int = 9000
     drain_timeout: float = 60.0  # seconds a replica's requests in flight may take to finish before its restart
     services: tuple[str, ...] = ()  # services' servers (HOST/SERVICE) behind it, beside the clusters'
+    routing: str = "least-connections"
+    max_body_mb: float = 2.0
+    request_timeout: float = 900.0
+    receive_timeout: float = 30.0
 
     @property
     def members(self) -> tuple[str, ...]:
@@ -919,7 +963,7 @@ def local_host(profile: Profile | None = None) -> Host:
 # Loading and validation
 
 _TOP_LEVEL = {"ssh", "secrets", "hosts", "groups", "clusters", "endpoints"}
-_ENDPOINT_KEYS = {"host", "clusters", "services", "bind_host", "port", "drain_timeout"}
+_ENDPOINT_KEYS = {"host", "clusters", "services", *ENDPOINT_SPECS}
 _SSH_KEYS = {"known_hosts", "key_file", "connect_timeout", "command_timeout"}
 _HOST_KEYS = {"address", "port", "user", "profile", "connection", "key_file", "vars", "services"}
 _SERVICE_KEYS = {"gpus", "vars"}
@@ -1124,11 +1168,10 @@ class _Reader:
                                      f"{_show(value)}", file=source, line=_line(body, key) or self.entry_line,
                                      entity=entity, key=key)
         checked: dict[str, Any] = {}
-        for key, check in (("bind_host", _bind_address), ("port", _int_range(1, 65535)),
-                           ("drain_timeout", _seconds)):
+        for key, spec in ENDPOINT_SPECS.items():
             if key in body:
                 try:
-                    checked[key] = check(body[key])
+                    checked[key] = spec.check(body[key])
                 except ValueError as exc:
                     raise InventoryError(str(exc), file=source, line=_line(body, key), entity=entity,
                                          key=key) from exc

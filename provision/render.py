@@ -224,15 +224,29 @@ def stale_services(ctx: Context) -> dict[str, str]:
     return {unit: service for unit, service in found.items() if service not in declared}
 
 
+def router_config(host: str, plans: Sequence[endpoints.EndpointPlan], *, keys: bool,
+                  admin_socket: str = endpoints.ADMIN_SOCKET) -> str:
+    """HAProxy's config for the endpoints `plans` whose router runs on `host`; `keys`: the API key is
+    checked in front (the unit hands its file over as a credential)."""
+    return render("router/haproxy.cfg.j2", {
+        "host": host, "admin_socket": admin_socket, "bufsize": endpoints.buffer_size(plans),
+        "headers_max": endpoints.HEADERS_MAX, "prompt_bytes": endpoints.PROMPT_PREFIX_BYTES,
+        "endpoints": [{"name": plan.name, "bind": f"{plan.bind_host}:{plan.port}",
+                       "key_file": endpoints.KEYS_CREDENTIAL if keys else None, "backends": plan.backends,
+                       "models": " ".join(backend.model for backend in plan.backends),
+                       "served": ", ".join(backend.model for backend in plan.backends),
+                       "routing": plan.routing, "body_limit": plan.body_limit,
+                       "body_limit_text": f"{plan.max_body_mb:g} MiB",
+                       "request_timeout": endpoints.haproxy_time(plan.request_timeout),
+                       "receive_timeout": endpoints.haproxy_time(plan.receive_timeout)}
+                      for plan in plans]})
+
+
 def router_files(ctx: Context, common: Mapping[str, Any], api_key: str | None) -> list[DesiredFile]:
     """The router's config, its API key file (root's alone, read by the unit as a credential) and its
     unit, for the endpoints whose router runs on this host (provision/endpoints.py)."""
     unit = endpoints.ROUTER_UNIT
-    keys = endpoints.KEYS_CREDENTIAL if api_key else None
-    config = render("router/haproxy.cfg.j2", {
-        "host": ctx.host, "admin_socket": endpoints.ADMIN_SOCKET,
-        "endpoints": [{"name": plan.name, "bind": f"{plan.bind_host}:{plan.port}", "key_file": keys,
-                       "backends": plan.backends} for plan in ctx.endpoints]})
+    config = router_config(ctx.host, ctx.endpoints, keys=bool(api_key))
     values = {**common, "config": endpoints.CONFIG_FILE, "keys_file": endpoints.KEYS_FILE if api_key else None,
               "keys_dir": endpoints.KEYS_FILE.rsplit("/", 1)[0],
               "keys_credential": endpoints.KEYS_CREDENTIAL, "runtime_dir": endpoints.RUNTIME_DIR.rsplit("/", 1)[1],

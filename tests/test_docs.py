@@ -29,6 +29,8 @@ def test_every_setting_rule_and_task_has_its_entry() -> None:
     pages = docgen.pages()
     for name in inventory.VAR_SPECS:
         assert f"## `{name}`" in pages["settings.md"], name
+    for name in inventory.ENDPOINT_SPECS:
+        assert f"## `{name}`" in pages["endpoint-settings.md"], name
     for rule_id in checks.RULE_IDS:
         assert f"## `{rule_id}`" in pages["rules.md"], rule_id
     for task in ns.task_names:

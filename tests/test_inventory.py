@@ -499,3 +499,30 @@ def test_flags_the_tool_does_not_set_still_pass() -> None:
                                       "extra_args=[--hf-token-path, /x, -ngl, '10', --model-impl, vllm]"]) == {
         "server_flags": {"--max-num-seqs": 64, "--enforce-eager": True},
         "extra_args": ("--hf-token-path", "/x", "-ngl", "10", "--model-impl", "vllm")}
+
+
+# ---------------------------------------------------------------------------------------------
+# Endpoints' own settings
+
+def test_an_endpoints_fields_default_to_its_settings_table() -> None:
+    """A setting added to ENDPOINT_SPECS without its field (or with another default) fails here."""
+    defaults = {f.name: f.default for f in dataclasses.fields(inventory.Endpoint)}
+    assert {name: defaults[name] for name in inventory.ENDPOINT_SPECS} == {
+        name: spec.default for name, spec in inventory.ENDPOINT_SPECS.items()}
+
+
+def test_an_endpoints_settings_reach_the_router_plan(tmp_path: Path) -> None:
+    from provision import endpoints
+    from tests.test_rollback import ENDPOINT_INVENTORY
+
+    (tmp_path / "hosts.yaml").write_text(ENDPOINT_INVENTORY.replace(
+        "drain_timeout: 30", "drain_timeout: 30, max_body_mb: 0.5, request_timeout: 120, receive_timeout: 5, "
+                             "routing: prefix-affinity"))
+    plan = endpoints.named(inventory.load(tmp_path), "tiny")
+    assert (plan.routing, plan.max_body_mb, plan.body_limit, plan.request_timeout, plan.receive_timeout) == (
+        "prefix-affinity", 0.5, 512 * 1024, 120.0, 5.0)
+    assert endpoints.buffer_size([plan]) == 512 * 1024 + endpoints.HEADER_ROOM
+    (tmp_path / "hosts.yaml").write_text(ENDPOINT_INVENTORY)
+    plan = endpoints.named(inventory.load(tmp_path), "tiny")
+    assert (plan.routing, plan.max_body_mb, plan.request_timeout, plan.receive_timeout) == (
+        "least-connections", 2.0, 900.0, 30.0)
