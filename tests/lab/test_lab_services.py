@@ -21,12 +21,12 @@ import pytest
 import yaml
 
 from provision import inventory, lab
-from provision.lab import LLAMA_CPP_LAB_BUILD
+from provision.lab import llama_cpp_lab_build
 from tests.lab.conftest import invoke_json, on_host, run_invoke
 
 pytestmark = [pytest.mark.lab]
 
-SERVED = {"engine": "llamacpp", **LLAMA_CPP_LAB_BUILD, "max_model_len": 256}  # lab-llama's build: its cache
+SERVED = {"engine": "llamacpp", **llama_cpp_lab_build(), "max_model_len": 256}  # lab-llama's build: its cache
 SERVICES = {"a": {"vars": {"model": "lab/tiny-gguf", "served_model_name": "tiny-a", "port": 8000}},
             "b": {"vars": {"model": "lab/tiny-gguf-b", "served_model_name": "tiny-b", "port": 8001}}}
 ASK = """
