@@ -76,6 +76,10 @@ class Workload:
     system_words: int = 60
     turn_words: int = 15
     max_tokens: int = 8
+    # "chat": /v1/chat/completions, the history as messages; "completions": /v1/completions, the history
+    # as one growing text (Q:/A: lines), for a model whose chat template fills a small context (the
+    # lab's tiny GGUF: 256 tokens, about one token a character).
+    api: str = "chat"
 
 
 def words(rng: random.Random, count: int) -> str:
@@ -90,7 +94,7 @@ def system_prompt(workload: Workload) -> str:
 def question(workload: Workload, mode: str, conversation: int, turn: int) -> str:
     """Turn `turn`'s question of one conversation: its own words, in this mode only."""
     rng = random.Random(f"{mode}/{conversation}/{turn}")
-    opening = f"Conversation {conversation} of {mode}, turn {turn}:"
+    opening = f"#{mode[:2]}{conversation}.{turn}"  # its own in each mode: no mode reads another's cache
     return f"{opening} {words(rng, max(1, workload.turn_words - len(opening.split())))}"
 
 
@@ -101,6 +105,24 @@ def messages(workload: Workload, mode: str, conversation: int, answers: Sequence
         said += [{"role": "user", "content": question(workload, mode, conversation, turn)},
                  {"role": "assistant", "content": answer}]
     return said + [{"role": "user", "content": question(workload, mode, conversation, len(answers))}]
+
+
+def prompt(workload: Workload, mode: str, conversation: int, answers: Sequence[str]) -> str:
+    """The completions API's request of the turn after `answers`: the same history as one text."""
+    said = [system_prompt(workload)]
+    for turn, answer in enumerate(answers):
+        said.append(f"Q: {question(workload, mode, conversation, turn)}\nA:{answer}")
+    return "\n".join([*said, f"Q: {question(workload, mode, conversation, len(answers))}\nA:"])
+
+
+def request_of(workload: Workload, mode: str, conversation: int, answers: Sequence[str]) -> Said:
+    """The turn's request in the workload's API: its history as messages or as one text."""
+    if workload.api == "completions":
+        return prompt(workload, mode, conversation, answers)
+    return messages(workload, mode, conversation, answers)
+
+
+Said = list[dict[str, str]] | str
 
 
 def words_at_last_turn(workload: Workload) -> int:
@@ -139,7 +161,7 @@ def read_stream(lines: Iterable[bytes], started: float, clock: Callable[[], floa
             error = event["error"]
             return Turn(turn.ttft_s, turn.text, str(error.get("message", error) if isinstance(error, dict) else error))
         for choice in event.get("choices") or []:
-            content = (choice.get("delta") or {}).get("content")
+            content = (choice.get("delta") or {}).get("content") or choice.get("text")
             if content:
                 if turn.ttft_s is None:
                     turn.ttft_s = clock() - started
@@ -149,16 +171,19 @@ def read_stream(lines: Iterable[bytes], started: float, clock: Callable[[], floa
     return turn
 
 
-def ask(url: str, key: str | None, model: str, said: list[dict[str, str]], max_tokens: int,
+def ask(url: str, key: str | None, model: str, said: Said, max_tokens: int,
         timeout: float = 300) -> Turn:
-    body = json.dumps({"messages": said, "model": model, "max_tokens": max_tokens, "temperature": 0,
+    """One streamed turn: a chat (`said` the messages) or a completion (`said` the prompt)."""
+    history = {"prompt": said} if isinstance(said, str) else {"messages": said}
+    body = json.dumps({**history, "model": model, "max_tokens": max_tokens, "temperature": 0,
                        "stream": True}).encode()
+    path = "/v1/completions" if isinstance(said, str) else "/v1/chat/completions"
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     parts = urllib.parse.urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout)
     started = time.monotonic()
     try:
-        connection.request("POST", parts.path.rstrip("/") + "/v1/chat/completions", body=body, headers=headers)
+        connection.request("POST", parts.path.rstrip("/") + path, body=body, headers=headers)
         response = connection.getresponse()
         if response.status != 200:
             return Turn(error=f"HTTP {response.status}: {response.read()[:200].decode('utf-8', 'replace')}")
@@ -307,7 +332,11 @@ def run_mode(mode: str, args: argparse.Namespace, workload: Workload, key: str |
     """One mode's workload: the conversations' turns interleaved over the clients."""
     result = ModeResult(mode)
     answers: dict[int, list[str]] = {number: [] for number in range(workload.conversations)}
-    waiting = list(range(workload.conversations))  # conversations whose next turn may go, oldest first
+    # Conversations whose next turn may go, taken in a random order (seeded: the same in every mode), as
+    # people's replies come: in a fixed order, turn k of conversation c would always be request
+    # c + k x conversations, and least-connections' alternation would send it to the same replica.
+    waiting = list(range(workload.conversations))
+    order = random.Random(11)
     lock = threading.Lock()
     wake = threading.Condition(lock)
     busy = 0
@@ -320,9 +349,9 @@ def run_mode(mode: str, args: argparse.Namespace, workload: Workload, key: str |
                     wake.wait()
                 if not waiting:
                     return
-                number = waiting.pop(0)
+                number = waiting.pop(order.randrange(len(waiting)))
                 busy += 1
-                said = messages(workload, mode, number, answers[number])
+                said = request_of(workload, mode, number, answers[number])
             turn = ask(args.url, key, args.model, said, workload.max_tokens)
             with wake:
                 busy -= 1
@@ -355,7 +384,9 @@ def warm(args: argparse.Namespace, workload: Workload, key: str | None) -> None:
     for url in args.metrics:
         parts = urllib.parse.urlsplit(url)
         base = f"{parts.scheme}://{parts.netloc}"
-        said = [{"role": "system", "content": system_prompt(workload)}, {"role": "user", "content": "warm up"}]
+        said: Said = [{"role": "system", "content": system_prompt(workload)}, {"role": "user", "content": "warm up"}]
+        if workload.api == "completions":
+            said = f"{system_prompt(workload)}\nQ: warm up\nA:"
         turn = ask(base, key, args.model, said, 1)
         if turn.error:
             print(f"warning: warming {base} failed: {turn.error}", file=sys.stderr)
@@ -381,6 +412,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--system-words", type=int, default=Workload.system_words)
     parser.add_argument("--turn-words", type=int, default=Workload.turn_words)
     parser.add_argument("--max-tokens", type=int, default=Workload.max_tokens)
+    parser.add_argument("--api", choices=["chat", "completions"], default=Workload.api,
+                        help="chat: the history as messages; completions: as one text (small contexts)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     if args.inventory and not args.endpoint:
@@ -389,7 +422,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.switch_command:
         modes = modes[:1]
     workload = Workload(args.conversations, args.turns, args.clients, args.system_words, args.turn_words,
-                        args.max_tokens)
+                        args.max_tokens, args.api)
     key = os.environ.get(args.api_key_env)
     names = engines.ENGINES[args.engine].metrics
     print(f"{workload.conversations} conversations x {workload.turns} turns, {workload.clients} clients; "

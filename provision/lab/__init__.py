@@ -88,6 +88,7 @@ HUB_PORT = 8930
 # The lab hub's repositories, made at lab.up: (repo id, maker in lab/tinymodel.py, gated).
 HUB_REPOS = (("lab/tiny-llama", "make", False), ("lab/tiny-llama-awq", "make_awq", False),
              ("lab/tiny-gguf", "make_gguf", False), ("lab/tiny-gguf-b", "make_gguf_b", False),
+             ("lab/tiny-gguf-long", "make_gguf_long", False),
              ("lab/gated-llama", "make", True))
 
 # Clusters written into the lab inventory when all their hosts are up.

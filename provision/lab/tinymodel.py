@@ -125,7 +125,7 @@ def make_awq(directory: Path, seed: int = 1) -> Path:
     return directory
 
 
-def make_gguf(directory: Path, seed: int = 2) -> Path:
+def make_gguf(directory: Path, seed: int = 2, context: int = 256) -> Path:
     """A tiny random Llama as one GGUF file (llama.cpp's format), written with the `gguf` package.
 
     The SentencePiece vocabulary has every byte token (any prompt tokenizes) and the lab's words. A
@@ -151,7 +151,7 @@ def make_gguf(directory: Path, seed: int = 2) -> Path:
 
     writer = gguf.GGUFWriter(str(directory / "tiny-llama-f32.gguf"), "llama")
     writer.add_name("tiny-llama-gguf")
-    writer.add_context_length(256)
+    writer.add_context_length(context)
     writer.add_embedding_length(hidden)
     writer.add_block_count(layers)
     writer.add_feed_forward_length(inter)
@@ -189,6 +189,14 @@ def make_gguf(directory: Path, seed: int = 2) -> Path:
     writer.close()
     (directory / "README.md").write_text("A tiny random Llama in GGUF, made by the lab for llama.cpp's server.\n")
     return directory
+
+
+def make_gguf_long(directory: Path) -> Path:
+    """tiny-gguf's weights trained (by its header) for 2,048 tokens: room for multi-turn chats, whose
+    template costs about a token a character in this vocabulary (benchmarks/affinity.py in the lab)."""
+    made = make_gguf(directory, seed=2, context=2048)
+    (made / "README.md").write_text("A tiny random Llama in GGUF with a 2,048-token context, made by the lab.\n")
+    return made
 
 
 def make_gguf_b(directory: Path) -> Path:
