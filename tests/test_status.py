@@ -663,28 +663,24 @@ def test_a_server_that_runs_but_answers_nothing_is_called_stuck() -> None:
         "/health not answering (connection refused)")
 
 
-# `systemctl show` of llama-server.service on a lab host (systemd 252) right after `kill -9` of its
-# process, while it waits out RestartSec=10s, and once systemd has started it again.
-SHOWN_CRASHED = ("Id=llama-server.service\nLoadState=loaded\nActiveState=activating\nSubState=auto-restart\n"
-                 "UnitFileState=enabled\nNRestarts=0\nActiveEnterTimestamp=Fri 2026-12-04 03:13:07 UTC\n"
-                 "Result=signal\nExecMainExitTimestamp=Fri 2026-12-04 03:18:18 UTC\nExecMainStatus=9\n")
-SHOWN_BACK = ("Id=llama-server.service\nLoadState=loaded\nActiveState=active\nSubState=running\n"
-              "UnitFileState=enabled\nNRestarts=1\nActiveEnterTimestamp=Fri 2026-12-04 03:18:28 UTC\n"
-              "Result=success\nExecMainExitTimestamp=\nExecMainStatus=0\n")
+def _units_recorded(name: str) -> dict[str, parsers.UnitState]:
+    """A lab host's `systemctl show` of the managed units (tests/fixtures/facts/units), parsed."""
+    return parsers.parse_systemctl_show(json.loads((FIXTURES.parent / "facts" / "units" / f"{name}.json").read_text())["stdout"])
 
 
 def test_right_after_a_crash_status_says_the_crash_not_the_ended_runs_start_and_count() -> None:
     llama = engines.ENGINES["llamacpp"]
     refused = {"health": {"status": None, "error": "ConnectionRefusedError: [Errno 111] Connection refused"}}
-    crashed_unit = parsers.parse_systemctl_show(SHOWN_CRASHED)["llama-server.service"]
+    # Recorded on cpu-3: llama-server restarted once already, then killed again and read 0.5 s later.
+    crashed_unit = _units_recorded("debian12-systemd252-llama-server-killed")["llama-server.service"]
     assert crashed_unit.restarting and crashed_unit.exit_status == 9 and crashed_unit.result == "signal"
     crashed = status.host_status("cpu-3", "server", _with_unit(crashed_unit), refused, None, 0.1, engine=llama)
-    assert not crashed.healthy and crashed.unit["since"] is None
-    assert crashed.problem == ("llama-server.service crashed at Fri 2026-12-04 03:18:18 UTC (killed by signal 9), "
-                               "restarting: restart 1 pending")
-    back_unit = parsers.parse_systemctl_show(SHOWN_BACK)["llama-server.service"]
+    assert not crashed.healthy and crashed.unit["since"] is None and crashed.unit["restarts"] == 1
+    assert crashed.problem == ("llama-server.service crashed at Fri 2026-12-04 04:21:45 UTC (killed by signal 9), "
+                               "restarting: restart 2 pending")
+    back_unit = _units_recorded("debian12-systemd252-llama-server-running")["llama-server.service"]
     back = status.host_status("cpu-3", "server", _with_unit(back_unit), refused, None, 0.1, engine=llama)
-    assert back.unit["restarts"] == 1 and back.unit["since"] == "Fri 2026-12-04 03:18:28 UTC"
+    assert back.unit["restarts"] == 1 and back.unit["since"] == "Fri 2026-12-04 04:21:36 UTC"
     assert "crashed" not in back.unit and not back_unit.restarting
 
 
