@@ -24,7 +24,7 @@ import yaml
 
 from provision import endpoints, engines, render
 from tests.conftest import FIXTURES, REPO
-from tests.test_router_config import free_port
+from tests.test_router_host import free_port, haproxy_binary
 
 SPEC = importlib.util.spec_from_file_location("bench_affinity", REPO / "benchmarks" / "affinity.py")
 assert SPEC and SPEC.loader
@@ -164,8 +164,7 @@ class LlamaHandler(BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def endpoint(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    if shutil.which("haproxy") is None:
-        pytest.fail("haproxy is not installed here (apt-get install -y haproxy, the project's first command)")
+    haproxy_binary()
     replicas = [LlamaServer(), LlamaServer()]
     for replica in replicas:
         threading.Thread(target=replica.serve_forever, daemon=True).start()

@@ -9,7 +9,6 @@ import dataclasses
 import http.client
 import json
 import os
-import shutil
 import socket
 import subprocess
 import threading
@@ -24,6 +23,7 @@ import pytest
 
 from provision import endpoints, render
 from tests.fakes import JsonAnswers
+from tests.test_router_host import free_port, haproxy_binary
 
 KEY = "test-key-1"
 
@@ -68,13 +68,6 @@ class Handler(JsonAnswers):
         self.server.seen.append(body.get("id"))
         time.sleep(float(body.get("sleep", 0)))
         self.answer(200, {"replica": self.server.name, "model": body.get("model"), "length": len(data)})
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -122,10 +115,7 @@ def replicas(servers: dict[str, Server], *names_models: tuple[str, str]) -> tupl
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
-    binary = shutil.which("haproxy")
-    if binary is None:
-        pytest.fail("haproxy is not installed here: these tests run a real one "
-                    "(apt-get install -y haproxy, as the project's first command does)")
+    binary = haproxy_binary()
     servers = {name: Server(name) for name in ("alpha-1", "alpha-2", "beta-1", "quick-1", "aff-1", "aff-2",
                                                 "down-1", "down-2")}
     for server in servers.values():

@@ -131,6 +131,15 @@ class Worker(JsonAnswers):
         self.answer(200, {"port": self.server.server_address[1]})
 
 
+def haproxy_binary() -> str:
+    """The real haproxy these tests run; a failure saying how to install it where there is none."""
+    binary = shutil.which("haproxy")
+    if binary is None:
+        pytest.fail("haproxy is not installed here: these tests run a real one "
+                    "(apt-get install -y haproxy, as the project's first command does)")
+    return binary
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -192,10 +201,7 @@ class Haproxy:
 
 @pytest.fixture(scope="module")
 def haproxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Haproxy]:
-    binary = shutil.which("haproxy")
-    if binary is None:
-        pytest.fail("haproxy is not installed here: these tests run a real one "
-                    "(apt-get install -y haproxy, as the project's first command does)")
+    binary = haproxy_binary()
     workers = [ThreadingHTTPServer(("127.0.0.1", 0), Worker) for _ in range(2)]
     for worker in workers:
         threading.Thread(target=worker.serve_forever, daemon=True).start()

@@ -19,6 +19,7 @@ from provision import context, inventory, lab, profiles, tune
 from provision.engines.llamacpp import LLAMACPP
 from provision.facts import HostFacts
 from tests.lab.conftest import invoke_json, on_host, run_invoke
+from tests.test_llamacpp import help_options
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
@@ -73,18 +74,6 @@ def test_llama_cpp_serves_beside_vllm_and_status_shows_both(both_served: invento
             if line.startswith("│") and line.split("│")[1].strip()}  # a host's first line: its unit cell starts
     assert rows["cpu-1"].strip().startswith("vllm:") and rows["cpu-2"].strip().startswith("llama-server:"), table.stdout
     assert "not judged" not in table.stdout, table.stdout  # llama.cpp is judged by its own counter and gauge
-
-
-def help_options(text: str) -> set[str]:
-    """Every option llama-server's --help lists ('-c,    --ctx-size N', '--no-ui, --no-webui', ...)."""
-    found = set()
-    for line in text.splitlines():
-        if not line.startswith("-"):
-            continue  # a description's own lines
-        # The option column ends at the first run of spaces that does not follow a comma.
-        names = re.split(r"(?<![,\s])\s{2,}", line.strip())[0]
-        found.update(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", names))
-    return found
 
 
 def rendered_llama_options(inv: inventory.Inventory) -> set[str]:
