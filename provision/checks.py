@@ -1178,10 +1178,23 @@ def config_triton_ptxas(ctx: Context) -> Finding | None:
         return warn(f"Triton {triton or '3.6+'} assembles sm_121 with {BLACKWELL_PTXAS} (its bundled "
                     f"ptxas-blackwell unless set), not TRITON_PTXAS_PATH",
                     f"environment {BLACKWELL_PTXAS}={path}", **evidence)
-    if blackwell == SYSTEM_PTXAS and (ctx.facts.ptxas_cuda is None or version_tuple(ctx.facts.ptxas_cuda) < (13,)):
-        return fail(f"{BLACKWELL_PTXAS} names {SYSTEM_PTXAS}, which is not a CUDA 13 ptxas",
-                    "apt-get install cuda-toolkit-13-0", **evidence)
-    used = f"{blackwell} (CUDA {ctx.facts.ptxas_cuda})" if blackwell else "its bundled ptxas-blackwell"
+    # Triton 3.6+ falls back to its bundled ptxas-blackwell where the named binary cannot be run
+    # (knobs.py env_nvidia_tool.transform), but runs an old one that is there, which fails on sm_121a.
+    if blackwell == SYSTEM_PTXAS and ctx.facts.ptxas_cuda and version_tuple(ctx.facts.ptxas_cuda) < (13,):
+        return fail(f"{BLACKWELL_PTXAS} names {SYSTEM_PTXAS}, a CUDA {ctx.facts.ptxas_cuda} ptxas that does "
+                    "not know sm_121a (Triton runs it rather than its bundled ptxas-blackwell)",
+                    f"apt-get install cuda-toolkit-13-0, or remove {BLACKWELL_PTXAS} from the environment",
+                    **evidence)
+    if blackwell == SYSTEM_PTXAS and ctx.facts.ptxas_cuda:
+        used = f"{blackwell} (CUDA {ctx.facts.ptxas_cuda})"
+    elif blackwell == SYSTEM_PTXAS:
+        used = f"its bundled ptxas-blackwell ({blackwell} is not there, and Triton falls back)"
+    elif blackwell:
+        used = f"{blackwell} (not read here; Triton falls back to its bundled ptxas-blackwell if it cannot run it)"
+    else:
+        used = "its bundled ptxas-blackwell"
+        if ctx.settings.environment.get(BLACKWELL_PTXAS):  # the profile's path, left out of the render
+            used += f" (no toolkit ptxas for sm_121a at {SYSTEM_PTXAS}: the profile's path is not rendered)"
     return ok(f"Triton {triton or '(3.6+ or the CUDA 13 ptxas)'} assembles sm_121 with {used}", **evidence)
 
 
@@ -1210,7 +1223,7 @@ def config_nccl_values(ctx: Context) -> Finding | None:
     release = version or table.target("nccl")
     known: dict[str, str] = {}
     ignored: dict[str, str] = {}
-    for name, value in sorted((name, str(value)) for name, value in ctx.settings.environment.items()):
+    for name, value in sorted(ctx.environment.items()):
         accepted = table.values("nccl", name, release)
         if accepted is None:
             continue
@@ -1234,7 +1247,7 @@ def rendered_environment(ctx: Context) -> dict[str, str]:
     try:
         rendered = render.service_environment(ctx)
     except ProvisionError:
-        return {str(name): str(value) for name, value in ctx.settings.environment.items()}
+        return ctx.environment
     return {name: re.sub(r'\\(["\\])', r"\1", value[1:-1]) if value[:1] == '"' else value
             for name, value in rendered}
 

@@ -11,10 +11,14 @@ from typing import Any
 from provision import cuda as cuda_builds
 from provision import services
 from provision.endpoints import EndpointPlan, plans_for
-from provision.facts import HostFacts
+from provision.facts import CUDA_PTXAS, HostFacts
 from provision.inventory import Cluster, Inventory, Settings
 from provision.parsers import Gpu
 from provision.profiles import Profile
+
+# Where Triton reads the ptxas it assembles with: below arch 100, and from 3.6 at and above it (the
+# contract table, engine triton).
+TRITON_PTXAS_VARIABLES = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH")
 
 
 @dataclass(frozen=True)
@@ -127,9 +131,29 @@ class Context:
                 keys[name] = f"{text[0]} {text[1]}"
         return keys
 
+    @property
+    def environment(self) -> dict[str, str]:
+        """The service environment the settings give this host: the profile's and the inventory's, less
+        the profile's own Triton ptxas paths where this host's toolkit ptxas cannot assemble for its GPU.
+        Triton >= 3.6 tries the binary a variable names and falls back to its bundled ptxas-blackwell
+        (knobs.py env_nvidia_tool.transform), so a missing one costs nothing, but an old one that runs
+        is used and fails on the arch; below 3.6 the gate blocks without a toolkit ptxas either way."""
+        environment = {str(name): str(value) for name, value in self.settings.environment.items()}
+        if not self.toolkit_ptxas_fits:
+            for name in TRITON_PTXAS_VARIABLES:
+                if environment.get(name) == self.profile.environment.get(name) == CUDA_PTXAS:
+                    del environment[name]
+        return environment
+
+    @property
+    def toolkit_ptxas_fits(self) -> bool:
+        """The host's /usr/local/cuda/bin/ptxas exists and is at least the CUDA the profile's GPU needs
+        (CUDA 13 for GB10's sm_121a; the bundled ptxas of Triton < 3.6 does not know it)."""
+        found, needed = self.facts.ptxas_cuda, self.profile.cuda.minimum if self.profile.cuda else None
+        return bool(found and needed and cuda_builds.version_tuple(found) >= cuda_builds.version_tuple(needed))
+
     def env(self, name: str) -> str | None:
-        value = self.settings.environment.get(name)
-        return None if value is None else str(value)
+        return self.environment.get(name)
 
     @property
     def extra_args(self) -> tuple[str, ...]:

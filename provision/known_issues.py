@@ -374,7 +374,7 @@ def evidence_of(ctx: Context) -> Evidence:
         notes["wheels"] = "no wheels planned (no vllm_spec or venv_wheels, or a source build)"
     return Evidence(versions=versions, absent=frozenset(absent), compute_capability=caps, arch=arch,
                     quantization=quantization, args=args,
-                    env={str(k): str(v) for k, v in ctx.settings.environment.items()},
+                    env=ctx.environment,
                     multi_node=bool(ctx.cluster and ctx.cluster.multi_node),
                     kernel_cma=ctx.facts.memory.cma_state if ctx.facts.memory else None,
                     kernel_cma_detail=_cma_detail(ctx),

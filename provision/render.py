@@ -157,7 +157,7 @@ def service_environment(ctx: Context, api_key: str | None = None) -> list[tuple[
     engine need (and the API key under the name the engine reads, from the secrets: this file is
     root's, mode 0600)."""
     engine = engines.engine_of(ctx.settings)
-    environment = dict(ctx.settings.environment)
+    environment = ctx.environment
     if api_key and engine.api_key_variable:
         environment[engine.api_key_variable] = api_key
     environment["HF_HOME"] = ctx.settings.hf_home

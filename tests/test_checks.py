@@ -7,7 +7,12 @@ a pass and a fail of every rule.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
+import os
+import shutil
+import sys
+import types
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -865,3 +870,96 @@ def test_a_glob_entry_allows_each_group_it_matches_by_name() -> None:
                hardening.DeviceEntry("/dev/nvidia-modeset rw", "a path", None))
     assert [a.entry for a in hardening.allowed_devices(entries)] == [
         "char-nvidia-caps rw", "char-nvidia-caps-imex-channels rw", "/dev/nvidia-modeset rw"]
+
+
+TRITON_3_6_KNOBS = Path(__file__).parent / "fixtures" / "triton" / "3.6.0" / "knobs.py"
+
+
+def _fake_ptxas(path: Path, release: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!{sys.executable}\nprint('Cuda compilation tools, release {release}, V{release}.1')\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_triton_3_6_runs_the_named_ptxas_that_is_there_and_falls_back_where_it_is_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton 3.6.0's own knobs.py (verbatim from its wheel), run with its native getenv replaced by
+    os.environ's: the rule's premise, read from the code rather than believed."""
+    package = tmp_path / "triton"
+    package.mkdir()
+    shutil.copy(TRITON_3_6_KNOBS, package / "knobs.py")
+    _fake_ptxas(package / "backends" / "nvidia" / "bin" / "ptxas-blackwell", "12.9")
+    native = types.ModuleType("triton._C.libtriton")
+    native.getenv = os.environ.get  # type: ignore[attr-defined]
+    native.getenv_bool = lambda key, default=None: default  # type: ignore[attr-defined]
+    for name, module in {"triton": types.ModuleType("triton"), "triton._C": types.ModuleType("triton._C"),
+                         "triton._C.libtriton": native}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    spec = importlib.util.spec_from_file_location("triton.knobs", package / "knobs.py")
+    assert spec and spec.loader
+    knobs = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "triton.knobs", knobs)
+    spec.loader.exec_module(knobs)
+    tool = knobs.env_nvidia_tool("ptxas-blackwell")
+    assert tool.key == "TRITON_PTXAS_BLACKWELL_PATH"
+    monkeypatch.setenv("TRITON_PTXAS_BLACKWELL_PATH", str(tmp_path / "no-toolkit" / "ptxas"))
+    assert (tool.get().path, tool.get().version) == (tool.default_path, "12.9")  # missing: the bundled one
+    old = _fake_ptxas(tmp_path / "cuda-12.8" / "ptxas", "12.8")
+    monkeypatch.setenv("TRITON_PTXAS_BLACKWELL_PATH", str(old))
+    assert (tool.get().path, tool.get().version) == (str(old), "12.8")  # there: run, however old
+
+
+def spark_triton(triton: str, ptxas_cuda: str | None, **values: Any) -> context.Context:
+    host_facts = dataclasses.replace(venv(packages={"triton": triton})(recorded("dgx-spark-gb10")),
+                                     ptxas_cuda=ptxas_cuda)
+    return context.Context(host="h", profile=PROFILES["dgx-spark"], settings=settings("dgx-spark", **values),
+                           facts=host_facts)
+
+
+def rendered_ptxas(ctx: context.Context) -> dict[str, str]:
+    return {name: value for name, value in checks.rendered_environment(ctx).items() if name.startswith("TRITON_PTXAS")}
+
+
+@pytest.mark.parametrize("ptxas_cuda", [None, "12.8"])
+def test_a_spark_without_a_cuda_13_ptxas_serves_with_triton_3_6s_own(ptxas_cuda: str | None) -> None:
+    """No toolkit, or one too old for sm_121a: the profile's ptxas paths are not rendered (Triton 3.6
+    would run an old one that is there) and the gate does not block."""
+    ctx = spark_triton("3.6.0", ptxas_cuda)
+    found = {f.id: f for f in checks.evaluate(ctx)}
+    assert found["config.triton_ptxas"].status == "pass", found["config.triton_ptxas"].message
+    assert "the profile's path is not rendered" in found["config.triton_ptxas"].message
+    assert found["known.sm121-triton-ptxas"].status != "fail"
+    assert rendered_ptxas(ctx) == {}
+
+
+def test_below_triton_3_6_a_spark_without_a_cuda_13_ptxas_is_still_blocked() -> None:
+    for ptxas_cuda in (None, "12.8"):
+        ctx = spark_triton("3.5.1", ptxas_cuda)
+        found = {f.id: f for f in checks.evaluate(ctx)}
+        assert found["config.triton_ptxas"].blocks and "no CUDA 13 ptxas" in found["config.triton_ptxas"].message
+        assert found["known.sm121-triton-ptxas"].blocks
+
+
+def test_a_cuda_13_ptxas_is_rendered_for_both_triton_lines() -> None:
+    for triton in ("3.5.1", "3.6.0"):
+        ctx = spark_triton(triton, "13.0")
+        assert rendered_ptxas(ctx) == {"TRITON_PTXAS_PATH": "/usr/local/cuda/bin/ptxas",
+                                       "TRITON_PTXAS_BLACKWELL_PATH": "/usr/local/cuda/bin/ptxas"}
+        assert {f.id: f for f in checks.evaluate(ctx)}["config.triton_ptxas"].status == "pass"
+
+
+def test_an_old_toolkit_ptxas_the_inventory_names_blocks_and_one_elsewhere_is_kept() -> None:
+    ctx = spark_triton("3.6.0", "12.8", environment={"TRITON_PTXAS_PATH": "/opt/cuda-13.1/bin/ptxas",
+                                                     "TRITON_PTXAS_BLACKWELL_PATH": "/opt/cuda-13.1/bin/ptxas"})
+    assert rendered_ptxas(ctx) == {"TRITON_PTXAS_PATH": "/opt/cuda-13.1/bin/ptxas",
+                                   "TRITON_PTXAS_BLACKWELL_PATH": "/opt/cuda-13.1/bin/ptxas"}
+    found = {f.id: f for f in checks.evaluate(ctx)}["config.triton_ptxas"]
+    assert found.status == "pass" and "falls back" in found.message
+    # A profile whose path is the toolkit's, on a host whose toolkit is CUDA 12.8: the rule's block, reached
+    # only where the inventory names the toolkit's binary and the profile does not.
+    bare = dataclasses.replace(PROFILES["dgx-spark"], environment={})
+    named = dataclasses.replace(ctx, profile=bare, settings=settings(
+        "dgx-spark", environment={"TRITON_PTXAS_BLACKWELL_PATH": "/usr/local/cuda/bin/ptxas"}))
+    blocked = {f.id: f for f in checks.evaluate(named)}["config.triton_ptxas"]
+    assert blocked.blocks and "CUDA 12.8 ptxas that does not know sm_121a" in blocked.message
