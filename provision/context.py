@@ -4,6 +4,7 @@ checks (the gate), render, nccl and report; it depends on none of them."""
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,9 @@ from provision.profiles import Profile
 # Where Triton reads the ptxas it assembles with: below arch 100, and from 3.6 at and above it (the
 # contract table, engine triton).
 TRITON_PTXAS_VARIABLES = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH")
+# config.json's names for an MoE model's routed experts (kvcache reads them too).
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+NVLS_HANG_ISSUE = "known.nccl-nvls-moe-hang"  # provision/known_issues.yaml
 
 
 @dataclass(frozen=True)
@@ -143,7 +147,43 @@ class Context:
             for name in TRITON_PTXAS_VARIABLES:
                 if environment.get(name) == self.profile.environment.get(name) == CUDA_PTXAS:
                     del environment[name]
+        if self.nvls_hang_possible:  # the inventory's own value stands (the known issue judges it)
+            environment.setdefault("NCCL_NVLS_ENABLE", "0")
         return environment
+
+    @property
+    def nccl_release(self) -> str | None:
+        """The NCCL the server will load: the planned wheels' nvidia-nccl, else the venv's torch's."""
+        for name in self.resolved_wheels or ():
+            parts = name.split("-")
+            if len(parts) >= 3 and re.fullmatch(r"nvidia_nccl_cu\d+", parts[0].lower()):
+                return parts[1]
+        return self.facts.venv.nccl if self.facts.venv else None
+
+    @property
+    def experts(self) -> int | None:
+        """The model's routed experts (config.json; a multimodal config's text_config), 0 for a dense
+        model, None where the config is unknown."""
+        if self.model_config is None:
+            return None
+        nested = self.model_config.get("text_config")
+        text = nested if isinstance(nested, Mapping) else self.model_config
+        found = [text.get(key) for key in EXPERT_KEYS]
+        return next((value for value in found if isinstance(value, int) and value > 0), 0)
+
+    @property
+    def nvls_hang_possible(self) -> bool:
+        """NCCL from 2.30.4 can hang an MoE model's weight loading across GPUs in its NVLS path, on
+        hardware without NVLink too, unless NCCL_NVLS_ENABLE=0 (known.nccl-nvls-moe-hang, whose `when`
+        holds the range). An unknown model counts as MoE: NVLS off costs some all-reduce speed on
+        NVSwitch systems, the hang costs the server."""
+        from provision import known_issues
+
+        release = self.nccl_release
+        if self.settings.engine == "llamacpp" or self.parallel < 2 or not release or self.experts == 0:
+            return False
+        issue = next(issue for issue in known_issues.load() if issue.id == NVLS_HANG_ISSUE)
+        return known_issues.version_within(release, issue.when["nccl"])
 
     @property
     def toolkit_ptxas_fits(self) -> bool:

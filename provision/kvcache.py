@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from provision.context import flag_value
+from provision.context import EXPERT_KEYS, flag_value
 from provision.errors import KvError
 
 GIB = 2**30
@@ -98,7 +98,7 @@ def shape_of(config: Mapping[str, Any]) -> ModelShape:
     dtype = str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or config.get("dtype")
                 or "bfloat16")
     full, sliding, window, notes = _layer_kinds(text, layers)
-    experts = _int(text, "num_experts", "num_local_experts", "n_routed_experts")
+    experts = _int(text, *EXPERT_KEYS)
     return ModelShape(model_type=str(text.get("model_type") or config.get("model_type") or "?"), layers=layers,
                       full_layers=full, sliding_layers=sliding, sliding_window=window, kv_heads=kv_heads,
                       head_dim=head_dim, dtype=dtype, mla_width=mla, experts=experts,

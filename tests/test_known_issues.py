@@ -35,7 +35,7 @@ def context(machine: str, profile: str, *, venv_info: parsers.VenvInfo | None = 
             quantization: str | None = None, drop_env: tuple[str, ...] = (),
             outputs: dict[str, str] | None = None, cluster: Cluster | None = None,
             wheels: tuple[str, ...] | None = None, reachable: dict[str, str | None] | None = None,
-            **values: Any) -> Context:
+            config_of: str | None = None, **values: Any) -> Context:
     host_facts = dataclasses.replace(recorded(machine, **(outputs or {})), venv=venv_info,
                                      reachable=reachable or {})
     resolved = settings(profile, **values)
@@ -43,7 +43,8 @@ def context(machine: str, profile: str, *, venv_info: parsers.VenvInfo | None = 
         environment = {k: v for k, v in resolved.environment.items() if k not in drop_env}
         resolved = dataclasses.replace(resolved, environment=environment)
     return Context(host="h", profile=PROFILES[profile], settings=resolved, facts=host_facts,
-                   quantization=quantization, cluster=cluster, resolved_wheels=wheels)
+                   quantization=quantization, cluster=cluster, resolved_wheels=wheels,
+                   model_config=model_config(config_of) if config_of else None)
 
 
 def fixture(fact: str, case: str) -> str:
@@ -94,6 +95,13 @@ CASES: list[tuple[str, str, tuple[str, str], dict[str, Any], str, str]] = [
     ("spark-profile-sets-ptxas-path", "known.sm121-triton-ptxas", SPARK, {}, "pass", "blocker"),
     ("rtx5090-not-sm121", "known.sm121-triton-ptxas", RTX, {"drop_env": ("TRITON_PTXAS_PATH",)},
      "skip", "blocker"),
+    # nccl #2167: an MoE model (Qwen3-30B-A3B, 128 experts) at TP=2 on NCCL 2.30.4 with NVLS turned on.
+    ("spark-moe-tp2-nccl-2.30.4-nvls-on", "known.nccl-nvls-moe-hang", SPARK,
+     {"venv_info": venv(vllm="0.33.0", nccl="2.30.4"), "config_of": "qwen3-30b-a3b", "tensor_parallel_size": 2,
+      "environment": {"NCCL_NVLS_ENABLE": "1"}}, "fail", "warning"),
+    ("spark-moe-tp2-nccl-2.30.3-nvls-on", "known.nccl-nvls-moe-hang", SPARK,
+     {"venv_info": venv(vllm="0.33.0", nccl="2.30.3"), "config_of": "qwen3-30b-a3b", "tensor_parallel_size": 2,
+      "environment": {"NCCL_NVLS_ENABLE": "1"}}, "pass", "warning"),
     # vllm #40758: Qwen3.6-35B-A3B-FP8 on GB10, vllm 0.19.2rc1.dev142+g4a79262e0, torch 2.11.0+cu130.
     ("spark-fp8-vllm-0.19.2rc1", "known.sm121-fp8-cutlass", SPARK,
      {"venv_info": venv(vllm="0.19.2rc1.dev142+g4a79262e0", torch="2.11.0+cu130", cuda="13.0"),
@@ -190,7 +198,7 @@ def test_every_seeded_entry_has_a_match_and_a_miss() -> None:
 
 
 def test_the_shipped_file_loads_with_sources_and_registers_one_check_per_entry() -> None:
-    assert len(ISSUES) == 9
+    assert len(ISSUES) == 10
     for issue in ISSUES.values():
         # A tracker thread, or (a measurement published elsewhere) a page whose reading is recorded.
         assert issue.source.startswith("https://github.com/") or issue.verified, issue.id
@@ -233,7 +241,7 @@ def test_warnings_with_unknown_evidence_are_skipped_not_guessed() -> None:
 def test_evidence_from_a_real_h200_venv_reads_triton_from_its_dist_info() -> None:
     info = parsers.parse_venv_probe(H200_VENV["stdout"])
     ev = known_issues.evidence_of(context("h200x2-driver580", "hopper", venv_info=info))
-    assert ev.versions == {"torch": "2.11.0+cu130", "triton": "3.6.0"}
+    assert ev.versions == {"torch": "2.11.0+cu130", "triton": "3.6.0", "nccl": "2.28.9"}
     assert ev.absent == {"vllm", "flash_attn", "bitsandbytes"}
     assert ev.compute_capability == ("9.0",)
 
@@ -273,7 +281,7 @@ def test_compute_capability_comes_from_the_profile_until_nvidia_smi_answers() ->
 
 
 def test_every_version_key_is_read_by_the_venv_probe() -> None:
-    readable = {"vllm", "torch"} | {known_issues.ALIASES.get(n, n) for n in parsers.VENV_PACKAGES}
+    readable = {"vllm", "torch", "nccl"} | {known_issues.ALIASES.get(n, n) for n in parsers.VENV_PACKAGES}
     assert set(known_issues.VERSION_KEYS) <= readable
 
 
@@ -454,3 +462,47 @@ def test_the_gate_tries_the_artifactory_once_and_only_from_the_host_that_needs_i
     assert result["a"].facts.reachable == AIR_GAPPED and result["b"] is other
     assert finding(result["a"], "known.vllm-flashinfer-cubin-airgapped").status == "fail"
 
+
+
+def model_config(name: str) -> dict[str, Any]:
+    """A model's config.json as recorded from the hub (the fixture keeps its source beside it)."""
+    return dict(json.loads((FIXTURES / "model_configs" / f"{name}.json").read_text())["config"])
+
+
+def nvls_context(nccl: str | None, model: str | None, tensor_parallel_size: int = 2,
+                 wheels: tuple[str, ...] | None = None, **values: Any) -> Context:
+    return context(*SPARK, venv_info=venv(vllm="0.33.0", torch="2.14.0+cu130", cuda="13.0", nccl=nccl),
+                   wheels=wheels, tensor_parallel_size=tensor_parallel_size, config_of=model, **values)
+
+
+def test_nccl_2_30_4_and_later_gets_nvls_off_for_an_moe_model_across_gpus() -> None:
+    """nccl #2167: Qwen3-30B-A3B (128 experts) at TP=2 with the venv's NCCL 2.30.4: the tool renders
+    NCCL_NVLS_ENABLE=0, and the entry says why it does not hold."""
+    ctx = nvls_context("2.30.4", "qwen3-30b-a3b")
+    assert checks.rendered_environment(ctx)["NCCL_NVLS_ENABLE"] == "0"
+    found = finding(ctx, "known.nccl-nvls-moe-hang")
+    assert (found.status, found.severity) == ("pass", "warning")
+    assert "NCCL_NVLS_ENABLE=0" in found.message
+    # The planned nvidia-nccl wheel is what the server will load, whatever the venv holds now.
+    planned = nvls_context("2.28.9", "qwen3-30b-a3b", wheels=(
+        "nvidia_nccl_cu13-2.30.7-py3-none-manylinux_2_18_aarch64.whl", "vllm-0.33.0-cp38-abi3-manylinux_2_31_aarch64.whl"))
+    assert checks.rendered_environment(planned)["NCCL_NVLS_ENABLE"] == "0"
+    # An unknown model counts as MoE.
+    assert checks.rendered_environment(nvls_context("2.30.4", None))["NCCL_NVLS_ENABLE"] == "0"
+
+
+@pytest.mark.parametrize("nccl, model, tp", [("2.30.3", "qwen3-30b-a3b", 2), ("2.28.9", "qwen3-30b-a3b", 2),
+                                             ("2.30.4", "llama-3.1-8b-instruct", 2), ("2.30.4", "qwen3-30b-a3b", 1)])
+def test_nvls_stays_as_nccl_sets_it_outside_the_trap(nccl: str, model: str, tp: int) -> None:
+    ctx = nvls_context(nccl, model, tensor_parallel_size=tp)
+    assert "NCCL_NVLS_ENABLE" not in checks.rendered_environment(ctx)
+    status = finding(ctx, "known.nccl-nvls-moe-hang").status
+    assert status == ("skip" if tp == 1 else "pass")
+
+
+def test_an_inventory_that_turns_nvls_on_is_warned_and_kept() -> None:
+    ctx = nvls_context("2.30.4", "qwen3-30b-a3b", environment={"NCCL_NVLS_ENABLE": "1"})
+    assert checks.rendered_environment(ctx)["NCCL_NVLS_ENABLE"] == "1"
+    found = finding(ctx, "known.nccl-nvls-moe-hang")
+    assert (found.status, found.severity) == ("fail", "warning")
+    assert "remove NCCL_NVLS_ENABLE" in (found.fix or "")
