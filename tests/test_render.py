@@ -498,17 +498,22 @@ def test_every_rendered_trtllm_command_uses_only_options_of_its_release(case: st
 
 
 def test_a_trtllm_release_with_the_served_name_option_gets_it() -> None:
-    (ws,) = contexts_of("trtllm-rtx5090x2-nvfp4", vllm_spec="tensorrt_llm==1.3.0rc5",
+    """1.3.0rc7's generated trtllm-serve reference is the first with the option, declared
+    --served_model_name (engine_contracts.yaml); 1.3.0rc6's and 1.2's have none."""
+    (ws,) = contexts_of("trtllm-rtx5090x2-nvfp4", vllm_spec="tensorrt_llm==1.3.0rc7",
                         served_model_name="qwen3").values()
     args = TRTLLM.server_command(ws, "/models/q", [])
-    assert args[args.index("--served-model-name") + 1] == "qwen3"
-    (pinned_12,) = contexts_of("trtllm-rtx5090x2-nvfp4", vllm_spec="tensorrt_llm==1.2.1",
-                               served_model_name="qwen3").values()
-    assert not [arg for arg in TRTLLM.server_command(pinned_12, "/models/q", []) if "served" in arg]
+    assert args[args.index("--served_model_name") + 1] == "qwen3"
+    assert "--served-model-name" not in args  # click's "No such option" on every release
+    for older in ("1.3.0rc6", "1.2.1"):
+        (pinned,) = contexts_of("trtllm-rtx5090x2-nvfp4", vllm_spec=f"tensorrt_llm=={older}",
+                                served_model_name="qwen3").values()
+        assert not [arg for arg in TRTLLM.server_command(pinned, "/models/q", []) if "served" in arg], older
 
 
 def test_the_refusal_check_refuses_a_misspelt_or_missing_option() -> None:
-    """The check itself: a misspelt flag, the old --served_model_name and a value option at the end."""
+    """The check itself: a misspelt flag, an option 1.2 lacks (--served_model_name came with 1.3.0rc7)
+    and a value option at the end."""
     assert refused_by_trtllm_serve(["/m", "--tp-size", "2"]) == ["no such option: --tp-size", "arguments ['/m', '2']: MODEL only"]
     assert refused_by_trtllm_serve(["/m", "--served_model_name", "x"])[0] == "no such option: --served_model_name"
     assert refused_by_trtllm_serve(["/m", "--port"]) == ["--port requires an argument"]
