@@ -181,8 +181,18 @@ class TrtLlm(Engine):
         settings = ctx.settings
         files = []
         if ctx.is_head:
+            # The fraction goes in the file's kv_cache_config too, not on the command line alone. Releases
+            # before PR 9262 build each config of the file from the file's own keys and merge shallowly
+            # (tensorrt_llm/llmapi/llm_utils.py update_llm_args_with_extra_dict:
+            # `llm_args_dict["kv_cache_config"] = KvCacheConfig(**file's kv_cache_config)`, then
+            # `llm_args = llm_args | llm_args_dict`): the file's kv_cache_config replaces the one
+            # get_llm_args made from --kv_cache_free_gpu_memory_fraction, and the fraction falls back to
+            # KvCacheConfig's own default -- on a DGX Spark's unified memory, not the 0.85 asked.
+            # Said in both places it is the same value on every release, however it merges; the flag
+            # stays (harmless, and what `ps` shows).
             files.append(ConfigFile(OPTIONS_FILE, "engines/trtllm-options.yaml.j2", {
-                "host": ctx.host, "enable_block_reuse": "true" if settings.enable_prefix_caching else "false"}))
+                "host": ctx.host, "enable_block_reuse": "true" if settings.enable_prefix_caching else "false",
+                "free_gpu_memory_fraction": str(settings.gpu_memory_utilization)}))
         if not self._multi(ctx):
             return files
         key = secrets.get("mpi_ssh_key")
