@@ -760,7 +760,7 @@ def engine_version(ctx: Context) -> Finding | None:
     """The unit is rendered for one TensorRT-LLM release (vllm_spec's tensorrt_llm pin, else the contract
     table's target, provision/engine_contracts.yaml): the venv's installed release (its tensorrt_llm
     dist-info) should be that one, or a flag may be one it lacks or misses one it has. A setting the
-    release has no option for (served_model_name before the 1.3.0rc line) is said, not silently dropped."""
+    release has no option for (served_model_name before 1.3.0rc7) is said, not silently dropped."""
     release = TRTLLM.release(ctx.settings)
     venv = ctx.facts.venv
     installed = (venv.packages or {}).get("tensorrt_llm") if venv else None
@@ -769,9 +769,9 @@ def engine_version(ctx: Context) -> Finding | None:
         problems.append(f"the venv has TensorRT-LLM {installed}; the unit is rendered for {release}")
         fixes.append(f"pin vllm_spec: tensorrt_llm=={installed} (the tool renders for the pin), or install {release}")
     if ctx.settings.served_model_name and TRTLLM.served_name_flag(ctx.settings) is None:
-        problems.append(f"TensorRT-LLM {release} has no served-model-name option: clients see the model by "
+        problems.append(f"TensorRT-LLM {release} has no served-name option (--served_model_name came with 1.3.0rc7): clients see the model by "
                         f"the directory it loads, not as {ctx.settings.served_model_name!r}")
-        fixes.append("leave served_model_name out, or serve a release of the 1.3.0rc line")
+        fixes.append("leave served_model_name out, or serve 1.3.0rc7 or later")
     evidence = {"release": release, "installed": installed}
     if problems:
         return warn("; ".join(problems), "; ".join(fixes), **evidence)

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from provision import (
     affinity,
@@ -498,17 +499,50 @@ def test_every_rendered_trtllm_command_uses_only_options_of_its_release(case: st
 
 
 def test_a_trtllm_release_with_the_served_name_option_gets_it() -> None:
-    (ws,) = contexts_of("trtllm-rtx5090x2-nvfp4", vllm_spec="tensorrt_llm==1.3.0rc5",
+    """1.3.0rc7's generated trtllm-serve reference is the first with the option, declared
+    --served_model_name (engine_contracts.yaml); 1.3.0rc6's and 1.2's have none."""
+    (ws,) = contexts_of("trtllm-rtx5090x2-nvfp4", vllm_spec="tensorrt_llm==1.3.0rc7",
                         served_model_name="qwen3").values()
     args = TRTLLM.server_command(ws, "/models/q", [])
-    assert args[args.index("--served-model-name") + 1] == "qwen3"
-    (pinned_12,) = contexts_of("trtllm-rtx5090x2-nvfp4", vllm_spec="tensorrt_llm==1.2.1",
-                               served_model_name="qwen3").values()
-    assert not [arg for arg in TRTLLM.server_command(pinned_12, "/models/q", []) if "served" in arg]
+    assert args[args.index("--served_model_name") + 1] == "qwen3"
+    assert "--served-model-name" not in args  # click's "No such option" on every release
+    for older in ("1.3.0rc6", "1.2.1"):
+        (pinned,) = contexts_of("trtllm-rtx5090x2-nvfp4", vllm_spec=f"tensorrt_llm=={older}",
+                                served_model_name="qwen3").values()
+        assert not [arg for arg in TRTLLM.server_command(pinned, "/models/q", []) if "served" in arg], older
+
+
+def shallow_merge_before_pr_9262(cli: dict[str, object], options_file: str) -> dict[str, object]:
+    """How releases before PR 9262 join trtllm-serve's LLM arguments with the options file
+    (tensorrt_llm/llmapi/llm_utils.py update_llm_args_with_extra_dict): each config of the file is
+    built from the file's own keys, then `llm_args | llm_args_dict` -- the file's kv_cache_config
+    replaces the command line's whole."""
+    extra = yaml.safe_load(options_file)
+    return cli | {key: dict(value) if isinstance(value, dict) else value for key, value in extra.items()}
+
+
+@pytest.mark.parametrize("case", [case for case in TRTLLM_CASES if not case.endswith("worker")])
+def test_the_kv_cache_fraction_of_the_command_line_survives_the_options_file(case: str) -> None:
+    """The fraction asked on the command line (a DGX Spark's 0.85) is the one the engine gets, also on a
+    release whose options file replaces the command line's kv_cache_config whole."""
+    exec_start = next(line.removeprefix("ExecStart=") for line in (GOLDEN / case / "trtllm-serve.service")
+                      .read_text().splitlines() if line.startswith("ExecStart="))
+    args = trtllm_serve_args(exec_start)
+    fraction = float(args[args.index("--kv_cache_free_gpu_memory_fraction") + 1])
+    options = (GOLDEN / case / "trtllm-options.yaml").read_text()
+    rendered = next(f.content for f in seed_states()[case].files if f.path.endswith("trtllm-options.yaml"))
+    assert rendered == options
+    cli = {"kv_cache_config": {"free_gpu_memory_fraction": fraction}, "max_batch_size": 8}
+    merged = shallow_merge_before_pr_9262(cli, options)
+    kv_cache_config = merged["kv_cache_config"]
+    assert isinstance(kv_cache_config, dict)
+    assert kv_cache_config.get("free_gpu_memory_fraction") == fraction, kv_cache_config
+    assert "enable_block_reuse" in kv_cache_config  # the file's own keys are there too
 
 
 def test_the_refusal_check_refuses_a_misspelt_or_missing_option() -> None:
-    """The check itself: a misspelt flag, the old --served_model_name and a value option at the end."""
+    """The check itself: a misspelt flag, an option 1.2 lacks (--served_model_name came with 1.3.0rc7)
+    and a value option at the end."""
     assert refused_by_trtllm_serve(["/m", "--tp-size", "2"]) == ["no such option: --tp-size", "arguments ['/m', '2']: MODEL only"]
     assert refused_by_trtllm_serve(["/m", "--served_model_name", "x"])[0] == "no such option: --served_model_name"
     assert refused_by_trtllm_serve(["/m", "--port"]) == ["--port requires an argument"]

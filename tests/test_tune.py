@@ -189,10 +189,10 @@ def test_a_space_with_a_flag_the_engine_lacks_is_refused_before_any_host_is_cont
 
 
 def test_a_flag_outside_its_releases_range_is_refused_naming_the_range() -> None:
-    served = tune.Dimension("name", ("a",), flag="--served-model-name")
-    (problem,) = tune.foreign_flags([served], "trtllm", "1.2.0")
-    assert "TensorRT-LLM 1.2.0 has no --served-model-name (only >=1.3.0rc0" in problem
-    assert tune.foreign_flags([served], "trtllm", "1.3.0rc5") == []
+    served = tune.Dimension("name", ("a",), flag="--served_model_name")
+    (problem,) = tune.foreign_flags([served], "trtllm", "1.3.0rc6")
+    assert "TensorRT-LLM 1.3.0rc6 has no --served_model_name (only >=1.3.0rc7" in problem
+    assert tune.foreign_flags([served], "trtllm", "1.3.0rc7") == []
 
 
 @pytest.mark.parametrize("text, error", [

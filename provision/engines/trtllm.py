@@ -10,7 +10,7 @@ It cannot run without an NVIDIA GPU: its units, plans and gate are tested on rec
 Which release: the exact `tensorrt_llm==X` pin of vllm_spec, else the contract table's target (1.2.0,
 provision/engine_contracts.yaml). Every flag rendered is a row there (and an option of the fixture
 tests/fixtures/engines/trtllm-serve-v1.2.0.json, the release's own serve.py); a flag the release lacks is
-left out (1.2 has no served-model-name option). Status reads 1.2's JSON iteration statistics at /metrics,
+left out (1.2 to 1.3.0rc6 have no served-name option; 1.3.0rc7 has --served_model_name). Status reads 1.2's JSON iteration statistics at /metrics,
 and the trtllm_* Prometheus names only from the release that serves them (1.3.0rc on).
 
 Sources:
@@ -64,7 +64,9 @@ QUANTIZATIONS = {
     "hopper": ("none", "fp8", "modelopt", "w4a8_awq", "awq", "gptq"),
     "blackwell": ("none", "fp8", "modelopt", "nvfp4", "mxfp4"),
 }
-SERVED_NAME_FLAGS = ("--served-model-name",)  # the spellings releases have had (engine_contracts.yaml)
+# The spellings releases have had (engine_contracts.yaml): click declares it --served_model_name, and
+# click takes no other spelling (--served-model-name is "No such option").
+SERVED_NAME_FLAGS = ("--served_model_name",)
 # 1.3.0rc on: /prometheus/metrics (return_perf_metrics) with the trtllm_ names.
 PROMETHEUS_METRICS = MetricNames(
     path="/prometheus/metrics",
@@ -93,7 +95,8 @@ class TrtLlm(Engine):
     api_key_variable = None  # trtllm-serve authenticates no client (issue 9950)
     source = SERVE_DOC
     # trtllm-serve's options (SERVE_DOC; its model is the first positional argument, which the tool
-    # gives), by flag_name: --served_model_name is written so.
+    # gives), by flag_name, which reads "_" as "-": the rendered --served_model_name is the key
+    # --served-model-name here.
     owned_flags: ClassVar[Mapping[str, str]] = {"--host": LISTEN, "--port": PORT, "--served-model-name": NAME, "--api-key": KEY}
     concurrency_flag = "--max_batch_size"  # engine_contracts.yaml; tune's spaces try it
     metrics = ITERATION_METRICS  # the target release's (1.2.0); metric_names answers per host
@@ -108,7 +111,7 @@ class TrtLlm(Engine):
         return PROMETHEUS_METRICS if serves else ITERATION_METRICS
 
     def served_name_flag(self, settings: Any) -> str | None:
-        """The release's option for the name clients use, or None where it has none (1.2)."""
+        """The release's option for the name clients use, or None where it has none (before 1.3.0rc7)."""
         table = contracts.load()
         release = self.release(settings)
         return next((flag for flag in SERVED_NAME_FLAGS if table.accepts(self.name, "flag", flag, release)), None)
@@ -178,8 +181,18 @@ class TrtLlm(Engine):
         settings = ctx.settings
         files = []
         if ctx.is_head:
+            # The fraction goes in the file's kv_cache_config too, not on the command line alone. Releases
+            # before PR 9262 build each config of the file from the file's own keys and merge shallowly
+            # (tensorrt_llm/llmapi/llm_utils.py update_llm_args_with_extra_dict:
+            # `llm_args_dict["kv_cache_config"] = KvCacheConfig(**file's kv_cache_config)`, then
+            # `llm_args = llm_args | llm_args_dict`): the file's kv_cache_config replaces the one
+            # get_llm_args made from --kv_cache_free_gpu_memory_fraction, and the fraction falls back to
+            # KvCacheConfig's own default -- on a DGX Spark's unified memory, not the 0.85 asked.
+            # Said in both places it is the same value on every release, however it merges; the flag
+            # stays (harmless, and what `ps` shows).
             files.append(ConfigFile(OPTIONS_FILE, "engines/trtllm-options.yaml.j2", {
-                "host": ctx.host, "enable_block_reuse": "true" if settings.enable_prefix_caching else "false"}))
+                "host": ctx.host, "enable_block_reuse": "true" if settings.enable_prefix_caching else "false",
+                "free_gpu_memory_fraction": str(settings.gpu_memory_utilization)}))
         if not self._multi(ctx):
             return files
         key = secrets.get("mpi_ssh_key")
