@@ -109,8 +109,8 @@ def test_llama_cpp_is_judged_by_its_counter_and_gauge_and_trtllm_12_is_not() -> 
     on_12 = stall.counters(trtllm, trtllm.metric_names(Settings.of({"vllm_spec": "tensorrt_llm==1.2.0"})),
                            "tensorrt_llm==1.2.0")
     assert on_12.missing == "TensorRT-LLM 1.2.0 serves no generation-token counter: not judged"
-    on_13 = stall.counters(trtllm, trtllm.metric_names(Settings.of({"vllm_spec": "tensorrt_llm==1.3.0rc5"})),
-                           "tensorrt_llm==1.3.0rc5")
+    on_13 = stall.counters(trtllm, trtllm.metric_names(Settings.of({"vllm_spec": "tensorrt_llm==1.3.0rc10"})),
+                           "tensorrt_llm==1.3.0rc10")
     assert (on_13.generated, on_13.missing) == ("trtllm_generation_tokens_total", None)
 
 

@@ -498,13 +498,16 @@ def test_status_of_trtllm_12_reads_the_json_iteration_stats_at_metrics() -> None
 def test_trtllm_reads_the_prometheus_names_only_from_the_release_that_serves_them() -> None:
     trtllm = engines.ENGINES["trtllm"]
     on_12 = trtllm.metric_names(Settings.of({**TRTLLM_12, "vllm_spec": "tensorrt_llm==1.2.1"}))
-    on_13 = trtllm.metric_names(Settings.of({**TRTLLM_12, "vllm_spec": "tensorrt_llm==1.3.0rc5"}))
+    on_13 = trtllm.metric_names(Settings.of({**TRTLLM_12, "vllm_spec": "tensorrt_llm==1.3.0rc10"}))
+    # PRs 12545 and 12636 landed after 1.3.0rc9: that release still reads the JSON statistics.
+    on_rc9 = trtllm.metric_names(Settings.of({**TRTLLM_12, "vllm_spec": "tensorrt_llm==1.3.0rc9"}))
     assert (on_12.path, on_12.read) == ("/metrics", trtllm.metric_names(Settings.of(TRTLLM_12)).read)
+    assert (on_rc9.path, on_rc9.read) == (on_12.path, on_12.read)
     assert not [name for name in on_12.read if name.startswith("trtllm_")]
     assert on_13.path == "/prometheus/metrics" and "trtllm_num_requests_running" in on_13.read
     table = contracts.load()
     for name in on_13.read:
-        assert table.accepts("trtllm", "metric", name, "1.3.0rc5") and not table.accepts("trtllm", "metric", name, "1.2.1")
+        assert table.accepts("trtllm", "metric", name, "1.3.0rc10") and not table.accepts("trtllm", "metric", name, "1.2.1")
 
 
 def test_bench_on_trtllm_12_takes_the_prefix_cache_from_the_iteration_stats() -> None:
