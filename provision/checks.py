@@ -1212,6 +1212,47 @@ def triton_version(ctx: Context) -> str | None:
     return packages.get("triton") or packages.get("pytorch_triton")
 
 
+@rule("config.nccl_library", WARNING, engines=("vllm",))
+def config_nccl_library(ctx: Context) -> Finding | None:
+    """Two DGX Sparks serving one model: pip's nvidia-nccl-cu13 2.28.9 and DGX OS's libnccl2 2.28.9
+    are different builds, and with pip's TP=2 wedged in pynccl's ncclAllReduce after about 20
+    minutes under load where the system's ran a clean hour (vllm #42354, #41725). The venv's torch
+    loads pip's; vLLM's pynccl (its tensor-parallel all-reduce) loads the file VLLM_NCCL_SO_PATH
+    names instead where it is set (vllm/utils/nccl.py find_nccl_library, 0.33.0 and 0.34.0)."""
+    if not (ctx.cluster and ctx.cluster.multi_node) or ctx.profile.gpu is None \
+            or ctx.profile.gpu.compute_capability != "12.1":
+        return None
+    pip = pip_nccl(ctx)
+    system = ctx.facts.system_nccl
+    evidence = {"pip_nccl": pip, "system_nccl": system.version if system else None,
+                "VLLM_NCCL_SO_PATH": ctx.env("VLLM_NCCL_SO_PATH")}
+    if pip is None:
+        return ok("the venv holds no pip NCCL: the server loads the system's", **evidence)
+    if system is None:
+        why = ctx.facts.notes.get("system_nccl") or "dpkg knows no libnccl2"
+        return ok(f"the server loads pip's NCCL {pip}; no system NCCL to prefer ({why})", **evidence)
+    library = f"{system.library_dir}/libnccl.so.2"
+    if ctx.env("VLLM_NCCL_SO_PATH") == library:
+        return ok(f"vLLM's pynccl loads the system's NCCL {system.release} ({library}); torch pip's {pip}",
+                  **evidence)
+    return warn(f"the server loads pip's NCCL {pip} (the venv's nvidia-nccl), not the system's libnccl2 "
+                f"{system.version}: across two Sparks pip's 2.28.9 wedged TP=2 in all-reduce after about "
+                "20 minutes where DGX OS's did not (vllm #42354, #41725)",
+                f"environment VLLM_NCCL_SO_PATH={library} (vLLM's pynccl, which runs the tensor-parallel "
+                "all-reduce, then loads the system's NCCL; torch keeps pip's)", **evidence)
+
+
+def pip_nccl(ctx: Context) -> str | None:
+    """The nvidia-nccl wheel the venv holds or the planned wheels bring ('2.28.9'), None where neither
+    does (unknown before the venv exists and with no wheels planned)."""
+    for name in ctx.resolved_wheels or ():
+        found = re.match(r"nvidia_nccl_cu\d+-([0-9][^-]*)-", name)
+        if found:
+            return found.group(1)
+    packages = (ctx.facts.venv.packages or {}) if ctx.facts.venv else {}
+    return packages.get("nvidia_nccl_cu13") or packages.get("nvidia_nccl_cu12")
+
+
 @rule("config.nccl_values", WARNING)
 def config_nccl_values(ctx: Context) -> Finding | None:
     """NCCL drops a value it does not know without a word and keeps its default: NCCL_P2P_LEVEL and

@@ -29,6 +29,7 @@ from provision.parsers import (
     NvidiaDriver,
     OsRelease,
     RdmaLink,
+    SystemPackage,
     Uname,
     UnitExposure,
     UnitState,
@@ -84,6 +85,7 @@ def unit_files(root: str = "", units: Sequence[str] = MANAGED_UNITS) -> tuple[st
 
 VENV_MANIFEST = "provision-manifest.json"  # in a venv the tool built: what it installed, and its versions
 CUDA_PTXAS = "/usr/local/cuda/bin/ptxas"
+DPKG_STATUS = "/var/lib/dpkg/status"
 NCCL_CONF = "/etc/nccl.conf"  # NCCL reads it after the user's file (src/misc/param.cc initEnv)
 USER_NCCL_CONF = ".nccl.conf"  # in the home of the user NCCL runs as (getpwuid(getuid()), not $HOME)
 
@@ -190,6 +192,11 @@ FACTS: tuple[Fact, ...] = (
     Fact("interfaces", parsers.parse_ip_addr, argv=("ip", "-j", "addr", "show")),
     # Triton on sm_121 needs a CUDA 13 ptxas (the bundled one does not know sm_121a).
     Fact("ptxas", parsers.parse_cuda_release, argv=(CUDA_PTXAS, "--version")),
+    # The system's NCCL (DGX OS's libnccl2), a different build from pip's nvidia-nccl of the same
+    # version (vllm #42354): kept until dpkg's database changes.
+    Fact("system_nccl", parsers.parse_dpkg_package,
+         argv=("dpkg-query", "-W", "-f=${db:Status-Status}\t${Version}\t${Architecture}\n", "libnccl2"),
+         exits=(0, 1), identity=(DPKG_STATUS,)),
     # The endpoints' router (HAProxy) where installed: its release, kept until the program changes.
     Fact("router", parsers.parse_haproxy_version, argv=("haproxy", "-v"), identity=("/usr/sbin/haproxy",)),
     unit_security_fact(MANAGED_UNITS),
@@ -277,6 +284,7 @@ class HostFacts:
     disks: tuple[DiskSpace, ...] = ()
     ptxas_cuda: str | None = None  # CUDA release of /usr/local/cuda/bin/ptxas, e.g. "13.0"
     router_version: str | None = None  # HAProxy's release where installed, e.g. "2.6.12"
+    system_nccl: SystemPackage | None = None  # dpkg's libnccl2 where installed
     kernel_cmdline: Mapping[str, str | None] | None = None  # /proc/cmdline, {"kho": "off", "ro": None}
     # The nccl.conf files NCCL would read, by path, as {NAME: VALUE}: /etc/nccl.conf and each
     # inspected user's ~/.nccl.conf that exist, e.g. {"/etc/nccl.conf": {"NCCL_IB_USE_INLINE": "1"}}.
@@ -512,6 +520,7 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         disks=disks,
         ptxas_cuda=values.get("ptxas"),
         router_version=values.get("router"),
+        system_nccl=values.get("system_nccl"),
         kernel_cmdline=values.get("cmdline"),
         nccl_conf=nccl_conf,
         cpu_flags=values.get("cpu_flags"),

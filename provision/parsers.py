@@ -787,6 +787,41 @@ def parse_haproxy_version(stdout: str) -> str:
 
 
 @dataclass(frozen=True)
+class SystemPackage:
+    """A Debian package as dpkg records it: SystemPackage(version='2.28.9-1+cuda13.0', arch='arm64')
+    for DGX OS's libnccl2. `release` is the upstream version ('2.28.9'), `library_dir` where Debian's
+    multiarch layout puts its libraries ('/usr/lib/aarch64-linux-gnu')."""
+
+    version: str
+    arch: str
+
+    @property
+    def release(self) -> str:
+        return self.version.split(":")[-1].split("-")[0]
+
+    @property
+    def library_dir(self) -> str:
+        return f"/usr/lib/{DEBIAN_MULTIARCH.get(self.arch, self.arch + '-linux-gnu')}"
+
+
+DEBIAN_MULTIARCH = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
+
+
+def parse_dpkg_package(stdout: str) -> SystemPackage | None:
+    """`dpkg-query -W -f='${db:Status-Status}\\t${Version}\\t${Architecture}\\n' NAME`:
+    'installed\\t2.28.9-1+cuda13.0\\tarm64' -> SystemPackage; no output (dpkg-query exits 1: no such
+    package) or a package removed with its configuration kept ('config-files') -> None."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        return None
+    fields = lines[0].split("\t")
+    well_formed = len(fields) == 3 and re.fullmatch(r"[a-z-]+", fields[0]) and re.match(r"\d", fields[1].split(":")[-1])
+    if not well_formed:
+        raise ParseError("dpkg", "not a STATUS<TAB>VERSION<TAB>ARCH line", stdout)
+    return SystemPackage(version=fields[1], arch=fields[2]) if fields[0] == "installed" else None
+
+
+@dataclass(frozen=True)
 class VenvInfo:
     """What the service's virtualenv holds: VenvInfo(python='3.12.3', vllm=None, torch='2.11.0+cu130',
     cuda='13.0', arch_flags='sm_75 sm_80 sm_86 sm_90 sm_100 sm_120', nccl='2.28.9') (a real H200 node).
@@ -820,7 +855,8 @@ class VenvInfo:
 
 # Packages whose versions known issues name (known_issues.yaml) beside vLLM and torch, by dist-info
 # name: PyTorch's nightly and some CUDA builds name Triton `pytorch_triton`. tensorrt_llm: the gate's
-# engine.version compares it with the release the unit is rendered for.
+# engine.version compares it with the release the unit is rendered for. nvidia_nccl_*: pip's NCCL,
+# which torch loads (config.nccl_library weighs it against the system's).
 VENV_PACKAGES = ("triton", "pytorch_triton", "flash_attn", "bitsandbytes", "tensorrt_llm")
 
 # Runs inside the venv: versions only, no GPU needed (torch.cuda.get_arch_list() is empty without one).

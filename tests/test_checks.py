@@ -77,6 +77,18 @@ def venv(**values: Any) -> Callable[[HostFacts], HostFacts]:
     return lambda f: dataclasses.replace(f, venv=parsers.VenvInfo(**base))
 
 
+def with_dgx_os_nccl(host_facts: HostFacts) -> HostFacts:
+    """DGX OS's libnccl2 2.28.9 (the package vllm #41725 names beside pip's wheel of that version)."""
+    return dataclasses.replace(host_facts, system_nccl=parsers.SystemPackage("2.28.9-1+cuda13.0", "arm64"))
+
+
+# The wheels of a vLLM 0.33.0 venv for GB10 that bring pip's NCCL (torch 2.14.0+cu130 requires it).
+SPARK_WHEELS_WITH_PIP_NCCL = ("vllm-0.33.0-cp38-abi3-manylinux_2_31_aarch64.whl",
+                              "torch-2.14.0+cu130-cp312-cp312-manylinux_2_28_aarch64.whl",
+                              "nvidia_nccl_cu13-2.28.9-py3-none-manylinux_2_18_aarch64.whl",
+                              "ray-2.60.0-cp312-cp312-manylinux2014_aarch64.whl")
+
+
 def spark_pair(second: HostFacts | None = None) -> dict[str, HostFacts]:
     a = recorded("dgx-spark-gb10")
     b = second or a
@@ -278,6 +290,14 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
     ("rtx5090-p2p-level-pci-ignored", "rtx5090x2-tr7960x", "rtx5090",
      {"environment": {"NCCL_P2P_LEVEL": "PCI"}}, None, None, {"config.nccl_values": "fail"}),
     # Two vLLM nodes: the Ray units exec VENV/bin/ray, so the venv's wheels must hold Ray.
+    # vllm #42354 / #41725: pip's nvidia-nccl-cu13 2.28.9 beside DGX OS's libnccl2 2.28.9 on two Sparks.
+    ("spark-pair-pip-nccl-beside-dgx-os-nccl", "dgx-spark-gb10", "dgx-spark",
+     {"tensor_parallel_size": 2, "_resolved_wheels": SPARK_WHEELS_WITH_PIP_NCCL},
+     with_dgx_os_nccl, spark_pair(with_dgx_os_nccl(recorded("dgx-spark-gb10"))), {"config.nccl_library": "fail"}),
+    ("spark-pair-pynccl-loads-dgx-os-nccl", "dgx-spark-gb10", "dgx-spark",
+     {"tensor_parallel_size": 2, "_resolved_wheels": SPARK_WHEELS_WITH_PIP_NCCL,
+      "environment": {"VLLM_NCCL_SO_PATH": "/usr/lib/aarch64-linux-gnu/libnccl.so.2"}},
+     with_dgx_os_nccl, spark_pair(with_dgx_os_nccl(recorded("dgx-spark-gb10"))), {"config.nccl_library": "pass"}),
     ("spark-pair-vllm-wheels-hold-ray", "dgx-spark-gb10", "dgx-spark",
      {"vllm_spec": "vllm==0.32.0", "tensor_parallel_size": 2,
       "_resolved_wheels": ("vllm-0.32.0-cp38-abi3-manylinux_2_31_aarch64.whl",
@@ -963,3 +983,22 @@ def test_an_old_toolkit_ptxas_the_inventory_names_blocks_and_one_elsewhere_is_ke
         "dgx-spark", environment={"TRITON_PTXAS_BLACKWELL_PATH": "/usr/local/cuda/bin/ptxas"}))
     blocked = {f.id: f for f in checks.evaluate(named)}["config.triton_ptxas"]
     assert blocked.blocks and "CUDA 12.8 ptxas that does not know sm_121a" in blocked.message
+
+
+def test_two_sparks_on_pips_nccl_are_told_to_point_pynccl_at_dgx_os_nccl() -> None:
+    case = next(c for c in CASES if c[0] == "spark-pair-pip-nccl-beside-dgx-os-nccl")
+    for node, ctx in context_for(case).items():
+        found = {f.id: f for f in checks.evaluate(ctx)}["config.nccl_library"]
+        assert (found.status, found.severity) == ("fail", checks.WARNING), node
+        assert "pip's NCCL 2.28.9" in found.message and "libnccl2 2.28.9-1+cuda13.0" in found.message
+        assert found.fix and found.fix.startswith("environment VLLM_NCCL_SO_PATH=/usr/lib/aarch64-linux-gnu/libnccl.so.2")
+        # Without DGX OS's package there is nothing to prefer; without pip's wheel nothing to replace.
+        bare = dataclasses.replace(ctx, facts=dataclasses.replace(ctx.facts, system_nccl=None))
+        assert {f.id: f for f in checks.evaluate(bare)}["config.nccl_library"].status == "pass"
+        no_pip = dataclasses.replace(ctx, resolved_wheels=tuple(
+            w for w in SPARK_WHEELS_WITH_PIP_NCCL if not w.startswith("nvidia_nccl")))
+        assert {f.id: f for f in checks.evaluate(no_pip)}["config.nccl_library"].status == "pass"
+    # One Spark has no cross-node all-reduce: the rule does not apply.
+    (single,) = context_for(("one", "dgx-spark-gb10", "dgx-spark", {"_resolved_wheels": SPARK_WHEELS_WITH_PIP_NCCL},
+                             with_dgx_os_nccl, None, {})).values()
+    assert {f.id: f for f in checks.evaluate(single)}["config.nccl_library"].status == "skip"
