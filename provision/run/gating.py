@@ -12,6 +12,7 @@ from provision import (
     context,
     cuda,
     endpoints,
+    engines,
     facts,
     inventory,
     known_issues,
@@ -114,7 +115,7 @@ def gather(inv: inventory.Inventory, targets: list[inventory.Host], options: Opt
             try:
                 probed[key] = facts.gather(runner, paths=ask.paths, inspect=ask.inspect,
                                            facts=(*facts.with_units(facts.FACTS, ask.units),
-                                                  facts.venv_fact(ask.venv_dir)))
+                                                  facts.venv_fact(ask.venv_dir, engines.dists())))
             except ProvisionError as exc:
                 probed[key] = exc
             finally:
