@@ -13,13 +13,23 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from provision import affinity, contracts, endpoints, hardening, known_issues, kvcache, render
+from provision import (
+    affinity,
+    contracts,
+    endpoints,
+    hardening,
+    known_issues,
+    kvcache,
+    render,
+    venvreqs,
+)
 from provision import cuda as cuda_builds
 from provision.context import Context, cluster_network_of, flag_value, visible
 from provision.engines import Engine, Verdict, engine_of
@@ -27,7 +37,7 @@ from provision.engines.llamacpp import gguf_models
 from provision.engines.trtllm import TRTLLM
 from provision.engines.vllm import vllm_version
 from provision.errors import AffinityError, KvError, ProvisionError
-from provision.facts import DROP_IN_DIRS, MANAGED_UNITS
+from provision.facts import DROP_IN_DIRS, MANAGED_UNITS, VENV_MANIFEST
 from provision.inventory import VAR_SPECS, Settings
 from provision.render import model_path
 
@@ -1249,8 +1259,8 @@ def pip_nccl(ctx: Context) -> str | None:
         found = re.match(r"nvidia_nccl_cu\d+-([0-9][^-]*)-", name)
         if found:
             return found.group(1)
-    packages = (ctx.facts.venv.packages or {}) if ctx.facts.venv else {}
-    return packages.get("nvidia_nccl_cu13") or packages.get("nvidia_nccl_cu12")
+    dists = (ctx.facts.venv.dists or {}) if ctx.facts.venv else {}
+    return dists.get("nvidia_nccl_cu13") or dists.get("nvidia_nccl_cu12")
 
 
 @rule("config.nccl_values", WARNING)
@@ -1440,6 +1450,59 @@ def venv_arch(ctx: Context) -> Finding | None:
     return fail(f"torch in the venv has no kernels for sm_{wanted.replace('.', '')} (has {', '.join(targets)})",
                 f"install a build with TORCH_CUDA_ARCH_LIST={ctx.profile.cuda.torch_cuda_arch_list if ctx.profile.cuda else wanted}",
                 targets=list(targets), wanted=wanted)
+
+
+@rule("venv.requirements", BLOCKER)
+def venv_requirements(ctx: Context) -> Finding | None:
+    """The serving engine's own requirements (the Requires-Dist lines of its dist-info METADATA) met by
+    the venv that will serve: vLLM 0.33.0 declares torch==2.14.0 and flashinfer-python==0.7.2.post1
+    (its wheel's METADATA); beside torch 2.13.0 (a `pip install --no-deps`, torch upgraded alone) it
+    installs and fails at import. Judged as `pip check` does (provision/venvreqs.py), markers in the
+    venv python's own environment. A venv the next apply rebuilds is not the one that will serve: its
+    wheels were resolved together by pip, which holds each to the others' Requires-Dist."""
+    venv_dir = ctx.settings.venv_dir.rstrip("/")
+    if ctx.venv_rebuilt:
+        return ok(f"the next apply rebuilds {venv_dir} from {len(ctx.resolved_wheels or ())} wheels pip resolved "
+                  "together (it holds them to each other's requirements); the venv there now does not serve and "
+                  "was not judged", judged="the planned install", venv=venv_dir)
+    venv = ctx.facts.venv
+    if venv is None:
+        return None  # no venv and none planned: nothing is installed to judge
+    judged = f"the installed venv {venv_dir}"
+    dists = contracts.load().engines[ctx.settings.engine].packages
+    if venv.requires is None or venv.dists is None or venv.markers is None:
+        return warn(f"could not be checked: {venv_dir} was read by a probe that did not read its engine's "
+                    "requirements", "gather the facts again (`invoke facts`): today's probe reads them",
+                    judged=judged, venv=venv_dir)
+    read = [dist for dist in dists if dist in venv.requires]
+    if not read:
+        return None  # the venv holds no distribution of this engine (a source build's binary, say)
+    unreadable = {dist: venv.requires_errors.get(dist, "unread") for dist in read if venv.requires[dist] is None}
+    if unreadable:
+        return warn(f"could not be checked: the METADATA of {', '.join(unreadable)} in {venv_dir} could not be "
+                    f"read ({'; '.join(unreadable.values())})", "reinstall the engine in that venv",
+                    judged=judged, venv=venv_dir)
+    missing = {f"{dist} {venv.dists.get(dist, '')}".strip(): venvreqs.unmet(venv.requires[dist] or (), venv.dists,
+                                                                            venv.markers)
+               for dist in read}
+    evidence = {"judged": judged, "venv": venv_dir, "engine": list(missing)}
+    problems = [(engine, item) for engine, items in missing.items() for item in items]
+    if not problems:
+        count = sum(len(venv.requires[dist] or ()) for dist in read)
+        return ok(f"{', '.join(missing)} in {venv_dir}: its Requires-Dist lines ({count}) that apply to Python "
+                  f"{venv.markers.get('python_full_version')} on {venv.markers.get('platform_machine')} are met",
+                  **evidence)
+    fixable = [item.requirement for _, item in problems if not item.why]
+    installer = f"{venv_dir}/bin/pip install" if "pip" in venv.dists else \
+        f"uv pip install --python {venv_dir}/bin/python"  # a venv made without pip (uv's) has no bin/pip
+    pins = " ".join(f"{dist.replace('_', '-')}=={venv.dists[dist]}" for dist in read if dist in venv.dists)
+    rebuild = (f"remove {venv_dir}/{VENV_MANIFEST} (the venv changed after the tool built it) and apply: the "
+               "tool rebuilds it from the wheels pip resolved" if ctx.resolved_wheels is not None
+               else f"set vllm_spec: {pins} so the tool installs a set pip resolves together")
+    fix = (f"{installer} {' '.join(shlex.quote(text) for text in fixable)}, or " if fixable else "") + rebuild
+    return fail(f"{judged} does not meet its engine's own requirements: "
+                + "; ".join(f"{engine} requires {item.shown}" for engine, item in problems),
+                fix, unmet={item.requirement: item.installed or "not installed" for _, item in problems}, **evidence)
 
 
 @rule("cluster.network", BLOCKER)

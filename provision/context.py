@@ -46,6 +46,9 @@ class Context:
     # The names of the wheels the service venv is made of, resolved on the controller (plan time);
     # None where the tool resolves none (no vllm_spec, or a source build not yet built).
     resolved_wheels: tuple[str, ...] | None = None
+    # The next apply (re)builds the service venv from resolved_wheels (their key is not the one the
+    # venv's manifest holds): the venv there now is not what will serve.
+    venv_rebuilt: bool = False
     # The model's config.json at its resolved commit, and its quantization_config.quant_method ("none":
     # not quantized); None where the hub was not asked or refused.
     model_config: Mapping[str, Any] | None = None

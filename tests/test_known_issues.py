@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from provision.errors import KnownIssueError
 from provision.inventory import Cluster
 from tests.conftest import FIXTURES
 from tests.test_checks import PROFILES, recorded, settings
+from tests.venvs import make_venv, probe
 
 ISSUES = {issue.id: issue for issue in known_issues.load()}
 H200_VENV = json.loads((FIXTURES / "facts" / "venv" / "h200x1-torch2.11-cu130-triton3.6.json").read_text())
@@ -506,3 +509,57 @@ def test_an_inventory_that_turns_nvls_on_is_warned_and_kept() -> None:
     found = finding(ctx, "known.nccl-nvls-moe-hang")
     assert (found.status, found.severity) == ("fail", "warning")
     assert "remove NCCL_NVLS_ENABLE" in (found.fix or "")
+
+# ---------------------------------------------------------------------------------------------
+# Mixed CUDA builds in a venv already there (no install planned)
+
+ISSUE_44335 = json.loads((FIXTURES / "venv-listings" / "vllm-44335-torch-cu129-beside-cuda13-runtime.json").read_text())
+
+
+def listed(lines: list[str]) -> dict[str, str]:
+    """'[pip3] nvidia-cuda-runtime-cu12==12.9.79' lines as the dist-info names pip writes:
+    {'nvidia_cuda_runtime_cu12': '12.9.79'}."""
+    found = {}
+    for line in lines:
+        name, _, version = line.removeprefix("[pip3] ").partition("==")
+        found[re.sub(r"[-_.]+", "_", name).lower()] = version
+    return found
+
+
+def test_the_44335_venv_already_there_is_judged_mixed_by_what_it_holds(tmp_path: Path) -> None:
+    """The reported environment, vLLM 0.22.0 added (the report's title), as a venv the probe reads:
+    torch 2.11.0+cu129 and nvidia-cuda-runtime-cu12 beside nvidia-cuda-runtime 13.3.29."""
+    venv_dir = make_venv(tmp_path / "venv", {**listed(ISSUE_44335["lines"]), "vllm": "0.22.0"})
+    info = parsers.parse_venv_probe(probe(venv_dir)[1])
+    assert info.torch == "2.11.0+cu129" and info.dists is not None
+    assert {"nvidia_cuda_runtime": "13.3.29", "nvidia_cuda_runtime_cu12": "12.9.79"}.items() <= info.dists.items()
+    found = finding(context(*RTX, venv_info=info), "known.vllm-cuda-mixed-wheels")
+    assert (found.status, found.severity) == ("fail", "blocker")
+    assert found.message == ISSUES["known.vllm-cuda-mixed-wheels"].message
+    shown = found.evidence["wheels_cuda"]
+    assert shown.startswith("the installed venv: CUDA 12: ") and "nvidia_cuda_runtime_cu12 12.9.79" in shown
+    assert "torch 2.11.0+cu129" in shown and "CUDA 13: " in shown and "nvidia_cuda_runtime 13.3.29" in shown
+
+
+def test_a_single_cuda_venv_already_there_is_clear(tmp_path: Path) -> None:
+    venv_dir = make_venv(tmp_path / "venv", {"torch": "2.11.0+cu130", "nvidia_cuda_runtime": "13.0.96",
+                                             "nvidia_nccl_cu13": "2.28.9", "vllm": "0.32.0"})
+    info = parsers.parse_venv_probe(probe(venv_dir)[1])
+    found = finding(context(*RTX, venv_info=info), "known.vllm-cuda-mixed-wheels")
+    assert found.status == "pass"
+    assert found.message == "not affected: the installed venv's distributions hold one CUDA"
+
+
+def test_planned_wheels_are_judged_before_the_venv_they_replace() -> None:
+    mixed_venv = venv(torch="2.11.0+cu129", dists={"nvidia_cuda_runtime": "13.3.29", "torch": "2.11.0"})
+    found = finding(context(*RTX, venv_info=mixed_venv, wheels=ONE_CUDA), "known.vllm-cuda-mixed-wheels")
+    assert found.status == "pass" and found.message == "not affected: the planned wheels hold one CUDA"
+
+
+def test_a_venv_record_without_its_distributions_leaves_mixed_cuda_unknown() -> None:
+    """The H200 record predates the listing: unknown, so the entry is skipped, not passed."""
+    info = parsers.parse_venv_probe(H200_VENV["stdout"])
+    assert info.dists is None
+    assert finding(context(*RTX, venv_info=info), "known.vllm-cuda-mixed-wheels").status == "skip"
+    ev = known_issues.evidence_of(context(*RTX, venv_info=info))
+    assert ev.installed is None and "predates" in ev.notes["installed"]

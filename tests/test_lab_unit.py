@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from provision import facts, lab
+from provision import engines, facts, lab
 from provision.errors import LabError
 
 
@@ -39,7 +39,7 @@ def test_every_recording_answers_the_tools_current_commands(host: lab.LabHost) -
         assert entry.get("provenance"), f"{host.machine}/{fact.name} does not say where it comes from"
     venv = by_fact.get("venv")
     if venv is not None:  # the service venv's probe, at the default venv_dir
-        assert venv["argv"] == list(facts.venv_fact("/opt/vllm/venv").argv), f"{host.machine}: stale venv probe"
+        assert venv["argv"] == list(facts.venv_fact("/opt/vllm/venv", engines.dists()).argv), f"{host.machine}: stale venv probe"
     for needed in ("uname", "gpus", "nvidia_driver", "lscpu", "lscpu_cpus"):
         assert needed in by_fact, f"{host.machine} lacks {needed}"
 

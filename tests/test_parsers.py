@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from provision import facts, lab, parsers
+from provision import engines, facts, lab, parsers
 from provision.errors import ParseError
 from tests.conftest import FIXTURES
 
-FACTS = {fact.name: fact for fact in (*facts.FACTS, facts.venv_fact("/opt/vllm/venv"))}
+FACTS = {fact.name: fact for fact in (*facts.FACTS, facts.venv_fact("/opt/vllm/venv", engines.dists()))}
 CASES = sorted((FIXTURES / "facts").glob("*/*.json"))
 
 

@@ -8,12 +8,14 @@ engine and otherwise run the same path for all of them.
 
     engine_of(settings) -> Engine        the engine a host's settings name
     ENGINES                              every engine, by name
+    dists()                              the distributions that stand for the engines in a venv
     MANAGED_UNITS                        every unit any engine renders (a switch stops and removes the old)
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from provision import contracts
 from provision.engines.base import Engine, MetricNames, Verdict, flag_name
 from provision.engines.llamacpp import LLAMACPP
 from provision.engines.trtllm import TRTLLM
@@ -22,6 +24,13 @@ from provision.facts import MANAGED_UNITS
 
 ENGINES: Mapping[str, Engine] = {engine.name: engine for engine in (VLLM, TRTLLM, LLAMACPP)}
 NAMES = tuple(ENGINES)
+
+
+def dists() -> tuple[str, ...]:
+    """The distributions that stand for an engine in a venv, every engine's (the contract table's
+    `packages`): the venv fact reads their own requirements, the gate judges the serving engine's."""
+    table = contracts.load()
+    return tuple(dist for name in NAMES for dist in table.engines[name].packages)
 
 # facts.MANAGED_UNITS is what the probe reads; every engine's units must be among them.
 assert {unit for engine in ENGINES.values() for unit in engine.units} <= set(MANAGED_UNITS)
@@ -46,4 +55,4 @@ def engine_of(settings: object) -> Engine:
     return ENGINES[str(getattr(settings, "engine", "vllm") or "vllm")]
 
 
-__all__ = ["ENGINES", "NAMES", "Engine", "MetricNames", "Verdict", "engine_of", "owned_flag"]
+__all__ = ["ENGINES", "NAMES", "Engine", "MetricNames", "Verdict", "dists", "engine_of", "owned_flag"]

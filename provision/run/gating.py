@@ -12,6 +12,7 @@ from provision import (
     context,
     cuda,
     endpoints,
+    engines,
     facts,
     inventory,
     known_issues,
@@ -114,7 +115,7 @@ def gather(inv: inventory.Inventory, targets: list[inventory.Host], options: Opt
             try:
                 probed[key] = facts.gather(runner, paths=ask.paths, inspect=ask.inspect,
                                            facts=(*facts.with_units(facts.FACTS, ask.units),
-                                                  facts.venv_fact(ask.venv_dir)))
+                                                  facts.venv_fact(ask.venv_dir, engines.dists())))
             except ProvisionError as exc:
                 probed[key] = exc
             finally:
@@ -195,7 +196,8 @@ def _with_planned_wheels(contexts: dict[str, context.Context], wanted: set[str],
         ctx = result[name] = dataclasses.replace(ctx, resolved_wheels=tuple(w.name for w in house.wheels))
         key = venv.venv_change_data(ctx.settings, ctx.profile.venv_remove, house)["key"]
         if key != venv.installed_key(ctx.facts, ctx.settings.venv_dir):
-            result[name] = dataclasses.replace(ctx, planned_wheels=cuda.cuda_of_wheels(w.name for w in house.wheels))
+            result[name] = dataclasses.replace(ctx, venv_rebuilt=True,
+                                               planned_wheels=cuda.cuda_of_wheels(w.name for w in house.wheels))
     return result
 
 
