@@ -15,6 +15,7 @@ import pytest
 
 from provision import contract_diff, contracts, vllm_wheel
 from provision.errors import WheelReadError
+from tests.test_render import GOLDEN, rendered_lines
 
 FIXTURES = Path(__file__).parent / "fixtures" / "wheels"
 REPORTS = Path(contracts.__file__).parent / "contract_reports"
@@ -177,3 +178,27 @@ def test_a_directory_without_vllm_metadata_is_refused(tmp_path: Path) -> None:
     (tmp_path / "other-1.0.dist-info" / "METADATA").write_text("Name: other\nVersion: 1.0\n")
     with pytest.raises(WheelReadError, match="not a vLLM release"):
         vllm_wheel.open_release(tmp_path)
+
+
+def test_every_flag_and_variable_the_tool_renders_is_one_the_target_release_has() -> None:
+    """The table's target (what the tool renders for while a host's version is unknown) against its own
+    wheel: each rendered command line's module exists and each of its options is a serve option; each
+    VLLM_* variable of the golden environment files is a key of its envs.py."""
+    target = contracts.load().target("vllm")
+    assert (FIXTURES / f"vllm-{target}").is_dir(), f"no fixture of the target {target}: add its wheel's files"
+    read = release(target)
+    options = vllm_wheel.serve_options(read).options
+    variables = vllm_wheel.environment_variables(read)
+    lines = rendered_lines()
+    assert len(lines) > 30
+    unknown = {}
+    for case, argv in lines.items():
+        start = argv.index("-m")
+        assert vllm_wheel.module_path(read, argv[start + 1]), (case, argv[start + 1])
+        flags = [word.split("=")[0] for word in argv[start + 2:] if word.startswith("-")]
+        unknown.update({f"{case}: {flag}": target for flag in flags if flag not in options})
+    rendered = {line.split("=")[0] for path in GOLDEN.glob("*/vllm.env") for line in path.read_text().splitlines()
+                if line.startswith("VLLM_")}
+    assert rendered, "no VLLM_ variable in the golden environment files"
+    unknown.update({f"env {name}": target for name in rendered if name not in variables})
+    assert not unknown, sorted(unknown)
