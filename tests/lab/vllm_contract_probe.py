@@ -1,6 +1,6 @@
 """Run on a lab host by the venv's python (test_lab_contract_vllm.py sends it on stdin): every command
 line in sys.argv[1] (JSON: [[id, argv], ...]) parsed by the installed vLLM's own serve parser, then the
-running server's /metrics. Prints one JSON document. vLLM is imported once: it costs ~20 s on 2 cores."""
+running server's /metrics and the parser's option strings. Prints one JSON document. vLLM is imported once: it costs ~20 s on 2 cores."""
 from __future__ import annotations
 
 import contextlib
@@ -12,14 +12,24 @@ import urllib.request
 
 
 def parser_parts():  # type: ignore[no-untyped-def]
-    """The serve parser as `vllm serve` and the server modules build it (0.29+: launchers.cli_args)."""
+    """The serve parser as `vllm serve` and the server modules build it (0.29-0.32: launchers.cli_args;
+    0.33+: common.cli_args; before 0.29: openai.cli_args)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     try:
         from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     except ImportError:
-        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+        try:
+            from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+        except ImportError:
+            from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
     return FlexibleArgumentParser, make_arg_parser, validate_parsed_serve_args, AsyncEngineArgs
+
+
+def option_strings() -> list[str]:
+    """Every option string the serve parser registers (its `--no-X` and paired forms included)."""
+    flexible, make_arg_parser, _, _ = parser_parts()
+    return sorted(make_arg_parser(flexible(description="contract"))._option_string_actions)
 
 
 def judge(argv: list[str]) -> dict[str, object]:
@@ -48,7 +58,8 @@ def main() -> None:
     lines = json.loads(sys.argv[1])
     verdicts = {case: judge(argv) for case, argv in lines}
     metrics = urllib.request.urlopen(sys.argv[2], timeout=30).read().decode()
-    print(json.dumps({"vllm": vllm.__version__, "verdicts": verdicts, "metrics": metrics}))
+    print(json.dumps({"vllm": vllm.__version__, "verdicts": verdicts, "metrics": metrics,
+                      "options": option_strings()}))
 
 
 main()
