@@ -1097,3 +1097,41 @@ def test_pips_nccl_is_read_from_the_venv_that_is_there() -> None:
     there = dataclasses.replace(ctx, resolved_wheels=None, facts=installed(ctx.facts))
     found = {f.id: f for f in checks.evaluate(there)}["config.nccl_library"]
     assert found.status == "fail" and found.evidence["pip_nccl"] == "2.28.9"
+
+
+H200_PLACED_VLLM = "h200x1-torch2.11-cu130-vllm-0.34.0-placed"
+
+
+def h200_real(fact: str, case: str) -> Any:
+    """A fact parsed from what the lent H200 answered (tests/fixtures/facts/FACT/CASE.json)."""
+    recorded_case = json.loads((Path(__file__).parent / "fixtures" / "facts" / fact / f"{case}.json").read_text())
+    parse = {"venv": parsers.parse_venv_probe, "system_nccl": parsers.parse_dpkg_package}[fact]
+    return parse(recorded_case["stdout"])
+
+
+def test_a_real_h200_venv_with_vllm_0_34_placed_beside_torch_2_11_is_blocked_naming_each_pin() -> None:
+    """vLLM 0.34.0's real dist-info in the H200's real torch venv (the probe's own answer there)."""
+    host_facts = dataclasses.replace(recorded("h200x2-driver580"), venv=h200_real("venv", H200_PLACED_VLLM))
+    ctx = context.Context(host="h", profile=PROFILES["hopper"], settings=settings("hopper", venv_dir="/opt/torch/.venv"),
+                          facts=host_facts)
+    found = {f.id: f for f in checks.evaluate(ctx)}["venv.requirements"]
+    assert (found.status, found.severity) == ("fail", "blocker")
+    assert found.evidence["unmet"]["torch==2.14.0"] == "2.11.0"
+    assert found.evidence["unmet"]["torchvision==0.29.0"] == "0.26.0"
+    assert found.fix and found.fix.startswith("/opt/torch/.venv/bin/pip install")
+
+
+def test_the_h200s_torch_loads_pips_nccl_beside_the_systems_libnccl2() -> None:
+    """The lent H200: dpkg's libnccl2 2.28.3 and the venv's nvidia-nccl-cu13 2.28.9 (torch maps the
+    wheel's file there). Put in a Spark pair's place, the rule names the amd64 multiarch path."""
+    system = h200_real("system_nccl", "h200x1-ubuntu24.04-libnccl2-2.28.3")
+    venv_info = h200_real("venv", H200_PLACED_VLLM)
+    assert (system.release, system.library_dir) == ("2.28.3", "/usr/lib/x86_64-linux-gnu")
+    case = next(c for c in CASES if c[0] == "spark-pair-pip-nccl-beside-dgx-os-nccl")
+    ctx = context_for(case)["spark-a"]
+    ctx = dataclasses.replace(ctx, resolved_wheels=None,
+                              facts=dataclasses.replace(ctx.facts, system_nccl=system, venv=venv_info))
+    found = {f.id: f for f in checks.evaluate(ctx)}["config.nccl_library"]
+    assert found.status == "fail" and found.evidence["pip_nccl"] == "2.28.9"
+    assert "libnccl2 2.28.3-1+cuda13.0" in found.message
+    assert found.fix and found.fix.startswith("environment VLLM_NCCL_SO_PATH=/usr/lib/x86_64-linux-gnu/libnccl.so.2 ")

@@ -2,7 +2,8 @@
 
 A case holds either the output itself ("stdout", with the command it answers, checked against the
 Fact so that changing a command breaks its fixtures on purpose) or a lab machine recording's name
-("machine"), whose output for that fact is used; plus the parsed value ("expected") or "error".
+("machine"), whose output for that fact is used; plus the parsed value ("expected") or "error". A
+venv recorded at another path than the default venv_dir names it ("venv_dir").
 """
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ def _output(case: dict, fact: facts.Fact) -> str:
         fields = [field for field in wanted[1].removeprefix("--query-gpu=").split(",") if field not in LATER_GPU_FIELDS]
         wanted[1] = "--query-gpu=" + ",".join(fields)
         assert case["command"] == wanted, "re-record this fixture"
+    elif case.get("venv_dir"):  # a venv recorded where it was, not at the default venv_dir
+        wanted = facts.venv_fact(case["venv_dir"], engines.dists())
+        assert case["command"] == _source(_wanted(wanted)), "the fact's command changed: re-record this fixture"
     else:
         assert case["command"] == _source(_wanted(fact)), "the fact's command changed: re-record this fixture"
     return str(case["stdout"])
