@@ -1485,13 +1485,22 @@ def venv_requirements(ctx: Context) -> Finding | None:
     missing = {f"{dist} {venv.dists.get(dist, '')}".strip(): venvreqs.unmet(venv.requires[dist] or (), venv.dists,
                                                                             venv.markers)
                for dist in read}
-    evidence = {"judged": judged, "venv": venv_dir, "engine": list(missing)}
-    problems = [(engine, item) for engine, items in missing.items() for item in items]
+    evidence: dict[str, Any] = {"judged": judged, "venv": venv_dir, "engine": list(missing)}
+    # What the profile uninstalls after every install on purpose (the CPU profile: PyPI's torchvision,
+    # torchaudio and torchcodec fail to import beside a CPU torch) is absent by design, not a fault.
+    removed = {venvreqs.canonical(name) for name in ctx.profile.venv_remove}
+    left_out = sorted({item.name for items in missing.values() for item in items
+                       if not item.installed and venvreqs.canonical(item.name) in removed})
+    problems = [(engine, item) for engine, items in missing.items() for item in items if item.name not in left_out]
+    if left_out:
+        evidence["removed_by_profile"] = left_out
     if not problems:
         count = sum(len(venv.requires[dist] or ()) for dist in read)
+        removed_note = (f" ({', '.join(left_out)} left out on purpose: the {ctx.profile.name} profile's venv_remove)"
+                        if left_out else "")
         return ok(f"{', '.join(missing)} in {venv_dir}: its Requires-Dist lines ({count}) that apply to Python "
-                  f"{venv.markers.get('python_full_version')} on {venv.markers.get('platform_machine')} are met",
-                  **evidence)
+                  f"{venv.markers.get('python_full_version')} on {venv.markers.get('platform_machine')} are met"
+                  + removed_note, **evidence)
     fixable = [item.requirement for _, item in problems if not item.why]
     installer = f"{venv_dir}/bin/pip install" if "pip" in venv.dists else \
         f"uv pip install --python {venv_dir}/bin/python"  # a venv made without pip (uv's) has no bin/pip

