@@ -25,6 +25,7 @@ from provision import (
     contracts,
     endpoints,
     hardening,
+    hints,
     known_issues,
     kvcache,
     render,
@@ -109,7 +110,7 @@ def warn(message: str, fix: str | None = None, **evidence: Any) -> Finding:
 def unknown(what: str, ctx: Context, fact: str) -> Finding:
     note = ctx.facts.notes.get(fact, "no value")
     return Finding("", "", FAIL, f"could not be checked: {what} unknown ({note})", {fact: None},
-                   f"make `{fact}` readable on the host (see `invoke facts --host {ctx.host}`)")
+                   f"make `{fact}` readable on the host (see `{hints.command(f'facts --host {ctx.host}')}`)")
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
@@ -293,7 +294,7 @@ def cluster_topology(ctx: Context) -> Finding | None:
     unread = sorted(name for name, facts in ctx.peers.items() if facts.gpus is None)
     if unread:
         return fail(f"could not be checked: the GPUs of {', '.join(unread)} could not be read",
-                    "make nvidia-smi readable there (see `invoke facts`)", unreadable=unread)
+                    f"make nvidia-smi readable there (see `{hints.command('facts')}`)", unreadable=unread)
     per_node = {name: len(facts.gpus or ()) for name, facts in ctx.peers.items()}
     total = sum(per_node.values())
     if len(per_node) < ctx.nodes:
@@ -662,7 +663,7 @@ def endpoint_router(ctx: Context) -> Finding | None:
     if version is None:
         return fail(f"endpoint {names} runs its router here, and HAProxy is not installed "
                     f"({ctx.facts.notes.get('router', 'haproxy -v answered nothing')})",
-                    f"`invoke prepare --host {ctx.host}` installs it (apt-get install haproxy)", endpoints=names)
+                    f"`{hints.command(f'prepare --host {ctx.host}')}` installs it (apt-get install haproxy)", endpoints=names)
     if version_tuple(version) < ROUTER_MINIMUM:
         low = ".".join(map(str, ROUTER_MINIMUM))
         return fail(f"HAProxy {version} is older than {low}, the oldest the router's config is checked with",
@@ -865,7 +866,7 @@ def unit_security(ctx: Context) -> Finding | None:
     if above:
         return warn(f"exposure above {target} (hardening {level}): {scores}{caveat}",
                     f"`systemctl cat {above[0]}` shows what loosens it (a drop-in?); remove that, or "
-                    "run `invoke provision` to put the rendered unit back", above=above, **evidence)
+                    f"run `{hints.command('provision')}` to put the rendered unit back", above=above, **evidence)
     return Finding("", INFO, PASS, f"exposure {scores} (target {target}, hardening {level}){caveat}",
                    evidence)
 
@@ -890,7 +891,7 @@ def unit_devices(ctx: Context) -> Finding | None:
         note = ctx.facts.notes.get("proc_devices", "no value")
         return warn(f"could not be checked: the host's device groups are unknown ({note}); the unit allows "
                     f"the profile's entries as written, unchecked against its driver: {written}",
-                    f"make /proc/devices readable (see `invoke facts --host {ctx.host}`)",
+                    f"make /proc/devices readable (see `{hints.command(f'facts --host {ctx.host}')}`)",
                     entries=[item.entry for item in entries], proc_devices=None)
     matched = {item.entry: [f"{group.major} {group.name}" for group in item.groups]
                for item in entries if item.groups}
@@ -915,7 +916,7 @@ def unit_devices(ctx: Context) -> Finding | None:
         left = ", ".join(f"{item.entry} ({item.reason})" for item in unmatched)
         return warn(f"DeviceAllow= {allowed}; left out, no such group in /proc/devices: {left}",
                     "load the module that registers it before the unit starts (nvidia-uvm: a modules-load.d "
-                    "entry), then render again (`invoke provision`)", **evidence)
+                    f"entry), then render again (`{hints.command('provision')}`)", **evidence)
     return ok(f"DeviceAllow= {allowed}: the groups the host's drivers registered", **evidence)
 
 
@@ -933,8 +934,8 @@ def cpu_affinity(ctx: Context) -> Finding | None:
     if unread:
         notes = "; ".join(ctx.facts.notes.get(name, name) for name in unread)
         return fail(f"could not be checked: the CPU topology that cpu_affinity {policy} is chosen from did "
-                    f"not read ({notes})", f"make {', '.join(unread)} readable on the host (see `invoke facts "
-                    f"--host {ctx.host}`), or --set cpu_affinity=all to run unpinned on purpose",
+                    f"not read ({notes})", f"make {', '.join(unread)} readable on the host (see "
+                    f"`{hints.command(f'facts --host {ctx.host}')}`), or --set cpu_affinity=all to run unpinned on purpose",
                     cpu_affinity=policy, unreadable=unread)
     gpus = ctx.server_gpus
     try:
@@ -1000,7 +1001,7 @@ def services_gpus(ctx: Context) -> Finding | None:
         missing = asked[len(seen)]
         return fail(f"GPU {missing} is not on this host ({len(ctx.facts.gpus)} GPU(s): "
                     f"{', '.join(str(gpu.index) for gpu in ctx.facts.gpus) or 'none'})",
-                    "name GPUs from `invoke facts --host HOST` in the service's gpus", gpus=asked)
+                    f"name GPUs from `{hints.command('facts --host HOST')}` in the service's gpus", gpus=asked)
     return ok(f"GPU(s) {', '.join(str(gpu.index) for gpu in seen)}", gpus=[gpu.index for gpu in seen])
 
 
@@ -1472,7 +1473,7 @@ def venv_requirements(ctx: Context) -> Finding | None:
     dists = contracts.load().engines[ctx.settings.engine].packages
     if venv.requires is None or venv.dists is None or venv.markers is None:
         return warn(f"could not be checked: {venv_dir} was read by a probe that did not read its engine's "
-                    "requirements", "gather the facts again (`invoke facts`): today's probe reads them",
+                    "requirements", f"gather the facts again (`{hints.command('facts')}`): today's probe reads them",
                     judged=judged, venv=venv_dir)
     read = [dist for dist in dists if dist in venv.requires]
     if not read:

@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 import sys
 from importlib import metadata
-from typing import Any, TextIO
 
 from invoke.collection import Collection
 from invoke.program import Program
 
 from provision import (
     cluster_tasks,
+    hints,
     init_tasks,
     prepare_tasks,
     recipe_tasks,
@@ -29,28 +29,11 @@ ns = Collection(tasks.facts_, tasks.check, tasks.plan_, tasks.provision_, tasks.
                 tune_tasks.tune_, init_tasks.init, recipe_tasks.recipe_tasks)
 
 
-class AsTyped:
-    """A stream that prints the tasks' hints as the installed command spells them. The hints are
-    written once, as `invoke TASK ...` (the checkout's door), in modules and on hosts alike; from the
-    wheel there is no tasks.py for `invoke` to find, so a hint must read `provision TASK ...` to run
-    where it is printed. Only the backquoted form is a hint; everything else passes as written."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        self._stream.write(text.replace("`invoke ", "`provision "))
-        return len(text)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-
 def main() -> None:
     """`provision`: Invoke's own parser, help and --list over `ns`; --version from the installed
-    distribution's metadata (the version the wheel was built with)."""
-    sys.stdout = AsTyped(sys.stdout)
-    sys.stderr = AsTyped(sys.stderr)
+    distribution's metadata (the version the wheel was built with). Its hints name `provision`
+    (provision.hints): outside a checkout `invoke` has no tasks.py to find."""
+    hints.started_as("provision")
     try:
         Program(namespace=ns, version=metadata.version("provision"), name="provision",
                 binary="provision", binary_names=["provision"]).run()

@@ -6,7 +6,8 @@ from pathlib import Path
 from invoke.context import Context
 from invoke.tasks import task
 
-from provision.taskargs import command_name, exit_unless, guarded, help_for, setup_logging
+from provision import hints
+from provision.taskargs import exit_unless, guarded, help_for, setup_logging
 
 
 @task(auto_shortflags=False, name="init",
@@ -32,11 +33,10 @@ def init(c: Context, host: list[str] | None = None, output: str = "inventory/hos
     targets = [starter.parse_target(text) for text in host]
     ssh = starter.SshChoice(known_hosts=str(Path(known_hosts).expanduser().resolve()) if known_hosts else None,
                             key_file=str(Path(key_file).expanduser().resolve()) if key_file else None)
-    tool = command_name()
     done = starter.initialize(targets, Path(output), ssh, accept_new_host_keys=accept_new_host_keys,
-                              command=f"{tool} init")
+                              command=hints.command("init"))
     if json_:
         print(report.dump_json(report.init_json(done)))
     else:
-        report.print_init(done, tool, report.console())
+        report.print_init(done, report.console())
     exit_unless(done.ok)

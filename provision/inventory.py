@@ -524,7 +524,7 @@ VAR_SPECS: Mapping[str, VarSpec] = {
                           _extra_args, ()),
     "environment": VarSpec("extra environment for the service", _environment, {}),
     "server_flags": VarSpec("the engine's server flags by name, merged key by key like environment "
-                            "({--max-num-seqs: 64}; true: the bare flag, false: left out); `invoke tune` keeps its "
+                            "({--max-num-seqs: 64}; true: the bare flag, false: left out); the `tune` task keeps its "
                             "winners here", _server_flags, {}),
     "cpu_affinity": VarSpec("auto, all, ccd:N or a CPU list", _affinity, None),
     "cuda_version": VarSpec("CUDA release of the vLLM/torch build (picks PyTorch's cuXYZ wheels)",

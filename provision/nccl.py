@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from provision import config, programs, remote, render
+from provision import config, hints, programs, remote, render
 from provision.errors import CommandFailed, ParseError, ProvisionError, RenderError
 from provision.fanout import for_each_host
 from provision.inventory import Host, Inventory
@@ -447,7 +447,7 @@ def plan_cluster(nodes: Sequence[Context], head: str, *, gpus: int | None = None
         raise ProvisionError(f"the head {head} has no facts: it cannot hold the rendezvous")
     link = ordered[0].link
     if link is None:
-        raise ProvisionError(f"{head}: no interface on the cluster network (see `invoke check`)")
+        raise ProvisionError(f"{head}: no interface on the cluster network (see `{hints.command('check')}`)")
     counts = [_gpus_of(ctx, gpus) for ctx in ordered]
     world = sum(counts)
     launches = []

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from provision import programs, services
+from provision import hints, programs, services
 from provision.errors import ApplyFailed, CommandFailed, UnreachableHost
 from provision.facts import MANAGED_UNITS
 from provision.plan import MANAGED_FILES, Change
@@ -69,7 +69,10 @@ def _execute(runner: Runner, spec: dict[str, Any], changes: Sequence[Change]) ->
     if failed:
         step = (changes[failed["index"]].describe() if 0 <= failed["index"] < len(changes)
                 else f"{failed['kind']} {failed['target']}".strip())
-        raise ApplyFailed(runner.host, step, failed["error"], len(answer.get("done", [])))
+        error = str(failed["error"])
+        if failed.get("see"):  # the task the host points to, spelled as this run was started
+            error = f"{error} (see `{hints.command(failed['see'])}`)"
+        raise ApplyFailed(runner.host, step, error, len(answer.get("done", [])))
     return answer
 
 

@@ -17,6 +17,7 @@ from invoke.collection import Collection
 from invoke.context import Context
 from invoke.tasks import task
 
+from provision import hints
 from provision.errors import RecipeError
 from provision.taskargs import HostFlags, exit_unless, guarded, help_for, host_task
 
@@ -169,7 +170,7 @@ def apply(c: Context, flags: HostFlags, name: str, dry_run: bool = False) -> Non
     (read above the cluster's own vars; remove it to go back). Exit 1 if the gate refuses a host."""
     from provision import checks, inventory, recipes, report, run
     from provision.recipes import applying
-    from provision.taskargs import Selection, command_name, load_inventory
+    from provision.taskargs import Selection, load_inventory
 
     recipe = recipes.find(_given(name, "apply", "NAME"))
     if not flags.cluster:
@@ -186,7 +187,7 @@ def apply(c: Context, flags: HostFlags, name: str, dry_run: bool = False) -> Non
         print(report.dump_json(report.application_json(application, gated, passed, written)))
     else:
         where = f"--inventory {shlex.quote(flags.inventory)}" if flags.inventory else ""
-        report.print_application(application, gated, passed, dry_run, command_name(), where, report.console())
+        report.print_application(application, gated, passed, dry_run, where, report.console())
     exit_unless(passed)
 
 
@@ -205,11 +206,11 @@ def _given(value: str, name: str, what: str) -> str:
         from invoke.program import Program
 
         from provision.cli import ns
-        Program(namespace=ns).run(["invoke", "--help", f"recipe.{name}"], exit=False)
+        Program(namespace=ns).run([hints.command_name(), "--help", f"recipe.{name}"], exit=False)
         raise SystemExit(0)
     if value.startswith("-"):
-        raise RecipeError(f"`invoke recipe.{name} {what}` takes the {what} first (its help: "
-                          f"`invoke --help recipe.{name}`), not {value!r}", file="command line")
+        raise RecipeError(f"`{hints.command(f'recipe.{name} {what}')}` takes the {what} first (its help: "
+                          f"`{hints.command(f'--help recipe.{name}')}`), not {value!r}", file="command line")
     return value
 
 

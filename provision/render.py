@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from provision import affinity, endpoints, engines, hardening, services
+from provision import affinity, endpoints, engines, hardening, hints, services
 from provision.context import Context
 from provision.engines.llamacpp import gguf_models
 from provision.engines.vllm import VLLM
@@ -167,7 +167,8 @@ def service_environment(ctx: Context, api_key: str | None = None) -> list[tuple[
     if ctx.cluster and ctx.cluster.multi_node:
         link = ctx.link
         if link is None:
-            raise RenderError(f"{ctx.host} has no interface on the cluster network (see `invoke check`)")
+            raise RenderError(f"{ctx.host} has no interface on the cluster network "
+                              f"(see `{hints.command('check')}`)")
         devices = [rdma.device for rdma in ctx.facts.rdma or () if rdma.up]
         if devices:
             environment["NCCL_IB_HCA"] = ",".join(devices)

@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from provision import parsers
+from provision import hints, parsers
 from provision.affinity import compress
 from provision.checks import Finding, resolutions, verdict
 from provision.errors import error_text
@@ -356,8 +356,8 @@ def print_plans(planned: Planned, show_diff: bool, only: str | None = None) -> N
             unfinished = plans[name].unfinished
             if unfinished:
                 out.print(f"  [yellow]generation {unfinished['id']} was left pending by a deploy that stopped "
-                          f"(started {unfinished['created']}): `invoke deploy` gives its verdict, "
-                          f"`invoke rollback` goes back[/yellow]")
+                          f"(started {unfinished['created']}): `{hints.command('deploy')}` gives its verdict, "
+                          f"`{hints.command('rollback')}` goes back[/yellow]")
             if plans[name].push_count:
                 out.print(f"  push {plans[name].push_count} wheel(s), {plans[name].push_bytes / 2**20:.0f} MiB")
             for change in plans[name].changes:
@@ -884,7 +884,7 @@ def print_prepared(result: Prepared, out: Console) -> None:
             out.print(f"  rebooted and back in {item.rebooted_s:.0f}s")
         elif item.waiting_for_reboot and not result.dry_run:
             out.print(f"  [yellow]reboot pending: {', '.join(item.waiting_for_reboot)} take effect at the next boot "
-                      "(`invoke prepare --reboot`, or reboot the host yourself)[/yellow]")
+                      f"(`{hints.command('prepare --reboot')}`, or reboot the host yourself)[/yellow]")
         table = Table(title_justify="left")
         for column in ("check", "before", "after", "prepare", "fix"):
             table.add_column(column, overflow="fold")
@@ -980,7 +980,7 @@ def init_json(done: Any) -> dict[str, Any]:
             "errors": {name: error_text(done.errors[name]) for name in done.order if name in done.errors}}
 
 
-def print_init(done: Any, command: str, out: Console) -> None:
+def print_init(done: Any, out: Console) -> None:
     for name in done.order:
         if name in done.errors:
             out.print(f"{name}: [red]{error_text(done.errors[name])}[/red]")
@@ -995,7 +995,7 @@ def print_init(done: Any, command: str, out: Console) -> None:
     if done.text is None:
         out.print(f"[red]{done.why_not}[/red]")
     else:
-        out.print(f"wrote {done.output}; next: `{command} inventory --inventory {done.output}`")
+        out.print(f"wrote {done.output}; next: `{hints.command(f'inventory --inventory {done.output}')}`")
 
 
 def _figure_text(recipe: Recipe) -> str:
@@ -1094,7 +1094,7 @@ def application_json(application: Application, gated: Gated, passed: bool, writt
             "gate": check_json(gated.order, gated.findings, gated.errors)}
 
 
-def print_application(application: Application, gated: Gated, passed: bool, dry_run: bool, command: str,
+def print_application(application: Application, gated: Gated, passed: bool, dry_run: bool,
                       inventory_option: str, out: Console) -> None:
     """What applying the recipe changes on each host, what a higher layer keeps, the gate's verdict on
     the cluster's hosts, and what became of the file."""
@@ -1120,8 +1120,8 @@ def print_application(application: Application, gated: Gated, passed: bool, dry_
         out.print(Text(f"{path}: unchanged (the recipe is applied already)"))
     else:
         out.print(Text(application.diff.rstrip("\n")))
-        out.print(Text(f"{'would write' if dry_run else 'wrote'} {path}; next: `{command} deploy --cluster "
-                       f"{application.cluster}{' ' + inventory_option if inventory_option else ''}`"))
+        deploy = f"deploy --cluster {application.cluster}{' ' + inventory_option if inventory_option else ''}"
+        out.print(Text(f"{'would write' if dry_run else 'wrote'} {path}; next: `{hints.command(deploy)}`"))
 
 
 def imported_json(imported: Imported) -> dict[str, Any]:

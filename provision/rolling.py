@@ -21,6 +21,7 @@ from typing import Any
 
 from provision import (
     engines,
+    hints,
     inventory,
     ops,
     parsers,
@@ -179,7 +180,8 @@ def roll_one(group: list[str], roll: Roll, connect: Connect, bar: Bar, done: dic
         if nodes < len(cluster.hosts):
             errors[head] = RollStopped(
                 f"{head}: Ray sees {nodes} of {len(cluster.hosts)} nodes; vLLM not started (check the "
-                "workers: `invoke status`, `invoke logs --host NODE --unit vllm-ray-worker`)")
+                f"workers: `{hints.command('status')}`, "
+                f"`{hints.command('logs --host NODE --unit vllm-ray-worker')}`)")
         elif held_back.get(head):  # part of the head's generation: promote records the units as they run
             done[head] = done.get(head, 0) + len(ops.apply(connect(head), held_back[head], wait=wait).done)
     servers = [name for name in group if not (multi and cluster and name != cluster.head)]

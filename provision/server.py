@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from provision import engines, programs, services
+from provision import engines, hints, programs, services
 from provision.endpoints import EndpointPlan
 from provision.errors import NotReady, ProvisionError
 from provision.inventory import Settings
@@ -48,7 +48,7 @@ def how_to_query(host: str, address: str, settings: Settings, key_source: str | 
     reach = address if bind in ("0.0.0.0", "::") else bind
     url = base_url(settings) if bind in LOOPBACK else server_url(reach, settings.port)
     where = f" {inventory_option}" if inventory_option else ""
-    ask = f"invoke ask --host {host}{where} --prompt 'Hello, my name is'"
+    ask = hints.command(f"ask --host {host}{where} --prompt 'Hello, my name is'")
     lines = [f"{host} serves {served_name(settings)!r} at {url}. Ask it from here:", f"  {ask}"]
     if bind in LOOPBACK:
         lines.append(f"  (it listens on loopback on {host} only: a request from elsewhere is refused)")
@@ -57,8 +57,9 @@ def how_to_query(host: str, address: str, settings: Settings, key_source: str | 
         key = ' -H "Authorization: Bearer $VLLM_API_KEY"' if key_source else ""
         lines.append(f"  or over HTTP: curl -s {url}/v1/completions -H 'Content-Type: application/json'{key} -d '{body}'")
         if key_source and "VLLM_API_KEY" not in key_source:
-            lines.append(f"  (curl needs VLLM_API_KEY set to the vllm_api_key of {key_source}; invoke ask reads it there)")
-    lines.append(f"Watch it: invoke status {scope}{where}")
+            lines.append(f"  (curl needs VLLM_API_KEY set to the vllm_api_key of {key_source}; "
+                         f"{hints.command('ask')} reads it there)")
+    lines.append(f"Watch it: {hints.command(f'status {scope}{where}')}")
     return lines
 
 
@@ -70,7 +71,7 @@ def behind_endpoint(host: str, plan: EndpointPlan, key_source: str | None, inven
               "which drains it before each restart")]
     if plan.listens_beyond_loopback and key_source:
         lines.append(f"  with the API key of {key_source}: -H \"Authorization: Bearer $VLLM_API_KEY\"")
-    lines.append(f"  through it: invoke bench --endpoint {plan.name}{where}")
+    lines.append(f"  through it: {hints.command(f'bench --endpoint {plan.name}{where}')}")
     return lines
 
 
@@ -108,7 +109,7 @@ def ask(runner: Runner, settings: Settings, api_key: str | None, prompt: str, ma
         error = str(answer.get("error"))
         if "refused" in error.lower():
             error = (f"nothing answers at {spec['base']} on the host (connection refused): "
-                     f"`invoke status --host {runner.host}` says whether it serves")
+                     f"`{hints.command(f'status --host {runner.host}')}` says whether it serves")
         raise ProvisionError(f"{runner.host}: {error}")
     return answer_of(runner.host, answer)
 

@@ -241,11 +241,11 @@ def render(starters: Sequence[Starter], ssh: SshChoice, command: str) -> str:
             lines.append(f"  key_file: {_yaml(ssh.key_file)}  # private key for the logins")
     lines.append("hosts:  # one entry per machine")
     for item in starters:
-        lines.extend(_host_lines(item))
+        lines.extend(_host_lines(item, tool))
     return "\n".join(lines) + "\n"
 
 
-def _host_lines(item: Starter) -> list[str]:
+def _host_lines(item: Starter, tool: str) -> list[str]:
     target = item.target
     head = [f"  # {target.name}: {item.facts_summary}"]
     if item.choice.profile is None:
@@ -264,7 +264,7 @@ def _host_lines(item: Starter) -> list[str]:
     if item.gpus == 0 and (suggestion is None or suggestion.model is None):
         lines.append(f"    # vars: {{model: ORG/NAME}}  # {suggestion.reason if suggestion else 'no model'}")
         return lines
-    lines.append("    vars:  # service settings; `provision inventory --json` lists them all")
+    lines.append(f"    vars:  # service settings; `{tool} inventory --json` lists them all")
     lines.append(f"      tensor_parallel_size: {max(1, item.gpus)}  # one shard per GPU: {item.gpus} found")
     if suggestion is not None and suggestion.model is not None:
         lines.append(f"      model: {_yaml(suggestion.model)}  # fits (memory.fits): {suggestion.reason}")

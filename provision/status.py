@@ -25,6 +25,7 @@ from provision import (
     endpoints,
     engines,
     facts,
+    hints,
     inventory,
     parsers,
     remote,
@@ -144,17 +145,17 @@ def drift_of(generation: Mapping[str, Any] | None, now: float) -> tuple[str, ...
     if generation.get("state") == "pending":
         if (generation.get("deadline") or 0) < now:
             lines.append(f"generation {number} is pending: the {by} of {created} stopped before its readiness "
-                         "verdict (`invoke deploy` gives it, `invoke rollback` goes back)")
+                         f"verdict (`{hints.command('deploy')}` gives it, `{hints.command('rollback')}` goes back)")
         else:
             lines.append(f"generation {number} is pending: the {by} of {created} waits for its readiness")
     elif generation.get("state") not in ("good", "applied", "found", None):
         lines.append(f"generation {number} is {generation.get('state')}")
     if by == "tune trial":
         lines.append(f"runs a tune trial's settings (generation {number}, {created}), not the inventory's: "
-                     "`invoke deploy` puts the inventory's back")
+                     f"`{hints.command('deploy')}` puts the inventory's back")
     elif generation.get("overrides"):
         lines.append(f"runs settings the inventory does not declare: generation {number} ({by}, {created}) "
-                     f"was applied with --set {', '.join(generation['overrides'])} (`invoke plan` shows the "
+                     f"was applied with --set {', '.join(generation['overrides'])} (`{hints.command('plan')}` shows the "
                      "difference)")
     return tuple(lines)
 
@@ -184,7 +185,7 @@ def idle_by_design(found: HostStatus, provisioned: bool, declares_model: bool) -
                                    idle=f"never provisioned by the tool (no generation on the host installed {unit})")
     number = f" (generation {found.generation['id']})" if found.generation else ""
     return dataclasses.replace(found, problem=f"{unit} is gone, yet the tool provisioned the host{number}: "
-                                              f"`invoke deploy --host {found.host}` puts it back")
+                                              f"`{hints.command(f'deploy --host {found.host}')}` puts it back")
 
 
 def serving_as_declared(found: Mapping[str, HostStatus]) -> bool:
@@ -325,7 +326,7 @@ def judged(found: HostStatus, progress: stall.Progress, samples: Sequence[stall.
         unit = found.unit.get("name") or "the server's unit"
         known = ", as in vLLM #37729" if found.engine in (None, "vllm") else ""
         problem = (f"stuck: {progress.detail}, yet /health answers (a wedged engine{known}); "
-                   f"`invoke logs --host {found.host}` shows its last lines, `systemctl restart {unit}` on "
+                   f"`{hints.command(f'logs --host {found.host}')}` shows its last lines, `systemctl restart {unit}` on "
                    "the host clears it")
     return dataclasses.replace(found, healthy=found.healthy and not stuck, problem=problem, progress=progress,
                                samples=tuple(samples))

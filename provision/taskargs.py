@@ -96,17 +96,12 @@ def setup_logging(verbose: bool) -> None:
         logger.addHandler(handler)
 
 
-def command_name() -> str:
-    """The command typed: `provision` (the installed tool) or `invoke` (a checkout's tasks.py), so that
-    a printed hint runs where it is printed."""
-    return "provision" if Path(sys.argv[0]).name == "provision" else "invoke"
-
-
 def missing_inventory(path: str | None) -> InventoryError:
     """No inventory where one was asked for, or anywhere the default is looked for: say where it looked,
     the ways to give one, and how to write one."""
-    tool = command_name()
-    write = (f"`{tool} init --host local` writes a starter one for this machine (`--host USER@ADDRESS` for SSH "
+    from provision import hints
+
+    write = (f"`{hints.command('init --host local')}` writes a starter one for this machine (`--host USER@ADDRESS` for SSH "
              "hosts, `--output FILE` elsewhere than ./inventory/hosts.yaml)")
     if path is not None:
         return InventoryError(f"no such file or directory; {write}", file=path)

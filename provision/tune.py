@@ -40,6 +40,7 @@ from provision import (
     datafiles,
     endpoints,
     engines,
+    hints,
     inventory,
     recipes,
     remote,
@@ -749,7 +750,7 @@ def tuned_text(unit: Unit, vars_: Mapping[str, Any], trial: Trial, baseline: Tri
     through = (f" Measured through endpoint {unit.endpoint}, over its {len(unit.kept_for)} replicas of "
                f"{unit.model}." if unit.endpoint else "")
     header = [
-        f"# Kept by `invoke tune` on {time.strftime('%Y-%m-%d %H:%M')} (provision {__version__}) for {server}.{through}",
+        f"# Kept by `{hints.command('tune')}` on {time.strftime('%Y-%m-%d %H:%M')} (provision {__version__}) for {server}.{through}",
         (f"# Workload {workload.name}: {workload.requests} requests, prompts of {workload.prompt_words[0]}-"
         f"{workload.prompt_words[1]} words after a shared {workload.shared_prefix_words}, {workload.output_tokens} "
         f"tokens out, concurrency {list(workload.concurrency)}, seed {workload.seed}."),
@@ -759,7 +760,7 @@ def tuned_text(unit: Unit, vars_: Mapping[str, Any], trial: Trial, baseline: Tri
         f"{milliseconds(best.ttft_p50_s)}, p95 {milliseconds(best.ttft_p95_s)}, ITL p95 {milliseconds(best.itl_p95_s)}"
         + (f"; the host as it was: {baseline.score(slo):.1f} tokens/s." if baseline and baseline.score(slo) else "."),
         *([f"# Margin: {tune_rules.margin_words(decision, slo)}."] if decision is not None else []),
-        "# Delete this file to go back to the inventory's own settings (then `invoke deploy`).",
+        f"# Delete this file to go back to the inventory's own settings (then `{hints.command('deploy')}`).",
     ]
     body = yaml.safe_dump({"host": server, "vars": dict(vars_)}, sort_keys=True, default_flow_style=False)
     return "\n".join(header) + "\n" + body
@@ -812,7 +813,7 @@ def tuned_recipe(unit: Unit, settings: inventory.Settings, on: MeasuredOn, trial
     low, high = workload.prompt_words
     bound = (f"TTFT p95 {'no bound' if slo.ttft_p95_ms is None else f'<= {slo.ttft_p95_ms:g} ms'}, ITL p95 "
              f"{'no bound' if slo.itl_p95_ms is None else f'<= {slo.itl_p95_ms:g} ms'}")
-    how = (f"invoke tune on {unit.name}: {workload.requests} requests at concurrency {best.concurrency} "
+    how = (f"{hints.command('tune')} on {unit.name}: {workload.requests} requests at concurrency {best.concurrency} "
            f"(of {list(workload.concurrency)}), prompts of {low}-{high} words after a shared "
            f"{workload.shared_prefix_words}, {workload.output_tokens} tokens out, seed {workload.seed}; {bound}")
     common = {"kind": "measured", "how": how, "benchmark": f"tune workload {workload.name}", "date": day,
@@ -826,7 +827,7 @@ def tuned_recipe(unit: Unit, settings: inventory.Settings, on: MeasuredOn, trial
         notes.append(f"the host as it was: {baseline.score(slo):.1f} tok/s in the same run")
     if decision is not None:
         notes.append(f"margin: {tune_rules.margin_words(decision, slo)}")
-    source = f"invoke tune on {unit.name}, {day}"
+    source = f"{hints.command('tune')} on {unit.name}, {day}"
     where = f"endpoint-{unit.endpoint}" if unit.endpoint else unit.server.replace("/", "-")
     return recipes.from_mapping({
         "name": f"tuned-{where}-{workload.name}",
@@ -904,7 +905,7 @@ def draw(result: Tuned, path: Path) -> str | None:
         axis.axvline(result.slo.ttft_p95_ms, color="red", linestyle="--", linewidth=1, label="TTFT p95 bound")
     axis.set_xlabel("time to first token, p95 (ms)")
     axis.set_ylabel("output tokens/s")
-    axis.set_title(f"invoke tune: {result.unit.server} ({result.workload.name} workload)")
+    axis.set_title(f"{hints.command('tune')}: {result.unit.server} ({result.workload.name} workload)")
     axis.legend(fontsize=7, loc="best")
     axis.grid(alpha=0.3)
     figure.tight_layout()

@@ -1,8 +1,7 @@
-"""The installed command's door: hints printed as `provision ...`, and cluster tasks on this machine
-with no inventory."""
+"""The installed command's door: cluster tasks on this machine with no inventory, a reader that goes
+away, the shared flags (the hints it prints: tests/test_hints.py)."""
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -10,18 +9,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from provision.cli import AsTyped
-
-
-def test_a_hint_reads_as_the_installed_command_and_nothing_else_changes() -> None:
-    out = io.StringIO()
-    stream = AsTyped(out)
-    stream.write("no earlier generation to roll back to (see `invoke rollback --list`)\n")
-    stream.write("pyinvoke's invoke runs tasks.py; `invoked` stays\n")
-    assert out.getvalue() == ("no earlier generation to roll back to (see `provision rollback --list`)\n"
-                              "pyinvoke's invoke runs tasks.py; `invoked` stays\n")
-    assert stream.isatty() == out.isatty()  # everything else is the stream's own
 
 
 def test_status_of_this_machine_needs_no_inventory(tmp_path: Path) -> None:

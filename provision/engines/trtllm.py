@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from provision import contracts
+from provision import contracts, hints
 from provision.engines.base import (
     FAIL,
     KEY,
@@ -265,7 +265,7 @@ class TrtLlm(Engine):
         unknown = [name for name in ctx.cluster_order if name != ctx.cluster_head and name not in ctx.host_keys]
         if unknown:
             return Verdict(FAIL, f"the SSH host key of {', '.join(unknown)} could not be read: mpirun checks it",
-                           "make /etc/ssh/ssh_host_ed25519_key.pub readable on those nodes (see `invoke facts`)",
+                           f"make /etc/ssh/ssh_host_ed25519_key.pub readable on those nodes (see `{hints.command('facts')}`)",
                            evidence)
         return Verdict(PASS, f"{ctx.nodes} nodes, {ctx.parallel} ranks: mpirun on the head over SSH, host keys "
                              f"checked ({SPARK_PAIR_DOC})", None, evidence)

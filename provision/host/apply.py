@@ -15,9 +15,10 @@ is skipped, and a restart (or reload) happens only when something it depends on 
 run. Files are written to a temporary file in the same directory with owner and mode set, fsynced and renamed. A run
 that changed anything records a generation (host/generations.py): `pending` for a deploy until its
 readiness verdict (`promote` or `reject`), `applied` for a provision. It prints one JSON document:
-{"ok": bool, "done": [...], "skipped": [...], "failed": {...} | null, "generation": N | null,
- "restored": [...], "unfinished": {...} | null, "settled": [N, ...]}; a restore adds "to", "serve" (where
-the restored generation's server answers, as recorded with it) and "running" (the units it runs); a
+{"ok": bool, "done": [...], "skipped": [...], "failed": {"index", "kind", "target", "error", "see"} | null,
+ "generation": N | null, "restored": [...], "unfinished": {...} | null, "settled": [N, ...]}; "see" names
+the task that shows the way on (the controller spells the hint: provision.hints); a restore adds "to",
+"serve" (where the restored generation's server answers, as recorded with it) and "running" (the units it runs); a
 rollback adds "left" (the generation it replaced). A rollback with "forward" goes back to the generation
 the last rollback replaced, its units as they were then: the way back when the restored one does not
 serve.
@@ -387,7 +388,7 @@ def _decide(spec: dict[str, Any], result: dict[str, Any]) -> None:
     if action == "rollback":
         target = spec.get("to") or rollback_target(root, past_trials=True)
         if target is None:
-            raise StepFailed("no earlier generation to roll back to (see `invoke rollback --list`)")
+            raise StepFailed("no earlier generation to roll back to", see="rollback --list")
         state = load_state(root)
         left = state["current"]
         # What the host runs now, recorded before anything changes: if the restored generation does not
@@ -461,5 +462,6 @@ def main(spec: dict[str, Any]) -> None:
         change = changes[index] if spec["action"] == "apply" and index < len(changes) else {}
         result.update(ok=False, failed={"index": index if change else -1,
                                         "kind": change.get("kind", spec["action"]),
-                                        "target": change.get("target", ""), "error": str(exc)})
+                                        "target": change.get("target", ""), "error": str(exc),
+                                        "see": getattr(exc, "see", None)})
     sys.stdout.write(json.dumps(result) + "\n")

@@ -10,7 +10,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, List
+from typing import Any, List, Optional
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -56,7 +56,13 @@ def write_atomically(path: str, data: bytes, mode: int, uid: int, gid: int) -> N
 
 
 class StepFailed(Exception):
-    pass
+    """A step that cannot be done. `see`: the task (with its options) that shows the way on, for the
+    controller to spell as its hint (provision.hints): the host cannot know whether the tool was
+    started as `provision` or as `invoke` in a checkout, so it names the task, never the command."""
+
+    def __init__(self, message: str, see: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.see = see
 
 
 # Every directory the tool's host programs created, so that apply takes over (chowns to the service

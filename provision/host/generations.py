@@ -33,7 +33,11 @@ PLACEHOLDER = "@@secret:%s@@"
 
 
 class GenerationError(Exception):
-    pass
+    """`see`: the task that shows the way on, named for the controller to spell (as StepFailed's)."""
+
+    def __init__(self, message: str, see: str | None = None) -> None:
+        super().__init__(message)
+        self.see = see
 
 
 def _read_json(path: str, default: Any) -> Any:
@@ -305,8 +309,8 @@ def restore(root: str, number: int, spec: dict[str, Any], secrets: Mapping[str, 
     words."""
     meta = load_meta(root, number)
     if meta["state"] in ("rejected", "abandoned", "pending") and meta["state"] not in allow:
-        raise GenerationError(f"generation {number} is {meta['state']}: not a rollback target "
-                              "(see `invoke rollback --list`)")
+        raise GenerationError(f"generation {number} is {meta['state']}: not a rollback target",
+                              see="rollback --list")
     # Every kept file with its secrets filled in before anything is touched: a secret this run does
     # not hold fails the restore with the host as it was, not half restored.
     filled: dict[str, bytes] = {}

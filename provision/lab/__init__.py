@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from provision import config, datafiles
+from provision import config, datafiles, hints
 from provision.errors import LabError
 from provision.fanout import for_each_host
 
@@ -323,7 +323,7 @@ class Lab:
             if not _nspawn_pids(f"plab-{name}"):
                 self._stop_one(name, state["hosts"].pop(name))
                 progress(f"{name} was recorded but no longer runs: forgotten "
-                         f"(`invoke lab.up --hosts {name}` boots it again)")
+                         f"(`{hints.command(f'lab.up --hosts {name}')}` boots it again)")
 
     def _ensure_base(self, progress: Any) -> None:
         if (self.base / ".complete").exists():
@@ -571,7 +571,8 @@ class Lab:
                      if body["host"] in hosts and all(cluster in document["clusters"] for cluster in body["clusters"])}
         if endpoints:
             document["endpoints"] = endpoints
-        header = "# The lab inventory, written by `invoke lab.up` and removed by `invoke lab.down`.\n"
+        header = (f"# The lab inventory, written by `{hints.command('lab.up')}` and removed by "
+                  f"`{hints.command('lab.down')}`.\n")
         self.inventory.write_text(header + yaml.safe_dump(document, sort_keys=False))
 
     # -- status and down -------------------------------------------------------------------------
