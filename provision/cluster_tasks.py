@@ -15,6 +15,7 @@ from provision.taskargs import (
     COMMON_HELP,
     HOST_TASK_FLAGS,
     HostFlags,
+    Selection,
     exit_unless,
     guarded,
     help_for,
@@ -95,8 +96,11 @@ def status_(c: Context, flags: HostFlags, watch: float = 0, timeout: float = 5, 
         screen.stop()
 
 
-@host_task("bench", "inventory", "json", "set", iterable=["arg"],
-           help={"host": COMMON_HELP["host"], "prompt": "the prompt (a number is appended per request)",
+@host_task("bench", "inventory", "cluster", "json", "set", iterable=["arg"],
+           help={"host": COMMON_HELP["host"],
+                 "cluster": "a cluster of the inventory: the server it serves, on its head (a multi-node "
+                            "cluster's workers run none)",
+                 "prompt": "the prompt (a number is appended per request)",
                  "count": "requests (default 16)", "concurrency": "requests at once (default 4)",
                  "max-tokens": "tokens per completion (default 32)",
                  "endpoint": "an endpoint of the inventory instead of a host: the load goes through its "
@@ -115,20 +119,23 @@ def bench(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "
           count: int = 16, concurrency: int = 4, max_tokens: int = 32, endpoint: str | None = None,
           profile: str | None = None, book_url: str | None = None, output: str | None = None,
           arg: list[str] | None = None, model: str | None = None) -> None:
-    """Real completions against a host's server (or through an endpoint): tokens/s, time to first token,
-    the server's own figures (a host's only: behind a router they are spread over its replicas). With
-    --profile, a published benchmark profile run with llama-benchy, its results kept."""
+    """Real completions against a host's server, a cluster's (on its head) or through an endpoint:
+    tokens/s, time to first token, the server's own figures (a host's only: behind a router they are
+    spread over its replicas). With --profile, a published benchmark profile run with llama-benchy, its
+    results kept."""
     from provision import remote, report, secrets, server
-    if bool(host) == bool(endpoint):
-        raise Exit("error: bench needs --host NAME or --endpoint NAME (one of them)", code=2)
+    if len([name for name in (host, flags.cluster, endpoint) if name]) != 1:
+        raise Exit("error: bench needs --host NAME, --cluster NAME or --endpoint NAME (one of them)", code=2)
     if model and not endpoint:
         raise Exit("error: --model names one of an endpoint's models: it goes with --endpoint NAME", code=2)
-    if profile:
-        bench_profile(flags, host, endpoint, profile, book_url, output, arg or [], model)
-        return
-    if count < 1 or concurrency < 1 or max_tokens < 1:
+    if not profile and (count < 1 or concurrency < 1 or max_tokens < 1):
         raise Exit("error: --count, --concurrency and --max-tokens must be at least 1", code=2)
     chosen = flags.select(targets=False)
+    if flags.cluster:  # a cluster serves from its head, as status shows it (the other nodes: workers)
+        host = chosen.inventory.cluster(flags.cluster).head
+    if profile:
+        bench_profile(flags, chosen, host, endpoint, profile, book_url, output, arg or [], model)
+        return
     held = secrets.load(chosen.inventory.secrets)
     load = server.Requests(count, concurrency, max_tokens, prompt)
 
@@ -155,7 +162,7 @@ def bench(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "
     exit_unless(result.succeeded == result.requests)
 
 
-def bench_profile(flags: HostFlags, host: str | None, endpoint: str | None, profile_file: str,
+def bench_profile(flags: HostFlags, chosen: Selection, host: str | None, endpoint: str | None, profile_file: str,
                   book_url: str | None, output: str | None, args: list[str], model: str | None = None) -> None:
     """bench --profile against a host's server or an endpoint: the runs, their results kept (a new file)."""
     import tempfile
@@ -163,7 +170,6 @@ def bench_profile(flags: HostFlags, host: str | None, endpoint: str | None, prof
 
     from provision import benchprofile, benchrun, report, secrets
     from provision.errors import BenchProfileError
-    chosen = flags.select(targets=False)
     profile = benchprofile.with_args(benchprofile.named(profile_file), benchprofile.parse_args(args))
     benchrun.tool_version()  # installed, or exit 2 before anything connects
     inv = chosen.inventory

@@ -605,6 +605,59 @@ def test_only_a_generation_that_changed_the_unit_counts_as_the_tool_having_insta
     assert not status.installed_by_tool(None, "vllm.service") and not status.installed_by_tool("{", "vllm.service")
 
 
+PAIR = """\
+hosts:
+  s1: {address: 10.0.1.1, profile: dgx-spark}
+  s2: {address: 10.0.1.2, profile: dgx-spark}
+clusters:
+  pair: {hosts: [s1, s2], head: s2, vars: {model: org/tiny, served_model_name: pair-tiny, port: 8123}}
+"""
+
+
+def run_cli(argv: list[str]) -> int:
+    """The command line in this process, as the installed `provision` runs it (the same collection)."""
+    from invoke.program import Program
+
+    from provision.cli import ns
+    try:
+        Program(namespace=ns, name="provision", binary="provision").run(["provision", *argv])
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+def test_bench_on_a_cluster_measures_its_server_on_its_head(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`bench --cluster` as status and deploy take a cluster: its server, which runs on its head (status
+    calls the other nodes of a multi-node cluster workers: they serve nothing), with the cluster's settings."""
+    from provision import remote
+    from tests.test_rollback import FakeHost
+
+    (tmp_path / "hosts.yaml").write_text(PAIR)
+    answered = {"ok": True, "requests": 2, "succeeded": 2, "seconds": 1.0, "ttft_s": [0.1, 0.2],
+                "latency_s": [0.5, 0.6], "tokens": [8, 8], "itl_s": [], "metrics_before": "", "metrics_after": ""}
+    hosts: dict[str, FakeHost] = {}
+
+    def connect(host: inventory.Host, ssh: object, **_: object) -> FakeHost:
+        hosts[host.name] = FakeHost(lambda call, spec: answered)
+        return hosts[host.name]
+
+    monkeypatch.setattr(remote, "connect", connect)
+    inv = ["--inventory", str(tmp_path / "hosts.yaml")]
+    assert run_cli(["bench", "--cluster", "pair", *inv, "--count", "2", "--json"]) == 0
+    assert list(hosts) == ["s2"] and json.loads(capsys.readouterr().out)["host"] == "s2"
+    (call, spec), = hosts["s2"].asked
+    assert call == "serve_main" and spec["action"] == "bench" and spec["count"] == 2
+    assert spec["base"] == "http://127.0.0.1:8123" and spec["model"] == "pair-tiny"
+    hosts.clear()
+    for both in (["--cluster", "pair", "--host", "s1"], ["--cluster", "pair", "--endpoint", "e"], []):
+        assert run_cli(["bench", *both, *inv]) == 2
+        assert "bench needs --host NAME, --cluster NAME or --endpoint NAME (one of them)" in capsys.readouterr().err
+    assert run_cli(["bench", "--cluster", "trio", *inv]) == 2
+    assert "unknown cluster 'trio' (known: pair)" in capsys.readouterr().err
+    assert not hosts  # refused before anything connected
+
+
 def test_bench_through_an_endpoint_goes_to_its_router_on_the_router_host_and_reads_no_servers_metrics() -> None:
     """The load is sent from the router host to where the endpoint listens there; the router's /metrics
     would be one replica's, so the server figures stay empty rather than wrong."""
