@@ -110,11 +110,24 @@ def venv_(c: Context, flags: HostFlags) -> None:
 def rollback_(c: Context, flags: HostFlags, list_: bool = False, to: int = 0, timeout: float = 600) -> None:
     """Restore a whole earlier generation (files, units, venv, model revision) on each host, one host
     after the other, each once its restored server answers; or list them."""
+    _rollback(flags, listing=list_, to=to, timeout=timeout)
+
+
+@host_task("generations", "inventory", "host", "cluster", "all", "json", "accept-new-host-keys", "set")
+def generations_(c: Context, flags: HostFlags) -> None:
+    """List each host's generations; change nothing.
+
+    When each was made, by what, what changed and whether it passed: what `rollback --list` shows."""
+    _rollback(flags, listing=True)
+
+
+def _rollback(flags: HostFlags, *, listing: bool, to: int = 0, timeout: float = 600) -> None:
+    """rollback, and generations (its --list)."""
     from provision import report, rolling
     chosen = flags.select()
     results = rolling.rollback(chosen.inventory, chosen.targets, flags.options(chosen), to=to or None,
-                               listing=list_, timeout=timeout)
-    report.print_rollback(results, list_, flags.json)
+                               listing=listing, timeout=timeout)
+    report.print_rollback(results, listing, flags.json)
     exit_unless(results.ok)
 
 

@@ -233,6 +233,45 @@ def test_rollback_list_marks_the_current_generation_and_names_trials() -> None:
     assert "with --to 1" in lines["1"]
 
 
+def test_generations_is_rollback_list_by_the_name_people_reach_for(
+        inv: inventory.Inventory, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`generations` prints what `rollback --list` prints, from the same host answer, and asks the host
+    for nothing but the list; its own -h says what it is and offers no flag of a restore."""
+    from invoke.program import Program
+
+    from provision import remote
+    from provision.cli import ns
+
+    listing = {"current": 3, "default": 2, "generations": [
+        {"id": 2, "state": "good", "by": "deploy", "current": False, "target": True, "default": True, "trial": False},
+        {"id": 3, "state": "good", "by": "deploy", "current": True, "target": False, "default": False,
+         "trial": False}]}
+    asked: list[str] = []
+
+    def answer(call: str, spec: dict[str, Any]) -> dict[str, Any]:
+        asked.append(spec["action"])
+        return {"ok": True, "done": [], "skipped": [], "failed": None, "generations": listing}
+
+    monkeypatch.setattr(remote, "connect", lambda host, ssh, **_: FakeHost(answer))
+
+    def printed(*argv: str) -> str:
+        try:
+            Program(namespace=ns, name="provision", binary="provision").run(["provision", *argv])
+        except SystemExit as exc:
+            assert not exc.code, capsys.readouterr()
+        return capsys.readouterr().out
+
+    where = ("--host", "cpu-1", "--host", "cpu-2", "--inventory", inv.path or "")
+    for shape in ((), ("--json",)):
+        listed = printed("generations", *where, *shape)
+        assert listed == printed("rollback", "--list", *where, *shape) and "cpu-2" in listed
+    assert json.loads(listed)["hosts"]["cpu-1"] == listing
+    assert asked == ["list"] * 8
+    helped = printed("generations", "-h")
+    assert "List each host's generations" in helped and "rollback --list" in helped
+    assert "--host" in helped and "--to" not in helped and "--timeout" not in helped
+
+
 def test_deploy_after_its_gate_asks_the_inventory_nothing(
         inv: inventory.Inventory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Everything deploy's roll knows of a host travels on its plan: once planned, the inventory is not
