@@ -29,7 +29,9 @@ from provision.taskargs import (
                  "timeout": "seconds a host may take to answer /health and a completion (default 600)",
                  "wait": "seconds to wait for another run's lock on a host"})
 def deploy(c: Context, flags: HostFlags, batch: int = 1, timeout: float = 600) -> None:
-    """Bring hosts to the inventory's state without taking them all down: rolling, gated on readiness."""
+    """Roll the inventory out to the hosts, gated on readiness.
+
+    Hosts are brought to the inventory's state without taking them all down."""
     from provision import report, rolling, server
     chosen = flags.select(default_all=True)
     result = rolling.deploy(chosen.inventory, chosen.targets, flags.options(chosen, may_build=True), batch=batch,
@@ -61,8 +63,10 @@ def deploy(c: Context, flags: HostFlags, batch: int = 1, timeout: float = 600) -
                                  "that looks still is asked again until it moves or this has passed"})
 def status_(c: Context, flags: HostFlags, watch: float = 0, timeout: float = 5, window: float = 1.0,
             stall_window: float = 60.0) -> None:  # stall.STALL_WINDOW
-    """Every host at a glance: unit, restarts, health, model, GPUs, requests, tokens/s, KV and prefix cache,
-    and whether a server that answers /health generates anything (stuck: exit 1)."""
+    """Show every host at a glance; exit 1 if a server is stuck.
+
+    Unit, restarts, health, model, GPUs, requests, tokens/s, KV and prefix cache, and whether a server
+    that answers /health generates anything (if not, it is stuck)."""
     from provision import report, secrets, stall, status
     if window <= 0 or stall_window <= window or watch < 0:
         raise Exit(f"error: --stall-window ({stall_window:g}) must be longer than --window ({window:g}), which "
@@ -119,10 +123,11 @@ def bench(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "
           count: int = 16, concurrency: int = 4, max_tokens: int = 32, endpoint: str | None = None,
           profile: str | None = None, book_url: str | None = None, output: str | None = None,
           arg: list[str] | None = None, model: str | None = None) -> None:
-    """Real completions against a host's server, a cluster's (on its head) or through an endpoint:
-    tokens/s, time to first token, the server's own figures (a host's only: behind a router they are
-    spread over its replicas). With --profile, a published benchmark profile run with llama-benchy, its
-    results kept."""
+    """Measure real completions against a server.
+
+    A host's server, a cluster's (on its head) or an endpoint's (through its router): tokens/s, time to
+    first token, the server's own figures (a host's only: behind a router they are spread over its
+    replicas). With --profile, a published benchmark profile run with llama-benchy, its results kept."""
     from provision import remote, report, secrets, server
     if len([name for name in (host, flags.cluster, endpoint) if name]) != 1:
         raise Exit("error: bench needs --host NAME, --cluster NAME or --endpoint NAME (one of them)", code=2)
@@ -195,8 +200,10 @@ def bench_profile(flags: HostFlags, chosen: Selection, host: str | None, endpoin
                  "timeout": "seconds the server may take to answer (default 60)"})
 def ask(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "Hello, my name is",
         max_tokens: int = 16, timeout: float = 60) -> None:
-    """One completion from a host's server, asked on the host (it may listen on loopback only), with
-    the API key the tool holds; prints the answer. Exit 1 when the server does not answer."""
+    """Ask a host's server for one completion and print it.
+
+    Asked on the host (it may listen on loopback only), with the API key the tool holds. Exit 1 when
+    the server does not answer."""
     from provision import remote, report, secrets, server
     if not host:
         raise Exit("error: ask needs --host NAME", code=2)
@@ -224,7 +231,7 @@ def ask(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "He
 @guarded
 def logs(c: Context, host: str | None = None, inventory_: str | None = None, follow: bool = False,
          lines: int = 100, unit: str | None = None) -> None:
-    """A unit's journal on a host (secrets masked)."""
+    """Show a unit's journal on a host, secrets masked."""
     from provision import engines, remote, report, secrets, server
     if not host:
         raise Exit("error: logs needs --host NAME", code=2)

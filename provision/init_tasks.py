@@ -22,8 +22,10 @@ from provision.taskargs import exit_unless, guarded, help_for, setup_logging
 def init(c: Context, host: list[str] | None = None, output: str = "inventory/hosts.yaml", json_: bool = False,
          accept_new_host_keys: bool = False, key_file: str | None = None, known_hosts: str | None = None,
          verbose: bool = False) -> None:
-    """Probe the hosts and write a starter inventory: each host's profile from its GPUs, tensor parallel
-    = its GPU count, a model that fits; every line commented. Exit 2 if the file exists."""
+    """Probe the hosts and write a starter inventory.
+
+    Each host's profile from its GPUs, tensor parallel = its GPU count, a model that fits; every line
+    commented. Exit 2 if the file exists."""
     from provision import report, starter
     from provision.errors import InventoryError
 

@@ -21,9 +21,9 @@ from provision.taskargs import (
                  "timeout": "seconds a rebooting host has to come back (default 600)",
                  "lock-wait": "seconds apt waits for another package manager's lock (default 120)"})
 def prepare(c: Context, flags: HostFlags, asked: PrepareFlags) -> None:
-    """Fix what the gate finds (open driver, HWE kernel, toolkit), reboot if asked, check again.
+    """Fix what the gate finds, reboot if asked, check again.
 
-    The packages and versions, files and reboot are shown before anything changes (--dry-run: only
+    The open driver, the HWE kernel, the toolkit. The packages and versions, files and reboot are shown before anything changes (--dry-run: only
     shown); a prepared host plans nothing."""
     from provision import prepare as preparation
     from provision import report, run

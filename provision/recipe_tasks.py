@@ -38,8 +38,10 @@ FITS_HELP = ("a host of the inventory: the gate run on it with each recipe's set
 @guarded
 def list_(c: Context, profile: str | None = None, fits: str | None = None, inventory: str | None = None,
           json_: bool = False) -> None:
-    """The shipped recipes: model, engine, the hardware each was measured on and its figures; with
-    --fits HOST, whether each would pass the gate there and how it fits the host's memory."""
+    """List the shipped recipes with their hardware and figures.
+
+    Model, engine, the hardware each was measured on and its figures; with --fits HOST, whether each
+    would pass the gate there and how it fits the host's memory."""
     from provision import recipes, report
     from provision.taskargs import load_inventory, profile_named
 
@@ -59,8 +61,10 @@ def list_(c: Context, profile: str | None = None, fits: str | None = None, inven
       help=help_for("json", "inventory", name="a recipe's name, or a recipe file", host=FITS_HELP))
 @guarded
 def show(c: Context, name: str, host: str | None = None, inventory: str | None = None, json_: bool = False) -> None:
-    """One recipe: its settings as an inventory's vars, the hardware, each figure and where it comes from;
-    with --host, whether it would pass the gate there and how it fits the host's memory."""
+    """Show one recipe: its settings, hardware and figures.
+
+    Its settings as an inventory's vars, the hardware, each figure and where it comes from; with
+    --host, whether it would pass the gate there and how it fits the host's memory."""
     from provision import recipes, report
     from provision.taskargs import load_inventory
 
@@ -92,8 +96,9 @@ def _fitted(inv: Any, host: str, found: list[Any]) -> dict[str, Any]:
 @guarded
 def import_(c: Context, path: str, set_: list[str] | None = None, output: str | None = None,
             json_: bool = False) -> None:
-    """Read Spark Arena's v2 recipes as they are: the command's placeholders expanded into settings and
-    server flags, the container's engine version into a venv pin where its name says it, and every
+    """Read Spark Arena's v2 recipes as they are.
+
+    The command's placeholders expanded into settings and server flags, the container's engine version into a venv pin where its name says it, and every
     part with no bare-metal meaning named. Exit 2 if the file cannot be used here (it says why)."""
     from provision import inventory, recipes, report
     from provision.recipes import sparkarena
@@ -144,7 +149,9 @@ def import_(c: Context, path: str, set_: list[str] | None = None, output: str | 
 @guarded
 def export(c: Context, name: str, format: str = "ours", container: str | None = None,
            output: str | None = None) -> None:
-    """Write a recipe to share: ours, or Spark Arena's v2 format (vLLM recipes whose settings fit it)."""
+    """Write a recipe to share: ours, or Spark Arena's v2 format.
+
+    Spark Arena's format takes vLLM recipes whose settings fit it."""
     from provision import recipes
     from provision.recipes import sparkarena
 
@@ -165,8 +172,10 @@ def export(c: Context, name: str, format: str = "ours", container: str | None = 
                         "said): a model this machine can serve, say",
                  "dry-run": "show the changes and the gate's verdict; write nothing"})
 def apply(c: Context, flags: HostFlags, name: str, dry_run: bool = False) -> None:
-    """Apply a recipe to a cluster: the settings each host would change shown first, the gate run on the
-    cluster's hosts with them, and only if it passes, applied/CLUSTER.yaml written beside the inventory
+    """Apply a recipe to a cluster if the gate passes with it.
+
+    The settings each host would change shown first, the gate run on the cluster's hosts with them,
+    and only if it passes, applied/CLUSTER.yaml written beside the inventory
     (read above the cluster's own vars; remove it to go back). Exit 1 if the gate refuses a host."""
     from provision import checks, inventory, recipes, report, run
     from provision.recipes import applying

@@ -26,7 +26,9 @@ from provision.taskargs import (
 
 @host_task("facts", *TARGETS)
 def facts_(c: Context, flags: HostFlags) -> None:
-    """Gather each host's facts in one round trip: kernel, CPU topology, memory, driver, GPUs, units."""
+    """Gather each host's facts in one round trip.
+
+    Kernel, CPU topology, memory, driver, GPUs and units, each read by a parser of its own."""
     from provision import report, run
     chosen = flags.select()
     results = run.gather(chosen.inventory, chosen.targets, flags.options(chosen))
@@ -40,7 +42,9 @@ def facts_(c: Context, flags: HostFlags) -> None:
 @host_task("check", *HOST_TASK_FLAGS,
            help={"force": "override a blocker by its check id (repeatable); it stays in the report"})
 def check(c: Context, flags: HostFlags) -> None:
-    """The preflight gate: every rule on every host, with evidence and the fix; exit 1 if one blocks."""
+    """Run the preflight gate on each host; exit 1 if one blocks.
+
+    Every rule on every host, with its evidence and the fix."""
     from provision import checks, report, run
     chosen = flags.select()
     gated = run.gate(chosen.inventory, chosen.targets, flags.options(chosen))
@@ -53,7 +57,9 @@ def check(c: Context, flags: HostFlags) -> None:
 
 @host_task("plan", *HOST_TASK_FLAGS)
 def plan_(c: Context, flags: HostFlags) -> None:
-    """Show what provision would change on each host, with a diff per file; changes nothing."""
+    """Show what provision would change, with a diff per file.
+
+    Changes nothing on the hosts."""
     from provision import report, run
     chosen = flags.select()
     planned = run.plans(chosen.inventory, chosen.targets, flags.options(chosen))
@@ -67,7 +73,9 @@ def plan_(c: Context, flags: HostFlags) -> None:
 @host_task("provision", *HOST_TASK_FLAGS, "wait",
            help={"wait": "seconds to wait for another run's lock on a host (default: fail at once)"})
 def provision_(c: Context, flags: HostFlags) -> None:
-    """facts -> gate -> plan -> apply: bring each host's units and environment to the rendered state."""
+    """Put the rendered units and environment on each host.
+
+    facts -> gate -> plan -> apply: each host's units and environment brought to the rendered state."""
     from provision import report, run
     chosen = flags.select()
     result = run.provision(chosen.inventory, chosen.targets, flags.options(chosen, may_build=True),
@@ -80,7 +88,9 @@ def provision_(c: Context, flags: HostFlags) -> None:
            help={"verify": "hash every file of the model again, not only those whose size or time changed",
                  "wait": "seconds to wait for another run's lock"})
 def weights_(c: Context, flags: HostFlags, verify: bool = False) -> None:
-    """Fetch and verify each host's model weights only (a cluster fetches from the hub once)."""
+    """Fetch and verify each host's model weights only.
+
+    A cluster fetches from the hub once."""
     from provision import report, run
     chosen = flags.select()
     result = run.provision(chosen.inventory, chosen.targets, flags.options(chosen, only="weights", verify=verify),
@@ -91,7 +101,9 @@ def weights_(c: Context, flags: HostFlags, verify: bool = False) -> None:
 
 @host_task("venv", *HOST_TASK_FLAGS, "wait", help={"wait": "seconds to wait for another run's lock"})
 def venv_(c: Context, flags: HostFlags) -> None:
-    """Build (a source: once per architecture), push and install each host's venv only."""
+    """Build, push and install each host's venv only.
+
+    A source build is made once per architecture."""
     from provision import report, run
     chosen = flags.select()
     result = run.provision(chosen.inventory, chosen.targets, flags.options(chosen, only="venv", may_build=True),
@@ -108,8 +120,10 @@ def venv_(c: Context, flags: HostFlags) -> None:
                  "timeout": "seconds each host's restored server has to answer /health and a completion "
                             "(default 600)"})
 def rollback_(c: Context, flags: HostFlags, list_: bool = False, to: int = 0, timeout: float = 600) -> None:
-    """Restore a whole earlier generation (files, units, venv, model revision) on each host, one host
-    after the other, each once its restored server answers; or list them."""
+    """Restore an earlier generation on each host, or list them.
+
+    A whole generation (files, units, venv, model revision), one host after the other, each once its
+    restored server answers."""
     _rollback(flags, listing=list_, to=to, timeout=timeout)
 
 
@@ -135,7 +149,9 @@ def _rollback(flags: HostFlags, *, listing: bool, to: int = 0, timeout: float = 
 @guarded
 def show_inventory(c: Context, inventory_: str | None = None, json_: bool = False,
                    set_: list[str] | None = None) -> None:
-    """Validate the inventory and show hosts, clusters and each host's resolved settings."""
+    """Validate the inventory and show what it declares.
+
+    Hosts, clusters and each host's resolved settings."""
     from provision import report
     chosen = select(inventory_, set_=set_, targets=False)
     if json_:
@@ -147,7 +163,9 @@ def show_inventory(c: Context, inventory_: str | None = None, json_: bool = Fals
 @task(auto_shortflags=False, name="up", help={"hosts": "comma-separated lab host names (default: all of them)"})
 @guarded
 def lab_up(c: Context, hosts: str | None = None) -> None:
-    """Boot the lab: real hosts (systemd-nspawn, sshd) replaying recorded GPU machines."""
+    """Boot the lab: real hosts replaying recorded GPU machines.
+
+    Each host is a systemd-nspawn container running sshd."""
     from provision import lab, report
     names = [name.strip() for name in hosts.split(",") if name.strip()] if hosts else None
     the_lab = lab.Lab()
@@ -158,7 +176,9 @@ def lab_up(c: Context, hosts: str | None = None) -> None:
 @task(auto_shortflags=False, name="status", help=help_for("json"))
 @guarded
 def lab_status(c: Context, json_: bool = False) -> None:
-    """Show the lab's hosts: address, profile, recording replayed, process and sshd state."""
+    """Show the lab's hosts; exit 1 if one's sshd does not answer.
+
+    Address, profile, recording replayed, process and sshd state."""
     from provision import lab, report
     rows = lab.Lab().status()
     if json_:
@@ -173,7 +193,9 @@ def lab_status(c: Context, json_: bool = False) -> None:
       help={"keep-cache": "keep the cached base root filesystem for a faster next lab.up"})
 @guarded
 def lab_down(c: Context, keep_cache: bool = False) -> None:
-    """Stop the lab and remove everything it made (processes, namespaces, links, files)."""
+    """Stop the lab and remove everything it made.
+
+    Processes, namespaces, links and files."""
     from provision import lab
     removed = lab.Lab().down(keep_cache=keep_cache)
     print(f"lab down: stopped {', '.join(removed) or 'no hosts'}")
@@ -186,7 +208,9 @@ def lab_down(c: Context, keep_cache: bool = False) -> None:
             "hub-rate": "this machine's side of the lab bridge: the hub's and the controller's uplink"})
 @guarded
 def lab_shape(c: Context, host_rate: str | None = None, hub_rate: str | None = None) -> None:
-    """Limit the lab's links like real networks (tc token buckets); with no rate, lift the limits."""
+    """Limit the lab's links like real networks, or lift the limits.
+
+    tc token buckets; with no rate, the limits are lifted."""
     from provision import lab
     changed = lab.Lab().shape(host_rate, hub_rate)
     print(f"lab links: hosts {host_rate or 'unlimited'}, hub and controller {hub_rate or 'unlimited'} "

@@ -34,9 +34,9 @@ from provision.taskargs import (
                         "router's host; the winner kept for every replica",
             "model": "with --endpoint: the model whose replicas are tuned (default: the endpoint's first)"})
 def tune_(c: Context, flags: HostFlags, asked: TuneFlags) -> None:
-    """Find the fastest serving settings within a latency bound, on the host itself, and keep them.
+    """Find and keep the fastest settings within a latency bound.
 
-    Each trial is a deploy (rendered unit, restart, readiness) and a benchmark; a failed trial is
+    The trials run on the host itself. Each trial is a deploy (rendered unit, restart, readiness) and a benchmark; a failed trial is
     rolled back and recorded. The winner goes to tuned/HOST.yaml beside the inventory (diff shown) and
     the host is left running it (or its original settings when none passed). Hosts one at a time.
     With --endpoint, the replicas of one model behind it are tuned together, measured as clients see them."""

@@ -34,7 +34,9 @@ from provision.taskargs import HostFlags, NcclFlags, host_task
                  "log-dir": "keep each node's answer, NCCL's INFO log of every rank included, as "
                             "DIR/TEST-HOST.json"})
 def nccl_(c: Context, flags: HostFlags, asked: NcclFlags) -> None:
-    """Measure all-reduce bus bandwidth across GPUs with NCCL, in the service's rendered environment.
+    """Measure all-reduce bus bandwidth across GPUs with NCCL.
+
+    In the service's rendered environment.
 
     Like nccl-tests' all_reduce_perf: algbw and busbw per message size, each result checked, and the
     transport NCCL chose (P2P over NVLink or PCIe, SHM, NET/Socket, NET/IB) read from its own log.

@@ -1,14 +1,44 @@
-"""The installed command's door: cluster tasks on this machine with no inventory, a reader that goes
-away, the shared flags (the hints it prints: tests/test_hints.py)."""
+"""The command line: the task list as Invoke shows it; the installed command's door (cluster tasks on this
+machine with no inventory, a reader that goes away); the shared flags. The hints it prints:
+tests/test_hints.py."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_each_task_s_summary_in_the_list_is_one_whole_sentence_on_its_row() -> None:
+    """`invoke --list` shows each task's first docstring line (invoke.util.helpline), wrapped by
+    Program.print_columns to the terminal's width (80 columns when its output is not a terminal, as
+    here): each one a whole sentence, on its own row, not the start of one cut at the line's end."""
+    from provision.cli import ns
+
+    done = subprocess.run([sys.executable, "-m", "invoke", "--list"], cwd=ROOT, capture_output=True, text=True,
+                          check=True, timeout=60)
+    heading, blank, *rows = done.stdout.splitlines()
+    assert (heading, blank) == ("Available tasks:", "")
+    rows = rows[:rows.index("")]
+    summaries: dict[str, str] = {}
+    wrapped: list[str] = []
+    for row in rows:
+        if row.startswith("  ") and not row[2].isspace():
+            name, _, summary = row.strip().partition(" ")
+            summaries[name] = summary.strip()
+        else:  # a summary's next line: it did not fit its row
+            wrapped.append(f"{list(summaries)[-1]}: ...{row.strip()}")
+    assert set(summaries) == set(ns.task_names)
+    assert not wrapped, "\n".join(wrapped)
+    cut = [f"{name}: {summary}" for name, summary in summaries.items() if not re.search(r"[.!?][)`]?$", summary)]
+    assert not cut, "\n".join(cut)
 
 
 def test_status_of_this_machine_needs_no_inventory(tmp_path: Path) -> None:
