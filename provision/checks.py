@@ -332,7 +332,10 @@ def memory_fits(ctx: Context) -> Finding | None:
     start: there concurrent_sequences slots of max_model_len (unset: the model's context) must fit, and a
     fail names the most slots and the longest max_model_len that do. On GB10 the budget comes from
     /proc/meminfo, never from nvidia-smi's [N/A] (facts sections 1 and 5); on vLLM's CPU build it is
-    VLLM_CPU_KVCACHE_SPACE."""
+    VLLM_CPU_KVCACHE_SPACE. Without config.json from the host or the hub, a starter model's shape shipped
+    in provision/starter_models.yaml (the one `init` judges it by) stands in; for any other model the
+    weights alone can fail or warn, but never pass: the KV cache unknown, the finding is an info that
+    says why and how to get config.json."""
     if ctx.profile.gpu is None:
         return _cpu_kv_space(ctx)
     if not ctx.facts.gpus:
@@ -349,15 +352,15 @@ def memory_fits(ctx: Context) -> Finding | None:
     if isinstance(budget, Finding):
         return budget
     budget_bytes, source = budget
-    shape, why = _model_shape(ctx)
+    shape, config_from = _model_shape(ctx)
     if shape is None:
-        return _weights_only(ctx, weights, how, budget_bytes, source, why)
+        return _weights_only(ctx, weights, how, budget_bytes, source, config_from)
     length, length_from = _context_length(ctx, shape)
     layout = kvcache.Layout(int(ctx.settings.tensor_parallel_size), int(ctx.settings.pipeline_parallel_size))
     est = kvcache.estimate(shape, layout, weights_total=weights, budget=int(budget_bytes), max_model_len=length,
                            args=ctx.extra_args)
     evidence = {**est.as_evidence(), "weights_from": how, "budget_from": source, "attention": shape.attention,
-                "max_model_len_from": length_from, "config_from": ctx.model_config_from or "the hub"}
+                "max_model_len_from": length_from, "config_from": config_from}
     terms = (f"per GPU {_gib(est.weights)} weights + {_gib(est.allowance)} allowance of {_gib(est.budget)}; "
              f"KV {est.kv_per_token / 1024:g} KiB/token ({shape.attention}, {est.kv_dtype})")
     slots = engine_of(ctx.settings).kv_slots(ctx.settings, length)
@@ -429,10 +432,19 @@ def _gpu_budget(ctx: Context) -> tuple[float, str] | Finding:
 
 
 def _model_shape(ctx: Context) -> tuple[kvcache.ModelShape | None, str]:
-    if ctx.model_config is None:
-        return None, ctx.model_config_note or "no config.json from the hub"
+    """The model's shape and where its config.json came from, or None and why it is not known. Where
+    neither the host nor the hub gave config.json, the shape the package ships for that model
+    (kvcache.known_models: what `init` judges it by) stands in, and the evidence says so."""
+    config, source = ctx.model_config, ctx.model_config_from or "the hub"
+    if config is None:
+        why = ctx.model_config_note or "no config.json from the hub"
+        shipped = kvcache.known_model(str(ctx.settings.model) if ctx.settings.model else None)
+        if shipped is None:
+            return None, why
+        config, source = shipped.config, (f"the shape shipped in provision/{kvcache.MODELS_FILE} (read from "
+                                          f"{shipped.source}; {why})")
     try:
-        return kvcache.shape_of(ctx.model_config), ""
+        return kvcache.shape_of(config), source
     except KvError as exc:
         return None, str(exc)
 
@@ -451,8 +463,17 @@ def _unknown_model_fix(ctx: Context) -> str:
             "a hub repository id as model (the hub then gives them)")
 
 
+def _config_fix(ctx: Context) -> str:
+    """How the gate gets config.json: from the hub (reachable, the token allowed) or placed on the host."""
+    return (f"let the hub give {ctx.settings.model}'s config.json (reachable from this machine: the network, a "
+            f"proxy or hf_endpoint; hf_token where the model is gated), or place it in {model_path(ctx.settings)} "
+            "on the host; then check again")
+
+
 def _weights_only(ctx: Context, weights: int, how: str, budget: float, source: str, why: str) -> Finding:
-    """Where config.json is not known: the weights alone against the budget, as before the KV estimate."""
+    """Where config.json is not known: the weights alone against the budget. Too large fails and too
+    close warns, as before the KV estimate; room left is no pass (the KV cache may not fit in it): the
+    verdict is unknown, an info finding that says why and how to get config.json."""
     share = weights / ctx.parallel
     evidence = {"weights_gib": round(weights / 2**30, 1), "per_gpu_gib": round(share / 2**30, 1),
                 "budget_gib": round(budget / 2**30, 1), "weights_from": how, "budget_from": source,
@@ -463,8 +484,10 @@ def _weights_only(ctx: Context, weights: int, how: str, budget: float, source: s
     if share > budget * KV_HEADROOM:
         return warn(f"weights take {share / budget:.0%} of the budget: little room for the KV cache "
                     f"(not estimated: {why})", "lower max_model_len or raise tensor_parallel_size", **evidence)
-    return ok(f"{evidence['per_gpu_gib']} GiB per GPU of {evidence['budget_gib']} GiB (KV cache not estimated: "
-              f"{why})", **evidence)
+    # The weights fit, but a verdict on the KV cache would be a guess: unknown, not a pass.
+    return Finding("", INFO, FAIL, f"could not be judged: the KV cache was not estimated ({why}); the weights "
+                   f"alone take {evidence['per_gpu_gib']} GiB per GPU of {evidence['budget_gib']} GiB",
+                   evidence, _config_fix(ctx))
 
 
 def _fit_fixes(ctx: Context, shape: kvcache.ModelShape, layout: kvcache.Layout, est: kvcache.Estimate,
