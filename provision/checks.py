@@ -40,6 +40,7 @@ from provision.errors import AffinityError, KvError, ProvisionError
 from provision.facts import DROP_IN_DIRS, MANAGED_UNITS, VENV_MANIFEST
 from provision.inventory import VAR_SPECS, Settings
 from provision.render import model_path
+from provision.weights import unreachable_fix
 
 BLOCKER, WARNING, INFO = "blocker", "warning", "info"
 PASS, FAIL, SKIP, FORCED = "pass", "fail", "skip", "forced"
@@ -619,9 +620,14 @@ def disk_space(ctx: Context) -> Finding:
 @rule("model.hub", BLOCKER)
 def model_hub(ctx: Context) -> Finding | None:
     """The model the inventory names exists on the hub (or mirror) at its revision and may be read
-    with the secrets at hand; its revision resolves to one commit, which the plan then names."""
+    with the secrets at hand; its revision resolves to one commit, which the plan then names. Where
+    the hub gave no answer (DNS, a refused connection, a proxy's error), the fix names the network, the
+    proxy and hf_endpoint, not the model or the token."""
     if ctx.snapshot is None and ctx.snapshot_error is None:
         return None
+    if ctx.snapshot_error and ctx.hub_unreachable:  # no answer: nothing is known of the model or token
+        return fail(ctx.snapshot_error, unreachable_fix(ctx.settings.hf_endpoint),
+                    model=ctx.settings.model, revision=ctx.settings.model_revision, endpoint=ctx.settings.hf_endpoint)
     if ctx.snapshot_error:
         return fail(ctx.snapshot_error, "fix model / model_revision in the inventory, or hf_token in its "
                     "secrets file", model=ctx.settings.model, revision=ctx.settings.model_revision)

@@ -40,6 +40,7 @@ class Context:
     weights_to_fetch: int | None = None  # bytes this host still lacks (hub metadata and its manifest)
     snapshot: Any = None  # weights.Snapshot: the model's files at its resolved commit
     snapshot_error: str | None = None  # why the hub could not say (gated, unknown repo or revision)
+    hub_unreachable: bool = False  # snapshot_error is no answer from the hub at all (network, proxy)
     api_key_set: bool = False  # a vllm_api_key is in the secrets
     # The torch of the wheels a planned venv install brings (plan time): it replaces the venv's.
     planned_wheels: cuda_builds.WheelCuda | None = None

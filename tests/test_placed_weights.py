@@ -160,7 +160,7 @@ def test_a_repository_id_without_files_on_the_host_asks_the_hub(monkeypatch: pyt
 def test_neither_the_host_nor_the_hub_is_said_not_left_silent(monkeypatch: pytest.MonkeyPatch) -> None:
     empty = {DIRECTORY: {"exists": True, "is_dir": True, "sizes": {}, "config": None, "config_error": "missing"}}
     refused = "no model repository 'Qwen/Qwen2.5-7B-Instruct' on https://hub.internal (a private one needs hf_token)"
-    found, _ = gated({"fetch_weights": False}, empty, monkeypatch, hub=(refused, None))
+    found, _ = gated({"fetch_weights": False}, empty, monkeypatch, hub=(errors.WeightsError(refused), None))
     # The name gives a size (7B x 16 bit) and the package ships this model's shape (what init reads):
     # the KV cache is estimated from it, and the evidence says why neither the host nor the hub gave one.
     assert found.status == "pass"
