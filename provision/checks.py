@@ -872,7 +872,7 @@ def unit_security(ctx: Context) -> Finding | None:
     level = str(ctx.settings.hardening)
     target = hardening.EXPOSURE_TARGETS[level]
     scored = ctx.facts.unit_security or {}
-    installed = sorted({name for name, state in ctx.facts.units.items()  # a service's units among them
+    installed = sorted({name for name, state in (ctx.facts.units or {}).items()  # a service's units among them
                         if (name in MANAGED_UNITS or "@" in name) and state.load_state == "loaded"} | set(scored))
     note = ctx.facts.notes.get("unit_security", "")
     if not installed or (ctx.facts.unit_security is None and "not present" in note):
@@ -1553,6 +1553,8 @@ def cluster_network(ctx: Context) -> Finding | None:
     if network is None:
         return fail("the cluster network is unknown", "--set cluster_network=CIDR (the nodes' shared subnet)",
                     head_address=ctx.head_address)
+    if ctx.facts.interfaces is None:
+        return unknown("the host's interfaces", ctx, "interfaces")
     for interface in ctx.facts.interfaces:
         for address in interface.addresses:
             if ipaddress.ip_interface(address).ip in network:

@@ -241,7 +241,7 @@ def link_of(host_facts: HostFacts, network: ipaddress.IPv4Network | ipaddress.IP
     """A host's interface and address on `network`."""
     if network is None:
         return None
-    for interface in host_facts.interfaces:
+    for interface in host_facts.interfaces or ():
         for address in interface.addresses:
             parsed = ipaddress.ip_interface(address)
             if parsed.ip in network:
@@ -255,7 +255,7 @@ def cluster_network_of(ctx: Context) -> ipaddress.IPv4Network | ipaddress.IPv6Ne
     head = ctx.peers.get(ctx.cluster.head) if ctx.cluster else None
     if head is None or ctx.head_address is None:
         return None
-    for interface in head.interfaces:
+    for interface in head.interfaces or ():
         for address in interface.addresses:
             if address.split("/")[0] == ctx.head_address:
                 return ipaddress.ip_interface(address).network

@@ -654,7 +654,7 @@ def test_a_server_that_runs_but_answers_nothing_is_called_stuck() -> None:
     host = facts.facts_from_probe("h200", ok(answer))
     unit = parsers.UnitState("llama-server.service", "loaded", "active", "running", "enabled", 0,
                              "Thu 2026-12-03 20:50:54 UTC")
-    host = dataclasses.replace(host, units={**host.units, unit.name: unit})
+    host = dataclasses.replace(host, units={**(host.units or {}), unit.name: unit})
     llama = engines.ENGINES["llamacpp"]
     timed_out = {"health": {"status": None, "error": "TimeoutError: timed out"}}
     found = status.host_status("h200", "server", host, timed_out, None, 3.1, engine=llama)
