@@ -158,7 +158,10 @@ class Starter:
         return self.choice.profile is not None
 
     def as_json(self) -> dict[str, Any]:
-        return {"address": self.target.address, "user": self.target.user, "port": self.target.port,
+        # This machine is reached with no SSH: no login and no port to report (the file has none either).
+        reached: dict[str, Any] = {"connection": "local"} if self.target.address is None else {
+            "connection": "ssh", "address": self.target.address, "user": self.target.user, "port": self.target.port}
+        return {**reached,
                 "profile": self.choice.profile.name if self.choice.profile else None,
                 "profile_reason": self.choice.reason, "gpus": self.gpus, "written": self.written,
                 "tensor_parallel_size": self.gpus if self.written and self.gpus else None,
