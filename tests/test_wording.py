@@ -2,6 +2,7 @@
 with no unit yet, bench's real concurrency, a tune bound that is no bound, where a refused token came from."""
 from __future__ import annotations
 
+import http.server
 import json
 import socket
 import threading
@@ -126,3 +127,28 @@ def test_a_hub_that_answers_no_such_model_is_blamed_on_the_model(tmp_path: Path)
     assert not isinstance(answer, errors.HubUnreachable)
     assert found.message == f"no model repository 'lab/missing' on {endpoint} (a private one needs hf_token)"
     assert found.fix == "fix model / model_revision in the inventory, or hf_token in its secrets file"
+
+
+class _Gateway(http.server.BaseHTTPRequestHandler):
+    """What a proxy or load balancer answers when it cannot reach the hub behind it."""
+
+    def do_GET(self) -> None:
+        self.send_response(502, "Bad Gateway")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_gateway_error_is_no_answer_from_the_hub() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(errors.HubUnreachable) as caught:
+            weights.resolve("lab/tiny", "main", (), endpoint, None)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert str(caught.value) == f"no answer from {endpoint} for lab/tiny: HTTP 502 Bad Gateway"
