@@ -690,3 +690,13 @@ def test_right_after_a_crash_status_says_the_crash_not_the_ended_runs_start_and_
 def _with_unit(unit: parsers.UnitState) -> facts.HostFacts:
     host = facts.facts_from_probe("cpu-3", ok(json.dumps({"python": "3.11.2", "results": {}})), status.STATUS_FACTS)
     return dataclasses.replace(host, units={unit.name: unit})
+
+
+def test_a_host_whose_systemctl_could_not_answer_is_not_called_not_installed() -> None:
+    answer = probe_answer_from_recording(lab.load_machine("h200x2-driver580"), python="3.12.3")
+    host = dataclasses.replace(facts.facts_from_probe("h200", ok(answer)), units=None)
+    found = status.host_status("h200", "server", host, {"health": {"status": None, "error": "ConnectionRefusedError"}},
+                               None, 0.4, engine=engines.ENGINES["llamacpp"])
+    assert found.unit["installed"] is None and found.unit["active"] == "unknown"
+    assert status.host_status("h200", "server", dataclasses.replace(host, units={}), {}, None, 0.4,
+                              engine=engines.ENGINES["llamacpp"]).unit["installed"] is False
