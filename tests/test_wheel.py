@@ -214,7 +214,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     env = {**base, "HOME": str(home), "PATH": path, "PYTHONNOUSERSITE": "1", "COLUMNS": "250",
            "PROVISION_LAB_DIR": str(work / "no-lab"),  # no lab inventory as the default
            "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9",  # never the Hugging Face hub
-           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(houses), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(houses), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+           "PIP_NO_COMPILE": "1"}  # each module is compiled when first imported, as without a venv
     done = Installed(source, source / "dist", venv, outside, outside / "hosts.yaml", env)
     for command in (next(c for c in _shown_texts() if c.startswith("python3 -m pip wheel")),
                     f"python3 -m venv {VENV}", next(c for c in _shown_texts() if c.startswith("pip install dist/"))):
