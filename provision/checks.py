@@ -41,6 +41,7 @@ from provision.errors import AffinityError, KvError, ProvisionError
 from provision.facts import DROP_IN_DIRS, MANAGED_UNITS, VENV_MANIFEST
 from provision.inventory import VAR_SPECS, Settings
 from provision.render import model_path
+from provision.weights import unreachable_fix
 
 BLOCKER, WARNING, INFO = "blocker", "warning", "info"
 PASS, FAIL, SKIP, FORCED = "pass", "fail", "skip", "forced"
@@ -333,7 +334,10 @@ def memory_fits(ctx: Context) -> Finding | None:
     start: there concurrent_sequences slots of max_model_len (unset: the model's context) must fit, and a
     fail names the most slots and the longest max_model_len that do. On GB10 the budget comes from
     /proc/meminfo, never from nvidia-smi's [N/A] (facts sections 1 and 5); on vLLM's CPU build it is
-    VLLM_CPU_KVCACHE_SPACE."""
+    VLLM_CPU_KVCACHE_SPACE. Without config.json from the host or the hub, a starter model's shape shipped
+    in provision/starter_models.yaml (the one `init` judges it by) stands in; for any other model the
+    weights alone can fail or warn, but never pass: the KV cache unknown, the finding is an info that
+    says why and how to get config.json."""
     if ctx.profile.gpu is None:
         return _cpu_kv_space(ctx)
     if not ctx.facts.gpus:
@@ -350,15 +354,15 @@ def memory_fits(ctx: Context) -> Finding | None:
     if isinstance(budget, Finding):
         return budget
     budget_bytes, source = budget
-    shape, why = _model_shape(ctx)
+    shape, config_from = _model_shape(ctx)
     if shape is None:
-        return _weights_only(ctx, weights, how, budget_bytes, source, why)
+        return _weights_only(ctx, weights, how, budget_bytes, source, config_from)
     length, length_from = _context_length(ctx, shape)
     layout = kvcache.Layout(int(ctx.settings.tensor_parallel_size), int(ctx.settings.pipeline_parallel_size))
     est = kvcache.estimate(shape, layout, weights_total=weights, budget=int(budget_bytes), max_model_len=length,
                            args=ctx.extra_args)
     evidence = {**est.as_evidence(), "weights_from": how, "budget_from": source, "attention": shape.attention,
-                "max_model_len_from": length_from, "config_from": ctx.model_config_from or "the hub"}
+                "max_model_len_from": length_from, "config_from": config_from}
     terms = (f"per GPU {_gib(est.weights)} weights + {_gib(est.allowance)} allowance of {_gib(est.budget)}; "
              f"KV {est.kv_per_token / 1024:g} KiB/token ({shape.attention}, {est.kv_dtype})")
     slots = engine_of(ctx.settings).kv_slots(ctx.settings, length)
@@ -430,10 +434,19 @@ def _gpu_budget(ctx: Context) -> tuple[float, str] | Finding:
 
 
 def _model_shape(ctx: Context) -> tuple[kvcache.ModelShape | None, str]:
-    if ctx.model_config is None:
-        return None, ctx.model_config_note or "no config.json from the hub"
+    """The model's shape and where its config.json came from, or None and why it is not known. Where
+    neither the host nor the hub gave config.json, the shape the package ships for that model
+    (kvcache.known_models: what `init` judges it by) stands in, and the evidence says so."""
+    config, source = ctx.model_config, ctx.model_config_from or "the hub"
+    if config is None:
+        why = ctx.model_config_note or "no config.json from the hub"
+        shipped = kvcache.known_model(str(ctx.settings.model) if ctx.settings.model else None)
+        if shipped is None:
+            return None, why
+        config, source = shipped.config, (f"the shape shipped in provision/{kvcache.MODELS_FILE} (read from "
+                                          f"{shipped.source}; {why})")
     try:
-        return kvcache.shape_of(ctx.model_config), ""
+        return kvcache.shape_of(config), source
     except KvError as exc:
         return None, str(exc)
 
@@ -452,8 +465,17 @@ def _unknown_model_fix(ctx: Context) -> str:
             "a hub repository id as model (the hub then gives them)")
 
 
+def _config_fix(ctx: Context) -> str:
+    """How the gate gets config.json: from the hub (reachable, the token allowed) or placed on the host."""
+    return (f"let the hub give {ctx.settings.model}'s config.json (reachable from this machine: the network, a "
+            f"proxy or hf_endpoint; hf_token where the model is gated), or place it in {model_path(ctx.settings)} "
+            "on the host; then check again")
+
+
 def _weights_only(ctx: Context, weights: int, how: str, budget: float, source: str, why: str) -> Finding:
-    """Where config.json is not known: the weights alone against the budget, as before the KV estimate."""
+    """Where config.json is not known: the weights alone against the budget. Too large fails and too
+    close warns, as before the KV estimate; room left is no pass (the KV cache may not fit in it): the
+    verdict is unknown, an info finding that says why and how to get config.json."""
     share = weights / ctx.parallel
     evidence = {"weights_gib": round(weights / 2**30, 1), "per_gpu_gib": round(share / 2**30, 1),
                 "budget_gib": round(budget / 2**30, 1), "weights_from": how, "budget_from": source,
@@ -464,8 +486,10 @@ def _weights_only(ctx: Context, weights: int, how: str, budget: float, source: s
     if share > budget * KV_HEADROOM:
         return warn(f"weights take {share / budget:.0%} of the budget: little room for the KV cache "
                     f"(not estimated: {why})", "lower max_model_len or raise tensor_parallel_size", **evidence)
-    return ok(f"{evidence['per_gpu_gib']} GiB per GPU of {evidence['budget_gib']} GiB (KV cache not estimated: "
-              f"{why})", **evidence)
+    # The weights fit, but a verdict on the KV cache would be a guess: unknown, not a pass.
+    return Finding("", INFO, FAIL, f"could not be judged: the KV cache was not estimated ({why}); the weights "
+                   f"alone take {evidence['per_gpu_gib']} GiB per GPU of {evidence['budget_gib']} GiB",
+                   evidence, _config_fix(ctx))
 
 
 def _fit_fixes(ctx: Context, shape: kvcache.ModelShape, layout: kvcache.Layout, est: kvcache.Estimate,
@@ -597,9 +621,14 @@ def disk_space(ctx: Context) -> Finding:
 @rule("model.hub", BLOCKER)
 def model_hub(ctx: Context) -> Finding | None:
     """The model the inventory names exists on the hub (or mirror) at its revision and may be read
-    with the secrets at hand; its revision resolves to one commit, which the plan then names."""
+    with the secrets at hand; its revision resolves to one commit, which the plan then names. Where
+    the hub gave no answer (DNS, a refused connection, a proxy's error), the fix names the network, the
+    proxy and hf_endpoint, not the model or the token."""
     if ctx.snapshot is None and ctx.snapshot_error is None:
         return None
+    if ctx.snapshot_error and ctx.hub_unreachable:  # no answer: nothing is known of the model or token
+        return fail(ctx.snapshot_error, unreachable_fix(ctx.settings.hf_endpoint),
+                    model=ctx.settings.model, revision=ctx.settings.model_revision, endpoint=ctx.settings.hf_endpoint)
     if ctx.snapshot_error:
         return fail(ctx.snapshot_error, "fix model / model_revision in the inventory, or hf_token in its "
                     "secrets file", model=ctx.settings.model, revision=ctx.settings.model_revision)
@@ -844,7 +873,7 @@ def unit_security(ctx: Context) -> Finding | None:
     level = str(ctx.settings.hardening)
     target = hardening.EXPOSURE_TARGETS[level]
     scored = ctx.facts.unit_security or {}
-    installed = sorted({name for name, state in ctx.facts.units.items()  # a service's units among them
+    installed = sorted({name for name, state in (ctx.facts.units or {}).items()  # a service's units among them
                         if (name in MANAGED_UNITS or "@" in name) and state.load_state == "loaded"} | set(scored))
     note = ctx.facts.notes.get("unit_security", "")
     if not installed or (ctx.facts.unit_security is None and "not present" in note):
@@ -1525,6 +1554,8 @@ def cluster_network(ctx: Context) -> Finding | None:
     if network is None:
         return fail("the cluster network is unknown", "--set cluster_network=CIDR (the nodes' shared subnet)",
                     head_address=ctx.head_address)
+    if ctx.facts.interfaces is None:
+        return unknown("the host's interfaces", ctx, "interfaces")
     for interface in ctx.facts.interfaces:
         for address in interface.addresses:
             if ipaddress.ip_interface(address).ip in network:

@@ -40,6 +40,7 @@ class Context:
     weights_to_fetch: int | None = None  # bytes this host still lacks (hub metadata and its manifest)
     snapshot: Any = None  # weights.Snapshot: the model's files at its resolved commit
     snapshot_error: str | None = None  # why the hub could not say (gated, unknown repo or revision)
+    hub_unreachable: bool = False  # snapshot_error is no answer from the hub at all (network, proxy)
     api_key_set: bool = False  # a vllm_api_key is in the secrets
     # The torch of the wheels a planned venv install brings (plan time): it replaces the venv's.
     planned_wheels: cuda_builds.WheelCuda | None = None
@@ -240,7 +241,7 @@ def link_of(host_facts: HostFacts, network: ipaddress.IPv4Network | ipaddress.IP
     """A host's interface and address on `network`."""
     if network is None:
         return None
-    for interface in host_facts.interfaces:
+    for interface in host_facts.interfaces or ():
         for address in interface.addresses:
             parsed = ipaddress.ip_interface(address)
             if parsed.ip in network:
@@ -254,7 +255,7 @@ def cluster_network_of(ctx: Context) -> ipaddress.IPv4Network | ipaddress.IPv6Ne
     head = ctx.peers.get(ctx.cluster.head) if ctx.cluster else None
     if head is None or ctx.head_address is None:
         return None
-    for interface in head.interfaces:
+    for interface in head.interfaces or ():
         for address in interface.addresses:
             if address.split("/")[0] == ctx.head_address:
                 return ipaddress.ip_interface(address).network

@@ -20,6 +20,7 @@
     ├── WheelhouseError                    venv.py: the venv's wheels could not be resolved on the controller
     ├── BuildError                         build.py: a source could not be built into a wheel on its host
     ├── WeightsError                       weights.py: the hub refused, or a fetch or verification failed
+    │   └── HubUnreachable                 the hub gave no answer of its own (network, DNS, proxy, offline)
     ├── RelayError                         relay.py: a relay server could not start, or a program ended unanswered
     ├── ForeignDirectory                   plan.py: a directory the host should have belongs to someone else
     ├── ApplyFailed                        ops.py: a step of the plan failed on the host (the step named)
@@ -207,6 +208,11 @@ class BuildError(ProvisionError):
 
 class WeightsError(ProvisionError):
     """The hub refused or does not know what the inventory asks for, or a transfer failed."""
+
+
+class HubUnreachable(WeightsError):
+    """No answer from the hub itself: no connection (DNS, refused, a timeout), offline mode, or a proxy
+    or gateway's own error status. Says nothing of the model, its revision or the token."""
 
 
 class RelayError(ProvisionError):

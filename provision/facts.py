@@ -282,9 +282,11 @@ class HostFacts:
     # where its answer could not be read, which says nothing about how many GPUs there are.
     gpus: tuple[Gpu, ...] | None = ()
     modules: frozenset[str] | None = None
-    units: Mapping[str, UnitState] = field(default_factory=dict)
+    # None where systemctl could not answer (not installed, no systemd running: `notes` says), which
+    # is not "no unit installed" (an answer naming each unit LoadState=not-found).
+    units: Mapping[str, UnitState] | None = field(default_factory=dict)
     rdma: tuple[RdmaLink, ...] | None = None
-    interfaces: tuple[Interface, ...] = ()
+    interfaces: tuple[Interface, ...] | None = ()  # None where `ip` could not answer: not "no interface"
     disks: tuple[DiskSpace, ...] = ()
     ptxas_cuda: str | None = None  # CUDA release of /usr/local/cuda/bin/ptxas, e.g. "13.0"
     router_version: str | None = None  # HAProxy's release where installed, e.g. "2.6.12"
@@ -518,9 +520,9 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
             dataclasses.replace(gpu, recorded=parsers.recorded_at(gpu.read_at, answer.get("clock")))
             for gpu in placed(values.get("gpus", ()), values.get("pci_gpus", ()), values.get("gpu_topology", {}))),
         modules=values.get("modules", values.get("lsmod")),
-        units=values.get("units", {}),
+        units=_answered(values, notes, "units", {}),
         rdma=values.get("rdma"),
-        interfaces=values.get("interfaces", ()),
+        interfaces=_answered(values, notes, "interfaces", ()),
         disks=disks,
         ptxas_cuda=values.get("ptxas"),
         router_version=values.get("router"),
@@ -539,6 +541,14 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         notes=dict(notes),
         unreadable=unreadable,
     )
+
+
+def _answered(values: Mapping[str, Any], notes: Mapping[str, str], name: str, nothing: Any) -> Any:
+    """A fact's value; None where it was asked and the host could not answer (its note says why), so
+    that "could not be told" never reads as an empty answer; `nothing` where it was not asked at all."""
+    if name in values:
+        return values[name]
+    return None if name in notes else nothing
 
 
 def nccl_conf_files(system: Mapping[str, str] | None, users: Mapping[str, Mapping[str, Any]],

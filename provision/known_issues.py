@@ -31,7 +31,8 @@ gate (checks.py) turns each entry into a check of its own id. An entry:
       message: ...                        # what goes wrong, with the text users see in their logs
       fix: ...
       source: https://github.com/...      # the tracker entry the trap is known from
-      verified: ...                       # what of the sources was read, where, and what was not found
+      verified: ...                       # what of the sources was read, where (issue, page, commit),
+                                          #   when (read on YYYY-MM-DD), and what was not found
       related: [https://...]              # further threads (optional)
       engines: [vllm]                     # the engines the trap is in (optional; default: vllm)
       avoid_with:                         # an engine that serves this hardware and model without it (optional)
@@ -113,7 +114,7 @@ class KnownIssue:
     related: tuple[str, ...] = ()
     engines: tuple[str, ...] = ("vllm",)
     avoid_with: Mapping[str, str] | None = None  # {"engine", "why", "source"}
-    verified: str | None = None  # how the sources were checked (and what could not be found)
+    verified: str | None = None  # what was read where and when (and what could not be found)
 
     def fix_with_engine(self) -> str:
         """The fix, and where another engine avoids the trap, that engine's setting and its source."""

@@ -13,11 +13,14 @@ which is not counted (the estimate says so).
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
+from provision import datafiles
 from provision.context import EXPERT_KEYS, flag_value
 from provision.errors import KvError
 
@@ -287,3 +290,37 @@ def largest_context(shape: ModelShape, layout: Layout, kv_bytes: int, kv_budget:
         else:
             high = middle
     return low // step * step
+
+
+# ---------------------------------------------------------------------------------------------
+# The shapes the package ships: starter_models.yaml, read by `init` (its suggestions) and by the gate
+# (memory.fits, where neither the host nor the hub gave the model's config.json), so the two agree.
+
+MODELS_FILE = "starter_models.yaml"
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    model: str
+    contexts: tuple[int, ...]  # max_model_len values `init` tries, longest first
+    config: Mapping[str, Any]  # the config.json keys the KV estimate reads
+    source: str  # where that config.json is published
+
+
+@functools.cache
+def known_models() -> tuple[KnownModel, ...]:
+    """starter_models.yaml (package data); every entry must say where it comes from."""
+    text = (resources.files("provision") / MODELS_FILE).read_text(encoding="utf-8")
+    data = datafiles.load(text)
+    models = []
+    for entry in data["models"]:
+        if not entry.get("source") or not entry.get("verified"):
+            raise ValueError(f"{MODELS_FILE}: {entry.get('model')} lacks its source or how it was verified")
+        models.append(KnownModel(str(entry["model"]), tuple(int(n) for n in entry["contexts"]),
+                                 dict(entry["config"]), str(entry["source"])))
+    return tuple(models)
+
+
+def known_model(model: str | None) -> KnownModel | None:
+    """The shipped shape of `model` (a hub repository id, as the inventory names it), or None."""
+    return next((known for known in known_models() if known.model == model), None)

@@ -427,12 +427,20 @@ def _gpus_of(ctx: Context, gpus: int | None) -> int:
     return gpus or present
 
 
-def plan_host(ctx: Context, *, gpus: int | None = None, port: int = DEFAULT_PORT) -> list[NodeLaunch]:
-    """All of one host's GPUs (or the first `gpus`) in one group, rendezvous on the loopback."""
+def plan_host(ctx: Context, *, gpus: int | None = None, port: int = DEFAULT_PORT,
+              cluster: str | None = None) -> list[NodeLaunch]:
+    """All of one host's GPUs (or the first `gpus`) in one group, rendezvous on the loopback. `cluster`:
+    the one-node cluster named with --cluster, so that the hint for one GPU suggests what was not tried."""
     nproc = _gpus_of(ctx, gpus)
     if nproc < 2:
-        raise ProvisionError(f"{ctx.host}: one GPU, nothing to all-reduce across "
-                             "(test a multi-node cluster with --cluster)")
+        if gpus == 1 and len(ctx.facts.gpus or ()) > 1:
+            hint = f"--gpus 1 of its {len(ctx.facts.gpus or ())}: leave --gpus out, or ask for 2 or more"
+        elif cluster is not None:
+            hint = (f"cluster {cluster} has this one node: add nodes with GPUs to it (on its cluster network), "
+                    "or test a host with several GPUs with --host")
+        else:
+            hint = "test a multi-node cluster with --cluster"
+        raise ProvisionError(f"{ctx.host}: one GPU, nothing to all-reduce across ({hint})")
     env = {**service_env(ctx), **DEBUG_ENV}
     return [NodeLaunch(host=ctx.host, node_rank=0, nnodes=1, nproc=nproc, rank_offset=0, world_size=nproc,
                        master_addr="127.0.0.1", master_port=port, python=python_of(ctx), env=env)]
@@ -609,7 +617,7 @@ def verify(inv: Inventory, targets: list[Host], options: Options, cluster: str |
             continue
         try:
             if len(members) == 1:
-                plans[name] = plan_host(contexts[members[0]], gpus=gpus or None, port=port)
+                plans[name] = plan_host(contexts[members[0]], gpus=gpus or None, port=port, cluster=cluster)
             else:
                 head = inv.cluster(name).head
                 plans[name] = plan_cluster([contexts[m] for m in members], head, gpus=gpus or None, port=port)

@@ -170,7 +170,7 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
     changed = {change.target for change in file_changes}
     renamed_from = {}
     for unit in desired.absent_units:
-        state = facts.units.get(unit)
+        state = (facts.units or {}).get(unit)
         if state and state.load_state == "loaded" and (state.active_state in ("active", "activating")
                                                        or state.unit_file_state == "enabled"):
             new = desired.renamed.get(unit)
@@ -201,7 +201,7 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
         restart_due.add(str(server))  # a new revision is read at start
     reload_due = {unit for wanted in desired.files if wanted.path in changed for unit in wanted.reloads} - restart_due
     for unit in desired.units:
-        state = facts.units.get(unit)
+        state = (facts.units or {}).get(unit)
         if state is None or state.unit_file_state != "enabled":
             changes.append(Change("enable", unit, "not enabled"))
         running = state is not None and state.active_state in ("active", "activating", "reloading")

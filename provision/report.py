@@ -127,19 +127,28 @@ def _exposure(facts: HostFacts) -> str:
     scored = ", ".join(f"{name} {score.exposure} {score.level}" for name, score in (facts.unit_security or {}).items())
     if scored:
         return scored
-    if facts.unit_security is not None and not any(state.load_state != "not-found" for state in facts.units.values()):
+    if facts.unit_security is not None and facts.units is not None \
+            and not any(state.load_state != "not-found" for state in facts.units.values()):
         return "no unit installed yet"
     return facts.notes.get("unit_security", "no unit installed yet")
+
+
+def _unknown(facts: HostFacts, fact: str) -> str:
+    """A fact the host could not answer: said so, with why, never shown as an empty answer."""
+    return f"unknown ({facts.notes.get(fact, 'no answer')})"
 
 
 def facts_rows(facts: HostFacts) -> list[tuple[str, str]]:
     driver = (f"{facts.driver.version} ({facts.driver.flavour} kernel module)" if facts.driver
               else facts.notes.get("nvidia_driver", "-"))
-    rdma = ("-" if facts.rdma is None else
+    rdma = ((_unknown(facts, "rdma") if "rdma" in facts.notes else "-") if facts.rdma is None else
             ", ".join(f"{link.device}->{link.netdev} ({'up' if link.up else 'down'})" for link in facts.rdma)
             or "none")
-    units = ", ".join(f"{name}: {state.active_state}" for name, state in facts.units.items()
-                      if state.load_state != "not-found") or "not installed"
+    units = _unknown(facts, "units") if facts.units is None else ", ".join(
+        f"{name}: {state.active_state}" for name, state in facts.units.items()
+        if state.load_state != "not-found") or "not installed"
+    interfaces = _unknown(facts, "interfaces") if facts.interfaces is None else ", ".join(
+        f"{i.name} {' '.join(i.addresses)}".strip() for i in facts.interfaces if i.name != "lo") or "-"
     return [
         ("kernel", f"{facts.kernel or '-'} ({facts.arch or '-'})"),
         ("os", facts.os.pretty_name or facts.os.id if facts.os else "-"),
@@ -154,8 +163,7 @@ def facts_rows(facts: HostFacts) -> list[tuple[str, str]]:
         ("units", units),
         ("exposure", _exposure(facts)),
         ("rdma", rdma),
-        ("interfaces", ", ".join(f"{i.name} {' '.join(i.addresses)}".strip()
-                                 for i in facts.interfaces if i.name != "lo") or "-"),
+        ("interfaces", interfaces),
     ] + [(f"disk {disk.path}", f"{_gib(disk.free_bytes)} free on {disk.checked}") for disk in facts.disks]
 
 

@@ -8,46 +8,21 @@ line and must load with the inventory loader (the task loads it before it puts i
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from provision import checks, datafiles, inventory, kvcache
+from provision import checks, inventory, kvcache
 from provision.context import Context
 from provision.errors import InventoryError, OutputExists
 from provision.facts import HostFacts
+from provision.kvcache import KnownModel, known_models
 from provision.profiles import Profile
-
-MODELS_FILE = "starter_models.yaml"
-
-
-@dataclass(frozen=True)
-class KnownModel:
-    model: str
-    contexts: tuple[int, ...]  # max_model_len values to try, longest first
-    config: Mapping[str, Any]  # the config.json keys the KV estimate reads
-    source: str
-
-
-@functools.cache
-def known_models() -> tuple[KnownModel, ...]:
-    """starter_models.yaml (package data); every entry must say where it comes from."""
-    text = (resources.files("provision") / MODELS_FILE).read_text(encoding="utf-8")
-    data = datafiles.load(text)
-    models = []
-    for entry in data["models"]:
-        if not entry.get("source") or not entry.get("verified"):
-            raise ValueError(f"{MODELS_FILE}: {entry.get('model')} lacks its source or how it was verified")
-        models.append(KnownModel(str(entry["model"]), tuple(int(n) for n in entry["contexts"]),
-                                 dict(entry["config"]), str(entry["source"])))
-    return tuple(models)
 
 
 @dataclass(frozen=True)
@@ -183,7 +158,10 @@ class Starter:
         return self.choice.profile is not None
 
     def as_json(self) -> dict[str, Any]:
-        return {"address": self.target.address, "user": self.target.user, "port": self.target.port,
+        # This machine is reached with no SSH: no login and no port to report (the file has none either).
+        reached: dict[str, Any] = {"connection": "local"} if self.target.address is None else {
+            "connection": "ssh", "address": self.target.address, "user": self.target.user, "port": self.target.port}
+        return {**reached,
                 "profile": self.choice.profile.name if self.choice.profile else None,
                 "profile_reason": self.choice.reason, "gpus": self.gpus, "written": self.written,
                 "tensor_parallel_size": self.gpus if self.written and self.gpus else None,

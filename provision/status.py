@@ -252,8 +252,9 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
     if unit_name is None:  # a worker the head's server starts its processes on (TensorRT-LLM over MPI)
         return HostStatus(host, role, True, True, None, health="-", **machine, unit={
             "name": "-", "active": "n/a", "installed": True, "note": f"{engine.title} ranks started by the head"})
-    state = host_facts.units.get(unit_name)
-    installed = state is not None and state.load_state != "not-found"
+    state = (host_facts.units or {}).get(unit_name)
+    # None: systemctl could not answer (facts' note), which says nothing of whether the unit is there.
+    installed = None if host_facts.units is None else state is not None and state.load_state != "not-found"
     unit = {"name": unit_name, "active": state.active_state if state else "unknown",
             "sub": state.sub_state if state else None, "restarts": state.restarts if state else None,
             "since": state.active_since if state else None, "installed": installed}

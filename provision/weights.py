@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from provision import config, programs, relay
-from provision.errors import RelayError, WeightsError
+from provision.errors import HubUnreachable, RelayError, WeightsError
 from provision.facts import HostFacts
 from provision.inventory import Settings
 from provision.runner import Runner
@@ -130,10 +130,28 @@ def resolve(repo: str, revision: str, patterns: Sequence[str], endpoint: str, to
     except RepositoryNotFoundError as exc:
         raise WeightsError(f"no model repository '{repo}' on {endpoint} (a private one needs hf_token)") from exc
     except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else None
+        if status is not None and status not in _HUB_ANSWERS:
+            # 407 and a gateway's 5xx: a proxy or load balancer on the way spoke, not the hub's model API.
+            said = getattr(exc.response, "reason_phrase", "") or ""
+            raise HubUnreachable(f"no answer from {endpoint} for {repo}: HTTP {status} {said}".rstrip()) from exc
         raise WeightsError(f"{endpoint} refused {repo}@{revision}: {str(exc).splitlines()[0]}") from exc
     except Exception as exc:  # the transport's errors (httpx, requests) differ across versions
-        raise WeightsError(f"cannot reach {endpoint} for {repo}: {type(exc).__name__}: {exc}") from exc
+        raise HubUnreachable(f"cannot reach {endpoint} for {repo}: {type(exc).__name__}: {exc}") from exc
     return snapshot_from_info(repo, revision, info, patterns)
+
+
+# Statuses the hub's model API gives about the request itself (bad request, token, access, repository or
+# revision, rate limit): a refusal the inventory or the secrets answer. Any other status (a proxy's 407,
+# a gateway's 502/503/504, the hub's own 500) says the hub was not really reached.
+_HUB_ANSWERS = frozenset({400, 401, 403, 404, 409, 410, 422, 429})
+
+
+def unreachable_fix(endpoint: str) -> str:
+    """What to look at when the controller got no answer from the hub: nothing about the model."""
+    return (f"the hub at {endpoint} gave no answer to this machine (the controller asks it, not the host): "
+            "check its network and DNS, a proxy (HTTPS_PROXY / https_proxy in the environment, "
+            "NO_PROXY for a local mirror), or set hf_endpoint to a mirror it can reach (HF_ENDPOINT)")
 
 
 def is_commit(revision: str) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from provision import facts, inventory, lab, parsers, remote
+from provision import facts, inventory, lab, parsers, remote, report
 from provision.errors import CommandFailed, ParseError, ProvisionError
 from provision.host import probe as hostprobe
 from provision.runner import Result
@@ -614,3 +614,41 @@ def test_the_probe_reads_a_users_home_file_or_answers_none() -> None:
     state = hostprobe.inspect({"users": [me], "home_files": [".provision-test-absent-nccl.conf"]})["users"][me]
     assert state["home_files"] == {".provision-test-absent-nccl.conf": None}
 
+
+
+NO_SYSTEMD = ("System has not been booted with systemd as init system (PID 1). Can't operate.\n"
+              "Failed to connect to bus: Host is down\n")  # systemctl's words in a container (PID 1 not systemd)
+
+
+def _answered(results: dict[str, dict[str, object]]) -> facts.HostFacts:
+    answer = json.dumps({"python": "3.11.7", "paths": {}, "results": results})
+    return facts.gather(FakeRunner("box", lambda argv, stdin: ok(answer)))
+
+
+def test_a_fact_the_host_could_not_answer_is_unknown_not_empty() -> None:
+    """No `ip` on the host (the probe finds no such program) and a systemctl that cannot reach systemd:
+    neither reads as "no interfaces" or "not installed", in the table or in the JSON."""
+    gathered = _answered({
+        "interfaces": {"exit": 127, "stdout": "", "stderr": "", "missing": True, "timed_out": False},
+        "units": {"exit": 1, "stdout": "", "stderr": NO_SYSTEMD, "missing": False, "timed_out": False}})
+    assert gathered.interfaces is None and gathered.units is None
+    assert gathered.notes["interfaces"] == "ip: not present on the host"
+    assert gathered.notes["units"] == ("systemctl: exit 1: System has not been booted with systemd as init system "
+                                       "(PID 1). Can't operate.")
+    rows = dict(report.facts_rows(gathered))
+    assert rows["interfaces"] == "unknown (ip: not present on the host)"
+    assert rows["units"] == f"unknown ({gathered.notes['units']})"
+    data = gathered.as_json()
+    assert data["interfaces"] is None and data["units"] is None
+    assert data["notes"]["interfaces"] == "ip: not present on the host"
+
+
+def test_an_answer_that_lists_nothing_is_still_an_answer() -> None:
+    recorded = json.loads((FIXTURES / "units" / "systemd252-none-installed.json").read_text())["units"]
+    gathered = _answered({
+        "interfaces": {"exit": 0, "stdout": "[]", "stderr": "", "missing": False, "timed_out": False},
+        "units": {"exit": recorded["exit"], "stdout": recorded["stdout"], "stderr": recorded["stderr"],
+                  "missing": False, "timed_out": False}})
+    assert gathered.interfaces == () and gathered.units and "interfaces" not in gathered.notes
+    rows = dict(report.facts_rows(gathered))
+    assert (rows["interfaces"], rows["units"]) == ("-", "not installed")

@@ -300,7 +300,8 @@ def test_an_unmapped_architecture_keeps_the_files_size_and_says_why(tmp_path: Pa
     seen = dict(models[PLACED])
     seen["gguf"] = {**seen["gguf"], "metadata": {**seen["gguf"]["metadata"], "general.architecture": "rwkv7"}}
     found = h200_llamacpp({PLACED: seen})
-    assert found.status == "pass"
+    assert (found.status, found.severity) == ("fail", checks.INFO)  # the weights fit; the KV cache: unknown
+    assert found.message.startswith("could not be judged: the KV cache was not estimated (the GGUF header of ")
     assert found.evidence["weights_from"] == "the GGUF file's size on the host"
     assert found.evidence["kv_cache"] == (f"not estimated: the GGUF header of {PLACED}: the GGUF architecture "
                                           f"'rwkv7' is not one whose KV cache is estimated "

@@ -289,3 +289,13 @@ def test_two_hosts_of_one_name_are_bad_usage_before_any_probe(tmp_path: Path) ->
                   cwd=tmp_path)
     assert done.returncode == 2 and "named twice: a" in done.stderr
     assert not (tmp_path / "h.yaml").exists()
+
+
+def test_init_json_reports_no_login_or_port_for_this_machine() -> None:
+    found = recorded("rtx5090x2-tr7960x")
+    local = starter.starter(starter.parse_target("local"), found, PROFILES).as_json()
+    assert local["connection"] == "local"
+    assert not {"user", "port", "address"} & set(local)
+    remote = starter.starter(starter.parse_target("ops@192.0.2.10:2222"), found, PROFILES).as_json()
+    assert {key: remote[key] for key in ("connection", "address", "user", "port")} == {
+        "connection": "ssh", "address": "192.0.2.10", "user": "ops", "port": 2222}

@@ -209,6 +209,16 @@ def test_the_shipped_file_loads_with_sources_and_registers_one_check_per_entry()
         assert issue.severity in known_issues.SEVERITIES and issue.message and issue.fix
 
 
+def test_each_reading_says_where_and_when_it_was_read_not_by_what_means() -> None:
+    """A user can follow a `verified` text: it names the threads or pages (the entry's source and
+    related addresses, or an address of its own) and the date they were read, and no tool of ours."""
+    read = {issue.id: issue.verified for issue in ISSUES.values() if issue.verified}
+    assert len(read) >= 5
+    for issue_id, text in read.items():
+        assert re.search(r"\bread on 20\d\d-\d\d-\d\d\b", text), (issue_id, text[:80])
+        assert not re.search(r"search tool|corpus", text, re.IGNORECASE), (issue_id, text[:80])
+
+
 def test_a_match_shows_the_matched_values_and_can_be_forced() -> None:
     ctx = context(*SPARK, venv_info=venv(vllm="0.19.2rc1.dev142+g4a79262e0", torch="2.11.0+cu130"),
                   quantization="fp8")

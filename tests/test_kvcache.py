@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 
-from provision import checks, kvcache, parsers
+from provision import checks, kvcache, parsers, starter
 from provision.context import Context
 from provision.lab import tinymodel
+from provision.profiles import load_profiles
 from tests.conftest import FIXTURES
 from tests.test_checks import CASES, context_for
+from tests.test_init import recorded as recorded_machine
 
 GIB = 2**30
 
@@ -98,12 +100,12 @@ def test_the_estimate_matches_what_real_vllm_reported_for_the_lab_model() -> Non
 
 # --- the gate ------------------------------------------------------------------------------------
 
-def workstation(model: str, weights: int, **values: Any) -> Context:
+def workstation(shape: str, weights: int, **values: Any) -> Context:
     """The recorded 2x RTX 5090 (32607 MiB each) with a model's config.json and hub size."""
     case = next(c for c in CASES if c[0] == "rtx5090x2-tp2-awq32b-all-good")
     name, machine, profile, base, change, peers, expected = case
     (ctx,) = context_for((name, machine, profile, {**base, **values}, change, peers, expected)).values()
-    return dataclasses.replace(ctx, model_config=config(model), weights_bytes=weights)
+    return dataclasses.replace(ctx, model_config=config(shape), weights_bytes=weights)
 
 
 AWQ_32B = 19_300_000_000  # about what a 4-bit 32B checkpoint's safetensors take on the hub
@@ -152,10 +154,35 @@ def test_gb10_never_suggests_a_utilization_past_the_unified_memory_headroom() ->
     assert found.blocks and "gpu_memory_utilization" not in (found.fix or "")
 
 
-def test_without_config_json_the_weights_alone_are_judged_and_it_says_so() -> None:
-    ctx = dataclasses.replace(workstation("llama-3.1-8b-instruct", 16 * GIB), model_config=None)
+def test_without_config_json_the_weights_alone_are_no_pass() -> None:
+    """A model the package ships no shape for, with no config.json from the host or the hub: the weights
+    fit, but the KV cache was not estimated, so the verdict is unknown (info), not a pass."""
+    ctx = dataclasses.replace(workstation("llama-3.1-8b-instruct", 16 * GIB, model="org/private-8b"),
+                              model_config=None)
     found = checks.memory_fits(ctx)
-    assert found.status == "pass" and "KV cache not estimated: no config.json from the hub" in found.message
+    assert (found.status, found.severity) == (checks.FAIL, checks.INFO) and not found.blocks
+    assert found.message == ("could not be judged: the KV cache was not estimated (no config.json from the hub); "
+                             "the weights alone take 8.0 GiB per GPU of 29.3 GiB")
+    assert found.evidence["kv_cache"] == "not estimated: no config.json from the hub"
+    assert "let the hub give org/private-8b's config.json" in (found.fix or "")
+    assert "or place it in /var/lib/vllm/models/org/private-8b/current on the host" in (found.fix or "")
+    assert checks.verdict([found]) == "warnings"
+
+
+def test_without_config_json_check_judges_a_starter_model_as_init_does() -> None:
+    """init suggests a model by the shape shipped in starter_models.yaml; check, given no config.json (the
+    hub unreachable), reads the same shape and comes to init's own words."""
+    machine = recorded_machine("rtx5090x2-tr7960x")
+    profile = load_profiles()["rtx5090"]
+    suggestion = starter.suggest_model("ws", profile, machine, 2)
+    assert (suggestion.model, suggestion.max_model_len) == ("Qwen/Qwen2.5-72B-Instruct-AWQ", 8192)
+    ctx = workstation("qwen2.5-7b-instruct", 0, model=suggestion.model, max_model_len=8192)
+    found = checks.memory_fits(dataclasses.replace(ctx, model_config=None, weights_bytes=None,
+                                                   model_config_note="the hub: cannot reach it"))
+    assert found.status == checks.PASS and found.message == suggestion.reason
+    assert found.evidence["config_from"] == (
+        "the shape shipped in provision/starter_models.yaml (read from "
+        "https://huggingface.co/Qwen/Qwen2.5-72B-Instruct-AWQ/blob/main/config.json; the hub: cannot reach it)")
 
 
 def test_cpu_build_kv_space_is_judged_from_vllm_cpu_kvcache_space() -> None:

@@ -241,8 +241,20 @@ def test_one_host_runs_every_gpu_in_the_rendered_environment(tmp_path: Path) -> 
     empty_venv = dataclasses.replace(host_facts, venv=parsers.VenvInfo("3.12.3", None, None, None, None, None))
     assert nccl.plan_host(context.contexts(inv, {"h200": empty_venv}, {})["h200"])[0].python == "python3"
     one_gpu = dataclasses.replace(host_facts, gpus=host_facts.gpus[:1])
-    with pytest.raises(ProvisionError, match="one GPU"):
-        nccl.plan_host(context.contexts(inv, {"h200": one_gpu}, {})["h200"])
+    one = context.contexts(inv, {"h200": one_gpu}, {})["h200"]
+    with pytest.raises(ProvisionError) as named_host:
+        nccl.plan_host(one)
+    assert str(named_host.value) == ("h200: one GPU, nothing to all-reduce across (test a multi-node cluster "
+                                     "with --cluster)")
+    # Named with --cluster (a cluster of this one node): the hint is not the flag that was just given.
+    with pytest.raises(ProvisionError) as named_cluster:
+        nccl.plan_host(one, cluster="solo")
+    assert "--cluster" not in str(named_cluster.value)
+    assert str(named_cluster.value) == ("h200: one GPU, nothing to all-reduce across (cluster solo has this one "
+                                        "node: add nodes with GPUs to it (on its cluster network), or test a host "
+                                        "with several GPUs with --host)")
+    with pytest.raises(ProvisionError, match=r"\(--gpus 1 of its 2: leave --gpus out, or ask for 2 or more\)"):
+        nccl.plan_host(ctx, gpus=1)
     with pytest.raises(ProvisionError, match="no GPU to test"):
         nccl.plan_host(context.contexts(inv, {"h200": dataclasses.replace(host_facts, gpus=())}, {})["h200"])
     with pytest.raises(ProvisionError, match="--gpus 4 but the host has 2"):

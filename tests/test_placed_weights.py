@@ -160,10 +160,14 @@ def test_a_repository_id_without_files_on_the_host_asks_the_hub(monkeypatch: pyt
 def test_neither_the_host_nor_the_hub_is_said_not_left_silent(monkeypatch: pytest.MonkeyPatch) -> None:
     empty = {DIRECTORY: {"exists": True, "is_dir": True, "sizes": {}, "config": None, "config_error": "missing"}}
     refused = "no model repository 'Qwen/Qwen2.5-7B-Instruct' on https://hub.internal (a private one needs hf_token)"
-    found, _ = gated({"fetch_weights": False}, empty, monkeypatch, hub=(refused, None))
-    # The name gives a size (7B x 16 bit): the weights are judged alone, and the message says why.
-    assert found.status == "pass" and f"KV cache not estimated: no config.json in {DIRECTORY} on the host; " \
-        f"the hub: {refused}" in found.message
+    found, _ = gated({"fetch_weights": False}, empty, monkeypatch, hub=(errors.WeightsError(refused), None))
+    # The name gives a size (7B x 16 bit) and the package ships this model's shape (what init reads):
+    # the KV cache is estimated from it, and the evidence says why neither the host nor the hub gave one.
+    assert found.status == "pass"
+    assert found.evidence["config_from"] == (
+        "the shape shipped in provision/starter_models.yaml (read from "
+        f"https://huggingface.co/Qwen/Qwen2.5-7B-Instruct/blob/main/config.json; no config.json in {DIRECTORY} "
+        f"on the host; the hub: {refused})")
     path = "/srv/models/my-finetune"
     found, asked = gated({"fetch_weights": False, "model": path}, {path: {"exists": False, "is_dir": False}},
                          monkeypatch)

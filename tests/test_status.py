@@ -707,7 +707,7 @@ def test_a_server_that_runs_but_answers_nothing_is_called_stuck() -> None:
     host = facts.facts_from_probe("h200", ok(answer))
     unit = parsers.UnitState("llama-server.service", "loaded", "active", "running", "enabled", 0,
                              "Thu 2026-12-03 20:50:54 UTC")
-    host = dataclasses.replace(host, units={**host.units, unit.name: unit})
+    host = dataclasses.replace(host, units={**(host.units or {}), unit.name: unit})
     llama = engines.ENGINES["llamacpp"]
     timed_out = {"health": {"status": None, "error": "TimeoutError: timed out"}}
     found = status.host_status("h200", "server", host, timed_out, None, 3.1, engine=llama)
@@ -743,3 +743,13 @@ def test_right_after_a_crash_status_says_the_crash_not_the_ended_runs_start_and_
 def _with_unit(unit: parsers.UnitState) -> facts.HostFacts:
     host = facts.facts_from_probe("cpu-3", ok(json.dumps({"python": "3.11.2", "results": {}})), status.STATUS_FACTS)
     return dataclasses.replace(host, units={unit.name: unit})
+
+
+def test_a_host_whose_systemctl_could_not_answer_is_not_called_not_installed() -> None:
+    answer = probe_answer_from_recording(lab.load_machine("h200x2-driver580"), python="3.12.3")
+    host = dataclasses.replace(facts.facts_from_probe("h200", ok(answer)), units=None)
+    found = status.host_status("h200", "server", host, {"health": {"status": None, "error": "ConnectionRefusedError"}},
+                               None, 0.4, engine=engines.ENGINES["llamacpp"])
+    assert found.unit["installed"] is None and found.unit["active"] == "unknown"
+    assert status.host_status("h200", "server", dataclasses.replace(host, units={}), {}, None, 0.4,
+                              engine=engines.ENGINES["llamacpp"]).unit["installed"] is False

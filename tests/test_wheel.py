@@ -1,32 +1,62 @@
-"""The installed tool: the wheel built from this checkout, installed into a fresh venv, run from a
-directory outside the repository (no checkout on the path: templates, profiles, recordings and the
-host programs all come from the wheel).
+"""The installed tool, as the documentation installs and runs it: the wheel built from this checkout
+by the docs' own line, installed into a fresh venv with its dependencies, then every command of the
+README's Install section and of docs/index.md#install, and every `provision …` hint they print, run
+from a directory outside the repository (no checkout on the path: templates, profiles, recordings and
+the host programs all come from the wheel).
 
-The venv has no system site-packages: the checkout's editable install (its import hook in a .pth
-file) would otherwise answer for anything the wheel left out. The dependencies come from this
-interpreter's site-packages, added to the venv's path by a .pth file of plain paths (Python runs no
-.pth file found there), so the test needs no index and no network.
+The wheel is built once, for every test here (the module's fixture; the module is one xdist group, so
+one worker builds it). The venv has no system site-packages: the checkout's editable install (its
+import hook in a .pth file) would otherwise answer for anything the wheel left out. Its dependencies
+are resolved by pip from the wheel's own metadata, with no index: from wheels of the distributions
+this interpreter has installed (tests/wheelhouse.py), so a dependency missing from pyproject.toml
+fails here. Nothing asks the Hugging Face hub (HF_HUB_OFFLINE, and an endpoint nothing listens on).
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import platform
+import re
+import shlex
 import shutil
 import site
 import subprocess
 import sys
 import sysconfig
+import time
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 import provision
+from tests.wheelhouse import wheelhouse
+
+pytestmark = pytest.mark.xdist_group("wheel")  # one worker builds the wheel, once
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_INPUTS = ("pyproject.toml", "README.md", "provision", "templates")
+# Where the docs show how to install and first run the tool: (file, the heading of its section).
+INSTALL_SECTIONS = (("README.md", "## Install"), ("docs/index.md", "## Install"))
+VENV = "~/provision-venv"  # the docs' venv row
+# The commands shown there that this test does not run, and why; every other one runs as written.
+NOT_RUN = {
+    "pipx install .": "pipx resolves the dependencies from the package index (this test uses none); the "
+                      "same package installs from the same wheel below",
+    "pipx install '.[lab]'": "as pipx install ., with the lab's extra (numpy, tokenizers, ...) from the index",
+    "~/provision-venv/bin/pip install .": "a second build of the same source with the same backend: the "
+                                          "wheel the docs' wheel line built goes into this venv instead",
+    "pip install .": "as ~/provision-venv/bin/pip install . (a second build): the wheel goes into the venv",
+    "python3 -m pip install -e '.[test]'": "the checkout's own install, CI's first step (.ci/run); "
+                                           "test_an_editable_install_imports_the_mapped_templates_package",
+    "provision lab.up": "root and the lab extra: the lab tests (tests/lab, in CI) boot the lab",
+    "provision deploy --all --inventory inventory/": "installs a venv, weights and units on this machine "
+                                                     "once its gate passes: the lab tests deploy (CI)",
+}
+# Tasks that only read (a host's facts at most) and so may run on this machine from a printed hint.
+READ_ONLY = ("--version", "--list", "inventory", "facts", "check", "plan", "recipe.list", "recipe.show")
 INVENTORY = """\
 hosts:
   ws-alpha:
@@ -44,13 +74,60 @@ clusters:
 
 
 @dataclass(frozen=True)
+class Shown:
+    """One command as a doc shows it."""
+
+    doc: str
+    command: str
+
+
+def shown_commands(root: Path = ROOT) -> list[Shown]:
+    """Every command of the install sections, in order: each code block's lines (a trailing `# ...`
+    comment dropped), and each `backticked` command in the text and tables (python3, pip, pipx, ~/
+    or provision at its start); `a && b` is two commands."""
+    found: list[Shown] = []
+    for doc, heading in INSTALL_SECTIONS:
+        text = (root / doc).read_text()
+        section = text.split(heading + "\n", 1)[1].split("\n## ", 1)[0]
+        commands: list[str] = []
+        for index, part in enumerate(section.split("```")):
+            if index % 2:  # inside a code block
+                commands.extend(re.split(r"\s{2,}#", line)[0].strip() for line in part.splitlines()[1:])
+            else:
+                # `provision` alone names the tool, `provision plan …` a form: neither is a command line.
+                commands.extend(span for span in re.findall(r"`([^`\n]+)`", part)
+                                if re.match(r"(python3 |pip |pipx |~/|provision )", span) and "…" not in span)
+        for command in commands:
+            for one in (piece.strip() for piece in command.split("&&")):
+                if one and Shown(doc, one) not in found:
+                    found.append(Shown(doc, one))
+    return found
+
+
+@dataclass
+class Ran:
+    """A command the test ran, where and what came back."""
+
+    command: str
+    code: int
+    out: str
+    seconds: float
+
+    @property
+    def hints(self) -> list[str]:
+        """The commands it printed for a person to run next (`provision …` or `invoke …`)."""
+        return re.findall(r"`((?:provision|invoke) [^`]+)`", self.out)
+
+
+@dataclass
 class Installed:
-    source: Path  # the copy the wheel was built from
+    source: Path  # the copy the wheel was built from (the docs' "this directory")
     wheel: Path
     venv: Path
     outside: Path  # the working directory of every run: no repository there
     inventory: Path
     env: dict[str, str]
+    installs: list[Ran] = field(default_factory=list)  # the docs' install lines, as run by the fixture
 
     def run(self, *args: str, codes: tuple[int, ...] = (0,)) -> str:
         done = subprocess.run([str(self.venv / "bin" / "provision"), *args], cwd=self.outside, env=self.env,
@@ -63,6 +140,21 @@ class Installed:
                               capture_output=True, text=True, timeout=60, check=False)
         assert done.returncode == 0, done.stderr
         return done.stdout
+
+    def shell_free(self, command: str, cwd: Path, env: dict[str, str] | None = None) -> Ran:
+        """A doc's command as written: split as a shell would, `~/` and `*` expanded as a shell would,
+        run without one (the project has no shell scripts)."""
+        env = env or self.env
+        argv = []
+        for word in shlex.split(command):
+            word = env["HOME"] + word[1:] if word.startswith("~/") else word
+            matches = sorted(glob.glob(word, root_dir=cwd)) if "*" in word else []
+            argv.extend(matches or [word])
+        program = shutil.which(argv[0], path=env["PATH"]) or argv[0]
+        started = time.monotonic()
+        done = subprocess.run([program, *argv[1:]], cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=300, check=False)
+        return Ran(command, done.returncode, done.stdout + done.stderr, time.monotonic() - started)
 
 
 def _copy_sources(target: Path) -> None:
@@ -83,6 +175,8 @@ def _dependency_paths() -> list[str]:
 
 
 def _make_venv(venv: Path) -> None:
+    """A venv without pip whose dependencies are this interpreter's (a .pth file of plain paths): for
+    the editable install, which the docs' lines do not make."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     purelib = subprocess.run([str(venv / "bin" / "python"), "-c",
                               "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -90,25 +184,53 @@ def _make_venv(venv: Path) -> None:
     (Path(purelib) / "dependencies.pth").write_text("\n".join(_dependency_paths()) + "\n")
 
 
+def _requirements() -> list[str]:
+    """What the wheel needs besides itself: its dependencies, and setuptools for the isolated build."""
+    project = (ROOT / "pyproject.toml").read_text()
+    build = re.search(r'requires = \["(setuptools[^"]*)"\]', project)
+    assert build is not None
+    listed = project.split("\ndependencies = [", 1)[1].split("\n]", 1)[0]
+    return [build.group(1), *re.findall(r'^\s*"([^"]+)",', listed, re.MULTILINE)]
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """The docs' install lines, run as written from a copy of the checkout: the wheel's (build, then
+    `pip install dist/provision-*.whl`) into the venv of the venv row (`python3 -m venv ~/provision-venv`,
+    activated: its bin/ first on PATH). pip's configuration (PIP_NO_INDEX, PIP_FIND_LINKS) points it at
+    local wheels; HOME is the test's own."""
     work = tmp_path_factory.mktemp("wheel")
-    source, dist, venv, outside = work / "source", work / "dist", work / "venv", work / "elsewhere"
+    source, home, houses = work / "source", work / "home", work / "wheelhouse"
+    outside = home / "elsewhere"
     source.mkdir()
-    outside.mkdir()
+    outside.mkdir(parents=True)
     _copy_sources(source)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--wheel-dir", str(dist), str(source)], check=True, timeout=300)
-    [wheel] = dist.glob("provision-*.whl")
-    _make_venv(venv)
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("PYTHON", "PROVISION_", "PIP_"))}
-    env.update({"PROVISION_LAB_DIR": str(work / "no-lab"), "COLUMNS": "250", "PYTHONNOUSERSITE": "1"})
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                    str(wheel)], check=True, timeout=300, cwd=outside, env=env)
-    inventory = outside / "hosts.yaml"
-    inventory.write_text(INVENTORY)
-    return Installed(source, wheel, venv, outside, inventory, env)
+    wheelhouse(_requirements(), houses)
+    venv = home / VENV.removeprefix("~/")
+    base = {key: value for key, value in os.environ.items()
+            if not key.startswith(("PYTHON", "PROVISION_", "PIP_", "HF_", "VIRTUAL_ENV"))}
+    # python3 is this interpreter (its bin/ first), whose distributions the wheelhouse holds.
+    path = os.pathsep.join([str(venv / "bin"), str(Path(sys.executable).parent), base.get("PATH", "")])
+    env = {**base, "HOME": str(home), "PATH": path, "PYTHONNOUSERSITE": "1", "COLUMNS": "250",
+           "PROVISION_LAB_DIR": str(work / "no-lab"),  # no lab inventory as the default
+           "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9",  # never the Hugging Face hub
+           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(houses), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+           "PIP_NO_COMPILE": "1"}  # each module is compiled when first imported, as without a venv
+    done = Installed(source, source / "dist", venv, outside, outside / "hosts.yaml", env)
+    for command in (next(c for c in _shown_texts() if c.startswith("python3 -m pip wheel")),
+                    f"python3 -m venv {VENV}", next(c for c in _shown_texts() if c.startswith("pip install dist/"))):
+        ran = done.shell_free(command, source)
+        assert ran.code == 0, f"{command}: exit {ran.code}\n{ran.out[-3000:]}"
+        done.installs.append(ran)
+    [wheel] = (source / "dist").glob("provision-*.whl")
+    done.wheel = wheel
+    done.env = {key: value for key, value in env.items() if not key.startswith("PIP_")}
+    done.inventory.write_text(INVENTORY)
+    return done
+
+
+def _shown_texts() -> list[str]:
+    return [shown.command for shown in shown_commands()]
 
 
 def _files_under(folder: Path, prefix: str) -> set[str]:
@@ -236,3 +358,73 @@ def test_an_editable_install_imports_the_mapped_templates_package(installed: Ins
                           check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip("\n") == (ROOT / "templates" / "systemd" / "vllm.service.j2").read_text().rstrip("\n")
+
+
+def _flags(command: str) -> list[str]:
+    return [word.split("=", 1)[0] for word in shlex.split(command) if word.startswith("--")]
+
+
+def _parses(installed: Installed, command: str) -> None:
+    """A `provision …` line that is not run here names a task this tool has, with flags that task takes."""
+    words = shlex.split(command)
+    task = words[1]
+    if task.startswith("--"):
+        return
+    helped = installed.shell_free(f"provision {task} --help", installed.outside)
+    assert helped.code == 0, f"{command}: `provision {task}` is no task of the installed tool\n{helped.out}"
+    missing = [flag for flag in _flags(command) if not re.search(rf"^\s+(-\w, )?{re.escape(flag)}\b", helped.out,
+                                                                  re.MULTILINE)]
+    assert not missing, f"{command}: `provision {task}` takes no {missing}"
+
+
+def test_the_docs_install_commands_and_the_hints_they_print_run_as_written(installed: Installed) -> None:
+    """Each install command of README.md's and docs/index.md's install sections, run as written in a
+    directory outside the repository (the install lines by the fixture, the others here, in order),
+    then each `provision …` hint they print: run where it only reads, else held to a task and flags
+    the tool has. None is a usage error (exit 2) and none prints an `invoke …` hint, which runs only
+    in a checkout."""
+    shown = shown_commands()
+    assert {s.doc for s in shown} == {"README.md", "docs/index.md"}
+    ran: list[Ran] = list(installed.installs)
+    done = {r.command for r in ran}
+    for command in dict.fromkeys(s.command for s in shown):
+        if command in NOT_RUN:
+            if command.startswith("provision "):
+                _parses(installed, command)
+            continue
+        if command in done or command.startswith(("python3 -m pip wheel", "pip install dist/")):
+            continue
+        result = installed.shell_free(command, installed.outside)
+        ran.append(result)
+        done.add(command)
+        # 1: a blocker, which the gate and the plan report with exit 1 on a machine that cannot serve
+        assert result.code in (0, 1), f"{command}: exit {result.code}\n{result.out[-3000:]}"
+        assert "Traceback" not in result.out, f"{command}\n{result.out[-3000:]}"
+    outputs = {r.command: r.out for r in ran}
+    assert outputs["provision --version"].strip() == f"provision {provision.__version__}"
+    assert outputs[f"{VENV}/bin/provision --version"].strip() == f"provision {provision.__version__}"
+    assert "wrote inventory/hosts.yaml" in outputs["provision init --host local"]
+    assert "local: " in outputs["provision check --all --inventory inventory/"]  # the host's table, judged
+    # Every hint printed, one level down and once each.
+    hints: list[str] = list(dict.fromkeys(hint for r in ran for hint in r.hints))
+    assert "provision inventory --inventory inventory/hosts.yaml" in hints
+    followed = []
+    for hint in hints:
+        assert not hint.startswith("invoke "), f"the installed tool printed a checkout-only hint: {hint}"
+        words = shlex.split(hint)
+        if words[1] in READ_ONLY and not re.search(r"\b[A-Z][A-Z_/]+\b", hint):  # no placeholder left to fill
+            result = installed.shell_free(hint, installed.outside)
+            assert result.code in (0, 1) and "Traceback" not in result.out, f"{hint}: exit {result.code}\n{result.out}"
+            followed.append(hint)
+        else:
+            _parses(installed, hint)
+    assert followed, "no printed hint was followed"
+    timing = "; ".join(f"{r.command}: {r.seconds:.1f} s" for r in ran)
+    print(f"ran {len(ran)} doc commands and followed {len(followed)} hints: {timing}")
+
+
+def test_every_command_left_out_is_still_shown_and_says_why() -> None:
+    """NOT_RUN holds no line the docs no longer show (else it would excuse nothing), each with a reason."""
+    shown = {s.command for s in shown_commands()}
+    assert set(NOT_RUN) <= shown, sorted(set(NOT_RUN) - shown)
+    assert all(len(why) > 20 for why in NOT_RUN.values())

@@ -2,18 +2,22 @@
 with no unit yet, bench's real concurrency, a tune bound that is no bound, where a refused token came from."""
 from __future__ import annotations
 
+import http.server
 import json
+import socket
 import threading
 from pathlib import Path
 
 import pytest
 from rich.progress import Progress
 
-from provision import errors, facts, report, run, secrets, tune, tune_rules, weights
+from provision import checks, errors, facts, report, run, secrets, tune, tune_rules, weights
 from provision.lab import hub
 from provision.run import carrying
+from provision.run import hub as hub_stage
 from provision.server import BenchReport
 from tests.fakes import ok
+from tests.test_checks import context_for
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -88,3 +92,63 @@ def test_a_gated_model_refused_names_where_the_token_came_from(tmp_path: Path,
     assert str(refused.value).startswith("lab/gated is gated and the token from the environment (HF_TOKEN) has no "
                                          "access to it")
     assert "hf_not_granted" not in str(refused.value)
+
+
+def _hub_verdict(endpoint: str, model: str) -> tuple[BaseException, checks.Finding]:
+    """What the hub answered for `model` at `endpoint` (asked as a plan asks it), and model.hub's finding."""
+    key = (model, "main", (), endpoint)
+    answer, _ = hub_stage._ask_hub(key, secrets.Secrets())
+    assert isinstance(answer, errors.WeightsError)
+    (ctx,) = context_for(("ws", "h200x2-driver580", "hopper", {"model": model, "hf_endpoint": endpoint},
+                          None, None, {})).values()
+    return answer, checks.model_hub(hub_stage._refused(ctx, answer))
+
+
+def test_a_hub_that_gives_no_answer_is_blamed_on_the_network_not_the_model() -> None:
+    with socket.socket() as probe:  # a port nothing listens on once closed: the connection is refused
+        probe.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    answer, found = _hub_verdict(endpoint, "lab/tiny")
+    assert isinstance(answer, errors.HubUnreachable)
+    assert found.blocks and found.message.startswith(f"cannot reach {endpoint} for lab/tiny: ")
+    assert found.fix == (f"the hub at {endpoint} gave no answer to this machine (the controller asks it, not the "
+                         "host): check its network and DNS, a proxy (HTTPS_PROXY / https_proxy in the environment, "
+                         "NO_PROXY for a local mirror), or set hf_endpoint to a mirror it can reach (HF_ENDPOINT)")
+
+
+def test_a_hub_that_answers_no_such_model_is_blamed_on_the_model(tmp_path: Path) -> None:
+    server = hub.serve(tmp_path / "hub", "127.0.0.1", 0)  # a hub that holds no repository: 404
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        answer, found = _hub_verdict(endpoint, "lab/missing")
+    finally:
+        server.shutdown()
+    assert not isinstance(answer, errors.HubUnreachable)
+    assert found.message == f"no model repository 'lab/missing' on {endpoint} (a private one needs hf_token)"
+    assert found.fix == "fix model / model_revision in the inventory, or hf_token in its secrets file"
+
+
+class _Gateway(http.server.BaseHTTPRequestHandler):
+    """What a proxy or load balancer answers when it cannot reach the hub behind it."""
+
+    def do_GET(self) -> None:
+        self.send_response(502, "Bad Gateway")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_gateway_error_is_no_answer_from_the_hub() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(errors.HubUnreachable) as caught:
+            weights.resolve("lab/tiny", "main", (), endpoint, None)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert str(caught.value) == f"no answer from {endpoint} for lab/tiny: HTTP 502 Bad Gateway"

@@ -20,6 +20,7 @@ files is the only I/O (provision/recipes/sparkarena.py reads Spark Arena's regis
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -63,8 +64,9 @@ class Hardware:
 
 @dataclass(frozen=True)
 class Figure:
-    """One figure: Figure('decode', 58.6, 'tok/s', 'cited', where='issue 35'). A measured one says how
-    (the benchmark profile, date and tool version); a cited one says where it was read."""
+    """One figure: Figure('decode', 58.6, 'tok/s', 'cited', where='https://github.com/OWNER/REPO, README,
+    commit ... of 2026-01-17: ...'). A measured one says how (the benchmark profile, date and tool
+    version); a cited one says where it was read: a public address a user can follow, and when."""
 
     metric: str
     value: float
@@ -184,6 +186,10 @@ def _figure(data: Any, source: str) -> Figure:
                           file=source)
     if kind == "cited" and not entry.get("where"):
         raise RecipeError(f"cited figure '{entry['metric']}' must say where it is cited from", file=source)
+    if kind == "cited" and not re.search(r"\bhttps?://\S", str(entry["where"])):
+        # "issue 35" points nowhere a user can follow: the page, issue or commit by its public address.
+        raise RecipeError(f"cited figure '{entry['metric']}' must name the public address it is cited from "
+                          "(https://...)", file=source)
     return Figure(metric=_text(entry, "metric", source), value=float(value), unit=_text(entry, "unit", source),
                   kind=kind, **{key: str(entry.get(key) or "") for key in
                                 ("how", "where", "benchmark", "date", "tool")})

@@ -18,7 +18,7 @@ from provision import (
     secrets,
     weights,
 )
-from provision.errors import KvError, WeightsError
+from provision.errors import HubUnreachable, KvError, WeightsError
 
 
 def _quantization(model_config: dict[str, Any] | None) -> str | None:
@@ -34,7 +34,8 @@ def _quantization(model_config: dict[str, Any] | None) -> str | None:
 HubKey = tuple[str, str, tuple[str, ...], str]  # (model, revision, file patterns, endpoint)
 
 
-HubAnswer = tuple["weights.Snapshot | str", "dict[str, Any] | None"]  # (snapshot or why not, config.json)
+# (the snapshot, or why not: a HubUnreachable where the hub gave no answer at all; config.json)
+HubAnswer = tuple["weights.Snapshot | WeightsError", "dict[str, Any] | None"]
 
 
 def _hub_key(settings: inventory.Settings) -> HubKey:
@@ -48,7 +49,7 @@ def _ask_hub(key: HubKey, held: secrets.Secrets) -> HubAnswer:
     try:
         snapshot = weights.resolve(model, revision, files, endpoint, held.hf_token, held.sources.get("hf_token"))
     except WeightsError as exc:
-        return str(exc), None
+        return exc, None
     weights.keep_snapshot(snapshot, files, endpoint)
     try:  # known issues and the KV cache estimate
         return snapshot, weights.model_config(snapshot.repo, snapshot.commit, endpoint, held.hf_token)
@@ -125,22 +126,27 @@ def with_snapshots(contexts: dict[str, context.Context], held: secrets.Secrets, 
                 asked[key] = early.asking[key].result() if key in early.asking else _ask_hub(key, held)
                 live.add(key)
         answer, model_config = asked[key]
-        if isinstance(answer, str):
-            result[name] = dataclasses.replace(ctx, snapshot_error=answer)
+        if isinstance(answer, WeightsError):
+            result[name] = _refused(ctx, answer)
             continue
         reason, to_fetch = weights.compare(answer, weights.host_weights(ctx.facts, weights.root_of(s)))
         if reason and key not in live:  # a host must fetch: the gate asks the hub itself
             live.add(key)
             asked[key] = _ask_hub(key, held)
             answer, model_config = asked[key]
-            if isinstance(answer, str):
-                result[name] = dataclasses.replace(ctx, snapshot_error=answer)
+            if isinstance(answer, WeightsError):
+                result[name] = _refused(ctx, answer)
                 continue
             reason, to_fetch = weights.compare(answer, weights.host_weights(ctx.facts, weights.root_of(s)))
         result[name] = dataclasses.replace(ctx, snapshot=answer, weights_bytes=answer.weight_bytes,
                                            weights_to_fetch=to_fetch, model_config=model_config,
                                            quantization=_quantization(model_config))
     return result
+
+
+def _refused(ctx: context.Context, error: WeightsError) -> context.Context:
+    """Why the hub could not say, and whether it answered at all (model.hub's fix differs)."""
+    return dataclasses.replace(ctx, snapshot_error=str(error), hub_unreachable=isinstance(error, HubUnreachable))
 
 
 def _from_gguf(ctx: context.Context, placed: weights.PlacedModel) -> context.Context:
@@ -195,7 +201,7 @@ def with_placed_weights(contexts: dict[str, context.Context], held: secrets.Secr
         if key not in asked:
             asked[key] = _kept(key, held.hf_token) or _ask_hub(key, held)
         answer, model_config = asked[key]
-        if isinstance(answer, str):
+        if isinstance(answer, WeightsError):
             result[name] = dataclasses.replace(ctx, model_config_note=f"{on_host}; the hub: {answer}")
         elif model_config is None:
             result[name] = dataclasses.replace(
