@@ -135,11 +135,15 @@ def show_inventory(c: Context, inventory_: str | None = None, json_: bool = Fals
 @guarded
 def lab_up(c: Context, hosts: str | None = None) -> None:
     """Boot the lab: real hosts (systemd-nspawn, sshd) replaying recorded GPU machines."""
-    from provision import lab, report
+    from provision import config, lab, report
     names = [name.strip() for name in hosts.split(",") if name.strip()] if hosts else None
     the_lab = lab.Lab()
     the_lab.up(names, progress=lambda line: print(line, file=sys.stderr))
     report.print_rows(the_lab.status(), f"lab hosts (inventory: {the_lab.inventory})", report.console())
+    where = config.lab_owner()
+    given = f"give --inventory {the_lab.inventory} or PROVISION_LAB=1"
+    print(f"lab inventory: the default in {where}; elsewhere {given}" if where else
+          f"lab inventory: {given} (brought up by an installed tool: no checkout defaults to it)")
 
 
 @task(auto_shortflags=False, name="status", help=help_for("json"))

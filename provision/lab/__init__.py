@@ -573,6 +573,10 @@ class Lab:
             document["endpoints"] = endpoints
         header = "# The lab inventory, written by `invoke lab.up` and removed by `invoke lab.down`.\n"
         self.inventory.write_text(header + yaml.safe_dump(document, sort_keys=False))
+        # The default inventory in this checkout only (config.inventory_lookup): elsewhere on this machine
+        # the tool reads the lab only when asked.
+        owner = config.checkout()
+        config.lab_owner_file().write_text(f"{owner}\n" if owner else "")
 
     # -- status and down -------------------------------------------------------------------------
 
