@@ -603,6 +603,9 @@ class Lab:
             if netns.startswith("plab-"):
                 self._stop_one(netns[len("plab-"):], {"netns": netns})
         self._stop_hub()
+        from provision.lab import aptrepo
+
+        aptrepo.stop_agent(self.dir / "gnupg")  # one that signed the apt repository (before it stopped its own)
         if _sh(["ip", "link", "show", self.bridge], check=False).returncode == 0:
             _sh(["ip", "link", "del", self.bridge], check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -731,6 +734,18 @@ def _nspawn_pids(machine: str) -> list[int]:
     return pids
 
 
+def _exited(pid: int) -> bool:
+    """Whether a process is gone: no such process, or a zombie (dead, its parent not reaping it yet).
+    A process that ends while its /proc/PID/stat is read makes the read fail (ENOENT, or ESRCH once
+    the file is open): gone as well, as a host that stopped by itself is a stopped host."""
+    try:
+        os.kill(pid, 0)
+        stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+    except (ProcessLookupError, FileNotFoundError):
+        return True
+    return ") Z " in stat
+
+
 def _terminate(pid: int) -> None:
     """SIGTERM makes nspawn power the container off; SIGKILL after 20 s if it does not."""
     try:
@@ -745,13 +760,8 @@ def _terminate(pid: int) -> None:
                 return
         except ChildProcessError:
             pass  # not our child: poll its existence instead
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if _exited(pid):
             return
-        status = Path(f"/proc/{pid}/stat")
-        if status.exists() and ") Z " in status.read_text(errors="replace"):
-            return  # a zombie: dead, waiting for a parent that is gone
         time.sleep(0.2)
     try:
         os.kill(pid, signal.SIGKILL)
