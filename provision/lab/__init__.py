@@ -114,6 +114,8 @@ DEFAULT_CLUSTERS: Mapping[str, Mapping[str, Any]] = {
     "lab-ws": {"hosts": ["ws-5090"], "vars": {
         "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2, "max_model_len": 16384,
         **NO_FETCH}},
+    # Its venv is made of the lab index's stand-ins (STAND_IN_VENVS): the tool makes it, Ray included,
+    # as it would a real one from vllm_spec, and the gate judges the wheels it would install.
     "lab-spark": {"hosts": ["spark-a", "spark-b"], "head": "spark-a", "vars": {
         "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2, **NO_FETCH}},
     "lab-h200": {"hosts": ["h200"], "vars": {"model": "Qwen/Qwen2.5-7B-Instruct-AWQ", **NO_FETCH}},
@@ -138,6 +140,10 @@ DEFAULT_CLUSTERS: Mapping[str, Mapping[str, Any]] = {
     "lab-broken": {"hosts": ["ws-broken"], "vars": {
         "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2, **NO_FETCH}},
 }
+
+# Clusters whose venv is resolved from the lab hub's index of stand-in wheels (lab/wheels.py), by the
+# PyTorch variant their hosts' CUDA takes (GB10: CUDA 13 only).
+STAND_IN_VENVS = {"lab-spark": "cu130"}
 
 # Endpoints written into the lab inventory when their router host and every cluster's hosts are up:
 # lab-llama (cpu-2, over loopback) and lab-llama-b (cpu-3) as replicas of tiny-gguf behind cpu-2's router.
@@ -507,10 +513,11 @@ class Lab:
         """The lab's hub on the bridge address: every lab host and this machine reach it."""
         from provision.lab import aptrepo, hub, wheels
 
-        if not (self.hub_root / "simple").is_dir():
-            with tempfile.TemporaryDirectory() as scratch:
-                for variant, wheel in wheels.torch_variants(Path(scratch)).items():
-                    hub.publish_wheel(self.hub_root, variant, wheel)
+        with tempfile.TemporaryDirectory() as scratch:  # a running hub serves a stand-in added since
+            for variant, made in wheels.stand_ins(Path(scratch)).items():
+                for wheel in made:
+                    if not (self.hub_root / "simple" / variant / wheel.name).exists():
+                        hub.publish_wheel(self.hub_root, variant, wheel)
         if not aptrepo.holds(self.hub_root / "apt"):
             progress("building the lab's apt repository (stand-in driver and kernel packages, Debian's "
                      "haproxy) ...")
@@ -564,7 +571,7 @@ class Lab:
             "hosts": {name: {"address": record["address"], "user": "root", "profile": record["profile"],
                              "vars": {"hf_endpoint": self.hub_url}}
                       for name, record in hosts.items()},
-            "clusters": {name: dict(body) for name, body in DEFAULT_CLUSTERS.items()
+            "clusters": {name: self._cluster(name, body) for name, body in DEFAULT_CLUSTERS.items()
                          if all(member in hosts for member in body["hosts"])},
         }
         endpoints = {name: dict(body) for name, body in DEFAULT_ENDPOINTS.items()
@@ -577,6 +584,17 @@ class Lab:
         # the tool reads the lab only when asked.
         owner = config.checkout()
         config.lab_owner_file().write_text(f"{owner}\n" if owner else "")
+
+    def _cluster(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A cluster of DEFAULT_CLUSTERS as the inventory holds it: a stand-in venv's index settings added."""
+        variant = STAND_IN_VENVS.get(name)
+        if variant is None:
+            return dict(body)
+        from provision.lab import wheels
+
+        index = {"vllm_spec": wheels.venv_spec(), "pip_index_url": self.index_url(variant),
+                 "pip_trusted_hosts": [self.hub_url.split("//", 1)[1]]}
+        return {**body, "vars": {**body["vars"], **index}}
 
     # -- status and down -------------------------------------------------------------------------
 
