@@ -132,8 +132,8 @@ DEFAULT_CLUSTERS: Mapping[str, Mapping[str, Any]] = {
     "lab-llama": {"hosts": ["cpu-2"], "vars": {
         "engine": "llamacpp", "model": "lab/tiny-gguf", "served_model_name": "tiny-gguf",
         **llama_cpp_lab_build(), "max_model_len": 256}},
-    # The same server on cpu-3, listening on the lab network for cpu-2's router (it needs the API key,
-    # which a test gives through VLLM_API_KEY).
+    # The same server on cpu-3, listening on the lab network for cpu-2's router (it needs the API key:
+    # the lab's secrets file holds one).
     "lab-llama-b": {"hosts": ["cpu-3"], "vars": {
         "engine": "llamacpp", "model": "lab/tiny-gguf", "served_model_name": "tiny-gguf",
         **llama_cpp_lab_build(), "max_model_len": 256, "bind_host": "0.0.0.0"}},
@@ -532,14 +532,10 @@ class Lab:
                 with tempfile.TemporaryDirectory() as scratch:
                     made = getattr(tinymodel, maker)(Path(scratch) / "files")
                     hub.publish(self.hub_root, repo_id, made, gated=gated)
+        self._ensure_secrets()
         if _http_answers(f"{self.hub_url}/_lab/stats"):
             return
         progress(f"starting the lab hub at {self.hub_url} ...")
-        if not self.secrets_file.exists():
-            token = "hf_lab_" + os.urandom(16).hex()
-            self.secrets_file.write_text(f"hf_token: {token}\n")
-            self.secrets_file.chmod(0o600)
-            hub.allow_token(self.hub_root, token)
         with (self.dir / "hub.log").open("a") as log:
             subprocess.run(["setsid", "--fork", sys.executable, "-m", "provision.lab.hub", "--root",
                             str(self.hub_root), "--address", self.gateway(), "--port", str(HUB_PORT)],
@@ -549,6 +545,27 @@ class Lab:
             if time.monotonic() > deadline:
                 raise LabError(f"the lab hub did not answer at {self.hub_url} (see {self.dir / 'hub.log'})")
             time.sleep(0.2)
+
+    def _ensure_secrets(self) -> None:
+        """The lab inventory's secrets file, each secret made once: the hub token (the hub lets it read
+        gated repositories) and the API key the lab's servers and endpoints check (lab-llama-b and the
+        lab-tiny endpoint listen on the lab network: the gate wants a key there, and the key is every
+        server's). The tool reads both from here: no lab command needs them in the environment. A file
+        made before the API key was gains it."""
+        from provision.lab import hub
+
+        held = yaml.safe_load(self.secrets_file.read_text()) if self.secrets_file.exists() else None
+        held = dict(held) if isinstance(held, dict) else {}
+        made: dict[str, str] = {}
+        if not held.get("hf_token"):
+            made["hf_token"] = "hf_lab_" + os.urandom(16).hex()
+            hub.allow_token(self.hub_root, made["hf_token"])
+        if not held.get("vllm_api_key"):
+            made["vllm_api_key"] = "sk-lab-" + os.urandom(16).hex()
+        if made:
+            self.secrets_file.touch(mode=0o600)
+            self.secrets_file.chmod(0o600)
+            self.secrets_file.write_text(yaml.safe_dump({**held, **made}, sort_keys=False))
 
     def _stop_hub(self) -> None:
         pid_file = self.hub_root / "hub.pid"
