@@ -603,13 +603,15 @@ class Lab:
         config.lab_owner_file().write_text(f"{owner}\n" if owner else "")
 
     def _cluster(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """A cluster of DEFAULT_CLUSTERS as the inventory holds it: a stand-in venv's index settings added."""
+        """A cluster of DEFAULT_CLUSTERS as the inventory holds it: a stand-in venv's spec and index added."""
         variant = STAND_IN_VENVS.get(name)
         if variant is None:
             return dict(body)
         from provision.lab import wheels
 
-        index = {"vllm_spec": wheels.venv_spec(), "pip_index_url": self.index_url(variant),
+        # An extra index: what else the tool resolves for these hosts (the weights fetcher's
+        # huggingface_hub) still comes from PyPI.
+        index = {"vllm_spec": wheels.venv_spec(), "pip_extra_index_urls": [self.index_url(variant)],
                  "pip_trusted_hosts": [self.hub_url.split("//", 1)[1]]}
         return {**body, "vars": {**body["vars"], **index}}
 

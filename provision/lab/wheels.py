@@ -17,7 +17,10 @@ from pathlib import Path
 # variant -> the CUDA release torch.version.cuda reports (None: the CPU build)
 VARIANTS = {"cu128": "12.8", "cu129": "12.9", "cu130": "13.0", "cpu": None}
 TORCH_VERSION = "2.9.0"
-RAY_VERSION = "2.60.0"  # the Ray the contract table names for the vLLM releases it knows
+# The Ray the contract table names for the vLLM releases it knows, with a local label of the lab's own: the
+# lab's index is an extra one beside PyPI, and an exact pin of it is never PyPI's real Ray (which pip
+# would take over a pure-Python wheel of the same version).
+RAY_VERSION = "2.60.0+lab"
 
 
 def _record_line(name: str, data: bytes) -> str:
