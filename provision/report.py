@@ -36,9 +36,16 @@ if TYPE_CHECKING:
     from provision.weights import FetchResult
 
 
+# Piped output (CI logs, `| less`, a file) has no right edge: a table is as wide as its widest cells,
+# where rich's 80-column default (or any fixed width) would wrap or cut them. Tables are not expanded,
+# so this is a bound no table meets, not a width any line is padded to.
+PIPED_WIDTH = 100_000
+
+
 def console() -> Console:
-    # Piped output (CI logs, `| less`) gets a wide table instead of rich's 80-column default.
-    return Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+    """Every table and line for people goes through one of these: at a terminal, its width; piped,
+    PIPED_WIDTH."""
+    return Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else PIPED_WIDTH)
 
 
 def dump_json(data: Any) -> str:

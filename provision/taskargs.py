@@ -34,7 +34,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 COMMON_HELP = {
-    "inventory": "inventory file or directory (default: the lab's while it is up, else ./inventory)",
+    "inventory": "inventory file or directory (default: $PROVISION_INVENTORY, else the lab's while it is up "
+                 "in the checkout that brought it up or with $PROVISION_LAB=1, else ./inventory)",
     "host": "a host name from the inventory (a host with services: all of them; HOST/SERVICE: one), or 'local' for this machine (repeatable)",
     "cluster": "a cluster name from the inventory",
     "all": "every host of the inventory",
@@ -106,9 +107,12 @@ def missing_inventory(path: str | None) -> InventoryError:
     if path is not None:
         return InventoryError(f"no such file or directory; {write}", file=path)
     looked = []
-    for number, (what, where) in enumerate(config.inventory_lookup(), 1):
+    for number, place in enumerate(config.inventory_lookup(), 1):
+        where = place.path
         state = "not set" if where is None else f"{where}: {'absent' if not where.exists() else 'found'}"
-        looked.append(f"  {number}. {what}: {state}")
+        if place.passed_over:
+            state += f", {place.passed_over}"
+        looked.append(f"  {number}. {place.what}: {state}")
     return InventoryError(
         "none found. Looked, in this order:\n" + "\n".join(looked) + "\n"
         "Give one with --inventory FILE, or $PROVISION_INVENTORY=FILE, or put it in ./inventory/ in the current "
@@ -123,7 +127,8 @@ def load_inventory(path: str | None, local_only: bool = False) -> Inventory:
 
     chosen = Path(path) if path else config.default_inventory()
     if not chosen.exists():
-        named = path is not None or config.inventory_lookup()[0][1] is not None  # $PROVISION_INVENTORY
+        # --inventory, $PROVISION_INVENTORY or $PROVISION_LAB=1: one was asked for, and it is not there
+        named = path is not None or config.inventory_lookup()[0].path is not None or config.lab_asked()
         if local_only and not named:
             return inventory.Inventory(hosts={}, groups={}, clusters={}, ssh=inventory.SshSettings())
         raise missing_inventory(path)

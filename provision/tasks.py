@@ -166,11 +166,15 @@ def lab_up(c: Context, hosts: str | None = None) -> None:
     """Boot the lab: real hosts replaying recorded GPU machines.
 
     Each host is a systemd-nspawn container running sshd."""
-    from provision import lab, report
+    from provision import config, lab, report
     names = [name.strip() for name in hosts.split(",") if name.strip()] if hosts else None
     the_lab = lab.Lab()
     the_lab.up(names, progress=lambda line: print(line, file=sys.stderr))
     report.print_rows(the_lab.status(), f"lab hosts (inventory: {the_lab.inventory})", report.console())
+    where = config.lab_owner()
+    given = f"give --inventory {the_lab.inventory} or PROVISION_LAB=1"
+    print(f"lab inventory: the default in {where}; elsewhere {given}" if where else
+          f"lab inventory: {given} (brought up by an installed tool: no checkout defaults to it)")
 
 
 @task(auto_shortflags=False, name="status", help=help_for("json"))

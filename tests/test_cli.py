@@ -43,7 +43,7 @@ def test_each_task_s_summary_in_the_list_is_one_whole_sentence_on_its_row() -> N
 
 def test_status_of_this_machine_needs_no_inventory(tmp_path: Path) -> None:
     """`status --host local` is a cluster task's door to this machine: like the host tasks, it needs no
-    inventory (a lab directory with nothing in it: while the lab is up its inventory is the default)."""
+    inventory (a lab directory with nothing in it: a lab brought up by this checkout would be the default)."""
     command = shutil.which("provision")
     if command is None:
         pytest.fail("the `provision` console script is not installed (README's first command installs it)")

@@ -234,9 +234,9 @@ def test_a_bad_target_is_bad_usage(text: str) -> None:
 
 
 def no_inventory_env(tmp_path: Path) -> dict[str, str]:
-    """No $PROVISION_INVENTORY, and a lab directory with nothing in it: while the lab is up its inventory
-    would otherwise be the default anywhere (config.default_inventory)."""
-    env = {key: value for key, value in os.environ.items() if key != "PROVISION_INVENTORY"}
+    """No $PROVISION_INVENTORY or $PROVISION_LAB, and a lab directory with nothing in it (a lab this
+    checkout brought up would be the default in it: config.inventory_lookup)."""
+    env = {key: value for key, value in os.environ.items() if key not in ("PROVISION_INVENTORY", "PROVISION_LAB")}
     env["PROVISION_LAB_DIR"] = str(tmp_path / "no-lab")
     env["COLUMNS"] = "200"
     return env
@@ -261,7 +261,8 @@ def test_a_missing_inventory_says_where_it_looked_and_how_to_give_one(tmp_path: 
     assert lines[:4] == [
         "error: inventory: none found. Looked, in this order:",
         "  1. $PROVISION_INVENTORY: not set",
-        f"  2. the lab's inventory, while the lab is up: {tmp_path}/no-lab/inventory.yaml: absent",
+        ("  2. the lab's inventory, while the lab is up (in the checkout that brought it up, or with "
+         f"$PROVISION_LAB=1): {tmp_path}/no-lab/inventory.yaml: absent"),
         f"  3. ./inventory/ in the current directory: {tmp_path}/inventory: absent"]
     assert "--inventory FILE, or $PROVISION_INVENTORY=FILE, or put it in ./inventory/" in done.stderr
     assert "`invoke init --host local` writes a starter one" in done.stderr

@@ -7,6 +7,7 @@ import hashlib
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,38 @@ def test_the_repository_holds_the_stand_ins_and_the_real_packages(tmp_path: Path
     assert not aptrepo.holds(root, ["haproxy", NAME])  # one built before haproxy was carried: built again
     aptrepo.build(root, tmp_path / "gnupg", tmp_path / "hub" / "apt-debs", [NAME])
     assert len(runs(calls)) == 1
+
+
+def agents_of(home: Path) -> list[int]:
+    """gpg-agent processes serving `home` (by their --homedir argument)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].endswith(b"gpg-agent") and str(home).encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def test_signing_the_repository_leaves_no_gpg_agent_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpg starts an agent to make the key and to sign, and the agent outlives gpg: build stops it, and
+    so does lab.down (aptrepo.stop_agent) for one that an older build left."""
+    if shutil.which("gpg") is None or shutil.which("gpgconf") is None:
+        pytest.fail("gpg and gpgconf are needed (the lab's preflight wants gpg too): apt-get install gnupg")
+    fake_apt_get(tmp_path, monkeypatch)
+    home = tmp_path / "gnupg"
+    aptrepo.build(tmp_path / "apt", home, tmp_path / "apt-debs", [NAME])
+    assert (tmp_path / "apt" / "InRelease").read_text().startswith("-----BEGIN PGP SIGNED MESSAGE-----")
+    deadline = time.monotonic() + 5  # the agent exits once told to; allow it a moment
+    while agents_of(home) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert agents_of(home) == []
+    aptrepo.ensure_key(home)  # an agent left running, as builds did before they stopped it
+    assert agents_of(home), "gpg started no agent: this test proves nothing here"
+    aptrepo.stop_agent(home)
+    deadline = time.monotonic() + 5
+    while agents_of(home) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert agents_of(home) == []

@@ -122,3 +122,68 @@ def test_a_running_host_gains_the_recordings_new_commands_and_keeps_what_it_repl
     assert gpus["argv"] in [entry["argv"] for entry in merged[2:]]
     assert ["uname", "-r", "-m"] not in [entry["argv"] for entry in merged[2:]]  # the keeper's stays the one
     assert lab.merged_recording(merged, machine) == merged  # nothing more to add
+
+
+def test_a_process_already_gone_is_stopped_and_a_running_one_is_not() -> None:
+    """lab.down stops what runs: a host whose nspawn ended by itself (reaped, or a zombie nobody reaps
+    yet) is stopped already, and stopping it again is no error."""
+    import os
+    import subprocess
+
+    running = subprocess.Popen(["sleep", "60"])
+    ended = subprocess.Popen(["true"])
+    os.waitid(os.P_PID, ended.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+    try:
+        assert not lab._exited(running.pid)
+        assert lab._exited(ended.pid)
+        lab._terminate(ended.pid)  # returns at once: nothing to stop
+    finally:
+        ended.wait()
+    assert lab._exited(ended.pid)  # reaped: no such process
+    lab._terminate(ended.pid)
+    lab._terminate(running.pid)  # SIGTERM ends it (and _terminate reaps its own child)
+    assert lab._exited(running.pid)
+    running.wait(timeout=5)
+
+
+def test_a_process_that_ends_while_its_stat_is_read_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading /proc/PID/stat of a process that exits meanwhile fails with ESRCH: lab.down once
+    said "cpu-1: [Errno 3] No such process" and exited 1 with everything removed."""
+    import os
+
+    def ended_meanwhile(self: Path, *args: object, **kwargs: object) -> str:
+        raise ProcessLookupError(3, "No such process")
+
+    monkeypatch.setattr(lab.Path, "read_text", ended_meanwhile)
+    assert lab._exited(os.getpid())  # alive for os.kill, gone by the time its stat is read
+
+
+def test_the_lab_secrets_hold_the_hub_token_and_an_api_key_made_once(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """lab-llama-b and the lab-tiny endpoint listen on the lab network: the gate wants an API key there.
+    The lab's secrets file holds one, so the tool sends it with nothing in the environment; a file made
+    before it gains one, its hub token kept."""
+    import stat
+
+    import yaml
+
+    from provision import secrets
+
+    monkeypatch.setenv("PROVISION_LAB_DIR", str(tmp_path / "lab"))
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    the_lab = lab.Lab()
+    the_lab.hub_root.mkdir(parents=True)
+    the_lab._ensure_secrets()
+    made = yaml.safe_load(the_lab.secrets_file.read_text())
+    assert made["hf_token"].startswith("hf_lab_") and made["vllm_api_key"].startswith("sk-lab-")
+    assert stat.S_IMODE(the_lab.secrets_file.stat().st_mode) == 0o600
+    assert made["hf_token"] in json.loads((the_lab.hub_root / "tokens.json").read_text())
+    held = secrets.load(str(the_lab.secrets_file))  # as the tool reads it (a 0600 file)
+    assert (held.hf_token, held.vllm_api_key) == (made["hf_token"], made["vllm_api_key"])
+    the_lab._ensure_secrets()
+    assert yaml.safe_load(the_lab.secrets_file.read_text()) == made  # made once
+    the_lab.secrets_file.write_text(f"hf_token: {made['hf_token']}\n")  # a lab from before the key
+    the_lab._ensure_secrets()
+    again = yaml.safe_load(the_lab.secrets_file.read_text())
+    assert again["hf_token"] == made["hf_token"] and again["vllm_api_key"].startswith("sk-lab-")

@@ -289,8 +289,8 @@ def test_facts_of_this_machine_come_from_the_packaged_probe(installed: Installed
 
 def test_facts_of_this_machine_need_no_inventory_anywhere(installed: Installed, tmp_path: Path) -> None:
     """An empty working directory, no $PROVISION_INVENTORY (the env has none of PROVISION_*) and a lab
-    directory with nothing in it (PROVISION_LAB_DIR: while the lab is up its inventory would be the
-    default anywhere)."""
+    directory with nothing in it (PROVISION_LAB_DIR: a lab brought up by the checkout the tests run from
+    would be the default there)."""
     assert "PROVISION_INVENTORY" not in installed.env
     assert not (Path(installed.env["PROVISION_LAB_DIR"]) / "inventory.yaml").exists()
     done = subprocess.run([str(installed.venv / "bin" / "provision"), "facts", "--host", "local", "--json"],

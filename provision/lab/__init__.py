@@ -114,6 +114,8 @@ DEFAULT_CLUSTERS: Mapping[str, Mapping[str, Any]] = {
     "lab-ws": {"hosts": ["ws-5090"], "vars": {
         "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2, "max_model_len": 16384,
         **NO_FETCH}},
+    # Its venv is made of the lab index's stand-ins (STAND_IN_VENVS): the tool makes it, Ray included,
+    # as it would a real one from vllm_spec, and the gate judges the wheels it would install.
     "lab-spark": {"hosts": ["spark-a", "spark-b"], "head": "spark-a", "vars": {
         "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2, **NO_FETCH}},
     "lab-h200": {"hosts": ["h200"], "vars": {"model": "Qwen/Qwen2.5-7B-Instruct-AWQ", **NO_FETCH}},
@@ -130,14 +132,18 @@ DEFAULT_CLUSTERS: Mapping[str, Mapping[str, Any]] = {
     "lab-llama": {"hosts": ["cpu-2"], "vars": {
         "engine": "llamacpp", "model": "lab/tiny-gguf", "served_model_name": "tiny-gguf",
         **llama_cpp_lab_build(), "max_model_len": 256}},
-    # The same server on cpu-3, listening on the lab network for cpu-2's router (it needs the API key,
-    # which a test gives through VLLM_API_KEY).
+    # The same server on cpu-3, listening on the lab network for cpu-2's router (it needs the API key:
+    # the lab's secrets file holds one).
     "lab-llama-b": {"hosts": ["cpu-3"], "vars": {
         "engine": "llamacpp", "model": "lab/tiny-gguf", "served_model_name": "tiny-gguf",
         **llama_cpp_lab_build(), "max_model_len": 256, "bind_host": "0.0.0.0"}},
     "lab-broken": {"hosts": ["ws-broken"], "vars": {
         "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2, **NO_FETCH}},
 }
+
+# Clusters whose venv is resolved from the lab hub's index of stand-in wheels (lab/wheels.py), by the
+# PyTorch variant their hosts' CUDA takes (GB10: CUDA 13 only).
+STAND_IN_VENVS = {"lab-spark": "cu130"}
 
 # Endpoints written into the lab inventory when their router host and every cluster's hosts are up:
 # lab-llama (cpu-2, over loopback) and lab-llama-b (cpu-3) as replicas of tiny-gguf behind cpu-2's router.
@@ -507,10 +513,11 @@ class Lab:
         """The lab's hub on the bridge address: every lab host and this machine reach it."""
         from provision.lab import aptrepo, hub, wheels
 
-        if not (self.hub_root / "simple").is_dir():
-            with tempfile.TemporaryDirectory() as scratch:
-                for variant, wheel in wheels.torch_variants(Path(scratch)).items():
-                    hub.publish_wheel(self.hub_root, variant, wheel)
+        with tempfile.TemporaryDirectory() as scratch:  # a running hub serves a stand-in added since
+            for variant, made in wheels.stand_ins(Path(scratch)).items():
+                for wheel in made:
+                    if not (self.hub_root / "simple" / variant / wheel.name).exists():
+                        hub.publish_wheel(self.hub_root, variant, wheel)
         if not aptrepo.holds(self.hub_root / "apt"):
             progress("building the lab's apt repository (stand-in driver and kernel packages, Debian's "
                      "haproxy) ...")
@@ -525,14 +532,10 @@ class Lab:
                 with tempfile.TemporaryDirectory() as scratch:
                     made = getattr(tinymodel, maker)(Path(scratch) / "files")
                     hub.publish(self.hub_root, repo_id, made, gated=gated)
+        self._ensure_secrets()
         if _http_answers(f"{self.hub_url}/_lab/stats"):
             return
         progress(f"starting the lab hub at {self.hub_url} ...")
-        if not self.secrets_file.exists():
-            token = "hf_lab_" + os.urandom(16).hex()
-            self.secrets_file.write_text(f"hf_token: {token}\n")
-            self.secrets_file.chmod(0o600)
-            hub.allow_token(self.hub_root, token)
         with (self.dir / "hub.log").open("a") as log:
             subprocess.run(["setsid", "--fork", sys.executable, "-m", "provision.lab.hub", "--root",
                             str(self.hub_root), "--address", self.gateway(), "--port", str(HUB_PORT)],
@@ -542,6 +545,27 @@ class Lab:
             if time.monotonic() > deadline:
                 raise LabError(f"the lab hub did not answer at {self.hub_url} (see {self.dir / 'hub.log'})")
             time.sleep(0.2)
+
+    def _ensure_secrets(self) -> None:
+        """The lab inventory's secrets file, each secret made once: the hub token (the hub lets it read
+        gated repositories) and the API key the lab's servers and endpoints check (lab-llama-b and the
+        lab-tiny endpoint listen on the lab network: the gate wants a key there, and the key is every
+        server's). The tool reads both from here: no lab command needs them in the environment. A file
+        made before the API key was gains it."""
+        from provision.lab import hub
+
+        held = yaml.safe_load(self.secrets_file.read_text()) if self.secrets_file.exists() else None
+        held = dict(held) if isinstance(held, dict) else {}
+        made: dict[str, str] = {}
+        if not held.get("hf_token"):
+            made["hf_token"] = "hf_lab_" + os.urandom(16).hex()
+            hub.allow_token(self.hub_root, made["hf_token"])
+        if not held.get("vllm_api_key"):
+            made["vllm_api_key"] = "sk-lab-" + os.urandom(16).hex()
+        if made:
+            self.secrets_file.touch(mode=0o600)
+            self.secrets_file.chmod(0o600)
+            self.secrets_file.write_text(yaml.safe_dump({**held, **made}, sort_keys=False))
 
     def _stop_hub(self) -> None:
         pid_file = self.hub_root / "hub.pid"
@@ -564,7 +588,7 @@ class Lab:
             "hosts": {name: {"address": record["address"], "user": "root", "profile": record["profile"],
                              "vars": {"hf_endpoint": self.hub_url}}
                       for name, record in hosts.items()},
-            "clusters": {name: dict(body) for name, body in DEFAULT_CLUSTERS.items()
+            "clusters": {name: self._cluster(name, body) for name, body in DEFAULT_CLUSTERS.items()
                          if all(member in hosts for member in body["hosts"])},
         }
         endpoints = {name: dict(body) for name, body in DEFAULT_ENDPOINTS.items()
@@ -574,6 +598,23 @@ class Lab:
         header = (f"# The lab inventory, written by `{hints.command('lab.up')}` and removed by "
                   f"`{hints.command('lab.down')}`.\n")
         self.inventory.write_text(header + yaml.safe_dump(document, sort_keys=False))
+        # The default inventory in this checkout only (config.inventory_lookup): elsewhere on this machine
+        # the tool reads the lab only when asked.
+        owner = config.checkout()
+        config.lab_owner_file().write_text(f"{owner}\n" if owner else "")
+
+    def _cluster(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A cluster of DEFAULT_CLUSTERS as the inventory holds it: a stand-in venv's spec and index added."""
+        variant = STAND_IN_VENVS.get(name)
+        if variant is None:
+            return dict(body)
+        from provision.lab import wheels
+
+        # An extra index: what else the tool resolves for these hosts (the weights fetcher's
+        # huggingface_hub) still comes from PyPI.
+        index = {"vllm_spec": wheels.venv_spec(), "pip_extra_index_urls": [self.index_url(variant)],
+                 "pip_trusted_hosts": [self.hub_url.split("//", 1)[1]]}
+        return {**body, "vars": {**body["vars"], **index}}
 
     # -- status and down -------------------------------------------------------------------------
 
@@ -600,6 +641,9 @@ class Lab:
             if netns.startswith("plab-"):
                 self._stop_one(netns[len("plab-"):], {"netns": netns})
         self._stop_hub()
+        from provision.lab import aptrepo
+
+        aptrepo.stop_agent(self.dir / "gnupg")  # one that signed the apt repository (before it stopped its own)
         if _sh(["ip", "link", "show", self.bridge], check=False).returncode == 0:
             _sh(["ip", "link", "del", self.bridge], check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -728,6 +772,18 @@ def _nspawn_pids(machine: str) -> list[int]:
     return pids
 
 
+def _exited(pid: int) -> bool:
+    """Whether a process is gone: no such process, or a zombie (dead, its parent not reaping it yet).
+    A process that ends while its /proc/PID/stat is read makes the read fail (ENOENT, or ESRCH once
+    the file is open): gone as well, as a host that stopped by itself is a stopped host."""
+    try:
+        os.kill(pid, 0)
+        stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+    except (ProcessLookupError, FileNotFoundError):
+        return True
+    return ") Z " in stat
+
+
 def _terminate(pid: int) -> None:
     """SIGTERM makes nspawn power the container off; SIGKILL after 20 s if it does not."""
     try:
@@ -742,13 +798,8 @@ def _terminate(pid: int) -> None:
                 return
         except ChildProcessError:
             pass  # not our child: poll its existence instead
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if _exited(pid):
             return
-        status = Path(f"/proc/{pid}/stat")
-        if status.exists() and ") Z " in status.read_text(errors="replace"):
-            return  # a zombie: dead, waiting for a parent that is gone
         time.sleep(0.2)
     try:
         os.kill(pid, signal.SIGKILL)

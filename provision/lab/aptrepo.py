@@ -177,8 +177,16 @@ def _gpg(home: Path, *args: str, stdin: bytes | None = None) -> bytes:
                           capture_output=True).stdout
 
 
+def stop_agent(home: Path) -> None:
+    """gpg starts an agent for the secret key's operations (making the key, signing), and the agent
+    outlives gpg: stop every daemon of `home` (none running is fine)."""
+    if home.is_dir():
+        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "all"], capture_output=True, check=False)
+
+
 def ensure_key(home: Path) -> bytes:
-    """The lab's signing key (made once, no passphrase); its public half, armoured."""
+    """The lab's signing key (made once, no passphrase); its public half, armoured. Its caller stops
+    the agent this starts (stop_agent)."""
     home.mkdir(parents=True, exist_ok=True)
     os.chmod(home, 0o700)
     if not _gpg(home, "--list-secret-keys", "--with-colons").strip():
@@ -199,7 +207,14 @@ def holds(root: Path, names: Sequence[str] = REAL_PACKAGES) -> bool:
 
 def build(root: Path, home: Path, downloads: Path, real: Sequence[str] = REAL_PACKAGES) -> bytes:
     """Build the stand-ins, bring the real packages (fetched into `downloads` once) and the signed flat
-    repository in `root`; the public key the hosts trust."""
+    repository in `root`; the public key the hosts trust. No gpg-agent is left running."""
+    try:
+        return _build(root, home, downloads, real)
+    finally:
+        stop_agent(home)
+
+
+def _build(root: Path, home: Path, downloads: Path, real: Sequence[str]) -> bytes:
     public = ensure_key(home)
     fetched = download_real(downloads, real)
     root.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""Small wheels for the lab's package index: a stand-in `torch` per PyTorch variant (cu128 ... cpu).
+"""Small wheels for the lab's package index: a stand-in `torch` per PyTorch variant (cu128 ... cpu),
+and a stand-in `ray` beside each (the venv of a two-node vLLM cluster must hold Ray).
 
 PyTorch publishes each CUDA build on its own index with the variant as the version's local part
 (`torch-2.9.0+cu130-…whl`). The lab's index serves wheels named the same way, a few hundred bytes each,
@@ -16,6 +17,10 @@ from pathlib import Path
 # variant -> the CUDA release torch.version.cuda reports (None: the CPU build)
 VARIANTS = {"cu128": "12.8", "cu129": "12.9", "cu130": "13.0", "cpu": None}
 TORCH_VERSION = "2.9.0"
+# The Ray the contract table names for the vLLM releases it knows, with a local label of the lab's own: the
+# lab's index is an extra one beside PyPI, and an exact pin of it is never PyPI's real Ray (which pip
+# would take over a pure-Python wheel of the same version).
+RAY_VERSION = "2.60.0+lab"
 
 
 def _record_line(name: str, data: bytes) -> str:
@@ -52,3 +57,14 @@ def torch_variants(directory: Path) -> dict[str, Path]:
             "torch/version.py": f"cuda = {cuda!r}\n",
         })
     return made
+
+
+def stand_ins(directory: Path) -> dict[str, list[Path]]:
+    """{variant: wheels} the lab's index serves under that variant: its torch and the stand-in ray."""
+    ray = make_wheel(directory / "any", "ray", RAY_VERSION, {"ray/__init__.py": f"__version__ = {RAY_VERSION!r}\n"})
+    return {variant: [torch, ray] for variant, torch in torch_variants(directory).items()}
+
+
+def venv_spec() -> str:
+    """A lab cluster's vllm_spec made of the stand-ins: resolved from the lab's index, no gigabytes."""
+    return f"torch=={TORCH_VERSION} ray=={RAY_VERSION}"

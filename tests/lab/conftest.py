@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from provision import inventory, lab, remote
 from provision.errors import LabError
@@ -41,6 +42,19 @@ def on_host(lab_inventory: inventory.Inventory, name: str, argv: list[str], stdi
         return runner.run(argv, stdin=stdin).stdout
     finally:
         runner.close()
+
+
+def lab_api_key() -> str:
+    """The API key the lab's servers and endpoint check: its secrets file's vllm_api_key, which the
+    tool sends. A test that talks to a server itself, past the tool, sends it as any client would."""
+    held = yaml.safe_load(lab.Lab().secrets_file.read_text())
+    return str(held["vllm_api_key"])
+
+
+def with_api_key(program: str) -> str:
+    """A client program for a lab host's python3, sent on stdin (never on a command line), with the
+    lab's API key where it says LAB_API_KEY."""
+    return program.replace("LAB_API_KEY", repr(lab_api_key()))
 
 
 @pytest.fixture(scope="session")

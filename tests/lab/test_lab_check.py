@@ -63,6 +63,28 @@ def test_spark_pair_passes_with_gb10_memory_from_meminfo(the_lab: lab.Lab) -> No
     assert report["hosts"]["spark-a"]["resolutions"] == {"extra_args": ["--disable-custom-all-reduce"]}
 
 
+# Lab hosts made for the gate to refuse (lab.DEFAULT_HOSTS says what each plays): their blockers are the
+# point. Anything else the gate says against the lab is of the lab's own making.
+MADE_TO_BE_REFUSED = {"ws-broken", "ws-575"}
+
+
+def test_the_lab_passes_its_own_gate(broken_host: str) -> None:
+    """`check --all` on whatever the lab runs: no warning on any host, no blocker but on the hosts made
+    to be refused (the two-node Spark pair's venv holds Ray: its stand-in wheels say so)."""
+    done = run_invoke("check", "--all", "--json")
+    report = json.loads(done.stdout)
+    assert report["errors"] == {}, report["errors"]
+    assert set(report["blocked"]) <= MADE_TO_BE_REFUSED and broken_host in report["blocked"], report["blocked"]
+    warned = [(host, finding["id"], finding["message"]) for host, body in report["hosts"].items()
+              for finding in body["findings"] if finding["severity"] == "warning" and finding["status"] == "fail"]
+    assert warned == []
+    refused = [(host, finding["id"]) for host, body in report["hosts"].items() if host not in MADE_TO_BE_REFUSED
+               for finding in body["findings"] if finding["status"] == "fail"]
+    assert refused == []
+    nodes = by_id(report, "spark-a")["engine.nodes"]
+    assert nodes["status"] == "pass" and nodes["evidence"]["ray_wheel"].startswith("ray-"), nodes
+
+
 def test_check_json_shape_is_stable(the_lab: lab.Lab) -> None:
     done = run_invoke("check", "--host", "cpu-1", "--json")
     report = json.loads(done.stdout)

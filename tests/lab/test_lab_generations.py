@@ -45,7 +45,9 @@ class Served:
 LLAMA = Served("cpu-2", "lab-llama", "llama-server.service", "--ctx-size", DEFAULT_SLOTS)
 VLLM = Served("cpu-1", "lab-cpu", "vllm.service", "--max-model-len")
 BOGUS = 'extra_args=["--no-such-flag"]'  # llama-server exits at start: "error: invalid argument"
-NEVER_READY = "environment={LLAMA_API_KEY: lab-key-no-client-sends}"
+# llama-server (LLAMA_ARG_API_PREFIX, its --api-prefix) then serves every path under /never only: up, and its
+# /health, where the readiness gate asks, answers 404.
+NEVER_READY = "environment={LLAMA_ARG_API_PREFIX: /never}"
 
 
 def generations(inv: inventory.Inventory, served: Served) -> dict:
@@ -204,8 +206,8 @@ def test_a_killed_deploy_is_finished_by_the_next_run(lab_llama: inventory.Invent
     assert invoke_json("deploy", "--cluster", LLAMA.cluster, "--timeout", "420")[0] == 0
     good = current(lab_llama, LLAMA)
     # The deploy is killed while its readiness waits. A server that exits is read at once, so this
-    # change must keep the server up and never ready: llama-server reads an API key from its environment
-    # and then refuses every completion the readiness gate sends without one (its /health stays public).
+    # change must keep the server up and never ready: llama-server reads an API prefix from its
+    # environment and then answers /health only under it (NEVER_READY).
     args = ["deploy", "--cluster", LLAMA.cluster, "--set", NEVER_READY, "--timeout", "10"]
     killed = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -214,7 +216,7 @@ def test_a_killed_deploy_is_finished_by_the_next_run(lab_llama: inventory.Invent
     finally:
         killed.kill()
         killed.wait()
-    assert "LLAMA_API_KEY" in on_host(lab_llama, LLAMA.host, ["cat", render.ENV_FILE])  # the change is in place
+    assert "LLAMA_ARG_API_PREFIX" in on_host(lab_llama, LLAMA.host, ["cat", render.ENV_FILE])  # the change is in place
     time.sleep(max(0.0, pending["deadline"] - time.time()) + 1)  # its readiness deadline has passed
     planned = run_invoke("plan", *args[1:4])
     assert f"generation {pending['id']} was left pending by a deploy that stopped" in planned.stdout
@@ -222,4 +224,4 @@ def test_a_killed_deploy_is_finished_by_the_next_run(lab_llama: inventory.Invent
     assert code == 1, text
     row = report["hosts"][0]
     assert row["state"] == "rolled back" and f"rolled back to generation {good['id']}" in row["detail"], row
-    assert "LLAMA_API_KEY" not in on_host(lab_llama, LLAMA.host, ["cat", render.ENV_FILE])
+    assert "LLAMA_ARG_API_PREFIX" not in on_host(lab_llama, LLAMA.host, ["cat", render.ENV_FILE])

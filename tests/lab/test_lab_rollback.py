@@ -12,7 +12,7 @@ import time
 import pytest
 
 from provision import inventory
-from tests.lab.conftest import invoke_json, on_host
+from tests.lab.conftest import invoke_json, on_host, with_api_key
 from tests.lab.test_lab_generations import VLLM, current, unit
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
@@ -35,7 +35,8 @@ def client():
         sent = time.time()
         try:
             request = urllib.request.Request("http://127.0.0.1:8000/v1/completions", body,
-                                             {"Content-Type": "application/json"})
+                                             {"Content-Type": "application/json",
+                                              "Authorization": "Bearer " + LAB_API_KEY})
             ok = urllib.request.urlopen(request, timeout=10).status == 200
         except Exception:
             ok = False
@@ -55,7 +56,8 @@ print(json.dumps(results))
 ONE_COMPLETION = """
 import json, urllib.request
 body = json.dumps({"model": "tiny-llama", "prompt": "Hello", "max_tokens": 1}).encode()
-request = urllib.request.Request("http://127.0.0.1:8000/v1/completions", body, {"Content-Type": "application/json"})
+request = urllib.request.Request("http://127.0.0.1:8000/v1/completions", body,
+                                 {"Content-Type": "application/json", "Authorization": "Bearer " + LAB_API_KEY})
 print(urllib.request.urlopen(request, timeout=60).status)
 """
 
@@ -74,7 +76,7 @@ def test_rollback_under_load_returns_once_the_restored_generation_answers(
 
     on_host(lab_inventory, "cpu-1", ["rm", "-f", STOP])
     answers: list[str] = []
-    load = threading.Thread(target=lambda: answers.append(on_host(lab_inventory, "cpu-1", ["python3", "-"], LOAD)))
+    load = threading.Thread(target=lambda: answers.append(on_host(lab_inventory, "cpu-1", ["python3", "-"], with_api_key(LOAD))))
     load.start()
     try:
         time.sleep(3)  # the loop is under way against the deployed generation
@@ -83,7 +85,7 @@ def test_rollback_under_load_returns_once_the_restored_generation_answers(
         returned = time.time()
         # Right after rc 0, the restored generation serves: a completion, with no retry, and status
         # (still under the load) finds it healthy, running the inventory's settings again.
-        answered = on_host(lab_inventory, "cpu-1", ["python3", "-"], ONE_COMPLETION).strip() if code == 0 else ""
+        answered = on_host(lab_inventory, "cpu-1", ["python3", "-"], with_api_key(ONE_COMPLETION)).strip() if code == 0 else ""
         status_code, found, status_text = invoke_json("status", "--cluster", "lab-cpu") if code == 0 else (1, {}, "")
     finally:
         on_host(lab_inventory, "cpu-1", ["touch", STOP])

@@ -14,6 +14,7 @@ Each case prints its counts (requests by outcome, p95 latency against the steady
 """
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import os
@@ -30,11 +31,13 @@ import yaml
 
 from provision import inventory, lab, programs
 from provision.endpoints import ADMIN_SOCKET
-from tests.lab.conftest import invoke_json, on_host, run_invoke
+from tests.lab.conftest import invoke_json, lab_api_key, on_host, run_invoke
 
 pytestmark = [pytest.mark.lab]
 
-KEY = "lab-endpoint-key-0123456789"  # the replicas listen beyond loopback: the endpoint and they check it
+# The replicas listen beyond loopback: the endpoint and they check the lab's API key (its secrets
+# file's), which the tool sends with no VLLM_API_KEY in the environment, and these clients send too.
+KEY = functools.cache(lab_api_key)
 # Streamed chats from eight clients, as people load an endpoint: each prompt near the served context
 # (max_model_len 256 per request: PROMPT_TOKENS of prompt, MAX_TOKENS of answer, a few spare).
 CLIENTS = 8
@@ -69,7 +72,7 @@ def chat(url: str, messages: list[dict[str, str]], timeout: float = 60) -> tuple
     body = json.dumps({"model": "tiny-gguf", "messages": messages, "max_tokens": MAX_TOKENS, "stream": True,
                        "temperature": 0}).encode()
     request = urllib.request.Request(f"{url}/v1/chat/completions", data=body, headers={
-        "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+        "Authorization": f"Bearer {KEY()}", "Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
             lines = [raw.decode("utf-8", "replace").strip() for raw in answer]
@@ -99,7 +102,7 @@ def prompt_near_the_context(url: str) -> str:
         body = json.dumps({"model": "tiny-gguf", "max_tokens": 1, "messages": [
             {"role": "user", "content": " ".join(f"w{i % 10}" for i in range(words))}]}).encode()
         request = urllib.request.Request(f"{url}/v1/chat/completions", data=body, headers={
-            "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+            "Authorization": f"Bearer {KEY()}", "Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=60) as answer:
             return int(json.loads(answer.read())["usage"]["prompt_tokens"])
 
@@ -171,11 +174,11 @@ def router_servers(inv: inventory.Inventory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def endpoint(the_lab: lab.Lab) -> Iterator[tuple[inventory.Inventory, str, str]]:
-    """cpu-2 prepared (HAProxy) and both replicas deployed with the API key; afterwards cpu-3 is forgotten
-    and lab-llama deployed again as the lab inventory has it, without the endpoint and the key."""
+    """cpu-2 prepared (HAProxy) and both replicas deployed, the tool given no secret in its environment
+    (the lab's secrets file holds them); afterwards cpu-3 is forgotten and lab-llama deployed again as
+    the lab inventory has it, without the endpoint."""
     the_lab.up(["cpu-2", "cpu-3"], progress=lambda line: None)
-    before = os.environ.get("VLLM_API_KEY")
-    os.environ["VLLM_API_KEY"] = KEY
+    before = os.environ.pop("VLLM_API_KEY", None)
     try:
         done = run_invoke("prepare", "--host", "cpu-2", timeout=900)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -192,9 +195,7 @@ def endpoint(the_lab: lab.Lab) -> Iterator[tuple[inventory.Inventory, str, str]]
         url = f"http://{inv.host('cpu-2').address}:9000"
         yield inv, url, prompt_near_the_context(url)
     finally:
-        if before is None:
-            os.environ.pop("VLLM_API_KEY", None)
-        else:
+        if before is not None:
             os.environ["VLLM_API_KEY"] = before
         the_lab.remove(["cpu-3"])
         code, report, text = invoke_json("deploy", "--cluster", "lab-llama", "--timeout", "420", timeout=1200)
@@ -225,6 +226,20 @@ def test_the_endpoint_needs_the_key_and_status_shows_both_replicas(
                                     "--max-tokens", "8")
     assert code == 0 and bench["succeeded"] == 8 and bench["output_tokens"] == 64, text
     assert bench["server_generation_tokens"] is None  # spread over the replicas: not one server's counter
+
+
+def test_a_bare_status_after_deploying_the_endpoint_is_not_red_without_exported_keys(
+        endpoint: tuple[inventory.Inventory, str, str]) -> None:
+    """The lab's commands need no environment of yours: its secrets file holds the key the endpoint
+    and its replicas check, and a plain `status` (every host) sends it."""
+    assert "VLLM_API_KEY" not in os.environ
+    code, found, text = invoke_json("status")
+    assert code == 0 and found["healthy"], text
+    assert not [name for name, host in found["hosts"].items() if host.get("problem")], text
+    assert "HTTP 401" not in text
+    for name in ("cpu-2", "cpu-3"):
+        assert found["hosts"][name]["health"] == "ok", found["hosts"][name]
+    assert {r["host"]: r["state"] for r in found["endpoints"]["lab-tiny"]["replicas"]} == {"cpu-2": "UP", "cpu-3": "UP"}
 
 
 def test_a_rolling_deploy_of_both_replicas_fails_no_request_through_the_endpoint(

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from provision import inventory, lab
-from tests.lab.conftest import on_host, run_invoke
+from tests.lab.conftest import on_host, run_invoke, with_api_key
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
@@ -18,7 +18,8 @@ HEALTH = ("import sys, urllib.request\n"
 COMPLETE = ("import json, urllib.request\n"
             "body = json.dumps({'model': 'tiny-llama', 'prompt': 'hello world', 'max_tokens': 8}).encode()\n"
             "request = urllib.request.Request('http://127.0.0.1:%d/v1/completions', body,\n"
-            "                                 {'Content-Type': 'application/json'})\n"
+            "                                 {'Content-Type': 'application/json',\n"
+            "                                  'Authorization': 'Bearer ' + LAB_API_KEY})\n"
             "print(urllib.request.urlopen(request, timeout=60).read().decode())\n")
 METRICS = "import urllib.request\nprint(urllib.request.urlopen('http://127.0.0.1:%d/metrics').read().decode())\n"
 
@@ -52,7 +53,7 @@ def served(the_lab: lab.Lab, lab_inventory: inventory.Inventory) -> dict[str, st
 
 def test_real_vllm_serves_the_tiny_model(served: dict[str, str], lab_inventory: inventory.Inventory) -> None:
     assert served["ActiveState"] == "active"
-    reply = json.loads(on_host(lab_inventory, "cpu-1", ["python3", "-"], stdin=COMPLETE % 8000))
+    reply = json.loads(on_host(lab_inventory, "cpu-1", ["python3", "-"], stdin=with_api_key(COMPLETE % 8000)))
     assert reply["model"] == "tiny-llama" and isinstance(reply["choices"][0]["text"], str)
     assert reply["usage"]["completion_tokens"] > 0
     metrics = on_host(lab_inventory, "cpu-1", ["python3", "-"], stdin=METRICS % 8000)

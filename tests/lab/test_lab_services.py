@@ -22,7 +22,7 @@ import yaml
 
 from provision import inventory, lab
 from provision.lab import llama_cpp_lab_build
-from tests.lab.conftest import invoke_json, on_host, run_invoke
+from tests.lab.conftest import invoke_json, on_host, run_invoke, with_api_key
 
 pytestmark = [pytest.mark.lab]
 
@@ -33,7 +33,7 @@ ASK = """
 import json, sys, urllib.request
 body = json.dumps({"model": sys.argv[2], "prompt": "hello", "max_tokens": 4}).encode()
 request = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", "Authorization": "Bearer " + LAB_API_KEY})
 with urllib.request.urlopen(request, timeout=20) as answer:
     print(json.loads(answer.read())["model"])
 """
@@ -52,7 +52,7 @@ def with_services(lab_file: Path, into: Path) -> Path:
 
 
 def ask(inv: inventory.Inventory, port: int, model: str) -> str:
-    return on_host(inv, "cpu-3", ["python3", "-c", ASK, str(port), model]).strip()
+    return on_host(inv, "cpu-3", ["python3", "-", str(port), model], stdin=with_api_key(ASK)).strip()
 
 
 def main_pid(inv: inventory.Inventory, unit: str) -> str:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from provision import inventory
-from tests.lab.conftest import invoke_json, on_host, restore_lab_cpu
+from tests.lab.conftest import invoke_json, on_host, restore_lab_cpu, with_api_key
 
 pytestmark = [pytest.mark.lab]
 
@@ -41,7 +41,8 @@ done = []
 def complete(number):
     body = json.dumps({"model": "tiny-llama", "prompt": "Tell me about GPUs %d" % number, "max_tokens": 200,
                        "ignore_eos": True}).encode()
-    request = urllib.request.Request(base + "/v1/completions", body, {"Content-Type": "application/json"})
+    request = urllib.request.Request(base + "/v1/completions", body, {"Content-Type": "application/json",
+                                                                      "Authorization": "Bearer " + LAB_API_KEY})
     try:
         with urllib.request.urlopen(request, timeout=300) as answer:
             done.append(json.loads(answer.read())["usage"]["completion_tokens"])
@@ -96,7 +97,7 @@ def test_a_stopped_engine_core_under_running_requests_is_stuck_then_healthy_agai
         serving: int, lab_inventory: inventory.Inventory) -> None:
     loaded: dict = {}
     load = threading.Thread(target=lambda: loaded.update(json.loads(
-        on_host(lab_inventory, "cpu-1", ["python3", "-", str(serving)], stdin=LOAD))))
+        on_host(lab_inventory, "cpu-1", ["python3", "-", str(serving)], stdin=with_api_key(LOAD)))))
     load.start()
     try:
         deadline = time.monotonic() + 60

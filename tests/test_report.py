@@ -1,0 +1,35 @@
+"""Tables for people, printed where there is no terminal (a CI log, a pipe, a file): whole, never cut at
+some right edge or wrapped inside a cell."""
+from __future__ import annotations
+
+import pytest
+
+from provision import report
+
+# A lab.status row as a host that replays nothing of this machine's facts shows it, and a long address:
+# far wider than the 160 columns piped output used to get.
+NOT_REPLAYED = "uname, os_release, meminfo, cpuinfo, lscpu, lscpu_cpus, modules, proc_devices"
+ROWS = [{"host": f"bench-{n:02d}", "address": f"10.231.77.{40 + n}", "profile": "rtx5090",
+         "replays": "rtx5090x1-kernel68-proprietary", "not replayed (this machine's)": NOT_REPLAYED,
+         "process": "running", "sshd": "answers", "note": "a note " * 12} for n in range(1, 4)]
+
+
+def test_a_table_piped_is_printed_whole_on_one_line_per_row(capsys: pytest.CaptureFixture[str]) -> None:
+    out = report.console()  # stdout is captured: not a terminal
+    assert not out.is_terminal
+    report.print_rows(ROWS, "lab hosts (inventory: /var/lib/provision-lab/inventory.yaml)", out)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("lab hosts (inventory: /var/lib/provision-lab/inventory.yaml)")
+    body = [line for line in lines if line.startswith("│")]
+    assert len(body) == 3  # one line per host: no cell wrapped onto a second line
+    for row, line in zip(ROWS, body, strict=True):
+        cells = [cell.strip() for cell in line.strip("│").split("│")]
+        assert cells == [str(value).strip() for value in row.values()]
+    widths = {len(line) for line in lines[1:]}
+    assert len(widths) == 1 and widths.pop() > 160  # as wide as the cells, not some terminal's width
+
+
+def test_a_long_line_piped_is_not_wrapped(capsys: pytest.CaptureFixture[str]) -> None:
+    line = "cpu-1: " + "the fix names every step " * 20
+    report.console().print(line)
+    assert capsys.readouterr().out == line + "\n"
