@@ -78,8 +78,13 @@ def test_the_lab_passes_its_own_gate(broken_host: str) -> None:
     warned = [(host, finding["id"], finding["message"]) for host, body in report["hosts"].items()
               for finding in body["findings"] if finding["severity"] == "warning" and finding["status"] == "fail"]
     assert warned == []
+    # An info finding is what the gate could not judge (memory.fits on a model whose weights the lab does
+    # not fetch: its config.json is unknown), not a refusal: it is shown, and it is not counted here.
     refused = [(host, finding["id"]) for host, body in report["hosts"].items() if host not in MADE_TO_BE_REFUSED
-               for finding in body["findings"] if finding["status"] == "fail"]
+               for finding in body["findings"] if finding["status"] == "fail" and finding["severity"] != "info"]
+    unjudged = [(host, finding["id"]) for host, body in report["hosts"].items()
+                for finding in body["findings"] if finding["status"] == "fail" and finding["severity"] == "info"]
+    assert all(rule == "memory.fits" for _, rule in unjudged), unjudged
     assert refused == []
     nodes = by_id(report, "spark-a")["engine.nodes"]
     assert nodes["status"] == "pass" and nodes["evidence"]["ray_wheel"].startswith("ray-"), nodes
