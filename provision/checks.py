@@ -1285,12 +1285,8 @@ def config_nccl_library(ctx: Context) -> Finding | None:
 def pip_nccl(ctx: Context) -> str | None:
     """The nvidia-nccl wheel the venv holds or the planned wheels bring ('2.28.9'), None where neither
     does (unknown before the venv exists and with no wheels planned)."""
-    for name in ctx.resolved_wheels or ():
-        found = re.match(r"nvidia_nccl_cu\d+-([0-9][^-]*)-", name)
-        if found:
-            return found.group(1)
     dists = (ctx.facts.venv.dists or {}) if ctx.facts.venv else {}
-    return dists.get("nvidia_nccl_cu13") or dists.get("nvidia_nccl_cu12")
+    return ctx.planned_nccl or dists.get("nvidia_nccl_cu13") or dists.get("nvidia_nccl_cu12")
 
 
 @rule("config.nccl_values", WARNING)

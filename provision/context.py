@@ -156,13 +156,18 @@ class Context:
         return environment
 
     @property
-    def nccl_release(self) -> str | None:
-        """The NCCL the server will load: the planned wheels' nvidia-nccl, else the venv's torch's."""
+    def planned_nccl(self) -> str | None:
+        """The nvidia-nccl wheel's version among the planned wheels ('2.30.4'), None where none is planned."""
         for name in self.resolved_wheels or ():
             parts = name.split("-")
             if len(parts) >= 3 and re.fullmatch(r"nvidia_nccl_cu\d+", parts[0].lower()):
                 return parts[1]
-        return self.facts.venv.nccl if self.facts.venv else None
+        return None
+
+    @property
+    def nccl_release(self) -> str | None:
+        """The NCCL the server will load: the planned wheels' nvidia-nccl, else the venv's torch's."""
+        return self.planned_nccl or (self.facts.venv.nccl if self.facts.venv else None)
 
     @property
     def experts(self) -> int | None:
