@@ -104,7 +104,7 @@ def _check(row: contracts.Row, reading: Reading) -> tuple[bool | None, str, str]
             return (name in reading.metrics and label.rstrip("}") in fields,
                     path or module or f"no config class known for {name}", f"a field of {klass}" if klass else "")
         return name in reading.metrics, reading.metrics.get(name, vllm_wheel.METRICS_DIR + "/*.py"), ""
-    if row.kind == "entrypoint":
+    if row.kind in ("entrypoint", "headless"):
         path = vllm_wheel.module_path(release, row.name)
         return path is not None, path or row.name.replace(".", "/") + ".py", ""
     if row.kind == "file":

@@ -28,7 +28,7 @@ from provision import datafiles
 from provision.errors import ContractError
 
 DATA = "engine_contracts.yaml"
-KINDS = ("flag", "env", "metric", "dependency", "entrypoint", "value", "file")
+KINDS = ("flag", "env", "metric", "dependency", "entrypoint", "headless", "value", "file")
 ROW_KEYS = ("engine", "kind", "name", "versions", "note", "source")
 REQUIRED_ROW_KEYS = ("engine", "kind", "name", "versions", "source")
 

@@ -42,7 +42,8 @@ if TYPE_CHECKING:  # facts stay importable without Fabric (the recorder runs on 
 log = logging.getLogger("provision.facts")
 
 # Units the tool manages; their state is part of every host's facts.
-MANAGED_UNITS = ("vllm.service", "vllm-ray-head.service", "vllm-ray-worker.service", "trtllm-serve.service",
+MANAGED_UNITS = ("vllm.service", "vllm-ray-head.service", "vllm-ray-worker.service", "vllm-worker.service",
+                 "trtllm-serve.service",
                  "llama-server.service", "provision-router.service")
 # Where systemd finds drop-ins that override those units: `systemctl edit` writes to /etc,
 # `systemctl set-property` to system.control, their --runtime forms to /run (systemd.unit(5)).

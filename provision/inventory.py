@@ -565,6 +565,10 @@ VAR_SPECS: Mapping[str, VarSpec] = {
                          "a system-call filter; not proven on a GPU)", _choice("default", "strict"), "default"),
     "cluster_network": VarSpec("CIDR of the network nodes talk over (default: the head's)",
                                _optional(_network)),
+    "distributed_backend": VarSpec("how a multi-node vLLM reaches its nodes: native (vLLM's own launch: "
+                                   "--nnodes, a headless worker per node; no Ray) or ray (a Ray head and "
+                                   "workers); default: native where the vLLM release has it "
+                                   "(engine_contracts.yaml), ray below it", _optional(_choice("native", "ray"))),
 }
 
 
@@ -751,6 +755,7 @@ class Settings:
     service_user: str
     hardening: str
     cluster_network: str | None
+    distributed_backend: str | None
     # key -> "command line" | "host" | "group NAME" | "cluster NAME" | "profile NAME" | "default"
     origin: Mapping[str, str] = field(default_factory=dict, compare=False)
 

@@ -223,6 +223,25 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
     return changes
 
 
+def together(changes: Mapping[str, list[Change]], units: Mapping[str, str]) -> dict[str, list[Change]]:
+    """Pure: the nodes of a server that restarts only whole (`units`: each node's unit of it), their plans
+    with the rest of the server restarted wherever one node's unit starts or restarts: a node restarted
+    alone cannot rejoin the others. A node whose plan already starts or restarts its unit keeps that."""
+    moving = sorted(name for name, unit in units.items()
+                    if any(c.kind in ("start", "restart") and c.target == unit for c in changes.get(name, ())))
+    if not moving:
+        return {name: list(found) for name, found in changes.items()}
+    cause = ", ".join(f"{name}'s {units[name]}" for name in moving)
+    result = {}
+    for name, found in changes.items():
+        unit = units.get(name)
+        result[name] = list(found)
+        if unit is not None and name not in moving:
+            result[name].append(Change("restart", unit, f"restarts with {cause}: the nodes serve as one, and "
+                                                        "a node restarted alone cannot rejoin the others"))
+    return result
+
+
 NO_CHANGES = {None: "files, user, directories and units are as rendered",
               "weights": "the weights are as verified", "venv": "the venv is as resolved"}
 

@@ -43,7 +43,8 @@ CONFIG_DIR = services.CONFIG_DIR
 ENV_FILE = services.HOST_ENV_FILE  # a host without services; a service's is services.Naming.env_file
 STATE_DIR = "/var/lib/vllm"
 SERVER_UNIT = VLLM.server_unit  # vLLM's; each engine names its own (engines.engine_of(settings).server_unit)
-SUPERVISION = {"start_limit_interval_sec": 600, "start_limit_burst": 5, "restart_sec": 10}
+SUPERVISION = {"start_limit_interval_sec": 600, "start_limit_burst": 5, "restart_sec": 10, "restart": "on-failure",
+               "restart_reason": None}
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """deploy's roll: apply batch after batch, each gated on readiness; promote or reject each host's
-generation; multi-node clusters roll as one (every node's units, then Ray must see every node before
-vLLM starts on the head).
+generation; multi-node clusters roll as one (every node's units; over Ray, Ray must see every node before
+vLLM starts on the head; in vLLM's own launch the nodes start, and restart after a rollback, together).
 
 deploy = the run's facts, gate and plan (provision.run); then, for all hosts at once, what restarts
 nothing (wheels, the fetch helper, the weights); then the rest host by host (or `batch` at a time):
@@ -34,6 +34,7 @@ from provision import (
     venv,
     weights,
 )
+from provision.context import Context
 from provision.endpoints import EndpointPlan, server_name
 from provision.engines.vllm import RAY_PORT
 from provision.errors import NotReady, ProvisionError, RollStopped, error_text
@@ -115,8 +116,10 @@ class Roll:
     def settings_of(self, name: str, fallback: str) -> inventory.Settings:
         """The gate's settings of `name` (a cluster's head need not be a target: the gate saw it as a
         peer), else of `fallback`, a host of the same cluster in the roll."""
-        known = self.planned.contexts.get(name) or self.plans[fallback].ctx
-        return known.settings
+        return self.context_of(name, fallback).settings
+
+    def context_of(self, name: str, fallback: str) -> Context:
+        return self.planned.contexts.get(name) or self.plans[fallback].ctx
 
 
 def rolling(roll: Roll) -> Callable[..., Any]:
@@ -145,8 +148,10 @@ def roll_one(group: list[str], roll: Roll, connect: Connect, bar: Bar, done: dic
     cluster = plans[group[0]].ctx.cluster
     multi = bool(cluster and cluster.multi_node)
     head_engine = engines.engine_of(roll.settings_of(cluster.head, group[0])) if cluster else None
-    # A Ray cluster's server starts only once Ray sees every node; an MPI launch reaches them itself.
-    ray = multi and head_engine is not None and head_engine.cluster_launch == "ray"
+    # A Ray cluster's server starts only once Ray sees every node; an MPI or vLLM's own launch reaches them itself.
+    ray = multi and cluster is not None and head_engine is not None and head_engine.launch(
+        roll.context_of(cluster.head, group[0])) == "ray"
+    whole = _whole_units(group, roll)  # vLLM's own launch: the nodes restart together
     held_back: dict[str, list[plan.Change]] = {}
     made: dict[str, int] = {}
 
@@ -210,9 +215,42 @@ def roll_one(group: list[str], roll: Roll, connect: Connect, bar: Bar, done: dic
         for name in group:
             if name in made:
                 roll_back(name, made[name], roll, connect, errors, cause,
-                          ready=_ready_again(connect, name, held, timeout, plans[name].declared_settings))
+                          ready=None if whole else _ready_again(connect, name, held, timeout,
+                                                                plans[name].declared_settings))
+        if whole and made:
+            _restart_together(whole, roll, connect, cluster.head if cluster else group[-1])
     _restore([name for name, done in drained.values.items() if done], roll, errors, bar)
     return errors
+
+
+def _whole_units(group: list[str], roll: Roll) -> dict[str, str]:
+    """{node: its unit of the server} where the batch's nodes are one server that restarts only whole."""
+    found = {}
+    for name in group:
+        ctx = roll.plans[name].ctx
+        unit = engines.engine_of(ctx.settings).pair_unit(ctx)
+        if unit is not None:
+            found[name] = ctx.naming.unit(unit)
+    return found
+
+
+def _restart_together(units: Mapping[str, str], roll: Roll, connect: Connect, head: str) -> None:
+    """After a rollback of some of a server's nodes: every node's unit restarted (the rolled back and the
+    untouched alike: none can rejoin the others alone), then the head waited for; said on the head."""
+    restarted = for_each_host(sorted(units), lambda name: name, lambda name: ops.apply(
+        connect(name), [plan.Change("restart", units[name], "the nodes restart together after a rollback")],
+        wait=roll.wait))
+    outcome = roll.outcomes[head]
+    if restarted.errors:
+        outcome.detail += "; restarting the nodes together failed: " + "; ".join(
+            error_text(error) for error in restarted.errors.values())
+        return
+    try:
+        seconds = server.wait_ready(connect(head), roll.plans[head].declared_settings, roll.held.vllm_api_key,
+                                    roll.timeout)
+        outcome.detail += f"; the nodes restarted together: the previous version is ready again ({seconds:.0f}s)"
+    except ProvisionError as exc:
+        outcome.detail += f"; the nodes restarted together, and the restored version does not answer: {error_text(exc)}"
 
 
 def _restarts_server(hostplan: HostPlan) -> bool:

@@ -96,7 +96,7 @@ def figures(first: Mapping[str, float], second: Mapping[str, float], window: flo
 @dataclass(frozen=True)
 class HostStatus:
     host: str
-    role: str  # "server" (serves the API), "worker" (a Ray worker node), "unknown"
+    role: str  # "server" (serves the API), "worker" (another node of a multi-node server), "unknown"
     reachable: bool
     healthy: bool
     problem: str | None = None
@@ -248,7 +248,7 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
     machine: dict[str, Any] = {
         "kernel": host_facts.kernel, "driver": host_facts.driver.version if host_facts.driver else None,
         "gpus": _gpu_rows(host_facts), "seconds": round(seconds, 2)}
-    unit_name = naming.unit(engine.server_unit) if role == "server" else engine.worker_unit
+    unit_name = naming.unit(engine.server_unit) if role == "server" else worker_unit(engine, host_facts)
     if unit_name is None:  # a worker the head's server starts its processes on (TensorRT-LLM over MPI)
         return HostStatus(host, role, True, True, None, health="-", **machine, unit={
             "name": "-", "active": "n/a", "installed": True, "note": f"{engine.title} ranks started by the head"})
@@ -492,6 +492,41 @@ def as_json(status: HostStatus) -> dict[str, Any]:
     return data
 
 
+def worker_unit(engine: engines.Engine, host_facts: HostFacts) -> str | None:
+    """The unit a worker node runs: of the engine's worker units (one per launch) the one installed there,
+    else the engine's default."""
+    units = host_facts.units or {}
+    return next((name for name in engine.worker_units
+                 if name in units and units[name].load_state != "not-found"), engine.worker_unit)
+
+
+# How a worker node's row names what it runs, by its unit.
+WORKER_NOTES = {"vllm-worker.service": "vLLM headless worker", "vllm-ray-worker.service": "Ray worker"}
+
+
+def as_one_server(found: Mapping[str, HostStatus], inv: inventory.Inventory) -> dict[str, HostStatus]:
+    """Pure: a multi-node cluster's rows judged as the one server they are. Each worker row says which
+    node holds the API; a head that answers while a worker does not is not healthy (its engine cannot
+    run a step without that node), with the worker's problem and the command that restarts them all."""
+    result = dict(found)
+    for cluster in inv.clusters.values():
+        if not cluster.multi_node or cluster.head not in found:
+            continue
+        workers = [name for name in cluster.hosts if name != cluster.head and name in found]
+        for name in workers:
+            row = found[name]
+            what = WORKER_NOTES.get(str(row.unit.get("name")), "worker")
+            result[name] = dataclasses.replace(row, unit={**row.unit, "note": f"{what}; API on {cluster.head}"})
+        down = [name for name in workers if not found[name].healthy]
+        head = found[cluster.head]
+        if down and head.healthy:
+            said = "; ".join(f"{name}: {found[name].problem or 'not healthy'}" for name in down)
+            result[cluster.head] = dataclasses.replace(head, healthy=False, problem=(
+                f"answers, but without {', '.join(down)} ({said}): the nodes serve as one; "
+                f"`{hints.command(f'deploy --cluster {cluster.name}')}` starts them together"))
+    return result
+
+
 def role_of(inv: inventory.Inventory, name: str) -> str:
     cluster = inv.cluster_of(name)
     return "worker" if cluster and cluster.multi_node and name != cluster.head else "server"
@@ -516,8 +551,8 @@ def gather_status(inv: inventory.Inventory, targets: list[inventory.Host], overr
         finally:
             runner.close()
 
-    found = with_deadline([t.name for t in targets], one, timeout + window + 2,
-                          lambda name, why: unreachable(name, role_of(inv, name), why))
+    found = as_one_server(with_deadline([t.name for t in targets], one, timeout + window + 2,
+                                        lambda name, why: unreachable(name, role_of(inv, name), why)), inv)
     stalled = [name for name, item in found.items() if item.progress and item.progress.state == "stalled"]
     if history is not None or not stalled:
         return found

@@ -165,13 +165,16 @@ def service_requirements(ctx: Context) -> tuple[str, ...]:
 
 
 def ray_requirement(ctx: Context) -> str | None:
-    """The Ray a multi-node vLLM cluster's venv needs, from the contract table for its vLLM release:
+    """The Ray a multi-node vLLM cluster over Ray needs, from the contract table for its vLLM release:
     its Ray units exec VENV/bin/ray and vLLM's wheel brings no Ray from 0.18 on. None on one node,
-    for another engine, where the inventory names a Ray of its own, or where the tool does not make
-    the venv (no vllm_spec, venv_wheels or venv_source: the gate's engine.nodes speaks then)."""
+    for another engine or launch (vLLM's own needs no Ray), where the inventory names a Ray of its own,
+    or where the tool does not make the venv (no vllm_spec, venv_wheels or venv_source: the gate's
+    engine.nodes speaks then)."""
+    from provision.engines.vllm import RAY, launch_of
+
     settings = ctx.settings
     requirements = requirements_of(settings)
-    if settings.engine != "vllm" or not (ctx.cluster and ctx.cluster.multi_node):
+    if settings.engine != "vllm" or not (ctx.cluster and ctx.cluster.multi_node) or launch_of(ctx) != RAY:
         return None
     if not (requirements or settings.venv_wheels or settings.venv_source):
         return None

@@ -320,14 +320,27 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
       "environment": {"VLLM_NCCL_SO_PATH": "/usr/lib/aarch64-linux-gnu/libnccl.so.2"}},
      with_dgx_os_nccl, spark_pair(with_dgx_os_nccl(recorded("dgx-spark-gb10"))), {"config.nccl_library": "pass"}),
     ("spark-pair-vllm-wheels-hold-ray", "dgx-spark-gb10", "dgx-spark",
-     {"vllm_spec": "vllm==0.32.0", "tensor_parallel_size": 2,
+     {"vllm_spec": "vllm==0.32.0", "tensor_parallel_size": 2, "distributed_backend": "ray",
       "_resolved_wheels": ("vllm-0.32.0-cp38-abi3-manylinux_2_31_aarch64.whl",
                            "ray-2.60.0-cp312-cp312-manylinux2014_aarch64.whl")},
      None, spark_pair(), {"engine.nodes": "pass"}),
     ("spark-pair-vllm-wheels-lack-ray", "dgx-spark-gb10", "dgx-spark",
-     {"vllm_spec": "vllm==0.32.0", "tensor_parallel_size": 2,
+     {"vllm_spec": "vllm==0.32.0", "tensor_parallel_size": 2, "distributed_backend": "ray",
       "_resolved_wheels": ("vllm-0.32.0-cp38-abi3-manylinux_2_31_aarch64.whl",)},
      None, spark_pair(), {"engine.nodes": "fail"}),
+    # vLLM's own launch (0.11.1 on): no Ray in the wheels, and none needed.
+    ("spark-pair-native-launch-needs-no-ray", "dgx-spark-gb10", "dgx-spark",
+     {"vllm_spec": "vllm==0.32.0", "tensor_parallel_size": 2,
+      "_resolved_wheels": ("vllm-0.32.0-cp38-abi3-manylinux_2_31_aarch64.whl",)},
+     None, spark_pair(), {"engine.nodes": "pass"}),
+    ("spark-pair-native-launch-asked-of-vllm-0.10.2", "dgx-spark-gb10", "dgx-spark",
+     {"vllm_spec": "vllm==0.10.2", "tensor_parallel_size": 2, "distributed_backend": "native",
+      "_resolved_wheels": ("vllm-0.10.2-cp38-abi3-manylinux2014_aarch64.whl",)},
+     None, spark_pair(), {"engine.nodes": "fail"}),
+    ("spark-pair-native-launch-nodes-do-not-divide-tp", "dgx-spark-gb10", "dgx-spark",
+     {"vllm_spec": "vllm==0.34.0", "tensor_parallel_size": 3,
+      "_resolved_wheels": ("vllm-0.34.0-cp38-abi3-manylinux_2_31_aarch64.whl",)},
+     None, spark_pair(), {"engine.nodes": "fail", "cluster.topology": "fail"}),
     ("spark-6-8-kernel-refused", "dgx-spark-gb10", "dgx-spark", {},
      lambda f: dataclasses.replace(f, kernel="6.8.0-1010-generic"), None, {"kernel.version": "fail"}),
     ("spark-torch-sm120-runs-on-sm121", "dgx-spark-gb10", "dgx-spark", {}, venv(), None,
@@ -605,8 +618,26 @@ def test_a_vllm_pair_without_wheels_in_reach_blocks_and_one_the_tool_does_not_ma
     found = {f.id: f for f in checks.evaluate(context_for(lacking)["spark-a"])}["engine.nodes"]
     assert found.blocks and "/opt/vllm/venv/bin/ray" in found.message
     good = next(c for c in CASES if c[0] == "spark-pair-good")  # no vllm_spec: the venv is the site's
-    found = {f.id: f for f in checks.evaluate(context_for(good)["spark-a"])}["engine.nodes"]
+    ray = context_for(good[:3] + ({**good[3], "distributed_backend": "ray"},) + good[4:])["spark-a"]
+    found = {f.id: f for f in checks.evaluate(ray)}["engine.nodes"]
     assert (found.status, found.severity) == ("fail", "warning") and "must hold Ray" in found.message
+
+
+def test_the_native_launch_compares_the_nodes_venvs_where_the_tool_does_not_make_them() -> None:
+    good = next(c for c in CASES if c[0] == "spark-pair-good")  # no vllm_spec: the venvs are the site's
+    contexts = context_for(good)
+    unread = {f.id: f for f in checks.evaluate(contexts["spark-a"])}["engine.nodes"]
+    assert unread.status == "fail" and unread.severity == "warning" and "could not be read" in unread.message
+    same = venv(vllm="0.34.0", torch="2.14.0+cu130")
+    other = venv(vllm="0.33.0", torch="2.14.0+cu130")
+    head = contexts["spark-a"]
+    peers = {"spark-a": same(head.peers["spark-a"]), "spark-b": same(head.peers["spark-b"])}
+    found = {f.id: f for f in checks.evaluate(dataclasses.replace(head, facts=peers["spark-a"], peers=peers))}
+    assert found["engine.nodes"].status == "pass" and "no Ray" in found["engine.nodes"].message
+    peers["spark-b"] = other(peers["spark-b"])
+    found = {f.id: f for f in checks.evaluate(dataclasses.replace(head, facts=peers["spark-a"], peers=peers))}
+    assert found["engine.nodes"].blocks, found["engine.nodes"]
+    assert "spark-b: vLLM 0.33.0, torch 2.14.0+cu130" in found["engine.nodes"].message
 
 
 def test_nccl_values_name_what_nccl_takes_for_the_venv_s_release() -> None:

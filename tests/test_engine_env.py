@@ -1,5 +1,5 @@
 """What Ray, NCCL and Triton read, as the tool renders and resolves it for them: Ray in a multi-node vLLM
-venv, node-local NCCL settings kept from vLLM's Ray executor, variables nobody reads dropped, levels NCCL
+venv over Ray (none in vLLM's own launch), node-local NCCL settings kept from vLLM's Ray executor, variables nobody reads dropped, levels NCCL
 knows. Each version fact comes from provision/engine_contracts.yaml (its rows name the engines' source)."""
 from __future__ import annotations
 
@@ -13,14 +13,25 @@ from tests.test_render import contexts_of
 
 
 def test_a_multi_node_vllm_venv_gets_the_contract_table_s_ray() -> None:
-    head = contexts_of("spark-pair-good", vllm_spec="vllm==0.32.0 torch==2.11.0")["spark-a"]
+    head = contexts_of("spark-pair-good", vllm_spec="vllm==0.32.0 torch==2.11.0", distributed_backend="ray")["spark-a"]
     assert venv.service_requirements(head) == ("vllm==0.32.0", "torch==2.11.0", "ray==2.60.0")
     # 0.17 requires ray[cgraph]>=2.48 itself: the tool asks for what that release's row says.
-    old = contexts_of("spark-pair-good", vllm_spec="vllm==0.17.0")["spark-b"]
+    old = contexts_of("spark-pair-good", vllm_spec="vllm==0.17.0", distributed_backend="ray")["spark-b"]
     assert venv.service_requirements(old) == ("vllm==0.17.0", "ray[cgraph]>=2.48.0")
     data = venv.venv_change_data(head.settings, (), venv.Wheelhouse(Path("/tmp"), ()),
                                  requirements=venv.service_requirements(head))
     assert "ray==2.60.0" in data["requirements"]
+
+
+def test_vllm_s_own_launch_puts_no_ray_in_the_venv_and_a_release_without_it_gets_ray() -> None:
+    native = contexts_of("spark-pair-good", vllm_spec="vllm==0.32.0 torch==2.13.0")
+    assert venv.service_requirements(native["spark-a"]) == ("vllm==0.32.0", "torch==2.13.0")
+    assert venv.service_requirements(native["spark-b"]) == ("vllm==0.32.0", "torch==2.13.0")
+    # --nnodes arrives in 0.11.1: 0.11.0 runs over Ray, which its own wheel requires (requirements/cuda.txt:
+    # ray[cgraph]>=2.48.0), so the tool adds none; its head unit is a Ray head.
+    before = contexts_of("spark-pair-good", vllm_spec="vllm==0.11.0")
+    assert venv.service_requirements(before["spark-a"]) == ("vllm==0.11.0",)
+    assert render.desired_state(before["spark-a"]).units == ("vllm-ray-head.service", "vllm.service")
 
 
 def test_ray_is_left_alone_where_the_inventory_names_one_or_the_tool_makes_no_venv() -> None:
@@ -51,7 +62,7 @@ def test_the_ray_nodes_render_no_variable_ray_or_vllm_never_read() -> None:
 
 
 def test_every_node_of_a_vllm_ray_cluster_keeps_its_own_nccl_interface() -> None:
-    for name, ctx in contexts_of("spark-pair-good").items():
+    for name, ctx in contexts_of("spark-pair-good", distributed_backend="ray").items():
         state = render.desired_state(ctx)
         found = {f.path: f for f in state.files}
         config = found[f"{render.STATE_DIR}/.config/vllm/{NON_CARRY_OVER}"]
@@ -60,10 +71,12 @@ def test_every_node_of_a_vllm_ray_cluster_keeps_its_own_nccl_interface() -> None
         assert config.restarts == state.units
     (single,) = contexts_of("rtx5090x2-tp2-awq32b-all-good").values()
     assert not any(f.path.endswith(NON_CARRY_OVER) for f in render.desired_state(single).files)
+    for ctx in contexts_of("spark-pair-good").values():  # vLLM's own launch: no Ray to read it
+        assert not any(f.path.endswith(NON_CARRY_OVER) for f in render.desired_state(ctx).files)
 
 
 def test_a_config_root_the_inventory_sets_is_where_the_list_goes() -> None:
-    ctx = contexts_of("spark-pair-good")["spark-b"]
+    ctx = contexts_of("spark-pair-good", distributed_backend="ray")["spark-b"]
     ctx = dataclasses.replace(ctx, settings=dataclasses.replace(
         ctx.settings, environment={**ctx.settings.environment, "VLLM_CONFIG_ROOT": "/etc/vllm/conf"}))
     assert any(f.path == f"/etc/vllm/conf/{NON_CARRY_OVER}" for f in render.desired_state(ctx).files)

@@ -30,7 +30,7 @@ from provision import (
     tune,
 )
 from provision.engines.trtllm import TRTLLM
-from provision.engines.vllm import RAY_HEAD_UNIT, RAY_WORKER_UNIT
+from provision.engines.vllm import RAY_HEAD_UNIT, RAY_WORKER_UNIT, WORKER_UNIT
 from provision.facts import HostFacts
 from provision.parsers import UnitState
 from tests.conftest import FIXTURES
@@ -69,7 +69,8 @@ def placeholders(text: str) -> str:
 def seed_states() -> dict[str, render.DesiredState]:
     (ws,) = contexts_of("rtx5090x2-tp2-awq32b-all-good").values()
     (ws_strict,) = contexts_of("rtx5090x2-tp2-awq32b-all-good", hardening="strict").values()
-    pair = contexts_of("spark-pair-good")
+    pair = contexts_of("spark-pair-good")  # vLLM's own launch: the table's target release has it
+    pair_ray = contexts_of("spark-pair-good", distributed_backend="ray")
     pair_strict = contexts_of("spark-pair-good", hardening="strict")
     # An H200 node's allow-list from the groups its driver registered (the proc_devices fixture).
     (h200_strict,) = contexts_of("h200-strict-device-groups").values()
@@ -79,6 +80,8 @@ def seed_states() -> dict[str, render.DesiredState]:
         "rtx5090x2-tp2-awq": _state(dataclasses.replace(ws, host="ws-5090")),
         "spark-pair-head": _state(pair["spark-a"]),
         "spark-pair-worker": _state(pair["spark-b"]),
+        "spark-pair-ray-head": _state(pair_ray["spark-a"]),
+        "spark-pair-ray-worker": _state(pair_ray["spark-b"]),
         "cpu-tiny-llama": _state(dataclasses.replace(cpu, host="cpu-1")),
         "rtx5090x2-tp2-awq-strict": _state(dataclasses.replace(ws_strict, host="ws-5090")),
         "spark-pair-worker-strict": _state(pair_strict["spark-b"]),
@@ -117,8 +120,8 @@ LAB_ENDPOINT = endpoints.EndpointPlan("lab-tiny", "cpu-2", "0.0.0.0", 9000, 60.0
 # value of each default tune space. The lab's contract test hands them to vLLM's own parser; the unit
 # test_contract_diff.py holds them to the serve options read from the target release's wheel.
 
-# One host of each profile, from the gate table's cases; the Spark pair's head (its worker runs only
-# `ray start`, no vLLM command line).
+# One host of each profile, from the gate table's cases; the Spark pair's head (its worker's headless
+# line is among the golden units).
 BASE_CASES = {"cpu": ("cpu-host", None, {"model": "lab/tiny-llama", "max_model_len": 256}),
               "rtx5090": ("rtx5090x2-tp2-awq32b-all-good", None, {}),
               "hopper": ("h200-no-drop-ins", None, {"model": "Qwen/Qwen2.5-7B-Instruct"}),
@@ -141,6 +144,8 @@ def rendered_lines() -> dict[str, list[str]]:
     """Golden units, each profile's default render, and each value of each default tune space."""
     lines = {f"golden {path.parent.name}": exec_start(path.read_text())
              for path in sorted(GOLDEN.glob("*/vllm.service"))}
+    lines.update({f"golden {path.parent.name} headless": exec_start(path.read_text())
+                  for path in sorted(GOLDEN.glob("*/vllm-worker.service"))})
     for profile, (case, host, base) in BASE_CASES.items():
         lines[f"profile {profile}"] = server_argv(case, host, **base)
         for dimension in tune.load_space(None, profile, "vllm"):  # the engine's default space of the profile
@@ -152,7 +157,8 @@ def rendered_lines() -> dict[str, list[str]]:
 
 
 
-GOLDEN_CASES = ["rtx5090x2-tp2-awq", "spark-pair-head", "spark-pair-worker", "cpu-tiny-llama",
+GOLDEN_CASES = ["rtx5090x2-tp2-awq", "spark-pair-head", "spark-pair-worker", "spark-pair-ray-head",
+                "spark-pair-ray-worker", "cpu-tiny-llama",
                 "rtx5090x2-tp2-awq-strict", "spark-pair-worker-strict", "h200-hopper-strict", "rtx5090x2-trtllm-nvfp4",
                 "spark-pair-trtllm-head", "spark-pair-trtllm-worker", "cpu-llamacpp-gguf",
                 "cpu-llamacpp-gguf-router"]
@@ -178,11 +184,13 @@ def test_rendered_files_match_golden(case: str) -> None:
 EXPOSURE = {  # (case, unit): (hardening level, before, after)
     ("rtx5090x2-tp2-awq", "vllm.service"): ("default", 8.5, 3.3),
     ("spark-pair-head", "vllm.service"): ("default", 8.5, 3.3),
-    ("spark-pair-head", "vllm-ray-head.service"): ("default", 8.5, 3.3),
-    ("spark-pair-worker", "vllm-ray-worker.service"): ("default", 8.5, 3.3),
+    ("spark-pair-worker", "vllm-worker.service"): ("default", 8.5, 3.3),
+    ("spark-pair-ray-head", "vllm.service"): ("default", 8.5, 3.3),
+    ("spark-pair-ray-head", "vllm-ray-head.service"): ("default", 8.5, 3.3),
+    ("spark-pair-ray-worker", "vllm-ray-worker.service"): ("default", 8.5, 3.3),
     ("cpu-tiny-llama", "vllm.service"): ("default", 8.5, 2.9),
     ("rtx5090x2-tp2-awq-strict", "vllm.service"): ("strict", 8.5, 1.9),
-    ("spark-pair-worker-strict", "vllm-ray-worker.service"): ("strict", 8.5, 1.9),
+    ("spark-pair-worker-strict", "vllm-worker.service"): ("strict", 8.5, 1.9),
     ("h200-hopper-strict", "vllm.service"): ("strict", 8.5, 1.9),
     ("rtx5090x2-trtllm-nvfp4", "trtllm-serve.service"): ("default", 8.5, 3.3),
     ("spark-pair-trtllm-head", "trtllm-serve.service"): ("default", 8.5, 3.3),
@@ -251,7 +259,7 @@ def test_device_access_follows_the_profile_and_the_level() -> None:
     assert ws["DeviceAllow"] == ["char-nvidia rw", "char-nvidiactl rw", "char-nvidia-uvm rw", "char-nvidia-caps rw"]
     assert "# The profile's groups as written: the host's /proc/devices was not read (not collected)." in (
         GOLDEN / "rtx5090x2-tp2-awq-strict" / "vllm.service").read_text()
-    worker = _directives("spark-pair-worker-strict", "vllm-ray-worker.service")
+    worker = _directives("spark-pair-worker-strict", "vllm-worker.service")
     assert worker["DeviceAllow"][-1] == "char-infiniband_verbs rw"  # NCCL over the CX-7 RDMA links
     # The H200: the groups its driver registered, by the names in its /proc/devices.
     h200 = _directives("h200-hopper-strict", "vllm.service")
@@ -276,7 +284,7 @@ def test_strict_on_a_host_whose_driver_registered_nothing_stays_closed_and_names
 
 
 def test_the_server_on_a_ray_head_shares_the_heads_tmp() -> None:
-    head = _directives("spark-pair-head", "vllm.service")
+    head = _directives("spark-pair-ray-head", "vllm.service")
     assert head["JoinsNamespaceOf"] == ["vllm-ray-head.service"] and head["PrivateTmp"] == ["yes"]
     assert "JoinsNamespaceOf" not in _directives("rtx5090x2-tp2-awq", "vllm.service")
 
@@ -293,14 +301,38 @@ def test_workstation_unit_has_the_seed_settings() -> None:
     assert "Restart=on-failure" in unit.content and "StartLimitBurst=5" in unit.content
 
 
-def test_spark_pair_runs_ray_and_serves_from_the_head() -> None:
+def test_spark_pair_serves_from_the_head_and_runs_a_headless_worker_without_ray() -> None:
     states = seed_states()
-    assert states["spark-pair-head"].units == (RAY_HEAD_UNIT, render.SERVER_UNIT)
-    assert states["spark-pair-worker"].units == (RAY_WORKER_UNIT,)
-    head_unit = next(f for f in states["spark-pair-head"].files if f.path.endswith("/vllm.service"))
+    assert states["spark-pair-head"].units == (render.SERVER_UNIT,)
+    assert states["spark-pair-worker"].units == (WORKER_UNIT,)
+    head = exec_start(next(f for f in states["spark-pair-head"].files if f.path.endswith("/vllm.service")).content)
+    worker = exec_start(next(f for f in states["spark-pair-worker"].files if f.path.endswith(f"/{WORKER_UNIT}")).content)
+    assert head[1:3] == ["-m", "vllm.entrypoints.launchers.api_server.entry"]
+    assert worker[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"] and worker[-1] == "--headless"
+    # The same engine arguments on both nodes, each with its own rank; the head's address on the CX-7 link.
+    for argv, rank in ((head, "0"), (worker, "1")):
+        assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--node-rank") + 1] == rank
+        assert argv[argv.index("--master-addr") + 1] == "192.168.100.10"
+        assert argv[argv.index("--distributed-executor-backend") + 1] == "mp"
+    def ranked_as_any(argv: list[str]) -> list[str]:
+        at = argv.index("--node-rank") + 1
+        return [*argv[:at], "R", *argv[at + 1:]]
+
+    assert head[0] == worker[0] and ranked_as_any(head[3:]) == ranked_as_any(worker[4:-1])
+    # Neither node restarts alone; nothing of Ray anywhere.
+    for state in (states["spark-pair-head"], states["spark-pair-worker"]):
+        assert "Restart=no" in "".join(f.content for f in state.files)
+        assert not any("ray" in f.path for f in state.files)
+
+
+def test_spark_pair_over_ray_runs_a_ray_head_and_worker() -> None:
+    states = seed_states()
+    assert states["spark-pair-ray-head"].units == (RAY_HEAD_UNIT, render.SERVER_UNIT)
+    assert states["spark-pair-ray-worker"].units == (RAY_WORKER_UNIT,)
+    head_unit = next(f for f in states["spark-pair-ray-head"].files if f.path.endswith("/vllm.service"))
     assert "--distributed-executor-backend ray" in head_unit.content
     assert "CPUAffinity=5-9,15-19" in head_unit.content  # the X925 cores
-    worker_env = next(f for f in states["spark-pair-worker"].files if f.path == render.ENV_FILE).content
+    worker_env = next(f for f in states["spark-pair-ray-worker"].files if f.path == render.ENV_FILE).content
     assert 'NCCL_SOCKET_IFNAME="enP2p1s0f1np1"' in worker_env and 'VLLM_HOST_IP="192.168.100.11"' in worker_env
     assert 'TRITON_PTXAS_PATH="/usr/local/cuda/bin/ptxas"' in worker_env
 
@@ -428,7 +460,7 @@ def test_an_mpi_worker_gets_a_login_shell_and_loses_it_when_the_cluster_leaves_t
     to_mpi = plan.build(worker, as_vllm_worker)
     shell = next(c for c in to_mpi if c.kind == "user")
     assert shell.data["modify"] and shell.data["shell"] == "/bin/sh"
-    assert ("stop", "vllm-ray-worker.service") in [(c.kind, c.target) for c in to_mpi]
+    assert ("stop", "vllm-worker.service") in [(c.kind, c.target) for c in to_mpi]
     assert any(c.target.endswith("/.ssh/authorized_keys") for c in to_mpi)
     mpi_worker = dataclasses.replace(_host_as_rendered(worker), users={"vllm": {"exists": True, "shell": "/bin/sh"}})
     back = plan.build(states["spark-pair-worker"], mpi_worker)
@@ -686,3 +718,17 @@ def test_the_router_config_is_one_haproxy_accepts_and_routes_by_model(tmp_path: 
     modes = {Path(f.path).name: f.mode for f in state.files}
     assert modes["api-keys"] == 0o600 and modes["haproxy.cfg"] == 0o644
     assert state.units == ("llama-server.service", endpoints.ROUTER_UNIT)
+
+
+def test_the_nodes_of_one_server_restart_together_and_a_node_already_moving_keeps_its_own_step() -> None:
+    units = {"s1": "vllm.service", "s2": "vllm-worker.service"}
+    killed = {"s1": [], "s2": [plan.Change("start", "vllm-worker.service", "not running")]}
+    joined = plan.together(killed, units)
+    assert [(c.kind, c.target) for c in joined["s1"]] == [("restart", "vllm.service")]
+    assert "restarts with s2's vllm-worker.service" in joined["s1"][0].reason
+    assert joined["s1"][0].data == {}  # always carried out: no file of this run to wait for
+    assert joined["s2"] == killed["s2"]
+    both = {"s1": [plan.Change("restart", "vllm.service", "x changed")], "s2": [plan.Change("start", "vllm-worker.service", "")]}
+    assert plan.together(both, units) == both
+    quiet = {"s1": [plan.Change("file", "/etc/vllm/vllm.env", "changed")], "s2": []}
+    assert plan.together(quiet, units) == quiet

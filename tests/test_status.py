@@ -254,12 +254,12 @@ def test_a_host_never_provisioned_says_so_instead_of_inactive_or_ray_worker() ->
     spark = facts.facts_from_probe("spark-b", ok(answer))
     # What systemctl show answers for a unit file that does not exist (LoadState=not-found).
     units = facts.parsers.parse_systemctl_show(
-        "Id=vllm-ray-worker.service\nLoadState=not-found\nActiveState=inactive\nSubState=dead\n"
+        "Id=vllm-worker.service\nLoadState=not-found\nActiveState=inactive\nSubState=dead\n"
         "UnitFileState=\nNRestarts=0\nActiveEnterTimestamp=\n")
     spark = dataclasses.replace(spark, units=units)
     found = status.host_status("spark-b", "worker", spark, None, None, 0.2)
     assert not found.healthy and found.unit["installed"] is False
-    assert found.problem == "vllm-ray-worker.service is not installed: provision the host first"
+    assert found.problem == "vllm-worker.service is not installed: provision the host first"
 
 
 def test_deploy_says_how_to_ask_the_model_it_served_in_a_line_that_works_on_the_controller() -> None:
@@ -360,7 +360,14 @@ def test_a_worker_of_an_mpi_launch_is_reported_without_a_unit_of_its_own() -> No
     found = status.host_status("spark-b", "worker", base, None, None, 0.1, engine=engines.ENGINES["trtllm"])
     assert found.healthy and found.unit["name"] == "-" and "started by the head" in found.unit["note"]
     vllm_worker = status.host_status("spark-b", "worker", base, None, None, 0.1)
-    assert vllm_worker.unit["name"] == "vllm-ray-worker.service"
+    assert vllm_worker.unit["name"] == "vllm-worker.service"  # vLLM's own launch: its headless worker
+    # A node the tool made a Ray worker: the unit installed there is the one read.
+    over_ray = dataclasses.replace(base, units=facts.parsers.parse_systemctl_show(
+        "Id=vllm-worker.service\nLoadState=not-found\nActiveState=inactive\nSubState=dead\nUnitFileState=\n\n"
+        "Id=vllm-ray-worker.service\nLoadState=loaded\nActiveState=active\nSubState=running\n"
+        "UnitFileState=enabled\nNRestarts=0\n"))
+    ray_worker = status.host_status("spark-b", "worker", over_ray, None, None, 0.1)
+    assert ray_worker.unit["name"] == "vllm-ray-worker.service" and ray_worker.healthy
 
 
 def test_a_crash_is_told_by_the_run_that_crashed_not_by_systemd_restarting_it() -> None:
@@ -533,7 +540,7 @@ def test_a_host_the_tool_never_provisioned_is_idle_and_status_exits_0_for_it() -
 
     head = status.idle_by_design(_never_installed("spark-a", "server", "vllm.service"),
                                  provisioned=False, declares_model=True)
-    worker = status.idle_by_design(_never_installed("spark-b", "worker", "vllm-ray-worker.service"),
+    worker = status.idle_by_design(_never_installed("spark-b", "worker", "vllm-worker.service"),
                                    provisioned=False, declares_model=True)
     assert head.idle == "never provisioned by the tool (no generation on the host installed vllm.service)"
     assert worker.idle and not worker.healthy and worker.problem is None
@@ -542,7 +549,7 @@ def test_a_host_the_tool_never_provisioned_is_idle_and_status_exits_0_for_it() -
     assert serving.healthy and status.serving_as_declared(found)
     assert report.status_problems(found) == [
         "spark-a: idle: never provisioned by the tool (no generation on the host installed vllm.service)",
-        "spark-b: idle: never provisioned by the tool (no generation on the host installed vllm-ray-worker.service)"]
+        "spark-b: idle: never provisioned by the tool (no generation on the host installed vllm-worker.service)"]
 
 
 def test_a_host_with_no_model_in_the_inventory_is_idle() -> None:
@@ -753,3 +760,31 @@ def test_a_host_whose_systemctl_could_not_answer_is_not_called_not_installed() -
     assert found.unit["installed"] is None and found.unit["active"] == "unknown"
     assert status.host_status("h200", "server", dataclasses.replace(host, units={}), {}, None, 0.4,
                               engine=engines.ENGINES["llamacpp"]).unit["installed"] is False
+
+
+def test_a_head_that_answers_without_its_worker_node_is_not_healthy_and_says_which_node_holds_the_api(
+        tmp_path: Path) -> None:
+    path = tmp_path / "inventory.yaml"
+    path.write_text("""
+hosts:
+  s1: {address: 10.0.1.1, profile: dgx-spark}
+  s2: {address: 10.0.1.2, profile: dgx-spark}
+  ws: {address: 10.0.0.1, profile: rtx5090}
+clusters:
+  pair: {hosts: [s1, s2], head: s1}
+  alone: {hosts: [ws]}
+""")
+    inv = inventory.load(path)
+    serving = _status_with({"health": {"status": 200}, "models": {"status": 200, "body": '{"data": []}'}}, False)
+    head = dataclasses.replace(serving, host="s1")
+    worker_down = status.HostStatus("s2", "worker", True, False, "vllm-worker.service is failed",
+                                    unit={"name": "vllm-worker.service", "active": "failed"})
+    judged = status.as_one_server({"s1": head, "s2": worker_down, "ws": dataclasses.replace(serving, host="ws")}, inv)
+    assert not judged["s1"].healthy and judged["ws"].healthy
+    assert judged["s1"].problem == ("answers, but without s2 (s2: vllm-worker.service is failed): the nodes serve as "
+                                    "one; `invoke deploy --cluster pair` starts them together")
+    assert judged["s2"].unit["note"] == "vLLM headless worker; API on s1"
+    worker_up = dataclasses.replace(worker_down, healthy=True, problem=None, unit={"name": "vllm-worker.service",
+                                                                                   "active": "active"})
+    judged = status.as_one_server({"s1": head, "s2": worker_up}, inv)
+    assert judged["s1"] == head and judged["s2"].unit["note"] == "vLLM headless worker; API on s1"

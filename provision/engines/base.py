@@ -136,9 +136,12 @@ class Engine:
     title = ""
     server_unit = ""
     worker_unit: str | None = None  # what runs on a multi-node cluster's other nodes (None: nothing of ours)
+    worker_units: tuple[str, ...] = ()  # every unit a worker node may run, by launch (status reads the one there)
     units: tuple[str, ...] = ()  # every unit this engine may render
     api_key_variable: str | None = None  # the environment variable the server reads its API key from
-    cluster_launch: str | None = None  # how a multi-node server reaches its nodes: "ray", "mpi"; None: it cannot
+    # How a multi-node server reaches its nodes by default: "native" (vLLM's own), "ray", "mpi"; None: it
+    # cannot. launch() answers for one cluster.
+    cluster_launch: str | None = None
     metrics = MetricNames()
     model_format = "safetensors"  # or "gguf": one file the server loads
     source = ""  # the engine's documentation, for findings
@@ -219,6 +222,15 @@ class Engine:
 
     def nodes(self, ctx: Context) -> Verdict | None:
         """Whether the engine can spread this cluster's model over its nodes."""
+        return None
+
+    def launch(self, ctx: Context) -> str | None:
+        """How this cluster's server reaches its nodes (None on one node)."""
+        return self.cluster_launch if ctx.nodes > 1 else None
+
+    def pair_unit(self, ctx: Context) -> str | None:
+        """This node's unit where the cluster's units are one server that restarts only whole (a start or
+        restart of one restarts the others: plan.together); None where each restarts on its own."""
         return None
 
     def user_shell(self, ctx: Context) -> str:

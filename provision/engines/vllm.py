@@ -1,4 +1,6 @@
-"""vLLM (the default engine): `python -m` the release's server module, multi-node over Ray.
+"""vLLM (the default engine): `python -m` the release's server module; across nodes its own launch
+(the head serves, every other node runs a headless worker) or, below the release that has it or where
+the inventory asks (distributed_backend: ray), Ray.
 
 Which module, and which version facts the gate trusts, come from engine_contracts.yaml (contracts.py);
 the contract test (tests/lab/test_lab_contract_vllm.py) parses every command line rendered here with
@@ -36,6 +38,11 @@ if TYPE_CHECKING:
 RAY_HEAD_UNIT = "vllm-ray-head.service"
 RAY_WORKER_UNIT = "vllm-ray-worker.service"
 RAY_PORT = 6379
+WORKER_UNIT = "vllm-worker.service"  # a headless worker node of the native launch
+# The head's torch.distributed port in the native launch: vLLM's own default (ParallelConfig.master_port),
+# rendered so that the unit, the firewall and docs/security.md name the same one.
+MASTER_PORT = 29501
+NATIVE, RAY = "native", "ray"
 _PIN = re.compile(r"(?<![\w.-])vllm(?:[-_]cpu)?==\s*([0-9][^\s,;]*)", re.IGNORECASE)
 
 
@@ -46,6 +53,15 @@ def vllm_version(ctx: Context) -> str | None:
     if pinned:
         return pinned.group(1)
     return ctx.facts.venv.vllm if ctx.facts.venv else None
+
+
+def launch_of(ctx: Context) -> str:
+    """How a multi-node vLLM reaches its nodes: the inventory's distributed_backend, else the native
+    launch where the release has it (the contract table's --nnodes row), Ray below it."""
+    asked = ctx.settings.distributed_backend
+    if asked:
+        return str(asked)
+    return NATIVE if contracts.load().accepts("vllm", "flag", "--nnodes", vllm_version(ctx)) else RAY
 
 
 def server_module(version: str | None) -> str:
@@ -72,9 +88,10 @@ class Vllm(Engine):
     name = "vllm"
     title = "vLLM"
     server_unit = "vllm.service"
-    worker_unit = RAY_WORKER_UNIT
-    units = ("vllm.service", RAY_HEAD_UNIT, RAY_WORKER_UNIT)
-    cluster_launch = "ray"
+    worker_unit = WORKER_UNIT
+    worker_units = (WORKER_UNIT, RAY_WORKER_UNIT)
+    units = ("vllm.service", RAY_HEAD_UNIT, RAY_WORKER_UNIT, WORKER_UNIT)
+    cluster_launch = NATIVE
     api_key_variable = "VLLM_API_KEY"
     source = "https://docs.vllm.ai/en/stable/cli/serve.html"
     # vLLM's frontend and engine arguments (vllm/entrypoints/launchers/cli_args.py, engine/arg_utils.py);
@@ -110,8 +127,29 @@ class Vllm(Engine):
             args += ["--max-model-len", str(settings.max_model_len)]
         args.append("--enable-prefix-caching" if settings.enable_prefix_caching else "--no-enable-prefix-caching")
         if ctx.cluster and ctx.cluster.multi_node:
-            args += ["--distributed-executor-backend", "ray"]
+            args += native_args(ctx) if launch_of(ctx) == NATIVE else ["--distributed-executor-backend", "ray"]
         return args + closing_args(settings, resolutions)
+
+    def worker_command(self, ctx: Context, model: str, resolutions: Sequence[str]) -> list[str]:
+        """A worker node of the native launch: `vllm serve --headless` with the head's engine arguments
+        (each node builds the same engine configuration) and its own node rank. vLLM's CLI, as a module:
+        the launchers' api_server module would start an API server on it too (engine_contracts.yaml)."""
+        version = vllm_version(ctx)
+        found = contracts.load().names("vllm", "headless", version)
+        if not found:
+            raise ContractError(f"vLLM {version}: no headless worker entry point in engine_contracts.yaml")
+        command = self.server_command(ctx, model, resolutions)
+        return [command[0], "-m", found[0], "serve", *command[3:], "--headless"]
+
+    def launch(self, ctx: Context) -> str | None:
+        return launch_of(ctx) if ctx.nodes > 1 else None
+
+    def pair_unit(self, ctx: Context) -> str | None:
+        """In the native launch the head's server and each worker node's unit are one server: vLLM forms
+        its process group once, at the head's start, and a node restarted alone cannot rejoin it."""
+        if self.launch(ctx) != NATIVE:
+            return None
+        return self.server_unit if ctx.is_head else WORKER_UNIT
 
     def environment(self, ctx: Context, environment: dict[str, str]) -> dict[str, str]:
         link = ctx.link
@@ -124,12 +162,13 @@ class Vllm(Engine):
         return environment
 
     def config_files(self, ctx: Context, secrets: Mapping[str, str | None], home: str) -> list[ConfigFile]:
-        """On a multi-node cluster, the list of variables vLLM's Ray executor must leave to each node,
-        where the release reads it (the contract table), in vLLM's configuration root."""
-        from provision import contracts, venv
+        """On a multi-node cluster over Ray, the list of variables vLLM's Ray executor must leave to each
+        node, where the release reads it (the contract table), in vLLM's configuration root."""
+        from provision import venv
 
         version = venv.pinned_version(venv.requirements_of(ctx.settings), self.name)
-        if ctx.link is None or not contracts.load().accepts(self.name, "file", NON_CARRY_OVER, version):
+        if ctx.link is None or launch_of(ctx) != RAY or not contracts.load().accepts(
+                self.name, "file", NON_CARRY_OVER, version):
             return []
         content = json.dumps(sorted(NODE_LOCAL_VARIABLES)) + "\n"
         return [ConfigFile(f"{config_root(ctx, home)}/{NON_CARRY_OVER}", "", {}, owner="service", content=content)]
@@ -139,9 +178,11 @@ class Vllm(Engine):
 
     def unit_files(self, ctx: Context, common: Mapping[str, Any], server: Mapping[str, Any],
                    resolutions: Sequence[str]) -> list[UnitFile]:
+        link = ctx.link
+        if link is not None and launch_of(ctx) == NATIVE:
+            return self._native_units(ctx, common, server, resolutions)
         units = []
         venv = ctx.settings.venv_dir.rstrip("/")
-        link = ctx.link
         if link is not None:
             assert ctx.cluster is not None
             ray = f"{venv}/bin/ray"
@@ -162,15 +203,35 @@ class Vllm(Engine):
                 "exec_start": self.server_command(ctx, server["model"], resolutions)}))
         return units
 
+    def _native_units(self, ctx: Context, common: Mapping[str, Any], server: Mapping[str, Any],
+                      resolutions: Sequence[str]) -> list[UnitFile]:
+        """The head's server (it serves the API) or a worker node's headless unit. Neither restarts by
+        itself: one node restarted alone cannot rejoin the others' process group, so a node that stops
+        stays stopped and says so (status), and deploy restarts the nodes together."""
+        alone = {"restart": "no", "restart_reason": (
+            "One node of a multi-node vLLM restarted alone cannot rejoin the others: none restarts by itself; "
+            "`deploy` restarts them together")}
+        if ctx.is_head:
+            return [UnitFile(self.server_unit, "systemd/vllm.service.j2", {
+                **common, **server, **alone, "after": [], "requires": [], "joins_namespace_of": [],
+                "exec_start": self.server_command(ctx, server["model"], resolutions)})]
+        assert ctx.cluster is not None
+        return [UnitFile(WORKER_UNIT, f"systemd/{WORKER_UNIT}.j2", {
+            **common, **server, **alone, "cluster": ctx.cluster.name, "head": ctx.cluster.head,
+            "exec_start": self.worker_command(ctx, server["model"], resolutions)})]
+
     def verify_modules(self, requirements: Sequence[str], wheels: Sequence[str]) -> list[str]:
         serves = any(re.match(r"vllm([-_]cpu)?\b", req) for req in requirements) or any(
             Path(name).name.startswith(("vllm-", "vllm_")) for name in wheels)
         return ["vllm", "torch"] if serves else []
 
     def nodes(self, ctx: Context) -> Verdict | None:
-        """Across nodes the venv must hold Ray: the head and worker units exec VENV/bin/ray."""
+        """Across nodes: the native launch needs a release that has it and the same vLLM and torch on
+        every node; over Ray the venv must hold Ray (the head and worker units exec VENV/bin/ray)."""
         if ctx.nodes < 2:
             return None
+        if launch_of(ctx) == NATIVE:
+            return native_nodes(ctx)
         from provision import venv
 
         over = f"{ctx.nodes} nodes over Ray (a head unit, worker units, then the server)"
@@ -190,6 +251,49 @@ class Vllm(Engine):
         return Verdict(WARN, f"the tool does not make this venv (no vllm_spec): it must hold Ray for {ray_bin}",
                        "set vllm_spec (the tool adds Ray to it), or install Ray in the venv yourself",
                        evidence={"venv": ctx.settings.venv_dir})
+
+
+def native_args(ctx: Context) -> list[str]:
+    """The native launch's arguments on every node: the node count, this node's rank (the head is 0, the
+    others in the inventory's order), the head's address on the cluster network and its port. Where the
+    facts show the head no such address the gate's cluster.network refuses the cluster; the line is
+    still rendered for it to judge, without the address."""
+    address = ["--master-addr", ctx.head_address] if ctx.head_address else []
+    return ["--distributed-executor-backend", "mp", "--nnodes", str(ctx.nodes),
+            "--node-rank", str(ctx.cluster_order.index(ctx.host)), *address, "--master-port", str(MASTER_PORT)]
+
+
+def native_nodes(ctx: Context) -> Verdict:
+    """vLLM's own launch across nodes: the release has it, nnodes divides the world size (vLLM's own
+    validation refuses it otherwise), and every node runs the same vLLM and torch (each builds the
+    same engine; different releases disagree on the messages they pass)."""
+    version = vllm_version(ctx)
+    table = contracts.load()
+    if not table.accepts("vllm", "flag", "--nnodes", version):
+        return Verdict(FAIL, f"vLLM {version} has no native multi-node launch (--nnodes arrives in 0.11.1)",
+                       "set distributed_backend: ray, or a newer vllm_spec", evidence={"vllm": version})
+    world = ctx.parallel
+    if world % ctx.nodes:
+        return Verdict(FAIL, f"{ctx.nodes} nodes do not divide TP x PP = {world} (vLLM refuses: `--nnodes "
+                       f"{ctx.nodes}` must evenly divide the total world size)",
+                       "make TP x PP a multiple of the node count", evidence={"parallel": world})
+    over = (f"{ctx.nodes} nodes, vLLM's own launch: {ctx.cluster_head} serves, the others run "
+            f"`vllm serve --headless` (no Ray)")
+    if ctx.resolved_wheels is not None:  # the tool makes every node's venv from the same wheels
+        return Verdict(PASS, f"{over}; every node's venv from the same wheels", evidence={"vllm": version})
+    installed = {name: (facts.venv.vllm, facts.venv.torch)
+                 for name, facts in ctx.peers.items() if facts.venv is not None}
+    if len(set(installed.values())) > 1:
+        shown = "; ".join(f"{name}: vLLM {v or '?'}, torch {t or '?'}" for name, (v, t) in sorted(installed.items()))
+        return Verdict(FAIL, f"the nodes' venvs differ ({shown})",
+                       "set vllm_spec so the tool makes every node's venv from the same wheels",
+                       evidence={"venvs": {name: list(pair) for name, pair in installed.items()}})
+    unread = sorted(set(ctx.cluster_order) - set(installed))
+    if unread:
+        return Verdict(WARN, f"{over}; the venv of {', '.join(unread)} could not be read: the same vLLM and "
+                       "torch on every node is not checked", "set vllm_spec (the tool makes every node's venv)",
+                       evidence={"unread": unread})
+    return Verdict(PASS, f"{over}; the same vLLM and torch on every node", evidence={"venvs": len(installed)})
 
 
 def config_root(ctx: Context, home: str) -> str:

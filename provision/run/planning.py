@@ -275,7 +275,22 @@ def plans(inv: inventory.Inventory, targets: list[inventory.Host], options: Opti
         planned.overrides = departing(contexts[name].settings, planned.declared, options.overrides)
         planned.target = gated.hosts[name]
         result[name] = planned
+    restart_whole(result)
     return Planned(gated.order, result, findings, errors, gated.held, contexts)
+
+
+def restart_whole(result: Mapping[str, HostPlan]) -> None:
+    """A cluster whose nodes are one server that restarts only whole (the engine's pair_unit: vLLM's own
+    multi-node launch): where one node's plan starts or restarts its unit, every other node's restarts it."""
+    clusters: dict[str, dict[str, str]] = {}
+    for name, planned in result.items():
+        ctx = planned.ctx
+        unit = engines.engine_of(ctx.settings).pair_unit(ctx)
+        if unit is not None and ctx.cluster is not None:
+            clusters.setdefault(ctx.cluster.name, {})[name] = ctx.naming.unit(unit)
+    for units in clusters.values():
+        for name, changes in plan.together({name: result[name].changes for name in units}, units).items():
+            result[name].changes = changes
 
 
 def departing(asked: inventory.Settings, declared: inventory.Settings, overrides: Mapping[str, Any]) -> tuple[str, ...]:
