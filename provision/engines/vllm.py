@@ -152,6 +152,10 @@ class Vllm(Engine):
         return self.server_unit if ctx.is_head else WORKER_UNIT
 
     def environment(self, ctx: Context, environment: dict[str, str]) -> dict[str, str]:
+        if launch_of(ctx) != RAY or ctx.nodes < 2:  # no Ray runs: the profile's Ray settings read by nobody
+            for name in [name for name in environment if name.startswith("RAY_")]:
+                if environment[name] == str(ctx.profile.environment.get(name)):
+                    del environment[name]
         link = ctx.link
         if link is not None:  # vLLM picks the node's address, NCCL, Gloo and TP the interface from these
             # Ray takes its node's address from the units' --node-ip-address: neither Ray 2.60 nor

@@ -513,10 +513,11 @@ class Lab:
         """The lab's hub on the bridge address: every lab host and this machine reach it."""
         from provision.lab import aptrepo, hub, wheels
 
-        with tempfile.TemporaryDirectory() as scratch:  # a running hub serves a stand-in added since
+        with tempfile.TemporaryDirectory() as scratch:  # a running hub serves a stand-in added or changed since
             for variant, made in wheels.stand_ins(Path(scratch)).items():
                 for wheel in made:
-                    if not (self.hub_root / "simple" / variant / wheel.name).exists():
+                    served = self.hub_root / "simple" / variant / wheel.name
+                    if not served.exists() or served.read_bytes() != wheel.read_bytes():
                         hub.publish_wheel(self.hub_root, variant, wheel)
         if not aptrepo.holds(self.hub_root / "apt"):
             progress("building the lab's apt repository (stand-in driver and kernel packages, Debian's "

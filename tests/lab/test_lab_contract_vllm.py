@@ -30,8 +30,9 @@ def judged(the_lab: lab.Lab, lab_inventory: inventory.Inventory) -> dict:
     cpu = lines["profile cpu"]
     lines[MISSPELT] = [*cpu, "--max-num-seqz", "4"]  # the parser must refuse this one
     port = cpu[cpu.index("--port") + 1]
+    model = cpu[cpu.index("--model") + 1]  # the lab's tiny model, for the multi-node lines' engine config
     out = on_host(lab_inventory, "cpu-1", ["/opt/vllm/venv/bin/python", "-", json.dumps(list(lines.items())),
-                                           f"http://127.0.0.1:{port}/metrics"], stdin=PROBE.read_text())
+                                           f"http://127.0.0.1:{port}/metrics", model], stdin=PROBE.read_text())
     return {**json.loads(out.strip().splitlines()[-1]), "lines": lines}
 
 
@@ -45,6 +46,21 @@ def test_vllms_own_parser_accepts_every_command_line_the_tool_renders(judged: di
     refused = {case: verdict["error"] for case, verdict in judged["verdicts"].items()
                if not verdict["ok"] and case != MISSPELT}
     assert not refused, json.dumps(refused, indent=1)
+
+
+def test_the_native_multi_node_lines_pass_vllms_own_engine_config_validation(judged: dict) -> None:
+    """The head's and the headless worker's lines of vLLM's own launch (golden Spark pair): the parser,
+    then create_engine_config (node count against the world size, rank, backend) raise nothing, and
+    the engine configuration holds what the tool rendered."""
+    native = {case: judged["verdicts"][case] for case, argv in judged["lines"].items() if "--nnodes" in argv}
+    assert {"golden spark-pair-head", "golden spark-pair-worker headless"} <= set(native), sorted(native)
+    for case, verdict in native.items():
+        argv = judged["lines"][case]
+        assert verdict["ok"], (case, verdict)
+        assert verdict["parallel"] == {
+            "nnodes": int(argv[argv.index("--nnodes") + 1]), "node_rank": int(argv[argv.index("--node-rank") + 1]),
+            "master_addr": argv[argv.index("--master-addr") + 1],
+            "master_port": int(argv[argv.index("--master-port") + 1]), "backend": "mp", "world_size": 2}, case
 
 
 def test_a_misspelt_flag_is_refused_by_the_same_parser(judged: dict) -> None:

@@ -24,7 +24,7 @@ VENV = "/opt/raylab/venv"
 # suite's install time): the units, the Ray cluster and deploy's gate are what is under test. Both
 # hosts play 2-GPU machines: 2 nodes x 2 = TP 2 x PP 2.
 VARS = {"vllm_spec": "packaging==26.4", "venv_dir": VENV, "model": "/srv/no-model", "served_model_name": "pair",
-        "tensor_parallel_size": 2, "pipeline_parallel_size": 2}
+        "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "distributed_backend": "ray"}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,152 @@
+"""Two lab hosts serve as one through vLLM's own multi-node launch (no Ray): the head's unit serves, the
+other runs `vllm serve --headless`; a node killed is reported within status's window, and deploy brings
+the pair back. Also: the plan of the lab's Spark pair renders that launch for a vLLM that has it, and Ray
+for one that does not.
+
+vLLM's CPU build cannot run a worker node (its CLI dies asking importlib.metadata for the distribution
+`vllm`: engine_contracts.yaml), so the engine here is the lab's stand-in (provision/lab/pair_engine.py,
+in the stand-in `vllm` wheel of the lab's index): the units, their order and the tool's handling of a
+lost node are what is under test. The rendered lines themselves are judged by vLLM's own parser and
+create_engine_config in test_lab_contract_vllm.py."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from provision import inventory, lab
+from provision.lab import wheels
+from tests.lab.conftest import invoke_json, on_host, run_invoke
+
+pytestmark = pytest.mark.lab
+
+HEAD, WORKER = "ws-5090", "h200"
+VENV = "/opt/pairlab/venv"
+UNITS = ["vllm.service", "vllm-worker.service"]
+
+
+@pytest.fixture(scope="module")
+def pair(the_lab: lab.Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    document = yaml.safe_load(the_lab.inventory.read_text())
+    # Both hosts play 2-GPU machines: 2 nodes x 2 = TP 2 x PP 2. The stand-in vLLM and torch come from
+    # the lab's index (its CPU variant: the hosts are deployed with the cpu profile).
+    document["clusters"] = {"pair": {"hosts": [HEAD, WORKER], "head": HEAD, "vars": {
+        "vllm_spec": wheels.venv_spec(), "pip_extra_index_urls": [the_lab.index_url("cpu")],
+        "pip_trusted_hosts": [the_lab.hub_url.split("//", 1)[1]], "venv_dir": VENV,
+        "model": "/srv/no-model", "served_model_name": "pair", "tensor_parallel_size": 2,
+        "pipeline_parallel_size": 2, "cluster_network": str(the_lab.network)}}}
+    path = tmp_path_factory.mktemp("pair") / "inventory.yaml"
+    path.write_text(yaml.safe_dump(document))
+    yield path
+    inv = inventory.load(path)
+    cleanups = [threading.Thread(target=clean_up, args=(inv, host)) for host in (HEAD, WORKER)]
+    for cleanup in cleanups:
+        cleanup.start()
+    for cleanup in cleanups:
+        cleanup.join(timeout=300)
+
+
+def clean_up(inv: inventory.Inventory, host: str) -> None:
+    """The hosts as the lab booted them: the units gone, everything the module's runs wrote removed."""
+    for argv in (["systemctl", "disable", *UNITS], ["systemctl", "kill", "--signal=SIGKILL", *UNITS],
+                 ["systemctl", "stop", *UNITS],
+                 ["rm", "-rf", *(f"/etc/systemd/system/{unit}" for unit in UNITS), "/etc/vllm/vllm.env",
+                  "/opt/pairlab", "/var/lib/provision/generations", "/var/lib/vllm/.config"],
+                 ["systemctl", "daemon-reload"], ["systemctl", "reset-failed"]):
+        on_host(inv, host, argv)
+
+
+def deploy(pair: Path) -> dict[str, Any]:
+    code, document, text = invoke_json("deploy", "--inventory", str(pair), "--cluster", "pair", "--profile", "cpu",
+                                       "--timeout", "120", timeout=900)
+    assert code == 0, text
+    return {row["host"]: row for row in document["hosts"]}
+
+
+def status(pair: Path) -> tuple[int, dict[str, Any], float]:
+    started = time.monotonic()
+    code, document, text = invoke_json("status", "--inventory", str(pair), "--cluster", "pair", timeout=120)
+    assert document, text
+    return code, document["hosts"], time.monotonic() - started
+
+
+def killed(inv: inventory.Inventory, host: str, unit: str) -> None:
+    """SIGKILL the unit's processes and wait until systemd says it failed (neither node restarts alone)."""
+    on_host(inv, host, ["systemctl", "kill", "--signal=SIGKILL", unit])
+    deadline = time.monotonic() + 30
+    while on_host(inv, host, ["systemctl", "show", "-p", "ActiveState", "--value", unit]).strip() != "failed":
+        assert time.monotonic() < deadline, f"{host}: {unit} did not fail"
+        time.sleep(0.5)
+
+
+def test_the_plan_renders_vllms_own_launch_for_a_release_that_has_it_and_ray_below_it(the_lab: lab.Lab) -> None:
+    native = run_invoke("plan", "--cluster", "lab-spark", timeout=600)
+    assert native.returncode == 0, native.stdout + native.stderr
+    head, worker = native.stdout.split("spark-b:", 1)[0], native.stdout.split("spark-b:", 1)[1]
+    assert "--nnodes 2 --node-rank 0" in head and "vllm-worker.service" not in head
+    assert "vllm.entrypoints.cli.main serve" in worker and "--node-rank 1" in worker and "--headless" in worker
+    for ray in ("vllm-ray-", "ray_non_carry_over", "RAY_", "--distributed-executor-backend ray", "/bin/ray"):
+        assert ray not in native.stdout, ray
+    code, checked, text = invoke_json("check", "--cluster", "lab-spark", timeout=600)
+    assert code == 0, text
+    found = next(f for f in checked["hosts"]["spark-a"]["findings"] if f["id"] == "engine.nodes")
+    assert found["status"] == "pass" and "no Ray" in found["message"], found
+    before = f"vllm_spec={wheels.venv_spec(wheels.VLLM_BEFORE_NATIVE)}"  # 0.11.0: no --nnodes yet
+    over_ray = run_invoke("plan", "--cluster", "lab-spark", "--set", before, timeout=600)
+    assert over_ray.returncode == 0, over_ray.stdout + over_ray.stderr
+    assert "vllm-ray-head.service" in over_ray.stdout and "vllm-ray-worker.service" in over_ray.stdout
+    assert "--distributed-executor-backend ray" in over_ray.stdout and "--nnodes" not in over_ray.stdout
+    _, checked, text = invoke_json("check", "--cluster", "lab-spark", "--set", before, timeout=600)
+    found = next(f for f in checked["hosts"]["spark-a"]["findings"] if f["id"] == "engine.nodes")
+    assert found["status"] == "pass" and "Ray from ray-2.60.0+lab" in found["message"], (found, text[-2000:])
+
+
+def test_the_pair_serves_as_one_and_a_lost_node_is_reported_then_brought_back(pair: Path) -> None:
+    inv = inventory.load(pair)
+    rows = deploy(pair)
+    assert rows[HEAD]["state"] == "ready", rows
+    code, hosts, _ = status(pair)
+    assert code == 0 and hosts[HEAD]["healthy"] and hosts[WORKER]["healthy"], json.dumps(hosts, indent=1)
+    assert hosts[WORKER]["unit"]["name"] == "vllm-worker.service"
+    assert hosts[WORKER]["unit"]["note"] == f"vLLM headless worker; API on {HEAD}"
+    assert not any("ray" in unit for unit in on_host(inv, WORKER, ["ls", "/etc/systemd/system"]).split())
+    assert not on_host(inv, WORKER, ["sh", "-c", f"ls {VENV}/lib/python*/site-packages | grep -i '^ray' || true"])
+
+    # The worker killed: the head still answers /health, status says the pair is broken.
+    killed(inv, WORKER, "vllm-worker.service")
+    code, hosts, seconds = status(pair)
+    assert code == 1 and seconds < 60, (code, seconds)
+    assert not hosts[WORKER]["healthy"] and "vllm-worker.service is failed" in hosts[WORKER]["problem"]
+    assert hosts[HEAD]["health"] == "ok" and not hosts[HEAD]["healthy"], hosts[HEAD]
+    assert f"answers, but without {WORKER}" in hosts[HEAD]["problem"]
+    assert "invoke deploy --cluster pair" in hosts[HEAD]["problem"]
+    planned = run_invoke("plan", "--inventory", str(pair), "--cluster", "pair", "--profile", "cpu", timeout=600)
+    assert "start vllm-worker.service: not running" in planned.stdout, planned.stdout
+    assert f"restart vllm.service: restarts with {WORKER}'s vllm-worker.service" in planned.stdout, planned.stdout
+    rows = deploy(pair)
+    assert rows[HEAD]["state"] == "ready", rows
+    code, hosts, _ = status(pair)
+    assert code == 0 and hosts[HEAD]["healthy"] and hosts[WORKER]["healthy"], json.dumps(hosts, indent=1)
+
+    # The head killed: the worker ends when its head goes away; deploy starts both again.
+    killed(inv, HEAD, "vllm.service")
+    deadline = time.monotonic() + 30
+    while on_host(inv, WORKER, ["systemctl", "show", "-p", "ActiveState", "--value", "vllm-worker.service"]).strip() \
+            != "failed":
+        assert time.monotonic() < deadline, "the worker outlived its head"
+        time.sleep(0.5)
+    code, hosts, seconds = status(pair)
+    assert code == 1 and seconds < 60
+    assert not hosts[HEAD]["healthy"] and "vllm.service is failed" in hosts[HEAD]["problem"], hosts[HEAD]
+    said = on_host(inv, WORKER, ["journalctl", "-u", "vllm-worker.service", "-n", "20", "--no-pager"])
+    assert f"worker node 1: the head at {inv.host(HEAD).address}:29501 went away" in said, said
+    rows = deploy(pair)
+    assert rows[HEAD]["state"] == "ready", rows
+    code, hosts, _ = status(pair)
+    assert code == 0 and hosts[HEAD]["healthy"] and hosts[WORKER]["healthy"], json.dumps(hosts, indent=1)
