@@ -765,8 +765,9 @@ def engine_support(ctx: Context) -> Finding | None:
 
 @rule("engine.nodes", BLOCKER)
 def engine_nodes(ctx: Context) -> Finding | None:
-    """The engine can spread the model over this cluster's nodes (vLLM over Ray, TensorRT-LLM over MPI,
-    llama.cpp on one host), with what its launch needs (TensorRT-LLM: the MPI key, the host keys)."""
+    """The engine can spread the model over this cluster's nodes (vLLM by its own launch or over Ray,
+    TensorRT-LLM over MPI, llama.cpp on one host), with what its launch needs (vLLM's own: the release and
+    the same vLLM and torch on every node; Ray: Ray in the venv; TensorRT-LLM: the MPI key, the host keys)."""
     return _from_verdict(engine_of(ctx.settings).nodes(ctx))
 
 

@@ -27,7 +27,7 @@ Schema (every key is checked; an unknown key is an error, not ignored):
         vars: {...}
     clusters:
       NAME:
-        hosts: [NAME, ...]     # one host: single-node (TP inside the host); several: multi-node over Ray
+        hosts: [NAME, ...]     # one host: single-node (TP inside the host); several: multi-node (vLLM's own launch, or Ray)
         head: NAME             # multi-node only; default the first host
         vars: {...}
 

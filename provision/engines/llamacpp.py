@@ -246,7 +246,7 @@ class LlamaCpp(Engine):
                                {"parallel": ctx.parallel})
             return Verdict(PASS, "one host")
         return Verdict(FAIL, f"the tool serves llama.cpp on one host; this cluster has {ctx.nodes} nodes",
-                       "serve a multi-node cluster with engine: vllm (Ray) or trtllm (MPI)", {"nodes": ctx.nodes})
+                       "serve a multi-node cluster with engine: vllm (its own launch) or trtllm (MPI)", {"nodes": ctx.nodes})
 
     def support(self, ctx: Context) -> Verdict | None:
         return (self._cpu_runs(ctx) or self._toolkit(ctx) or self._alias(ctx) or self._context(ctx)

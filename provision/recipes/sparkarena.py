@@ -226,7 +226,7 @@ def _read_flags(reading: _Reading, pairs: list[tuple[str, str | bool]]) -> dict[
         elif flag == "--model":
             reading.skip(shown, "the model is the recipe's own field (given once, before the flags)")
         elif flag == "--distributed-executor-backend":
-            reading.skip(shown, "the tool sets it on a multi-node cluster (ray)")
+            reading.skip(shown, "the tool sets it on a multi-node cluster (mp for vLLM's own launch, ray below 0.11.1)")
         elif flag == "--chat-template" and isinstance(value, str) and _is_file_argument(value):
             reading.skip(shown, f"{value} is a file inside the container image: put it on the host and give "
                                 "server_flags --chat-template its absolute path")
@@ -333,8 +333,8 @@ def read(text: str | bytes, source: str, name: str, overrides: Mapping[str, Any]
         carried_not = "; ".join(what for what, _ in reading.not_carried) or "nothing"
         notes = [f"imported from Spark Arena's v2 recipe {source}; not carried: {carried_not}"]
         if nodes > 1:
-            notes.append(f"runs on {nodes} DGX Spark hosts: an inventory cluster of {nodes} hosts (vLLM's Ray "
-                         "executor, which the tool sets up)")
+            notes.append(f"runs on {nodes} DGX Spark hosts: an inventory cluster of {nodes} hosts (vLLM's own "
+                         "multi-node launch, or Ray below 0.11.1, which the tool sets up)")
         if version is None and not any(key in overrides for key in ("vllm_spec", "venv_source", "venv_wheels")):
             notes.append("engine version unknown: give the venv's pin (vllm_spec) before serving it")
         recipe = Recipe(
