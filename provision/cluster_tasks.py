@@ -226,8 +226,8 @@ def ask(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "He
 @task(auto_shortflags=False, name="logs",
       help={**help_for("inventory", "host"), "follow": "keep printing new lines until interrupted",
             "lines": "lines of the journal to show (default 100)",
-            "unit": "the host's server unit by default (vllm, llama-server, trtllm-serve, by its engine); "
-                    "or vllm-ray-head, vllm-ray-worker"})
+            "unit": "the host's server unit by default (vllm, llama-server, trtllm-serve, by its engine; a "
+                    "cluster's other nodes: vllm-worker, or vllm-ray-worker over Ray); or vllm-ray-head"})
 @guarded
 def logs(c: Context, host: str | None = None, inventory_: str | None = None, follow: bool = False,
          lines: int = 100, unit: str | None = None) -> None:
@@ -239,8 +239,11 @@ def logs(c: Context, host: str | None = None, inventory_: str | None = None, fol
         raise Exit(f"error: --unit must be one of {', '.join(server.UNITS)}, not {unit!r}", code=2)
     chosen = select(inventory_, targets=False)
     if unit is None:
-        found = engines.engine_of(chosen.inventory.settings(host, {})).server_unit
-        unit = chosen.inventory.naming(host).unit(found).removesuffix(".service")
+        settings = chosen.inventory.settings(host, {})
+        engine = engines.engine_of(settings)
+        cluster = chosen.inventory.cluster_of(host)
+        worker = engine.worker_unit_for(settings) if cluster and cluster.multi_node and host != cluster.head else None
+        unit = chosen.inventory.naming(host).unit(worker or engine.server_unit).removesuffix(".service")
     secrets.load(chosen.inventory.secrets)  # registered for masking
     runner = remote.connect(chosen.inventory.host(host), chosen.inventory.ssh)
     try:

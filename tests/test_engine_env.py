@@ -34,6 +34,16 @@ def test_vllm_s_own_launch_puts_no_ray_in_the_venv_and_a_release_without_it_gets
     assert render.desired_state(before["spark-a"]).units == ("vllm-ray-head.service", "vllm.service")
 
 
+def test_a_worker_node_s_unit_is_the_launch_s_before_any_fact_is_read() -> None:
+    from provision.engines.vllm import VLLM
+
+    settings = contexts_of("spark-pair-good")["spark-b"].settings
+    assert VLLM.worker_unit_for(settings) == "vllm-worker.service"  # the table's target has the launch
+    old = dataclasses.replace(settings, vllm_spec="vllm==0.11.0")
+    assert VLLM.worker_unit_for(old) == "vllm-ray-worker.service"
+    assert VLLM.worker_unit_for(dataclasses.replace(settings, distributed_backend="ray")) == "vllm-ray-worker.service"
+
+
 def test_ray_is_left_alone_where_the_inventory_names_one_or_the_tool_makes_no_venv() -> None:
     own = contexts_of("spark-pair-good", vllm_spec="vllm==0.32.0 ray[default]==2.55.1")["spark-a"]
     assert venv.service_requirements(own) == ("vllm==0.32.0", "ray[default]==2.55.1")

@@ -358,3 +358,40 @@ def test_a_replica_that_fails_behind_an_endpoint_is_rolled_back_before_it_goes_b
     assert result.outcomes["cpu-1"].state == "rolled back", result.outcomes["cpu-1"]
     assert log == ["cpu-2: router drain tiny-1/a", "cpu-1: apply", "cpu-1: ready? http://127.0.0.1:8000",
                    "cpu-1: reject", "cpu-1: ready? http://127.0.0.1:8000", "cpu-2: router ready tiny-1/a"]
+
+
+def test_a_failed_deploy_of_a_pair_rolls_back_both_nodes_then_restarts_them_together(tmp_path: Path) -> None:
+    """vLLM's own multi-node launch: neither node can rejoin the other alone, so after the rollback both
+    units restart (the worker first) and only then is the head asked whether the old version serves."""
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts:\n  s1: {address: 10.0.0.5, profile: cpu}\n  s2: {address: 10.0.0.6, profile: cpu}\n"
+                    "clusters:\n  pair: {hosts: [s1, s2], head: s1, vars: {model: lab/tiny-llama, fetch_weights: false,"
+                    " tensor_parallel_size: 2}}\n")
+    inv = inventory.load(path)
+    asked_ready: list[str] = []
+
+    def answer(call: str, spec: dict[str, Any]) -> dict[str, Any]:
+        if call == "serve_main":  # the new version does not serve; the restored one does, once restarted
+            asked_ready.append(spec["base"])
+            return ({"ok": False, "error": "vllm.service failed after start"} if len(asked_ready) == 1
+                    else {"ok": True, "seconds": 2.0})
+        if spec["action"] == "apply":
+            return {"ok": True, "done": [0], "skipped": [], "failed": None, "generation": 5, "unfinished": None}
+        assert spec["action"] == "reject", spec["action"]
+        return restored(8000)
+
+    hosts = {"s1": FakeHost(answer), "s2": FakeHost(answer)}
+    worker = plan.Change("restart", "vllm-worker.service", "restarts with s1's vllm.service")
+    plans = planned_for(inv, ["s1", "s2"], {}, {"s1": [RESTARTED], "s2": [worker]})
+    outcomes = {name: rolling.Outcome(name) for name in ("s1", "s2")}
+    planned = run.Planned(["s2", "s1"], plans, {"s1": [], "s2": []}, {}, secrets.Secrets())
+    errors = rolling.roll_one(["s2", "s1"], rolling.Roll(planned, outcomes, timeout=5), lambda name: hosts[name],
+                              lambda text: lambda done, total: None, {})
+    assert set(errors) >= {"s1"} and outcomes["s1"].state == "rolled back" and outcomes["s2"].state == "rolled back"
+    assert "the nodes restarted together: the previous version is ready again" in outcomes["s1"].detail
+    for name, unit in (("s1", "vllm.service"), ("s2", "vllm-worker.service")):
+        actions = [spec["action"] for call, spec in hosts[name].asked if call != "serve_main"]
+        assert actions == ["apply", "reject", "apply"], (name, actions)
+        last = [spec for call, spec in hosts[name].asked if call != "serve_main"][-1]
+        assert [(c["kind"], c["target"]) for c in last["changes"]] == [("restart", unit)], last
+    assert len(asked_ready) == 2  # the new version once, the restored pair once (not per node)

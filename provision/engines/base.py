@@ -228,6 +228,10 @@ class Engine:
         """How this cluster's server reaches its nodes (None on one node)."""
         return self.cluster_launch if ctx.nodes > 1 else None
 
+    def worker_unit_for(self, settings: Any) -> str | None:
+        """The unit a worker node of a cluster with these settings runs (before its facts are read)."""
+        return self.worker_unit
+
     def pair_unit(self, ctx: Context) -> str | None:
         """This node's unit where the cluster's units are one server that restarts only whole (a start or
         restart of one restarts the others: plan.together); None where each restarts on its own."""

@@ -56,12 +56,16 @@ def vllm_version(ctx: Context) -> str | None:
 
 
 def launch_of(ctx: Context) -> str:
-    """How a multi-node vLLM reaches its nodes: the inventory's distributed_backend, else the native
-    launch where the release has it (the contract table's --nnodes row), Ray below it."""
-    asked = ctx.settings.distributed_backend
-    if asked:
-        return str(asked)
-    return NATIVE if contracts.load().accepts("vllm", "flag", "--nnodes", vllm_version(ctx)) else RAY
+    """How a multi-node vLLM reaches its nodes, for the release the host runs or will run."""
+    return launch_for(ctx.settings, vllm_version(ctx))
+
+
+def launch_for(settings: Any, version: str | None) -> str:
+    """The inventory's distributed_backend, else vLLM's own launch where the release (None: the table's
+    target) has it (the contract table's --nnodes row), Ray below it."""
+    if settings.distributed_backend:
+        return str(settings.distributed_backend)
+    return NATIVE if contracts.load().accepts("vllm", "flag", "--nnodes", version) else RAY
 
 
 def server_module(version: str | None) -> str:
@@ -143,6 +147,10 @@ class Vllm(Engine):
 
     def launch(self, ctx: Context) -> str | None:
         return launch_of(ctx) if ctx.nodes > 1 else None
+
+    def worker_unit_for(self, settings: Any) -> str | None:
+        version = _PIN.search(settings.vllm_spec or "")
+        return WORKER_UNIT if launch_for(settings, version.group(1) if version else None) == NATIVE else RAY_WORKER_UNIT
 
     def pair_unit(self, ctx: Context) -> str | None:
         """In the native launch the head's server and each worker node's unit are one server: vLLM forms

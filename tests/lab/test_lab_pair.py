@@ -117,6 +117,8 @@ def test_the_pair_serves_as_one_and_a_lost_node_is_reported_then_brought_back(pa
     assert hosts[WORKER]["unit"]["note"] == f"vLLM headless worker; API on {HEAD}"
     assert not any("ray" in unit for unit in on_host(inv, WORKER, ["ls", "/etc/systemd/system"]).split())
     assert not on_host(inv, WORKER, ["sh", "-c", f"ls {VENV}/lib/python*/site-packages | grep -i '^ray' || true"])
+    journal = run_invoke("logs", "--inventory", str(pair), "--host", WORKER, "--lines", "20", timeout=120)
+    assert f"worker node 1: joined the head at {inv.host(HEAD).address}:29501" in journal.stdout, journal.stdout
 
     # The worker killed: the head still answers /health, status says the pair is broken.
     killed(inv, WORKER, "vllm-worker.service")
