@@ -3,12 +3,16 @@
 vllm.entrypoints.launchers.api_server.entry` on the head, `python -m vllm.entrypoints.cli.main serve
 --headless` on the others) with the rendered arguments.
 
-vLLM's CPU build cannot run a worker node (its CLI asks importlib.metadata for the distribution `vllm`
-and dies; engine_contracts.yaml, the row of vllm.entrypoints.cli.main), so the lab proves the units'
-start, order and failure handling with this instead. It keeps the parts of vLLM's contract the tool
-depends on: the head serves only once every worker node has joined it at --master-addr:--master-port;
-a worker node waits for its head and ends when the head goes away; and, the harsher case for the tool,
-a head whose worker went away keeps answering /health (a vLLM head learns it only at its next step).
+vLLM's CPU build cannot start a worker node from the line the tool renders (its CLI asks
+importlib.metadata for the distribution `vllm` and dies: engine_contracts.yaml, the row of
+vllm.entrypoints.cli.main), so the lab proves the units' start, order and failure handling with this. It
+does what vLLM 0.32.0's CPU build did across two lab hosts (TP 2 over Gloo, started by hand with that
+lookup answered for it; docs/engines.md):
+- the head serves only once every worker node has joined it at --master-addr:--master-port;
+- a worker killed: the head still answers /health; its next request fails (HTTP 500, "Connection closed
+  by peer ... This is typically caused by a remote worker crashing") and the server exits with status 0;
+- the head killed: the worker neither notices nor ends (it stayed active, silent, minutes on);
+- a head started again alone waits for a worker node that never comes (the old one does not rejoin).
 Standard library only: it runs in the lab host's venv, nothing else installed.
 """
 from __future__ import annotations
@@ -41,8 +45,11 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+LOST: list[str] = []  # the worker nodes the head lost, as the next step would find them
+
+
 def head(argv: list[str]) -> None:
-    """Wait for every worker node, then serve the API; a worker that goes away is logged, not fatal."""
+    """Wait for every worker node, then serve the API."""
     args = arguments(argv)
     if args.nnodes > 1:
         listener = socket.create_server(("", args.master_port))
@@ -52,19 +59,19 @@ def head(argv: list[str]) -> None:
             peer, address = listener.accept()
             rank = peer.recv(16).decode().strip()
             say(f"head: worker node {rank} joined from {address[0]}")
-            threading.Thread(target=watch, args=(peer, f"worker node {rank} ({address[0]})"), daemon=True).start()
+            threading.Thread(target=watch, args=(peer, address[0]), daemon=True).start()
     serve(args)
 
 
-def watch(peer: socket.socket, who: str) -> None:
+def watch(peer: socket.socket, address: str) -> None:
     peer.settimeout(None)
     while peer.recv(1):
         pass
-    say(f"head: {who} went away; this head keeps answering /health until its next step needs it")
+    LOST.append(address)  # said by the next request, as vLLM's engine finds it at its next step
 
 
 def worker(argv: list[str]) -> None:
-    """Join the head; end when the head goes away."""
+    """Join the head; then wait, whether the head is there or not."""
     args = arguments(argv)
     deadline = time.monotonic() + JOIN_TIMEOUT
     while True:
@@ -80,7 +87,14 @@ def worker(argv: list[str]) -> None:
     say(f"worker node {args.node_rank}: joined the head at {args.master_addr}:{args.master_port}")
     while peer.recv(1):
         pass
-    sys.exit(f"worker node {args.node_rank}: the head at {args.master_addr}:{args.master_port} went away")
+    while True:  # the head went away: vLLM's worker node neither notices nor ends
+        time.sleep(3600)
+
+
+def end_soon() -> None:
+    """Exit with status 0 once the failed request's answer is out, as vLLM's API server did."""
+    time.sleep(0.5)
+    os._exit(0)
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -119,6 +133,13 @@ def serve(args: argparse.Namespace) -> None:
 
         def do_POST(self) -> None:
             if not self.allowed():
+                return
+            if LOST:  # the engine's step needs the lost node: the request fails, then the server ends
+                self.answer(500, json.dumps({"error": {"message": f"Connection closed by peer [{LOST[0]}]. This is "
+                                                                  "typically caused by a remote worker crashing.",
+                                                       "code": 500}}))
+                say(f"head: EngineDeadError: connection closed by peer [{LOST[0]}]; shutting down")
+                threading.Thread(target=end_soon, daemon=True).start()
                 return
             asked = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
             choice = {"index": 0, "text": " lab", "finish_reason": "length"}

@@ -25,8 +25,11 @@ TORCH_VERSION = "2.9.0"
 RAY_VERSION = "2.60.0+lab"
 # The stand-in vLLM releases: the table's target (vLLM's own multi-node launch) and one before 0.11.1,
 # which has none (the tool renders Ray for it); that one requires Ray itself, as vLLM 0.11.0's wheel does.
-VLLM_NATIVE = "0.34.0+lab"
-VLLM_BEFORE_NATIVE = "0.11.0+lab"
+# The local label names the stand-in engine's source: a changed one is a new wheel, never a cached old one.
+PAIR_ENGINE = Path(__file__).with_name("pair_engine.py")
+_ENGINE_LABEL = hashlib.sha256(PAIR_ENGINE.read_bytes()).hexdigest()[:8]
+VLLM_NATIVE = f"0.34.0+lab.{_ENGINE_LABEL}"
+VLLM_BEFORE_NATIVE = f"0.11.0+lab.{_ENGINE_LABEL}"
 # FlashInfer's prebuilt kernels at the release vLLM 0.34.0 pins (flashinfer-python 0.7.3): a real venv of
 # a GPU host without NVIDIA's artifactory in reach must hold them (known.vllm-flashinfer-cubin-airgapped,
 # which the lab's Spark hosts, reaching nothing, would be warned of), so the lab's holds a stand-in.
@@ -77,7 +80,7 @@ def torch_variants(directory: Path) -> dict[str, Path]:
 
 def vllm_wheel(directory: Path, version: str, requires: tuple[str, ...] = ()) -> Path:
     """A stand-in vLLM release: the modules the tool starts, each running lab/pair_engine.py."""
-    engine = (Path(__file__).with_name("pair_engine.py")).read_text(encoding="utf-8")
+    engine = PAIR_ENGINE.read_text(encoding="utf-8")
     files = {"vllm/__init__.py": f"__version__ = {version!r}\n", "vllm/_lab_pair.py": engine}
     for module, role in VLLM_DOORS.items():
         parts = module.split("/")

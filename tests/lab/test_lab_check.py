@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from provision import checks, inventory, lab
+from provision.lab import wheels
 from tests.lab.conftest import run_invoke
 
 pytestmark = pytest.mark.lab
@@ -89,7 +90,7 @@ def test_the_lab_passes_its_own_gate(broken_host: str) -> None:
     assert refused == []
     nodes = by_id(report, "spark-a")["engine.nodes"]  # vLLM's own launch: the stand-in vLLM is 0.34.0
     assert nodes["status"] == "pass" and "no Ray" in nodes["message"], nodes
-    assert nodes["evidence"]["vllm"] == "0.34.0+lab", nodes
+    assert nodes["evidence"]["vllm"] == wheels.VLLM_NATIVE, nodes
 
 
 def test_check_json_shape_is_stable(the_lab: lab.Lab) -> None:
