@@ -732,3 +732,15 @@ def test_the_nodes_of_one_server_restart_together_and_a_node_already_moving_keep
     assert plan.together(both, units) == both
     quiet = {"s1": [plan.Change("file", "/etc/vllm/vllm.env", "changed")], "s2": []}
     assert plan.together(quiet, units) == quiet
+
+
+def test_a_ray_pair_moved_to_vllms_own_launch_leaves_nothing_of_ray_behind() -> None:
+    states = seed_states()
+    for node, ray_units, own in (("worker", ["vllm-ray-worker.service"], "vllm-worker.service"),
+                                 ("head", ["vllm-ray-head.service"], "vllm.service")):
+        moved = plan.build(states[f"spark-pair-{node}"], _host_as_rendered(states[f"spark-pair-ray-{node}"]))
+        steps = [(c.kind, c.target) for c in moved]
+        for unit in ray_units:
+            assert ("stop", unit) in steps and ("remove", f"{render.UNIT_DIR}/{unit}") in steps, steps
+        assert ("remove", f"{render.STATE_DIR}/.config/vllm/ray_non_carry_over_env_vars.json") in steps, steps
+        assert ("start", own) in steps or ("restart", own) in steps, steps
