@@ -395,3 +395,27 @@ def test_a_failed_deploy_of_a_pair_rolls_back_both_nodes_then_restarts_them_toge
         last = [spec for call, spec in hosts[name].asked if call != "serve_main"][-1]
         assert [(c["kind"], c["target"]) for c in last["changes"]] == [("restart", unit)], last
     assert len(asked_ready) == 2  # the new version once, the restored pair once (not per node)
+
+
+def test_one_node_of_a_pair_is_never_started_alone(tmp_path: Path) -> None:
+    """`deploy --host s1` while s1's server must start: s2 would have to restart with it and is not in
+    the run, so neither is changed and the error names the command that does it; with both, s2 restarts."""
+    from provision.run.planning import restart_whole
+
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts:\n  s1: {address: 10.0.0.5, profile: cpu}\n  s2: {address: 10.0.0.6, profile: cpu}\n"
+                    "clusters:\n  pair: {hosts: [s1, s2], head: s1, vars: {model: lab/tiny-llama, tensor_parallel_size: 2}}\n")
+    inv = inventory.load(path)
+    start = plan.Change("start", "vllm.service", "not running")
+    alone = planned_for(inv, ["s1"], {}, {"s1": [start]})
+    errors: dict[str, BaseException] = {}
+    restart_whole(alone, errors)
+    assert alone == {} and str(errors["s1"]) == (
+        "s1: the nodes of cluster pair start together, and s2 is not in this run (not a target, or refused by "
+        "the gate): nothing changed; run it for the whole cluster: `invoke deploy --cluster pair`")
+    quiet = planned_for(inv, ["s1"], {}, {"s1": [plan.Change("file", "/etc/vllm/vllm.env", "changed")]})
+    restart_whole(quiet, errors := {})
+    assert set(quiet) == {"s1"} and errors == {}  # nothing starts: one node may be changed alone
+    both = planned_for(inv, ["s1", "s2"], {}, {"s1": [start]})
+    restart_whole(both, errors := {})
+    assert errors == {} and [(c.kind, c.target) for c in both["s2"].changes] == [("restart", "vllm-worker.service")]

@@ -17,6 +17,7 @@ from provision import (
     context,
     engines,
     facts,
+    hints,
     inventory,
     ops,
     plan,
@@ -275,21 +276,37 @@ def plans(inv: inventory.Inventory, targets: list[inventory.Host], options: Opti
         planned.overrides = departing(contexts[name].settings, planned.declared, options.overrides)
         planned.target = gated.hosts[name]
         result[name] = planned
-    restart_whole(result)
+    restart_whole(result, errors)
     return Planned(gated.order, result, findings, errors, gated.held, contexts)
 
 
-def restart_whole(result: Mapping[str, HostPlan]) -> None:
+def restart_whole(result: dict[str, HostPlan], errors: dict[str, BaseException]) -> None:
     """A cluster whose nodes are one server that restarts only whole (the engine's pair_unit: vLLM's own
-    multi-node launch): where one node's plan starts or restarts its unit, every other node's restarts it."""
+    multi-node launch): where one node's plan starts or restarts its unit, every other node's restarts it.
+    Where a node that would have to is not in this run (not a target, or blocked by the gate), no node of
+    the cluster is changed: restarting some of them would leave a server that cannot form."""
     clusters: dict[str, dict[str, str]] = {}
+    members: dict[str, tuple[str, ...]] = {}
     for name, planned in result.items():
         ctx = planned.ctx
         unit = engines.engine_of(ctx.settings).pair_unit(ctx)
         if unit is not None and ctx.cluster is not None:
             clusters.setdefault(ctx.cluster.name, {})[name] = ctx.naming.unit(unit)
-    for units in clusters.values():
-        for name, changes in plan.together({name: result[name].changes for name in units}, units).items():
+            members[ctx.cluster.name] = ctx.cluster.hosts
+    for cluster, units in clusters.items():
+        joined = plan.together({name: result[name].changes for name in units}, units)
+        moving = [name for name in units if any(c.kind in ("start", "restart") and c.target == units[name]
+                                                for c in joined[name])]
+        left_out = [name for name in members[cluster] if name not in units]
+        if moving and left_out:
+            for name in units:
+                errors[name] = ProvisionError(
+                    f"{name}: the nodes of cluster {cluster} start together, and {', '.join(left_out)} is not in "
+                    f"this run (not a target, or refused by the gate): nothing changed; run it for the whole "
+                    f"cluster: `{hints.command(f'deploy --cluster {cluster}')}`")
+                del result[name]
+            continue
+        for name, changes in joined.items():
             result[name].changes = changes
 
 
