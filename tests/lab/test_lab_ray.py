@@ -18,11 +18,11 @@ pytestmark = pytest.mark.lab
 
 HEAD, WORKER = "ws-5090", "h200"
 VENV = "/opt/raylab/venv"
-# The inventory names no Ray: the tool adds the one the contract table pins for a multi-node vLLM
-# venv (engine_contracts.yaml), as it does beside vLLM. `packaging` stands in for the engine's package
-# (vLLM's CPU build does not run across nodes, and its 3.5 GB venv on two more hosts would double the
-# suite's install time): the units, the Ray cluster and deploy's gate are what is under test. Both
-# hosts play 2-GPU machines: 2 nodes x 2 = TP 2 x PP 2.
+# The launch over Ray (distributed_backend: ray; the default for a vLLM before 0.11.1). The inventory
+# names no Ray: the tool adds the one the contract table pins for a multi-node vLLM venv over Ray
+# (engine_contracts.yaml), as it does beside vLLM. `packaging` stands in for the engine's package (the
+# CPU build's 3.5 GB venv on two more hosts would double the suite's install time): the units, the Ray
+# cluster and deploy's gate are what is under test. Both hosts play 2-GPU machines: 2 nodes x 2 = TP 2 x PP 2.
 VARS = {"vllm_spec": "packaging==26.4", "venv_dir": VENV, "model": "/srv/no-model", "served_model_name": "pair",
         "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "distributed_backend": "ray"}
 
