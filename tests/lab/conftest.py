@@ -9,7 +9,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,25 @@ def on_host(lab_inventory: inventory.Inventory, name: str, argv: list[str], stdi
         return runner.run(argv, stdin=stdin).stdout
     finally:
         runner.close()
+
+
+def clean_up_pair(inv: inventory.Inventory, hosts: Sequence[str], units: Sequence[str], venv_root: str) -> None:
+    """Leave a module's multi-node hosts as the lab booted them, all at once: the units killed, not
+    stopped (a `ray stop` waits out Ray's own shutdown, half a minute on each host), and everything the
+    module's runs wrote removed; a step with nothing to do fails quietly."""
+    def one(host: str) -> None:
+        for argv in (["systemctl", "disable", *units], ["systemctl", "kill", "--signal=SIGKILL", *units],
+                     ["systemctl", "stop", *units],
+                     ["rm", "-rf", *(f"/etc/systemd/system/{unit}" for unit in units), "/etc/vllm/vllm.env",
+                      venv_root, "/var/lib/provision/generations", "/var/lib/vllm/.config"],
+                     ["systemctl", "daemon-reload"], ["systemctl", "reset-failed"]):
+            on_host(inv, host, argv)
+
+    cleanups = [threading.Thread(target=one, args=(host,)) for host in hosts]
+    for cleanup in cleanups:
+        cleanup.start()
+    for cleanup in cleanups:
+        cleanup.join(timeout=300)
 
 
 def lab_api_key() -> str:

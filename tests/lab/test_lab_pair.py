@@ -11,7 +11,6 @@ create_engine_config in test_lab_contract_vllm.py."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ import yaml
 
 from provision import inventory, lab
 from provision.lab import wheels
-from tests.lab.conftest import invoke_json, on_host, run_invoke
+from tests.lab.conftest import clean_up_pair, invoke_json, on_host, run_invoke
 
 pytestmark = pytest.mark.lab
 
@@ -44,22 +43,7 @@ def pair(the_lab: lab.Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     path = tmp_path_factory.mktemp("pair") / "inventory.yaml"
     path.write_text(yaml.safe_dump(document))
     yield path
-    inv = inventory.load(path)
-    cleanups = [threading.Thread(target=clean_up, args=(inv, host)) for host in (HEAD, WORKER)]
-    for cleanup in cleanups:
-        cleanup.start()
-    for cleanup in cleanups:
-        cleanup.join(timeout=300)
-
-
-def clean_up(inv: inventory.Inventory, host: str) -> None:
-    """The hosts as the lab booted them: the units gone, everything the module's runs wrote removed."""
-    for argv in (["systemctl", "disable", *UNITS], ["systemctl", "kill", "--signal=SIGKILL", *UNITS],
-                 ["systemctl", "stop", *UNITS],
-                 ["rm", "-rf", *(f"/etc/systemd/system/{unit}" for unit in UNITS), "/etc/vllm/vllm.env",
-                  "/opt/pairlab", "/var/lib/provision/generations", "/var/lib/vllm/.config"],
-                 ["systemctl", "daemon-reload"], ["systemctl", "reset-failed"]):
-        on_host(inv, host, argv)
+    clean_up_pair(inventory.load(path), (HEAD, WORKER), UNITS, "/opt/pairlab")
 
 
 def deploy(pair: Path) -> dict[str, Any]:
@@ -79,9 +63,14 @@ def status(pair: Path) -> tuple[int, dict[str, Any], float]:
 def killed(inv: inventory.Inventory, host: str, unit: str) -> None:
     """SIGKILL the unit's processes and wait until systemd says it failed (neither node restarts alone)."""
     on_host(inv, host, ["systemctl", "kill", "--signal=SIGKILL", unit])
+    becomes(inv, host, unit, "failed")
+
+
+def becomes(inv: inventory.Inventory, host: str, unit: str, state: str) -> None:
+    """Wait (30 s at most) until systemd says the unit is in `state`."""
     deadline = time.monotonic() + 30
-    while on_host(inv, host, ["systemctl", "show", "-p", "ActiveState", "--value", unit]).strip() != "failed":
-        assert time.monotonic() < deadline, f"{host}: {unit} did not fail"
+    while on_host(inv, host, ["systemctl", "show", "-p", "ActiveState", "--value", unit]).strip() != state:
+        assert time.monotonic() < deadline, f"{host}: {unit} did not become {state}"
         time.sleep(0.5)
 
 
@@ -113,7 +102,7 @@ def test_the_pair_serves_as_one_and_a_lost_node_is_reported_then_brought_back(pa
     assert hosts[WORKER]["unit"]["name"] == "vllm-worker.service"
     assert hosts[WORKER]["unit"]["note"] == f"vLLM headless worker; API on {HEAD}"
     assert not any("ray" in unit for unit in on_host(inv, WORKER, ["ls", "/etc/systemd/system"]).split())
-    assert not on_host(inv, WORKER, ["sh", "-c", f"ls {VENV}/lib/python*/site-packages | grep -i '^ray' || true"])
+    assert not on_host(inv, WORKER, ["find", f"{VENV}/lib", "-maxdepth", "3", "-iname", "ray*"])
     journal = run_invoke("logs", "--inventory", str(pair), "--host", WORKER, "--lines", "20", timeout=120)
     assert f"worker node 1: joined the head at {inv.host(HEAD).address}:29501" in journal.stdout, journal.stdout
 
@@ -128,10 +117,7 @@ def test_the_pair_serves_as_one_and_a_lost_node_is_reported_then_brought_back(pa
     # A request finds it out: it fails, and the server ends with status 0 (no Restart= would act on it).
     asked = run_invoke("ask", "--inventory", str(pair), "--host", HEAD, "--prompt", "Hello", timeout=120)
     assert asked.returncode == 1 and "remote worker crashing" in asked.stdout + asked.stderr, asked
-    deadline = time.monotonic() + 30
-    while on_host(inv, HEAD, ["systemctl", "show", "-p", "ActiveState", "--value", "vllm.service"]).strip() != "inactive":
-        assert time.monotonic() < deadline, "the head kept running after its engine died"
-        time.sleep(0.5)
+    becomes(inv, HEAD, "vllm.service", "inactive")  # the head does not outlive its engine
     code, hosts, _ = status(pair)
     assert code == 1 and "vllm.service is inactive" in hosts[HEAD]["problem"], hosts[HEAD]
     planned = run_invoke("plan", "--inventory", str(pair), "--cluster", "pair", "--profile", "cpu", timeout=600)

@@ -3,7 +3,6 @@ start vLLM while a node is missing."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 import yaml
 
 from provision import inventory, lab, parsers
-from tests.lab.conftest import on_host, run_invoke
+from tests.lab.conftest import clean_up_pair, on_host, run_invoke
 
 pytestmark = pytest.mark.lab
 
@@ -35,27 +34,10 @@ def pair(the_lab: lab.Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     path = tmp_path_factory.mktemp("ray") / "inventory.yaml"
     path.write_text(yaml.safe_dump(document))
     yield path
-    inv = inventory.load(path)
-    # Leave the hosts as the lab booted them: both at once (`ray stop` takes its time on each).
-    cleanups = [threading.Thread(target=clean_up, args=(inv, host)) for host in (HEAD, WORKER)]
-    for cleanup in cleanups:
-        cleanup.start()
-    for cleanup in cleanups:
-        cleanup.join(timeout=300)
+    clean_up_pair(inventory.load(path), (HEAD, WORKER), UNITS, "/opt/raylab")
 
 
 UNITS = ["vllm.service", "vllm-ray-head.service", "vllm-ray-worker.service"]
-
-
-def clean_up(inv: inventory.Inventory, host: str) -> None:
-    """The units killed, not stopped (their `ray stop` waits out Ray's own shutdown, half a minute on
-    each host), and everything the module's runs wrote removed; a step with nothing to do fails quietly."""
-    for argv in (["systemctl", "disable", *UNITS], ["systemctl", "kill", "--signal=SIGKILL", *UNITS],
-                 ["systemctl", "stop", *UNITS],
-                 ["rm", "-rf", *(f"/etc/systemd/system/{unit}" for unit in UNITS), "/etc/vllm/vllm.env",
-                  "/opt/raylab", "/var/lib/provision/generations", "/var/lib/vllm/.config"],
-                 ["systemctl", "daemon-reload"], ["systemctl", "reset-failed"]):
-        on_host(inv, host, argv)
 
 
 def ray_nodes(inv: inventory.Inventory) -> tuple[int, str]:
