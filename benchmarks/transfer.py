@@ -81,7 +81,7 @@ def publish_model(the_lab: lab.Lab, size: int, shards: int) -> str:
 def write_inventory(the_lab: lab.Lab, names: list[str], wheels: str) -> Path:
     document = yaml.safe_load(the_lab.inventory.read_text())
     document["clusters"] = {f"bench-{len(names)}": {"hosts": names, "vars": {
-        "model": REPO, "model_dir": MODEL_DIR, "cluster_network": str(the_lab.network), "vllm_spec": wheels,
+        "model": REPO, "model_dir": MODEL_DIR, "cluster_network": str(the_lab.network), "engine_spec": wheels,
         "venv_dir": VENV}}}
     WORK.mkdir(parents=True, exist_ok=True)
     path = WORK / f"inventory-{len(names)}.yaml"

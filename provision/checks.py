@@ -22,10 +22,12 @@ from packaging.version import InvalidVersion, Version
 
 from provision import (
     affinity,
+    catalog,
     contracts,
     endpoints,
     hardening,
     hints,
+    issue_evidence,
     known_issues,
     kvcache,
     render,
@@ -662,13 +664,14 @@ def api_key(ctx: Context) -> Finding | None:
         return fail("the server's command line names no IP address to listen on", "set bind_host (and no "
                     "--host in server_flags or extra_args)", bind_host=str(ctx.settings.bind_host))
     if engine.api_key_variable is None:
+        keyed = [entry.name for entry in catalog.ENGINES.values() if entry.api_key_variable]
         return fail(f"the server would listen on {address}, and {engine.title}'s server checks no API key",
                     "keep bind_host 127.0.0.1 and put an authenticating proxy in front of it, or serve with "
-                    f"engine: vllm or llamacpp ({engine.source})", bind_host=str(address), engine=engine.name)
+                    f"engine: {' or '.join(keyed)} ({engine.source})", bind_host=str(address), engine=engine.name)
     if ctx.api_key_set:
         return ok(f"listens on {address}, with an API key ({engine.api_key_variable})", bind_host=str(address))
     return fail(f"the server would listen on {address} without an API key",
-                "put vllm_api_key in the inventory's secrets file (the tool hands it to the engine as "
+                "put api_key in the inventory's secrets file (the tool hands it to the engine as "
                 f"{engine.api_key_variable}), or keep bind_host 127.0.0.1", bind_host=str(address))
 
 
@@ -730,7 +733,7 @@ def endpoint_replicas(ctx: Context) -> Finding | None:
 @rule("endpoint.api_key", BLOCKER)
 def endpoint_api_key(ctx: Context) -> Finding | None:
     """An endpoint that listens beyond loopback checks an API key in front of its replicas (the same
-    vllm_api_key the replicas check)."""
+    api_key the replicas check)."""
     beyond = [plan for plan in ctx.endpoints if plan.listens_beyond_loopback]
     if not beyond:
         return None if not ctx.endpoints else ok("the router listens on loopback only")
@@ -738,7 +741,7 @@ def endpoint_api_key(ctx: Context) -> Finding | None:
     if ctx.api_key_set:
         return ok(f"{names}: requests without the API key get 401 at the router")
     return fail(f"endpoint {names} would listen without an API key",
-                "put vllm_api_key in the inventory's secrets file, or bind the endpoint to 127.0.0.1")
+                "put api_key in the inventory's secrets file, or bind the endpoint to 127.0.0.1")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -798,7 +801,7 @@ def engine_model(ctx: Context) -> Finding | None:
 
 @rule("engine.version", WARNING, engines=("trtllm",))
 def engine_version(ctx: Context) -> Finding | None:
-    """The unit is rendered for one TensorRT-LLM release (vllm_spec's tensorrt_llm pin, else the contract
+    """The unit is rendered for one TensorRT-LLM release (engine_spec's tensorrt_llm pin, else the contract
     table's target, provision/engine_contracts.yaml): the venv's installed release (its tensorrt_llm
     dist-info) should be that one, or a flag may be one it lacks or misses one it has. A setting the
     release has no option for (served_model_name before 1.3.0rc7) is said, not silently dropped."""
@@ -808,7 +811,7 @@ def engine_version(ctx: Context) -> Finding | None:
     problems, fixes = [], []
     if installed and not _same_release(installed, release):
         problems.append(f"the venv has TensorRT-LLM {installed}; the unit is rendered for {release}")
-        fixes.append(f"pin vllm_spec: tensorrt_llm=={installed} (the tool renders for the pin), or install {release}")
+        fixes.append(f"pin engine_spec: tensorrt_llm=={installed} (the tool renders for the pin), or install {release}")
     if ctx.settings.served_model_name and TRTLLM.served_name_flag(ctx.settings) is None:
         problems.append(f"TensorRT-LLM {release} has no served-name option (--served_model_name came with 1.3.0rc7): clients see the model by "
                         f"the directory it loads, not as {ctx.settings.served_model_name!r}")
@@ -1338,7 +1341,7 @@ def files_value(files: Mapping[str, Mapping[str, str]], name: str) -> str:
     return ""
 
 
-@rule("config.nccl_conf", WARNING, engines=("vllm", "trtllm"))  # llama.cpp runs no NCCL
+@rule("config.nccl_conf", WARNING, engines=tuple(e.name for e in catalog.ENGINES.values() if e.uses_nccl))
 def config_nccl_conf(ctx: Context) -> Finding | None:
     """An nccl.conf on the host sets what the service's environment leaves unset (images ship
     /etc/nccl.conf with NCCL_IB_USE_INLINE=1). NCCL's rule (src/misc/param.cc, setEnvFile and
@@ -1534,7 +1537,7 @@ def venv_requirements(ctx: Context) -> Finding | None:
     pins = " ".join(f"{dist.replace('_', '-')}=={venv.dists[dist]}" for dist in read if dist in venv.dists)
     rebuild = (f"remove {venv_dir}/{VENV_MANIFEST} (the venv changed after the tool built it) and apply: the "
                "tool rebuilds it from the wheels pip resolved" if ctx.resolved_wheels is not None
-               else f"set vllm_spec: {pins} so the tool installs a set pip resolves together")
+               else f"set engine_spec: {pins} so the tool installs a set pip resolves together")
     fix = (f"{installer} {' '.join(shlex.quote(text) for text in fixable)}, or " if fixable else "") + rebuild
     return fail(f"{judged} does not meet its engine's own requirements: "
                 + "; ".join(f"{engine} requires {item.shown}" for engine, item in problems),
@@ -1585,7 +1588,7 @@ def known_issue_rule(issue: known_issues.KnownIssue) -> Callable[[Context], Find
     def check(ctx: Context) -> Finding | None:
         if ctx.settings.engine not in issue.engines:
             return None  # another engine's trap
-        found = known_issues.judge(issue, known_issues.evidence_of(ctx))
+        found = known_issues.judge(issue, issue_evidence.evidence_of(ctx))
         return None if found is None else Finding(
             "", found.severity, found.status, found.message, found.evidence, found.fix)
 

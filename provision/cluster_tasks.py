@@ -42,7 +42,7 @@ def deploy(c: Context, flags: HostFlags, batch: int = 1, timeout: float = 600) -
         # What the hints need to reach the same servers: this run's --inventory and --set.
         same = " ".join([*(["--inventory", shlex.quote(flags.inventory)] if flags.inventory else []),
                          *(f"--set {shlex.quote(item)}" for item in flags.set)])
-        key_source = result.held.sources.get("vllm_api_key") if result.held.vllm_api_key else None
+        key_source = result.held.sources.get("api_key") if result.held.api_key else None
         for name in result.order:
             if result.outcomes[name].state in ("ready", "unchanged"):  # both answered the readiness gate
                 report.print_how_to_query(server.how_to_query(
@@ -155,8 +155,8 @@ def bench(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "
         host, routed = plan.host, plan.backend_for(model).model
     runner = remote.connect(chosen.inventory.host(host or ""), chosen.inventory.ssh)
     try:
-        result = (server.bench_endpoint(runner, plan, routed, held.vllm_api_key, load, progress) if routed else
-                  server.bench(runner, chosen.inventory.settings(host or "", chosen.overrides), held.vllm_api_key,
+        result = (server.bench_endpoint(runner, plan, routed, held.api_key, load, progress) if routed else
+                  server.bench(runner, chosen.inventory.settings(host or "", chosen.overrides), held.api_key,
                                load, progress))
     except ProvisionError as exc:
         raise Exit(report.host_error(host or "", exc), code=1) from None
@@ -185,7 +185,7 @@ def bench_profile(flags: HostFlags, chosen: Selection, host: str | None, endpoin
     with benchrun.connected(inv, host, endpoint, chosen.overrides, model) as served:
         try:
             with tempfile.TemporaryDirectory(prefix="provision-bench-") as work:
-                measured = benchrun.run_profile(served, held.vllm_api_key, profile, Path(work), book_url,
+                measured = benchrun.run_profile(served, held.api_key, profile, Path(work), book_url,
                                                 lambda line: None if flags.json else print(line, file=sys.stderr))
         except ProvisionError as exc:
             raise Exit(report.host_error(served.runner.host, exc), code=1) from None
@@ -214,7 +214,7 @@ def ask(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "He
     held = secrets.load(chosen.inventory.secrets)
     runner = remote.connect(target, chosen.inventory.ssh)
     try:
-        answer = server.ask(runner, chosen.inventory.settings(host, chosen.overrides), held.vllm_api_key,
+        answer = server.ask(runner, chosen.inventory.settings(host, chosen.overrides), held.api_key,
                             prompt, max_tokens, timeout)
     except ProvisionError as exc:
         raise Exit(report.host_error(host, exc), code=1) from None

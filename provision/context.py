@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from provision import catalog, services
 from provision import cuda as cuda_builds
-from provision import services
 from provision.endpoints import EndpointPlan, plans_for
 from provision.facts import CUDA_PTXAS, HostFacts
 from provision.inventory import Cluster, Inventory, Settings
@@ -41,11 +41,11 @@ class Context:
     snapshot: Any = None  # weights.Snapshot: the model's files at its resolved commit
     snapshot_error: str | None = None  # why the hub could not say (gated, unknown repo or revision)
     hub_unreachable: bool = False  # snapshot_error is no answer from the hub at all (network, proxy)
-    api_key_set: bool = False  # a vllm_api_key is in the secrets
+    api_key_set: bool = False  # a api_key is in the secrets
     # The torch of the wheels a planned venv install brings (plan time): it replaces the venv's.
     planned_wheels: cuda_builds.WheelCuda | None = None
     # The names of the wheels the service venv is made of, resolved on the controller (plan time);
-    # None where the tool resolves none (no vllm_spec, or a source build not yet built).
+    # None where the tool resolves none (no engine_spec, or a source build not yet built).
     resolved_wheels: tuple[str, ...] | None = None
     # The next apply (re)builds the service venv from resolved_wheels (their key is not the one the
     # venv's manifest holds): the venv there now is not what will serve.
@@ -189,7 +189,7 @@ class Context:
         from provision import known_issues
 
         release = self.nccl_release
-        if self.settings.engine == "llamacpp" or self.parallel < 2 or not release or self.experts == 0:
+        if not catalog.entry(self.settings.engine).uses_nccl or self.parallel < 2 or not release or self.experts == 0:
             return False
         issue = next(issue for issue in known_issues.load() if issue.id == NVLS_HANG_ISSUE)
         return known_issues.version_within(release, issue.when["nccl"])

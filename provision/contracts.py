@@ -64,7 +64,7 @@ class Contracts:
 
     def release(self, engine: str, spec: str | None) -> str:
         """The release a host's unit is rendered for: the exact pin of one of the engine's packages in
-        its requirements (vllm_spec, 'tensorrt_llm==1.3.0rc5'), else the target. A range pins nothing."""
+        its requirements (engine_spec, 'tensorrt_llm==1.3.0rc5'), else the target. A range pins nothing."""
         packages = set(self.engines[engine].packages)
         for token in (spec or "").split():
             name, equals, version = token.partition("==")

@@ -327,7 +327,13 @@ def package_modules() -> dict[str, Path]:
     return modules
 
 
-def module_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+def module_imports(body: list[ast.stmt], late: bool = False) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements a module runs: at module level (inside its `if`, `try` and `with` blocks
+    too); `late`: also those inside its functions and classes, which run when they are called."""
+    if late:
+        yield from (node for statement in body for node in ast.walk(statement)
+                    if isinstance(node, (ast.Import, ast.ImportFrom)))
+        return
     for statement in body:
         if isinstance(statement, (ast.Import, ast.ImportFrom)):
             yield statement
@@ -342,15 +348,16 @@ def module_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom
             yield from module_imports(statement.body)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """{module: the package's modules it imports at module level when it runs}."""
+def import_graph(late: bool = False) -> dict[str, set[str]]:
+    """{module: the package's modules it imports at module level when it runs}; `late`: and those its
+    functions import when called."""
     modules = package_modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
         here = name if is_package else name.rpartition(".")[0]
         targets: set[str] = set()
-        for statement in module_imports(ast.parse(path.read_text(encoding="utf-8")).body):
+        for statement in module_imports(ast.parse(path.read_text(encoding="utf-8")).body, late):
             if isinstance(statement, ast.Import):
                 targets.update(alias.name for alias in statement.names)
                 continue

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from provision import parsers, programs
+from provision import catalog, parsers, programs
 from provision.errors import CommandFailed, ParseError, ProvisionError
 from provision.parsers import (
     CpuTopology,
@@ -42,9 +42,7 @@ if TYPE_CHECKING:  # facts stay importable without Fabric (the recorder runs on 
 log = logging.getLogger("provision.facts")
 
 # Units the tool manages; their state is part of every host's facts.
-MANAGED_UNITS = ("vllm.service", "vllm-ray-head.service", "vllm-ray-worker.service", "vllm-worker.service",
-                 "trtllm-serve.service",
-                 "llama-server.service", "provision-router.service")
+MANAGED_UNITS = catalog.managed_units()  # every engine's (provision/catalog.py), then the router's
 # Where systemd finds drop-ins that override those units: `systemctl edit` writes to /etc,
 # `systemctl set-property` to system.control, their --runtime forms to /run (systemd.unit(5)).
 DROP_IN_BASES = ("/etc/systemd/system", "/etc/systemd/system.control", "/run/systemd/system",

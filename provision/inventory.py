@@ -7,7 +7,7 @@ Schema (every key is checked; an unknown key is an error, not ignored):
       key_file: PATH           # private key (default: the SSH agent and ~/.ssh/id_*)
       connect_timeout: 10      # seconds
       command_timeout: 600     # seconds for one remote command
-    secrets: PATH              # optional YAML file, mode 0600: hf_token, vllm_api_key (provision/secrets.py)
+    secrets: PATH              # optional YAML file, mode 0600: hf_token, api_key (provision/secrets.py)
     hosts:
       NAME:
         address: 192.0.2.10    # IP address or DNS name (not needed with connection: local)
@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import ipaddress
+import logging
 import posixpath
 import re
 import reprlib
@@ -55,6 +56,7 @@ from typing import Any
 
 import yaml
 
+from provision import catalog
 from provision import services as service_names  # the module; `services` is an Inventory field
 from provision.errors import InventoryError, ProfileError, clip
 from provision.profiles import Profile, load_profiles
@@ -362,10 +364,7 @@ _FLAG = re.compile(r"^--?[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
 def _refuse_owned(arg: str) -> None:
-    # provision.engines imports the facts: loaded only once a flag is given
-    from provision.engines import owned_flag
-
-    refusal = owned_flag(arg)
+    refusal = catalog.owned_flag(arg)
     if refusal is not None:
         raise ValueError(refusal)
 
@@ -498,8 +497,9 @@ def _network(value: Any) -> str:
 
 
 VAR_SPECS: Mapping[str, VarSpec] = {
-    "engine": VarSpec("the program that serves the model: vllm, trtllm (TensorRT-LLM) or llamacpp "
-                      "(llama.cpp's server, GGUF)", _choice("vllm", "trtllm", "llamacpp"), "vllm"),
+    "engine": VarSpec("the program that serves the model: " + ", ".join(
+        f"{entry.name} ({entry.title})" for entry in catalog.ENGINES.values()), _choice(*catalog.NAMES),
+        catalog.DEFAULT),
     "server_program": VarSpec("the server program to run, where the engine's default (in the venv) is not it",
                               _optional(_absolute_path)),
     "model": VarSpec("Hub repository id (or absolute path) of the model to serve", _optional(_model)),
@@ -529,7 +529,7 @@ VAR_SPECS: Mapping[str, VarSpec] = {
     "cpu_affinity": VarSpec("auto, all, ccd:N or a CPU list", _affinity, None),
     "cuda_version": VarSpec("CUDA release of the vLLM/torch build (picks PyTorch's cuXYZ wheels)",
                             _optional(_cuda_release)),
-    "vllm_spec": VarSpec("pip requirements of the service venv, space-separated: the engine's package "
+    "engine_spec": VarSpec("pip requirements of the service venv, space-separated: the engine's package "
                          "(e.g. 'vllm==0.11.0', 'tensorrt_llm==1.2.0')",
                          _optional(_text)),
     "venv_wheels": VarSpec("local wheel files (on the controller) installed into the venv", _string_list, ()),
@@ -665,7 +665,7 @@ ROUTINGS = ("least-connections", "prefix-affinity")
 # holds them equal); the reference page (provision/docgen.py) prints them.
 ENDPOINT_SPECS: Mapping[str, VarSpec] = {
     "bind_host": VarSpec("the address the router listens on (0.0.0.0: every address; beyond loopback it "
-                         "needs vllm_api_key)", _bind_address, "127.0.0.1"),
+                         "needs api_key)", _bind_address, "127.0.0.1"),
     "port": VarSpec("the port the router listens on", _int_range(1, 65535), 9000),
     "drain_timeout": VarSpec("seconds a replica's requests in flight may take to finish before a rolling "
                              "deploy restarts it", _seconds, 60.0),
@@ -737,7 +737,7 @@ class Settings:
     server_flags: Mapping[str, Any]
     cpu_affinity: str | None
     cuda_version: str | None
-    vllm_spec: str | None
+    engine_spec: str | None
     venv_wheels: tuple[str, ...]
     venv_source: str | None
     build_cmake_args: tuple[str, ...]
@@ -1279,20 +1279,43 @@ class _Reader:
             listening[(endpoint.host, endpoint.port)] = endpoint.name
 
 
+# Settings renamed when they stopped being vLLM's alone: the old name is still read, as the new one, and
+# each use says so in one line (a warning on stderr) naming the key to write instead.
+RENAMED_SETTINGS: Mapping[str, str] = {"vllm_spec": "engine_spec"}
+
+
 def validate_vars(raw: Mapping[str, Any], *, source: str, entity: str | None) -> dict[str, Any]:
-    """Check each setting against VAR_SPECS; the error names the key and, from YAML, its line."""
+    """Check each setting against VAR_SPECS; the error names the key and, from YAML, its line. A
+    renamed setting is read under its new name, with one deprecation line."""
     result: dict[str, Any] = {}
-    for key, value in raw.items():
+    for given, value in raw.items():
+        key = _current_name(raw, given, source, entity)
         spec = VAR_SPECS.get(key)
         if spec is None:
             raise InventoryError(f"unknown setting (known: {', '.join(sorted(VAR_SPECS))})",
-                                 file=source, line=_line(raw, key), entity=entity, key=key)
+                                 file=source, line=_line(raw, given), entity=entity, key=given)
         try:
             result[key] = spec.check(value)
         except ValueError as exc:
-            raise InventoryError(str(exc), file=source, line=_line(raw, key), entity=entity,
-                                 key=key) from exc
+            raise InventoryError(str(exc), file=source, line=_line(raw, given), entity=entity,
+                                 key=given) from exc
     return result
+
+
+def _current_name(raw: Mapping[str, Any], key: str, source: str, entity: str | None) -> str:
+    """The setting's name now: a renamed one's new name (both given is an error: which one meant?)."""
+    new = RENAMED_SETTINGS.get(key)
+    if new is None:
+        return key
+    if new in raw:
+        raise InventoryError(f"{key} is the old name of {new}, which is given too: keep {new} alone",
+                             file=source, line=_line(raw, key), entity=entity, key=key)
+    line = _line(raw, key)
+    where = f"{source}:{line}" if line else source
+    logging.getLogger("provision.inventory").warning(
+        "%s: %s is deprecated: write %s (read as %s this time)", where + (f" ({entity})" if entity else ""),
+        key, new, new)
+    return new
 
 
 def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:

@@ -52,7 +52,7 @@ A judgement on one host:
               the venv whose versions it lacks. Anything else is skipped: a model placed by hand keeps
               its quantization unknown, and a warning that never clears would be noise.
   None        the host's GPU or architecture is not the entry's: the check is skipped.
-Versions come from the venv's facts, overridden by exact pins in `vllm_spec` (`vllm==0.20.0`): a pin is
+Versions come from the venv's facts, overridden by exact pins in `engine_spec` (`vllm==0.20.0`): a pin is
 what the next apply installs, so pinning lets the gate judge a venv before it exists.
 """
 from __future__ import annotations
@@ -62,21 +62,19 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from provision import cuda, datafiles
+from provision import catalog, cuda, datafiles
 from provision.errors import KnownIssueError
-
-if TYPE_CHECKING:
-    from provision.context import Context
 
 DATA = "known_issues.yaml"  # package data, next to this module
 SEVERITIES = ("blocker", "warning", "info")
-VERSION_KEYS = ("vllm", "torch", "triton", "flash_attn", "bitsandbytes", "nccl")
+# vLLM, its stack, and every other engine whose release is its venv package's (the catalog).
+VERSION_KEYS = ("vllm", "torch", "triton", "flash_attn", "bitsandbytes", "nccl", *catalog.venv_versions())
 # A host that fails one of these is outside the entry's scope: the check is skipped, not passed.
 HARDWARE_KEYS = ("compute_capability", "arch", "multi_node", "multi_gpu")
 FACT_LIST_KEYS = ("kernel_cma", "absent", "unreachable", "wheels_cuda")
@@ -87,7 +85,7 @@ WHEN_KEYS = (*LIST_KEYS, *VERSION_KEYS, *SWITCH_KEYS, *BOOL_KEYS)
 CMA_STATES = ("on", "off", "empty", "absent")
 ENTRY_KEYS = ("id", "title", "severity", "when", "message", "fix", "source", "related", "engines", "avoid_with",
               "verified")
-ENGINE_NAMES = ("vllm", "trtllm", "llamacpp")  # provision/engines (kept apart: this module stays light)
+ENGINE_NAMES = catalog.NAMES
 REQUIRED_KEYS = ("id", "title", "severity", "when", "message", "fix", "source")
 ID_PATTERN = re.compile(r"known\.[a-z0-9]+(?:[.-][a-z0-9]+)*")
 URL_PATTERN = re.compile(r"https?://\S+")
@@ -333,84 +331,6 @@ def arg_value(args: Sequence[str], flag: str) -> tuple[bool, str | None]:
         if arg.startswith(flag + "="):
             return True, arg.split("=", 1)[1]
     return False, None
-
-
-def evidence_of(ctx: Context) -> Evidence:
-    """What the host and its settings say about each matcher (see the module docstring)."""
-    versions: dict[str, str] = {}
-    absent: set[str] = set()
-    notes: dict[str, str] = {}
-    venv = ctx.facts.venv
-    if venv is None:
-        why = ctx.facts.notes.get("venv") or "no venv yet"
-        notes = {key: f"{why}; pin it in vllm_spec ({key}==VERSION) to check before apply"
-                 for key in VERSION_KEYS}
-    else:
-        found: dict[str, str | None] = {"vllm": venv.vllm, "torch": venv.torch, "nccl": venv.nccl}
-        if venv.packages is None:
-            notes.update({key: "the venv's record predates reading it; any change to the venv re-reads it"
-                          for key in VERSION_KEYS if key not in found})
-        else:
-            for name, installed in venv.packages.items():
-                key = ALIASES.get(name, name)
-                if key in VERSION_KEYS:
-                    found[key] = found.get(key) or installed
-            found.update({key: found.get(key) for key in VERSION_KEYS})
-        for key, version in found.items():
-            if version:
-                versions[key] = version
-            else:
-                absent.add(key)
-    # The planned wheels are what the next apply installs, as exact pins are.
-    for key, version in {**wheel_versions(ctx.resolved_wheels or ()),
-                         **pinned_versions(ctx.settings.vllm_spec)}.items():
-        versions[key] = version
-        absent.discard(key)
-        notes.pop(key, None)
-    caps = tuple(sorted({gpu.compute_cap for gpu in ctx.facts.gpus or () if gpu.compute_cap}))
-    if not caps and ctx.profile.gpu is not None:
-        caps = (ctx.profile.gpu.compute_capability,)  # before nvidia-smi answers: what the profile expects
-    arch = ctx.facts.arch or (ctx.profile.arch if ctx.profile.arch != "any" else None)
-    args = tuple(str(arg) for arg in ctx.settings.extra_args)
-    flag = arg_value(args, "--quantization")[1] or arg_value(args, "-q")[1]
-    quantization = flag.lower() if flag else ctx.quantization
-    if quantization is None:
-        notes["quantization"] = "the model's config.json was not read (no hub model, or the hub refused)"
-    if arch is None:
-        notes["arch"] = ctx.facts.notes.get("uname", "uname -m unknown")
-    if ctx.facts.memory is None:
-        notes["kernel_cma"] = ctx.facts.notes.get("meminfo", "/proc/meminfo unread")
-    if ctx.model_config is None:
-        notes["moe"] = ctx.model_config_note or "the model's config.json was not read"
-    venv_dists = None
-    if venv is not None and venv.dists is not None:
-        venv_dists = {**venv.dists, **({"torch": venv.torch} if venv.torch else {})}
-    if ctx.resolved_wheels is None:
-        notes["wheels"] = "no wheels planned (no vllm_spec or venv_wheels, or a source build)"
-        notes["installed"] = ("no venv yet" if venv is None else
-                              "the venv's record predates listing its distributions; any change to the venv re-reads it")
-    return Evidence(versions=versions, absent=frozenset(absent), compute_capability=caps, arch=arch,
-                    quantization=quantization, args=args,
-                    env=ctx.environment,
-                    multi_node=bool(ctx.cluster and ctx.cluster.multi_node), multi_gpu=ctx.parallel > 1,
-                    moe=None if ctx.experts is None else ctx.experts > 0,
-                    kernel_cma=ctx.facts.memory.cma_state if ctx.facts.memory else None,
-                    kernel_cma_detail=_cma_detail(ctx),
-                    wheels=ctx.resolved_wheels, installed=venv_dists, unreachable=dict(ctx.facts.reachable),
-                    notes=notes)
-
-
-def _cma_detail(ctx: Context) -> str | None:
-    """'CmaTotal 0 kB, CmaFree 940604 kB; kernel 7.0.0-1019-nvidia, no kho= on its command line'."""
-    memory = ctx.facts.memory
-    if memory is None:
-        return None
-    lines = ("no Cma lines in /proc/meminfo" if memory.cma_total is None or memory.cma_free is None
-             else f"CmaTotal {memory.cma_total // 1024} kB, CmaFree {memory.cma_free // 1024} kB")
-    cmdline = ctx.facts.kernel_cmdline
-    kho = ("command line unread" if cmdline is None
-           else f"kho={cmdline['kho']}" if cmdline.get("kho") is not None else "no kho= on its command line")
-    return f"{memory.cma_state}: {lines}; kernel {ctx.facts.kernel or 'unknown'}, {kho}"
 
 
 # ---------------------------------------------------------------------------------------------

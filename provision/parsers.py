@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from provision import catalog
+from provision.catalog import ITERATION_STATS
 from provision.errors import ParseError
 
 # ---------------------------------------------------------------------------------------------
@@ -874,7 +876,7 @@ class VenvInfo:
 # name: PyTorch's nightly and some CUDA builds name Triton `pytorch_triton`. tensorrt_llm: the gate's
 # engine.version compares it with the release the unit is rendered for. nvidia_nccl_*: pip's NCCL,
 # which torch loads (config.nccl_library weighs it against the system's).
-VENV_PACKAGES = ("triton", "pytorch_triton", "flash_attn", "bitsandbytes", "tensorrt_llm")
+VENV_PACKAGES = ("triton", "pytorch_triton", "flash_attn", "bitsandbytes", *catalog.venv_versions())
 
 # Runs inside the venv: versions only, no GPU needed (torch.cuda.get_arch_list() is empty without one).
 # Its arguments (sys.argv[1:]) name the engine distributions whose requirements it reads.
@@ -1172,7 +1174,6 @@ def _topo_node(cell: str | None) -> int | None:
 # ---------------------------------------------------------------------------------------------
 # Metrics pages (a server's /metrics) and `ray status`
 
-PROMETHEUS, ITERATION_STATS = "prometheus", "iteration-stats"  # how a metrics page is written
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 

@@ -91,7 +91,7 @@ def _fitted(inv: Any, host: str, found: list[Any]) -> dict[str, Any]:
       help=help_for("json", path="a Spark Arena v2 recipe file, a checkout of its registry (every v2 file in it), "
                                  "or its git URL (cloned with this machine's git, then read as a checkout)",
                     set="a setting the recipe cannot give, KEY=VALUE (repeatable): the venv's pin above all, "
-                        "vllm_spec=vllm==X.Y.Z, where the container's name does not say it",
+                        "engine_spec=vllm==X.Y.Z, where the container's name does not say it",
                     output="write the recipe (ours) to this file; never overwrites (a file only)"))
 @guarded
 def import_(c: Context, path: str, set_: list[str] | None = None, output: str | None = None,
@@ -214,8 +214,9 @@ def _given(value: str, name: str, what: str) -> str:
     if value in ("-h", "--help"):
         from invoke.program import Program
 
-        from provision.cli import ns
-        Program(namespace=ns).run([hints.command_name(), "--help", f"recipe.{name}"], exit=False)
+        # The help of this collection's own task, as `--help recipe.NAME` prints it from the whole one.
+        Program(namespace=Collection(recipe_tasks)).run([hints.command_name(), "--help", f"recipe.{name}"],
+                                                        exit=False)
         raise SystemExit(0)
     if value.startswith("-"):
         raise RecipeError(f"`{hints.command(f'recipe.{name} {what}')}` takes the {what} first (its help: "

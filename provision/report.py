@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from provision import hints, parsers
+from provision import catalog, hints, parsers
 from provision.affinity import compress
 from provision.checks import Finding, resolutions, verdict
 from provision.errors import error_text
@@ -119,10 +119,15 @@ def _venv(facts: HostFacts) -> str:
     venv = facts.venv
     if venv is None:
         return facts.notes.get("venv", "none")
-    if not (venv.vllm or venv.torch):
-        return f"Python {venv.python}, no vLLM or torch"
+    engines = [f"vLLM {venv.vllm}"] if venv.vllm else []
+    for entry in catalog.ENGINES.values():  # the other engines whose release is a venv package
+        key = entry.package.replace("-", "_").lower()
+        if entry.name != catalog.DEFAULT and key in (venv.packages or {}):
+            engines.append(f"{entry.title} {(venv.packages or {})[key]}")
+    if not (engines or venv.torch):
+        return f"Python {venv.python}, no engine or torch"
     torch = f"torch {venv.torch}" + (f" (CUDA {venv.cuda})" if venv.cuda else " (CPU)") if venv.torch else "no torch"
-    parts = [f"vLLM {venv.vllm}" if venv.vllm else "no vLLM", torch]
+    parts = [*(engines or ["no engine"]), torch]
     if venv.nccl:
         parts.append(f"NCCL {venv.nccl}")
     return ", ".join(parts) + f"; Python {venv.python}"

@@ -195,7 +195,7 @@ def roll_one(group: list[str], roll: Roll, connect: Connect, bar: Bar, done: dic
         started = time.monotonic()
         try:
             outcomes[name].ready_s = server.wait_ready(
-                connect(name), plans[name].settings, held.vllm_api_key, timeout,
+                connect(name), plans[name].settings, held.api_key, timeout,
                 _elapsed_on(update, timeout))
             outcomes[name].state = "ready"
         except ProvisionError as exc:
@@ -246,7 +246,7 @@ def _restart_together(units: Mapping[str, str], roll: Roll, connect: Connect, he
             error_text(error) for error in restarted.errors.values())
         return
     try:
-        seconds = server.wait_ready(connect(head), roll.plans[head].declared_settings, roll.held.vllm_api_key,
+        seconds = server.wait_ready(connect(head), roll.plans[head].declared_settings, roll.held.api_key,
                                     roll.timeout)
         outcome.detail += f"; the nodes restarted together: the previous version is ready again ({seconds:.0f}s)"
     except ProvisionError as exc:
@@ -358,7 +358,7 @@ def _ready_again(connect: Connect, name: str, held: secrets.Secrets, timeout: fl
     at the restored generation's own endpoint; None when it runs no server."""
     def ready(back: ops.Outcome) -> float | None:
         where = restored_endpoint(back, declared)
-        return None if where is None else server.wait_ready_at(connect(name), where, held.vllm_api_key, timeout)
+        return None if where is None else server.wait_ready_at(connect(name), where, held.api_key, timeout)
 
     return ready
 
@@ -377,7 +377,7 @@ def _gate_unchanged(roll: Roll, pool: remote.Pool, errors: dict[str, BaseExcepti
         runner = pool.connect(plans[name].host)
         unfinished = plans[name].unfinished
         try:
-            outcomes[name].ready_s = server.wait_ready(runner, settings, roll.held.vllm_api_key, roll.timeout)
+            outcomes[name].ready_s = server.wait_ready(runner, settings, roll.held.api_key, roll.timeout)
             outcomes[name].state, outcomes[name].detail = "ready", "unchanged; answers /health and a completion"
             if unfinished:  # an earlier deploy stopped before its verdict: this run gives it
                 ops.promote(runner, unfinished["id"], plans[name].scope)
@@ -499,7 +499,7 @@ def _roll_back_host(inv: inventory.Inventory, runner: Runner, options: Options, 
     ready_s = None
     if where is not None:
         try:
-            ready_s = server.wait_ready_at(runner, where, held.vllm_api_key, timeout)
+            ready_s = server.wait_ready_at(runner, where, held.api_key, timeout)
         except ProvisionError as exc:
             said = (f"{runner.host}: generation {back.to} restored "
                     f"({', '.join(back.restored) or 'it was in place'}), but it does not serve: "
@@ -520,7 +520,7 @@ def _back_to_running(inv: inventory.Inventory, runner: Runner, scope: ops.Scope,
         where = restored_endpoint(again, inv.settings(runner.host, {}))
         if where is None:
             return f"; back on generation {back.left}, the one that was running (it runs no server)"
-        seconds = server.wait_ready_at(runner, where, held.vllm_api_key, timeout)
+        seconds = server.wait_ready_at(runner, where, held.api_key, timeout)
     except ProvisionError as exc:
         return (f"; going back to generation {back.left}, the one that was running, failed too: "
                 f"{error_text(exc).removeprefix(runner.host + ': ')}")

@@ -20,12 +20,15 @@ import yaml
 
 from provision.errors import InventoryError
 
-ENVIRONMENT = {"hf_token": "HF_TOKEN", "vllm_api_key": "VLLM_API_KEY",
+ENVIRONMENT = {"hf_token": "HF_TOKEN", "api_key": "VLLM_API_KEY",
                # The private key a TensorRT-LLM cluster's head starts ranks on its workers with (mpirun over SSH).
                "mpi_ssh_key": "PROVISION_MPI_SSH_KEY"}
 
 
 MULTI_LINE = ("mpi_ssh_key",)
+# Secrets renamed when they stopped being vLLM's alone: still read, under the new name, each use said
+# in one line naming the key to write instead.
+RENAMED = {"vllm_api_key": "api_key"}
 
 # Masking: every secret read is registered here, and whatever the tool logs or prints of a host's
 # output passes through mask(). Kept with the secrets, not with SSH: a task that never connects
@@ -58,17 +61,17 @@ class MaskingFilter(logging.Filter):
 @dataclass(frozen=True)
 class Secrets:
     hf_token: str | None = None
-    vllm_api_key: str | None = None
+    api_key: str | None = None
     mpi_ssh_key: str | None = None
     sources: Mapping[str, str] = field(default_factory=dict)  # {"hf_token": "environment (HF_TOKEN)"}
 
     def __repr__(self) -> str:  # never print a secret by accident
         return (f"Secrets(hf_token={'set' if self.hf_token else None}, "
-                f"vllm_api_key={'set' if self.vllm_api_key else None}, "
+                f"api_key={'set' if self.api_key else None}, "
                 f"mpi_ssh_key={'set' if self.mpi_ssh_key else None})")
 
     def describe(self) -> str | None:
-        """'hf_token from the environment (HF_TOKEN); vllm_api_key from the secrets file F', or None."""
+        """'hf_token from the environment (HF_TOKEN); api_key from the secrets file F', or None."""
         said = [f"{key} from {source}" for key, source in self.sources.items()]
         return "; ".join(said) or None
 
@@ -91,6 +94,19 @@ def load(path: str | None) -> Secrets:
     return Secrets(**values, sources=sources)
 
 
+def _current_name(key: str, data: Mapping[str, object], path: Path) -> str:
+    """The secret's name now: a renamed one's new name (both given is an error: which one is meant?)."""
+    new = RENAMED.get(key)
+    if new is None:
+        return key
+    if new in data:
+        raise InventoryError(f"{key} is the old name of {new}, which is given too: keep {new} alone",
+                             file=str(path), key="secrets")
+    logging.getLogger("provision.secrets").warning("%s: %s is deprecated: write %s (read as %s this time)",
+                                                    path, key, new, new)
+    return new
+
+
 def _read_file(path: Path) -> dict[str, str]:
     try:
         info = path.stat()
@@ -110,8 +126,9 @@ def _read_file(path: Path) -> dict[str, str]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise InventoryError("the secrets file must be a mapping (hf_token: ..., vllm_api_key: ...)",
+        raise InventoryError("the secrets file must be a mapping (hf_token: ..., api_key: ...)",
                              file=str(path), key="secrets")
+    data = {_current_name(str(key), data, path): value for key, value in data.items()}
     unknown = sorted(str(key) for key in data if key not in ENVIRONMENT)
     if unknown:
         raise InventoryError(f"unknown secret(s) {', '.join(unknown)} (known: {', '.join(ENVIRONMENT)})",

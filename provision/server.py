@@ -57,7 +57,7 @@ def how_to_query(host: str, address: str, settings: Settings, key_source: str | 
         key = ' -H "Authorization: Bearer $VLLM_API_KEY"' if key_source else ""
         lines.append(f"  or over HTTP: curl -s {url}/v1/completions -H 'Content-Type: application/json'{key} -d '{body}'")
         if key_source and "VLLM_API_KEY" not in key_source:
-            lines.append(f"  (curl needs VLLM_API_KEY set to the vllm_api_key of {key_source}; "
+            lines.append(f"  (curl needs VLLM_API_KEY set to the api_key of {key_source}; "
                          f"{hints.command('ask')} reads it there)")
     lines.append(f"Watch it: {hints.command(f'status {scope}{where}')}")
     return lines

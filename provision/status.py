@@ -36,13 +36,13 @@ from provision import (
     stall,
     weights,
 )
+from provision.catalog import ITERATION_STATS, MetricNames
 from provision.context import Context
 from provision.endpoints import EndpointPlan
-from provision.engines import MetricNames
 from provision.errors import ProvisionError, error_text
 from provision.facts import HostFacts
 from provision.inventory import Settings
-from provision.parsers import ITERATION_STATS, UnitState
+from provision.parsers import UnitState
 from provision.profiles import Profile
 from provision.runner import Result, Runner
 
@@ -229,9 +229,9 @@ def silent(unit: str) -> str:
 def unauthorized(key_sent: bool) -> str:
     """What an HTTP 401 from vLLM means for the person running the tool."""
     if key_sent:
-        return ("the server refused the API key sent (HTTP 401): vllm_api_key differs from the server's "
+        return ("the server refused the API key sent (HTTP 401): api_key differs from the server's "
                 "VLLM_API_KEY; provision the host again or fix the key")
-    return ("the server wants an API key (HTTP 401): set vllm_api_key (the inventory's secrets file, "
+    return ("the server wants an API key (HTTP 401): set api_key (the inventory's secrets file, "
             "or VLLM_API_KEY in the environment)")
 
 
@@ -419,7 +419,7 @@ def stall_reading(settings: Settings) -> tuple[MetricNames, stall.Counters]:
     """The metric names a server's engine serves and the stuck rule's counters among them, for its release."""
     engine = engines.engine_of(settings)
     names = engine.metric_names(settings)
-    return names, stall.counters(engine, names, settings.vllm_spec)
+    return names, stall.counters(engine, names, settings.engine_spec)
 
 
 FOLLOW_UP_STEP = 5.0  # seconds between a still host's samples while status waits for the stall window
@@ -546,7 +546,7 @@ def gather_status(inv: inventory.Inventory, targets: list[inventory.Host], overr
         runner = remote.connect(target, ssh)
         try:
             return gather_one(runner, name, role_of(inv, name), inv.settings(name, overrides),
-                              held.vllm_api_key, sampling, target.profile, (history or {}).get(name, ()),
+                              held.api_key, sampling, target.profile, (history or {}).get(name, ()),
                               inv.naming(name))
         finally:
             runner.close()
@@ -560,7 +560,7 @@ def gather_status(inv: inventory.Inventory, targets: list[inventory.Host], overr
     def again(name: str) -> HostStatus:
         runner = remote.connect(inv.host(name), ssh)
         try:
-            return follow_up(runner, inv.settings(name, overrides), held.vllm_api_key, found[name], stall_window,
+            return follow_up(runner, inv.settings(name, overrides), held.api_key, found[name], stall_window,
                              timeout)
         finally:
             runner.close()

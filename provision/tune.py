@@ -162,7 +162,7 @@ def space_of(inv: inventory.Inventory, unit: Unit, options: Options, space: str 
     settings = inv.settings(unit.server, dict(options.overrides))
     profile = (options.profile or inv.host(unit.server).profile).name
     dimensions = load_space(space, profile, settings.engine)
-    check_space(dimensions, settings.engine, contracts.load().release(settings.engine, settings.vllm_spec),
+    check_space(dimensions, settings.engine, contracts.load().release(settings.engine, settings.engine_spec),
                 space or SPACES)
     return dimensions
 
@@ -379,7 +379,7 @@ def fingerprint(profile: str, host_facts: HostFacts, settings: inventory.Setting
     what = {"profile": profile, "arch": host_facts.arch, "gpus": gpus, "overrides": dict(overrides or {}),
             "cpus": len(getattr(cpu, "cpus", ()) or ()) if cpu is not None else None, "memory": host_facts.memory.total // 2**30
             if host_facts.memory else None, "engine": settings.engine, "model": settings.model,
-            "revision": settings.model_revision, "spec": settings.vllm_spec, "max_model_len": settings.max_model_len}
+            "revision": settings.model_revision, "spec": settings.engine_spec, "max_model_len": settings.max_model_len}
     if replicas > 1:  # one server's fingerprint stays what it was: its kept trials are still found
         what["replicas"] = replicas
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -519,7 +519,7 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, tuning: Tuning,
         raise gated.errors[unit.server]
     ctx = gated.contexts[unit.server]
     dimensions = load_space(space, ctx.profile.name, ctx.settings.engine)
-    check_space(dimensions, ctx.settings.engine, contracts.load().release(ctx.settings.engine, ctx.settings.vllm_spec),
+    check_space(dimensions, ctx.settings.engine, contracts.load().release(ctx.settings.engine, ctx.settings.engine_spec),
                 space or SPACES)
     base = dict(options.overrides)
     settings_now = inv.settings(unit.server, base)
@@ -539,19 +539,19 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, tuning: Tuning,
     # The workload fitted to the context the server serves, before any benchmark (and before the
     # kept trials are looked up: they are kept by the workload measured).
     early_restart: float | None = None
-    answer = served_context_answer(inv, server_host, settings_now, held.vllm_api_key)
+    answer = served_context_answer(inv, server_host, settings_now, held.api_key)
     if answer.get("models") is None:  # nothing answers: the host as it is first, then ask again
         progress(f"{unit.name}: {unit.server}'s server does not answer ({answer.get('models_error')}): "
                  "deploying it as it is")
         begun = time.monotonic()
         deployed, restarted = deploy(base, "tune trial")
         early_restart = round(time.monotonic() - begun, 1) if restarted else None
-        answer = served_context_answer(inv, server_host, settings_now, held.vllm_api_key)
+        answer = served_context_answer(inv, server_host, settings_now, held.api_key)
         if answer.get("models") is None:
             why = not_serving(deployed, unit)
             raise ProvisionError(f"{unit.server}: does not serve its own settings, nothing to tune from "
                                  f"({why[1] if why else answer.get('models_error')})")
-    context = counted_context(inv, server_host, settings_now, held.vllm_api_key, answer)
+    context = counted_context(inv, server_host, settings_now, held.api_key, answer)
     result.workload, result.fit = tune_rules.fit(workload, context)
     progress(f"{unit.name}: workload {result.fit}")
 
@@ -615,7 +615,7 @@ def tune(inv: inventory.Inventory, unit: Unit, options: Options, tuning: Tuning,
             return False
 
         try:
-            send = sender(runner, unit, inv.settings(unit.server, dict(overrides)), held.vllm_api_key, unit.routed)
+            send = sender(runner, unit, inv.settings(unit.server, dict(overrides)), held.api_key, unit.routed)
             levels = measure_levels(send, result.workload, progress, warm=warm,
                                     room_for=room_for if back_s is not None else None)
         except ProvisionError as exc:
@@ -769,7 +769,7 @@ def tuned_text(unit: Unit, vars_: Mapping[str, Any], trial: Trial, baseline: Tri
 # What of a server's settings a recipe carries: how it serves, not where (its port, paths, user, indexes).
 RECIPE_SETTINGS = ("served_model_name", "tensor_parallel_size", "pipeline_parallel_size", "max_model_len",
                    "concurrent_sequences", "gpu_memory_utilization", "enable_prefix_caching", "extra_args",
-                   "environment", "server_flags", "vllm_spec", "venv_source", "cpu_affinity", "cuda_version")
+                   "environment", "server_flags", "engine_spec", "venv_source", "cpu_affinity", "cuda_version")
 RECIPES = "recipes"  # under the tuned folder: the winners as recipes (`invoke recipe.show FILE`, apply, export)
 
 

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -29,9 +29,6 @@ from provision.errors import ProvisionError, RelayError, WheelhouseError
 from provision.facts import VENV_MANIFEST, HostFacts
 from provision.inventory import Settings
 from provision.runner import Runner
-
-if TYPE_CHECKING:
-    from provision.context import Context
 
 REMOTE_WHEELHOUSE = "/var/cache/provision/wheels"
 REMOTE_INDEX = f"{REMOTE_WHEELHOUSE}/MANIFEST.json"
@@ -133,7 +130,7 @@ def check_torch_variant(wheels: Sequence[str], variant: str) -> str | None:
     what = f"a CUDA {found.cuda} build" if found.cuda else "a CPU build"
     index = f"https://download.pytorch.org/whl/{variant}"
     return (f"resolved torch {found.torch} ({what}: {found.evidence}), but this host needs the {variant} "
-            f"build: pin torch==VERSION in vllm_spec (the tool adds +{variant}) and add PyTorch's index, "
+            f"build: pin torch==VERSION in engine_spec (the tool adds +{variant}) and add PyTorch's index, "
             f"pip_extra_index_urls: [{index}]"
             + ("" if variant == "cpu" else f", or set cuda_version to {found.cuda}" if found.cuda else ""))
 
@@ -153,36 +150,8 @@ def refuse_mixed_cuda(wheels: Sequence[str], where: str) -> None:
 
 
 def requirements_of(settings: Settings) -> tuple[str, ...]:
-    spec = settings.vllm_spec
+    spec = settings.engine_spec
     return tuple(spec.split()) if spec else ()
-
-
-def service_requirements(ctx: Context) -> tuple[str, ...]:
-    """The service venv's requirements: the inventory's, plus Ray where the venv needs it and the
-    inventory names none (ray_requirement)."""
-    ray = ray_requirement(ctx)
-    return requirements_of(ctx.settings) + ((ray,) if ray else ())
-
-
-def ray_requirement(ctx: Context) -> str | None:
-    """The Ray a multi-node vLLM cluster over Ray needs, from the contract table for its vLLM release:
-    its Ray units exec VENV/bin/ray and vLLM's wheel brings no Ray from 0.18 on. None on one node,
-    for another engine or launch (vLLM's own needs no Ray), where the inventory names a Ray of its own,
-    or where the tool does not make the venv (no vllm_spec, venv_wheels or venv_source: the gate's
-    engine.nodes speaks then)."""
-    from provision.engines.vllm import RAY, launch_of
-
-    settings = ctx.settings
-    requirements = requirements_of(settings)
-    if settings.engine != "vllm" or not (ctx.cluster and ctx.cluster.multi_node) or launch_of(ctx) != RAY:
-        return None
-    if not (requirements or settings.venv_wheels or settings.venv_source):
-        return None
-    if any(_requirement_name(req) == "ray" for req in requirements):
-        return None
-    version = pinned_version(requirements, "vllm")
-    return next((name for name in contracts.load().names("vllm", "dependency", version)
-                 if _requirement_name(name) == "ray"), None)
 
 
 def pinned_version(requirements: Sequence[str], engine: str) -> str | None:
@@ -200,7 +169,7 @@ def pinned_version(requirements: Sequence[str], engine: str) -> str | None:
     return None
 
 
-def _requirement_name(requirement: str) -> str | None:
+def requirement_name(requirement: str) -> str | None:
     try:
         return canonicalize_name(Requirement(requirement).name)
     except InvalidRequirement:

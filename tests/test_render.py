@@ -488,7 +488,7 @@ def test_mpirun_passes_every_variable_of_the_environment_file_to_the_ranks_by_na
 def test_the_server_module_is_the_releases_own_and_never_the_deprecated_one(spec: str, module: str) -> None:
     """`python -m vllm.entrypoints.openai.api_server` is deprecated from 0.29.0 (engine_contracts.yaml);
     the release's own module is rendered, not the `vllm` console script, which dies in the CPU build."""
-    (cpu,) = contexts_of("cpu-host", model="lab/tiny-llama", max_model_len=256, vllm_spec=spec).values()
+    (cpu,) = contexts_of("cpu-host", model="lab/tiny-llama", max_model_len=256, engine_spec=spec).values()
     unit = next(f.content for f in _state(cpu).files if f.path.endswith("/vllm.service"))
     exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
     assert exec_start.startswith(f"ExecStart=/opt/vllm/venv/bin/python -m {module} --model "), exec_start
@@ -574,13 +574,13 @@ def test_every_rendered_trtllm_command_uses_only_options_of_its_release(case: st
 def test_a_trtllm_release_with_the_served_name_option_gets_it() -> None:
     """1.3.0rc7's generated trtllm-serve reference is the first with the option, declared
     --served_model_name (engine_contracts.yaml); 1.3.0rc6's and 1.2's have none."""
-    (ws,) = contexts_of("trtllm-rtx5090x2-nvfp4", vllm_spec="tensorrt_llm==1.3.0rc7",
+    (ws,) = contexts_of("trtllm-rtx5090x2-nvfp4", engine_spec="tensorrt_llm==1.3.0rc7",
                         served_model_name="qwen3").values()
     args = TRTLLM.server_command(ws, "/models/q", [])
     assert args[args.index("--served_model_name") + 1] == "qwen3"
     assert "--served-model-name" not in args  # click's "No such option" on every release
     for older in ("1.3.0rc6", "1.2.1"):
-        (pinned,) = contexts_of("trtllm-rtx5090x2-nvfp4", vllm_spec=f"tensorrt_llm=={older}",
+        (pinned,) = contexts_of("trtllm-rtx5090x2-nvfp4", engine_spec=f"tensorrt_llm=={older}",
                                 served_model_name="qwen3").values()
         assert not [arg for arg in TRTLLM.server_command(pinned, "/models/q", []) if "served" in arg], older
 

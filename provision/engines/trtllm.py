@@ -7,7 +7,7 @@ network's interface for MPI, UCX and NCCL. The head's service user holds the clu
 secret mpi_ssh_key); the workers' service user accepts it from the head's address only.
 It cannot run without an NVIDIA GPU: its units, plans and gate are tested on recorded facts.
 
-Which release: the exact `tensorrt_llm==X` pin of vllm_spec, else the contract table's target (1.2.0,
+Which release: the exact `tensorrt_llm==X` pin of engine_spec, else the contract table's target (1.2.0,
 provision/engine_contracts.yaml). Every flag rendered is a row there (and an option of the fixture
 tests/fixtures/engines/trtllm-serve-v1.2.0.json, the release's own serve.py); a flag the release lacks is
 left out (1.2 to 1.3.0rc6 have no served-name option; 1.3.0rc7 has --served_model_name). Status reads 1.2's JSON iteration statistics at /metrics,
@@ -23,30 +23,25 @@ Sources:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
-from provision import contracts, hints
+from provision import catalog, contracts, hints
+from provision.catalog import MetricNames
 from provision.engines.base import (
     FAIL,
-    KEY,
-    LISTEN,
-    NAME,
     PASS,
-    PORT,
     WARN,
     ConfigFile,
     Engine,
-    MetricNames,
     UnitFile,
     Verdict,
     closing_args,
 )
-from provision.parsers import ITERATION_STATS
 
 if TYPE_CHECKING:
     from provision.context import Context
 
-SERVE_DOC = "https://nvidia.github.io/TensorRT-LLM/commands/trtllm-serve/trtllm-serve.html"
+SERVE_DOC = catalog.ENGINES["trtllm"].source
 SPARK_PAIR_DOC = "https://build.nvidia.com/spark/trt-llm/stacked-sparks"
 SUPPORT_DOC = "https://nvidia.github.io/TensorRT-LLM/reference/support-matrix.html"
 OPTIONS_FILE = "/etc/vllm/trtllm-options.yaml"
@@ -75,35 +70,18 @@ PROMETHEUS_METRICS = MetricNames(
     kv_usage=("trtllm_kv_cache_utilization",),
     prefix_hits=("trtllm_prompt_cached_tokens_total",),
     prefix_queries=(("trtllm_prompt_tokens_total",),))
-# 1.2: /metrics answers the iteration statistics as JSON (enable_iter_perf_stats), flattened by
-# parsers.parse_iteration_stats. No token counters there: tokens/s is left unknown, not guessed. The
-# prefix cache's hits are KV blocks reused of blocks looked up (both counted since the start).
-ITERATION_METRICS = MetricNames(
-    path="/metrics", format=ITERATION_STATS,
-    running=("numActiveRequests",), waiting=("numQueuedRequests",),
-    kv_usage=("kvCacheStats.usedNumBlocks/maxNumBlocks",),
-    prefix_hits=("kvCacheStats.reusedBlocks",),
-    prefix_queries=(("kvCacheStats.reusedBlocks",), ("kvCacheStats.missedBlocks",)))
+# 1.2: /metrics answers the iteration statistics as JSON (the catalog's metrics).
+ITERATION_METRICS = catalog.TRTLLM_METRICS
 
 
 class TrtLlm(Engine):
-    name = "trtllm"
-    title = "TensorRT-LLM"
-    server_unit = "trtllm-serve.service"
-    units = ("trtllm-serve.service",)
+    entry = catalog.ENGINES["trtllm"]
     cluster_launch = "mpi"
-    api_key_variable = None  # trtllm-serve authenticates no client (issue 9950)
-    source = SERVE_DOC
-    # trtllm-serve's options (SERVE_DOC; its model is the first positional argument, which the tool
-    # gives), by flag_name, which reads "_" as "-": the rendered --served_model_name is the key
-    # --served-model-name here.
-    owned_flags: ClassVar[Mapping[str, str]] = {"--host": LISTEN, "--port": PORT, "--served-model-name": NAME, "--api-key": KEY}
     concurrency_flag = "--max_batch_size"  # engine_contracts.yaml; tune's spaces try it
-    metrics = ITERATION_METRICS  # the target release's (1.2.0); metric_names answers per host
 
     def release(self, settings: Any) -> str:
         """The release this host's unit is rendered for (the pin, else the target)."""
-        return contracts.load().release(self.name, settings.vllm_spec)
+        return contracts.load().release(self.name, settings.engine_spec)
 
     def metric_names(self, settings: Any) -> MetricNames:
         table = contracts.load()
@@ -289,3 +267,4 @@ def public_key(private_key: str) -> str:
 
 
 TRTLLM = TrtLlm()
+ENGINE = TRTLLM  # provision.engines finds each engine's module by its catalog name

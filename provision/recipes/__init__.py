@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from provision import datafiles
+from provision import catalog, datafiles
 from provision.errors import InventoryError, RecipeError, clip
 
 if TYPE_CHECKING:
@@ -41,8 +41,7 @@ FIGURE_KINDS = ("measured", "cited")
 MAX_RECIPE_BYTES = 256 * 1024  # a recipe file is a page of YAML; a bigger one is refused unread
 # The settings a recipe states in its own fields (model, engine), never again under `settings`.
 OWN_FIELDS = ("engine", "model", "model_revision")
-# The pip package each engine's version pins in vllm_spec (llama.cpp is built from a source instead).
-ENGINE_PACKAGES = {"vllm": "vllm", "trtllm": "tensorrt_llm"}
+# The pip package each engine's version pins in engine_spec (llama.cpp is built from a source instead).
 
 _KEYS = {"name", "description", "model", "engine", "settings", "hardware", "figures", "source", "notes"}
 _REQUIRED = {"name", "model", "engine", "settings", "hardware", "figures", "source"}
@@ -96,27 +95,28 @@ class Recipe:
 
     def inventory_vars(self) -> dict[str, Any]:
         """The recipe as one host's (or cluster's) `vars:`, held to the settings table: the engine, the
-        model and its revision, the settings; the engine's version as its vllm_spec pin where the
+        model and its revision, the settings; the engine's version as its engine_spec pin where the
         settings give none."""
         raw: dict[str, Any] = {"engine": self.engine, "model": self.model, "model_revision": self.revision,
                                **self.settings}
-        package = ENGINE_PACKAGES.get(self.engine)
-        if self.engine_version and package and "vllm_spec" not in raw:
-            raw["vllm_spec"] = f"{package}=={self.engine_version}"
+        engine = catalog.ENGINES.get(self.engine)
+        # A release pins the engine's package where its version is that package's (llama.cpp's is a build).
+        if self.engine_version and engine and engine.version_source == "venv" and "engine_spec" not in raw:
+            raw["engine_spec"] = f"{engine.package}=={self.engine_version}"
         return validate_settings(raw, source=self.file or self.name, entity=f"recipe {self.name}")
 
 
 def contract_notes(engine: str, values: Mapping[str, Any]) -> list[str]:
     """What the engine contract table (provision/engine_contracts.yaml) says against these settings'
-    flags and variables at the release their vllm_spec pins (no pin: the table's target release): a flag
+    flags and variables at the release their engine_spec pins (no pin: the table's target release): a flag
     that release lacks, a variable it does not read. Only rows speak; a name without one says nothing."""
     from provision import contracts
 
     table = contracts.load()
     if engine not in table.engines:
         return []
-    release = table.release(engine, values.get("vllm_spec"))
-    judged = release if release != table.target(engine) or values.get("vllm_spec") else \
+    release = table.release(engine, values.get("engine_spec"))
+    judged = release if release != table.target(engine) or values.get("engine_spec") else \
         f"{release} (the table's target: no version pinned)"
     flags = [*values.get("server_flags", {}), *(arg.split("=", 1)[0] for arg in values.get("extra_args", ())
                                                if arg.startswith("-"))]

@@ -146,7 +146,7 @@ def container_version(image: str) -> str | None:
 
 
 def pinned_vllm(spec: Any) -> str | None:
-    """The version a vllm_spec of exactly `vllm==X.Y.Z` pins, else None."""
+    """The version a engine_spec of exactly `vllm==X.Y.Z` pins, else None."""
     found = re.fullmatch(r"vllm==(\d+\.\d+\.\d+(?:\.post\d+)?)", str(spec or "").strip())
     return found[1] if found else None
 
@@ -243,16 +243,16 @@ def _read_flags(reading: _Reading, pairs: list[tuple[str, str | bool]]) -> dict[
 
 def _engine_version(reading: _Reading, image: Any, overrides: Mapping[str, Any]) -> str | None:
     if not isinstance(image, str) or not image.strip():
-        reading.skip("container", "none given: the venv's pin must come from the user (--set vllm_spec=...)")
+        reading.skip("container", "none given: the venv's pin must come from the user (--set engine_spec=...)")
         return None
     version = container_version(image)
-    given = [key for key in ("vllm_spec", "venv_source", "venv_wheels") if key in overrides]
+    given = [key for key in ("engine_spec", "venv_source", "venv_wheels") if key in overrides]
     if given:
         reading.skip(f"container {image}", f"replaced by the venv given ({', '.join(given)})")
-        return pinned_vllm(overrides.get("vllm_spec"))
+        return pinned_vllm(overrides.get("engine_spec"))
     if version is None:
         reading.skip(f"container {image}", "its engine version cannot be known from its name: give the venv's "
-                                           "pin (--set vllm_spec=vllm==X.Y.Z)")
+                                           "pin (--set engine_spec=vllm==X.Y.Z)")
     return version
 
 
@@ -335,8 +335,8 @@ def read(text: str | bytes, source: str, name: str, overrides: Mapping[str, Any]
         if nodes > 1:
             notes.append(f"runs on {nodes} DGX Spark hosts: an inventory cluster of {nodes} hosts (vLLM's own "
                          "multi-node launch, or Ray below 0.11.1, which the tool sets up)")
-        if version is None and not any(key in overrides for key in ("vllm_spec", "venv_source", "venv_wheels")):
-            notes.append("engine version unknown: give the venv's pin (vllm_spec) before serving it")
+        if version is None and not any(key in overrides for key in ("engine_spec", "venv_source", "venv_wheels")):
+            notes.append("engine version unknown: give the venv's pin (engine_spec) before serving it")
         recipe = Recipe(
             name=name, description=str(metadata.get("description") or "").strip(), model=model,
             revision=str(revision or "main"), engine=str(engine), engine_version=version, settings=settings,
@@ -379,7 +379,7 @@ def _nodes(data: Mapping[str, Any], settings: Mapping[str, Any], source: str) ->
 # Writing: the settings a v2 file has a place for; any other a recipe gives is refused by name.
 WRITTEN = {"tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "max_model_len",
            "enable_prefix_caching", "served_model_name", "port", "bind_host", "server_flags", "extra_args",
-           "environment", "vllm_spec"}
+           "environment", "engine_spec"}
 _PLACEHELD = (("bind_host", "host", "--host"), ("port", "port", "--port"),
               ("tensor_parallel_size", "tensor_parallel", "-tp"),
               ("pipeline_parallel_size", "pipeline_parallel", "-pp"),
@@ -399,7 +399,7 @@ def write(recipe: Recipe, container: str | None = None) -> str:
     if extra:
         raise RecipeError(f"{', '.join(extra)} have no place in a Spark Arena recipe (a container replaces "
                           "the venv and the host's layout)", file=recipe.file or recipe.name)
-    pinned = pinned_vllm(values.get("vllm_spec"))
+    pinned = pinned_vllm(values.get("engine_spec"))
     image = container or (f"vllm/vllm-openai:v{pinned}" if pinned else None)
     if image is None:
         raise RecipeError("its engine version is not a vllm==X.Y.Z pin, so no container is known: give one "
@@ -445,8 +445,8 @@ def write(recipe: Recipe, container: str | None = None) -> str:
     head = (f"# {recipe.name}, exported from a provision recipe ({recipe.source}); measured on profile "
             f"{hardware.profile}, {hardware.gpus} GPU(s) x {hardware.nodes} node(s); figures: ")
     head += "; ".join(f"{f.metric} {f.value:g} {f.unit} ({f.kind})" for f in recipe.figures) or NOT_MEASURED
-    if container and values.get("vllm_spec"):
-        head += f"; its venv pin {values['vllm_spec']} is replaced by the container"
+    if container and values.get("engine_spec"):
+        head += f"; its venv pin {values['engine_spec']} is replaced by the container"
     return f"{clip(head, 400)}\n" + str(yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True,
                                                    width=100))
 

@@ -68,7 +68,7 @@ def provision(inv: inventory.Inventory, targets: list[inventory.Host], options: 
 
 def secret_environment(held: secrets.Secrets) -> dict[str, str | None]:
     """The secrets under the names rendered files hold them (generations keep placeholders instead)."""
-    return {"VLLM_API_KEY": held.vllm_api_key, "HF_TOKEN": held.hf_token, "MPI_SSH_KEY": held.mpi_ssh_key}
+    return {"VLLM_API_KEY": held.api_key, "HF_TOKEN": held.hf_token, "MPI_SSH_KEY": held.mpi_ssh_key}
 
 
 class _BytesOnly(ProgressColumn):

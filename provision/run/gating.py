@@ -15,6 +15,7 @@ from provision import (
     engines,
     facts,
     inventory,
+    issue_evidence,
     known_issues,
     plan,
     remote,
@@ -157,7 +158,7 @@ def gate(inv: inventory.Inventory, targets: list[inventory.Host], options: Optio
     contexts = with_snapshots(context.contexts(inv, gathered.values, options.overrides, profile=options.profile,
                                                 settings=resolved), held, wanted, early)
     contexts = with_placed_weights(contexts, held, wanted)
-    contexts = {name: dataclasses.replace(ctx, api_key_set=bool(held.vllm_api_key), mpi_key_set=bool(held.mpi_ssh_key))
+    contexts = {name: dataclasses.replace(ctx, api_key_set=bool(held.api_key), mpi_key_set=bool(held.mpi_ssh_key))
                 for name, ctx in contexts.items()}
     errors = {name: error for name, error in gathered.errors.items() if name in wanted}
     contexts = _with_planned_wheels(contexts, wanted, errors)
@@ -171,7 +172,7 @@ def gate(inv: inventory.Inventory, targets: list[inventory.Host], options: Optio
 def _service_wheelhouse(ctx: context.Context) -> venv.Wheelhouse | None:
     """The wheels the service venv is made of, resolved on the controller (once; cached after)."""
     settings = ctx.settings
-    requirements, local = venv.service_requirements(ctx), list(settings.venv_wheels)
+    requirements, local = engines.engine_of(ctx.settings).service_requirements(ctx), list(settings.venv_wheels)
     if settings.venv_source or not (requirements or local):
         return None  # a source build's wheel is known only once built; nothing to install otherwise
     return venv.resolve(requirements, local, ctx.facts.wheel_arch or "", ctx.facts.python or "",
@@ -209,7 +210,7 @@ def _with_reachability(inv: inventory.Inventory, contexts: dict[str, context.Con
     asks = {name: endpoints for name in sorted(wanted & set(contexts)) if name not in errors
             and (endpoints := sorted({endpoint for issue in known_issues.load()
                                       for endpoint in known_issues.endpoints_to_try(
-                                          issue, known_issues.evidence_of(contexts[name]))}))}
+                                          issue, issue_evidence.evidence_of(contexts[name]))}))}
     if not asks:
         return contexts
 

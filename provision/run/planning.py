@@ -154,7 +154,7 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
         built, pending_build, build_step = source_wheel(ctx, builder)
         if built is not None:
             local_wheels.append(str(built))
-    requirements = venv.service_requirements(ctx)
+    requirements = engines.engine_of(ctx.settings).service_requirements(ctx)
     if only != "weights" and pending_build is None and (requirements or local_wheels):
         wheelhouse = venv.resolve(requirements, local_wheels, arch, python,
                                   progress=progress_line, indexes=venv.indexes_of(settings),
@@ -261,7 +261,7 @@ def plans(inv: inventory.Inventory, targets: list[inventory.Host], options: Opti
         keep = ONLY_RULES[only]
         findings = {name: [f for f in found if f.id in keep] for name, found in findings.items()}
     build_with = builder(inv, options.accept_new_host_keys) if options.may_build else None
-    api_key = gated.held.vllm_api_key
+    api_key = gated.held.api_key
     result: dict[str, HostPlan] = {}
     # One host after the other: the first host of an architecture builds a source, the rest reuse it.
     for name, found in findings.items():

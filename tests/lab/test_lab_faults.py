@@ -103,7 +103,7 @@ def test_the_tool_killed_during_a_venv_install_leaves_the_host_to_finish_and_the
         the_lab: lab.Lab, lab_inventory: inventory.Inventory) -> None:
     venv_dir = "/opt/killed/venv"
     on_host(lab_inventory, "cpu-1", ["sh", "-c", "rm -rf /opt/killed*"])
-    args = ["venv", "--host", "cpu-1", "--set", f"venv_dir={venv_dir}", "--set", "vllm_spec=ray==2.60.0"]
+    args = ["venv", "--host", "cpu-1", "--set", f"venv_dir={venv_dir}", "--set", "engine_spec=ray==2.60.0"]
     running = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
@@ -171,7 +171,7 @@ def test_the_ssh_connection_cut_during_apply_names_the_host_and_the_next_run_con
     venv_dir = "/opt/cut/venv"
     on_host(lab_inventory, "cpu-1", ["sh", "-c", "rm -rf /opt/cut*"])
     args = ["venv", "--host", "cpu-1", "--host", "ws-5090", "--profile", "cpu", "--set", f"venv_dir={venv_dir}",
-            "--set", "vllm_spec=ray==2.60.0", "--json"]
+            "--set", "engine_spec=ray==2.60.0", "--json"]
     running = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300

@@ -36,7 +36,7 @@ def pair(the_lab: lab.Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     # Both hosts play 2-GPU machines: 2 nodes x 2 = TP 2 x PP 2. The stand-in vLLM and torch come from
     # the lab's index (its CPU variant: the hosts are deployed with the cpu profile).
     document["clusters"] = {"pair": {"hosts": [HEAD, WORKER], "head": HEAD, "vars": {
-        "vllm_spec": wheels.venv_spec(), "pip_extra_index_urls": [the_lab.index_url("cpu")],
+        "engine_spec": wheels.venv_spec(), "pip_extra_index_urls": [the_lab.index_url("cpu")],
         "pip_trusted_hosts": [the_lab.hub_url.split("//", 1)[1]], "venv_dir": VENV,
         "model": "/srv/no-model", "served_model_name": "pair", "tensor_parallel_size": 2,
         "pipeline_parallel_size": 2, "cluster_network": str(the_lab.network)}}}
@@ -83,7 +83,7 @@ def test_the_plan_renders_vllms_own_launch_for_a_release_that_has_it_and_ray_bel
     for ray in ("vllm-ray-", "ray_non_carry_over", "RAY_", "--distributed-executor-backend ray", "/bin/ray"):
         assert ray not in native.stdout, ray
     # The native launch's engine.nodes ("... (no Ray)") is held by test_lab_check's gate test.
-    before = f"vllm_spec={wheels.venv_spec(wheels.VLLM_BEFORE_NATIVE)}"  # 0.11.0: no --nnodes yet
+    before = f"engine_spec={wheels.venv_spec(wheels.VLLM_BEFORE_NATIVE)}"  # 0.11.0: no --nnodes yet
     over_ray = run_invoke("plan", "--cluster", "lab-spark", "--set", before, timeout=600)
     assert over_ray.returncode == 0, over_ray.stdout + over_ray.stderr
     assert "vllm-ray-head.service" in over_ray.stdout and "vllm-ray-worker.service" in over_ray.stdout

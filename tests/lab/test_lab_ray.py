@@ -22,7 +22,7 @@ VENV = "/opt/raylab/venv"
 # (engine_contracts.yaml), as it does beside vLLM. `packaging` stands in for the engine's package (the
 # CPU build's 3.5 GB venv on two more hosts would double the suite's install time): the units, the Ray
 # cluster and deploy's gate are what is under test. Both hosts play 2-GPU machines: 2 nodes x 2 = TP 2 x PP 2.
-VARS = {"vllm_spec": "packaging==26.4", "venv_dir": VENV, "model": "/srv/no-model", "served_model_name": "pair",
+VARS = {"engine_spec": "packaging==26.4", "venv_dir": VENV, "model": "/srv/no-model", "served_model_name": "pair",
         "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "distributed_backend": "ray"}
 
 

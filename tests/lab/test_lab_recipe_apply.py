@@ -54,7 +54,7 @@ def test_the_lab_s_own_recipe_passes_is_written_and_read_by_the_inventory(applie
     host = after["hosts"]["cpu-1"]
     assert host["settings"] == before["hosts"]["cpu-1"]["settings"]
     layer = f"recipe {LAB} ({applied_file})"
-    assert {host["origin"][key] for key in ("model", "vllm_spec", "max_model_len", "extra_args")} == {layer}, host["origin"]
+    assert {host["origin"][key] for key in ("model", "engine_spec", "max_model_len", "extra_args")} == {layer}, host["origin"]
     code, again, text = invoke_json("recipe.apply", LAB, "--cluster", "lab-cpu")
     assert code == 0 and again["unchanged"] and not again["written"], text
 

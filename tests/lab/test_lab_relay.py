@@ -173,7 +173,7 @@ def test_the_controller_sends_each_wheel_into_the_cluster_once(
     for host in CHAIN:
         on_host(lab_inventory, host, ["rm", "-rf", "/opt/relay-test", *(f"/var/cache/provision/wheels/{w}" for w in wheels)])
     done = run_invoke("venv", "--inventory", str(chain), "--cluster", "relay", "--set",
-                      "vllm_spec=idna==3.10 certifi==2024.8.30", "--set", f"venv_dir={venv_dir}", "--json")
+                      "engine_spec=idna==3.10 certifi==2024.8.30", "--set", f"venv_dir={venv_dir}", "--json")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(done.stdout)
     sizes = {path.name: path.stat().st_size for path in Path(os.environ.get("PROVISION_WHEELHOUSE",

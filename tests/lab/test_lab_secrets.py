@@ -82,7 +82,7 @@ def test_secrets_are_only_in_the_0600_environment_file(the_lab: lab.Lab, tmp_pat
     gate = {f["id"]: f for f in json.loads(refused.stdout)["hosts"]["cpu-1"]["findings"]}["config.api_key"]
     assert gate["status"] == "fail" and "would listen on 0.0.0.0 without an API key" in gate["message"], gate
 
-    secrets_file.write_text(f"hf_token: {token}\nvllm_api_key: {api_key}\n")
+    secrets_file.write_text(f"hf_token: {token}\napi_key: {api_key}\n")
     done = invoke("deploy", "--inventory", str(path), "--cluster", "lab-cpu", "--verbose", "--timeout", "420",
                   env=env)
     assert done.returncode == 0, done.stdout + done.stderr

