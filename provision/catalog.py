@@ -86,16 +86,22 @@ class EngineEntry:
     owned_flags: Mapping[str, str] = field(default_factory=dict)
     host_flags: tuple[str, ...] = ("--host",)
     api_key_variable: str | None = None  # the environment variable its server reads the API key from
+    # Where it has none: why the tool gives its server no key (None: its server checks no key at all).
+    keyless: str | None = None
     model_format: str = "safetensors"  # or "gguf": one file the server loads
     metrics: MetricNames = MetricNames()
-    # Where the release a host runs is read: "venv" (the venv probe's version of `package`) or "binary"
-    # (the server program's own --version, llama.cpp's build number).
+    # Where the release a host runs is read: "venv" (the venv probe's version of `package`) or "pin" (only
+    # what engine_spec or venv_source name: llama.cpp's build number; the host is not asked).
     version_source: str = "venv"
     uses_nccl: bool = True  # spreads a model across GPUs with NCCL (its NCCL settings apply)
+    # How the tool serves it across nodes, in a phrase (None: on one node only).
+    multi_node: str | None = None
     # The names recipe registries give it (Spark Arena's `runtime:`), and how its server command starts
     # in a recipe's command line (the importer reads the rest as its flags).
     runtimes: tuple[str, ...] = ()
     recipe_commands: tuple[tuple[str, ...], ...] = ()
+    recipe_positional_model: bool = False  # the command may give the model as its first positional argument
+    recipe_aliases: Mapping[str, str] = field(default_factory=dict)  # short flags, read as the long ones
     # How a recipe's flags read as settings (its parser's spellings, short ones included; a flag absent
     # here is kept as it is, in server_flags), and the flags a recipe's command may carry that the tool
     # sets itself on a cluster, with why they are not carried.
@@ -141,8 +147,7 @@ LLAMACPP_METRICS = MetricNames(
 # vLLM's recipe spellings (vllm/engine/arg_utils.py): the settings its flags are.
 _VLLM_RECIPE_FLAGS = {
     "--model": MODEL, "--served-model-name": NAME, "--host": LISTEN, "--port": PORT,
-    "--tensor-parallel-size": TENSOR_PARALLEL, "-tp": TENSOR_PARALLEL,
-    "--pipeline-parallel-size": PIPELINE_PARALLEL, "-pp": PIPELINE_PARALLEL,
+    "--tensor-parallel-size": TENSOR_PARALLEL, "--pipeline-parallel-size": PIPELINE_PARALLEL,
     "--max-model-len": CONTEXT, "--gpu-memory-utilization": MEMORY,
     "--enable-prefix-caching": PREFIX_CACHE, "--no-enable-prefix-caching": PREFIX_CACHE}
 
@@ -161,7 +166,12 @@ ENGINES: Mapping[str, EngineEntry] = {entry.name: entry for entry in (
         owned_flags={"--host": LISTEN, "--port": PORT, "--uds": f"{LISTEN} and {PORT}", "--model": MODEL,
                      "--served-model-name": NAME, "--api-key": KEY},
         api_key_variable="VLLM_API_KEY", metrics=VLLM_METRICS,
-        runtimes=("vllm",), recipe_commands=(("vllm", "serve"),), recipe_flags=_VLLM_RECIPE_FLAGS,
+        multi_node="vLLM's own multi-node launch, or Ray below 0.11.1",
+        runtimes=("vllm",), recipe_commands=(("vllm", "serve"),), recipe_positional_model=True,
+        # vllm/engine/arg_utils.py's short flags (-dp kept as --data-parallel-size: no setting of ours)
+        recipe_aliases={"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size",
+                        "-dp": "--data-parallel-size"},
+        recipe_flags=_VLLM_RECIPE_FLAGS,
         recipe_skips={"--distributed-executor-backend": "the tool sets it on a multi-node cluster (mp for vLLM's "
                                                         "own launch, ray below 0.11.1)"},
         # vllm/vllm-openai:v0.20.0, ...-aarch64-cu130-...
@@ -174,6 +184,7 @@ ENGINES: Mapping[str, EngineEntry] = {entry.name: entry for entry in (
         # flag name with "_" read as "-": the rendered --served_model_name is --served-model-name here.
         owned_flags={"--host": LISTEN, "--port": PORT, "--served-model-name": NAME, "--api-key": KEY},
         api_key_variable=None,  # trtllm-serve authenticates no client (issue 9950)
+        multi_node="mpirun on the head, one rank a GPU over SSH",
         metrics=TRTLLM_METRICS,
         runtimes=("trtllm", "tensorrt-llm"),
         source="https://nvidia.github.io/TensorRT-LLM/commands/trtllm-serve/trtllm-serve.html"),
@@ -186,7 +197,7 @@ ENGINES: Mapping[str, EngineEntry] = {entry.name: entry for entry in (
                      "-a": NAME, "--alias": NAME, "--api-key": KEY, "--api-key-file": KEY,
                      **{flag: SLOTS for flag in _LLAMACPP_SLOT_FLAGS}, "-c": CONTEXT, "--ctx-size": CONTEXT},
         api_key_variable="LLAMA_API_KEY", model_format="gguf", metrics=LLAMACPP_METRICS,
-        version_source="binary", uses_nccl=False,
+        version_source="pin", uses_nccl=False,
         runtimes=("llama-cpp", "llamacpp"),
         source="https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md"),
 )}
@@ -205,11 +216,16 @@ def managed_units() -> tuple[str, ...]:
     return (*dict.fromkeys(unit for engine in ENGINES.values() for unit in engine.units), ROUTER_UNIT)
 
 
+def venv_key(engine: EngineEntry) -> str:
+    """The name the venv probe reads the engine's package under (pip's normalised name: tensorrt_llm)."""
+    return engine.package.replace("-", "_").lower()
+
+
 def venv_versions() -> tuple[str, ...]:
     """The distributions (pip's normalised names: tensorrt_llm) whose installed version is an engine's
     release, the venv probe reading each: every engine's whose version is its venv package's. vLLM's
     is read apart (the probe's `vllm` key: its CPU build is another distribution)."""
-    return tuple(engine.package.replace("-", "_").lower() for engine in ENGINES.values()
+    return tuple(venv_key(engine) for engine in ENGINES.values()
                  if engine.version_source == "venv" and engine.name != DEFAULT)
 
 

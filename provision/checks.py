@@ -665,9 +665,11 @@ def api_key(ctx: Context) -> Finding | None:
                     "--host in server_flags or extra_args)", bind_host=str(ctx.settings.bind_host))
     if engine.api_key_variable is None:
         keyed = [entry.name for entry in catalog.ENGINES.values() if entry.api_key_variable]
-        return fail(f"the server would listen on {address}, and {engine.title}'s server checks no API key",
-                    "keep bind_host 127.0.0.1 and put an authenticating proxy in front of it, or serve with "
-                    f"engine: {' or '.join(keyed)} ({engine.source})", bind_host=str(address), engine=engine.name)
+        why = engine.entry.keyless or f"{engine.title}'s server checks no API key"
+        return fail(f"the server would listen on {address}, and {why}",
+                    "keep bind_host 127.0.0.1 and put an authenticating proxy in front of it (an endpoint: its "
+                    f"router checks the API key), or serve with engine: {' or '.join(keyed)} ({engine.source})",
+                    bind_host=str(address), engine=engine.name)
     if ctx.api_key_set:
         return ok(f"listens on {address}, with an API key ({engine.api_key_variable})", bind_host=str(address))
     return fail(f"the server would listen on {address} without an API key",

@@ -408,8 +408,45 @@ def modules_page() -> str:
                  "The house as its imports draw it: each module of the package, the first sentence of its "
                  "docstring, the package's modules it imports at module level (imports for type checking "
                  "included, imports inside functions not: those load late on purpose, to keep the command "
-                 "line's start light), and those that import it. `tests/test_import_cycles.py` holds this "
-                 "graph free of circles. How the stages fit together: [architecture](../architecture.md).", body)
+                 "line's start light), and those that import it. `tests/test_import_cycles.py` holds the "
+                 "graph free of circles, the imports inside functions counted too. How the stages fit together: [architecture](../architecture.md).", body)
+
+
+# ---------------------------------------------------------------------------------------------
+# Engines
+
+
+def engines_page() -> str:
+    from provision import catalog, contracts, known_issues, tune
+
+    table = contracts.load()
+    body: list[str] = []
+    for entry in catalog.ENGINES.values():
+        version = ("its venv's `" + entry.package + "`" if entry.version_source == "venv"
+                   else "the engine_spec or venv_source pin alone (the host is not asked)")
+        key = (f"`{entry.api_key_variable}` (environment file, 0600)" if entry.api_key_variable
+               else f"none: {entry.keyless or 'its server checks no key'}")
+        traps = [issue.id for issue in known_issues.load() if entry.name in issue.engines]
+        spaces = sorted(tune.spaces_of(entry.name))
+        body += [f"## `{entry.name}`: {entry.title}", ""]
+        body += _wrap(f"- package: `{entry.package}` (installed: {entry.install}); release rendered for: the "
+                      f"`engine_spec` pin, else `{table.target(entry.name)}`; version read from {version}", "", "  ")
+        body += _wrap("- units: " + ", ".join(_code(unit) for unit in entry.units), "", "  ")
+        body += _wrap("- flags the tool sets (refused in `server_flags` and `extra_args`): " + ", ".join(
+            f"{_code(flag)} ({setting})" for flag, setting in entry.owned_flags.items()), "", "  ")
+        body += _wrap(f"- model format: {entry.model_format}; API key: {key}", "", "  ")
+        names = entry.metrics
+        body += _wrap(f"- metrics ({names.path}, {names.format}): running {_code(list(names.running))}, "
+                      f"waiting {_code(list(names.waiting))}, tokens {_code(list(names.generated))}, KV usage "
+                      f"{_code(list(names.kv_usage))}", "", "  ")
+        body += _wrap("- recipe runtimes: " + (", ".join(_code(name) for name in entry.runtimes) or "none")
+                      + "; tuning spaces: " + (", ".join(spaces) or "none") + "; known issues: "
+                      + (", ".join(_code(issue) for issue in traps) or "none"), "", "  ")
+        body += [f"- documentation: {entry.source}", ""]
+    return _page("Engines", "provision/catalog.py (ENGINES)",
+                 "What each engine is, from the engine catalog: the package, the units, the flags the tool owns, "
+                 "the metrics status and bench read, where its version comes from. What each does differently: "
+                 "[engines](../engines.md).", body)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,6 +460,7 @@ PAGES: Mapping[str, Callable[[], str]] = {
     "profiles.md": profiles_page,
     "recipes.md": recipes_page,
     "modules.md": modules_page,
+    "engines.md": engines_page,
 }
 
 

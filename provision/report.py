@@ -121,7 +121,7 @@ def _venv(facts: HostFacts) -> str:
         return facts.notes.get("venv", "none")
     engines = [f"vLLM {venv.vllm}"] if venv.vllm else []
     for entry in catalog.ENGINES.values():  # the other engines whose release is a venv package
-        key = entry.package.replace("-", "_").lower()
+        key = catalog.venv_key(entry)
         if entry.name != catalog.DEFAULT and key in (venv.packages or {}):
             engines.append(f"{entry.title} {(venv.packages or {})[key]}")
     if not (engines or venv.torch):

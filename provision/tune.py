@@ -36,6 +36,7 @@ import yaml
 
 from provision import (
     __version__,
+    catalog,
     contracts,
     datafiles,
     endpoints,
@@ -123,13 +124,22 @@ def dimensions_of(raw: Any, source: str) -> tuple[Dimension, ...]:
     return tuple(found)
 
 
+def _default_spaces() -> dict[str, Any]:
+    loaded: dict[str, Any] = datafiles.load((resources.files("provision") / SPACES).read_text(encoding="utf-8"))
+    return loaded
+
+
+def spaces_of(engine: str) -> tuple[str, ...]:
+    """The profiles the engine has a default space for (`default`: every other profile)."""
+    return tuple(_default_spaces().get(engine) or ())
+
+
 def load_space(path: str | None, profile: str, engine: str = "vllm") -> tuple[Dimension, ...]:
     """The space a file gives, else the engine's default for the profile: the flags are the engine's
     own (llama-server's --parallel is not vLLM's --max-num-seqs), so a space is chosen by engine first."""
     if path:
         return dimensions_of(_yaml(Path(path)), path)
-    spaces = datafiles.load((resources.files("provision") / SPACES).read_text(encoding="utf-8"))
-    by_profile = spaces.get(engine) or {}
+    by_profile = _default_spaces().get(engine) or {}
     chosen = profile if profile in by_profile else DEFAULT_SPACE
     if chosen not in by_profile:
         raise TuneError(f"no default space for {engine} on the {profile} profile: give one with --space FILE",
@@ -791,10 +801,13 @@ class MeasuredOn:
 
 def measured_on(profile: str, host_facts: HostFacts, nodes: int, engine: str) -> MeasuredOn:
     """The profile, the GPUs a node and each one's memory (None: unified, unreadable, or none), the
-    engine's version (vLLM's, read from the venv)."""
+    engine's version where the venv says it (vLLM's own key, another engine's package)."""
     gpus = host_facts.gpus or ()
     memory = gpus[0].memory_total_mib if gpus else None
-    version = host_facts.venv.vllm if engine == "vllm" and host_facts.venv is not None else None
+    venv = host_facts.venv
+    entry = catalog.entry(engine)
+    version = (None if venv is None or entry.version_source != "venv" else venv.vllm if entry.name == "vllm"
+               else (venv.packages or {}).get(catalog.venv_key(entry)))
     return MeasuredOn(profile, len(gpus), round(memory / 1024, 1) if memory else None, nodes, version)
 
 

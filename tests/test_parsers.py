@@ -34,7 +34,8 @@ def _output(case: dict, fact: facts.Fact) -> str:
     if case.get("recorded_with_earlier_program"):
         # A program whose output format did not change (the case says how it differed): the
         # interpreter and its flags must still be the fact's own.
-        assert fact.argv and case["command"][:2] == list(fact.argv[:2]), "re-record this fixture"
+        asked = facts.venv_fact(case["venv_dir"], engines.dists()) if case.get("venv_dir") else fact
+        assert asked.argv and case["command"][:2] == list(asked.argv[:2]), "re-record this fixture"
     elif case.get("recorded_before_timestamp"):
         # nvidia-smi's query before its later fields (power.draw, power.limit, timestamp) were asked for:
         # the same columns less those (the parser reads columns by the header).

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from invoke.program import Program
 
-from provision import recipes
+from provision import catalog, recipes
 from provision.cli import ns
 from provision.errors import RecipeError
 from provision.inventory import validate_vars
@@ -176,7 +176,8 @@ def test_a_runtime_with_no_engine_here_is_refused_saying_why() -> None:
 
 def test_runtime_mapping() -> None:
     assert sparkarena.RUNTIMES["vllm"] == "vllm"
-    assert sparkarena.RUNTIMES["sglang"] is None and sparkarena.RUNTIMES["atlas"] is None
+    assert sparkarena.RUNTIMES.get("sglang") is None and sparkarena.RUNTIMES["atlas"] is None
+    assert {runtime for runtime, engine in sparkarena.RUNTIMES.items() if engine} == set(catalog.runtime_engines())
     text = (FIXTURES / "openai-gpt-oss-120b-vllm.yaml").read_text(encoding="utf-8")
     sglang = sparkarena.read(text.replace("runtime: vllm", "runtime: sglang"), "x.yaml", "x")
     assert sglang.recipe is None and "sglang" in sglang.refused

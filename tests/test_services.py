@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from provision import checks, context, fanout, inventory, plan, render, services
+from provision import catalog, checks, context, fanout, inventory, plan, render, services
 from provision.errors import InventoryError
 from provision.facts import HostFacts
 from provision.parsers import UnitState
@@ -303,7 +303,10 @@ def test_a_service_s_generations_are_its_own(tmp_path: Path) -> None:
     assert coder.root == "/var/lib/provision/services/coder/generations" and chat.root.endswith("/chat/generations")
     assert "/etc/vllm/chat.env" in chat.files and render.ENV_FILE not in chat.files
     assert render.ENV_FILE in coder.files  # the first carries the host's own names (a migration's rollback)
-    assert set(chat.units) == {"vllm@chat.service", "llama-server@chat.service", "trtllm-serve@chat.service"}
+    # every engine's server unit, as the catalog names them, instanced for the service
+    assert set(chat.units) == {f"{entry.server_unit.removesuffix('.service')}@chat.service"
+                               for entry in catalog.ENGINES.values()}
+    assert {"vllm@chat.service", "llama-server@chat.service", "trtllm-serve@chat.service"} <= set(chat.units)
 
 
 def test_the_services_of_one_host_run_in_turn_and_hosts_at_once() -> None:

@@ -13,11 +13,14 @@ Its files are `recipe_version: "2"` YAML for sparkrun, which launches a containe
       vllm serve {model} --gpu-memory-utilization {gpu_memory_utilization} ...
 
 `read` expands the command's {placeholders} with the defaults (and {model}, {model_revision},
-{config.NAME}), reads the expanded `vllm serve` command into inventory settings and server flags, and
-names every part that has no bare-metal meaning (mods, build arguments, files inside the image, a
-placeholder nothing defines, a default no placeholder uses): nothing is dropped unsaid. The settings
-are held to the settings table (validate_vars); a recipe that cannot be used says why. `write` is the
-way back, for a vLLM recipe whose settings fit the format. Pure: text in, values out.
+{config.NAME}), reads the expanded server command into inventory settings and server flags, and names
+every part that has no bare-metal meaning (mods, build arguments, files inside the image, a placeholder
+nothing defines, a default no placeholder uses): nothing is dropped unsaid. Every engine is read through
+its catalog entry (provision/catalog.py): the runtime names it, its command starts as recipe_commands
+say, recipe_flags say which flags are settings and recipe_skips which are not carried, image_pattern
+where a container's name says its release. The settings are held to the settings table (validate_vars);
+a recipe that cannot be used says why. `write` is the way back, for a vLLM recipe whose settings fit the
+format. Pure: text in, values out.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from provision import catalog
 from provision.errors import RecipeError, clip
 from provision.recipes import NOT_MEASURED, OWN_FIELDS, Hardware, Recipe, contract_notes, read_yaml
 
@@ -37,28 +41,27 @@ FORMAT = "2"
 # The fields of a v2 file this reader knows, and what it does with each.
 READ = ("recipe_version", "model", "model_revision", "runtime", "min_nodes", "max_nodes", "container",
         "metadata", "mods", "defaults", "env", "command", "build_args")
-# sparkrun's runtimes and the engine each is here (None: no engine of this tool serves it).
-RUNTIMES: Mapping[str, str | None] = {"vllm": "vllm", "llama-cpp": "llamacpp", "llamacpp": "llamacpp",
-                                      "trtllm": "trtllm", "tensorrt-llm": "trtllm", "sglang": None,
-                                      "atlas": None}
+# sparkrun's runtimes and the engine each is here (the catalog's `runtimes`); None: a runtime known to
+# have no engine of this tool (atlas: its own server).
+RUNTIMES: Mapping[str, str | None] = {**catalog.runtime_engines(), "atlas": None}
 # Spark Arena's recipes are for DGX Spark ("launching LLM inference on DGX Spark", the registry's
 # official-recipes/README.md): one GB10 a node, its memory unified.
 PROFILE = "dgx-spark"
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
-# vLLM's release images carry its version in their tag (vllm/vllm-openai:v0.20.0, ...-aarch64-cu130-...).
-VLLM_IMAGE = re.compile(r"^(?:docker\.io/)?vllm/vllm-openai:v(?P<version>\d+\.\d+\.\d+(?:\.post\d+)?)"
-                        r"(?:[-@].*)?$")
-# vLLM's short aliases, read as the long flags they stand for (vllm/engine/arg_utils.py).
-ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size"}
-# The flags the tool renders from a setting: read into that setting, never kept as a flag.
+# vLLM's release images carry its version in their tag (vllm/vllm-openai:v0.20.0, ...-aarch64-cu130-...):
+# the catalog's image_pattern of vLLM.
+VLLM_IMAGE = re.compile(str(catalog.ENGINES["vllm"].image_pattern))
+# vLLM's short aliases, read as the long flags they stand for (the catalog's recipe_aliases).
+ALIASES = catalog.ENGINES["vllm"].recipe_aliases
+# How a flag's value is read into the setting a catalog's recipe_flags name (a number where the settings
+# table wants one); the model, the listen address and the prefix cache are read apart (_read_flags).
+SETTING_TYPES: Mapping[str, type] = {
+    catalog.TENSOR_PARALLEL: int, catalog.PIPELINE_PARALLEL: int, catalog.MEMORY: float, catalog.CONTEXT: int,
+    catalog.PORT: int, catalog.NAME: str}
+# vLLM's long flags the tool renders from a setting: read into that setting, never kept as a flag.
 SETTING_FLAGS: Mapping[str, tuple[str, type]] = {
-    "--tensor-parallel-size": ("tensor_parallel_size", int),
-    "--pipeline-parallel-size": ("pipeline_parallel_size", int),
-    "--gpu-memory-utilization": ("gpu_memory_utilization", float),
-    "--max-model-len": ("max_model_len", int),
-    "--port": ("port", int),
-    "--served-model-name": ("served_model_name", str),
-}
+    flag: (setting, SETTING_TYPES[setting]) for flag, setting in catalog.ENGINES["vllm"].recipe_flags.items()
+    if setting in SETTING_TYPES and flag not in ALIASES}
 HOST_NOTE = ("the listen address stays the inventory's bind_host (default 127.0.0.1): a recipe does not open "
              "a host to the network")
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
@@ -77,6 +80,12 @@ class Imported:
     unknown: tuple[str, ...] = ()
     not_carried: tuple[tuple[str, str], ...] = ()
     command: tuple[str, ...] = ()
+    # What was read, refused or not: the engine its runtime is here (None: none), the release its container
+    # (or the --set pin) says, and the settings as read from the command, env and --set (not validated
+    # where refused).
+    engine: str | None = None
+    engine_version: str | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
 
 class _Reading:
@@ -138,17 +147,25 @@ def parse(text: str | bytes, source: str) -> dict[str, Any]:
     return data
 
 
-def container_version(image: str) -> str | None:
-    """The vLLM version an image's name says (vllm/vllm-openai:v0.20.0 -> "0.20.0"), or None: a
-    `latest`, a nightly or a site's own build says nothing of what it holds."""
-    found = VLLM_IMAGE.match(image.strip())
+def container_version(image: str, engine: str = "vllm") -> str | None:
+    """The engine's version an image's name says, by its catalog image_pattern (vllm/vllm-openai:v0.20.0
+    -> "0.20.0"; lmsysorg/sglang:v0.5.23 -> "0.5.23" for sglang), or None: a `latest`, a nightly, a site's
+    own build or an engine with no release images says nothing of what it holds."""
+    pattern = catalog.ENGINES[engine].image_pattern
+    found = re.match(pattern, image.strip()) if pattern else None
     return found["version"] if found else None
+
+
+def pinned(spec: Any, engine: str = "vllm") -> str | None:
+    """The version an engine_spec of exactly `PACKAGE==X.Y.Z` pins (the engine's catalog package), else None."""
+    package = re.escape(catalog.ENGINES[engine].package)
+    found = re.fullmatch(rf"{package}==(\d+\.\d+\.\d+(?:\.post\d+)?)", str(spec or "").strip())
+    return found[1] if found else None
 
 
 def pinned_vllm(spec: Any) -> str | None:
     """The version a engine_spec of exactly `vllm==X.Y.Z` pins, else None."""
-    found = re.fullmatch(r"vllm==(\d+\.\d+\.\d+(?:\.post\d+)?)", str(spec or "").strip())
-    return found[1] if found else None
+    return pinned(spec, "vllm")
 
 
 def tokens(command: str) -> list[str]:
@@ -159,11 +176,23 @@ def tokens(command: str) -> list[str]:
         raise RecipeError(f"the command cannot be split into arguments: {exc}", file="command") from exc
 
 
-def _arguments(argv: list[str]) -> tuple[str | None, list[tuple[str, str | bool]]]:
-    """`vllm serve MODEL --flag value --bare ...` -> (MODEL, [(--flag, value), (--bare, True)])."""
-    rest = argv[2:]
-    positional = rest.pop(0) if rest and not rest[0].startswith("-") else None
-    pairs: list[tuple[str, str | bool]] = []
+Value = str | bool | tuple[str, ...]  # a flag's value: one, none (a bare flag) or several (nargs="+")
+
+
+def _is_value(arg: str) -> bool:
+    return not arg.startswith("-") or bool(_NUMBER.match(arg))
+
+
+def _arguments(argv: list[str], prefix: int = 2, positional_model: bool = True,
+               ) -> tuple[str | None, list[tuple[str, Value]]]:
+    """The arguments after the command's first `prefix` words (`vllm serve`, `python3 -m
+    sglang.launch_server`): `vllm serve MODEL --flag value --bare ...` -> (MODEL, [(--flag, value),
+    (--bare, True)]). With positional_model, a first argument that is no flag is the model, and a later
+    one is a stray (its flag "", named by the caller); without (a parser with no positional argument),
+    every value after a flag is that flag's: several as a tuple (SGLang's --cuda-graph-bs 1 2 4)."""
+    rest = argv[prefix:]
+    positional = rest.pop(0) if positional_model and rest and not rest[0].startswith("-") else None
+    pairs: list[tuple[str, Value]] = []
     index = 0
     while index < len(rest):
         arg = rest[index]
@@ -176,13 +205,12 @@ def _arguments(argv: list[str]) -> tuple[str | None, list[tuple[str, str | bool]
             pairs.append((flag, value))
             index += 1
             continue
-        following = rest[index + 1] if index + 1 < len(rest) else None
-        if following is not None and (not following.startswith("-") or _NUMBER.match(following)):
-            pairs.append((arg, following))
-            index += 2
-        else:
-            pairs.append((arg, True))
-            index += 1
+        end = index + 1
+        while end < len(rest) and _is_value(rest[end]) and (end == index + 1 or not positional_model):
+            end += 1
+        values = rest[index + 1:end]
+        pairs.append((arg, True if not values else values[0] if len(values) == 1 else tuple(values)))
+        index = end
     return positional, pairs
 
 
@@ -197,39 +225,51 @@ def _is_file_argument(value: str) -> bool:
     return bool(re.fullmatch(r"[^\s{}]+", value)) and ("/" in value or "." in value)
 
 
-def _read_flags(reading: _Reading, pairs: list[tuple[str, str | bool]]) -> dict[str, Any]:
+def _read_flags(reading: _Reading, pairs: list[tuple[str, Value]], engine: catalog.EngineEntry,
+                command: str, model: str) -> dict[str, Any]:
+    """The flags read by the engine's catalog entry: its recipe_flags into settings, its recipe_skips
+    named with why, the others kept as server flags (extra_args where server_flags cannot hold them)."""
     settings: dict[str, Any] = {}
     flags: dict[str, Any] = {}
     extra: list[str] = []
+    positional = engine.recipe_positional_model
     for given, value in pairs:
         if not given:
-            reading.skip(f"argument {value}", "a positional argument after the model: vllm serve takes one")
+            why = (f"a positional argument after the model: {command} takes one" if positional else
+                   f"a positional argument: {command} takes none")
+            reading.skip(f"argument {value}", why)
             continue
-        flag = ALIASES.get(given, given)
-        shown = given if value is True else f"{given} {value}"
-        if isinstance(value, str) and PLACEHOLDER.search(value):
-            names = ", ".join("{" + name + "}" for name in PLACEHOLDER.findall(value))
+        flag = engine.recipe_aliases.get(given, given)
+        words = value if isinstance(value, tuple) else () if value is True else (str(value),)
+        shown = " ".join((given, *words))
+        placeholders = [name for word in words for name in PLACEHOLDER.findall(word)]
+        if placeholders:
+            names = ", ".join("{" + name + "}" for name in placeholders)
             reading.skip(shown, f"its value names {names}, which nothing in the recipe defines")
             continue
-        if flag in SETTING_FLAGS and isinstance(value, str):
-            setting, kind = SETTING_FLAGS[flag]
+        setting = engine.recipe_flags.get(flag)
+        if setting == catalog.PREFIX_CACHE and isinstance(value, bool):
+            # vLLM's --enable-prefix-caching / --no-enable-prefix-caching: bare flags
+            settings[setting] = not flag.startswith("--no-")
+        elif setting == catalog.LISTEN:
+            reading.skip(shown, HOST_NOTE)
+        elif setting == catalog.MODEL:
+            why = "the model is the recipe's own field" + (" (given once, before the flags)" if positional else "")
+            if isinstance(value, str) and value != model:
+                why += f": the recipe's model is {model}"
+            reading.skip(shown, why)
+        elif setting is not None and setting in SETTING_TYPES and isinstance(value, str):
             try:
-                settings[setting] = kind(value)
+                settings[setting] = SETTING_TYPES[setting](value)
             except ValueError:
                 settings[setting] = value  # the settings check refuses it, naming the setting
-        elif flag == "--enable-prefix-caching":
-            settings["enable_prefix_caching"] = True
-        elif flag == "--no-enable-prefix-caching":
-            settings["enable_prefix_caching"] = False
-        elif flag == "--host":
-            reading.skip(shown, HOST_NOTE)
-        elif flag == "--model":
-            reading.skip(shown, "the model is the recipe's own field (given once, before the flags)")
-        elif flag == "--distributed-executor-backend":
-            reading.skip(shown, "the tool sets it on a multi-node cluster (mp for vLLM's own launch, ray below 0.11.1)")
+        elif flag in engine.recipe_skips:
+            reading.skip(shown, engine.recipe_skips[flag])
         elif flag == "--chat-template" and isinstance(value, str) and _is_file_argument(value):
             reading.skip(shown, f"{value} is a file inside the container image: put it on the host and give "
                                 "server_flags --chat-template its absolute path")
+        elif isinstance(value, tuple):  # several values: server_flags holds one
+            extra += [flag, *value]
         elif _FLAG_NAME.match(flag):
             flags[flag] = _typed(value) if isinstance(value, str) else value
         else:  # --attention-config.backend and the like: server_flags names plain flags only
@@ -241,19 +281,73 @@ def _read_flags(reading: _Reading, pairs: list[tuple[str, str | bool]]) -> dict[
     return settings
 
 
-def _engine_version(reading: _Reading, image: Any, overrides: Mapping[str, Any]) -> str | None:
+def _engine_version(reading: _Reading, image: Any, overrides: Mapping[str, Any], engine: str) -> str | None:
     if not isinstance(image, str) or not image.strip():
         reading.skip("container", "none given: the venv's pin must come from the user (--set engine_spec=...)")
         return None
-    version = container_version(image)
+    version = container_version(image, engine)
     given = [key for key in ("engine_spec", "venv_source", "venv_wheels") if key in overrides]
     if given:
         reading.skip(f"container {image}", f"replaced by the venv given ({', '.join(given)})")
-        return pinned_vllm(overrides.get("engine_spec"))
+        return pinned(overrides.get("engine_spec"), engine)
     if version is None:
+        package = catalog.ENGINES[engine].package
         reading.skip(f"container {image}", "its engine version cannot be known from its name: give the venv's "
-                                           "pin (--set engine_spec=vllm==X.Y.Z)")
+                                           f"pin (--set engine_spec={package}==X.Y.Z)")
     return version
+
+
+def _starts(starts: tuple[tuple[str, ...], ...]) -> str:
+    """`vllm serve`; `sglang serve`, `python3 -m ...` or `python -m ...`."""
+    shown = [f"`{' '.join(start)}`" for start in starts]
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
+
+
+def _commands_read() -> str:
+    """What this reader reads: each engine's command starts, from the catalog."""
+    return "; ".join(f"{_starts(entry.recipe_commands)} commands ({entry.title})"
+                     for entry in catalog.ENGINES.values() if entry.recipe_commands)
+
+
+def _read_command(reading: _Reading, argv: list[str], runtime: str, engine: catalog.EngineEntry,
+                  model: str) -> tuple[dict[str, Any], str]:
+    """The expanded command's settings by the engine's catalog entry, or why it is not read."""
+    if not engine.recipe_commands:
+        return {}, (f"runtime '{runtime}' is {engine.title} here, whose recipe commands this reader does not "
+                    f"read: it reads {_commands_read()}")
+    start = next((start for start in engine.recipe_commands if tuple(argv[:len(start)]) == start), None)
+    if start is None:
+        longest = max(len(start) for start in engine.recipe_commands)
+        words = argv[:longest]  # as many words as the longest start, up to the first long flag
+        shown = " ".join(words[:next((at for at, arg in enumerate(words) if arg.startswith("--")), longest)])
+        return {}, (f"the command starts `{shown}`: runtime '{runtime}' is {engine.title} "
+                    f"here, whose command starts {_starts(engine.recipe_commands)}")
+    positional, pairs = _arguments(argv, len(start), engine.recipe_positional_model)
+    if positional is not None and positional != model:
+        reading.skip(f"model argument {positional}", f"the recipe's model is {model}")
+    return _read_flags(reading, pairs, engine, " ".join(start), model), ""
+
+
+def _gpus(settings: Mapping[str, Any]) -> int:
+    """The GPUs tensor x pipeline parallel asks (a value the settings check refuses counts as 1)."""
+    gpus = 1
+    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+        value = settings.get(key, 1)
+        gpus *= value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+    return gpus
+
+
+def _what_was_read(settings: Mapping[str, Any]) -> str:
+    """The settings read, shortly: scalars with their values, flags and variables by name."""
+    parts = []
+    for key, value in settings.items():
+        if isinstance(value, Mapping):
+            parts.append(f"{key} {', '.join(map(str, value))}")
+        elif isinstance(value, list | tuple):
+            parts.append(f"{key} {' '.join(map(str, value))}")
+        else:
+            parts.append(f"{key} {_word(value)}")
+    return "; ".join(parts) or "no settings"
 
 
 def read(text: str | bytes, source: str, name: str, overrides: Mapping[str, Any] | None = None) -> Imported:
@@ -292,25 +386,19 @@ def read(text: str | bytes, source: str, name: str, overrides: Mapping[str, Any]
     if extra_metadata:
         reading.skip(f"metadata {', '.join(extra_metadata)}", "descriptive fields of the registry, not settings")
     engine = RUNTIMES.get(runtime)
+    entry = catalog.ENGINES[engine] if engine is not None else None
     refused = ""
     settings: dict[str, Any] = {}
     argv: list[str] = []
     command = data.get("command")
-    if engine is None:
-        refused = (f"runtime '{runtime}' has no engine here (engines: vllm, trtllm, llamacpp; "
+    if entry is None:
+        refused = (f"runtime '{runtime}' has no engine here (engines: {', '.join(catalog.NAMES)}; "
                    f"runtimes read: {', '.join(k for k, v in RUNTIMES.items() if v)})")
     elif not isinstance(command, str) or not command.strip():
         refused = "the recipe has no command to read"
     else:
         argv = tokens(reading.expand(command, context))
-        if engine != "vllm" or argv[:2] != ["vllm", "serve"]:
-            refused = (f"the command starts `{' '.join(argv[:2])}`: this reader reads `vllm serve` commands "
-                       "(the vllm runtime)")
-        else:
-            positional, pairs = _arguments(argv)
-            if positional is not None and positional != model:
-                reading.skip(f"model argument {positional}", f"the recipe's model is {model}")
-            settings = _read_flags(reading, pairs)
+        settings, refused = _read_command(reading, argv, runtime, entry, model)
     environment: dict[str, str] = {}
     for variable, value in env.items():
         expanded = reading.expand(str(value), context) if value is not None else ""
@@ -324,17 +412,24 @@ def read(text: str | bytes, source: str, name: str, overrides: Mapping[str, Any]
     for key, value in defaults.items():
         if key not in reading.used and engine is not None and not refused:
             reading.skip(f"default {key}: {_word(value)}", "no placeholder of the command or env uses it")
-    version = _engine_version(reading, data.get("container"), overrides) if engine else None
+    version = _engine_version(reading, data.get("container"), overrides, engine) if engine else None
     settings.update(overrides)
     nodes, too_many = _nodes(data, settings, source)
     refused = refused or too_many
+    if not refused and entry is not None and nodes > 1 and entry.multi_node is None:
+        # An engine the tool serves on one node only (the catalog's multi_node: SGLang here).
+        asked = f"min_nodes {data['min_nodes']}, " if data.get("min_nodes") else ""
+        refused = (f"the tool serves {entry.title} on one node, and this recipe asks {nodes} DGX Spark hosts "
+                   f"({asked}tensor x pipeline parallel {_gpus(settings)} GPUs, one a DGX Spark); read: "
+                   f"{_what_was_read(settings)}")
     recipe = None
-    if not refused:
+    if not refused and entry is not None:
         carried_not = "; ".join(what for what, _ in reading.not_carried) or "nothing"
         notes = [f"imported from Spark Arena's v2 recipe {source}; not carried: {carried_not}"]
         if nodes > 1:
-            notes.append(f"runs on {nodes} DGX Spark hosts: an inventory cluster of {nodes} hosts (vLLM's own "
-                         "multi-node launch, or Ray below 0.11.1, which the tool sets up)")
+            launch = entry.multi_node
+            notes.append(f"runs on {nodes} DGX Spark hosts: an inventory cluster of {nodes} hosts ({launch}, "
+                         "which the tool sets up)")
         if version is None and not any(key in overrides for key in ("engine_spec", "venv_source", "venv_wheels")):
             notes.append("engine version unknown: give the venv's pin (engine_spec) before serving it")
         recipe = Recipe(
@@ -351,7 +446,8 @@ def read(text: str | bytes, source: str, name: str, overrides: Mapping[str, Any]
             if found:
                 recipe = dataclasses.replace(recipe, notes=(*recipe.notes, *found))
     return Imported(source=source, recipe=recipe, refused=refused, placeholders=dict(reading.values),
-                    unknown=tuple(reading.unknown), not_carried=tuple(reading.not_carried), command=tuple(argv))
+                    unknown=tuple(reading.unknown), not_carried=tuple(reading.not_carried), command=tuple(argv),
+                    engine=engine, engine_version=version, settings=settings)
 
 
 def _nodes(data: Mapping[str, Any], settings: Mapping[str, Any], source: str) -> tuple[int, str]:
@@ -366,10 +462,7 @@ def _nodes(data: Mapping[str, Any], settings: Mapping[str, Any], source: str) ->
     low, high = counts["min_nodes"], counts["max_nodes"]
     if low is not None and high is not None and low > high:
         raise RecipeError(f"min_nodes {low} is above max_nodes {high}", file=source)
-    gpus = 1
-    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
-        value = settings.get(key, 1)
-        gpus *= value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+    gpus = _gpus(settings)
     nodes = max(int(low or 1), gpus)
     if high is not None and nodes > high:
         return nodes, (f"tensor x pipeline parallel asks {gpus} GPUs, one a DGX Spark, and max_nodes is {high}")
@@ -392,8 +485,9 @@ def write(recipe: Recipe, container: str | None = None) -> str:
     """The recipe as a Spark Arena v2 file, where its engine and settings fit the format: vLLM, and a
     container (the image named by its vLLM version, or the one given). RecipeError says what does not fit."""
     if recipe.engine != "vllm":
-        raise RecipeError(f"engine {recipe.engine}: Spark Arena's v2 export writes vLLM recipes only",
-                          file=recipe.file or recipe.name)
+        title = catalog.ENGINES[recipe.engine].title if recipe.engine in catalog.ENGINES else recipe.engine
+        raise RecipeError(f"engine {recipe.engine} ({title}): Spark Arena's v2 export writes vLLM recipes only "
+                          "(a `vllm serve` command in a vllm/vllm-openai container)", file=recipe.file or recipe.name)
     values = recipe.inventory_vars()
     extra = sorted(key for key in recipe.settings if key not in WRITTEN)
     if extra:
