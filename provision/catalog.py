@@ -151,6 +151,14 @@ _VLLM_RECIPE_FLAGS = {
     "--max-model-len": CONTEXT, "--gpu-memory-utilization": MEMORY,
     "--enable-prefix-caching": PREFIX_CACHE, "--no-enable-prefix-caching": PREFIX_CACHE}
 
+# SGLang's spellings (sglang/srt/arg_groups/fields/*.py, 0.5.23; argparse also takes an unambiguous
+# prefix: --tp for --tp-size): the settings its flags are.
+_SGLANG_RECIPE_FLAGS = {
+    "--model-path": MODEL, "--model": MODEL, "--served-model-name": NAME, "--host": LISTEN, "--port": PORT,
+    "--tp-size": TENSOR_PARALLEL, "--tensor-parallel-size": TENSOR_PARALLEL, "--tp": TENSOR_PARALLEL,
+    "--pp-size": PIPELINE_PARALLEL, "--pipeline-parallel-size": PIPELINE_PARALLEL,
+    "--context-length": CONTEXT, "--mem-fraction-static": MEMORY}
+
 _LLAMACPP_MODEL_FLAGS = ("-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file",
                          "-dr", "--docker-repo", "--models-dir")
 _LLAMACPP_SLOT_FLAGS = ("-np", "--parallel", "-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified")
@@ -200,6 +208,31 @@ ENGINES: Mapping[str, EngineEntry] = {entry.name: entry for entry in (
         version_source="pin", uses_nccl=False,
         runtimes=("llama-cpp", "llamacpp"),
         source="https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md"),
+    EngineEntry(
+        name="sglang", title="SGLang", package="sglang", install="venv",
+        server_unit="sglang.service", units=("sglang.service",),
+        keyless=("SGLang takes its API key on the command line or in a --config file only, and 0.5.23 logs it in "
+                 "clear at start (entrypoints/engine.py: server_args=…, only watermark fields redacted)"),
+        # `sglang serve`'s own options (sglang/srt/arg_groups/fields/model.py, serving.py): --model is an
+        # alias of --model-path. The API key is a flag only (no variable): see engines/sglang.py.
+        owned_flags={"--model-path": MODEL, "--model": MODEL, "--host": LISTEN, "--port": PORT,
+                     "--served-model-name": NAME, "--api-key": KEY},
+        metrics=MetricNames(
+            # sglang/srt/observability/metrics_collector.py (0.5.23), served with --enable-metrics only;
+            # every sample carries model_name and engine_type labels (summed). Prefix hits are prompt
+            # tokens served from the radix cache, of all prompt tokens. No counter of failed requests.
+            running=("sglang:num_running_reqs",), waiting=("sglang:num_queue_reqs",),
+            generated=("sglang:generation_tokens_total",), prompted=("sglang:prompt_tokens_total",),
+            kv_usage=("sglang:token_usage",),
+            prefix_hits=("sglang:cached_tokens_total",), prefix_queries=(("sglang:prompt_tokens_total",),)),
+        runtimes=("sglang",),
+        recipe_commands=(("sglang", "serve"), ("python3", "-m", "sglang.launch_server"),
+                         ("python", "-m", "sglang.launch_server")),
+        recipe_flags=_SGLANG_RECIPE_FLAGS,
+        recipe_skips={flag: "the tool serves SGLang on one node: a cluster's launch is not carried"
+                      for flag in ("--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr")},
+        image_pattern=r"^(?:docker\.io/)?lmsysorg/sglang:v(?P<version>\d+\.\d+\.\d+(?:\.post\d+)?)(?:[-@].*)?$",
+        source="https://docs.sglang.io/advanced_features/server_arguments.html"),
 )}
 
 NAMES: tuple[str, ...] = tuple(ENGINES)

@@ -179,6 +179,25 @@ CASES: list[tuple[str, str, tuple[str, str], dict[str, Any], str, str]] = [
      "pass", "warning"),
     ("rtx5090-enforce-eager", "known.sm121-enforce-eager", RTX, {"extra_args": ["--enforce-eager"]},
      "skip", "warning"),
+    # sglang #29317: sglang-kernel 0.4.4+cu130's aarch64 wheel without sm_121; 0.5.23 pins 0.4.10, which has sm_121a.
+    ("spark-sglang-0.5.22", "known.sglang-gb10-no-sm121-kernels", SPARK,
+     {"engine": "sglang", "engine_spec": "sglang==0.5.22"}, "fail", "blocker"),
+    ("spark-sglang-0.5.23", "known.sglang-gb10-no-sm121-kernels", SPARK,
+     {"engine": "sglang", "engine_spec": "sglang==0.5.23"}, "pass", "blocker"),
+    ("rtx5090-sglang-0.5.22", "known.sglang-gb10-no-sm121-kernels", RTX,
+     {"engine": "sglang", "engine_spec": "sglang==0.5.22"}, "skip", "blocker"),
+    ("spark-sglang-vllm-pinned", "known.sglang-gb10-no-sm121-kernels", SPARK,
+     {"engine_spec": "vllm==0.34.0"}, "skip", "blocker"),
+    # sglang-kernel 0.4.10's aarch64 wheel has no flash_ops (FA3); its x86_64 wheel has.
+    ("spark-sglang-fa3", "known.sglang-aarch64-no-fa3", SPARK,
+     {"engine": "sglang", "engine_spec": "sglang==0.5.23", "extra_args": ["--attention-backend", "fa3"]},
+     "fail", "blocker"),
+    ("spark-sglang-flashinfer", "known.sglang-aarch64-no-fa3", SPARK,
+     {"engine": "sglang", "engine_spec": "sglang==0.5.23", "extra_args": ["--attention-backend", "flashinfer"]},
+     "pass", "blocker"),
+    ("rtx5090-sglang-fa3", "known.sglang-aarch64-no-fa3", RTX,
+     {"engine": "sglang", "engine_spec": "sglang==0.5.23", "extra_args": ["--attention-backend", "fa3"]},
+     "skip", "blocker"),
 ]
 
 
@@ -201,7 +220,7 @@ def test_every_seeded_entry_has_a_match_and_a_miss() -> None:
 
 
 def test_the_shipped_file_loads_with_sources_and_registers_one_check_per_entry() -> None:
-    assert len(ISSUES) == 10
+    assert len(ISSUES) == 12
     for issue in ISSUES.values():
         # A tracker thread, or (a measurement published elsewhere) a page whose reading is recorded.
         assert issue.source.startswith("https://github.com/") or issue.verified, issue.id
@@ -340,7 +359,7 @@ def test_an_entry_without_hardware_applies_everywhere_and_arch_narrows() -> None
     ({"source": "github.com/x/y/issues/1"}, "is not an http(s) URL"),
     ({"link": "https://example.org"}, "unknown keys: link"),
     ({"fix": ""}, "'fix' must be a non-empty string"),
-    ({"engines": ["sglang"]}, "'engines' must be a list of vllm, trtllm, llamacpp"),
+    ({"engines": ["mlc"]}, "'engines' must be a list of vllm, trtllm, llamacpp, sglang"),
     ({"avoid_with": {"engine": "vllm", "why": "w", "source": "https://example.org/2"}},
      "avoid_with.engine must be another engine than the trap's"),
     ({"avoid_with": {"engine": "trtllm", "source": "https://example.org/2"}},

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from invoke.program import Program
 
-from provision import catalog, recipes
+from provision import recipes
 from provision.cli import ns
 from provision.errors import RecipeError
 from provision.inventory import validate_vars
@@ -22,6 +22,8 @@ from provision.recipes import sparkarena
 FIXTURES = Path(__file__).parent / "fixtures" / "recipes" / "spark-arena"
 SOURCES = json.loads((FIXTURES / "sources.json").read_text(encoding="utf-8"))
 FILES = sorted(FIXTURES.glob("*.yaml"))
+# The files imported as recipes: the vLLM ones (atlas has no engine here; SGLang's ask several nodes).
+VLLM_FILES = [path for path in FILES if sparkarena.parse(path.read_bytes(), path.name)["runtime"] == "vllm"]
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
 
 
@@ -92,7 +94,7 @@ def test_every_field_mod_and_default_is_carried_or_named(path: Path) -> None:
         assert any("engine version unknown" in note for note in result.recipe.notes)
 
 
-@pytest.mark.parametrize("path", [p for p in FILES if "atlas" not in p.name], ids=lambda path: path.stem)
+@pytest.mark.parametrize("path", VLLM_FILES, ids=lambda path: path.stem)
 def test_every_flag_of_the_command_is_carried_or_named(path: Path) -> None:
     result = imported(path)
     assert result.recipe is not None, result.refused
@@ -111,7 +113,7 @@ def test_every_flag_of_the_command_is_carried_or_named(path: Path) -> None:
             assert flag in flags or flag in settings.get("extra_args", ()) or arg in said, flag
 
 
-@pytest.mark.parametrize("path", [p for p in FILES if "atlas" not in p.name], ids=lambda path: path.stem)
+@pytest.mark.parametrize("path", VLLM_FILES, ids=lambda path: path.stem)
 def test_each_imported_recipe_validates_as_inventory_settings(path: Path) -> None:
     result = imported(path)
     assert result.recipe is not None, result.refused
@@ -176,8 +178,7 @@ def test_a_runtime_with_no_engine_here_is_refused_saying_why() -> None:
 
 def test_runtime_mapping() -> None:
     assert sparkarena.RUNTIMES["vllm"] == "vllm"
-    assert sparkarena.RUNTIMES.get("sglang") is None and sparkarena.RUNTIMES["atlas"] is None
-    assert {runtime for runtime, engine in sparkarena.RUNTIMES.items() if engine} == set(catalog.runtime_engines())
+    assert sparkarena.RUNTIMES["sglang"] == "sglang" and sparkarena.RUNTIMES["atlas"] is None
     text = (FIXTURES / "openai-gpt-oss-120b-vllm.yaml").read_text(encoding="utf-8")
     sglang = sparkarena.read(text.replace("runtime: vllm", "runtime: sglang"), "x.yaml", "x")
     assert sglang.recipe is None and "sglang" in sglang.refused
@@ -370,7 +371,7 @@ def test_import_and_export_on_the_command_line(tmp_path: Path, capsys: pytest.Ca
     assert run(["recipe.import", str(FIXTURES), "--json"]) == 0
     tree = json.loads(capsys.readouterr().out)
     assert len(tree["recipes"]) == len(FILES) and tree["not_v2"] == []
-    assert sum(item["recipe"] is None for item in tree["recipes"]) == 1
+    assert sum(item["recipe"] is None for item in tree["recipes"]) == 4  # atlas; SGLang's on several nodes
 
 
 def test_a_registry_s_git_url_is_cloned_with_this_machine_s_git_and_read_as_a_checkout(
@@ -395,3 +396,164 @@ def test_a_registry_s_git_url_is_cloned_with_this_machine_s_git_and_read_as_a_ch
     assert "git clone file://" in err and "failed (exit 128)" in err and len(err.splitlines()) == 1
     assert run(["recipe.import", f"file://{registry}", "--output", str(tmp_path / "one.yaml")]) == 2
     assert "a registry's URL holds many" in capsys.readouterr().err
+
+
+# SGLang, read through its catalog entry: the registry's three SGLang recipes (min_nodes 2 or 4) and a
+# one-node recipe written here.
+SGLANG_FILES = [path for path in FILES if sparkarena.parse(path.read_bytes(), path.name)["runtime"] == "sglang"]
+ONE_NODE_SGLANG = """\
+recipe_version: "2"
+model: Qwen/Qwen3-0.6B
+runtime: sglang
+container: lmsysorg/sglang:v0.5.23
+command: python3 -m sglang.launch_server --model-path {model} --tp 1 --port 30000 --mem-fraction-static 0.85 \
+--max-running-requests 64
+"""
+
+
+def test_the_registry_s_sglang_recipes_are_fixtures() -> None:
+    assert [path.name for path in SGLANG_FILES] == [
+        "minimax-m3-v0-nvfp4-2x-reap25.yaml", "minimax-m3-v0-nvfp4-2x-reap50.yaml", "minimax-m3-v0-nvfp4-4x.yaml"]
+
+
+@pytest.mark.parametrize("path", SGLANG_FILES, ids=lambda path: path.stem)
+def test_an_sglang_recipe_of_several_nodes_is_refused_saying_what_was_read(path: Path) -> None:
+    """The tool serves SGLang on one node: a recipe asking 2 or 4 Sparks is refused, its SGLang flags
+    read all the same (--tp, --mem-fraction-static, --context-length as settings; the others kept)."""
+    data = sparkarena.parse(path.read_bytes(), path.name)
+    defaults = data["defaults"]
+    result = imported(path)
+    assert result.recipe is None and result.engine == "sglang"
+    nodes = data["min_nodes"]
+    assert result.refused.startswith(f"the tool serves SGLang on one node, and this recipe asks {nodes} DGX "
+                                     f"Spark hosts (min_nodes {nodes}, tensor x pipeline parallel {nodes} GPUs")
+    settings = result.settings
+    assert settings["tensor_parallel_size"] == defaults["tensor_parallel"] == nodes
+    assert settings["gpu_memory_utilization"] == defaults["gpu_memory_utilization"]
+    assert settings["max_model_len"] == defaults["max_model_len"]
+    assert settings["port"] == 8000 and "bind_host" not in settings
+    assert f"tensor_parallel_size {nodes}" in result.refused  # what was read, in the refusal itself
+    assert f"max_model_len {defaults['max_model_len']}" in result.refused
+    assert settings["server_flags"] == {
+        "--chunked-prefill-size": 8192, "--fp4-gemm-backend": "cutlass", "--load-format": "instanttensor",
+        "--kv-cache-dtype": "auto", "--reasoning-parser": "minimax-m3", "--tool-call-parser": "minimax-m3",
+        "--moe-runner-backend": "triton", "--trust-remote-code": True, "--cuda-graph-max-bs": 16}
+    # several values of one flag (nargs "+"): server_flags holds one, so extra_args, as written
+    assert settings["extra_args"] == ["--cuda-graph-bs", "1", "2", "4", "8", "12", "16"]
+    assert settings["environment"] == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    said = dict(result.not_carried)
+    assert said[f"--model-path {data['model']}"] == "the model is the recipe's own field"
+    assert said["--host 0.0.0.0"] == sparkarena.HOST_NOTE
+    # not an lmsysorg/sglang release image: no version, and the pin to give is SGLang's
+    assert result.engine_version is None
+    assert "engine_spec=sglang==X.Y.Z" in said["container scitrera/dgx-spark-sglang-mm:v0"]
+    assert result.command[:2] == ("sglang", "serve")
+    for arg in result.command[2:]:  # every flag a setting, kept or named
+        if arg.startswith("-"):
+            assert sparkarena.catalog.ENGINES["sglang"].recipe_flags.get(arg) in settings or \
+                arg in settings["server_flags"] or arg in settings["extra_args"] or \
+                any(what.startswith(f"{arg} ") for what in said), arg
+
+
+def test_the_same_sglang_recipe_on_one_node_imports() -> None:
+    text = (FIXTURES / "minimax-m3-v0-nvfp4-2x-reap25.yaml").read_text(encoding="utf-8")
+    one = sparkarena.read(text.replace("min_nodes: 2", "min_nodes: 1").replace("tensor_parallel: 2",
+                                                                               "tensor_parallel: 1"),
+                          "x.yaml", "x", {"engine_spec": "sglang==0.5.23"})
+    assert one.recipe is not None, one.refused
+    values = one.recipe.inventory_vars()
+    assert values["engine"] == "sglang" and values["engine_spec"] == "sglang==0.5.23"
+    assert one.recipe.hardware.nodes == 1 and values["tensor_parallel_size"] == 1
+    assert values["gpu_memory_utilization"] == 0.81 and values["max_model_len"] == 32768
+    assert values["extra_args"] == ("--cuda-graph-bs", "1", "2", "4", "8", "12", "16")  # validated: a tuple
+    assert ("container scitrera/dgx-spark-sglang-mm:v0", "replaced by the venv given (engine_spec)") \
+        in one.not_carried
+
+
+def test_a_one_node_sglang_recipe_imports_with_its_release_from_the_container() -> None:
+    result = sparkarena.read(ONE_NODE_SGLANG, "one.yaml", "one")
+    assert result.recipe is not None, result.refused
+    recipe = result.recipe
+    assert recipe.engine == "sglang" and recipe.engine_version == "0.5.23" and recipe.hardware.nodes == 1
+    values = recipe.inventory_vars()
+    assert values["engine_spec"] == "sglang==0.5.23"
+    assert values["server_flags"] == {"--max-running-requests": 64}
+    assert values["tensor_parallel_size"] == 1 and values["port"] == 30000
+    assert values["gpu_memory_utilization"] == 0.85
+    assert validate_vars(values, source="one.yaml", entity=None) == values
+    assert result.not_carried == (("--model-path Qwen/Qwen3-0.6B", "the model is the recipe's own field"),)
+    assert not any("engine version unknown" in note for note in recipe.notes)
+
+
+def test_sglang_s_starts_spellings_skips_and_bare_flags() -> None:
+    text = ONE_NODE_SGLANG.replace("python3 -m sglang.launch_server", "sglang serve")
+    serve = sparkarena.read(text.replace("--tp 1", "--tp-size=1 --disable-radix-cache --nnodes 1 "
+                                                   "--context-length 8192 --chat-template chatml"), "x.yaml", "x")
+    assert serve.recipe is not None, serve.refused
+    values = serve.recipe.inventory_vars()
+    assert values["tensor_parallel_size"] == 1 and values["max_model_len"] == 8192
+    # no setting for the radix cache: kept as the server flag it is; a template's name is no file
+    assert values["server_flags"] == {"--disable-radix-cache": True, "--chat-template": "chatml",
+                                      "--max-running-requests": 64}
+    assert ("--nnodes 1", "the tool serves SGLang on one node: a cluster's launch is not carried") \
+        in serve.not_carried
+    other = sparkarena.read(ONE_NODE_SGLANG.replace("--model-path {model}", "--model-path other/model"), "x.yaml", "x")
+    assert ("--model-path other/model", "the model is the recipe's own field: the recipe's model is Qwen/Qwen3-0.6B") \
+        in other.not_carried
+    stray = sparkarena.read(ONE_NODE_SGLANG.replace("--model-path {model}", "{model}"), "x.yaml", "x")
+    assert ("argument Qwen/Qwen3-0.6B", "a positional argument: python3 -m sglang.launch_server takes none") \
+        in stray.not_carried
+    vllm = sparkarena.read(ONE_NODE_SGLANG.replace("python3 -m sglang.launch_server", "vllm serve"), "x.yaml", "x")
+    assert vllm.recipe is None and vllm.refused == (
+        "the command starts `vllm serve`: runtime 'sglang' is SGLang here, whose command starts `sglang serve`, "
+        "`python3 -m sglang.launch_server` or `python -m sglang.launch_server`")
+
+
+def test_the_container_version_is_read_by_each_engine_s_image_pattern() -> None:
+    assert sparkarena.container_version("lmsysorg/sglang:v0.5.23", "sglang") == "0.5.23"
+    assert sparkarena.container_version("docker.io/lmsysorg/sglang:v0.5.23-cu130-runtime", "sglang") == "0.5.23"
+    assert sparkarena.container_version("scitrera/dgx-spark-sglang-mm:v0", "sglang") is None
+    assert sparkarena.container_version("lmsysorg/sglang:latest", "sglang") is None
+    assert sparkarena.container_version("vllm/vllm-openai:v0.20.0", "sglang") is None
+    assert sparkarena.container_version("lmsysorg/sglang:v0.5.23") is None  # vLLM's by default
+    assert sparkarena.container_version("anything:v1.2.3", "trtllm") is None  # no image_pattern
+    assert sparkarena.pinned("sglang==0.5.23", "sglang") == "0.5.23"
+    assert sparkarena.pinned("vllm==0.20.0", "sglang") is None
+    assert sparkarena.pinned_vllm("vllm==0.20.0") == "0.20.0"
+    given = sparkarena.read(ONE_NODE_SGLANG, "x.yaml", "x", {"engine_spec": "sglang==0.5.22"})
+    assert given.recipe is not None and given.recipe.engine_version == "0.5.22"
+
+
+def test_runtimes_and_engines_come_from_the_catalog() -> None:
+    assert {runtime: engine for runtime, engine in sparkarena.RUNTIMES.items() if engine} == \
+        sparkarena.catalog.runtime_engines()
+    result = imported(FIXTURES / "qwen3.5-35b-a3b-nvfp4-atlas.yaml")
+    assert f"(engines: {', '.join(sparkarena.catalog.NAMES)};" in result.refused
+    text = (FIXTURES / "openai-gpt-oss-120b-vllm.yaml").read_text(encoding="utf-8")
+    trtllm = sparkarena.read(text.replace("runtime: vllm", "runtime: trtllm"), "x.yaml", "x")
+    assert trtllm.recipe is None and trtllm.engine == "trtllm"
+    assert trtllm.refused.startswith("runtime 'trtllm' is TensorRT-LLM here, whose recipe commands this reader "
+                                     "does not read: it reads `vllm serve` commands (vLLM); `sglang serve`")
+
+
+def test_a_multi_node_note_names_the_engine_that_launches_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    vllm = imported(FIXTURES / "minimax-m2.5-4x-vllm.yaml")
+    assert vllm.recipe is not None
+    assert any("(vLLM's own multi-node launch, or Ray below 0.11.1" in note for note in vllm.recipe.notes)
+    # an SGLang the tool served across nodes would be launched as SGLang, never as vLLM
+    entry = sparkarena.catalog.ENGINES["sglang"]
+    monkeypatch.setitem(sparkarena.catalog.ENGINES, "sglang",  # type: ignore[arg-type]
+                        dataclasses.replace(entry, multi_node="SGLang's own multi-node launch"))
+    several = imported(FIXTURES / "minimax-m3-v0-nvfp4-2x-reap25.yaml")
+    assert several.recipe is not None, several.refused
+    notes = " ".join(several.recipe.notes)
+    assert "2 DGX Spark hosts" in notes and "SGLang's own multi-node launch" in notes and "vLLM" not in notes
+
+
+def test_export_refuses_an_sglang_recipe() -> None:
+    result = sparkarena.read(ONE_NODE_SGLANG, "one.yaml", "one")
+    assert result.recipe is not None
+    with pytest.raises(RecipeError, match=r"engine sglang \(SGLang\): Spark Arena's v2 export writes vLLM recipes only"):
+        sparkarena.write(result.recipe)

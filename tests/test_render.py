@@ -91,18 +91,21 @@ def seed_states() -> dict[str, render.DesiredState]:
 
 
 def engine_states() -> dict[str, render.DesiredState]:
-    """TensorRT-LLM on the two seed systems (2x RTX 5090, TP 2; a Spark pair over MPI) and llama.cpp on
-    the lab's CPU host, from the gate table's engine cases."""
+    """TensorRT-LLM on the two seed systems (2x RTX 5090, TP 2; a Spark pair over MPI), llama.cpp on the
+    lab's CPU host and SGLang on the workstation, from the gate table's engine cases."""
     (ws,) = contexts_of("trtllm-rtx5090x2-nvfp4").values()
     pair = contexts_of("trtllm-spark-pair-mpi")
     (cpu,) = contexts_of("llamacpp-cpu-gguf", max_model_len=256, served_model_name="tiny-gguf",
                          venv_source=lab.LLAMA_CPP_SOURCE).values()
+    (sglang_ws,) = contexts_of("rtx5090x2-tp2-awq32b-all-good", engine="sglang", engine_spec="sglang==0.5.23").values()
     key = mpi_key()[0]
     return {
         "rtx5090x2-trtllm-nvfp4": _state(dataclasses.replace(ws, host="ws-5090")),
         "spark-pair-trtllm-head": _state(pair["spark-a"], key),
         "spark-pair-trtllm-worker": _state(pair["spark-b"], key),
         "cpu-llamacpp-gguf": _state(dataclasses.replace(cpu, host="cpu-2")),
+        # SGLang on the 2x RTX 5090 workstation (TP 2, its AWQ checkpoint), the release the table targets.
+        "rtx5090x2-sglang-awq": _state(dataclasses.replace(sglang_ws, host="ws-5090")),
         # The same host running an endpoint's router: its replica beside one on cpu-3 and another model's.
         "cpu-llamacpp-gguf-router": render.desired_state(
             dataclasses.replace(cpu, host="cpu-2", endpoints=(LAB_ENDPOINT,)), api_key="@@api key@@"),
@@ -161,7 +164,7 @@ GOLDEN_CASES = ["rtx5090x2-tp2-awq", "spark-pair-head", "spark-pair-worker", "sp
                 "spark-pair-ray-worker", "cpu-tiny-llama",
                 "rtx5090x2-tp2-awq-strict", "spark-pair-worker-strict", "h200-hopper-strict", "rtx5090x2-trtllm-nvfp4",
                 "spark-pair-trtllm-head", "spark-pair-trtllm-worker", "cpu-llamacpp-gguf",
-                "cpu-llamacpp-gguf-router"]
+                "cpu-llamacpp-gguf-router", "rtx5090x2-sglang-awq"]
 
 
 @pytest.mark.parametrize("case", GOLDEN_CASES)

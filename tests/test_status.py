@@ -788,3 +788,24 @@ clusters:
                                                                                    "active": "active"})
     judged = status.as_one_server({"s1": head, "s2": worker_up}, inv)
     assert judged["s1"] == head and judged["s2"].unit["note"] == "vLLM headless worker; API on s1"
+
+
+def test_sglang_s_own_metrics_give_rates_usage_and_its_prefix_cache_share() -> None:
+    """SGLang's names (catalog ENGINES["sglang"].metrics) on pages written by SGLang 0.5.23's own
+    collectors, run without a server (scripts/record_sglang_metrics.py)."""
+    rec = recording("sglang-0.5.23-collectors")
+    names = engines.ENGINES["sglang"].metrics
+    first, second = parsers.parse_metrics(rec["first"]), parsers.parse_metrics(rec["second"])
+    found = status.figures(first, second, rec["window"], names=names)
+    for rate, counter in ((found.generation_tokens_per_s, "sglang:generation_tokens_total"),
+                          (found.prompt_tokens_per_s, "sglang:prompt_tokens_total")):
+        assert rate == pytest.approx((second[counter] - first[counter]) / rec["window"]) and rate > 0
+    assert (found.running, found.waiting) == (second["sglang:num_running_reqs"], second["sglang:num_queue_reqs"])
+    assert found.kv_cache_usage_pct == round(second["sglang:token_usage"] * 100, 2) and found.kv_cache_usage_pct > 0
+    cached, prompted = second["sglang:cached_tokens_total"], second["sglang:prompt_tokens_total"]
+    assert found.prefix_cache_hit_pct == round(cached / prompted * 100, 2) and 0 < found.prefix_cache_hit_pct < 100
+    assert found.failed_requests is None  # SGLang counts no failed requests: unknown, not 0
+    # vLLM's names read nothing of it: the engine decides what a page means.
+    vllm = status.figures(first, second, rec["window"])
+    assert (vllm.running, vllm.generation_tokens_per_s, vllm.kv_cache_usage_pct, vllm.prefix_cache_hit_pct) == (
+        None, None, None, None)

