@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -45,7 +46,20 @@ PIPED_WIDTH = 100_000
 def console() -> Console:
     """Every table and line for people goes through one of these: at a terminal, its width; piped,
     PIPED_WIDTH."""
-    return Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else PIPED_WIDTH)
+    return Console(highlight=False, markup=False, soft_wrap=False,
+                   width=None if sys.stdout.isatty() else PIPED_WIDTH)
+
+
+def styled(markup: str) -> Text:
+    """A line or cell in the report's own styles ([bold], [red], ...). The console reads markup nowhere
+    else (console()), and every value a styled text interpolates goes through plain(): what a host, an
+    error or a hint says prints as it is, brackets included (pip_extra_index_urls: [URL], [a, b])."""
+    return Text.from_markup(markup)
+
+
+def plain(value: object) -> str:
+    """A value inside styled(), its brackets escaped (never read as styles)."""
+    return escape(str(value))
 
 
 def dump_json(data: Any) -> str:
@@ -185,7 +199,7 @@ def print_facts(results: HostResults[HostFacts], out: Console, verbose: bool = F
         table.add_column("fact", style="bold")
         table.add_column("value", overflow="fold")
         if name in results.errors:
-            table.add_row("error", f"[red]{error_text(results.errors[name])}[/red]")
+            table.add_row("error", styled(f"[red]{plain(error_text(results.errors[name]))}[/red]"))
         else:
             for key, value in facts_rows(results.values[name]):
                 table.add_row(key, value)
@@ -293,15 +307,15 @@ def check_json(order: Iterable[str], findings: Mapping[str, list[Finding]],
     }
 
 
-_STATUS_STYLE = {"pass": "[green]pass[/green]", "fail": "[red]FAIL[/red]", "forced": "[yellow]forced[/yellow]",
-                 "skip": "[dim]skip[/dim]"}
+_STATUS_STYLE = {"pass": Text("pass", style="green"), "fail": Text("FAIL", style="red"),
+                 "forced": Text("forced", style="yellow"), "skip": Text("skip", style="dim")}
 
 
 def print_check(order: Iterable[str], findings: Mapping[str, list[Finding]],
                 errors: Mapping[str, BaseException], out: Console) -> None:
     for name in order:
         if name in errors:
-            out.print(f"[bold]{name}[/bold]: [red]{error_for(name, errors[name])}[/red]")
+            out.print(styled(f"[bold]{plain(name)}[/bold]: [red]{plain(error_for(name, errors[name]))}[/red]"))
             continue
         table = Table(title=f"{name}: {verdict(findings[name])}", title_justify="left")
         for column in ("status", "check", "severity", "finding", "fix"):
@@ -322,16 +336,16 @@ def print_generations(host: str, listing: Mapping[str, Any], out: Console) -> No
         table.add_column(column)
     for row in listing.get("generations", []):
         changes = "; ".join(row.get("changes") or []) or (row.get("note") or "-")
-        table.add_row(f"[bold]{row['id']} (current)[/bold]" if row.get("current") else str(row["id"]),
+        table.add_row(styled(f"[bold]{plain(row['id'])} (current)[/bold]") if row.get("current") else str(row["id"]),
                       row["state"], row.get("created") or "-", row.get("by") or "-", changes, _rollback_role(row))
     out.print(table)
 
 
-def _rollback_role(row: Mapping[str, Any]) -> str:
+def _rollback_role(row: Mapping[str, Any]) -> str | Text:
     """What `rollback` does with one generation of the listing, in words."""
     trial = " (a tune trial's settings)" if row.get("trial") else ""
     if row.get("current"):
-        return "[bold]runs now[/bold]" + trial
+        return styled("[bold]runs now[/bold]" + plain(trial))
     if row.get("default"):
         return f"default target (no --to){trial}"
     if row["state"] in ("rejected", "abandoned", "pending"):
@@ -349,35 +363,35 @@ def print_plans(planned: Planned, show_diff: bool, only: str | None = None) -> N
     out = console()
     for name in order:
         if name in errors:
-            out.print(f"[bold]{name}[/bold]: [red]{error_for(name, errors[name])}[/red]")
+            out.print(styled(f"[bold]{plain(name)}[/bold]: [red]{plain(error_for(name, errors[name]))}[/red]"))
         elif name not in plans:
             blockers = [f for f in findings[name] if f.blocks]
-            out.print(f"[bold]{name}[/bold]: [red]blocked by the gate, nothing changed[/red]")
+            out.print(styled(f"[bold]{plain(name)}[/bold]: [red]blocked by the gate, nothing changed[/red]"))
             for finding in blockers:
                 out.print(f"  {finding.id}: {finding.message} -> fix: {finding.fix}")
         else:
             said = summary(plans[name].changes, only)
             if only == "weights" and not plans[name].changes and plans[name].weights_note:
                 said = str(plans[name].weights_note)  # nothing was verified: say what is there instead
-            out.print(f"[bold]{name}[/bold]: {said}")
+            out.print(styled(f"[bold]{plain(name)}[/bold]: {plain(said)}"))
             memory = memory_estimate(findings.get(name, []))
             if memory is not None:
                 style = "yellow" if memory.status == "fail" else "dim"
-                out.print(f"  [{style}]memory: {memory.message}[/{style}]")
+                out.print(styled(f"  [{style}]memory: {plain(memory.message)}[/{style}]"))
             conf = nccl_conf_finding(findings.get(name, []))
             if conf is not None:  # what the host's nccl.conf adds to the rendered environment
                 style = "yellow" if conf.status == "fail" else "dim"
                 for path, values in conf.evidence.get("files", {}).items():
                     shown = ", ".join(f"{key}={value}" for key, value in values.items()) or "no variables"
-                    out.print(f"  [{style}]{path}: {shown}[/{style}]")
-                out.print(f"  [{style}]nccl.conf: {conf.message}[/{style}]")
+                    out.print(styled(f"  [{style}]{plain(path)}: {plain(shown)}[/{style}]"))
+                out.print(styled(f"  [{style}]nccl.conf: {plain(conf.message)}[/{style}]"))
                 if conf.status == "fail" and conf.fix:
-                    out.print(f"  [{style}]  fix: {conf.fix}[/{style}]")
+                    out.print(styled(f"  [{style}]  fix: {plain(conf.fix)}[/{style}]"))
             unfinished = plans[name].unfinished
             if unfinished:
-                out.print(f"  [yellow]generation {unfinished['id']} was left pending by a deploy that stopped "
-                          f"(started {unfinished['created']}): `{hints.command('deploy')}` gives its verdict, "
-                          f"`{hints.command('rollback')}` goes back[/yellow]")
+                out.print(styled(f"  [yellow]generation {plain(unfinished['id'])} was left pending by a deploy that "
+                                 f"stopped (started {plain(unfinished['created'])}): `{plain(hints.command('deploy'))}` "
+                                 f"gives its verdict, `{plain(hints.command('rollback'))}` goes back[/yellow]"))
             if plans[name].push_count:
                 out.print(f"  push {plans[name].push_count} wheel(s), {plans[name].push_bytes / 2**20:.0f} MiB")
             for change in plans[name].changes:
@@ -540,7 +554,7 @@ def print_deployed(result: Deployed, json_: bool) -> None:
         steps = ", ".join(f"{step} {value:g}" + (f" ({row['build_from']})" if step == "build" and row["build_from"]
                                                  else "") for step, value in row["steps_s"].items())
         style = {"ready": "green", "unchanged": "", "rolled back": "yellow"}.get(row["state"], "red")
-        table.add_row(row["host"], f"[{style}]{row['state']}[/{style}]" if style else row["state"],
+        table.add_row(row["host"], styled(f"[{style}]{plain(row['state'])}[/{style}]") if style else row["state"],
                       str(row["changes"]), steps, row["detail"])
     console().print(table)
 
@@ -575,7 +589,7 @@ def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
         table.add_column(column)
     for name, item in found.items():
         if not item.reachable:  # the whole reason goes below the table, not into a narrow last column
-            table.add_row(f"[red]{name}[/red]", "[red]unreachable[/red]", "-",
+            table.add_row(styled(f"[red]{plain(name)}[/red]"), styled("[red]unreachable[/red]"), "-",
                           status.short_reason(item.problem or ""), "-", "-", "-", "-", "-", "-", "-", "-")
             continue
         gpus = "; ".join(
@@ -593,13 +607,13 @@ def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
         colour = ("dim" if item.idle is not None else "red" if not item.healthy
                   else "yellow" if item.drift else "green")
         model = f"{item.model or '-'} @ {item.revision[:12] if item.revision else '-'}"
-        table.add_row(f"[{colour}]{name}[/{colour}]", unit, _fmt(item.unit.get("restarts")),
+        table.add_row(styled(f"[{colour}]{plain(name)}[/{colour}]"), unit, _fmt(item.unit.get("restarts")),
                       item.health or item.role,
                       model if item.role == "server" or item.unit.get("installed") is False
                       else f"({item.unit.get('note') or 'Ray worker'})", gpus,
                       f"{_fmt(fig.running, digits=0)}/{_fmt(fig.waiting, digits=0)}" if fig else "-",
                       _fmt(fig.failed_requests, digits=0) if fig else "-",  # since the server started
-                      (_fmt(fig.generation_tokens_per_s) if fig else "-") + _progress(item.progress),
+                      styled(plain(_fmt(fig.generation_tokens_per_s) if fig else "-") + _progress(item.progress)),
                       _fmt(fig.kv_cache_usage_pct) if fig else "-", _kv_tokens(item),
                       _fmt(fig.prefix_cache_hit_pct) if fig else "-")
     return table
@@ -607,7 +621,8 @@ def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
 
 def _progress(found: stall.Progress | None) -> str:
     """The stuck rule's word beside tokens/s: nothing while it generates or has nothing to do, nor where
-    the rule cannot judge the engine (llama.cpp: every such host would carry it; --json says why)."""
+    the rule cannot judge the engine (llama.cpp: every such host would carry it; --json says why). Markup,
+    for styled()."""
     if found is None or found.state in ("generating", "no requests", "not judged"):
         return ""
     if found.state == "stuck":
@@ -799,19 +814,20 @@ def print_runs(order: list[str], runs: dict[str, NcclRun], failures: dict[str, B
         if name in failures:
             text = error_text(failures[name])
             text = text if text.startswith(f"{name}: ") else f"{name}: {text}"
-            out.print(f"[red]{text}[/red]")
+            out.print(styled(f"[red]{plain(text)}[/red]"))
             continue
         result = runs[name]
         devices = ", ".join(f"{count}x {device}" for device, count in _count(result.devices).items())
-        out.print(f"[bold]{name}[/bold]: all-reduce (sum, float) across {result.world_size} GPUs on "
-                  f"{len(result.hosts)} node(s) ({devices}); torch {result.torch}, NCCL {result.nccl}")
+        out.print(styled(f"[bold]{plain(name)}[/bold]: " + plain(
+            f"all-reduce (sum, float) across {result.world_size} GPUs on {len(result.hosts)} node(s) ({devices}); "
+            f"torch {result.torch}, NCCL {result.nccl}")))
         out.print(f"  transport: {describe_transport(result.log)}")
         if result.log.nvls_channels is not None:
             out.print(f"  NVLS (NVLink SHARP) channels: {result.log.nvls_channels}")
         if len(result.hosts) > 1 and result.log.network:
             out.print(f"  network between nodes: {result.log.network}")
         for warning in result.log.warnings:
-            out.print(f"  [yellow]warning: {warning}[/yellow]")
+            out.print(styled(f"  [yellow]warning: {plain(warning)}[/yellow]"))
         for host_name, python in result.pythons.items():
             out.print(f"  python on {host_name}: {python}")
         for host_name, env in result.environment.items():
@@ -821,22 +837,22 @@ def print_runs(order: list[str], runs: dict[str, NcclRun], failures: dict[str, B
             if reads:
                 out.print(f"  NCCL on {host_name}: " + ", ".join(f"{read.name} {read.verdict}" for read in reads))
         for finding in result.findings:
-            out.print(f"  [yellow]finding: {finding}[/yellow]")
+            out.print(styled(f"  [yellow]finding: {plain(finding)}[/yellow]"))
         table = Table(title_justify="left")
         for column in ("size", "count", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"):
             table.add_column(column, justify="right")
         for row in result.rows:
             table.add_row(human_size(row.bytes), str(row.count), f"{row.time_us:.1f}",
                           f"{row.algbw_gbs:.2f}", f"{row.busbw_gbs:.2f}",
-                          str(row.wrong) if not row.wrong else f"[red]{row.wrong}[/red]")
+                          str(row.wrong) if not row.wrong else styled(f"[red]{plain(row.wrong)}[/red]"))
         out.print(table)
-        out.print(f"  peak busbw {result.peak_busbw_gbs:.2f} GB/s; busbw = algbw x 2(n-1)/n, n = "
-                  f"{result.world_size}" + ("" if not result.wrong else
-                                             f"; [red]{result.wrong} wrong element(s)[/red]"))
+        out.print(styled(plain(f"  peak busbw {result.peak_busbw_gbs:.2f} GB/s; busbw = algbw x 2(n-1)/n, n = "
+                               f"{result.world_size}") + ("" if not result.wrong else
+                                                          f"; [red]{plain(result.wrong)} wrong element(s)[/red]")))
         if result.late:
             sizes = ", ".join(human_size(row.bytes) for row in result.late)
-            out.print(f"  [yellow]at {sizes} the GPU ran ahead of the host queueing the batch: those times "
-                      "include the host's pace (try fewer --iters)[/yellow]")
+            out.print(styled(f"  [yellow]at {plain(sizes)} the GPU ran ahead of the host queueing the batch: those "
+                             "times include the host's pace (try fewer --iters)[/yellow]"))
     sys.stdout.flush()
 
 
@@ -886,25 +902,26 @@ def print_prepared(result: Prepared, out: Console) -> None:
     """Each host: its preparation plan (or what was done), then the gate before and after, side by side."""
     for name in result.order:
         if name in result.errors:
-            out.print(f"[bold]{name}[/bold]: [red]{error_for(name, result.errors[name])}[/red]")
+            out.print(styled(f"[bold]{plain(name)}[/bold]: [red]{plain(error_for(name, result.errors[name]))}[/red]"))
             continue
         item = result.reports.get(name)
         if item is None:
-            out.print(f"[bold]{name}[/bold]: [yellow]not prepared: the roll stopped before its turn[/yellow]")
+            out.print(styled(f"[bold]{plain(name)}[/bold]: [yellow]not prepared: the roll stopped before its turn[/yellow]"))
             continue
         prepared = item.prepared
-        out.print(f"[bold]{name}[/bold]: {preparation_line(item, result.dry_run)}")
+        out.print(styled(f"[bold]{plain(name)}[/bold]: {plain(preparation_line(item, result.dry_run))}"))
         for problem in prepared.problems if prepared else ():
-            out.print(f"  [red]{problem}[/red]")
+            out.print(styled(f"  [red]{plain(problem)}[/red]"))
         if item.applied and item.applied.get("skipped"):
             out.print(f"  skipped: {'; '.join(item.applied['skipped'])}")
         if item.error:
-            out.print(f"  [red]{item.error}[/red]")
+            out.print(styled(f"  [red]{plain(item.error)}[/red]"))
         if item.rebooted_s is not None:
             out.print(f"  rebooted and back in {item.rebooted_s:.0f}s")
         elif item.waiting_for_reboot and not result.dry_run:
-            out.print(f"  [yellow]reboot pending: {', '.join(item.waiting_for_reboot)} take effect at the next boot "
-                      f"(`{hints.command('prepare --reboot')}`, or reboot the host yourself)[/yellow]")
+            out.print(styled(f"  [yellow]reboot pending: {plain(', '.join(item.waiting_for_reboot))} take effect at "
+                             f"the next boot (`{plain(hints.command('prepare --reboot'))}`, or reboot the host "
+                             "yourself)[/yellow]"))
         table = Table(title_justify="left")
         for column in ("check", "before", "after", "prepare", "fix"):
             table.add_column(column, overflow="fold")
@@ -921,7 +938,7 @@ def print_prepared(result: Prepared, out: Console) -> None:
         if table.row_count:
             out.print(table)
     if result.stopped:
-        out.print(f"[red]the roll stopped: {result.stopped}[/red]")
+        out.print(styled(f"[red]the roll stopped: {plain(result.stopped)}[/red]"))
 
 
 def tuned_json(results: Sequence[Any], errors: Mapping[str, BaseException]) -> dict[str, Any]:
@@ -958,9 +975,9 @@ def print_tuned(results: Sequence[Any], errors: Mapping[str, BaseException], out
         for number, trial in enumerate(result.trials, 1):
             best = trial.best(slo) or (max(trial.levels, key=lambda lv: lv.tokens_per_s) if trial.levels else None)
             chosen = result.winner is not None and trial.key == result.winner.key
-            mark = "[green]*[/green]" if chosen else ""
+            mark = "[green]*[/green]" if chosen else ""  # markup, for styled()
             verdict = trial.verdict(slo) + (" (kept from an earlier run)" if trial.resumed else "")
-            table.add_row(f"{number}{mark}", _describe_settings(trial.settings),
+            table.add_row(styled(f"{number}{mark}"), _describe_settings(trial.settings),
                           _fmt(best.tokens_per_s) if best else "-", str(best.concurrency) if best else "-",
                           _fmt(best.ttft_p50_s, "s", 3) if best else "-", _fmt(best.ttft_p95_s, "s", 3) if best else "-",
                           _fmt(best.itl_p95_s, "s", 4) if best else "-", _fmt(trial.seconds, digits=0),
@@ -969,8 +986,8 @@ def print_tuned(results: Sequence[Any], errors: Mapping[str, BaseException], out
         if result.fit:
             out.print(f"workload: {result.fit}")
         if result.stopped:
-            out.print(f"[yellow]budget ({(result.budget_s or 0) / 60:g} min, {result.seconds:.0f} s used): "
-                      f"{result.stopped}[/yellow]")
+            out.print(styled(f"[yellow]budget ({(result.budget_s or 0) / 60:g} min, {result.seconds:.0f} s used): "
+                             f"{plain(result.stopped)}[/yellow]"))
         if result.decision is not None:
             out.print(f"decision: {result.decision.note}")
             if result.winner is not None:
@@ -986,7 +1003,7 @@ def print_tuned(results: Sequence[Any], errors: Mapping[str, BaseException], out
             out.print(f"plot: {result.plot}")
         out.print(f"{result.unit.name} {result.final}")
     for name, error in errors.items():
-        out.print(f"[red]{name}: {error_text(error).removeprefix(name + ': ')}[/red]")
+        out.print(styled(f"[red]{plain(name)}: {plain(error_text(error).removeprefix(name + ': '))}[/red]"))
 
 
 def _describe_settings(settings: Mapping[str, Any]) -> str:
@@ -1003,7 +1020,7 @@ def init_json(done: Any) -> dict[str, Any]:
 def print_init(done: Any, out: Console) -> None:
     for name in done.order:
         if name in done.errors:
-            out.print(f"{name}: [red]{error_text(done.errors[name])}[/red]")
+            out.print(styled(f"{plain(name)}: [red]{plain(error_text(done.errors[name]))}[/red]"))
             continue
         item = done.starters[name]
         out.print(f"{name}: found {item.facts_summary}")
@@ -1013,7 +1030,7 @@ def print_init(done: Any, out: Console) -> None:
                       if item.suggestion.model else "")
             out.print(f"  model: {chosen}{item.suggestion.reason}")
     if done.text is None:
-        out.print(f"[red]{done.why_not}[/red]")
+        out.print(styled(f"[red]{plain(done.why_not)}[/red]"))
     else:
         out.print(f"wrote {done.output}; next: `{hints.command(f'inventory --inventory {done.output}')}`")
 

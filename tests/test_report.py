@@ -33,3 +33,23 @@ def test_a_long_line_piped_is_not_wrapped(capsys: pytest.CaptureFixture[str]) ->
     line = "cpu-1: " + "the fix names every step " * 20
     report.console().print(line)
     assert capsys.readouterr().out == line + "\n"
+
+
+def test_what_hosts_errors_and_hints_say_prints_with_its_brackets(capsys: pytest.CaptureFixture[str]) -> None:
+    """rich reads "[word ...]" as a style and drops it: a hint's YAML list (pip_extra_index_urls: [URL],
+    [a, b]) vanished from the line that gave it. Only the report's own styles are markup now."""
+    from provision import venv
+    from provision.checks import Finding
+
+    hint = venv.check_torch_variant(["torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl",
+                                     "nvidia_cuda_runtime-13.0.96-py3-none-manylinux_2_27_x86_64.whl"], "cu128")
+    assert hint is not None and "pip_extra_index_urls: [https://download.pytorch.org/whl/cu128]" in hint
+    fix = "set model_files: [a, b] and build_cmake_args: [-DGGML_CUDA=ON]"
+    failed = Finding("config.x", "blocker", "fail", "the [red] word is a host's own text", fix=fix)
+    report.print_check(["ws-5090", "h200"], {"h200": [failed]}, {"ws-5090": RuntimeError(f"ws-5090: {hint}")},
+                       report.console())
+    out = capsys.readouterr().out
+    assert f"ws-5090: {hint}" in out
+    assert "[a, b]" in out and "[-DGGML_CUDA=ON]" in out and "the [red] word" in out and "FAIL" in out
+    styled = report.styled(f"[bold]{report.plain('h[1]')}[/bold]: [red]{report.plain('[https://x]')}[/red]")
+    assert styled.plain == "h[1]: [https://x]" and [span.style for span in styled.spans] == ["bold", "red"]
