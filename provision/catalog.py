@@ -280,16 +280,22 @@ def owns(owned: str, flag: str) -> bool:
     return flag == owned or (flag.startswith("--") and len(flag) > 3 and owned.startswith(flag))
 
 
+def owned_by(engine: EngineEntry, arg: str) -> tuple[str, str] | None:
+    """Where `arg` (a flag, or --flag=value) is one the engine's command sets: that flag and the setting
+    to use instead."""
+    flag = flag_name(arg)
+    return next(((owned, setting) for owned, setting in engine.owned_flags.items() if owns(owned, flag)), None)
+
+
 def owned_flag(arg: str) -> str | None:
     """Where `arg` is a flag some engine's server command sets from the settings: which engine's, and
     the setting to use instead (refused in server_flags and extra_args whatever the engine: the engine
     setting may come from another layer than the flags)."""
-    flag = flag_name(arg)
     for engine in ENGINES.values():
-        owned = next((name for name in engine.owned_flags if owns(name, flag)), None)
+        owned = owned_by(engine, arg)
         if owned is not None:
+            flag, setting = owned
             given = arg.split("=", 1)[0]
-            read_as = "" if flag == owned else f" ({engine.title} reads it as {owned})"
-            return (f"{given}{read_as} is a flag the tool sets itself ({engine.title}'s): set "
-                    f"{engine.owned_flags[owned]} instead")
+            read_as = "" if flag_name(arg) == flag else f" ({engine.title} reads it as {flag})"
+            return f"{given}{read_as} is a flag the tool sets itself ({engine.title}'s): set {setting} instead"
     return None

@@ -862,6 +862,15 @@ class VenvInfo:
     dists: Mapping[str, str] | None = None
     markers: Mapping[str, str] | None = None
 
+    def engine_release(self, engine: catalog.EngineEntry) -> str | None:
+        """The engine's release as this venv holds it: vLLM's own key, another engine's package where its
+        release is that package's version (the catalog's version_source); None where the venv says none."""
+        if engine.version_source != "venv":
+            return None
+        if engine.name == catalog.DEFAULT:
+            return self.vllm
+        return (self.packages or {}).get(catalog.venv_key(engine))
+
     @property
     def sm_targets(self) -> tuple[str, ...]:
         """Compute capabilities torch was built for, in numeric order: ('7.5', ..., '9.0', '10.0', '12.0').

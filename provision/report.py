@@ -133,11 +133,8 @@ def _venv(facts: HostFacts) -> str:
     venv = facts.venv
     if venv is None:
         return facts.notes.get("venv", "none")
-    engines = [f"vLLM {venv.vllm}"] if venv.vllm else []
-    for entry in catalog.ENGINES.values():  # the other engines whose release is a venv package
-        key = catalog.venv_key(entry)
-        if entry.name != catalog.DEFAULT and key in (venv.packages or {}):
-            engines.append(f"{entry.title} {(venv.packages or {})[key]}")
+    engines = [f"{entry.title} {release}" for entry in catalog.ENGINES.values()
+               if (release := venv.engine_release(entry))]
     if not (engines or venv.torch):
         return f"Python {venv.python}, no engine or torch"
     torch = f"torch {venv.torch}" + (f" (CUDA {venv.cuda})" if venv.cuda else " (CPU)") if venv.torch else "no torch"

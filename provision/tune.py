@@ -805,9 +805,7 @@ def measured_on(profile: str, host_facts: HostFacts, nodes: int, engine: str) ->
     gpus = host_facts.gpus or ()
     memory = gpus[0].memory_total_mib if gpus else None
     venv = host_facts.venv
-    entry = catalog.entry(engine)
-    version = (None if venv is None or entry.version_source != "venv" else venv.vllm if entry.name == "vllm"
-               else (venv.packages or {}).get(catalog.venv_key(entry)))
+    version = venv.engine_release(catalog.entry(engine)) if venv is not None else None
     return MeasuredOn(profile, len(gpus), round(memory / 1024, 1) if memory else None, nodes, version)
 
 

@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 from invoke.program import Program
 
-from provision import recipes
+from provision import catalog, recipes
 from provision.cli import ns
 from provision.errors import RecipeError
 from provision.inventory import validate_vars
 from provision.recipes import sparkarena
 
 FIXTURES = Path(__file__).parent / "fixtures" / "recipes" / "spark-arena"
+VLLM = catalog.ENGINES["vllm"]  # its recipe spellings, as the reader reads them
 SOURCES = json.loads((FIXTURES / "sources.json").read_text(encoding="utf-8"))
 FILES = sorted(FIXTURES.glob("*.yaml"))
 # The files imported as recipes: the vLLM ones (atlas has no engine here; SGLang's ask several nodes).
@@ -104,9 +105,9 @@ def test_every_flag_of_the_command_is_carried_or_named(path: Path) -> None:
     for arg in result.command[3:]:
         if not arg.startswith("-"):
             continue
-        flag = sparkarena.ALIASES.get(arg, arg)
-        if flag in sparkarena.SETTING_FLAGS:
-            assert sparkarena.SETTING_FLAGS[flag][0] in settings, flag
+        flag = VLLM.recipe_aliases.get(arg, arg)
+        if VLLM.recipe_flags.get(flag) in sparkarena.SETTING_TYPES:  # a flag the tool renders from a setting
+            assert VLLM.recipe_flags[flag] in settings, flag
         elif flag == "--enable-prefix-caching":
             assert settings["enable_prefix_caching"] is True
         else:

@@ -5,7 +5,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from provision.catalog import EngineEntry, MetricNames, flag_name, owns
+from provision import contracts
+from provision.catalog import EngineEntry, MetricNames, flag_name, owned_by, owns
+from provision.errors import ContractError
 
 if TYPE_CHECKING:
     from provision.context import Context
@@ -136,9 +138,22 @@ class Engine:
     def owned(self, arg: str) -> tuple[str, str] | None:
         """Where `arg` (a flag, or --flag=value) is one the tool sets: that flag and the setting to use
         instead."""
-        flag = flag_name(arg)
-        return next(((owned, setting) for owned, setting in self.owned_flags.items() if owns(owned, flag)),
-                    None)
+        return owned_by(self.entry, arg)
+
+    def release(self, settings: Any) -> str:
+        """The release this host's unit is rendered for: the engine_spec pin, else the contract table's
+        target."""
+        return contracts.load().release(self.name, settings.engine_spec)
+
+    def entrypoint(self, version: str | None) -> str:
+        """The module `python -m` starts the server with in that release (None: the table's target): the
+        first of the contract table's entrypoint rows the release has."""
+        table = contracts.load()
+        found = table.names(self.name, "entrypoint", version)
+        if not found:
+            raise ContractError(f"{self.title} {version or table.target(self.name)}: no server module in "
+                                f"{contracts.DATA}")
+        return found[0]
 
     def listen_address(self, command: Sequence[str]) -> str | None:
         """The address a rendered server command listens on: the value of its last host flag (the

@@ -18,9 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from provision import catalog, contracts
+from provision import catalog
 from provision.engines.base import FAIL, PASS, WARN, Engine, UnitFile, Verdict, closing_args
-from provision.errors import ContractError
 
 if TYPE_CHECKING:
     from provision.context import Context
@@ -33,19 +32,6 @@ QUANTIZATIONS = ("none", "awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "com
 MINIMUM_CAPABILITY = (8, 0)  # sglang-kernel's oldest kernels: sm_80 (x86_64); its aarch64 build starts at sm_90
 
 
-def release(settings: Any) -> str:
-    """The SGLang release this host's unit is rendered for (the pin in engine_spec, else the target)."""
-    return contracts.load().release("sglang", settings.engine_spec)
-
-
-def server_module(version: str) -> str:
-    """The module `python -m` starts the server with in that release (the contract table's entrypoint)."""
-    found = contracts.load().names("sglang", "entrypoint", version)
-    if not found:
-        raise ContractError(f"SGLang {version}: no server module in engine_contracts.yaml")
-    return found[0]
-
-
 class Sglang(Engine):
     entry = catalog.ENGINES["sglang"]
     concurrency_flag = "--max-running-requests"  # engine_contracts.yaml; tune's space tries it
@@ -53,7 +39,7 @@ class Sglang(Engine):
     def server_command(self, ctx: Context, model: str, resolutions: Sequence[str]) -> list[str]:
         settings = ctx.settings
         venv = settings.venv_dir.rstrip("/")
-        args = [f"{venv}/bin/python", "-m", server_module(release(settings)),
+        args = [f"{venv}/bin/python", "-m", self.entrypoint(self.release(settings)),
                 "--model-path", model,
                 "--served-model-name", str(settings.served_model_name or settings.model),
                 "--host", str(settings.bind_host), "--port", str(settings.port),
@@ -69,7 +55,9 @@ class Sglang(Engine):
         return args + closing_args(settings, resolutions)
 
     def verify_modules(self, requirements: Sequence[str], wheels: Sequence[str]) -> list[str]:
-        serves = any(req.split("=")[0].split("[")[0].strip().lower() == "sglang" for req in requirements)
+        from provision import venv
+
+        serves = any(venv.requirement_name(req) == self.entry.package for req in requirements)
         return ["sglang", "torch"] if serves else []
 
     def unit_files(self, ctx: Context, common: Mapping[str, Any], server: Mapping[str, Any],

@@ -79,10 +79,6 @@ class TrtLlm(Engine):
     cluster_launch = "mpi"
     concurrency_flag = "--max_batch_size"  # engine_contracts.yaml; tune's spaces try it
 
-    def release(self, settings: Any) -> str:
-        """The release this host's unit is rendered for (the pin, else the target)."""
-        return contracts.load().release(self.name, settings.engine_spec)
-
     def metric_names(self, settings: Any) -> MetricNames:
         table = contracts.load()
         serves = table.accepts(self.name, "metric", PROMETHEUS_METRICS.running[0], self.release(settings))

@@ -65,14 +65,6 @@ def launch_for(settings: Any, version: str | None) -> str:
     return NATIVE if contracts.load().accepts("vllm", "flag", "--nnodes", version) else RAY
 
 
-def server_module(version: str | None) -> str:
-    """The module `python -m` starts the server with in that release (None: the table's target).
-    Not the `vllm` console script: it asks for the distribution `vllm` first and dies in the CPU build."""
-    table = contracts.load()
-    found = table.names("vllm", "entrypoint", version)
-    if not found:
-        raise ContractError(f"vLLM {version or table.target('vllm')}: no server module in engine_contracts.yaml")
-    return found[0]
 
 # What each node sets for itself (its own cluster interface and RDMA devices). vLLM hands the head's
 # NCCL_* (and VLLM_*) variables to every worker unless its configuration file names them
@@ -94,7 +86,9 @@ class Vllm(Engine):
     def server_command(self, ctx: Context, model: str, resolutions: Sequence[str]) -> list[str]:
         settings = ctx.settings
         venv = settings.venv_dir.rstrip("/")
-        args = [f"{venv}/bin/python", "-m", server_module(vllm_version(ctx)),
+        # The release's own module (the contract table's entrypoint rows), not the `vllm` console script:
+        # it asks for the distribution `vllm` first and dies in the CPU build.
+        args = [f"{venv}/bin/python", "-m", self.entrypoint(vllm_version(ctx)),
                 "--model", model,
                 "--served-model-name", str(settings.served_model_name or settings.model),
                 "--host", str(settings.bind_host), "--port", str(settings.port),

@@ -48,20 +48,11 @@ RUNTIMES: Mapping[str, str | None] = {**catalog.runtime_engines(), "atlas": None
 # official-recipes/README.md): one GB10 a node, its memory unified.
 PROFILE = "dgx-spark"
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.]*)\}")
-# vLLM's release images carry its version in their tag (vllm/vllm-openai:v0.20.0, ...-aarch64-cu130-...):
-# the catalog's image_pattern of vLLM.
-VLLM_IMAGE = re.compile(str(catalog.ENGINES["vllm"].image_pattern))
-# vLLM's short aliases, read as the long flags they stand for (the catalog's recipe_aliases).
-ALIASES = catalog.ENGINES["vllm"].recipe_aliases
 # How a flag's value is read into the setting a catalog's recipe_flags name (a number where the settings
 # table wants one); the model, the listen address and the prefix cache are read apart (_read_flags).
 SETTING_TYPES: Mapping[str, type] = {
     catalog.TENSOR_PARALLEL: int, catalog.PIPELINE_PARALLEL: int, catalog.MEMORY: float, catalog.CONTEXT: int,
     catalog.PORT: int, catalog.NAME: str}
-# vLLM's long flags the tool renders from a setting: read into that setting, never kept as a flag.
-SETTING_FLAGS: Mapping[str, tuple[str, type]] = {
-    flag: (setting, SETTING_TYPES[setting]) for flag, setting in catalog.ENGINES["vllm"].recipe_flags.items()
-    if setting in SETTING_TYPES and flag not in ALIASES}
 HOST_NOTE = ("the listen address stays the inventory's bind_host (default 127.0.0.1): a recipe does not open "
              "a host to the network")
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
