@@ -12,6 +12,8 @@
     PROVISION_WHEELHOUSE  where the controller keeps resolved wheels (default /var/cache/provision/wheelhouse)
     PROVISION_MODEL_CONFIGS  where it keeps models' config.json, and pinned commits' file lists, by commit
                              (default /var/cache/provision/model-configs)
+    PROVISION_DATA_DIR    the user's own data: the recipe registries added and their clones (default
+                          $XDG_DATA_HOME/provision, else ~/.local/share/provision)
 """
 from __future__ import annotations
 
@@ -124,6 +126,15 @@ def model_configs() -> Path:
     """A commit's config.json and files never change: read once from the hub, kept here by repository
     and commit."""
     return Path(os.environ.get("PROVISION_MODEL_CONFIGS", "/var/cache/provision/model-configs"))
+
+
+def data_dir() -> Path:
+    """The user's data directory (the XDG base directory rule): what they added, kept between runs."""
+    given = os.environ.get("PROVISION_DATA_DIR")
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "provision"
 
 
 NCCL_PORT = 29500  # verify.nccl's rendezvous port on the head: torchrun's default

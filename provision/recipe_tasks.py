@@ -8,7 +8,6 @@ read or used (one line on stderr).
 """
 from __future__ import annotations
 
-import os
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,29 +33,46 @@ FITS_HELP = ("a host of the inventory: the gate run on it with each recipe's set
 
 @task(auto_shortflags=False, name="list",
       help=help_for("json", "inventory", profile="only the recipes measured on this hardware profile (or its alias)",
-                    fits=FITS_HELP + " (with no --profile: the recipes of its profile)"))
+                    fits=FITS_HELP + " (with no --profile: the shipped recipes of its profile and every "
+                                     "registry's; the venv's wheels are not resolved for a list: "
+                                     "`recipe.show NAME --host HOST` resolves them)",
+                    registry="only this registry's recipes (`shipped`: only the shipped ones)"))
 @guarded
 def list_(c: Context, profile: str | None = None, fits: str | None = None, inventory: str | None = None,
-          json_: bool = False) -> None:
-    """List the shipped recipes with their hardware and figures.
+          registry: str | None = None, json_: bool = False) -> None:
+    """List the recipes, shipped and from the registries added, with their hardware and figures.
 
-    Model, engine, the hardware each was measured on and its figures; with --fits HOST, whether each
-    would pass the gate there and how it fits the host's memory."""
+    Model, engine, the hardware each was measured on, its figures and where it comes from (shipped, or a
+    registry at its commit); with --fits HOST, whether each would pass the gate there and how it fits
+    the host's memory. A registry's files that were refused are counted below the table."""
     from provision import recipes, report
+    from provision.recipes import registry as registries
     from provision.taskargs import load_inventory, profile_named
 
     inv = load_inventory(inventory) if fits else None
     chosen = profile_named(profile) or (inv.host(fits).profile if inv is not None and fits else None)
-    found = [recipe for recipe in recipes.load_recipes().values()
-             if chosen is None or recipe.hardware.profile in (chosen.name, *chosen.aliases)]
-    fitted = _fitted(inv, fits, found) if inv is not None and fits else None
+    shipped = [] if registry not in (None, "shipped") else list(recipes.load_recipes().values())
+    contents = [] if registry == "shipped" else (
+        [registries.read(registries.named(registry))] if registry else registries.everything())
+    origins = {recipe.name: "shipped" for recipe in shipped}
+    origins.update({item.recipe.name: f"{item.registry.name} at {item.registry.commit[:12]}"
+                    for content in contents for item in content.recipes})
+    from_registries = [item.recipe for content in contents for item in content.recipes]
+    # A registry's recipes are judged wherever asked (that is what --fits is for); --profile still filters.
+    found = [recipe for recipe in shipped if chosen is None or recipe.hardware.profile in (chosen.name, *chosen.aliases)]
+    found += [recipe for recipe in from_registries if profile is None or chosen is None
+              or recipe.hardware.profile in (chosen.name, *chosen.aliases)]
+    fitted = _fitted(inv, fits, found, resolve_wheels=False) if inv is not None and fits else None
     if json_:
-        print(report.dump_json([{**report.recipe_json(recipe), **({"fits": report.fit_json(fitted[recipe.name])}
-                                                                   if fitted else {})} for recipe in found]))
+        sources = {item.recipe.name: registry_json(item) for content in contents for item in content.recipes}
+        print(report.dump_json([{**report.recipe_json(recipe), "from": sources.get(recipe.name, "shipped"),
+                                 **({"fits": report.fit_json(fitted[recipe.name])} if fitted else {})}
+                                for recipe in found]))
     else:
-        report.print_recipes(found, report.console(), fits, fitted)
-
-
+        out = report.console()
+        report.print_recipes(found, out, fits, fitted, origins)
+        for content in contents:
+            report.print_registry_counts(content, out)
 @task(auto_shortflags=False, name="show",
       help=help_for("json", "inventory", name="a recipe's name, or a recipe file", host=FITS_HELP))
 @guarded
@@ -65,10 +81,11 @@ def show(c: Context, name: str, host: str | None = None, inventory: str | None =
 
     Its settings as an inventory's vars, the hardware, each figure and where it comes from; with
     --host, whether it would pass the gate there and how it fits the host's memory."""
-    from provision import recipes, report
+    from provision import report
+    from provision.recipes import registry as registries
     from provision.taskargs import load_inventory
 
-    recipe = recipes.find(_given(name, "show", "NAME"))
+    recipe = registries.find(_given(name, "show", "NAME"))
     fitted = _fitted(load_inventory(inventory), host, [recipe]) if host else None
     if json_:
         print(report.dump_json({**report.recipe_json(recipe),
@@ -77,14 +94,26 @@ def show(c: Context, name: str, host: str | None = None, inventory: str | None =
         report.print_recipe(recipe, report.console(), host, fitted[recipe.name] if fitted else None)
 
 
-def _fitted(inv: Any, host: str, found: list[Any]) -> dict[str, Any]:
+def _fitted(inv: Any, host: str, found: list[Any], resolve_wheels: bool = True) -> dict[str, Any]:
     """Each recipe's gate on `host`: its settings as the command line's (the host's own layers below
-    them), as `invoke check --host HOST --set ...` would judge them. Contacts the host, changes nothing."""
-    from provision import run
+    them), as `invoke check --host HOST --set ...` would judge them, over one SSH connection. Contacts
+    the host, changes nothing."""
+    from provision import remote, run
 
     target = inv.host(host)
-    return {recipe.name: run.gate(inv, [target], run.Options(overrides=recipe.inventory_vars(), quiet=True))
-            for recipe in found}
+    pool = remote.Pool(inv.ssh)
+    try:
+        return {recipe.name: run.gate(inv, [target], run.Options(overrides=recipe.inventory_vars(), quiet=True,
+                                                                   resolve_wheels=resolve_wheels), pool)
+                for recipe in found}
+    finally:
+        pool.close()
+
+
+def registry_json(item: Any) -> dict[str, Any]:
+    """Where a registry's recipe was read: the registry, its URL, the commit and the file."""
+    return {"registry": item.registry.name, "url": item.registry.url, "commit": item.registry.commit,
+            "path": item.path}
 
 
 @task(auto_shortflags=False, name="import", iterable=["set_"],
@@ -108,25 +137,21 @@ def import_(c: Context, path: str, set_: list[str] | None = None, output: str | 
     if is_git_url(named):
         import tempfile
 
+        from provision.recipes import registry as registries
+
         if output:
             raise RecipeError("--output takes one recipe: a registry's URL holds many", file="command line")
         with tempfile.TemporaryDirectory(prefix="provision-registry-") as work:
-            results, skipped = _import_tree(_clone(named, Path(work) / "registry"), overrides)
-        if json_:
-            print(report.dump_json({"recipes": [report.imported_json(item) for item in results], "not_v2": skipped}))
-        else:
-            report.print_imports(results, skipped, report.console())
+            registries.git("clone", "--quiet", "--depth", "1", "--", named, str(Path(work) / "registry"))
+            results, skipped = _import_tree(Path(work) / "registry", overrides)
+        _print_tree(results, skipped, json_)
         return
     given = Path(named)
     if given.is_dir():
         if output:
             raise RecipeError("--output takes one recipe: name a file, not a directory", file="command line")
         results, skipped = _import_tree(given, overrides)
-        if json_:
-            print(report.dump_json({"recipes": [report.imported_json(item) for item in results],
-                                    "not_v2": skipped}))
-        else:
-            report.print_imports(results, skipped, report.console())
+        _print_tree(results, skipped, json_)
         return
     imported = sparkarena.read(_read(given), str(given), given.stem, overrides)
     if json_:
@@ -153,11 +178,12 @@ def export(c: Context, name: str, format: str = "ours", container: str | None = 
 
     Spark Arena's format takes vLLM recipes whose settings fit it."""
     from provision import recipes
+    from provision.recipes import registry as registries
     from provision.recipes import sparkarena
 
     if format not in FORMATS:
         raise RecipeError(f"--format is {' or '.join(FORMATS)}, not {format!r}", file="command line")
-    recipe = recipes.find(_given(name, "export", "NAME"))
+    recipe = registries.find(_given(name, "export", "NAME"))
     text = recipes.to_yaml(recipe) if format == "ours" else sparkarena.write(recipe, container)
     if output:
         _write_new(Path(output), text)
@@ -177,11 +203,12 @@ def apply(c: Context, flags: HostFlags, name: str, dry_run: bool = False) -> Non
     The settings each host would change shown first, the gate run on the cluster's hosts with them,
     and only if it passes, applied/CLUSTER.yaml written beside the inventory
     (read above the cluster's own vars; remove it to go back). Exit 1 if the gate refuses a host."""
-    from provision import checks, inventory, recipes, report, run
+    from provision import checks, inventory, report, run
     from provision.recipes import applying
+    from provision.recipes import registry as registries
     from provision.taskargs import Selection, load_inventory
 
-    recipe = recipes.find(_given(name, "apply", "NAME"))
+    recipe = registries.find(_given(name, "apply", "NAME"))
     if not flags.cluster:
         raise RecipeError("name the cluster to apply it to: --cluster NAME", file="command line")
     inv = load_inventory(flags.inventory)
@@ -233,22 +260,20 @@ def is_git_url(text: str) -> bool:
     return text.startswith(GIT_URL)
 
 
-def _clone(url: str, into: Path) -> Path:
-    """A shallow clone with this machine's own git (its credentials and proxy), never a git of ours."""
-    import shutil
-    import subprocess
+def _print_tree(results: list[Imported], skipped: list[str], json_: bool) -> None:
+    """A checkout's imports, one row each; exit 1 where any recipe file was refused (counted on stderr)."""
+    import sys
 
-    git = shutil.which("git")
-    if git is None:
-        raise RecipeError("git is not installed here: clone the registry yourself and give its directory",
-                          file="command line")
-    done = subprocess.run([git, "clone", "--quiet", "--depth", "1", "--", url, str(into)], capture_output=True,
-                          text=True, timeout=600, check=False, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RecipeError(f"git clone {url} failed (exit {done.returncode}): {last}", file="command line")
-    return into
+    from provision import report
+
+    if json_:
+        print(report.dump_json({"recipes": [report.imported_json(item) for item in results], "not_v2": skipped}))
+    else:
+        report.print_imports(results, skipped, report.console())
+    refused = sum(1 for item in results if item.recipe is None)
+    if refused:
+        print(f"{refused} of {len(results)} recipe file(s) not imported (each says why above)", file=sys.stderr)
+    exit_unless(not refused)
 
 
 def _read(path: Path) -> bytes:
@@ -294,4 +319,77 @@ def _write_new(path: Path, text: str) -> None:
     print(f"wrote {path}")
 
 
+@task(auto_shortflags=False, name="add",
+      help=help_for("json", url="the registry's git URL (https://, ssh://, git@, file://): cloned with this "
+                                "machine's git and credentials; a URL holding a password is refused",
+                    name="its name here, what its recipes' names start with (NAME/...); default: the URL's "
+                         "last part (recipe-registry for .../spark-arena/recipe-registry.git)"))
+@guarded
+def registry_add(c: Context, url: str, name: str = "", json_: bool = False) -> None:
+    """Add a recipe registry: clone it and read its recipes.
+
+    The clone is kept under the user's data directory, and `recipe.list` shows its recipes beside the
+    shipped ones, each named NAME/FILE and read at the clone's commit. A registry holding no recipe is
+    not added (exit 2)."""
+    from provision import report
+    from provision.recipes import registry as registries
+
+    given = _given(url, "registry.add", "URL")
+    added = registries.add(name or registries.name_of(given), given)
+    contents = registries.read(added)
+    if json_:
+        print(report.dump_json(report.registry_json(contents)))
+    else:
+        report.print_registries([contents], report.console())
+
+
+@task(auto_shortflags=False, name="list", help=help_for("json"))
+@guarded
+def registry_list(c: Context, json_: bool = False) -> None:
+    """List the registries added: URL, commit, recipes read and refused.
+
+    With --json, each file refused or not a recipe, with why."""
+    from provision import report
+    from provision.recipes import registry as registries
+
+    everything = registries.everything()
+    if json_:
+        print(report.dump_json([report.registry_json(contents) for contents in everything]))
+    else:
+        report.print_registries(everything, report.console())
+
+
+@task(auto_shortflags=False, name="update", iterable=["name"],
+      help=help_for("json", name="a registry to update (repeatable; default: every registry)"))
+@guarded
+def registry_update(c: Context, name: list[str] | None = None, json_: bool = False) -> None:
+    """Fetch registries again: each checked out at what its remote holds now.
+
+    The commit before and after and the recipe files changed, per registry. One that cannot be fetched
+    is said and the others are still updated (exit 1)."""
+    from provision import report
+    from provision.recipes import registry as registries
+
+    results = registries.update(name or [])
+    if json_:
+        print(report.dump_json([report.update_json(result) for result in results]))
+    else:
+        report.print_updates(results, report.console())
+    exit_unless(not any(isinstance(result, RecipeError) for result in results))
+
+
+@task(auto_shortflags=False, name="remove", help={"name": "the registry to remove (its clone is deleted)"})
+@guarded
+def registry_remove(c: Context, name: str) -> None:
+    """Remove a registry: its clone and its entry.
+
+    Clusters it was applied to keep their applied/CLUSTER.yaml (the settings were copied there)."""
+    from provision.recipes import registry as registries
+
+    removed = registries.remove(_given(name, "registry.remove", "NAME"))
+    print(f"removed registry {removed.name} ({removed.url})")
+
+
+registry_tasks = Collection("registry", registry_add, registry_list, registry_update, registry_remove)
 recipe_tasks = Collection("recipe", list_, show, import_, export, apply)
+recipe_tasks.add_collection(registry_tasks)

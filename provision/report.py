@@ -15,7 +15,7 @@ from rich.text import Text
 from provision import catalog, hints, parsers
 from provision.affinity import compress
 from provision.checks import Finding, resolutions, verdict
-from provision.errors import error_text
+from provision.errors import RecipeError, error_text
 from provision.facts import HostFacts, ProbeAccount
 from provision.fanout import HostResults
 from provision.inventory import Inventory
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from provision.prepare import HostReport, Prepared
     from provision.recipes import Recipe
     from provision.recipes.applying import Application
+    from provision.recipes.registry import Contents, Updated
     from provision.recipes.sparkarena import Imported
     from provision.rolling import Deployed
     from provision.run import Applied, Gated, HostPlan, Planned
@@ -679,6 +680,7 @@ def print_bench_profile(document: Mapping[str, Any], kept: str, json_: bool) -> 
                       _fmt(row["tg_tokens_per_s"], digits=1), _fmt(row["ttft_ms"], digits=1),
                       _fmt(row["seconds"], digits=0), str(row["exit"]))
     out.print(table)
+    out.print(Text(f"profile {profile['name']}: {profile['description']}"))
     if document.get("cut"):
         out.print(Text(f"profile {document['cut']}"))
     for key, value in profile.get("changed_by_command_line", {}).items():
@@ -1072,20 +1074,82 @@ def _fit_text(gated: Gated) -> str:
 
 
 def print_recipes(recipes: Sequence[Recipe], out: Console, host: str | None = None,
-                  fitted: Mapping[str, Gated] | None = None) -> None:
+                  fitted: Mapping[str, Gated] | None = None, origins: Mapping[str, str] | None = None) -> None:
+    """One row a recipe; `origins`: where each comes from (shipped, or a registry at its commit)."""
     if not recipes:
         out.print("recipes: none for this profile")
         return
     table = Table(title="recipes", title_justify="left")
-    for column in ("name", "profile", "gpus", "nodes", "model", "engine", "figures",
+    for column in ("name", *(["from"] if origins else []), "profile", "gpus", "nodes", "model", "engine", "figures",
                    *([f"on {host}"] if fitted is not None else [])):
         table.add_column(column, overflow="fold")
     for recipe in recipes:
         hardware = recipe.hardware
-        table.add_row(recipe.name, hardware.profile, str(hardware.gpus), str(hardware.nodes), recipe.model,
+        table.add_row(recipe.name, *([origins.get(recipe.name, "")] if origins else []), hardware.profile,
+                      str(hardware.gpus), str(hardware.nodes), recipe.model,
                       f"{recipe.engine} {recipe.engine_version or '(version not given)'}", _figure_text(recipe),
                       *([_fit_text(fitted[recipe.name])] if fitted is not None else []))
     out.print(table)
+    if fitted is not None:
+        out.print(Text(f"on {host}: the gate with each recipe's settings; the venv's wheels are not resolved for a "
+                       f"list (`{hints.command(f'recipe.show NAME --host {host}')}` resolves them)"))
+
+
+def registry_json(contents: Contents) -> dict[str, Any]:
+    """One registry: where it is, the commit its recipes were read at, and what its files became."""
+    registry = contents.registry
+    return {"name": registry.name, "url": registry.url, "commit": registry.commit, "updated": registry.updated,
+            "recipes": [item.recipe.name for item in contents.recipes],
+            "refused": [{"path": path, "why": why} for path, why in contents.refused],
+            "not_recipes": [{"path": path, "why": why} for path, why in contents.not_recipes]}
+
+
+def print_registries(everything: Sequence[Contents], out: Console) -> None:
+    if not everything:
+        out.print(Text(f"registries: none added (`{hints.command('recipe.registry.add URL')}`)"))
+        return
+    table = Table(title="recipe registries", title_justify="left")
+    for column in ("name", "url", "commit", "updated", "recipes", "refused", "not recipes"):
+        table.add_column(column, overflow="fold")
+    for contents in everything:
+        registry = contents.registry
+        table.add_row(registry.name, registry.url, registry.commit[:12], registry.updated,
+                      str(len(contents.recipes)), str(len(contents.refused)), str(len(contents.not_recipes)))
+    out.print(table)
+    for contents in everything:
+        for path, why in contents.refused:
+            out.print(Text(f"{contents.registry.name}: {path} refused: {why}"))
+
+
+def print_registry_counts(contents: Contents, out: Console) -> None:
+    """Below a recipe list: what of a registry's files is not in it."""
+    if contents.refused:
+        out.print(Text(f"registry {contents.registry.name} at {contents.registry.commit[:12]}: "
+                       f"{len(contents.refused)} recipe file(s) refused, not listed "
+                       f"(`{hints.command('recipe.registry.list')}` says why)"))
+
+
+def update_json(result: Updated | RecipeError) -> dict[str, Any]:
+    if isinstance(result, RecipeError):
+        return {"error": result.message}
+    return {"name": result.registry.name, "url": result.registry.url, "before": result.before,
+            "commit": result.registry.commit, "unchanged": result.unchanged,
+            "changed": [{"status": status, "path": path} for status, path in result.changed]}
+
+
+def print_updates(results: Sequence[Updated | RecipeError], out: Console) -> None:
+    for result in results:
+        if isinstance(result, RecipeError):
+            out.print(styled(f"[red]error:[/red] {plain(result.message)}"))
+            continue
+        registry = result.registry
+        if result.unchanged:
+            out.print(Text(f"{registry.name}: unchanged at {registry.commit[:12]}"))
+            continue
+        out.print(Text(f"{registry.name}: {result.before[:12]} -> {registry.commit[:12]}, "
+                       f"{len(result.changed)} recipe file(s) changed"))
+        for status, path in result.changed:
+            out.print(Text(f"  {status} {path}"))
 
 
 def print_recipe(recipe: Recipe, out: Console, host: str | None = None, gated: Gated | None = None) -> None:

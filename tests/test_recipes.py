@@ -369,10 +369,14 @@ def test_import_and_export_on_the_command_line(tmp_path: Path, capsys: pytest.Ca
     capsys.readouterr()
     assert run(["recipe.import", str(FIXTURES / "qwen3.5-35b-a3b-nvfp4-atlas.yaml")]) == 2
     assert "runtime 'atlas' has no engine here" in capsys.readouterr().err
-    assert run(["recipe.import", str(FIXTURES), "--json"]) == 0
-    tree = json.loads(capsys.readouterr().out)
+    # A directory with refused files: each row printed, then exit 1 with their count.
+    assert run(["recipe.import", str(FIXTURES), "--json"]) == 1
+    captured = capsys.readouterr()
+    tree = json.loads(captured.out)
     assert len(tree["recipes"]) == len(FILES) and tree["not_v2"] == []
-    assert sum(item["recipe"] is None for item in tree["recipes"]) == 4  # atlas; SGLang's on several nodes
+    refused = sum(item["recipe"] is None for item in tree["recipes"])
+    assert refused == 4  # atlas; SGLang's on several nodes
+    assert f"{refused} of {len(FILES)} recipe file(s) not imported" in captured.err
 
 
 def test_a_registry_s_git_url_is_cloned_with_this_machine_s_git_and_read_as_a_checkout(
@@ -389,12 +393,14 @@ def test_a_registry_s_git_url_is_cloned_with_this_machine_s_git_and_read_as_a_ch
            "GIT_COMMITTER_EMAIL": "t@example.invalid", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     for argv in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"], ["git", "commit", "-q", "-m", "recipes"]):
         subprocess.run(argv, cwd=registry, env=env, check=True, capture_output=True)
-    assert run(["recipe.import", f"file://{registry}", "--json"]) == 0
+    assert run(["recipe.import", f"file://{registry}", "--json"]) == 1  # 4 refused: exit 1
     tree = json.loads(capsys.readouterr().out)
     assert len(tree["recipes"]) == len(FILES) and tree["not_v2"] == []
     assert run(["recipe.import", f"file://{tmp_path}/no-such-registry"]) == 2
     err = capsys.readouterr().err
-    assert "git clone file://" in err and "failed (exit 128)" in err and len(err.splitlines()) == 1
+    assert f"git clone file://{tmp_path}/no-such-registry failed (exit 128)" in err and len(err.splitlines()) == 1
+    # git's whole message, every line of it, not its last line alone
+    assert "does not appear to be a git repository" in err and "the repository exists" in err, err
     assert run(["recipe.import", f"file://{registry}", "--output", str(tmp_path / "one.yaml")]) == 2
     assert "a registry's URL holds many" in capsys.readouterr().err
 

@@ -256,8 +256,15 @@ def read_yaml(data: bytes, source: str) -> Any:
     """A file's YAML (the safe subset), or RecipeError naming it."""
     try:
         return datafiles.load(data.decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise RecipeError(f"not YAML text: {clip(str(exc))}", file=source) from exc
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"not UTF-8 text: {exc.reason} at byte {exc.start}", file=source) from exc
+    except yaml.YAMLError as exc:
+        # The line and what is wrong there (YAML's own words), not its message cut before the line.
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or str(exc)
+        line = mark.line + 1 if mark is not None else None
+        column = f", column {mark.column + 1}" if mark is not None else ""
+        raise RecipeError(f"not YAML: {clip(str(problem), 160)}{column}", file=source, line=line) from exc
 
 
 def load_recipes(directory: Traversable = RECIPE_DIR) -> dict[str, Recipe]:

@@ -161,7 +161,8 @@ def gate(inv: inventory.Inventory, targets: list[inventory.Host], options: Optio
     contexts = {name: dataclasses.replace(ctx, api_key_set=bool(held.api_key), mpi_key_set=bool(held.mpi_ssh_key))
                 for name, ctx in contexts.items()}
     errors = {name: error for name, error in gathered.errors.items() if name in wanted}
-    contexts = _with_planned_wheels(contexts, wanted, errors)
+    if options.resolve_wheels:
+        contexts = _with_planned_wheels(contexts, wanted, errors)
     contexts = _with_reachability(inv, contexts, wanted, errors, options, pool)
     findings = {name: checks.evaluate(contexts[name], options.force) for name in wanted
                 if name in contexts and name not in errors}

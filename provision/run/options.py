@@ -22,6 +22,9 @@ class Options:
     only: str | None = None  # "weights" or "venv": that part of the plan alone
     verify: bool = False  # hash every weights file again
     may_build: bool = False  # build a venv source on a host while planning (provision, venv, deploy)
+    # Resolve the venv's wheels on the controller to judge the torch they bring (off only where many
+    # settings are judged at once and saying so: `recipe.list --fits`).
+    resolve_wheels: bool = True
 
 
 def progress_line(line: str) -> None:

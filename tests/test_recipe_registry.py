@@ -1,0 +1,168 @@
+"""Recipe registries (provision/recipes/registry.py, `invoke recipe.registry.*`): a git repository of real
+Spark Arena recipe files (tests/fixtures/recipes/spark-arena, each with its repository and commit in
+sources.json), made here and reached by a file:// URL (no test reaches the network), cloned with this
+machine's git into a data directory of the test's own."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from provision.errors import RecipeError
+from provision.recipes import registry
+from tests.test_recipes import FIXTURES, run
+
+QWEN = "qwen3-coder-next-int4-autoround-vllm.yaml"
+GPT_OSS = "openai-gpt-oss-120b-vllm.yaml"
+MULTI_NODE_SGLANG = "minimax-m3-v0-nvfp4-4x.yaml"  # refused: SGLang is served on one node
+PROFILE = "spark-arena-v2.yaml"  # the registry's benchmark profile: no recipe
+
+
+def git(cwd: Path, *argv: str) -> str:
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.invalid", "HOME": str(cwd), "PATH": "/usr/bin:/bin"}
+    return subprocess.run(["git", *argv], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    where = tmp_path / "data"
+    monkeypatch.setenv("PROVISION_DATA_DIR", str(where))
+    return where
+
+
+@pytest.fixture
+def origin(tmp_path: Path) -> Path:
+    """A registry laid out as Spark Arena's: recipes in folders, a benchmark profile, two commits ahead
+    of nothing yet (the tests add them)."""
+    repo = tmp_path / "recipe-registry"
+    (repo / "official-recipes" / "qwen3-coder-next").mkdir(parents=True)
+    (repo / "experimental-recipes" / "minimax-m3").mkdir(parents=True)
+    (repo / "benchmarking").mkdir()
+    shutil.copy(FIXTURES / QWEN, repo / "official-recipes" / "qwen3-coder-next" / QWEN)
+    shutil.copy(FIXTURES / MULTI_NODE_SGLANG, repo / "experimental-recipes" / "minimax-m3" / MULTI_NODE_SGLANG)
+    shutil.copy(Path("provision/benchprofiles") / PROFILE, repo / "benchmarking" / PROFILE)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "recipes")
+    return repo
+
+
+def test_add_clones_reads_and_keeps_the_commit_every_recipe_was_read_at(data_dir: Path, origin: Path) -> None:
+    added = registry.add("arena", f"file://{origin}")
+    head = git(origin, "rev-parse", "HEAD")
+    assert added.commit == head and (data_dir / "registries" / "arena" / ".git").is_dir()
+    assert registry.load() == [added]  # kept in the data directory's index
+    contents = registry.read(added)
+    assert [item.recipe.name for item in contents.recipes] == ["arena/qwen3-coder-next-int4-autoround-vllm"]
+    listed = contents.recipes[0]
+    assert listed.path == f"official-recipes/qwen3-coder-next/{QWEN}"
+    # where it was read travels with the recipe: the URL, the commit and the file
+    assert f"file://{origin} at {head}: {listed.path}" in listed.recipe.source
+    assert listed.recipe.inventory_vars()["model"] == "Intel/Qwen3-Coder-Next-int4-AutoRound"
+    assert [path for path, _ in contents.refused] == [f"experimental-recipes/minimax-m3/{MULTI_NODE_SGLANG}"]
+    assert "serves SGLang on one node" in contents.refused[0][1]
+    assert contents.not_recipes == ((f"benchmarking/{PROFILE}", "names no model: not a recipe"),)
+    assert registry.find("arena/qwen3-coder-next-int4-autoround-vllm") == listed.recipe
+    with pytest.raises(RecipeError, match="minimax-m3-v0-nvfp4-4x.yaml is not imported: the tool serves SGLang"):
+        registry.find("arena/minimax-m3-v0-nvfp4-4x")
+    with pytest.raises(RecipeError, match="no recipe 'arena/nothing' in registry arena"):
+        registry.find("arena/nothing")
+
+
+def test_update_checks_out_what_the_remote_holds_now_and_names_what_changed(data_dir: Path, origin: Path) -> None:
+    before = registry.add("arena", f"file://{origin}")
+    assert [result.unchanged for result in registry.update() if isinstance(result, registry.Updated)] == [True]
+    shutil.copy(FIXTURES / GPT_OSS, origin / "official-recipes" / GPT_OSS)
+    (origin / "experimental-recipes" / "minimax-m3" / MULTI_NODE_SGLANG).unlink()
+    git(origin, "add", "-A")
+    git(origin, "commit", "-q", "-m", "gpt-oss; minimax gone")
+    [result] = registry.update(["arena"])
+    assert isinstance(result, registry.Updated) and result.before == before.commit
+    assert result.registry.commit == git(origin, "rev-parse", "HEAD") != before.commit
+    assert set(result.changed) == {("A", f"official-recipes/{GPT_OSS}"),
+                                   ("D", f"experimental-recipes/minimax-m3/{MULTI_NODE_SGLANG}")}
+    assert registry.load()[0].commit == result.registry.commit  # the index keeps the new commit
+    contents = registry.read(registry.load()[0])
+    assert sorted(item.recipe.name for item in contents.recipes) == [
+        "arena/openai-gpt-oss-120b-vllm", "arena/qwen3-coder-next-int4-autoround-vllm"]
+    assert all(result.registry.commit in item.recipe.source for item in contents.recipes)
+    assert contents.refused == ()
+
+
+def test_one_registry_that_cannot_be_fetched_never_hides_the_others(
+        data_dir: Path, origin: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    second = tmp_path / "second"
+    shutil.copytree(origin, second)
+    registry.add("gone", f"file://{second}")
+    registry.add("arena", f"file://{origin}")
+    shutil.rmtree(second)
+    shutil.copy(FIXTURES / GPT_OSS, origin / GPT_OSS)
+    git(origin, "add", "-A")
+    git(origin, "commit", "-q", "-m", "gpt-oss")
+    assert run(["recipe.registry.update", "--json"]) == 1
+    gone, arena = json.loads(capsys.readouterr().out)
+    assert "git fetch origin HEAD failed (exit 128)" in gone["error"] and "does not appear to be a git repository" \
+        in gone["error"], gone
+    assert arena["name"] == "arena" and arena["changed"] == [{"status": "A", "path": GPT_OSS}]
+    assert registry.named("arena").commit == git(origin, "rev-parse", "HEAD")
+
+
+def test_add_refuses_bad_input_and_leaves_nothing_behind(data_dir: Path, origin: Path, tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match="a registry's name is lowercase"):
+        registry.add("Spark Arena", f"file://{origin}")
+    with pytest.raises(RecipeError, match="holds a password or token"):
+        registry.add("arena", "https://someone:ghp_secret@github.com/spark-arena/recipe-registry")
+    empty = tmp_path / "empty"
+    (empty / "benchmarking").mkdir(parents=True)
+    shutil.copy(Path("provision/benchprofiles") / PROFILE, empty / "benchmarking" / PROFILE)
+    git(empty, "init", "-q", "-b", "main")
+    git(empty, "add", "-A")
+    git(empty, "commit", "-q", "-m", "no recipes")
+    with pytest.raises(RecipeError, match="holds no recipe .* in 1 YAML file"):
+        registry.add("empty", f"file://{empty}")
+    assert registry.load() == [] and not any((data_dir / "registries").iterdir())
+    registry.add("arena", f"file://{origin}")
+    with pytest.raises(RecipeError, match="registry 'arena' exists already"):
+        registry.add("arena", f"file://{origin}")
+    assert registry.name_of("https://github.com/spark-arena/recipe-registry.git") == "recipe-registry"
+    assert registry.name_of("git@github.com:scitrera/oss-spark-run.git") == "oss-spark-run"
+
+
+def test_remove_deletes_the_clone_and_the_entry(data_dir: Path, origin: Path) -> None:
+    registry.add("arena", f"file://{origin}")
+    assert registry.remove("arena").name == "arena"
+    assert registry.load() == [] and not (data_dir / "registries" / "arena").exists()
+    with pytest.raises(RecipeError, match="no registry 'arena'"):
+        registry.remove("arena")
+
+
+def test_recipe_list_shows_the_registries_recipes_beside_the_shipped_ones(
+        data_dir: Path, origin: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["recipe.registry.add", f"file://{origin}", "--name", "arena", "--json"]) == 0
+    added = json.loads(capsys.readouterr().out)
+    assert added["recipes"] == ["arena/qwen3-coder-next-int4-autoround-vllm"] and len(added["refused"]) == 1
+    assert run(["recipe.list", "--json"]) == 0
+    listed = {item["name"]: item["from"] for item in json.loads(capsys.readouterr().out)}
+    assert listed["lab-cpu-tiny-llama"] == "shipped"
+    assert listed["arena/qwen3-coder-next-int4-autoround-vllm"] == {
+        "registry": "arena", "url": f"file://{origin}", "commit": git(origin, "rev-parse", "HEAD"),
+        "path": f"official-recipes/qwen3-coder-next/{QWEN}"}
+    assert run(["recipe.list", "--registry", "shipped", "--json"]) == 0
+    assert all(item["from"] == "shipped" for item in json.loads(capsys.readouterr().out))
+    assert run(["recipe.list"]) == 0
+    out = capsys.readouterr().out
+    assert "arena/qwen3-coder-next-int4-autoround-vllm" in out
+    assert "registry arena at " in out and "1 recipe file(s) refused, not listed" in out
+    assert run(["recipe.show", "arena/qwen3-coder-next-int4-autoround-vllm"]) == 0
+    assert f"file://{origin} at " in capsys.readouterr().out
+    assert run(["recipe.registry.list"]) == 0
+    out = capsys.readouterr().out
+    assert f"arena: experimental-recipes/minimax-m3/{MULTI_NODE_SGLANG} refused: the tool serves SGLang" in out
+    assert run(["recipe.registry.add", "-h"]) == 0
+    assert "recipe.registry.add [--options]" in capsys.readouterr().out
+    assert run(["recipe.registry.remove", "arena"]) == 0
+    assert "removed registry arena" in capsys.readouterr().out
