@@ -3,21 +3,30 @@
 
     framework: llama-benchy          # the benchmark tool; the only one this tool runs
     metadata: {description: ...}
-    args: {pp: [2048], tg: [128], depth: [0, 4096], concurrency: [1, 2], prefix_caching: true}
+    args: {pp: [2048], tg: [128], depth: [0, 4096], concurrency: [1, 2], prefix_caching: true, runs: 3}
     schedule: [{depth: 4096, concurrency: 2}, ...]   # optional: the runs, in this order
 
 Each run is one llama-benchy invocation at one depth and one concurrency (the schedule's entries, else
 every depth with every concurrency, depth first), as sparkrun runs a profile; its other args become
-llama-benchy's flags (`prefix_caching` is its `--enable-prefix-caching`). A server whose context cannot
-hold a run (depth + pp + tg tokens) has the profile cut to it: runs at a depth it cannot hold are
-dropped, and at depth 0 pp and tg shrink to fit; `Cut` says what, and the report prints it.
+llama-benchy's flags (`prefix_caching` is its `--enable-prefix-caching`). `runs` is llama-benchy's
+`--runs`, as sparkrun passes it: within each invocation, every test is measured that many times after
+one warm-up pass, and its result holds each measurement and their mean (`Run.repetitions`; a profile
+without it gets llama-benchy's default, 3). It does not repeat the schedule. A server whose context
+cannot hold a run (depth + pp + tg tokens) has the profile cut to it: runs at a depth it cannot hold
+are dropped, and at depth 0 pp and tg shrink to fit; `Cut` says what, and the report prints it.
 
-Pure: reading the profile file is the only I/O. provision/benchrun.py runs the runs.
+The shipped profiles (provision/benchprofiles) are the publisher's files byte for byte; where each was
+read, and the sha256 of its bytes, is recorded beside them in sources.json (`Published`), never inside
+the file: a shipped file whose bytes differ from the record is refused.
+
+Pure: reading the profile files and sources.json is the only I/O. provision/benchrun.py runs the runs.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -26,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from provision import datafiles
+from provision import benchprofiles, datafiles
 from provision.errors import BenchProfileError, clip
 
 FRAMEWORK = "llama-benchy"
@@ -38,6 +47,7 @@ ALIASES = {"prefix_caching": "enable_prefix_caching"}  # sparkrun's shorthand, l
 # the key (never in argv), the result's file and format. A profile that sets one is refused.
 OWNED = ("base_url", "api_key", "model", "served_model_name", "format", "save_result", "emit_progress")
 DEFAULT_RUNS = 3  # llama-benchy's own default (--runs)
+_SOURCE_KEYS = {"repository", "path", "commit", "sha256"}
 # Tokens of a run's context left for the chat template and the special tokens around the prompt.
 TEMPLATE_ROOM = 32
 
@@ -57,15 +67,38 @@ class Run:
     def concurrency(self) -> int:
         return int(self.args["concurrency"][0])
 
+    @property
+    def repetitions(self) -> int:
+        """How many times llama-benchy measures this run's test (its `--runs`), after one warm-up."""
+        return int(self.args.get("runs", DEFAULT_RUNS))
+
     def tokens(self) -> int:
         """The context one request of this run fills: its depth, its longest prompt and output."""
         return self.depth + int(max(self.args.get("pp") or [0])) + int(max(self.args.get("tg") or [0]))
 
 
 @dataclass(frozen=True)
+class Published:
+    """Where a shipped profile was read: the publisher's repository, the file's path there, the full
+    commit it was read at, and the sha256 of its bytes (one entry of provision/benchprofiles/sources.json)."""
+
+    repository: str
+    path: str
+    commit: str
+    sha256: str
+
+    def words(self) -> str:
+        return benchprofiles.where(self.as_json())
+
+    def as_json(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class Profile:
     """A profile as read: its args (llama-benchy's names), its schedule's (depth, concurrency) pairs
-    (None: every depth with every concurrency), and the args the command line changed (`--arg`)."""
+    (None: every depth with every concurrency), the args the command line changed (`--arg`), and
+    where a shipped one was published (None: a file of the user's)."""
 
     name: str
     description: str
@@ -73,6 +106,18 @@ class Profile:
     schedule: tuple[tuple[int, int], ...] | None
     source: str
     changed: Mapping[str, Any] = field(default_factory=dict)
+    published: Published | None = None
+
+    @property
+    def repetitions(self) -> int:
+        """llama-benchy's `--runs` for every run: its measurements of each test (the profile's `runs`)."""
+        return int(self.args.get("runs", DEFAULT_RUNS))
+
+    @property
+    def about(self) -> str:
+        """The publisher's description, and where a shipped profile was read."""
+        where = f"published as {self.published.words()}" if self.published else f"read from {self.source}"
+        return f"{self.description or self.name} ({where})"
 
     @property
     def runs(self) -> tuple[Run, ...]:
@@ -110,23 +155,52 @@ def named(name_or_path: str) -> Profile:
     path = Path(name_or_path)
     if path.is_file():
         return load(path)
-    shipped = resources.files("provision.benchprofiles")
-    known = sorted(entry.name[:-len(".yaml")] for entry in shipped.iterdir() if entry.name.endswith(".yaml"))
+    known = shipped()
     if name_or_path in known:
-        with resources.as_file(shipped / f"{name_or_path}.yaml") as found:
-            return load(found)
+        with resources.as_file(resources.files("provision.benchprofiles") / f"{name_or_path}.yaml") as found:
+            return load(found, known[name_or_path])
     raise BenchProfileError(f"no profile file {name_or_path!r}, and no shipped profile of that name (shipped: "
                             f"{', '.join(known)})", file="command line", key="--profile")
 
 
-def load(path: Path) -> Profile:
-    """A profile file; BenchProfileError (exit 2) names the file and what is wrong."""
+def shipped() -> dict[str, Published]:
+    """The shipped profiles by name, each with where it was published (sources.json). A profile file
+    there without a record, or a record without its file, is refused: what ships says where it is from."""
+    folder = resources.files("provision.benchprofiles")
+    where = f"provision/benchprofiles/{benchprofiles.SOURCES}"
+    try:
+        records = benchprofiles.sources()
+    except (OSError, ValueError) as exc:
+        raise BenchProfileError(f"cannot read the shipped profiles' sources: {clip(str(exc))}", file=where) from exc
+    files = {entry.name for entry in folder.iterdir() if entry.name.endswith(".yaml")}
+    if not isinstance(records, dict) or set(records) != files:
+        raise BenchProfileError(f"records {sorted(records) if isinstance(records, dict) else records!r}, the "
+                                f"shipped files are {sorted(files)}: each needs exactly one", file=where)
+    return {file[:-len(".yaml")]: _published(record, where, file) for file, record in sorted(records.items())}
+
+
+def _published(record: Any, where: str, file: str) -> Published:
+    if not (isinstance(record, dict) and set(record) == _SOURCE_KEYS
+            and all(isinstance(value, str) for value in record.values())
+            and re.fullmatch(r"[0-9a-f]{40}", record["commit"]) and re.fullmatch(r"[0-9a-f]{64}", record["sha256"])):
+        raise BenchProfileError(f"{file} must be {{repository, path, commit: a full sha (40 hex), sha256: 64 hex}}, "
+                                f"got {clip(repr(record))}", file=where, key=file)
+    return Published(**record)
+
+
+def load(path: Path, published: Published | None = None) -> Profile:
+    """A profile file; BenchProfileError (exit 2) names the file and what is wrong. With `published`
+    (a shipped one), its bytes must be the ones recorded (their sha256)."""
     data = datafiles.read_bounded(path, MAX_PROFILE_BYTES, BenchProfileError, "a benchmark profile")
+    digest = hashlib.sha256(data).hexdigest()
+    if published is not None and digest != published.sha256:
+        raise BenchProfileError(f"not the file published as {published.words()}: its sha256 is {digest}, "
+                                f"{benchprofiles.SOURCES} records {published.sha256}", file=str(path))
     try:
         body = datafiles.load(data.decode("utf-8"))
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise BenchProfileError(f"not YAML text: {clip(str(exc))}", file=str(path)) from exc
-    return from_mapping(body, str(path), path.stem)
+    return dataclasses.replace(from_mapping(body, str(path), path.stem), published=published)
 
 
 def from_mapping(body: Any, source: str, name: str) -> Profile:
@@ -186,6 +260,9 @@ def _args(raw: Any, source: str) -> dict[str, Any]:
                 raise BenchProfileError(f"args.{key} must be a list of whole numbers, got {clip(repr(value))}",
                                         file=source, key=f"args.{key}")
             value = values
+        elif name == "runs" and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            raise BenchProfileError(f"args.{key} (llama-benchy's measurements of each test) must be a whole "
+                                    f"number of at least 1, got {clip(repr(value))}", file=source, key=f"args.{key}")
         args[name] = value
     args.setdefault("depth", [0])
     args.setdefault("concurrency", [1])

@@ -29,7 +29,9 @@ from provision.errors import BenchProfileError
 from provision.inventory import Inventory, Settings, applied_dir_of
 from provision.runner import Runner
 
-RUN_TIMEOUT = 3600.0  # seconds one run (3 repetitions at one depth and concurrency) may take
+# Seconds one pass of a run may take: llama-benchy's warm-up, then each of its repetitions (the
+# profile's `runs`), at one depth and concurrency; a run's limit is this times its passes.
+PASS_TIMEOUT = 900.0
 
 
 def tool_version() -> str:
@@ -92,11 +94,14 @@ def run_profile(served: Served, api_key: str | None, profile: Profile, work: Pat
         target = Target(server.server_url(address, port) + "/v1", str(settings.model), served.served_name,
                         str(tokenizer) if tokenizer else None, book_url)
         for number, run in enumerate(runs, 1):
-            progress(f"[{number}/{len(runs)}] {run.label}: pp {run.args.get('pp')} tg {run.args.get('tg')} ...")
+            progress(f"[{number}/{len(runs)}] {run.label}: pp {run.args.get('pp')} tg {run.args.get('tg')}, "
+                     f"{run.repetitions} repetition(s) ...")
             results.append(_one(run, target, api_key, work / f"run-{number:02d}"))
     document = {
-        "profile": {"name": profile.name, "description": profile.description, "source": profile.source,
+        "profile": {"name": profile.name, "description": profile.about, "source": profile.source,
+                    "published": profile.published.as_json() if profile.published else None,
                     "framework": benchprofile.FRAMEWORK, "args": dict(profile.args),
+                    "repetitions": profile.repetitions,
                     "changed_by_command_line": dict(profile.changed)},
         "cut": cut.words() if cut is not None and cut.cut else None,
         "tool": {"name": benchprofile.FRAMEWORK, "version": version},
@@ -131,7 +136,7 @@ def _one(run: Run, target: Target, api_key: str | None, stem: Path) -> dict[str,
             done = subprocess.run([sys.executable, "-m", "provision.benchlaunch",
                                    *benchprofile.argv(run, target, str(result_file))],
                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                  timeout=RUN_TIMEOUT, check=False)
+                                  timeout=PASS_TIMEOUT * (run.repetitions + 1), check=False)
             code = done.returncode
         except subprocess.TimeoutExpired:
             code = 124

@@ -10,6 +10,7 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import task
 
+from provision import benchprofiles
 from provision.errors import ProvisionError
 from provision.taskargs import (
     COMMON_HELP,
@@ -111,9 +112,10 @@ def status_(c: Context, flags: HostFlags, watch: float = 0, timeout: float = 5, 
                              "router, from the router's host, to one model's replicas (--model)",
                  "model": "with --endpoint: the model the requests name (default: the endpoint's first)",
                  "profile": "a published benchmark profile, a file (Spark Arena's benchmarking/*.yaml) or a "
-                            "shipped one by name (spark-arena-v2), run with the tool it names, llama-benchy, from "
-                            "this machine against the host's server or the endpoint; cut to the server's context "
-                            "where it cannot hold a run (said)",
+                            f"shipped one by name: {benchprofiles.listed()}; run with the tool it names, "
+                            "llama-benchy, from this machine against the host's server or the endpoint, each "
+                            "depth and concurrency measured as often as its args' runs says (llama-benchy's "
+                            "--runs; default 3); cut to the server's context where it cannot hold a run (said)",
                  "book-url": "with --profile: the text llama-benchy cuts its prompts from (default: its own)",
                  "arg": "with --profile: one of its args changed, KEY=VALUE (repeatable; named in the results): "
                         "skip_coherence=true for a model that cannot answer a question, say",

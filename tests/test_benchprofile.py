@@ -1,36 +1,93 @@
-"""Published benchmark profiles: Spark Arena's v2 profile read as it is (tests/fixtures/bench-profiles,
-verbatim, its repository and commit in sources.json), cut to a server's context, and each run's
-arguments judged by llama-benchy's own parser (the pinned release, the bench and test extras)."""
+"""Published benchmark profiles: Spark Arena's v2 profile as shipped (provision/benchprofiles, the
+registry's bytes; where they were read and their sha256 in sources.json beside them), read as sparkrun
+reads it, cut to a server's context, and each run's arguments judged by llama-benchy's own parser (the
+pinned release, the bench and test extras)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
 from pathlib import Path
 
 import pytest
+from invoke.program import Program
 
-from provision import benchprofile, benchrun
+from provision import benchprofile, benchprofiles, benchrun
 from provision.benchprofile import Target
 from provision.errors import BenchProfileError
-from tests.conftest import FIXTURES, REPO
+from tests.conftest import REPO
 
-PROFILES = FIXTURES / "bench-profiles"
+PROFILES = REPO / "provision" / "benchprofiles"
 V2 = PROFILES / "spark-arena-v2.yaml"
+SOURCES = json.loads((PROFILES / "sources.json").read_text())
 TARGET = Target("http://127.0.0.1:41234/v1", "lab/tiny-llama", "tiny-llama", "/tmp/work/tokenizer.json",
                 "http://10.231.77.1:8930/corpus/book.txt")
 
 
+def test_the_shipped_profiles_are_the_published_bytes_and_say_where_they_were_read() -> None:
+    """Byte for byte: no line of ours in the file; its repository, path, full commit and sha256 beside it."""
+    assert set(SOURCES) == {path.name for path in PROFILES.glob("*.yaml")} == {"spark-arena-v2.yaml"}
+    for file, record in SOURCES.items():
+        assert set(record) == {"repository", "path", "commit", "sha256"}, file
+        assert record["repository"] == "spark-arena/recipe-registry" and record["path"] == f"benchmarking/{file}"
+        assert re.fullmatch(r"[0-9a-f]{40}", record["commit"]), record["commit"]
+        assert hashlib.sha256((PROFILES / file).read_bytes()).hexdigest() == record["sha256"], file
+    # The registry's file opens with its own first key: the provenance lives in sources.json only.
+    assert V2.read_text().startswith("framework: llama-benchy\n")
+    shipped = benchprofile.shipped()
+    assert shipped["spark-arena-v2"].commit == SOURCES["spark-arena-v2.yaml"]["commit"]
+    profile = benchprofile.named("spark-arena-v2")
+    assert profile.published == shipped["spark-arena-v2"]
+    assert profile.about == (f"Spark Arena Benchmark Profile v2 (published as spark-arena/recipe-registry "
+                             f"benchmarking/spark-arena-v2.yaml at commit {shipped['spark-arena-v2'].commit})")
+
+
+def test_a_shipped_profile_whose_bytes_differ_from_the_record_is_refused(tmp_path: Path) -> None:
+    published = benchprofile.shipped()["spark-arena-v2"]
+    edited = tmp_path / "spark-arena-v2.yaml"
+    edited.write_bytes(b"# a comment of ours\n" + V2.read_bytes())  # the old shape: the registry's file plus a line
+    with pytest.raises(BenchProfileError, match=f"not the file published as .* at commit {published.commit}"):
+        benchprofile.load(edited, published)
+    assert benchprofile.load(edited).args == benchprofile.load(V2).args  # as a user's file, it reads
+
+
+@pytest.mark.parametrize(("records", "message"), [
+    ({}, "each needs exactly one"),
+    ({"spark-arena-v2.yaml": {**SOURCES["spark-arena-v2.yaml"], "commit": "7aff4a2"}}, "a full sha (40 hex)"),
+    ({"spark-arena-v2.yaml": {**SOURCES["spark-arena-v2.yaml"], "sha256": None}}, "sha256: 64 hex"),
+    ({"spark-arena-v2.yaml": {"repository": "spark-arena/recipe-registry"}}, "must be {repository, path"),
+], ids=["no record", "short commit", "no sha256", "fields missing"])
+def test_a_sources_record_that_does_not_say_where_a_file_is_from_is_refused(
+        monkeypatch: pytest.MonkeyPatch, records: dict[str, object], message: str) -> None:
+    monkeypatch.setattr(benchprofiles, "sources", lambda: records)
+    with pytest.raises(BenchProfileError, match=re.escape(message)) as caught:
+        benchprofile.named("spark-arena-v2")
+    assert "sources.json" in str(caught.value)
+
+
 def test_the_v2_profile_is_read_as_sparkrun_runs_it_its_schedule_in_order() -> None:
-    assert json.loads((PROFILES / "sources.json").read_text())["spark-arena-v2.yaml"]["repository"] == \
-        "spark-arena/recipe-registry"
     profile = benchprofile.load(V2)
     assert profile.name == "spark-arena-v2" and profile.description == "Spark Arena Benchmark Profile v2"
     assert len(profile.runs) == 28 and profile.runs[0].label == "d=8192 c=5" and profile.runs[-1].label == "d=100000 c=10"
     assert {(run.depth, run.concurrency) for run in profile.runs} == {
         (depth, concurrency) for depth in (0, 4096, 8192, 16384, 32768, 65535, 100000) for concurrency in (1, 2, 5, 10)}
     assert profile.runs[0].args == {"depth": [8192], "pp": [2048], "tg": [128], "concurrency": [5],
-                                    "enable_prefix_caching": True}
+                                    "enable_prefix_caching": True, "runs": 3}
+    # `runs` is llama-benchy's --runs: each run's test measured 3 times, not the schedule run 3 times.
+    assert profile.repetitions == 3 and all(run.repetitions == 3 for run in profile.runs)
+
+
+def test_a_profile_without_runs_gets_llama_benchy_s_default_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text("framework: llama-benchy\nargs: {pp: [64]}\n")
+    profile = benchprofile.load(path)
+    assert "runs" not in profile.args and profile.repetitions == benchprofile.DEFAULT_RUNS
+    assert "--runs" not in benchprofile.argv(profile.runs[0], TARGET, "r.json")
+    for bad in ("0", "three", "true", "[2]"):
+        path.write_text(f"framework: llama-benchy\nargs: {{pp: [64], runs: {bad}}}\n")
+        with pytest.raises(BenchProfileError, match="args.runs .* must be a whole number of at least 1"):
+            benchprofile.load(path)
 
 
 def test_without_a_schedule_every_depth_runs_with_every_concurrency_depth_first(tmp_path: Path) -> None:
@@ -54,7 +111,9 @@ def test_each_run_s_arguments_are_what_llama_benchy_s_own_parser_reads(monkeypat
     assert (config.tokenizer, config.book_url) == (TARGET.tokenizer, TARGET.book_url)
     assert (config.pp_counts, config.tg_counts, config.depths, config.concurrency_levels) == (
         [2048], [128], [run.depth], [run.concurrency])
-    assert config.enable_prefix_caching is True and config.num_runs == benchprofile.DEFAULT_RUNS
+    # The profile's runs: 3 is said, not left to llama-benchy's default (the same number today).
+    assert line[line.index("--runs") + 1] == "3" and config.num_runs == run.repetitions == 3
+    assert config.enable_prefix_caching is True
     assert (config.result_format, config.save_result, config.api_key) == ("json", "/tmp/work/run-01.json", "secret")
 
 
@@ -107,25 +166,45 @@ def test_the_installed_llama_benchy_is_the_pinned_one() -> None:
 
 
 def test_an_arg_changed_on_the_command_line_is_held_to_the_same_rules_and_named() -> None:
-    profile = benchprofile.with_args(benchprofile.load(V2), benchprofile.parse_args(["skip_coherence=true", "runs=1"]))
+    profile = benchprofile.with_args(benchprofile.named("spark-arena-v2"),
+                                     benchprofile.parse_args(["skip_coherence=true", "runs=1"]))
     assert profile.changed == {"skip_coherence": True, "runs": 1}
-    assert all(run.args["skip_coherence"] is True and run.args["runs"] == 1 for run in profile.runs)
-    assert "--skip-coherence" in benchprofile.argv(profile.runs[0], TARGET, "r.json")
+    assert all(run.args["skip_coherence"] is True and run.repetitions == 1 for run in profile.runs)
+    line = benchprofile.argv(profile.runs[0], TARGET, "r.json")
+    assert "--skip-coherence" in line and line[line.index("--runs") + 1] == "1"
+    assert profile.published == benchprofile.named("spark-arena-v2").published  # still says where it is from
     with pytest.raises(BenchProfileError, match="this tool sets it"):
         benchprofile.with_args(profile, {"api_key": "k"})
     with pytest.raises(BenchProfileError, match="--arg expects KEY=VALUE"):
         benchprofile.parse_args(["skip_coherence"])
 
 
-def test_the_shipped_v2_profile_is_the_published_one_found_by_name(tmp_path: Path) -> None:
+def test_the_shipped_v2_profile_is_found_by_name_and_a_file_by_its_path(tmp_path: Path) -> None:
     shipped = benchprofile.named("spark-arena-v2")
     assert shipped.runs == benchprofile.load(V2).runs and shipped.args == benchprofile.load(V2).args
-    assert (REPO / "provision" / "benchprofiles" / "spark-arena-v2.yaml").read_text().endswith(V2.read_text())
     path = tmp_path / "spark-arena-v2.yaml"
     path.write_text("framework: llama-benchy\nargs: {pp: [64]}\n")
-    assert benchprofile.named(str(path)).args["pp"] == [64]  # a file by its path comes first
+    mine = benchprofile.named(str(path))  # a file by its path comes first
+    assert mine.args["pp"] == [64] and mine.published is None and mine.about.endswith(f"(read from {path})")
     with pytest.raises(BenchProfileError, match="shipped: spark-arena-v2"):
         benchprofile.named("spark-arena-v9")
+
+
+def test_bench_help_names_each_shipped_profile_with_the_commit_it_was_read_at(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from provision.cli import ns
+
+    try:
+        Program(namespace=ns, name="provision", binary="provision").run(
+            ["provision", "bench", "--profile", "spark-arena-v2", "-h"])
+    except SystemExit as exc:
+        assert not exc.code
+    helped = capsys.readouterr().out
+    flat = re.sub(r"-\s+", "-", " ".join(helped.split()))  # as wrapped for the terminal, joined again
+    for file, record in SOURCES.items():
+        assert (f"{file.removesuffix('.yaml')} (read from {record['repository']} {record['path']} at commit "
+                f"{record['commit']})") in flat, flat
+    assert "--runs" in flat
 
 
 def test_a_profile_measures_a_host_s_server_or_an_endpoint_through_its_router(tmp_path: Path,

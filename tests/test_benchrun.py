@@ -2,24 +2,29 @@
 OpenAI-compatible server on this machine's loopback that streams its answers the way vLLM does and
 refuses a request without the key. What it shows: the key reaches llama-benchy through the environment
 and no process's argv holds it; llama-benchy's own JSON result is read back; a failing run is kept
-with its exit and output's end. The real engine is the lab's test (tests/lab/test_lab_bench_profile.py)."""
+with its exit and output's end; the shipped profile's `runs` is how often llama-benchy measures each
+test, and its results say where the profile was published. The real engine is the lab's test
+(tests/lab/test_lab_bench_profile.py)."""
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import json
 import os
+import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
-from provision import benchprofile, benchrun
+from provision import benchprofile, benchrun, inventory, report
 from provision.benchprofile import Target
 from provision.lab import tinymodel
-from tests.fakes import JsonAnswers
+from provision.runner import Result
+from tests.fakes import FakeRunner, JsonAnswers
 
 KEY = "bench-secret-4242"
 WORDS = [word for word in tinymodel.vocabulary() if not word.startswith("<")]
@@ -126,3 +131,52 @@ def test_a_run_the_server_refuses_is_kept_with_its_exit_and_output(served: str, 
     item = one_run(served, tmp_path, None)  # no key: every request is refused
     assert item["exit"] != 0 or not (item["result"] or {}).get("benchmarks"), item
     assert item["output_tail"] and any("401" in line or "failed" in line.lower() for line in item["output_tail"]), item
+
+
+class ModelFiles(FakeRunner):
+    """A host whose model directory holds the tiny model's tokenizer.json (a copy from `folder`)."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__("cpu-1", lambda argv, stdin: Result(" ".join(argv), 0, "", "", 0.0))
+        self.folder = folder
+
+    def get(self, remote_path: str, local: Path) -> None:
+        shutil.copyfile(self.folder / Path(remote_path).name, local)
+
+
+@pytest.mark.parametrize("changed", [[], ["runs=2"]], ids=["as published", "runs changed"])
+def test_the_shipped_profile_measures_each_test_as_often_as_its_runs_says_and_names_its_commit(
+        served: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], changed: Sequence[str]) -> None:
+    """runs is llama-benchy's --runs: one process per schedule entry, each test measured that many times
+    (its result holds each measurement), never the schedule over again."""
+    tinymodel.make(tmp_path / "model")
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  cpu-1: {address: 10.0.0.5, profile: cpu}\nclusters:\n"
+                                         "  a: {hosts: [cpu-1], vars: {model: lab/tiny-llama, fetch_weights: false, "
+                                         "served_model_name: tiny-llama}}\n")
+    settings = inventory.load(tmp_path).settings("cpu-1", {"max_model_len": 160})
+    files = ModelFiles(tmp_path / "model")
+    port = int(served.rsplit(":", 1)[1])
+    target = benchrun.Served(files, "127.0.0.1", port, "tiny-llama", files, settings, "host cpu-1")
+    shipped = benchprofile.with_args(benchprofile.named("spark-arena-v2"),
+                                     {"skip_coherence": True, **benchprofile.parse_args(changed)})
+    profile = dataclasses.replace(shipped, schedule=((0, 2),))  # one entry of its schedule: one process
+    said: list[str] = []
+    (tmp_path / "work").mkdir()
+    measured = benchrun.run_profile(target, KEY, profile, tmp_path / "work", f"{served}/book.txt", said.append)
+    assert measured.ok, measured.document["runs"]
+    repetitions = 2 if changed else 3  # the published file's runs: 3, else the --arg
+    document = measured.document
+    (run,) = document["runs"]
+    assert f"[1/1] d=0 c=2: pp [112] tg [16], {repetitions} repetition(s) ..." in said
+    (row,) = run["result"]["benchmarks"]
+    # At concurrency 2 llama-benchy keeps one batch throughput per repetition (the warm-up is not kept).
+    assert len(row["tg_throughput"]["values"]) == len(row["pp_throughput"]["values"]) == repetitions
+    published = benchprofile.shipped()["spark-arena-v2"]
+    assert document["profile"]["published"] == dataclasses.asdict(published)
+    assert document["profile"]["repetitions"] == repetitions
+    assert published.commit in document["profile"]["description"]
+    assert document["profile"]["description"].startswith("Spark Arena Benchmark Profile v2 (published as "
+                                                         "spark-arena/recipe-registry benchmarking/spark-arena-v2.yaml")
+    report.print_bench_profile(document, str(tmp_path / "kept.json"), False)
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "profile spark-arena-v2: Spark Arena Benchmark Profile v2" in printed and published.commit in printed

@@ -10,7 +10,9 @@ import sys
 HEAVY = ("paramiko", "fabric", "rich", "jinja2", "huggingface_hub", "cryptography", "matplotlib", "numpy")
 LIGHT = {"provision", "provision.cli", "provision.config", "provision.errors", "provision.taskargs",
          "provision.tasks", "provision.cluster_tasks", "provision.prepare_tasks", "provision.tune_tasks",
-         "provision.verify_tasks", "provision.init_tasks", "provision.recipe_tasks", "provision.hints"}
+         "provision.verify_tasks", "provision.init_tasks", "provision.recipe_tasks", "provision.hints",
+         # the shipped benchmark profiles' sources (standard library only): bench's help names their commits
+         "provision.benchprofiles"}
 
 
 def test_loading_the_tasks_imports_none_of_what_they_run() -> None:
