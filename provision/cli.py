@@ -26,7 +26,8 @@ from provision import (
 ns = Collection(tasks.facts_, tasks.check, tasks.plan_, tasks.provision_, tasks.venv_, tasks.weights_,
                 cluster_tasks.deploy, cluster_tasks.status_, cluster_tasks.bench, cluster_tasks.ask, cluster_tasks.logs,
                 tasks.rollback_, tasks.generations_, tasks.show_inventory, tasks.lab_tasks, verify_tasks.verify, prepare_tasks.prepare,
-                tune_tasks.tune_, init_tasks.init, recipe_tasks.recipe_tasks)
+                tune_tasks.tune_, init_tasks.init, recipe_tasks.recipe_tasks,
+                recipe_tasks.registry_tasks)
 
 
 def main() -> None:

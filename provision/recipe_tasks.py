@@ -40,7 +40,7 @@ FITS_HELP = ("a host of the inventory: the gate run on it with each recipe's set
 @guarded
 def list_(c: Context, profile: str | None = None, fits: str | None = None, inventory: str | None = None,
           registry: str | None = None, json_: bool = False) -> None:
-    """List the recipes, shipped and from the registries added, with their hardware and figures.
+    """List the recipes, shipped and from the registries.
 
     Model, engine, the hardware each was measured on, its figures and where it comes from (shipped, or a
     registry at its commit); with --fits HOST, whether each would pass the gate there and how it fits
@@ -85,7 +85,7 @@ def show(c: Context, name: str, host: str | None = None, inventory: str | None =
     from provision.recipes import registry as registries
     from provision.taskargs import load_inventory
 
-    recipe = registries.find(_given(name, "show", "NAME"))
+    recipe = registries.find(_given(name, "recipe.show", "NAME"))
     fitted = _fitted(load_inventory(inventory), host, [recipe]) if host else None
     if json_:
         print(report.dump_json({**report.recipe_json(recipe),
@@ -133,7 +133,7 @@ def import_(c: Context, path: str, set_: list[str] | None = None, output: str | 
     from provision.recipes import sparkarena
 
     overrides = inventory.parse_overrides(set_ or [])
-    named = _given(path, "import", "PATH")
+    named = _given(path, "recipe.import", "PATH")
     if is_git_url(named):
         import tempfile
 
@@ -183,7 +183,7 @@ def export(c: Context, name: str, format: str = "ours", container: str | None = 
 
     if format not in FORMATS:
         raise RecipeError(f"--format is {' or '.join(FORMATS)}, not {format!r}", file="command line")
-    recipe = registries.find(_given(name, "export", "NAME"))
+    recipe = registries.find(_given(name, "recipe.export", "NAME"))
     text = recipes.to_yaml(recipe) if format == "ours" else sparkarena.write(recipe, container)
     if output:
         _write_new(Path(output), text)
@@ -208,7 +208,7 @@ def apply(c: Context, flags: HostFlags, name: str, dry_run: bool = False) -> Non
     from provision.recipes import registry as registries
     from provision.taskargs import Selection, load_inventory
 
-    recipe = registries.find(_given(name, "apply", "NAME"))
+    recipe = registries.find(_given(name, "recipe.apply", "NAME"))
     if not flags.cluster:
         raise RecipeError("name the cluster to apply it to: --cluster NAME", file="command line")
     inv = load_inventory(flags.inventory)
@@ -235,19 +235,19 @@ def _write_atomically(path: Path, text: str) -> None:
         raise RecipeError(f"cannot write: {exc.strerror or exc}", file=str(path)) from exc
 
 
-def _given(value: str, name: str, what: str) -> str:
+def _given(value: str, task_name: str, what: str) -> str:
     """The positional argument, which Invoke fills with whatever comes next, -h included: -h and --help
     print the task's help (as for every other task) and end."""
     if value in ("-h", "--help"):
         from invoke.program import Program
 
-        # The help of this collection's own task, as `--help recipe.NAME` prints it from the whole one.
-        Program(namespace=Collection(recipe_tasks)).run([hints.command_name(), "--help", f"recipe.{name}"],
-                                                        exit=False)
+        # The help of this module's own task, as `--help recipe.NAME` prints it from the whole collection.
+        Program(namespace=Collection(recipe_tasks, registry_tasks)).run(
+            [hints.command_name(), "--help", task_name], exit=False)
         raise SystemExit(0)
     if value.startswith("-"):
-        raise RecipeError(f"`{hints.command(f'recipe.{name} {what}')}` takes the {what} first (its help: "
-                          f"`{hints.command(f'--help recipe.{name}')}`), not {value!r}", file="command line")
+        raise RecipeError(f"`{hints.command(f'{task_name} {what}')}` takes the {what} first (its help: "
+                          f"`{hints.command(f'--help {task_name}')}`), not {value!r}", file="command line")
     return value
 
 
@@ -346,9 +346,10 @@ def registry_add(c: Context, url: str, name: str = "", json_: bool = False) -> N
 @task(auto_shortflags=False, name="list", help=help_for("json"))
 @guarded
 def registry_list(c: Context, json_: bool = False) -> None:
-    """List the registries added: URL, commit, recipes read and refused.
+    """List the registries: URL, commit, recipes read.
 
-    With --json, each file refused or not a recipe, with why."""
+    Per registry, its recipes read and refused (each refused file with why); with --json, also each
+    file that is no recipe."""
     from provision import report
     from provision.recipes import registry as registries
 
@@ -363,7 +364,7 @@ def registry_list(c: Context, json_: bool = False) -> None:
       help=help_for("json", name="a registry to update (repeatable; default: every registry)"))
 @guarded
 def registry_update(c: Context, name: list[str] | None = None, json_: bool = False) -> None:
-    """Fetch registries again: each checked out at what its remote holds now.
+    """Fetch the registries again, each at its remote's head.
 
     The commit before and after and the recipe files changed, per registry. One that cannot be fetched
     is said and the others are still updated (exit 1)."""
@@ -390,6 +391,5 @@ def registry_remove(c: Context, name: str) -> None:
     print(f"removed registry {removed.name} ({removed.url})")
 
 
-registry_tasks = Collection("registry", registry_add, registry_list, registry_update, registry_remove)
 recipe_tasks = Collection("recipe", list_, show, import_, export, apply)
-recipe_tasks.add_collection(registry_tasks)
+registry_tasks = Collection("registry", registry_add, registry_list, registry_update, registry_remove)

@@ -1106,7 +1106,7 @@ def registry_json(contents: Contents) -> dict[str, Any]:
 
 def print_registries(everything: Sequence[Contents], out: Console) -> None:
     if not everything:
-        out.print(Text(f"registries: none added (`{hints.command('recipe.registry.add URL')}`)"))
+        out.print(Text(f"registries: none added (`{hints.command('registry.add URL')}`)"))
         return
     table = Table(title="recipe registries", title_justify="left")
     for column in ("name", "url", "commit", "updated", "recipes", "refused", "not recipes"):
@@ -1126,7 +1126,7 @@ def print_registry_counts(contents: Contents, out: Console) -> None:
     if contents.refused:
         out.print(Text(f"registry {contents.registry.name} at {contents.registry.commit[:12]}: "
                        f"{len(contents.refused)} recipe file(s) refused, not listed "
-                       f"(`{hints.command('recipe.registry.list')}` says why)"))
+                       f"(`{hints.command('registry.list')}` says why)"))
 
 
 def update_json(result: Updated | RecipeError) -> dict[str, Any]:

@@ -212,7 +212,7 @@ def lab_down(c: Context, keep_cache: bool = False) -> None:
             "hub-rate": "this machine's side of the lab bridge: the hub's and the controller's uplink"})
 @guarded
 def lab_shape(c: Context, host_rate: str | None = None, hub_rate: str | None = None) -> None:
-    """Limit the lab's links like real networks, or lift the limits.
+    """Limit the lab's links like real networks, or lift limits.
 
     tc token buckets; with no rate, the limits are lifted."""
     from provision import lab

@@ -33,3 +33,10 @@ def host_record_of_made_directories(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     record = tmp_path / "made-directories.json"
     monkeypatch.setattr(common, "MADE_DIRECTORIES", str(record))
     return record
+
+
+@pytest.fixture(autouse=True)
+def no_personal_registries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Tests never list the developer's own recipe registries: the data directory is the test's own
+    (the lab's tests run the tool in child processes, which inherit it)."""
+    monkeypatch.setenv("PROVISION_DATA_DIR", str(tmp_path / "provision-data"))

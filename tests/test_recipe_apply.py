@@ -207,19 +207,25 @@ def test_the_shape_of_the_applied_file(folder: Path) -> None:
 # --fits HOST and show --host: each recipe judged on a host by the gate, nothing written
 
 
-def memory_gate(inv: inventory.Inventory, targets: list[inventory.Host], options: run.Options) -> run.Gated:
+def memory_gate(inv: inventory.Inventory, targets: list[inventory.Host], options: run.Options,
+                pool: object = None) -> run.Gated:
     """The gate's answer where the recipe asks two GPUs of a host that has them: the memory finding says
     how it fits (recorded verdicts; the lab's test runs the real gate)."""
     names = [target.name for target in targets]
+    JUDGED.append(options.resolve_wheels)
     assert options.overrides["model"], "each recipe's settings are judged as --set gives them"
     fits = checks.Finding(id="memory.fits", status="pass", severity="blocker",
                           message=f"fits: {options.overrides['model']} with 3.1 GiB of KV cache a GPU")
     return run.Gated(names, {name: [fits] for name in names}, {}, {}, None)  # type: ignore[arg-type]
 
 
+JUDGED: list[bool] = []  # each gate's resolve_wheels
+
+
 def test_list_fits_judges_the_host_s_profile_recipes_on_it(folder: Path, monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(run, "gate", memory_gate)
+    JUDGED.clear()
     assert cli(["recipe.list", "--fits", "ws-1", "--inventory", str(folder), "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [item["name"] for item in listed] == [SEED]  # ws-1 is an rtx5090: that profile's recipes
@@ -228,6 +234,8 @@ def test_list_fits_judges_the_host_s_profile_recipes_on_it(folder: Path, monkeyp
         "fits: casperhansen/deepseek-r1-distill-qwen-32b-awq")
     assert cli(["recipe.show", SEED, "--host", "ws-1", "--inventory", str(folder)]) == 0
     assert "on ws-1: ok; memory: fits: casperhansen/deepseek-r1-distill-qwen-32b-awq" in capsys.readouterr().out
+    # a list judges many recipes without resolving each one's wheels; one recipe shown is judged whole
+    assert JUDGED == [False, True]
     assert cli(["recipe.list", "--fits", "nope", "--inventory", str(folder)]) == 2
     assert "nope" in capsys.readouterr().err
     assert not (folder / "applied").exists()

@@ -1,4 +1,4 @@
-"""Recipe registries (provision/recipes/registry.py, `invoke recipe.registry.*`): a git repository of real
+"""Recipe registries (provision/recipes/registry.py, `invoke registry.*`): a git repository of real
 Spark Arena recipe files (tests/fixtures/recipes/spark-arena, each with its repository and commit in
 sources.json), made here and reached by a file:// URL (no test reaches the network), cloned with this
 machine's git into a data directory of the test's own."""
@@ -103,7 +103,7 @@ def test_one_registry_that_cannot_be_fetched_never_hides_the_others(
     shutil.copy(FIXTURES / GPT_OSS, origin / GPT_OSS)
     git(origin, "add", "-A")
     git(origin, "commit", "-q", "-m", "gpt-oss")
-    assert run(["recipe.registry.update", "--json"]) == 1
+    assert run(["registry.update", "--json"]) == 1
     gone, arena = json.loads(capsys.readouterr().out)
     assert "git fetch origin HEAD failed (exit 128)" in gone["error"] and "does not appear to be a git repository" \
         in gone["error"], gone
@@ -142,7 +142,7 @@ def test_remove_deletes_the_clone_and_the_entry(data_dir: Path, origin: Path) ->
 
 def test_recipe_list_shows_the_registries_recipes_beside_the_shipped_ones(
         data_dir: Path, origin: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(["recipe.registry.add", f"file://{origin}", "--name", "arena", "--json"]) == 0
+    assert run(["registry.add", f"file://{origin}", "--name", "arena", "--json"]) == 0
     added = json.loads(capsys.readouterr().out)
     assert added["recipes"] == ["arena/qwen3-coder-next-int4-autoround-vllm"] and len(added["refused"]) == 1
     assert run(["recipe.list", "--json"]) == 0
@@ -159,10 +159,10 @@ def test_recipe_list_shows_the_registries_recipes_beside_the_shipped_ones(
     assert "registry arena at " in out and "1 recipe file(s) refused, not listed" in out
     assert run(["recipe.show", "arena/qwen3-coder-next-int4-autoround-vllm"]) == 0
     assert f"file://{origin} at " in capsys.readouterr().out
-    assert run(["recipe.registry.list"]) == 0
+    assert run(["registry.list"]) == 0
     out = capsys.readouterr().out
     assert f"arena: experimental-recipes/minimax-m3/{MULTI_NODE_SGLANG} refused: the tool serves SGLang" in out
-    assert run(["recipe.registry.add", "-h"]) == 0
-    assert "recipe.registry.add [--options]" in capsys.readouterr().out
-    assert run(["recipe.registry.remove", "arena"]) == 0
+    assert run(["registry.add", "-h"]) == 0
+    assert "registry.add [--options]" in capsys.readouterr().out
+    assert run(["registry.remove", "arena"]) == 0
     assert "removed registry arena" in capsys.readouterr().out

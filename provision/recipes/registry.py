@@ -1,7 +1,7 @@
 """Recipe registries: git repositories of recipes that a user keeps current, as sparkrun keeps them.
 
-    invoke recipe.registry.add spark-arena https://github.com/spark-arena/recipe-registry
-    invoke recipe.registry.update            # each registry fetched again, its recipes read at the new commit
+    invoke registry.add spark-arena https://github.com/spark-arena/recipe-registry
+    invoke registry.update            # each registry fetched again, its recipes read at the new commit
     invoke recipe.list                       # the shipped recipes and every registry's, side by side
 
 Each registry is a clone made with the user's own git (their credentials, proxy and git config) under the
@@ -118,7 +118,7 @@ def load() -> list[Registry]:
 
 
 def _save(registries: Sequence[Registry]) -> None:
-    text = ("# The recipe registries added with `recipe.registry.add`; their clones are in registries/.\n" +
+    text = ("# The recipe registries added with `registry.add`; their clones are in registries/.\n" +
             yaml.safe_dump({"registries": [dataclasses.asdict(item) for item in registries]}, sort_keys=False))
     datafiles.write_whole(index_file(), text)
 
@@ -130,7 +130,7 @@ def named(name: str, registries: Sequence[Registry] | None = None) -> Registry:
             return registry
     listed = ", ".join(item.name for item in known) or "none added"
     raise RecipeError(f"no registry '{clip(name)}' (registries: {listed}; add one with "
-                      "`recipe.registry.add NAME URL`)", file="command line")
+                      "`registry.add NAME URL`)", file="command line")
 
 
 def name_of(url: str) -> str:
@@ -147,8 +147,8 @@ def add(name: str, url: str) -> Registry:
                           f"starting with a letter or digit: not {clip(repr(name))}", file="command line")
     known = load()
     if any(item.name == name for item in known):
-        raise RecipeError(f"registry '{name}' exists already (`recipe.registry.update --name {name}` fetches "
-                          "it again; `recipe.registry.remove " + name + "` first to point it elsewhere)",
+        raise RecipeError(f"registry '{name}' exists already (`registry.update --name {name}` fetches "
+                          "it again; `registry.remove " + name + "` first to point it elsewhere)",
                           file="command line")
     if _USERINFO.match(url):
         raise RecipeError("the URL holds a password or token, which would be kept in registries.yaml and shown "
@@ -196,7 +196,7 @@ def update(names: Iterable[str] = ()) -> list[Updated | RecipeError]:
 def _update_one(registry: Registry) -> Updated:
     clone = str(registry.clone)
     if not registry.clone.is_dir():
-        raise RecipeError(f"registry '{registry.name}': its clone {clone} is gone (`recipe.registry.remove "
+        raise RecipeError(f"registry '{registry.name}': its clone {clone} is gone (`registry.remove "
                           f"{registry.name}` then add it again)", file="command line")
     git("-C", clone, "fetch", "--quiet", "--depth", "1", "origin", "HEAD")
     fetched = git("-C", clone, "rev-parse", "FETCH_HEAD")
@@ -224,7 +224,7 @@ def read(registry: Registry, root: Path | None = None, overrides: Mapping[str, A
 
     base = root or registry.clone
     if not base.is_dir():
-        raise RecipeError(f"registry '{registry.name}': its clone {base} is gone (`recipe.registry.remove "
+        raise RecipeError(f"registry '{registry.name}': its clone {base} is gone (`registry.remove "
                           f"{registry.name}` then add it again)", file="command line")
     files = sorted(path for path in base.rglob("*") if path.suffix in (".yaml", ".yml") and path.is_file()
                    and ".git" not in path.relative_to(base).parts)
