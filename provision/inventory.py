@@ -56,7 +56,7 @@ from typing import Any
 
 import yaml
 
-from provision import catalog
+from provision import catalog, serverfiles
 from provision import services as service_names  # the module; `services` is an Inventory field
 from provision.errors import InventoryError, ProfileError, clip
 from provision.profiles import Profile, load_profiles
@@ -346,8 +346,28 @@ def _cmake_args(value: Any) -> tuple[str, ...]:
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+# The variables an engine's server reads its API key from (the catalog's api_key_variable): the key is the
+# secrets file's api_key, which the tool writes under that name into the 0600 environment file only.
+API_KEY_VARIABLES: Mapping[str, str] = {entry.api_key_variable: entry.title for entry in catalog.ENGINES.values()
+                                        if entry.api_key_variable}
+# Names that hold a credential by convention: the hub's HF_TOKEN and HUGGING_FACE_HUB_TOKEN, any
+# *_API_KEY, *_TOKEN or *_SECRET (case aside: a shell's names are case-sensitive, a leak is not).
+_SECRET_NAME = re.compile(r"(?:^|_)(?:API_KEY|TOKEN|SECRET)$", re.IGNORECASE)
+
+
+def secret_variable(name: str) -> str | None:
+    """Why an environment variable's value is a secret, or None: `VLLM_API_KEY` -> "vLLM's API key
+    variable"; `HF_TOKEN` -> "a token's name (*_API_KEY, *_TOKEN, *_SECRET)"; `VLLM_PORT` -> None."""
+    if name in API_KEY_VARIABLES:
+        return f"{API_KEY_VARIABLES[name]}'s API key variable"
+    if _SECRET_NAME.search(name):
+        return "a credential's name (*_API_KEY, *_TOKEN, *_SECRET)"
+    return None
+
+
 def _environment(value: Any) -> dict[str, str]:
-    """a mapping of NAME: value (a string, number or boolean; NAME a valid environment variable name)"""
+    """a mapping of NAME: value (a string, number or boolean, on one line; NAME a valid environment variable
+    name, not an engine's API key variable: the secrets file's api_key is the key)"""
     if not isinstance(value, dict):
         raise ValueError(f"expected a mapping of NAME: value, got {_show(value)}")
     result: dict[str, str] = {}
@@ -356,7 +376,15 @@ def _environment(value: Any) -> dict[str, str]:
             raise ValueError(f"{_brief(name)} is not a valid environment variable name")
         if isinstance(item, (dict, list)) or item is None:
             raise ValueError(f"environment {_brief(name)} must be a string, number or boolean")
-        result[str(name)] = str(item).lower() if isinstance(item, bool) else str(item)
+        if str(name) in API_KEY_VARIABLES:  # its value is never shown: it is a key
+            raise ValueError(f"environment {name} is {API_KEY_VARIABLES[str(name)]}'s API key: give it as "
+                             "api_key in the inventory's secrets file, which the tool writes to the server's "
+                             "0600 environment file under that name")
+        text = str(item).lower() if isinstance(item, bool) else str(item)
+        if "\n" in text or "\r" in text:  # its value is not shown: it may be a secret
+            raise ValueError(f"environment {name} holds a line break: an environment file holds one "
+                             "variable a line, so a value is one line")
+        result[str(name)] = text
     return result
 
 
@@ -393,7 +421,62 @@ def _server_flags(value: Any) -> dict[str, Any]:
     return result
 
 
-MERGED = ("environment", "server_flags")  # mappings merged key by key along the layers
+def _server_files(value: Any) -> dict[str, str]:
+    """a mapping of --flag: FILE, a file on the controller the flag's value is (relative: from the file that
+    says it; --set: from the current directory), or image:PATH, a file an imported recipe needs and that
+    must be given; the flag takes a file (not one the tool sets itself nor one it reads as a setting)
+
+    The file is copied to the host (serverfiles.FILES_DIR) and the flag rendered with its path there."""
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a mapping of --flag: FILE, got {_show(value)}")
+    settings_flags = {flag: setting for entry in catalog.ENGINES.values()
+                      for flag, setting in entry.recipe_flags.items()}
+    result: dict[str, str] = {}
+    for flag, item in value.items():
+        name = str(flag)
+        if not _FLAG.match(name) or not name.startswith("--"):
+            raise ValueError(f"{_brief(flag)} is not a long flag (--name)")
+        _refuse_owned(name)
+        if name in settings_flags:
+            raise ValueError(f"{name} takes no file: it is the setting {settings_flags[name]} (flags that take "
+                             f"one: {', '.join(serverfiles.FILE_FLAGS)})")
+        if not isinstance(item, str) or not item.strip() or item.strip() == serverfiles.IMAGE:
+            raise ValueError(f"server_files {name} must be a file's path (or {serverfiles.IMAGE}PATH), got "
+                             f"{_show(item)}")
+        result[name] = item.strip()
+    return result
+
+
+def anchor_files(values: dict[str, Any], base: Path, *, source: str, raw: Mapping[str, Any],
+                 entity: str | None) -> dict[str, Any]:
+    """`values` with server_files' local files made absolute from `base` (the folder of the file that
+    says them; the current directory for --set) and each checked: there, a regular file, at most
+    serverfiles.MAX_BYTES. InventoryError names the file, its line and the flag."""
+    files = values.get("server_files")
+    if not files:
+        return values
+    anchored: dict[str, str] = {}
+    for flag, given in files.items():
+        if serverfiles.is_image(given):
+            anchored[flag] = given
+            continue
+        try:
+            path = Path(given).expanduser()
+        except RuntimeError as exc:  # "~someone/..." for a user this machine does not know
+            raise InventoryError(f"server_files {flag}: cannot expand {_brief(given)}: no such user's home",
+                                 file=source, line=_line(raw, "server_files"), entity=entity,
+                                 key="server_files") from exc
+        path = path if path.is_absolute() else base / path
+        problem = serverfiles.check_local(path)
+        if problem is not None:
+            raise InventoryError(f"server_files {flag}: {problem}", file=source,
+                                 line=_line(raw.get("server_files"), flag) or _line(raw, "server_files"),
+                                 entity=entity, key="server_files")
+        anchored[flag] = str(path)
+    return {**values, "server_files": anchored}
+
+
+MERGED = ("environment", "server_flags", "server_files")  # mappings merged key by key along the layers
 
 
 _AFFINITY = re.compile(r"^(auto|all|ccd:\d+|\d+(-\d+)?(,\d+(-\d+)?)*)$")
@@ -519,13 +602,27 @@ VAR_SPECS: Mapping[str, VarSpec] = {
                                     "server_flags --max-num-seqs, --max_batch_size)",
                                     _optional(_int_range(1, 256))),
     "gpu_memory_utilization": VarSpec("share of GPU memory vLLM may take", _fraction, 0.9),
-    "enable_prefix_caching": VarSpec("reuse KV cache across requests", _boolean, True),
+    # Unset: no flag, the engine's own default. vLLM decides per model (engine/arg_utils.py
+    # _set_default_chunked_prefill_and_prefix_caching_args, by config/model.py is_prefix_caching_supported):
+    # off for attention-free, encoder-decoder and some pooling models, and in older releases for hybrid ones
+    # ("Hybrid models do not support prefix caching since the feature is still experimental"; 0.33.0 turns
+    # it on for them). SGLang's radix cache, llama.cpp's cache_prompt and TensorRT-LLM's
+    # KvCacheConfig.enable_block_reuse (tensorrt_llm/llmapi/llm_args.py, default=True) are on unless turned off.
+    "enable_prefix_caching": VarSpec("reuse KV cache across requests (unset: the engine's own default, which "
+                                     "vLLM chooses per model; true or false: said on its command line)",
+                                     _optional(_boolean)),
     "extra_args": VarSpec("further server arguments (not the flags the tool sets: --host, --port, --model, ...)",
                           _extra_args, ()),
     "environment": VarSpec("extra environment for the service", _environment, {}),
     "server_flags": VarSpec("the engine's server flags by name, merged key by key like environment "
                             "({--max-num-seqs: 64}; true: the bare flag, false: left out); the `tune` task keeps its "
                             "winners here", _server_flags, {}),
+    "server_files": VarSpec("files a server flag names, from the controller: {--reasoning-parser-plugin: "
+                            "./nano_v3_reasoning_parser.py}, copied to /etc/provision/files/SERVICE/ (root's, "
+                            "0644; SERVICE 'server' on a host without services) and the flag given that path; "
+                            "merged key by key like server_flags. Flags that take a file: "
+                            + ", ".join(serverfiles.FILE_FLAGS) + ". image:PATH: a file an imported recipe "
+                            "needs (PATH inside its container image), refused until given", _server_files, {}),
     "cpu_affinity": VarSpec("auto, all, ccd:N or a CPU list", _affinity, None),
     "cuda_version": VarSpec("CUDA release of the vLLM/torch build (picks PyTorch's cuXYZ wheels)",
                             _optional(_cuda_release)),
@@ -731,10 +828,11 @@ class Settings:
     max_model_len: int | None
     concurrent_sequences: int | None
     gpu_memory_utilization: float
-    enable_prefix_caching: bool
+    enable_prefix_caching: bool | None  # None: the engine's own default
     extra_args: tuple[str, ...]
     environment: Mapping[str, str]
     server_flags: Mapping[str, Any]
+    server_files: Mapping[str, str]
     cpu_affinity: str | None
     cuda_version: str | None
     engine_spec: str | None
@@ -767,6 +865,7 @@ class Settings:
             given[name] = tuple(given[name] or ())
         given["environment"] = dict(given["environment"] or {})
         given["server_flags"] = dict(given["server_flags"] or {})
+        given["server_files"] = dict(given["server_files"] or {})
         return cls(**given, origin=dict(origin or {}))
 
     @property
@@ -1006,6 +1105,7 @@ class _Reader:
         self.member_lines: list[tuple[str, str, Any, str]] = []  # entity, file, mapping, key
         self.endpoint_lines: dict[str, tuple[str, Any]] = {}  # endpoint -> file, mapping
         self.entry_line: int | None = None
+        self.base = Path(".")  # the folder of the file being read
 
     def read(self, data: Any, source: str, base: Path) -> None:
         if data is None:
@@ -1014,6 +1114,7 @@ class _Reader:
             raise InventoryError("the top level must be a mapping of hosts, groups, clusters, endpoints, ssh",
                                  file=source, line=_line(data))
         self._unknown(data, _TOP_LEVEL, source, entity=None)
+        self.base = base
         if "ssh" in data:
             self._read_ssh(data["ssh"], data, source, base)
         if "secrets" in data:
@@ -1202,7 +1303,9 @@ class _Reader:
         if not isinstance(raw, dict):
             raise InventoryError("'vars' must be a mapping", file=source, line=_line(body, "vars"),
                                  entity=entity, key="vars")
-        return validate_vars(raw, source=source, entity=entity)
+        # Files the vars name are read from the folder of the file that says them.
+        return anchor_files(validate_vars(raw, source=source, entity=entity), self.base, source=source, raw=raw,
+                            entity=entity)
 
     def _path(self, body: Any, key: str, source: str, base: Path, entity: str) -> str:
         value = body[key]
@@ -1329,7 +1432,8 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
             raw[key.strip()] = yaml.safe_load(text) if text else ""
         except yaml.YAMLError as exc:
             raise InventoryError(f"cannot read the value of {_brief(pair)}", file="command line") from exc
-    return validate_vars(raw, source="command line", entity=None)
+    return anchor_files(validate_vars(raw, source="command line", entity=None), Path.cwd(), source="command line",
+                        raw=raw, entity=None)
 
 
 TUNED_DIR = "tuned"  # beside an inventory file, or inside an inventory directory
@@ -1395,7 +1499,8 @@ def read_applied(folder: Path, clusters: Mapping[str, Any], budget: int) -> dict
             raise InventoryError("`changed` lists setting names", file=str(file), line=_line(data, "changed"))
         applied[str(name)] = AppliedRecipe(
             cluster=str(name), recipe=str(data["recipe"]), file=str(file), changed=tuple(changed),
-            vars=validate_vars(data["vars"], source=str(file), entity=f"recipe applied to {name}"))
+            vars=anchor_files(validate_vars(data["vars"], source=str(file), entity=f"recipe applied to {name}"),
+                              file.parent, source=str(file), raw=data["vars"], entity=f"recipe applied to {name}"))
     return applied
 
 

@@ -5,6 +5,7 @@ value they print is decided here, and quoted here for systemd.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from provision import affinity, endpoints, engines, hardening, hints, services
+from provision import affinity, endpoints, engines, hardening, hints, serverfiles, services
 from provision.context import Context
 from provision.engines.llamacpp import gguf_models
 from provision.engines.vllm import VLLM
@@ -264,10 +265,46 @@ def router_files(ctx: Context, common: Mapping[str, Any], api_key: str | None) -
     return files
 
 
+def server_file_dirs(naming: services.Naming) -> tuple[str, ...]:
+    """The folders of a server's files (server_files), outermost first: root's, mode 0755 (the service
+    user reads its files through them)."""
+    return (serverfiles.FILES_DIR.rsplit("/", 1)[0], serverfiles.FILES_DIR, serverfiles.host_dir(naming.service))
+
+
+def placed_server_files(ctx: Context) -> tuple[Context, list[DesiredFile]]:
+    """The files server_files gives (each read from the controller: root's, 0644, in the server's folder
+    of serverfiles.FILES_DIR), and the context whose server_flags name each flag with its path there, so
+    every engine's command line says `FLAG HOSTPATH` (in place of the flag in server_flags or extra_args).
+    RenderError: a file a recipe needs that is not given (image:PATH), two of one name, one unreadable."""
+    files = ctx.settings.server_files
+    if not files:
+        return ctx, []
+    needed = serverfiles.needed(files)
+    if needed:
+        named = "; ".join(f"{flag} {path}" for flag, path in needed.items())
+        raise RenderError(f"{ctx.host}: server_files names a file inside a container image, which no host has "
+                          f"({named}): give each as a file on this machine ({serverfiles.set_hint(needed)}, "
+                          "or in the inventory's vars)")
+    for name, first, second in serverfiles.clashes(files):
+        raise RenderError(f"{ctx.host}: server_files {first} and {second} both give a file named {name}: one "
+                          f"host path ({serverfiles.host_dir(ctx.naming.service)}/{name}); rename one")
+    paths = serverfiles.host_paths(files, ctx.naming.service)
+    placed = []
+    for flag, local in files.items():
+        try:
+            content = serverfiles.read_local(local)
+        except (OSError, ValueError) as exc:
+            raise RenderError(f"{ctx.host}: server_files {flag}: {exc}") from exc
+        placed.append(DesiredFile(paths[flag], content, "root", "root", 0o644))
+    settings = dataclasses.replace(ctx.settings, server_flags={**ctx.settings.server_flags, **paths})
+    return dataclasses.replace(ctx, settings=settings), placed
+
+
 def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | None = None,
                   secrets: Mapping[str, str | None] | None = None) -> DesiredState:
     """Every file, directory and unit the host should have, rendered; `secrets` by their secrets-file
     names (an engine's files may hold one: the MPI key of a TensorRT-LLM cluster)."""
+    ctx, given = placed_server_files(ctx)
     settings = ctx.settings
     engine = engines.engine_of(settings)
     naming = ctx.naming
@@ -303,6 +340,8 @@ def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | 
             extra_dirs.append(DesiredDir(parent, owner, owner, 0o700))
     # The environment feeds every unit of the host (the router reads none of it).
     files[0] = DesiredFile(env_file, files[0].content, "root", "root", 0o600, restarts=tuple(units))
+    # The files server_files gives: read at start, so a new one restarts the server.
+    files.extend(dataclasses.replace(placed, restarts=tuple(units)) for placed in given)
     if ctx.endpoints:
         files.extend(router_files(ctx, common, api_key))
         units.append(endpoints.ROUTER_UNIT)
@@ -312,11 +351,14 @@ def desired_state(ctx: Context, resolutions: Sequence[str] = (), api_key: str | 
         *(DesiredDir(path, user, user, 0o750) for path in sorted({settings.model_dir, settings.hf_home})
           if path != STATE_DIR),
         *extra_dirs,
+        *(DesiredDir(path, "root", "root", 0o755) for path in server_file_dirs(naming) if given),
     )
     rendered = {f.path for f in files}
     stale = stale_services(ctx)
     stale_files = [f"{UNIT_DIR}/{unit}" for unit in stale] + [
         services.Naming(service).env_file for service in sorted(set(stale.values()))]
+    folder = serverfiles.host_dir(naming.service)  # a file server_files no longer gives is removed
+    stale_files += [f"{folder}/{name}" for name in ctx.facts.dirs.get(folder) or () if f"{folder}/{name}" not in rendered]
     server_unit = naming.unit(engine.server_unit) if ctx.is_head else None
     # The first service of a host takes over the server a host without services ran, under its own name.
     renamed = dict.fromkeys(SERVER_UNITS, server_unit) if naming.service and naming.carrier and server_unit else {}

@@ -132,9 +132,9 @@ def test_a_multi_node_recipe_with_a_mod_and_a_chat_template_inside_the_image() -
     values = result.recipe.inventory_vars()
     assert result.recipe.hardware.nodes == 2 and values["tensor_parallel_size"] == 2
     assert "--chat-template" not in values["server_flags"]
-    why = ("unsloth.jinja is a file inside the container image: put it on the host and give server_flags "
-           "--chat-template its absolute path")
-    assert ("--chat-template unsloth.jinja", why) in result.not_carried
+    # The template the mod puts in the image: carried as a file the hosts need (tests/test_recipe_image_files.py)
+    assert values["server_files"] == {"--chat-template": "image:unsloth.jinja"}
+    assert "--chat-template unsloth.jinja" in named(result)
     assert "mod mods/fix-qwen3.5-chat-template" in named(result)
     assert values["server_flags"]["--max-num-seqs"] == 2  # a literal of the command, typed
     assert values["environment"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
@@ -184,7 +184,8 @@ def test_runtime_mapping() -> None:
     sglang = sparkarena.read(text.replace("runtime: vllm", "runtime: sglang"), "x.yaml", "x")
     assert sglang.recipe is None and "sglang" in sglang.refused
     llamacpp = sparkarena.read(text.replace("runtime: vllm", "runtime: llama-cpp"), "x.yaml", "x")
-    assert llamacpp.recipe is None and "reads `vllm serve` commands" in llamacpp.refused
+    assert llamacpp.recipe is None and llamacpp.refused == (
+        "the command starts `vllm`: runtime 'llama-cpp' is llama.cpp here, whose command starts `llama-server`")
 
 
 def test_the_containers_engine_version_where_its_name_says_it() -> None:
@@ -215,15 +216,17 @@ def test_the_contract_table_speaks_against_a_flag_or_variable_the_release_lacks(
     """engine_contracts.yaml dates --attention-backend (>= 0.13.0) and VLLM_ATTENTION_BACKEND (< 0.15.0)."""
     text = (FIXTURES / "openai-gpt-oss-120b-vllm.yaml").read_text(encoding="utf-8")
     old = imported(FIXTURES / "openai-gpt-oss-120b-vllm.yaml", {"engine_spec": "vllm==0.12.0"})
-    assert old.recipe is not None
-    assert any("vllm 0.12.0 has no flag --attention-backend" in note for note in old.recipe.notes)
+    assert old.recipe is None and old.refused.startswith("vllm 0.12.0 has no flag --attention-backend")
     variable = sparkarena.read(text.replace('  VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8: "1"',
                                             "  VLLM_ATTENTION_BACKEND: FLASHINFER"), "x.yaml", "x",
                                {"engine_spec": "vllm==0.32.0"})
     assert variable.recipe is not None
     assert any("vllm 0.32.0 does not read VLLM_ATTENTION_BACKEND" in note for note in variable.recipe.notes)
     current = imported(FIXTURES / "openai-gpt-oss-120b-vllm.yaml", {"engine_spec": "vllm==0.32.0"})
-    assert current.recipe is not None and not recipes.contract_notes("vllm", current.recipe.inventory_vars())
+    assert current.recipe is not None
+    said = recipes.contract_notes("vllm", current.recipe.inventory_vars())
+    # at 0.32.0 no row speaks against it: what the table has no row for is said as not judged, nothing more
+    assert said and all(note.startswith("not judged: no contract row for ") for note in said), said
     for recipe in recipes.load_recipes().values():  # a shipped recipe the table contradicts is a defect
         assert recipes.contract_notes(recipe.engine, recipe.inventory_vars()) == [], recipe.name
 
@@ -539,8 +542,11 @@ def test_runtimes_and_engines_come_from_the_catalog() -> None:
     text = (FIXTURES / "openai-gpt-oss-120b-vllm.yaml").read_text(encoding="utf-8")
     trtllm = sparkarena.read(text.replace("runtime: vllm", "runtime: trtllm"), "x.yaml", "x")
     assert trtllm.recipe is None and trtllm.engine == "trtllm"
-    assert trtllm.refused.startswith("runtime 'trtllm' is TensorRT-LLM here, whose recipe commands this reader "
-                                     "does not read: it reads `vllm serve` commands (vLLM); `sglang serve`")
+    assert trtllm.refused == ("the command starts `vllm serve`: runtime 'trtllm' is TensorRT-LLM here, whose "
+                              "command starts `trtllm-serve serve` or `trtllm-serve`")
+    # the runtimes a refusal lists as read are those whose engine's commands are read: every one here
+    assert result.refused.endswith("runtimes read: vllm, eugr-vllm, trtllm, tensorrt-llm, llama-cpp, llamacpp, "
+                                   "sglang)")
 
 
 def test_a_multi_node_note_names_the_engine_that_launches_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -179,7 +179,7 @@ class LlamaCpp(Engine):
         args += ["--parallel", str(slots_of(settings)), "--ctx-size", str(ctx_size(settings)), "--no-kv-unified"]
         # Every layer on the GPUs where there are GPUs (llama.cpp splits layers across them); none on CPU.
         args += ["--n-gpu-layers", "999" if ctx.profile.gpu is not None else "0"]
-        if not settings.enable_prefix_caching:
+        if settings.enable_prefix_caching is False:  # unset or true: cache_prompt, on by default
             args.append("--no-cache-prompt")
         return args + closing_args(settings, resolutions)
 

@@ -50,7 +50,7 @@ class Sglang(Engine):
             args += ["--mem-fraction-static", str(settings.gpu_memory_utilization)]
         if settings.max_model_len:
             args += ["--context-length", str(settings.max_model_len)]
-        if not settings.enable_prefix_caching:
+        if settings.enable_prefix_caching is False:  # unset or true: the radix cache, on by default
             args.append("--disable-radix-cache")
         return args + closing_args(settings, resolutions)
 

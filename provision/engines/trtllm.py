@@ -165,7 +165,8 @@ class TrtLlm(Engine):
             # Said in both places it is the same value on every release, however it merges; the flag
             # stays (harmless, and what `ps` shows).
             files.append(ConfigFile(OPTIONS_FILE, "engines/trtllm-options.yaml.j2", {
-                "host": ctx.host, "enable_block_reuse": "true" if settings.enable_prefix_caching else "false",
+                "host": ctx.host, "enable_block_reuse": None if settings.enable_prefix_caching is None
+                else "true" if settings.enable_prefix_caching else "false",
                 "free_gpu_memory_fraction": str(settings.gpu_memory_utilization)}))
         if not self._multi(ctx):
             return files

@@ -98,7 +98,8 @@ class Vllm(Engine):
             args += ["--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
         if settings.max_model_len:
             args += ["--max-model-len", str(settings.max_model_len)]
-        args.append("--enable-prefix-caching" if settings.enable_prefix_caching else "--no-enable-prefix-caching")
+        if settings.enable_prefix_caching is not None:  # unset: vLLM chooses per model (inventory.py)
+            args.append("--enable-prefix-caching" if settings.enable_prefix_caching else "--no-enable-prefix-caching")
         if ctx.cluster and ctx.cluster.multi_node:
             args += native_args(ctx) if launch_of(ctx) == NATIVE else ["--distributed-executor-backend", "ray"]
         return args + closing_args(settings, resolutions)

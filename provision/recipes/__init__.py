@@ -14,6 +14,11 @@ figures. A figure is either measured (how: the benchmark profile, date and tool 
     figures: not measured here             # or a list of {metric, value, unit, kind: measured|cited, ...}
     source: where the recipe comes from
     notes: [what a reader must know that the fields do not say]
+    upstream: {format: spark-arena-v2, container: ..., mods: [...], build_args: [...], min_nodes: 2}
+
+`upstream` (optional) keeps what an imported recipe's own format held that has no bare-metal meaning
+(Spark Arena's container, mods, build arguments, node bounds, files inside the image), so that writing
+the recipe back to that format gives them as they were. Nothing here reads it to serve.
 
 The shipped recipes are this package's *.yaml files; `load_file` reads one of a user's. Pure: reading
 files is the only I/O (provision/recipes/sparkarena.py reads Spark Arena's registry files).
@@ -35,6 +40,8 @@ from provision.errors import InventoryError, RecipeError, clip
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
+    from provision import contracts
+
 RECIPE_DIR = resources.files("provision.recipes")  # package data: the shipped recipes
 NOT_MEASURED = "not measured here"
 FIGURE_KINDS = ("measured", "cited")
@@ -43,12 +50,21 @@ MAX_RECIPE_BYTES = 256 * 1024  # a recipe file is a page of YAML; a bigger one i
 OWN_FIELDS = ("engine", "model", "model_revision")
 # The pip package each engine's version pins in engine_spec (llama.cpp is built from a source instead).
 
-_KEYS = {"name", "description", "model", "engine", "settings", "hardware", "figures", "source", "notes"}
+_KEYS = {"name", "description", "model", "engine", "settings", "hardware", "figures", "source", "notes",
+         "upstream"}
 _REQUIRED = {"name", "model", "engine", "settings", "hardware", "figures", "source"}
 _MODEL_KEYS = {"id", "revision"}
 _ENGINE_KEYS = {"name", "version"}
 _HARDWARE_KEYS = {"profile", "gpus", "gpu_memory_gib", "nodes"}
 _FIGURE_KEYS = {"metric", "value", "unit", "kind", "how", "where", "benchmark", "date", "tool"}
+# The formats a recipe is imported from, and what its `upstream` keeps of each (by kind): Spark Arena's
+# v2 files (recipes/sparkarena.py) keep the container, the mods and build arguments that make it, the
+# node bounds and the files inside the image that its command names ({flag: path}).
+UPSTREAM_FIELDS: Mapping[str, Mapping[str, str]] = {
+    "spark-arena-v2": {"container": "text", "mods": "texts", "build_args": "texts", "min_nodes": "count",
+                       "max_nodes": "count", "files": "files"}}
+UPSTREAM_KINDS = {"text": "a non-empty string", "texts": "a string or a list of strings",
+                  "count": "a positive integer", "files": "a mapping of --flag: path"}
 
 
 @dataclass(frozen=True)
@@ -92,6 +108,9 @@ class Recipe:
     source: str
     notes: tuple[str, ...] = ()
     file: str = field(default="", compare=False)
+    # What the format it was imported from held with no bare-metal meaning, to write it back there:
+    # {format: spark-arena-v2, container, mods, build_args, min_nodes, max_nodes, files} (sparkarena.py).
+    upstream: Mapping[str, Any] = field(default_factory=dict)
 
     def inventory_vars(self) -> dict[str, Any]:
         """The recipe as one host's (or cluster's) `vars:`, held to the settings table: the engine, the
@@ -107,29 +126,101 @@ class Recipe:
 
 
 def contract_notes(engine: str, values: Mapping[str, Any]) -> list[str]:
-    """What the engine contract table (provision/engine_contracts.yaml) says against these settings'
-    flags and variables at the release their engine_spec pins (no pin: the table's target release): a flag
-    that release lacks, a variable it does not read. Only rows speak; a name without one says nothing."""
+    """Every flag of these settings (server_flags, extra_args) judged by the engine contract table
+    (provision/engine_contracts.yaml) at the release their engine_spec pins (no pin: the table's
+    target release), and the value of each flag the table's `choices` name (--load-format X is the row
+    --load-format=X). A flag or value a source shows that release without (the row's `lacks`) is a
+    RecipeError (exit 2) naming it, the release pinned, the range that has it and its source: the
+    server would refuse it at its start. A flag or value without a row, or outside its row's range
+    but in no release read, is a note ("not judged"), and so is a variable the release does not
+    read (it is ignored, not refused). Nothing passes without a word."""
     from provision import contracts
 
     table = contracts.load()
     if engine not in table.engines:
         return []
-    release = table.release(engine, values.get("engine_spec"))
-    judged = release if release != table.target(engine) or values.get("engine_spec") else \
+    spec = values.get("engine_spec")
+    release = table.release(engine, spec)
+    judged = release if release != table.target(engine) or spec else \
         f"{release} (the table's target: no version pinned)"
-    flags = [*values.get("server_flags", {}), *(arg.split("=", 1)[0] for arg in values.get("extra_args", ())
-                                               if arg.startswith("-"))]
-    notes = []
-    for kind, names, verb in (("flag", flags, "has no flag"), ("env", list(values.get("environment", {})),
-                                                               "does not read")):
-        for name in names:
-            if table.accepts(engine, kind, name, release) is False:
-                row = table.row(engine, kind, name)
-                assert row is not None
-                notes.append(f"{engine} {judged} {verb} {name} (engine_contracts.yaml: {row.versions}; "
-                             f"{row.source})")
+    choices = table.engines[engine].choices
+    refused: list[str] = []
+    notes: list[str] = []
+    for flag, value in _flags_of(values):
+        name = _spelt(engine, flag)
+        has = table.accepts(engine, "flag", name, release)
+        if has is None:
+            shown = f"{name} {value}" if name in choices and value is not None and not isinstance(value, bool) \
+                else name
+            notes.append(f"not judged: no contract row for {shown} at {engine} {judged}")
+            continue
+        if not has:
+            _judge(table.row(engine, "flag", name), f"flag {name}", engine, release, judged, refused, notes)
+            continue
+        if name not in choices or value is None or isinstance(value, bool):
+            continue
+        key = f"{name}={value}"
+        has = table.accepts(engine, "value", key, release)
+        if has is None:
+            notes.append(f"not judged: no contract row for {name} {value} at {engine} {judged}")
+        elif not has:
+            _judge(table.row(engine, "value", key), f"{name} {value}", engine, release, judged, refused, notes)
+    for variable in values.get("environment", {}):
+        if table.accepts(engine, "env", variable, release) is False:
+            row = table.row(engine, "env", variable)
+            assert row is not None
+            notes.append(f"{engine} {judged} does not read {variable} (engine_contracts.yaml: {row.versions}; "
+                         f"{row.source})")
+    if refused:
+        raise RecipeError("; ".join(refused), file="engine_spec", key="engine_spec")
     return notes
+
+
+def _flags_of(values: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """(flag, value) of server_flags and of extra_args ('--x=v', '--x v', a bare '--x': None)."""
+    found = list(values.get("server_flags", {}).items())
+    args = [str(arg) for arg in values.get("extra_args", ())]
+    for index, arg in enumerate(args):
+        if not arg.startswith("-") or _is_number(arg):
+            continue
+        flag, equals, value = arg.partition("=")
+        following = args[index + 1] if index + 1 < len(args) else None
+        if not equals and following is not None and (not following.startswith("-") or _is_number(following)):
+            value, equals = following, "="
+        found.append((flag, value if equals else None))
+    return found
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _spelt(engine: str, flag: str) -> str:
+    """The option string the engine's parser matches: vLLM's FlexibleArgumentParser reads '--max_num_seqs'
+    as '--max-num-seqs' and '--compilation-config.mode' as a key of '--compilation-config'."""
+    if engine != "vllm" or not flag.startswith("--"):
+        return flag
+    return "--" + flag[2:].split(".", 1)[0].replace("_", "-")
+
+
+def _judge(row: contracts.Row | None, what: str, engine: str, release: str, judged: str,
+           refused: list[str], notes: list[str]) -> None:
+    """A row whose range leaves the release out: refused where a source shows the release without it
+    (the row's `lacks`), a note where that release was not read (the range starts at the first read)."""
+    assert row is not None  # accepts() answered False: a row spoke
+    if not row.lacked(release):
+        notes.append(f"not judged: {engine} {judged} is outside the releases read to have {what} "
+                     f"({row.versions}, {row.source}), and no release before those was read")
+        return
+    first = row.since()
+    fix = f"pin {engine}=={first} or later (--set engine_spec={engine}=={first})" if first else \
+        f"pin a release in {row.versions}"
+    refused.append(f"{engine} {judged} has no {what}: the releases that have it are {row.versions} "
+                   f"(engine_contracts.yaml, read in {row.source}); {fix}")
 
 
 def validate_settings(raw: Mapping[str, Any], *, source: str, entity: str) -> dict[str, Any]:
@@ -233,6 +324,7 @@ def from_mapping(data: Any, source: str, profiles: Mapping[str, Any] | None = No
     if version is not None and (not isinstance(version, str) or not version.strip()):
         raise RecipeError(f"engine 'version' must be a string (quoted: \"0.32.0\") or null, got "
                           f"{clip(repr(version))}", file=source)
+    upstream = check_upstream(top.get("upstream"), source)
     recipe = Recipe(
         name=name, description=_text(top, "description", source, empty=True) if "description" in top else "",
         model=_text(model, "id", source), revision=str(model.get("revision") or "main"),
@@ -242,9 +334,43 @@ def from_mapping(data: Any, source: str, profiles: Mapping[str, Any] | None = No
                           gpu_memory_gib=None if memory is None else float(memory),
                           nodes=_count(hardware.get("nodes", 1), "nodes", source, 1)),
         figures=tuple(_figure(entry, source) for entry in figures), source=_text(top, "source", source),
-        notes=tuple(notes), file=source)
+        notes=tuple(notes), file=source, upstream=upstream)
     recipe.inventory_vars()  # the settings validate, or the recipe is refused (naming the key)
     return recipe
+
+
+def _upstream_value(kind: str, value: Any) -> bool:
+    if kind == "text":
+        return isinstance(value, str) and bool(value.strip())
+    if kind == "texts":  # sparkrun takes one string or a list of them
+        return isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+    if kind == "count":
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def check_upstream(data: Any, source: str) -> dict[str, Any]:
+    """A recipe's `upstream` (none: {}): a format of UPSTREAM_FIELDS and only that format's fields, each
+    of its kind; anything else is refused by name."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RecipeError("'upstream' must be a mapping (format: NAME and that format's fields)", file=source)
+    name = data.get("format")
+    if not isinstance(name, str) or name not in UPSTREAM_FIELDS:
+        raise RecipeError(f"upstream 'format' is one of {', '.join(UPSTREAM_FIELDS)}, got {clip(repr(name))}",
+                          file=source, key="upstream.format")
+    fields = UPSTREAM_FIELDS[name]
+    for key, value in data.items():
+        if key == "format":
+            continue
+        if key not in fields:
+            raise RecipeError(f"unknown key {clip(repr(key))} in upstream of format {name} (known: "
+                              f"{', '.join(fields)})", file=source, key="upstream")
+        if not _upstream_value(fields[key], value):
+            raise RecipeError(f"upstream '{key}' must be {UPSTREAM_KINDS[fields[key]]}, got {clip(repr(value))}",
+                              file=source, key=f"upstream.{key}")
+    return dict(data)
 
 
 def load_file(path: Path | Traversable, profiles: Mapping[str, Any] | None = None) -> Recipe:
@@ -306,6 +432,10 @@ def to_mapping(recipe: Recipe) -> dict[str, Any]:
         "figures": figures, "source": recipe.source}
     if recipe.notes:
         data["notes"] = list(recipe.notes)
+    if recipe.upstream:
+        data["upstream"] = {key: list(value) if isinstance(value, tuple) else
+                            dict(value) if isinstance(value, Mapping) else value
+                            for key, value in recipe.upstream.items()}
     return data
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from provision import serverfiles
 from provision.errors import RecipeError
 from provision.inventory import MERGED, AppliedRecipe, Inventory, Settings, applied_dir_of
 from provision.recipes import Recipe, contract_notes
@@ -89,6 +90,8 @@ def plan(inv: Inventory, cluster: str, recipe: Recipe, overrides: Mapping[str, A
                           "recipe)", file="command line")
     own = recipe.inventory_vars()
     values = {**own, **overrides}
+    if "server_files" in overrides and "server_files" in own:  # a file given keeps the others the recipe needs
+        values["server_files"] = {**own["server_files"], **overrides["server_files"]}
     changed = tuple(key for key in overrides if own.get(key) != overrides[key])
     if "model" in changed and "model_revision" not in overrides:
         values.pop("model_revision", None)  # the recipe's revision is its own model's commit or branch
@@ -97,12 +100,34 @@ def plan(inv: Inventory, cluster: str, recipe: Recipe, overrides: Mapping[str, A
         cluster=cluster, recipe=recipe.name, vars=values, file=str(path), changed=changed)})
     hosts = inv.clusters[cluster].hosts
     resolved = {host: applied.settings(host) for host in hosts}  # each host resolved once, with the recipe
+    _refuse_image_files(recipe, cluster, resolved)
     changes = {host: _changes(inv.settings(host), resolved[host]) for host in hosts}
     kept = {host: _kept(resolved[host], values) for host in hosts}
     old_text = path.read_text(encoding="utf-8") if path.is_file() else None
     return Application(cluster=cluster, recipe=recipe, path=path, old_text=old_text,
                        new_text=applied_text(cluster, recipe, values, changed), applied=applied,
                        changes=changes, kept=kept, notes=tuple(_notes(inv, cluster, recipe, values, changed)))
+
+
+def _refuse_image_files(recipe: Recipe, cluster: str, resolved: Mapping[str, Settings]) -> None:
+    """RecipeError where a host would run the recipe with a flag naming a file inside its container image
+    (server_files image:PATH, Spark Arena's mods put them there): the server would not start. Each flag
+    is named with that file and the setting that gives it (--set, or the inventory's vars)."""
+    missing: dict[str, tuple[str, list[str]]] = {}
+    for host, settings in resolved.items():
+        for flag, path in serverfiles.needed(settings.server_files).items():
+            missing.setdefault(flag, (path, []))[1].append(host)
+    if not missing:
+        return
+    named = "; ".join(f"{flag} {path} (a file inside the recipe's container image; hosts {', '.join(hosts)})"
+                      for flag, (path, hosts) in missing.items())
+    lines = ", ".join(f"{flag}: LOCAL_FILE" for flag in missing)
+    raise RecipeError(
+        f"recipe {recipe.name} names a file no host has: {named}. Give each as a file on this machine, "
+        f"copied to the hosts: {serverfiles.set_hint(missing)}, or in the vars of cluster {cluster}'s hosts "
+        f"or groups (which the recipe does not override): `server_files: {{{lines}}}` (a path relative to the "
+        "inventory file)",
+        file="command line", key="server_files")
 
 
 def applied_text(cluster: str, recipe: Recipe, values: Mapping[str, Any], changed: tuple[str, ...]) -> str:

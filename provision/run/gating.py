@@ -21,6 +21,7 @@ from provision import (
     remote,
     render,
     secrets,
+    serverfiles,
     services,
     venv,
     weights,
@@ -76,6 +77,12 @@ def probe_ask(inv: inventory.Inventory, target: str, settings: inventory.Setting
     inspect = plan.inspect_spec(
         [render.CONFIG_DIR, render.STATE_DIR, *paths[1:], *venv.inspect_paths(settings),
          f"{weights.HUB_VENV}/{facts.VENV_MANIFEST}"], settings.service_user, naming)
+    # The files server_files gives and their folders (compared as every managed file); the server's
+    # folder listed, so a file no longer given is removed.
+    given = serverfiles.host_paths(settings.server_files, naming.service)
+    inspect["files"] = sorted({*inspect["files"], *given.values(),
+                               *(render.server_file_dirs(naming) if given else ())})
+    inspect["dirs"] = [*inspect["dirs"], serverfiles.host_dir(naming.service)]
     inspect["weights"] = [weights.root_of(settings)] if weights.managed(settings) else []
     # Weights placed by hand: their config.json and sizes, for the memory fit (one small read).
     inspect["models"] = [render.model_path(settings)] if settings.model and not weights.managed(settings) else []
