@@ -351,17 +351,17 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 API_KEY_VARIABLES: Mapping[str, str] = {entry.api_key_variable: entry.title for entry in catalog.ENGINES.values()
                                         if entry.api_key_variable}
 # Names that hold a credential by convention: the hub's HF_TOKEN and HUGGING_FACE_HUB_TOKEN, any
-# *_API_KEY, *_TOKEN or *_SECRET (case aside: a shell's names are case-sensitive, a leak is not).
-_SECRET_NAME = re.compile(r"(?:^|_)(?:API_KEY|TOKEN|SECRET)$", re.IGNORECASE)
+# *_API_KEY, *_TOKEN, *_SECRET, *_PASSWORD, *_CREDENTIALS or *_AUTH (case aside: a shell's names are case-sensitive, a leak is not).
+_SECRET_NAME = re.compile(r"(?:^|_)(?:API_KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?|AUTH)$", re.IGNORECASE)
 
 
 def secret_variable(name: str) -> str | None:
     """Why an environment variable's value is a secret, or None: `VLLM_API_KEY` -> "vLLM's API key
-    variable"; `HF_TOKEN` -> "a token's name (*_API_KEY, *_TOKEN, *_SECRET)"; `VLLM_PORT` -> None."""
+    variable"; `HF_TOKEN` -> "a credential's name (...)"; `VLLM_PORT` -> None."""
     if name in API_KEY_VARIABLES:
         return f"{API_KEY_VARIABLES[name]}'s API key variable"
     if _SECRET_NAME.search(name):
-        return "a credential's name (*_API_KEY, *_TOKEN, *_SECRET)"
+        return "a credential's name (*_API_KEY, *_TOKEN, *_SECRET, *_PASSWORD, *_CREDENTIALS, *_AUTH)"
     return None
 
 
@@ -424,7 +424,7 @@ def _server_flags(value: Any) -> dict[str, Any]:
 def _server_files(value: Any) -> dict[str, str]:
     """a mapping of --flag: FILE, a file on the controller the flag's value is (relative: from the file that
     says it; --set: from the current directory), or image:PATH, a file an imported recipe needs and that
-    must be given; the flag takes a file (not one the tool sets itself nor one it reads as a setting)
+    must be given; the flag is one whose template or plugin file the tool places (serverfiles.FILE_FLAGS)
 
     The file is copied to the host (serverfiles.FILES_DIR) and the flag rendered with its path there."""
     if not isinstance(value, dict):
@@ -440,6 +440,11 @@ def _server_files(value: Any) -> dict[str, str]:
         if name in settings_flags:
             raise ValueError(f"{name} takes no file: it is the setting {settings_flags[name]} (flags that take "
                              f"one: {', '.join(serverfiles.FILE_FLAGS)})")
+        if name not in serverfiles.FILE_FLAGS:
+            # The files are placed world-readable (a template, a plugin): a key or a certificate's file is
+            # not one to copy this way.
+            raise ValueError(f"{name} is not a flag whose file the tool places (those: "
+                             f"{', '.join(serverfiles.FILE_FLAGS)}: templates and plugins, placed readable by all)")
         if not isinstance(item, str) or not item.strip() or item.strip() == serverfiles.IMAGE:
             raise ValueError(f"server_files {name} must be a file's path (or {serverfiles.IMAGE}PATH), got "
                              f"{_show(item)}")
@@ -609,7 +614,9 @@ VAR_SPECS: Mapping[str, VarSpec] = {
     # it on for them). SGLang's radix cache, llama.cpp's cache_prompt and TensorRT-LLM's
     # KvCacheConfig.enable_block_reuse (tensorrt_llm/llmapi/llm_args.py, default=True) are on unless turned off.
     "enable_prefix_caching": VarSpec("reuse KV cache across requests (unset: the engine's own default, which "
-                                     "vLLM chooses per model; true or false: said on its command line)",
+                                     "vLLM chooses per model; true or false: said on its command line). "
+                                     "Until December 2026 unset meant true: a vLLM host that never set it is "
+                                     "restarted by its next deploy without the flag; set true to keep it",
                                      _optional(_boolean)),
     "extra_args": VarSpec("further server arguments (not the flags the tool sets: --host, --port, --model, ...)",
                           _extra_args, ()),

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from provision import services
+from provision import serverfiles, services
 from provision.context import HOST_KEY
 from provision.errors import ForeignDirectory
 from provision.facts import DROP_IN_DIRS, USER_NCCL_CONF, HostFacts, drop_in_dirs
@@ -187,8 +187,9 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
     for path in removed:
         known = facts.files.get(path, {})
         old = str(known.get("content", "")) if "content" in known else ""
-        changes.append(Change("remove", path, "not rendered for this host's role or engine",
-                              diff=_diff(path, old, "")))
+        why = ("a file server_files no longer gives" if path.startswith(serverfiles.FILES_DIR + "/")
+               else "not rendered for this host's role or engine")
+        changes.append(Change("remove", path, why, diff=_diff(path, old, "")))
     if any(wanted.unit and wanted.path in changed for wanted in desired.files):
         changes.append(Change("daemon-reload", "systemd", "a unit file changed"))
     elif any(path.startswith(UNIT_DIR + "/") for path in removed):

@@ -52,8 +52,8 @@ def list_(c: Context, profile: str | None = None, fits: str | None = None, inven
     inv = load_inventory(inventory) if fits else None
     chosen = profile_named(profile) or (inv.host(fits).profile if inv is not None and fits else None)
     shipped = [] if registry not in (None, "shipped") else list(recipes.load_recipes().values())
-    contents = [] if registry == "shipped" else (
-        [registries.read(registries.named(registry))] if registry else registries.everything())
+    contents, broken = ([], []) if registry == "shipped" else (
+        ([registries.read(registries.named(registry))], []) if registry else registries.everything())
     origins = {recipe.name: "shipped" for recipe in shipped}
     origins.update({item.recipe.name: f"{item.registry.name} at {item.registry.commit[:12]}"
                     for content in contents for item in content.recipes})
@@ -64,7 +64,8 @@ def list_(c: Context, profile: str | None = None, fits: str | None = None, inven
               or recipe.hardware.profile in (chosen.name, *chosen.aliases)]
     fitted = _fitted(inv, fits, found, resolve_wheels=False) if inv is not None and fits else None
     if json_:
-        sources = {item.recipe.name: registry_json(item) for content in contents for item in content.recipes}
+        sources = {item.recipe.name: report.registry_recipe_json(item)
+                   for content in contents for item in content.recipes}
         print(report.dump_json([{**report.recipe_json(recipe), "from": sources.get(recipe.name, "shipped"),
                                  **({"fits": report.fit_json(fitted[recipe.name])} if fitted else {})}
                                 for recipe in found]))
@@ -73,6 +74,7 @@ def list_(c: Context, profile: str | None = None, fits: str | None = None, inven
         report.print_recipes(found, out, fits, fitted, origins)
         for content in contents:
             report.print_registry_counts(content, out)
+    _exit_if_broken(broken)
 @task(auto_shortflags=False, name="show",
       help=help_for("json", "inventory", name="a recipe's name, or a recipe file", host=FITS_HELP))
 @guarded
@@ -108,12 +110,6 @@ def _fitted(inv: Any, host: str, found: list[Any], resolve_wheels: bool = True) 
                 for recipe in found}
     finally:
         pool.close()
-
-
-def registry_json(item: Any) -> dict[str, Any]:
-    """Where a registry's recipe was read: the registry, its URL, the commit and the file."""
-    return {"registry": item.registry.name, "url": item.registry.url, "commit": item.registry.commit,
-            "path": item.path}
 
 
 @task(auto_shortflags=False, name="import", iterable=["set_"],
@@ -353,11 +349,21 @@ def registry_list(c: Context, json_: bool = False) -> None:
     from provision import report
     from provision.recipes import registry as registries
 
-    everything = registries.everything()
+    everything, broken = registries.everything()
     if json_:
         print(report.dump_json([report.registry_json(contents) for contents in everything]))
     else:
         report.print_registries(everything, report.console())
+    _exit_if_broken(broken)
+
+
+def _exit_if_broken(broken: list[RecipeError]) -> None:
+    """After a listing: each registry that could not be read, on stderr, and exit 1."""
+    import sys
+
+    for error in broken:
+        print(f"error: {error.message}", file=sys.stderr)
+    exit_unless(not broken)
 
 
 @task(auto_shortflags=False, name="update", iterable=["name"],

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from provision.prepare import HostReport, Prepared
     from provision.recipes import Recipe
     from provision.recipes.applying import Application
-    from provision.recipes.registry import Contents, Updated
+    from provision.recipes.registry import Contents, Listed, Updated
     from provision.recipes.sparkarena import Imported
     from provision.rolling import Deployed
     from provision.run import Applied, Gated, HostPlan, Planned
@@ -1093,6 +1093,12 @@ def print_recipes(recipes: Sequence[Recipe], out: Console, host: str | None = No
     if fitted is not None:
         out.print(Text(f"on {host}: the gate with each recipe's settings; the venv's wheels are not resolved for a "
                        f"list (`{hints.command(f'recipe.show NAME --host {host}')}` resolves them)"))
+
+
+def registry_recipe_json(item: Listed) -> dict[str, Any]:
+    """Where a registry's recipe was read: the registry, its URL, the commit and the file."""
+    return {"registry": item.registry.name, "url": item.registry.url, "commit": item.registry.commit,
+            "path": item.path}
 
 
 def registry_json(contents: Contents) -> dict[str, Any]:

@@ -65,20 +65,25 @@ def test_the_file_inside_the_image_is_named_on_import_and_carried_as_a_file_to_g
     assert "mod mods/nemotron-nano" in dict(result.not_carried)
 
 
-@pytest.mark.parametrize(("flag", "value", "needed"), [
-    ("--chat-template", "unsloth.jinja", True),  # a mod's template, relative to the working directory
-    ("--chat-template", "/workspace/vllm/fixed_chat_template.jinja", True),
-    ("--chat-template", "{% for m in messages %}{{ m.content }}{% endfor %}", False),  # a template inline
-    ("--hf-overrides-file", "/workspace/mods/fix/overrides.json", True),  # any flag: a file of the image
-    ("--download-dir", "/root/.cache/huggingface", False),  # the model cache the tool's model_dir replaces
-    ("--tool-call-parser", "qwen3_coder", False),  # a name, not a file
-], ids=["relative-template", "absolute-template", "inline-template", "image-path", "model-cache", "a-name"])
-def test_which_values_are_files_of_the_image(flag: str, value: str, needed: bool) -> None:
+@pytest.mark.parametrize(("flag", "value", "outcome"), [
+    ("--chat-template", "unsloth.jinja", "file"),  # a mod's template, relative to the working directory
+    ("--chat-template", "/workspace/vllm/fixed_chat_template.jinja", "file"),
+    ("--chat-template", "{% for m in messages %}{{ m.content }}{% endfor %}", "flag"),  # a template inline
+    # any other flag's file of the image: not one server_files places (a key, a config): not carried, said
+    ("--hf-overrides-file", "/workspace/mods/fix/overrides.json", "skipped"),
+    ("--ssl-keyfile", "/root/key.pem", "skipped"),
+    ("--download-dir", "/root/.cache/huggingface", "flag"),  # the model cache the tool's model_dir replaces
+    ("--tool-call-parser", "qwen3_coder", "flag"),  # a name, not a file
+], ids=["relative-template", "absolute-template", "inline-template", "image-path", "a-key-file", "model-cache",
+        "a-name"])
+def test_which_values_are_files_of_the_image(flag: str, value: str, outcome: str) -> None:
     pairs = [(flag, value)]
     reading = sparkarena._Reading("test")
     settings = sparkarena._read_flags(reading, pairs, sparkarena.catalog.ENGINES["vllm"], "vllm serve", "m")
-    assert (settings.get("server_files") == {flag: f"image:{value}"}) is needed
-    assert (flag in settings.get("server_flags", {}) or flag in settings.get("extra_args", [])) is not needed
+    assert (settings.get("server_files") == {flag: f"image:{value}"}) is (outcome == "file")
+    assert (flag in settings.get("server_flags", {}) or flag in settings.get("extra_args", [])) is (outcome == "flag")
+    skipped = dict(reading.not_carried).get(f"{flag} {value}", "")
+    assert ("not a template or plugin the tool places" in skipped) is (outcome == "skipped"), reading.not_carried
 
 
 def test_apply_is_refused_naming_the_flag_the_image_file_and_the_setting_to_give(folder: Path) -> None:
@@ -123,10 +128,11 @@ def test_the_inventory_s_own_vars_give_the_file_too(folder: Path) -> None:
     ("{--reasoning-parser-plugin: ./absent.py}", "absent.py: no such file on this machine"),
     ("{--max-model-len: ./big.py}", "--max-model-len takes no file: it is the setting max_model_len"),
     ("{--port: ./p.py}", "is a flag the tool sets itself"),
+    ("{--ssl-keyfile: ./big.py}", "--ssl-keyfile is not a flag whose file the tool places"),
     ("{--chat-template: ./big.py}", "over 1024 KiB"),
     ("{--chat-template: ./}", "not a regular file"),
     ("[a.py]", "expected a mapping of --flag: FILE"),
-], ids=["missing", "takes-no-file", "owned", "too-big", "a-directory", "not-a-mapping"])
+], ids=["missing", "takes-no-file", "owned", "a-key-file", "too-big", "a-directory", "not-a-mapping"])
 def test_bad_input_is_an_inventory_error_naming_the_file_line_and_key(folder: Path, value: str,
                                                                         expected: str) -> None:
     (folder / "big.py").write_bytes(b"#" * (serverfiles.MAX_BYTES + 1))
@@ -213,6 +219,9 @@ def test_a_file_no_longer_given_is_removed_from_the_host(tmp_path: Path) -> None
     (ctx,) = contexts_of("rtx5090x2-tp2-awq32b-all-good").values()
     state = _state(dataclasses.replace(ctx, facts=host))
     assert f"/etc/provision/files/server/{PLUGIN}" in state.absent_files
+    removed = [change for change in plan.build(state, host) if change.kind == "remove"]
+    assert [(change.target, change.reason) for change in removed] == [
+        (f"/etc/provision/files/server/{PLUGIN}", "a file server_files no longer gives")]
 
 
 def test_the_probe_asks_for_the_file_and_its_folders(folder: Path) -> None:
@@ -231,3 +240,16 @@ def test_a_file_not_given_is_never_rendered(tmp_path: Path) -> None:
     (ctx,) = contexts_of("rtx5090x2-tp2-awq32b-all-good", server_files={FLAG: f"image:{PLUGIN}"}).values()
     with pytest.raises(RenderError, match=f"{FLAG} {PLUGIN}.*server_files"):
         _state(ctx)
+
+
+def test_generations_record_the_placed_files_so_a_rollback_puts_them_back(tmp_path: Path) -> None:
+    """The files server_files places are in the scope a generation records (and a rollback restores)."""
+    from provision import run, services
+
+    plugin = tmp_path / PLUGIN
+    plugin.write_text("# plugin\n")
+    settings = inventory.Settings.of(inventory.validate_vars(
+        {"model": "a/b", "server_files": {FLAG: str(plugin)}}, source="t", entity="host h"))
+    scope = run.scope_of(settings, services.HOST)
+    assert f"{serverfiles.FILES_DIR}/server/{PLUGIN}" in scope.files
+    assert set(render.managed_paths_of(services.HOST)) <= set(scope.files)

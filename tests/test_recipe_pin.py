@@ -184,3 +184,22 @@ def test_every_value_row_held_at_a_wheel_is_a_name_that_wheel_defines(version: s
         assert flag in table.engines["vllm"].choices and flag in _parser_options(version), row.name
         text = release.text(where[flag]) or ""
         assert f'"{value}"' in text or f"{value} =" in text, (row.name, where[flag])
+
+
+def test_apply_judges_the_release_each_host_will_run_not_only_the_recipe_s_pin(tmp_path: Path) -> None:
+    """A host's own engine_spec sits above the recipe: the flags are judged at the release it pins."""
+    from provision import inventory
+
+    (tmp_path / "hosts.yaml").write_text(
+        "hosts:\n  spark-a: {address: 192.0.2.10, user: root, profile: dgx-spark,"
+        " vars: {engine_spec: vllm==0.12.0}}\n"
+        "clusters:\n  one:\n    hosts: [spark-a]\n    vars: {model: openai/gpt-oss-120b}\n")
+    inv = inventory.load(tmp_path)
+    recipe = imported(GPT_OSS, "vllm==0.13.0").recipe
+    assert recipe is not None
+    with pytest.raises(RecipeError, match="host spark-a: vllm 0.12.0 has no flag --attention-backend"):
+        applying.plan(inv, "one", recipe, {})
+    # the same host pinned to a release that has it: applied
+    (tmp_path / "hosts.yaml").write_text((tmp_path / "hosts.yaml").read_text().replace("0.12.0", "0.13.0"))
+    assert applying.plan(inventory.load(tmp_path), "one", recipe, {}).applied.settings("spark-a").engine_spec \
+        == "vllm==0.13.0"

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from provision.errors import RecipeError
 from provision.recipes import registry
@@ -114,8 +115,11 @@ def test_one_registry_that_cannot_be_fetched_never_hides_the_others(
 def test_add_refuses_bad_input_and_leaves_nothing_behind(data_dir: Path, origin: Path, tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match="a registry's name is lowercase"):
         registry.add("Spark Arena", f"file://{origin}")
-    with pytest.raises(RecipeError, match="holds a password or token"):
-        registry.add("arena", "https://someone:ghp_secret@github.com/spark-arena/recipe-registry")
+    for url in ("https://someone:ghp_secret@github.com/spark-arena/recipe-registry",
+                "https://ghp_secret@github.com/spark-arena/recipe-registry",  # a token as the user
+                "ssh://git:secret@example.invalid/registry.git"):
+        with pytest.raises(RecipeError, match="holds a password or token"):
+            registry.add("arena", url)
     empty = tmp_path / "empty"
     (empty / "benchmarking").mkdir(parents=True)
     shutil.copy(Path("provision/benchprofiles") / PROFILE, empty / "benchmarking" / PROFILE)
@@ -166,3 +170,69 @@ def test_recipe_list_shows_the_registries_recipes_beside_the_shipped_ones(
     assert "registry.add [--options]" in capsys.readouterr().out
     assert run(["registry.remove", "arena"]) == 0
     assert "removed registry arena" in capsys.readouterr().out
+
+
+def test_a_registry_s_own_format_recipe_names_no_file_of_this_machine(data_dir: Path, origin: Path) -> None:
+    """A recipe someone else wrote may say which files it needs (image:PATH), never copy one of ours."""
+    from provision import recipes
+
+    lab = recipes.to_mapping(recipes.load_recipes()["lab-cpu-tiny-llama"])
+    for name, files in (("takes", {"--chat-template": "/etc/passwd"}),
+                        ("needs", {"--chat-template": "image:/workspace/t.jinja"})):
+        (origin / f"{name}.yaml").write_text(yaml.safe_dump(
+            {**lab, "name": name, "settings": {**lab["settings"], "server_files": files}}))
+    git(origin, "add", "-A")
+    git(origin, "commit", "-q", "-m", "ours")
+    contents = registry.read(registry.add("arena", f"file://{origin}"))
+    assert "arena/needs" in [item.recipe.name for item in contents.recipes]
+    refused = dict(contents.refused)
+    assert "server_files --chat-template name files of this machine" in refused["takes.yaml"], refused
+
+
+def test_one_broken_registry_never_hides_the_others_or_the_shipped_recipes(
+        data_dir: Path, origin: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    registry.add("arena", f"file://{origin}")
+    registry.add("gone", f"file://{origin}")
+    shutil.rmtree(data_dir / "registries" / "gone")
+    assert run(["recipe.list", "--json"]) == 1
+    captured = capsys.readouterr()
+    names = {item["name"] for item in json.loads(captured.out)}
+    assert {"lab-cpu-tiny-llama", "arena/qwen3-coder-next-int4-autoround-vllm"} <= names
+    assert "error: registry 'gone': its clone" in captured.err and "is gone" in captured.err
+    assert run(["registry.list"]) == 1
+    assert "arena" in capsys.readouterr().out
+
+
+def test_concurrent_changes_keep_every_registry(data_dir: Path, origin: Path) -> None:
+    """add reads the index, clones, and writes it back: runs at once wait for each other, none is lost."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def add(name: str) -> None:
+        try:
+            registry.add(name, f"file://{origin}")
+        except BaseException as exc:  # noqa: BLE001 - the thread's failure is the test's
+            errors.append(exc)
+
+    threads = [threading.Thread(target=add, args=(name,)) for name in ("one", "two", "three")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and sorted(item.name for item in registry.load()) == ["one", "three", "two"]
+
+
+def test_recipes_are_labelled_with_the_commit_their_clone_holds(data_dir: Path, origin: Path) -> None:
+    """An update cut short after its checkout, before the index was written: the clone's commit is told."""
+    added = registry.add("arena", f"file://{origin}")
+    shutil.copy(FIXTURES / GPT_OSS, origin / GPT_OSS)
+    git(origin, "add", "-A")
+    git(origin, "commit", "-q", "-m", "gpt-oss")
+    clone = data_dir / "registries" / "arena"
+    git(clone, "fetch", "-q", "--depth", "1", "origin", "HEAD")
+    git(clone, "checkout", "-q", "--detach", "FETCH_HEAD")
+    contents = registry.read(registry.load()[0])
+    new = git(origin, "rev-parse", "HEAD")
+    assert registry.load()[0].commit == added.commit != new
+    assert contents.registry.commit == new and all(new in item.recipe.source for item in contents.recipes)

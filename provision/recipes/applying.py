@@ -106,7 +106,8 @@ def plan(inv: Inventory, cluster: str, recipe: Recipe, overrides: Mapping[str, A
     old_text = path.read_text(encoding="utf-8") if path.is_file() else None
     return Application(cluster=cluster, recipe=recipe, path=path, old_text=old_text,
                        new_text=applied_text(cluster, recipe, values, changed), applied=applied,
-                       changes=changes, kept=kept, notes=tuple(_notes(inv, cluster, recipe, values, changed)))
+                       changes=changes, kept=kept,
+                       notes=tuple(_notes(inv, cluster, recipe, values, changed, resolved)))
 
 
 def _refuse_image_files(recipe: Recipe, cluster: str, resolved: Mapping[str, Settings]) -> None:
@@ -164,7 +165,7 @@ def _kept(resolved: Settings, values: Mapping[str, Any]) -> tuple[Kept, ...]:
 
 
 def _notes(inv: Inventory, cluster: str, recipe: Recipe, values: Mapping[str, Any],
-           changed: tuple[str, ...]) -> list[str]:
+           changed: tuple[str, ...], resolved: Mapping[str, Settings]) -> list[str]:
     notes = []
     hosts = inv.clusters[cluster].hosts
     other = sorted({inv.hosts[name].profile.name for name in hosts
@@ -178,5 +179,24 @@ def _notes(inv: Inventory, cluster: str, recipe: Recipe, values: Mapping[str, An
         notes.append(f"model {values['model']} in place of the recipe's {recipe.model} (--set): the recipe's "
                      "figures are not this model's")
     notes.extend(f"{key} {values[key]!r} in place of the recipe's (--set)" for key in changed if key != "model")
-    notes.extend(contract_notes(recipe.engine, values))
+    for note in _judged(recipe, resolved):
+        if note not in notes:
+            notes.append(note)
+    return notes
+
+
+def _judged(recipe: Recipe, resolved: Mapping[str, Settings]) -> list[str]:
+    """The contract table's word on what each host will run: its own engine_spec (a host's or group's
+    pin sits above the recipe), flags and variables, all layers resolved. RecipeError names the host
+    whose release lacks a flag."""
+    notes: list[str] = []
+    for host, settings in sorted(resolved.items()):
+        running = {"engine_spec": settings.engine_spec, "server_flags": settings.server_flags,
+                   "extra_args": settings.extra_args, "environment": settings.environment}
+        try:
+            notes.extend(note for note in contract_notes(settings.engine or recipe.engine, running)
+                         if note not in notes)
+        except RecipeError as exc:
+            raise RecipeError(f"host {host}: {exc.message}", file=exc.file, line=exc.line, entity=exc.entity,
+                              key=exc.key) from exc
     return notes

@@ -1,8 +1,8 @@
 """Recipe registries: git repositories of recipes that a user keeps current, as sparkrun keeps them.
 
-    invoke registry.add spark-arena https://github.com/spark-arena/recipe-registry
-    invoke registry.update            # each registry fetched again, its recipes read at the new commit
-    invoke recipe.list                       # the shipped recipes and every registry's, side by side
+    invoke registry.add https://github.com/spark-arena/recipe-registry --name spark-arena
+    invoke registry.update   # each registry fetched again, its recipes read at the new commit
+    invoke recipe.list       # the shipped recipes and every registry's, side by side
 
 Each registry is a clone made with the user's own git (their credentials, proxy and git config) under the
 user's data directory (config.data_dir()/registries/NAME), and one entry of registries.yaml beside the
@@ -17,13 +17,14 @@ default branch holds now, remove deletes the clone.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,6 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 MAX_FILES = 2000  # a registry holds a few hundred files; a bigger tree is not one
 GIT_TIMEOUT = 600  # seconds: a clone of a large registry over a slow link
 INDEX = "registries.yaml"
-_USERINFO = re.compile(r"^[a-z+]+://[^/@]*:[^/@]*@", re.IGNORECASE)  # https://user:secret@host/...
 _ENTRY_KEYS = {"name", "url", "commit", "updated"}
 
 
@@ -90,6 +90,23 @@ class Updated:
         return self.before == self.registry.commit
 
 
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """One change of the registries at a time (add, update, remove read the index, work, and write it
+    back: two at once would lose one's entry). Another run holding it is waited for, and said."""
+    import fcntl
+    import sys
+
+    config.data_dir().mkdir(parents=True, exist_ok=True)
+    with open(config.data_dir() / "registries.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print("waiting for another run's change of the registries ...", file=sys.stderr)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def index_file() -> Path:
     return config.data_dir() / INDEX
 
@@ -130,7 +147,7 @@ def named(name: str, registries: Sequence[Registry] | None = None) -> Registry:
             return registry
     listed = ", ".join(item.name for item in known) or "none added"
     raise RecipeError(f"no registry '{clip(name)}' (registries: {listed}; add one with "
-                      "`registry.add NAME URL`)", file="command line")
+                      "`registry.add URL --name NAME`)", file="command line")
 
 
 def name_of(url: str) -> str:
@@ -140,8 +157,25 @@ def name_of(url: str) -> str:
     return last.removesuffix(".git")
 
 
+def _holds_credentials(url: str) -> bool:
+    """A URL that carries a secret: a password anywhere (https://user:secret@, ssh://git:secret@), or any
+    user at all over http(s), where it is a token (https://ghp_...@github.com/...). ssh's git@ is a login
+    name, no secret."""
+    from urllib.parse import urlsplit
+
+    if "://" not in url:
+        return False  # git@host:org/repo.git or a path
+    parts = urlsplit(url)
+    return parts.password is not None or (parts.scheme.lower() in ("http", "https") and parts.username is not None)
+
+
 def add(name: str, url: str) -> Registry:
     """Clone `url` as registry `name` and read it once: a clone with no recipe in it is not added."""
+    with _locked():
+        return _add(name, url)
+
+
+def _add(name: str, url: str) -> Registry:
     if not NAME.match(name):
         raise RecipeError(f"a registry's name is lowercase letters, digits, '.', '_' and '-' (at most 63), "
                           f"starting with a letter or digit: not {clip(repr(name))}", file="command line")
@@ -150,7 +184,7 @@ def add(name: str, url: str) -> Registry:
         raise RecipeError(f"registry '{name}' exists already (`registry.update --name {name}` fetches "
                           "it again; `registry.remove " + name + "` first to point it elsewhere)",
                           file="command line")
-    if _USERINFO.match(url):
+    if _holds_credentials(url):
         raise RecipeError("the URL holds a password or token, which would be kept in registries.yaml and shown "
                           "in every listing: give git its credentials (a credential helper, an SSH key) and "
                           "the URL without them", file="command line")
@@ -178,6 +212,11 @@ def add(name: str, url: str) -> Registry:
 def update(names: Iterable[str] = ()) -> list[Updated | RecipeError]:
     """Each registry named (all where none is) fetched and checked out at what its remote's default
     branch holds now. One that fails is its RecipeError in the list; the others are still updated."""
+    with _locked():
+        return _update(names)
+
+
+def _update(names: Iterable[str]) -> list[Updated | RecipeError]:
     known = load()
     chosen = [named(name, known) for name in names] if names else list(known)
     results: list[Updated | RecipeError] = []
@@ -210,10 +249,11 @@ def _update_one(registry: Registry) -> Updated:
 
 
 def remove(name: str) -> Registry:
-    known = load()
-    registry = named(name, known)
-    shutil.rmtree(registry.clone, ignore_errors=True)
-    _save([item for item in known if item.name != name])
+    with _locked():
+        known = load()
+        registry = named(name, known)
+        shutil.rmtree(registry.clone, ignore_errors=True)
+        _save([item for item in known if item.name != name])
     return registry
 
 
@@ -226,6 +266,10 @@ def read(registry: Registry, root: Path | None = None, overrides: Mapping[str, A
     if not base.is_dir():
         raise RecipeError(f"registry '{registry.name}': its clone {base} is gone (`registry.remove "
                           f"{registry.name}` then add it again)", file="command line")
+    if root is None:
+        # What the clone holds is what its recipes are read at (an update cut short between its checkout
+        # and the index's write leaves the index one commit behind).
+        registry = dataclasses.replace(registry, commit=git("-C", str(base), "rev-parse", "HEAD"))
     files = sorted(path for path in base.rglob("*") if path.suffix in (".yaml", ".yml") and path.is_file()
                    and ".git" not in path.relative_to(base).parts)
     if len(files) > MAX_FILES:
@@ -249,6 +293,7 @@ def read(registry: Registry, root: Path | None = None, overrides: Mapping[str, A
                 continue
             if _is_ours(parsed):
                 recipe = from_mapping(parsed, relative)
+                _refuse_local_files(recipe, relative)
                 note = f"read from registry {registry.name}: {where}"
                 recipe = dataclasses.replace(recipe, name=name, notes=(*recipe.notes, note))
             else:
@@ -265,14 +310,36 @@ def read(registry: Registry, root: Path | None = None, overrides: Mapping[str, A
     return Contents(registry, tuple(listed), tuple(refused), tuple(not_recipes))
 
 
+def _refuse_local_files(recipe: Recipe, source: str) -> None:
+    """A registry's recipe names no file of this machine: its server_files may only say which files it
+    needs (image:PATH), for the user to give. Else a recipe someone else wrote would copy whatever file
+    it names here (~/.ssh/..., /etc/...) to every host it is applied to."""
+    from provision import serverfiles
+
+    local = sorted(flag for flag, value in dict(recipe.settings.get("server_files") or {}).items()
+                   if not serverfiles.is_image(str(value)))
+    if local:
+        raise RecipeError(f"server_files {', '.join(local)} name files of this machine: a registry's recipe may "
+                          f"only name the files it needs ({serverfiles.IMAGE}PATH), which you give", file=source,
+                          key="server_files")
+
+
 def _is_ours(data: Any) -> bool:
     """The tool's own recipe format: a mapping with its hardware and engine fields."""
     return isinstance(data, dict) and isinstance(data.get("hardware"), dict) and isinstance(data.get("engine"), dict)
 
 
-def everything(overrides: Mapping[str, Any] | None = None) -> list[Contents]:
-    """Every registry's contents, in the order they were added."""
-    return [read(registry, overrides=overrides) for registry in load()]
+def everything(overrides: Mapping[str, Any] | None = None) -> tuple[list[Contents], list[RecipeError]]:
+    """Every registry's contents, in the order they were added, and the errors of those that cannot be
+    read (a clone removed by hand): one broken registry never hides the others or the shipped recipes."""
+    found: list[Contents] = []
+    errors: list[RecipeError] = []
+    for registry in load():
+        try:
+            found.append(read(registry, overrides=overrides))
+        except RecipeError as exc:
+            errors.append(exc)
+    return found, errors
 
 
 def find(name: str) -> Recipe:

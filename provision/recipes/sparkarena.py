@@ -466,9 +466,15 @@ def _read_flags(reading: _Reading, pairs: list[tuple[str, Value]], engine: catal
                 settings[setting] = value  # the settings check refuses it, naming the setting
         elif flag in engine.recipe_skips:
             reading.skip(shown, engine.recipe_skips[flag])
-        elif isinstance(value, str) and _image_file(flag, value):
+        elif isinstance(value, str) and _image_file(flag, value) and flag in serverfiles.FILE_FLAGS:
             files[flag] = serverfiles.IMAGE + value
             reading.skip(shown, _image_file_note(flag, value))
+        elif isinstance(value, str) and _image_file(flag, value):
+            # A key, a certificate, a config inside the image: no file the tool places (server_files takes
+            # templates and plugins, readable by all), so the flag is not carried, and says why.
+            reading.skip(shown, f"{value} is a file inside the container image, which no host has, and not a "
+                                "template or plugin the tool places: put it on the host yourself and give the "
+                                f"flag with its path there (server_flags {flag})")
         elif isinstance(value, tuple) or flag in flags or flag in repeated:
             # Several values, or a flag given again (vLLM's --middleware appends each one): server_flags
             # holds one value a flag, so each time it is given goes to extra_args, in the command's order.
@@ -735,7 +741,7 @@ NOT_SHOWN = "(a secret: not shown)"
 
 def _is_secret_name(name: str) -> bool:
     """A name whose value is a secret: an engine's API key variable or a credential's (*_API_KEY, *_TOKEN,
-    *_SECRET; api_key and hf_token as a recipe's defaults name them), or a flag that takes one."""
+    *_SECRET, *_PASSWORD...; api_key and hf_token as a recipe's defaults name them), or a flag that takes one."""
     from provision.inventory import secret_variable
 
     return secret_variable(name.removeprefix("config.").lstrip("-").replace("-", "_").upper()) is not None

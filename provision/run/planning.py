@@ -25,6 +25,7 @@ from provision import (
     render,
     secrets,
     server,
+    serverfiles,
     services,
     venv,
     weights,
@@ -320,7 +321,10 @@ def departing(asked: inventory.Settings, declared: inventory.Settings, overrides
 
 def scope_of(settings: inventory.Settings, naming: services.Naming = services.HOST, venv: bool = True) -> ops.Scope:
     """What a server's generations cover: its venv (where the tool installs one), the model root it
-    serves from, and its own files and units, kept where its names say."""
+    serves from, and its own files and units, kept where its names say: the files server_files places
+    too (a rollback to a generation whose plugin has since changed or gone puts it back)."""
+    placed = tuple(sorted(serverfiles.host_paths(settings.server_files, naming.service).values()))
     return ops.Scope(venv=settings.venv_dir.rstrip("/") if venv else None,
                      model_root=weights.root_of(settings) if weights.managed(settings) else None,
-                     root=naming.generations, files=render.managed_paths_of(naming), units=render.units_of(naming))
+                     root=naming.generations, files=(*render.managed_paths_of(naming), *placed),
+                     units=render.units_of(naming))
