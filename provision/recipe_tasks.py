@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from provision.recipes.sparkarena import Imported
 
 FORMATS = ("ours", "spark-arena")
-MAX_FILES = 2000  # a registry checkout holds a few hundred files; a bigger tree is not one
 
 
 FITS_HELP = ("a host of the inventory: the gate run on it with each recipe's settings (as --set gives them), "
@@ -285,12 +284,9 @@ def _read(path: Path) -> bytes:
 
 def _import_tree(root: Path, overrides: dict[str, Any]) -> tuple[list[Imported], list[str]]:
     """Every v2 recipe under `root` (sorted), and the YAML files that are not one, each with why."""
-    from provision.recipes import sparkarena
+    from provision.recipes import registry, sparkarena
 
-    files = sorted(path for path in root.rglob("*") if path.suffix in (".yaml", ".yml") and path.is_file()
-                   and ".git" not in path.parts)
-    if len(files) > MAX_FILES:
-        raise RecipeError(f"more than {MAX_FILES} YAML files: not a recipe registry", file=str(root))
+    files = registry.yaml_files(root)
     results: list[Imported] = []
     skipped: list[str] = []
     for path in files:

@@ -270,10 +270,7 @@ def read(registry: Registry, root: Path | None = None, overrides: Mapping[str, A
         # What the clone holds is what its recipes are read at (an update cut short between its checkout
         # and the index's write leaves the index one commit behind).
         registry = dataclasses.replace(registry, commit=git("-C", str(base), "rev-parse", "HEAD"))
-    files = sorted(path for path in base.rglob("*") if path.suffix in (".yaml", ".yml") and path.is_file()
-                   and ".git" not in path.relative_to(base).parts)
-    if len(files) > MAX_FILES:
-        raise RecipeError(f"more than {MAX_FILES} YAML files: not a recipe registry", file=str(base))
+    files = yaml_files(base)
     listed: list[Listed] = []
     refused: list[tuple[str, str]] = []
     not_recipes: list[tuple[str, str]] = []
@@ -308,6 +305,16 @@ def read(registry: Registry, root: Path | None = None, overrides: Mapping[str, A
         taken.add(name)
         listed.append(Listed(dataclasses.replace(recipe, file=str(path)), registry, relative))
     return Contents(registry, tuple(listed), tuple(refused), tuple(not_recipes))
+
+
+def yaml_files(root: Path) -> list[Path]:
+    """The YAML files of a checkout (sorted; git's own folder left out), or RecipeError where there are
+    more than a registry ever holds. Also what `recipe.import DIR` reads."""
+    files = sorted(path for path in root.rglob("*") if path.suffix in (".yaml", ".yml") and path.is_file()
+                   and ".git" not in path.relative_to(root).parts)
+    if len(files) > MAX_FILES:
+        raise RecipeError(f"more than {MAX_FILES} YAML files: not a recipe registry", file=str(root))
+    return files
 
 
 def _refuse_local_files(recipe: Recipe, source: str) -> None:
