@@ -44,7 +44,9 @@ CONFIG_DIR = services.CONFIG_DIR
 ENV_FILE = services.HOST_ENV_FILE  # a host without services; a service's is services.Naming.env_file
 STATE_DIR = "/var/lib/vllm"
 SERVER_UNIT = VLLM.server_unit  # vLLM's; each engine names its own (engines.engine_of(settings).server_unit)
-SUPERVISION = {"start_limit_interval_sec": 600, "start_limit_burst": 5, "restart_sec": 10, "restart": "on-failure",
+# Restart=always, not on-failure: a server that exits on its own is an outage whatever its status, and
+# vLLM's API server exits with status 0 when its engine process dies (a SIGILL in the engine read so).
+SUPERVISION = {"start_limit_interval_sec": 600, "start_limit_burst": 5, "restart_sec": 10, "restart": "always",
                "restart_reason": None}
 
 

@@ -301,7 +301,7 @@ def test_workstation_unit_has_the_seed_settings() -> None:
         assert line in env.content
     assert "CPUAffinity=6-11,30-35" in unit.content  # one whole CCD, not CPU 0's, SMT siblings included
     assert "--tensor-parallel-size 2" in unit.content and "--quantization" not in unit.content
-    assert "Restart=on-failure" in unit.content and "StartLimitBurst=5" in unit.content
+    assert "Restart=always" in unit.content and "StartLimitBurst=5" in unit.content
 
 
 def test_spark_pair_serves_from_the_head_and_runs_a_headless_worker_without_ray() -> None:

@@ -72,11 +72,16 @@ def _complete(spec: dict[str, Any], max_tokens: int, prompt: str, timeout: float
         return json.loads(response.read().decode("utf-8", "replace"))
 
 
+# The unit's state, its restart count and how its main process last ended (ExecMainCode is the kernel's
+# CLD_* code: 1 exited, 2 killed, 3 dumped core).
+SHOWN_PROPERTIES = "ActiveState,SubState,NRestarts,ExecMainCode,ExecMainStatus"
+
+
 def _unit(unit: str) -> dict[str, str]:
     """The unit's state and restart count as `systemctl show` says them; {} without systemd."""
     import subprocess
     try:
-        return parse_show(subprocess.run(["systemctl", "show", "-p", "ActiveState,SubState,NRestarts", unit],
+        return parse_show(subprocess.run(["systemctl", "show", "-p", SHOWN_PROPERTIES, unit],
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                          check=False).stdout.decode())
     except OSError:
@@ -96,16 +101,47 @@ def restart_count(values: dict[str, str]) -> int | None:
 
 def crashed(values: dict[str, str], restarts_before: int | None) -> str | None:
     """Pure: ActiveState, SubState and NRestarts of a server started for readiness -> how it ended
-    ("failed", "crashed") or None while it may still come up. A server that exits waits out RestartSec
-    in SubState auto-restart: that is its answer, not ten more seconds of waiting until systemd starts
-    it again and NRestarts counts it."""
+    ("failed", "crashed", "exited") or None while it may still come up. A server that exits waits out
+    RestartSec in SubState auto-restart: that is its answer, not ten more seconds of waiting until
+    systemd starts it again and NRestarts counts it. A unit that is no longer active at all ended too,
+    whatever its exit status: a server that exits with status 0 (vLLM's API server does once its engine
+    died) under a unit that does not restart it stays inactive, and nothing will answer."""
     if values.get("ActiveState") == "failed":
         return "failed"
     restarts = restart_count(values)
     if values.get("SubState") == "auto-restart" or (
             restarts is not None and restarts_before is not None and restarts > restarts_before):
         return "crashed"
+    if values.get("ActiveState") in ("inactive", "deactivating"):
+        return "exited"
     return None
+
+
+def how_it_ended(values: dict[str, str]) -> str | None:
+    """Pure: ExecMainCode and ExecMainStatus -> the main process's end in words ("exit status 0",
+    "killed by signal 4 (SIGILL)"), None where systemd says nothing (a process never started)."""
+    code, status = values.get("ExecMainCode", ""), values.get("ExecMainStatus", "")
+    if not status.isdigit() or code not in ("1", "2", "3"):
+        return None
+    if code == "1":
+        return f"exit status {status}"
+    name = SIGNALS.get(int(status))
+    signal = f"signal {status}" + (f" ({name})" if name else "")
+    return f"killed by {signal}" if code == "2" else f"dumped core on {signal}"
+
+
+# The signals a server's end shows in practice (x86-64 and aarch64 Linux numbers).
+SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
+
+
+def ended_after_start(unit: str, ended: str, values: dict[str, str], journal: str) -> str:
+    """Pure: a server's end during readiness in words: how (failed, crashed, exited), the main process's
+    exit, the restarts systemd made, and the journal's reason."""
+    how = how_it_ended(values)
+    restarts = restart_count(values)
+    details = [part for part in (how, f"{restarts} restart(s)" if restarts else None) if part]
+    said = f" ({', '.join(details)})" if details else ""
+    return f"{unit} {ended} after start{said}: {journal or 'its journal says nothing'}"
 
 
 def _journal_tail(unit: str) -> str:
@@ -132,7 +168,10 @@ def why_it_stopped(journal: str) -> str:
     return " | ".join((errors or lines)[-3:])[:600]
 
 
-ERROR_WORDS = ("rror", "Traceback", "Main process exited", "Killed", "Out of memory", "core-dump", "signal")
+# "died": vLLM's engine names a dead worker ("Worker proc VllmWorker-0 died unexpectedly (exit code: -4)");
+# "Illegal instruction": Python's faulthandler and the shell on a SIGILL.
+ERROR_WORDS = ("rror", "Traceback", "Main process exited", "Killed", "Out of memory", "core-dump", "signal",
+               "died", "Illegal instruction")
 
 
 def ready(spec: dict[str, Any]) -> dict[str, Any]:
@@ -147,10 +186,8 @@ def ready(spec: dict[str, Any]) -> dict[str, Any]:
             values = _unit(unit)
             ended = crashed(values, restarts_before)
             if ended:
-                restarts = restart_count(values)
-                counted = f" ({restarts} restart(s))" if restarts else ""
                 return {"ok": False, "seconds": round(time.time() - started, 1),
-                        "error": f"{unit} {ended} after start{counted}: {_journal_tail(unit)}"}
+                        "error": ended_after_start(unit, ended, values, _journal_tail(unit))}
         if stage == "health":
             status, text = _get(spec["base"] + "/health", timeout=5)
             last = f"/health: {status if status is not None else text}"
