@@ -36,10 +36,21 @@ def main() -> None:
     (provision.hints): outside a checkout `invoke` has no tasks.py to find."""
     hints.started_as("provision")
     try:
-        Program(namespace=ns, version=metadata.version("provision"), name="provision",
-                binary="provision", binary_names=["provision"]).run()
+        _run_flushed()
     except BrokenPipeError:
         # The reader went away (`provision check -h | head -3`): stop quietly. What is still buffered
         # for stdout goes nowhere, so the interpreter's own flush at exit cannot fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
         sys.exit(1)
+
+
+def _run_flushed() -> None:
+    """Invoke's Program over `ns`, stdout flushed before it returns or exits. Piped, stdout is block
+    buffered: a short output (a task's help) is still all in the buffer when Program.run() exits, and a
+    reader gone would only be met at the interpreter's own flush at exit, past every handler
+    ("Exception ignored ... BrokenPipeError", exit status 120). Flushed here, it is met in main()."""
+    try:
+        Program(namespace=ns, version=metadata.version("provision"), name="provision",
+                binary="provision", binary_names=["provision"]).run()
+    finally:
+        sys.stdout.flush()

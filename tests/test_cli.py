@@ -55,12 +55,20 @@ def test_status_of_this_machine_needs_no_inventory(tmp_path: Path) -> None:
     assert list(json.loads(done.stdout)["hosts"]) == ["local"]
 
 
-def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
-    """`provision check -h | head -3`: the pipe is closed before the help is written; no traceback."""
+@pytest.mark.parametrize("unbuffered", ["", "1"], ids=["buffered", "unbuffered"])
+def test_a_reader_that_goes_away_ends_the_command_quietly(unbuffered: str) -> None:
+    """`provision check -h | head -3`: the pipe is closed before the help is written; no traceback.
+    Both ways stdout can be: block buffered, as piped by default (the help is still in the buffer when
+    the task ends), and unbuffered (PYTHONUNBUFFERED, which a user's or a CI's environment may
+    set: every print meets the closed pipe)."""
     command = shutil.which("provision")
     if command is None:
         pytest.fail("the `provision` console script is not installed (README's first command installs it)")
-    running = subprocess.Popen([command, "check", "-h"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    running = subprocess.Popen([command, "check", "-h"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env)
     assert running.stdout is not None and running.stderr is not None
     running.stdout.close()  # before the interpreter has even started: every write meets a closed pipe
     with running.stderr:
