@@ -530,31 +530,45 @@ def _build_from(hostplan: Any) -> str | None:
 
 def print_deployed(result: Deployed, json_: bool) -> None:
     """deploy's summary: each host's state, changes, seconds per step and what happened."""
-    order, plans, outcomes, applied = result.order, result.plans, result.outcomes, result.applied
-    fetched, errors, seconds = result.fetched, result.errors, result.seconds
+    rows = deployed_rows(result)
+    if json_:
+        print(dump_json({"hosts": rows, "seconds": round(result.seconds, 2), "ok": not result.errors,
+                         **transfer_json(result.fetched, result.wheels)}))
+        return
+    console().print(deployed_table(rows, result.seconds))
+
+
+def deployed_rows(result: Deployed) -> list[dict[str, Any]]:
+    """One row per host of deploy's summary, as --json prints it."""
+    plans, fetched, errors = result.plans, result.fetched, result.errors
     rows: list[dict[str, Any]] = []
-    for name in order:
-        outcome = outcomes[name]
+    for name in result.order:
+        outcome = result.outcomes[name]
         changes = plans[name].changes if name in plans else []
-        rows.append({"host": name, "state": outcome.state, "changes": applied.get(name, 0),
+        rows.append({"host": name, "state": outcome.state, "changes": result.applied.get(name, 0),
                      "planned": [c.describe() for c in changes], "steps_s": outcome.steps,
                      "ready_s": outcome.ready_s, "weights_from": fetched[name].source if name in fetched else None,
                      "build_from": _build_from(plans.get(name)),
                      "detail": outcome.detail or (error_text(errors[name]) if name in errors else "")})
-    if json_:
-        print(dump_json({"hosts": rows, "seconds": round(seconds, 2), "ok": not errors,
-                         **transfer_json(fetched, result.wheels)}))
-        return
-    table = Table(title=f"deploy: {len(order)} host(s) in {seconds:.1f}s")
-    for column in ("host", "state", "changes", "steps (s)", "detail"):
+    return rows
+
+
+def deployed_table(rows: Sequence[Mapping[str, Any]], seconds: float) -> Table:
+    """deploy's summary for people. The detail (why a host failed or was rolled back) wraps inside its
+    cell, a long path split where it must be: rich's default cuts a word wider than its column with an
+    ellipsis ("removed /etc/systemd/sys…"), so wherever the console's width is fixed (a terminal's, or
+    one given for a log) the end of the reason was lost."""
+    table = Table(title=f"deploy: {len(rows)} host(s) in {seconds:.1f}s")
+    for column in ("host", "state", "changes", "steps (s)"):
         table.add_column(column)
+    table.add_column("detail", overflow="fold")
     for row in rows:
         steps = ", ".join(f"{step} {value:g}" + (f" ({row['build_from']})" if step == "build" and row["build_from"]
                                                  else "") for step, value in row["steps_s"].items())
         style = {"ready": "green", "unchanged": "", "rolled back": "yellow"}.get(row["state"], "red")
         table.add_row(row["host"], styled(f"[{style}]{plain(row['state'])}[/{style}]") if style else row["state"],
                       str(row["changes"]), steps, row["detail"])
-    console().print(table)
+    return table
 
 
 def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:

@@ -2,9 +2,12 @@
 some right edge or wrapped inside a cell."""
 from __future__ import annotations
 
-import pytest
+import io
 
-from provision import report
+import pytest
+from rich.console import Console
+
+from provision import report, rolling, secrets
 
 # A lab.status row as a host that replays nothing of this machine's facts shows it, and a long address:
 # far wider than the 160 columns piped output used to get.
@@ -33,6 +36,28 @@ def test_a_long_line_piped_is_not_wrapped(capsys: pytest.CaptureFixture[str]) ->
     line = "cpu-1: " + "the fix names every step " * 20
     report.console().print(line)
     assert capsys.readouterr().out == line + "\n"
+
+
+# A rolled-back host's reason: one path far wider than the detail column of an 80-column table.
+REASON = ("removed /etc/systemd/system/vllm.service.d/10-provision-generation-0042.conf and restored "
+          "generation 41: not ready in 600 s (journal: torch.OutOfMemoryError: CUDA out of memory)")
+
+
+def test_a_deploy_s_failure_reason_is_whole_at_a_fixed_width(capsys: pytest.CaptureFixture[str]) -> None:
+    """A console of fixed width (a terminal's, or one given for a log) wraps the detail column; the
+    reason is never cut with an ellipsis. Piped (report.console()), it is whole on one line."""
+    outcomes = {"h200": rolling.Outcome("h200", "rolled back", detail=REASON), "ws-5090": rolling.Outcome("ws-5090")}
+    result = rolling.Deployed(["h200", "ws-5090"], {}, outcomes, {}, {}, {}, 12.0, secrets.Secrets())
+    log = io.StringIO()
+    narrow = Console(file=log, width=80, highlight=False, markup=False)
+    assert not narrow.is_terminal
+    narrow.print(report.deployed_table(report.deployed_rows(result), result.seconds))
+    body = [line for line in log.getvalue().splitlines() if line.startswith("│")]
+    detail = [line.strip("│").split("│")[-1].strip() for line in body]
+    assert "…" not in log.getvalue()
+    assert "".join(detail).replace(" ", "") == REASON.replace(" ", "")
+    report.print_deployed(result, json_=False)
+    assert any(line.rstrip(" │").endswith(REASON) for line in capsys.readouterr().out.splitlines())
 
 
 def test_what_hosts_errors_and_hints_say_prints_with_its_brackets(capsys: pytest.CaptureFixture[str]) -> None:
