@@ -57,6 +57,8 @@ def evidence_of(ctx: Context) -> Evidence:
         notes["quantization"] = "the model's config.json was not read (no hub model, or the hub refused)"
     if arch is None:
         notes["arch"] = ctx.facts.notes.get("uname", "uname -m unknown")
+    if ctx.facts.cpu_flags is None:
+        notes["cpu_flags"] = ctx.facts.notes.get("cpu_flags", "/proc/cpuinfo unread")
     if ctx.facts.memory is None:
         notes["kernel_cma"] = ctx.facts.notes.get("meminfo", "/proc/meminfo unread")
     if ctx.model_config is None:
@@ -69,7 +71,7 @@ def evidence_of(ctx: Context) -> Evidence:
         notes["installed"] = ("no venv yet" if venv is None else
                               "the venv's record predates listing its distributions; any change to the venv re-reads it")
     return Evidence(versions=versions, absent=frozenset(absent), compute_capability=caps, arch=arch,
-                    quantization=quantization, args=args,
+                    cpu_flags=ctx.facts.cpu_flags, quantization=quantization, args=args,
                     env=ctx.environment,
                     multi_node=bool(ctx.cluster and ctx.cluster.multi_node), multi_gpu=ctx.parallel > 1,
                     moe=None if ctx.experts is None else ctx.experts > 0,

@@ -9,6 +9,7 @@ gate (checks.py) turns each entry into a check of its own id. An entry:
       when:                               # every matcher must hold (a conjunction); one at least
         compute_capability: ["12.1"]      # any of the host's GPUs (the profile's before nvidia-smi says)
         arch: [aarch64]                   # uname -m
+        cpu_flags: [amx_tile]             # any of these /proc/cpuinfo flags (x86) or Features (Arm)
         quantization: [fp8]               # --quantization when given, else the model's config.json
                                           #   quantization_config.quant_method; "none": not quantized
         vllm: ">=0.18"                    # PEP 440 specifiers on vllm, torch, triton, flash_attn,
@@ -76,9 +77,9 @@ SEVERITIES = ("blocker", "warning", "info")
 # vLLM, its stack, and every other engine whose release is its venv package's (the catalog).
 VERSION_KEYS = ("vllm", "torch", "triton", "flash_attn", "bitsandbytes", "nccl", *catalog.venv_versions())
 # A host that fails one of these is outside the entry's scope: the check is skipped, not passed.
-HARDWARE_KEYS = ("compute_capability", "arch", "multi_node", "multi_gpu")
+HARDWARE_KEYS = ("compute_capability", "arch", "cpu_flags", "multi_node", "multi_gpu")
 FACT_LIST_KEYS = ("kernel_cma", "absent", "unreachable", "wheels_cuda")
-LIST_KEYS = ("compute_capability", "arch", "quantization", *FACT_LIST_KEYS)
+LIST_KEYS = ("compute_capability", "arch", "cpu_flags", "quantization", *FACT_LIST_KEYS)
 BOOL_KEYS = ("multi_node", "multi_gpu", "moe")
 SWITCH_KEYS = ("flags", "env")
 WHEN_KEYS = (*LIST_KEYS, *VERSION_KEYS, *SWITCH_KEYS, *BOOL_KEYS)
@@ -132,6 +133,7 @@ class Evidence:
     absent: frozenset[str] = frozenset()  # known not to be installed
     compute_capability: tuple[str, ...] | None = None
     arch: str | None = None
+    cpu_flags: tuple[str, ...] | None = None  # /proc/cpuinfo's; None: not read
     quantization: str | None = None
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
@@ -410,6 +412,11 @@ def check_matcher(key: str, wanted: Any, ev: Evidence) -> tuple[str, Any, str]:
         reached = [endpoint for endpoint in wanted if ev.unreachable[endpoint] is None]
         shown = {endpoint: ev.unreachable[endpoint] or "reached" for endpoint in wanted}
         return (FAILS if reached else HOLDS), shown, f"{', '.join(reached)} reached"
+    if key == "cpu_flags":
+        if ev.cpu_flags is None:
+            return UNKNOWN, "unknown", f"CPU flags unknown ({ev.notes.get('cpu_flags', '/proc/cpuinfo unread')})"
+        present = sorted(set(wanted) & set(ev.cpu_flags))
+        return (HOLDS if present else FAILS), present or "none of them", f"the CPU has no {' or '.join(wanted)}"
     if key in ("arch", "quantization"):
         value = ev.arch if key == "arch" else ev.quantization
         if value is None:

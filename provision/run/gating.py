@@ -203,7 +203,8 @@ def _with_planned_wheels(contexts: dict[str, context.Context], wanted: set[str],
         if house is None:
             continue
         ctx = result[name] = dataclasses.replace(ctx, resolved_wheels=tuple(w.name for w in house.wheels))
-        key = venv.venv_change_data(ctx.settings, ctx.profile.venv_remove, house)["key"]
+        key = venv.venv_change_data(ctx.settings, ctx.profile.venv_remove, house,
+                                    site_files=engines.engine_of(ctx.settings).venv_site_files(ctx))["key"]
         if key != venv.installed_key(ctx.facts, ctx.settings.venv_dir):
             result[name] = dataclasses.replace(ctx, venv_rebuilt=True,
                                                planned_wheels=cuda.cuda_of_wheels(w.name for w in house.wheels))

@@ -163,7 +163,8 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
         venv_data = venv.venv_change_data(settings, ctx.profile.venv_remove, wheelhouse,
                                           verify=engines.engine_of(settings).verify_modules(
                                               venv.requirements_of(settings), local_wheels),
-                                          requirements=requirements)
+                                          requirements=requirements,
+                                          site_files=engines.engine_of(settings).venv_site_files(ctx))
         venv_data["requirements"] = venv_data["requirements"][:len(requirements)] + [
             f"{venv.REMOTE_WHEELHOUSE}/{Path(w).name}" for w in local_wheels]
     fetch, hub_data, hub_house, holds = None, None, None, None
