@@ -12,6 +12,7 @@ Each host's sshd logs every session and every login (LogLevel VERBOSE on bench h
 journal, read from this machine, gives the SSH round trips per host of each run.
 
 Writes results/results.json, results/results.md and results/plot.png (see benchmarks/README.md).
+The bench hosts it booted stop when it ends, with its results or a failure.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -97,12 +98,30 @@ class Hosts:
         return self.on_each(names, count)
 
 
-def boot(count: int) -> Hosts:
-    names = [f"bench-{n:02d}" for n in range(1, count + 1)]
-    the_lab = lab.Lab()
+def bench_names(count: int) -> list[str]:
+    return [f"bench-{n:02d}" for n in range(1, count + 1)]
+
+
+def not_running(rows: Iterable[Mapping[str, Any]], names: Sequence[str]) -> list[str]:
+    """The hosts of `names` that lab.status's `rows` do not show running with sshd answering: the ones
+    lab.up boots (it leaves running hosts alone), so the ones this run stops when it ends. A bench host
+    that was already running before the run is left running after it."""
+    running = {row["host"] for row in rows if row["process"] == "running" and row["sshd"] == "answers"}
+    return [name for name in names if name not in running]
+
+
+def boot(the_lab: lab.Lab, names: Sequence[str]) -> Hosts:
     log(f"booting {len(names)} lab hosts ...")
     the_lab.up(names, progress=log)
     return Hosts(the_lab, names)
+
+
+def stop(the_lab: lab.Lab, names: Sequence[str]) -> None:
+    """Stop the named hosts and forget them (the lab inventory stops naming them); the rest of the lab
+    keeps running."""
+    if names:
+        log(f"stopping {', '.join(names)} ...")
+        the_lab.remove(names)
 
 
 # The module the rendered unit starts (engine_contracts.yaml: vLLM 0.29's launcher), as a package path.
@@ -389,7 +408,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("benchmarks: the lab needs root", file=sys.stderr)
         return 2
     ensure_tools_venv()
-    hosts = boot(max(counts))
+    the_lab = lab.Lab()
+    names = bench_names(max(counts))
+    booted = not_running(the_lab.status(), names)
+    try:  # the hosts this run boots stop when it ends, however it ends
+        results = measure_all(boot(the_lab, names), args, counts, tools, scenarios)
+    finally:
+        stop(the_lab, booted)
+    write_report(results, args)
+    return 0
+
+
+def measure_all(hosts: Hosts, args: argparse.Namespace, counts: Sequence[int], tools: Sequence[str],
+                scenarios: Sequence[str]) -> list[dict[str, Any]]:
+    """Every tool's every scenario on the first N hosts, for each count N; results.json rewritten after
+    each count, so an interrupted run keeps what it measured."""
     log("placing the stand-in server in each host's service venv ...")
     place_standin(hosts)
     out = Path(args.out)
@@ -416,13 +449,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results.append(result)
             reset(hosts, names)  # the next tool starts from the same bare hosts
         (out / "results.json").write_text(json.dumps({"meta": meta(args), "results": results}, indent=1))
+    return results
+
+
+def write_report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """results.json, results.md and plot.png in --out; results.md printed."""
+    out = Path(args.out)
     meta_ = meta(args)
     (out / "results.json").write_text(json.dumps({"meta": meta_, "results": results}, indent=1))
     (out / "results.md").write_text(markdown(results, meta_))
     subprocess.run([str(TOOLS_VENV / "bin" / "python"), str(HERE / "plot.py"), str(out / "results.json"),
                     str(out / "plot.png")], check=True)
     print((out / "results.md").read_text())
-    return 0
 
 
 def meta(args: argparse.Namespace) -> dict[str, Any]:

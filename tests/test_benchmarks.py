@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import importlib.util
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import yaml
 
 SPEC = importlib.util.spec_from_file_location("bench_run", Path(__file__).parents[1] / "benchmarks" / "run.py")
@@ -60,3 +63,54 @@ def test_ansible_and_pyinfra_run_the_status_program_as_python3_c() -> None:
     [play] = yaml.safe_load((run.HERE / "ansible" / "status.yml").read_text())
     argv = play["tasks"][0]["ansible.builtin.command"]["argv"]
     assert argv[:2] == ["python3", "-c"] and "/../status.py') }}" in argv[2]
+
+
+class StandInLab:
+    """What run.py asks of the lab, recorded: bench-01 already running before the run, nothing booted
+    for real."""
+
+    def __init__(self) -> None:
+        self.booted: list[str] = []
+        self.removed: list[str] = []
+
+    def status(self) -> list[dict[str, Any]]:
+        return [{"host": "cpu-1", "process": "running", "sshd": "answers"},
+                {"host": "bench-01", "process": "running", "sshd": "answers"},
+                {"host": "bench-03", "process": "gone", "sshd": "silent"}]
+
+    def up(self, names: Sequence[str], progress: Any = print) -> None:
+        self.booted = [name for name in names if name != "bench-01"]
+
+    def state(self) -> dict[str, Any]:
+        return {"hosts": {name: {"address": f"10.0.0.{n}"} for n, name in enumerate(run.bench_names(4), 1)}}
+
+    def remove(self, names: Sequence[str]) -> None:
+        self.removed.extend(names)
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["ends", "fails"])
+def test_the_run_stops_the_hosts_it_booted_and_only_those(monkeypatch: pytest.MonkeyPatch, fails: bool) -> None:
+    """Once the results are in, or when a measurement fails, the bench hosts this run booted stop and
+    leave the lab inventory; one that was running before (bench-01) and the lab's other hosts stay."""
+    the_lab = StandInLab()
+    measured: list[list[str]] = []
+
+    def measure_all(hosts: Any, *_: Any) -> list[dict[str, Any]]:
+        measured.append(hosts.names)
+        assert not the_lab.removed  # nothing stops while the tools run
+        if fails:
+            raise RuntimeError("a tool's run failed")
+        return []
+
+    monkeypatch.setattr(run, "lab", SimpleNamespace(Lab=lambda: the_lab))
+    monkeypatch.setattr(run.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(run, "ensure_tools_venv", lambda: None)
+    monkeypatch.setattr(run, "measure_all", measure_all)
+    monkeypatch.setattr(run, "write_report", lambda *_: None)
+    if fails:
+        with pytest.raises(RuntimeError, match="a tool's run failed"):
+            run.main(["--counts", "1,4"])
+    else:
+        assert run.main(["--counts", "1,4"]) == 0
+    assert measured == [["bench-01", "bench-02", "bench-03", "bench-04"]]
+    assert the_lab.removed == the_lab.booted == ["bench-02", "bench-03", "bench-04"]

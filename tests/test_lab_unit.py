@@ -187,3 +187,23 @@ def test_the_lab_secrets_hold_the_hub_token_and_an_api_key_made_once(tmp_path: P
     the_lab._ensure_secrets()
     again = yaml.safe_load(the_lab.secrets_file.read_text())
     assert again["hf_token"] == made["hf_token"] and again["api_key"].startswith("sk-lab-")
+
+
+def test_removing_named_hosts_stops_and_forgets_only_those(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lab.remove, which benchmarks/run.py stops the bench hosts it booted with: each named host is
+    stopped and leaves the state, the known hosts and the lab inventory; the other hosts stay."""
+    import yaml
+
+    monkeypatch.setenv("PROVISION_LAB_DIR", str(tmp_path / "lab"))
+    the_lab = lab.Lab()
+    the_lab.dir.mkdir(parents=True)
+    stopped: list[str] = []
+    monkeypatch.setattr(the_lab, "_stop_one", lambda name, record: stopped.append(record["netns"]))
+    names = ["cpu-1", "bench-01", "bench-02"]
+    the_lab._save({"hosts": {name: {"address": the_lab.address(n), "host_key": f"ssh-ed25519 KEY{n}", "profile": "cpu",
+                                    "machine": None} for n, name in enumerate(names)}})
+    the_lab.remove(["bench-01", "bench-02"])
+    assert stopped == ["plab-bench-01", "plab-bench-02"]
+    assert list(the_lab.state()["hosts"]) == ["cpu-1"]
+    assert list(yaml.safe_load(the_lab.inventory.read_text())["hosts"]) == ["cpu-1"]
+    assert the_lab.known_hosts.read_text() == f"{the_lab.address(0)} ssh-ed25519 KEY0\n"
