@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -207,3 +209,32 @@ def test_removing_named_hosts_stops_and_forgets_only_those(tmp_path: Path, monke
     assert list(the_lab.state()["hosts"]) == ["cpu-1"]
     assert list(yaml.safe_load(the_lab.inventory.read_text())["hosts"]) == ["cpu-1"]
     assert the_lab.known_hosts.read_text() == f"{the_lab.address(0)} ssh-ed25519 KEY0\n"
+
+
+def test_lab_changes_are_one_at_a_time_across_processes_and_reentrant_within_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROVISION_LAB_CACHE", str(tmp_path / "cache"))
+    instance = lab.Lab()
+    other = ("import fcntl, sys\nwith open(sys.argv[1], 'a') as handle:\n"
+             "    try:\n        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    except BlockingIOError:\n"
+             "        sys.exit(3)\n")
+    lock_file = str(tmp_path / "cache" / "lab.lock")
+    with instance.locked():
+        with instance.locked():  # reset holds it and calls up
+            held = subprocess.run([sys.executable, "-c", other, lock_file], check=False)
+        assert held.returncode == 3  # another process (a second test worker) waits
+    free = subprocess.run([sys.executable, "-c", other, lock_file], check=False)
+    assert free.returncode == 0
+
+
+def test_lab_files_are_replaced_whole_and_left_alone_when_unchanged(tmp_path: Path) -> None:
+    target = tmp_path / "inventory.yaml"
+    lab._write_if_changed(target, "hosts: {}\n")
+    first = target.stat()
+    lab._write_if_changed(target, "hosts: {}\n")
+    assert target.stat().st_ino == first.st_ino and target.stat().st_mtime_ns == first.st_mtime_ns
+    lab._write_if_changed(target, "hosts: {a: {}}\n")
+    assert target.read_text() == "hosts: {a: {}}\n" and target.stat().st_ino != first.st_ino  # renamed over
+    secret = tmp_path / "secrets.yaml"
+    lab._write_if_changed(secret, "api_key: k\n", mode=0o600)
+    assert secret.stat().st_mode & 0o777 == 0o600 and not list(tmp_path.glob("*.tmp"))

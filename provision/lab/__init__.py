@@ -12,6 +12,8 @@ Nothing outside this package knows that a host is a lab host.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import ipaddress
 import json
@@ -23,9 +25,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -250,6 +253,28 @@ def _mirror() -> str:
 # The lab
 
 
+# Lab.locked: this process's threads one at a time, and how deep the holder is inside it (the file
+# lock is taken at depth 0 only).
+_IN_PROCESS = threading.RLock()
+_LOCK_DEPTH = [0]
+
+
+def _write_if_changed(path: Path, text: str, mode: int | None = None) -> None:
+    """`text` as the whole of `path`, written beside it and renamed over it (a reader, such as a command
+    that reads the lab inventory while a test boots another host, finds the old file or the new one,
+    never half of one), and not written at all where it already says that."""
+    if path.exists() and path.read_text(encoding="utf-8") == text and (
+            mode is None or path.stat().st_mode & 0o777 == mode):
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.touch(mode=mode if mode is not None else 0o644)
+    if mode is not None:
+        temporary.chmod(mode)
+    temporary.write_text(text, encoding="utf-8")
+    temporary.replace(path)
+
+
 class Lab:
     """Paths and names of one lab instance (state under config.lab_dir())."""
 
@@ -266,6 +291,30 @@ class Lab:
         self.state_file = self.dir / "state.json"
 
     # -- state -----------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """One change of the lab at a time, across processes (two test workers, a person's lab.up beside
+        a running suite) and threads: up, down, remove and reset read the state, boot or stop hosts and
+        write the state, inventory and known_hosts back, and two at once would lose each other's hosts.
+        A lock this thread already holds is held again (reset calls up)."""
+        with _IN_PROCESS:
+            if _LOCK_DEPTH[0]:
+                _LOCK_DEPTH[0] += 1
+                try:
+                    yield
+                finally:
+                    _LOCK_DEPTH[0] -= 1
+                return
+            self.cache.mkdir(parents=True, exist_ok=True)
+            with open(self.cache / "lab.lock", "a") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                _LOCK_DEPTH[0] = 1
+                try:
+                    yield
+                finally:
+                    _LOCK_DEPTH[0] = 0
+                    fcntl.flock(handle, fcntl.LOCK_UN)
 
     def state(self) -> dict[str, Any]:
         if not self.state_file.exists():
@@ -286,6 +335,10 @@ class Lab:
 
     def up(self, names: Sequence[str] | None = None, progress: Any = print) -> dict[str, Any]:
         """Boot the named hosts (default all); hosts already running are left alone."""
+        with self.locked():
+            return self._up(names, progress)
+
+    def _up(self, names: Sequence[str] | None, progress: Any) -> dict[str, Any]:
         preflight()
         known = {host.name: (index, host) for index, host in enumerate(DEFAULT_HOSTS + BENCH_HOSTS)}
         wanted = list(names) if names else [host.name for host in DEFAULT_HOSTS if host.default]
@@ -564,9 +617,7 @@ class Lab:
         if not held.get("api_key"):
             made["api_key"] = "sk-lab-" + os.urandom(16).hex()
         if made:
-            self.secrets_file.touch(mode=0o600)
-            self.secrets_file.chmod(0o600)
-            self.secrets_file.write_text(yaml.safe_dump({**held, **made}, sort_keys=False))
+            _write_if_changed(self.secrets_file, yaml.safe_dump({**held, **made}, sort_keys=False), mode=0o600)
 
     def _stop_hub(self) -> None:
         pid_file = self.hub_root / "hub.pid"
@@ -578,7 +629,7 @@ class Lab:
 
     def _write_known_hosts(self, state: Mapping[str, Any]) -> None:
         lines = [f"{record['address']} {record['host_key']}\n" for record in state["hosts"].values()]
-        self.known_hosts.write_text("".join(lines))
+        _write_if_changed(self.known_hosts, "".join(lines))
 
     def _write_inventory(self, state: Mapping[str, Any]) -> None:
         hosts = state["hosts"]
@@ -598,11 +649,11 @@ class Lab:
             document["endpoints"] = endpoints
         header = (f"# The lab inventory, written by `{hints.command('lab.up')}` and removed by "
                   f"`{hints.command('lab.down')}`.\n")
-        self.inventory.write_text(header + yaml.safe_dump(document, sort_keys=False))
+        _write_if_changed(self.inventory, header + yaml.safe_dump(document, sort_keys=False))
         # The default inventory in this checkout only (config.inventory_lookup): elsewhere on this machine
         # the tool reads the lab only when asked.
         owner = config.checkout()
-        config.lab_owner_file().write_text(f"{owner}\n" if owner else "")
+        _write_if_changed(config.lab_owner_file(), f"{owner}\n" if owner else "")
 
     def _cluster(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """A cluster of DEFAULT_CLUSTERS as the inventory holds it: a stand-in venv's spec and index added."""
@@ -632,6 +683,10 @@ class Lab:
 
     def down(self, keep_cache: bool = False) -> list[str]:
         """Stop every host and remove all the lab made; the base cache only if not keep_cache."""
+        with self.locked():
+            return self._down(keep_cache)
+
+    def _down(self, keep_cache: bool) -> list[str]:
         state = self.state()
         # All at once: each host's poweroff takes seconds of its own (up to _terminate's 20 s).
         stopped = for_each_host(state["hosts"].items(), lambda item: item[0], lambda item: self._stop_one(*item))
@@ -657,6 +712,10 @@ class Lab:
 
     def remove(self, names: Sequence[str]) -> None:
         """Stop the named hosts and forget them: their clusters and endpoints leave the inventory."""
+        with self.locked():
+            self._remove(names)
+
+    def _remove(self, names: Sequence[str]) -> None:
         state = self.state()
         for name in names:
             record = state["hosts"].pop(name, None)
@@ -668,12 +727,13 @@ class Lab:
 
     def reset(self, names: Sequence[str], progress: Any = print) -> dict[str, Any]:
         """Boot the named hosts again from the base root: whatever was installed or changed on them is gone."""
-        state = self.state()
-        for name in names:
-            record = state["hosts"].pop(name, None) or {}
-            self._stop_one(name, {"netns": f"plab-{name}", **record})
-        self._save(state)
-        return self.up(names, progress)
+        with self.locked():
+            state = self.state()
+            for name in names:
+                record = state["hosts"].pop(name, None) or {}
+                self._stop_one(name, {"netns": f"plab-{name}", **record})
+            self._save(state)
+            return self._up(names, progress)
 
     def shape(self, host_rate: str | None, hub_rate: str | None,
               rates: Mapping[str, str | None] | None = None) -> list[str]:
