@@ -1,6 +1,8 @@
 """Shared fixtures. The autouse guard keeps every test away from the developer's own SSH setup."""
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,3 +64,38 @@ def tasks_keep_their_help() -> Iterator[None]:
     yield
     for task, help_ in zip(tasks, declared, strict=True):
         task.help = dict(help_)  # type: ignore[attr-defined]
+
+
+# The lab's life across a test session. Each worker that runs a lab test brings the lab up (the lab's
+# lock makes the second wait and find it up); only the controlling process, once every worker is done,
+# takes down a lab it did not find up, so no worker takes the hosts away from one still running.
+LAB_FOUND_UP = pytest.StashKey[bool]()
+
+
+def _controls_the_session(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput") and os.environ.get("PROVISION_SKIP_LAB") != "1"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _controls_the_session(session.config):
+        from provision import lab
+
+        instance = lab.Lab()
+        session.config.stash[LAB_FOUND_UP] = instance.inventory.exists() and all(
+            row["sshd"] == "answers" for row in instance.status())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not _controls_the_session(session.config) or session.config.stash.get(LAB_FOUND_UP, True):
+        return
+    from provision import lab
+    from tests.lab.conftest import nothing_left
+
+    instance = lab.Lab()
+    if not instance.dir.exists():  # no lab test ran
+        return
+    instance.down(keep_cache=True)
+    left = nothing_left(instance)
+    if left:
+        print(f"\nthe lab's tests left {left} behind after lab.down", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

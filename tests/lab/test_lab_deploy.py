@@ -109,6 +109,25 @@ def test_a_broken_config_stops_the_roll_and_the_host_returns_to_what_worked(lab_
     code, found, text = invoke_json("status", "--host", "cpu-2")
     assert code == 0 and found["hosts"]["cpu-2"]["health"] == "ok", text
 
+def test_a_server_that_exits_with_status_zero_after_start_fails_the_deploy_within_seconds(
+        lab_llama: inventory.Inventory) -> None:
+    """llama-server given --version prints its build and exits with status 0 right after its start, as
+    vLLM's API server does once its engine died: the deploy says so at once (not after its timeout),
+    with the exit status and the journal's own lines, and the host returns to what worked."""
+    working = llama_unit_files(lab_llama)
+    started = time.monotonic()
+    code, report, text = invoke_json("deploy", "--host", "cpu-2", "--timeout", "420",
+                                     "--set", 'extra_args=["--version"]')
+    took = time.monotonic() - started
+    assert code == 1, text
+    row = {row["host"]: row for row in report["hosts"]}["cpu-2"]
+    assert row["state"] == "rolled back", text
+    assert "llama-server.service crashed after start (exit status 0" in row["detail"], row
+    assert "version" in row["detail"].split("):", 1)[1], row  # llama-server's own line, from the journal
+    assert took < 90, took  # seconds of readiness, not the 420 s timeout
+    assert llama_unit_files(lab_llama) == working
+
+
 def test_status_with_a_host_down_returns_within_its_timeout(the_lab: lab.Lab) -> None:
     veth = the_lab.state()["hosts"]["h200"]["veth"]
     subprocess.run(["ip", "link", "set", veth, "down"], check=True)
