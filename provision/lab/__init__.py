@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -80,6 +80,10 @@ DEFAULT_HOSTS: tuple[LabHost, ...] = (
     LabHost("ws-575", "rtx5090x2-driver575-venv-cu130", "rtx5090", default=False),
     # A second llama.cpp replica of lab-llama's model, behind the endpoint whose router runs on cpu-2.
     LabHost("cpu-3", None, "cpu", default=False),
+    # Two nodes of their own for the multi-node launches' tests (a workstation and a Hopper node, as
+    # recorded): they hold their hosts' locks for minutes, beside tests that use ws-5090 and h200.
+    LabHost("pair-a", "rtx5090x2-tr7960x", "rtx5090", default=False),
+    LabHost("pair-b", "h200x2-driver580", "hopper", default=False),
 )
 # Plain CPU hosts in numbers, booted only when named (bench-01 ... bench-32): for measuring how the
 # tool scales with the host count (benchmarks/).
@@ -379,7 +383,8 @@ class Lab:
         for now: its leftovers go and the inventory stops naming it, so nothing reads it as a host that
         refuses connections."""
         for name in [name for name in state["hosts"] if name not in wanted]:
-            if not _nspawn_pids(f"plab-{name}"):
+            # A host between two boots of a reboot has no nspawn for a moment, but its keeper runs.
+            if not _nspawn_pids(f"plab-{name}") and not _keeper_pids(f"plab-{name}"):
                 self._stop_one(name, state["hosts"].pop(name))
                 progress(f"{name} was recorded but no longer runs: forgotten "
                          f"(`{hints.command(f'lab.up --hosts {name}')}` boots it again)")
@@ -820,6 +825,16 @@ def _pid_alive(pid: Any) -> bool:
 
 def _nspawn_pids(machine: str) -> list[int]:
     """systemd-nspawn processes of one lab machine, found by their --machine= argument."""
+    return _pids_whose_argv(lambda argv: argv[0].endswith(b"systemd-nspawn")
+                            and f"--machine={machine}".encode() in argv)
+
+
+def _keeper_pids(machine: str) -> list[int]:
+    """The keeper of one lab machine (it outlives the nspawn of a host rebooting, and starts the next)."""
+    return _pids_whose_argv(lambda argv: b"provision.lab.keeper" in argv and f"--machine={machine}".encode() in argv)
+
+
+def _pids_whose_argv(matches: Callable[[list[bytes]], bool]) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -828,7 +843,7 @@ def _nspawn_pids(machine: str) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv and argv[0].endswith(b"systemd-nspawn") and f"--machine={machine}".encode() in argv:
+        if argv and matches(argv):
             pids.append(int(entry.name))
     return pids
 
