@@ -157,13 +157,42 @@ def lab_llama(the_lab: lab.Lab) -> Iterator[inventory.Inventory]:
     restore_lab_llama()
 
 
+# The lab's tests in two groups by the hosts they use, each run in order by one worker while the other
+# group runs in another (a third worker takes the unit tests meanwhile). A group's hosts are its own:
+# no test of one group changes, or depends on the state of, a host of the other.
+#   lab      vLLM on cpu-1, the replayed GPU hosts ws-5090, h200, spark-a and spark-b, the hub's counters
+#   lab-b    llama.cpp on cpu-2 and cpu-3 (and the endpoint between them), ws-broken, ws-575, and the
+#            two nodes of the multi-node tests, pair-a and pair-b
+# A module names its group with `pytest.mark.lab_group("lab-b")`; "lab" by default.
+GROUP_HOSTS = {"lab": ("cpu-1", "ws-5090", "h200", "spark-a", "spark-b"),
+               "lab-b": ("cpu-2", "cpu-3", "ws-broken", "ws-575", "pair-a", "pair-b")}
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The lab's tests are one group, which one worker runs in this order (they share the lab's hosts;
-    the unit tests run in the other worker meanwhile). Tests marked lab_last run after every other
-    test: they check what the suite left behind."""
+    """Each lab test joins its module's group (xdist runs a group in one worker, in this order). Tests
+    marked lab_last run after every other test of their group: they check what it left behind."""
     for item in items:
         if item.get_closest_marker("lab"):
-            item.add_marker(pytest.mark.xdist_group("lab"))
+            named = item.get_closest_marker("lab_group")
+            item.add_marker(pytest.mark.xdist_group(named.args[0] if named else "lab"))
     last = [item for item in items if item.get_closest_marker("lab_last")]
     items[:] = [item for item in items if item not in last] + last
+
+
+def group_inventory(the_lab: lab.Lab, group: str, folder: Path) -> Path:
+    """The lab inventory with only `group`'s hosts, and the clusters and endpoints wholly on them: what
+    "every host" means for a test of that group (the other group's hosts change meanwhile)."""
+    document = yaml.safe_load(the_lab.inventory.read_text())
+    hosts = set(GROUP_HOSTS[group])
+    document["hosts"] = {name: body for name, body in document["hosts"].items() if name in hosts}
+    document["clusters"] = {name: body for name, body in (document.get("clusters") or {}).items()
+                            if set(body["hosts"]) <= hosts}
+    endpoints = {name: body for name, body in (document.get("endpoints") or {}).items()
+                 if body["host"] in hosts and set(body["clusters"]) <= set(document["clusters"])}
+    document.pop("endpoints", None)
+    if endpoints:
+        document["endpoints"] = endpoints
+    path = folder / f"{group}-inventory.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path

@@ -1,12 +1,15 @@
 """What deploy prints to paste works where it is printed (this machine, the controller), and bare
-`invoke status` is green on the lab as the README's first command leaves it."""
+`invoke status` is green on the lab as the README's first command leaves it (on this group's hosts:
+the other group's change meanwhile)."""
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import pytest
 
-from tests.lab.conftest import invoke_json, run_invoke
+from provision import lab
+from tests.lab.conftest import group_inventory, invoke_json, run_invoke
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("the_lab")]
 
@@ -38,15 +41,17 @@ def test_ask_says_what_answered_and_fails_with_exit_1_where_nothing_serves() -> 
     assert run_invoke("ask").returncode == 2
 
 
-def test_bare_status_is_green_with_the_never_deployed_replay_hosts_idle() -> None:
-    code, found, text = invoke_json("status", timeout=120)
+def test_bare_status_is_green_with_the_never_deployed_replay_hosts_idle(the_lab: lab.Lab, tmp_path: Path) -> None:
+    # Every host of this group's (the other group's change meanwhile): tests/lab/conftest.py.
+    hosts = ["--inventory", str(group_inventory(the_lab, "lab", tmp_path))]
+    code, found, text = invoke_json("status", *hosts, timeout=120)
     assert code == 0 and found["healthy"] is True, text
     for name in ("ws-5090", "spark-a", "spark-b", "h200"):
         assert found["hosts"][name]["idle"].startswith("never provisioned by the tool"), found["hosts"][name]
         assert not found["hosts"][name]["healthy"]
     assert sorted(found["idle"]) == sorted(n for n, h in found["hosts"].items() if h["idle"])
     assert found["hosts"]["cpu-1"]["healthy"], found["hosts"]["cpu-1"]  # deployed by the first test
-    table = run_invoke("status", timeout=120)
+    table = run_invoke("status", *hosts, timeout=120)
     idle, healthy = len(found["idle"]), sum(host["healthy"] for host in found["hosts"].values())
     said = f"{healthy}/{len(found['hosts']) - idle} healthy, {idle} idle"
     assert table.returncode == 0 and said in table.stdout and idle >= 4, table.stdout

@@ -14,7 +14,7 @@ import pytest
 from provision import lab
 from tests.lab.conftest import run_invoke
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_group("lab-b")]
 
 
 @pytest.fixture(scope="module")

@@ -2,10 +2,10 @@
 whole (units' enablement and activity included), "ready" is about what this run applied, a run that
 waited for the lock applies nothing already in place, a killed deploy is finished by the next one.
 
-Generations are the tool's, not the engine's: most of these run on cpu-2's llama.cpp server, which
-starts in a second where vLLM's CPU build takes half a minute, and they restart the server a dozen
-times. The one that needs a readiness long enough for another run to change the host meanwhile runs
-on cpu-1's vLLM. Both hosts are put back afterwards (their plans change nothing)."""
+Generations are the tool's, not the engine's: these run on cpu-2's llama.cpp server, which starts in a
+second where vLLM's CPU build takes half a minute, and they restart the server a dozen times. The one
+that needs a readiness long enough for another run to change the host meanwhile gets it from a
+server that never becomes ready. cpu-2 is put back afterwards (its plan changes nothing)."""
 from __future__ import annotations
 
 import json
@@ -23,7 +23,7 @@ from provision.ops import LOCK
 from tests.conftest import REPO
 from tests.lab.conftest import invoke_json, on_host, run_invoke
 
-pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
+pytestmark = [pytest.mark.lab, pytest.mark.lab_group("lab-b")]
 
 STATE = "/var/lib/provision/generations/state.json"
 
@@ -43,7 +43,6 @@ class Served:
 
 
 LLAMA = Served("cpu-2", "lab-llama", "llama-server.service", "--ctx-size", DEFAULT_SLOTS)
-VLLM = Served("cpu-1", "lab-cpu", "vllm.service", "--max-model-len")
 BOGUS = 'extra_args=["--no-such-flag"]'  # llama-server exits at start: "error: invalid argument"
 # llama-server (LLAMA_ARG_API_PREFIX, its --api-prefix) then serves every path under /never only: up, and its
 # /health, where the readiness gate asks, answers 404.
@@ -119,16 +118,17 @@ def test_a_failed_deploy_leaves_a_stopped_enabled_unit_stopped_and_enabled(lab_l
 
 
 def test_ready_is_refused_when_another_run_changed_the_host_during_readiness(
-        lab_inventory: inventory.Inventory) -> None:
-    # vLLM's half-minute start is the window in which the other run changes the host.
-    assert invoke_json("deploy", "--cluster", VLLM.cluster, "--timeout", "420")[0] == 0
-    before = current(lab_inventory, VLLM)["id"]
-    deploy = subprocess.Popen([sys.executable, "-m", "invoke", "deploy", "--cluster", VLLM.cluster, "--json",
-                               "--set", "max_model_len=210", "--timeout", "420"], cwd=REPO,
+        lab_llama: inventory.Inventory) -> None:
+    # The deploy's server never becomes ready (its API under another prefix): the window in which the
+    # other run changes the host lasts as long as the deploy waits, and the other run's server answers.
+    assert invoke_json("deploy", "--cluster", LLAMA.cluster, "--timeout", "420")[0] == 0
+    before = current(lab_llama, LLAMA)["id"]
+    deploy = subprocess.Popen([sys.executable, "-m", "invoke", "deploy", "--cluster", LLAMA.cluster, "--json",
+                               "--set", "max_model_len=210", "--set", NEVER_READY, "--timeout", "420"], cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for_pending(lab_inventory, before, VLLM)
-        meanwhile = run_invoke("provision", "--cluster", VLLM.cluster, "--set", "max_model_len=220", "--wait", "120")
+        wait_for_pending(lab_llama, before, LLAMA)
+        meanwhile = run_invoke("provision", "--cluster", LLAMA.cluster, "--set", "max_model_len=220", "--wait", "120")
         assert meanwhile.returncode == 0, meanwhile.stdout + meanwhile.stderr
         out, err = deploy.communicate(timeout=900)
     finally:
@@ -136,7 +136,7 @@ def test_ready_is_refused_when_another_run_changed_the_host_during_readiness(
     assert deploy.returncode == 1, out + err
     row = json.loads(out)["hosts"][0]
     assert row["state"] != "ready" and "another run changed the host" in row["detail"], row
-    assert VLLM.context(220) in unit(lab_inventory, VLLM)[2]  # the later run's config stays: it is current
+    assert LLAMA.context(220) in unit(lab_llama, LLAMA)[2]  # the later run's config stays: it is current
 
 
 # Holds the host's provision lock until a file appears (then removes it): both runs plan while it is

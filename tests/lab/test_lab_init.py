@@ -10,7 +10,7 @@ import pytest
 from provision import inventory, lab
 from tests.lab.conftest import run_invoke
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_group("lab-b")]
 
 
 def test_init_for_a_spark_over_ssh_writes_an_inventory_the_tool_accepts(

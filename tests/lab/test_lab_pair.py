@@ -23,15 +23,18 @@ from provision import inventory, lab
 from provision.lab import wheels
 from tests.lab.conftest import clean_up_pair, invoke_json, on_host, run_invoke
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_group("lab-b")]
 
-HEAD, WORKER = "ws-5090", "h200"
+# Two hosts of their own (the lab's pair-a and pair-b play the same machines as ws-5090 and h200): these
+# tests hold the hosts' locks for minutes, beside other tests of ws-5090 and h200.
+HEAD, WORKER = "pair-a", "pair-b"
 VENV = "/opt/pairlab/venv"
 UNITS = ["vllm.service", "vllm-worker.service"]
 
 
 @pytest.fixture(scope="module")
 def pair(the_lab: lab.Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    the_lab.up([HEAD, WORKER], progress=lambda line: None)
     document = yaml.safe_load(the_lab.inventory.read_text())
     # Both hosts play 2-GPU machines: 2 nodes x 2 = TP 2 x PP 2. The stand-in vLLM and torch come from
     # the lab's index (its CPU variant: the hosts are deployed with the cpu profile).

@@ -18,7 +18,7 @@ from provision import inventory, lab
 from provision.lab import aptrepo
 from tests.lab.conftest import invoke_json, on_host, run_invoke
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_group("lab-b")]
 
 HOST = "ws-broken"
 FORCED = ("--force", "gpu.count", "--force", "disk.space")

@@ -9,7 +9,7 @@ import pytest
 from provision import inventory, lab, remote, render
 from tests.lab.conftest import on_host, run_invoke
 
-pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
+pytestmark = [pytest.mark.lab, pytest.mark.lab_group("lab-b")]
 
 # Everything provision may touch, with content hashes, modes and owners: a host's fingerprint.
 SNAPSHOT = ["sh", "-c", ("getent passwd vllm; for p in /etc/vllm /etc/systemd/system /var/lib/vllm "
@@ -36,37 +36,43 @@ def test_provision_stops_at_the_gate_and_leaves_the_host_untouched(
 
 
 @pytest.fixture
-def clean_cpu1(lab_inventory: inventory.Inventory) -> None:
-    """cpu-1 as the lab booted it: no service user, units, environment or kept versions."""
-    # A stopped vLLM's last processes can linger a moment; userdel refuses a user that has any.
-    script = ("systemctl disable --now vllm.service 2>/dev/null; pkill -KILL -u vllm; sleep 1; "
-              "rm -rf /etc/vllm /var/lib/vllm /var/lib/provision /etc/systemd/system/vllm*.service; "
+def clean_cpu3(the_lab: lab.Lab) -> inventory.Inventory:
+    """cpu-3 as the lab booted it: no service user, units, environment or kept versions."""
+    the_lab.up(["cpu-3"], progress=lambda line: None)
+    inv = inventory.load(the_lab.inventory)
+    # A stopped server's last processes can linger a moment; userdel refuses a user that has any.
+    script = ("systemctl disable --now llama-server.service 2>/dev/null; pkill -KILL -u vllm; sleep 1; "
+              "rm -rf /etc/vllm /var/lib/vllm /var/lib/provision /opt/vllm "
+              "/etc/systemd/system/llama-server.service; "
               "userdel -f vllm 2>/dev/null; systemctl daemon-reload; systemctl reset-failed; true")
-    on_host(lab_inventory, "cpu-1", ["sh", "-c", script])
+    on_host(inv, "cpu-3", ["sh", "-c", script])
+    return inv
 
 
-def test_plan_changes_nothing_then_provision_creates_then_nothing_to_do(
-        lab_inventory: inventory.Inventory, clean_cpu1: None) -> None:
-    before = on_host(lab_inventory, "cpu-1", SNAPSHOT)
-    planned = run_invoke("plan", "--host", "cpu-1", "--json")
+def test_plan_changes_nothing_then_provision_creates_then_nothing_to_do(clean_cpu3: inventory.Inventory) -> None:
+    # cpu-3 (lab-llama-b: llama.cpp's server, built from source, on the lab network with an API key).
+    inv = clean_cpu3
+    before = on_host(inv, "cpu-3", SNAPSHOT)
+    planned = run_invoke("plan", "--host", "cpu-3", "--json")
     assert planned.returncode == 0, planned.stderr
-    changes = json.loads(planned.stdout)["hosts"]["cpu-1"]["changes"]
+    changes = json.loads(planned.stdout)["hosts"]["cpu-3"]["changes"]
     kinds = [c["kind"] for c in changes]
-    assert on_host(lab_inventory, "cpu-1", SNAPSHOT) == before  # plan is read-only
+    assert on_host(inv, "cpu-3", SNAPSHOT) == before  # plan is read-only
     assert kinds[:2] == ["user", "directory"] and "start" in kinds
-    done = run_invoke("provision", "--host", "cpu-1", "--json")
+    done = run_invoke("provision", "--host", "cpu-3", "--json")
     assert done.returncode == 0, done.stdout + done.stderr
-    report = json.loads(done.stdout)["hosts"]["cpu-1"]
+    report = json.loads(done.stdout)["hosts"]["cpu-3"]
     assert report["applied"] == len(kinds)
     if any(c["kind"] == "venv" and c["target"] == "/opt/vllm/venv" for c in changes):
-        assert report["push_bytes"] > 100 * 2**20  # a fresh host: vLLM, torch and their needs travelled
-    modes = on_host(lab_inventory, "cpu-1", ["stat", "-c", "%n %a %U:%G", render.ENV_FILE,
-                                              "/etc/systemd/system/vllm.service", "/var/lib/vllm"])
+        assert report["push_bytes"] > 2**20  # a fresh host: the built server and its needs travelled
+    modes = on_host(inv, "cpu-3", ["stat", "-c", "%n %a %U:%G", render.ENV_FILE,
+                                   "/etc/systemd/system/llama-server.service", "/var/lib/vllm"])
     assert modes.splitlines() == [f"{render.ENV_FILE} 600 root:root",
-                                  "/etc/systemd/system/vllm.service 644 root:root", "/var/lib/vllm 750 vllm:vllm"]
-    again = run_invoke("provision", "--host", "cpu-1", "--json", "--verbose")
-    assert json.loads(again.stdout)["hosts"]["cpu-1"]["changes"] == []
-    executions = [line for line in again.stderr.splitlines() if "provision.remote: cpu-1:" in line]
+                                  "/etc/systemd/system/llama-server.service 644 root:root",
+                                  "/var/lib/vllm 750 vllm:vllm"]
+    again = run_invoke("provision", "--host", "cpu-3", "--json", "--verbose")
+    assert json.loads(again.stdout)["hosts"]["cpu-3"]["changes"] == []
+    executions = [line for line in again.stderr.splitlines() if "provision.remote: cpu-3:" in line]
     assert len(executions) == 1  # an unchanged host costs one round trip
 
 
@@ -113,10 +119,13 @@ def test_a_second_run_fails_clearly_while_the_lock_is_held_then_waits(lab_llama:
     assert back.returncode == 0, back.stdout + back.stderr
 
 
-def test_rendered_units_pass_systemd_analyze_verify(lab_inventory: inventory.Inventory, tmp_path) -> None:
-    """Every unit of the seed systems, verified by the real systemd of a lab host."""
+def test_rendered_units_pass_systemd_analyze_verify(the_lab: lab.Lab, tmp_path) -> None:
+    """Every unit of the seed systems, verified by the real systemd of a lab host (pair-a: one of this
+    group's, where nothing else uses /opt/vllm)."""
     from tests.test_render import seed_states
-    runner = remote.SshRunner(lab_inventory.host("spark-a"), lab_inventory.ssh)
+    the_lab.up(["pair-a"], progress=lambda line: None)
+    inv = inventory.load(the_lab.inventory)
+    runner = remote.SshRunner(inv.host("pair-a"), inv.ssh)
     made: list[str] = []
     try:
         assert runner.run(["python3", "-m", "venv", "/opt/vllm/venv"]).ok

@@ -13,9 +13,11 @@ import yaml
 from provision import inventory, lab, parsers
 from tests.lab.conftest import clean_up_pair, on_host, run_invoke
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.lab_group("lab-b")]
 
-HEAD, WORKER = "ws-5090", "h200"
+# Two hosts of their own (the lab's pair-a and pair-b play the same machines as ws-5090 and h200): these
+# tests hold the hosts' locks for minutes, beside other tests of ws-5090 and h200.
+HEAD, WORKER = "pair-a", "pair-b"
 VENV = "/opt/raylab/venv"
 # The launch over Ray (distributed_backend: ray; the default for a vLLM before 0.11.1). The inventory
 # names no Ray: the tool adds the one the contract table pins for a multi-node vLLM venv over Ray
@@ -28,6 +30,7 @@ VARS = {"engine_spec": "packaging==26.4", "venv_dir": VENV, "model": "/srv/no-mo
 
 @pytest.fixture(scope="module")
 def pair(the_lab: lab.Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    the_lab.up([HEAD, WORKER], progress=lambda line: None)
     document = yaml.safe_load(the_lab.inventory.read_text())
     document["clusters"] = {"raypair": {"hosts": [HEAD, WORKER], "head": HEAD,
                                         "vars": {**VARS, "cluster_network": str(the_lab.network)}}}

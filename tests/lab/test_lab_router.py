@@ -24,6 +24,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Self
 
 import pytest
@@ -31,9 +32,9 @@ import yaml
 
 from provision import inventory, lab, programs
 from provision.endpoints import ADMIN_SOCKET
-from tests.lab.conftest import invoke_json, lab_api_key, on_host, run_invoke
+from tests.lab.conftest import group_inventory, invoke_json, lab_api_key, on_host, run_invoke
 
-pytestmark = [pytest.mark.lab]
+pytestmark = [pytest.mark.lab, pytest.mark.lab_group("lab-b")]
 
 # The replicas listen beyond loopback: the endpoint and they check the lab's API key (its secrets
 # file's), which the tool sends with no VLLM_API_KEY in the environment, and these clients send too.
@@ -229,11 +230,12 @@ def test_the_endpoint_needs_the_key_and_status_shows_both_replicas(
 
 
 def test_a_bare_status_after_deploying_the_endpoint_is_not_red_without_exported_keys(
-        endpoint: tuple[inventory.Inventory, str, str]) -> None:
+        the_lab: lab.Lab, endpoint: tuple[inventory.Inventory, str, str], tmp_path: Path) -> None:
     """The lab's commands need no environment of yours: its secrets file holds the key the endpoint
     and its replicas check, and a plain `status` (every host) sends it."""
     assert "VLLM_API_KEY" not in os.environ
-    code, found, text = invoke_json("status")
+    # Every host of this group's (the other group's change meanwhile): tests/lab/conftest.py.
+    code, found, text = invoke_json("status", "--inventory", str(group_inventory(the_lab, "lab-b", tmp_path)))
     assert code == 0 and found["healthy"], text
     assert not [name for name, host in found["hosts"].items() if host.get("problem")], text
     assert "HTTP 401" not in text
@@ -318,22 +320,21 @@ def router_pid(inv: inventory.Inventory) -> str:
 
 
 def test_an_endpoint_losing_and_regaining_a_replica_reloads_its_router_without_a_failed_request(
-        the_lab: lab.Lab, endpoint: tuple[inventory.Inventory, str, str]) -> None:
+        the_lab: lab.Lab, endpoint: tuple[inventory.Inventory, str, str], tmp_path: Path) -> None:
     inv, url, prompt = endpoint
-    original = the_lab.inventory.read_text()
-    document = yaml.safe_load(original)
+    document = yaml.safe_load(the_lab.inventory.read_text())
     document["endpoints"]["lab-tiny"]["clusters"] = ["lab-llama"]
+    # The endpoint without lab-llama-b in an inventory of its own: the lab's stays as it is for the
+    # other tests' commands, which read it meanwhile.
+    one_replica = tmp_path / "inventory.yaml"
+    one_replica.write_text(yaml.safe_dump(document, sort_keys=False))
     pid = router_pid(inv)
     with Load(url, prompt) as load:
-        try:
-            time.sleep(2)
-            the_lab.inventory.write_text(yaml.safe_dump(document, sort_keys=False))
-            code, one, text = invoke_json("provision", "--host", "cpu-2", timeout=600)
-            assert code == 0, text
-            assert router_servers(inv) == {"lab-llama": "UP"}
-            time.sleep(2)
-        finally:
-            the_lab.inventory.write_text(original)
+        time.sleep(2)
+        code, one, text = invoke_json("provision", "--host", "cpu-2", "--inventory", str(one_replica), timeout=600)
+        assert code == 0, text
+        assert router_servers(inv) == {"lab-llama": "UP"}
+        time.sleep(2)
         code, both, text = invoke_json("provision", "--host", "cpu-2", timeout=600)
         assert code == 0, text
         time.sleep(2)

@@ -24,7 +24,7 @@ from provision import inventory, lab
 from provision.lab import llama_cpp_lab_build
 from tests.lab.conftest import invoke_json, on_host, run_invoke, with_api_key
 
-pytestmark = [pytest.mark.lab]
+pytestmark = [pytest.mark.lab, pytest.mark.lab_group("lab-b")]
 
 SERVED = {"engine": "llamacpp", **llama_cpp_lab_build(), "max_model_len": 256}  # lab-llama's build: its cache
 SERVICES = {"a": {"vars": {"model": "lab/tiny-gguf", "served_model_name": "tiny-a", "port": 8000}},

@@ -15,7 +15,7 @@ import yaml
 
 from provision import inventory, lab
 from provision.lab import hub, tinymodel
-from tests.lab.conftest import on_host, run_invoke
+from tests.lab.conftest import GROUP_HOSTS, on_host, run_invoke
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("restores_lab_cpu")]
 
@@ -47,9 +47,11 @@ def served(the_lab: lab.Lab, repo: str, name: str | None = None) -> int:
 
 
 def host_bytes(the_lab: lab.Lab) -> int:
-    """Everything the hub sent to the lab's hosts."""
+    """Everything the hub sent to this test group's hosts (the other group's fetch their own models
+    meanwhile: tests/lab/conftest.py)."""
     clients = hub_call(the_lab, "/_lab/stats")["clients"]
-    return sum(count for client, count in clients.items() if client != the_lab.gateway())
+    ours = {record["address"] for name, record in the_lab.state()["hosts"].items() if name in GROUP_HOSTS["lab"]}
+    return sum(count for client, count in clients.items() if client in ours)
 
 
 def publish(the_lab: lab.Lab, repo: str, change: dict[str, str] | None = None, maker: str = "make",
@@ -107,7 +109,9 @@ def test_fresh_fetch_then_unchanged_rerun_fetches_nothing(
     assert code == 0, text
     assert report["hosts"]["cpu-1"]["changes"] == [] and report["bytes_from_hub"] == 0
     assert served(the_lab, "test/fresh") == 0  # not a byte of any file, not even a HEAD for one
-    assert not [r for r in hub_call(the_lab, "/_lab/stats")["requests"] if "/resolve/" in r["path"]]
+    # (this repository's: the other test group's hosts fetch their own models meanwhile)
+    assert not [r for r in hub_call(the_lab, "/_lab/stats")["requests"]
+                if "/resolve/" in r["path"] and "test/fresh" in r["path"]]
 
 
 def test_revision_change_fetches_only_what_changed_and_keeps_the_previous(
@@ -253,7 +257,9 @@ def test_hub_refusals_are_clear_and_change_nothing(hub_counters: lab.Lab, tmp_pa
     for extra_args, message in cases:
         code, _, text = weights("--host", "cpu-1", "--set", "model_dir=/srv/w-refused", *extra_args)
         assert code == 1 and "model.hub" in text and message in text, text
-    assert hub_call(hub_counters, "/_lab/stats")["bytes"] == 0  # refused: not even config.json was read
+    files = hub_call(hub_counters, "/_lab/stats")["files"]  # by repository (the other group's meanwhile too)
+    asked = ("lab/gated-llama", "lab/no-such-model", "lab/tiny-llama")
+    assert sum(sent for key, sent in files.items() if key.startswith(asked)) == 0  # not even config.json
     code, report, text = weights("--host", "cpu-1", "--set", "model=lab/gated-llama",
                                  "--set", "model_dir=/srv/w-gated")  # the lab inventory's secrets file
     assert code == 0 and report["bytes_from_hub"] > 0, text
@@ -303,7 +309,8 @@ def test_a_pinned_commit_is_planned_without_the_hub_until_a_host_must_fetch(
         hub_call(the_lab, "/_lab/reset", {})
         done = run_invoke("plan", "--host", "cpu-1", "--json", "--set", f"model_revision={commit}", *extra)
         assert done.returncode == 0, done.stdout + done.stderr
-        return [r["path"] for r in hub_call(the_lab, "/_lab/stats")["requests"] if r["path"].startswith("/api/")]
+        return [r["path"] for r in hub_call(the_lab, "/_lab/stats")["requests"]
+                if r["path"].startswith("/api/") and "lab/tiny-llama" in r["path"]]  # not the other group's
 
     plan()  # the first plan of this pin may ask (and keeps the answer)
     assert plan() == []  # cpu-1 has the commit: the hub is not asked
