@@ -25,6 +25,7 @@ import sys
 import tarfile
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,13 @@ SDIST = re.compile(r"sdist:([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)")
 SPEED_ONLY = ("MAX_JOBS", "LLAMA_CPP_BUILD_JOBS")
 
 
+def _cache_lock(entry: Path, waiting: Callable[[Path], None] = lambda lock: None) -> AbstractContextManager[None]:
+    """The wheelhouse's per-entry lock (venv.cache_lock) for a source or a built wheel in the same cache."""
+    from provision.venv import cache_lock  # imported here, as REMOTE_WHEELHOUSE is below
+
+    return cache_lock(entry, waiting)
+
+
 def source_dir(spec: str, index_args: Sequence[str] = ()) -> Path:
     """A source directory on the controller, `git+URL@REF` cloned once into the cache, or
     `sdist:NAME==VERSION` fetched once from the package index and unpacked into the cache."""
@@ -71,10 +79,9 @@ def source_dir(spec: str, index_args: Sequence[str] = ()) -> Path:
         url, _, ref = spec[4:].rpartition("@") if "@" in spec[4:].split("/")[-1] else (spec[4:], "", "")
         target = config.wheelhouse() / "sources" / hashlib.sha256(spec.encode()).hexdigest()[:16]
         if not (target / ".git").exists():
-            command = ["git", "clone", "--depth", "1", *(["--branch", ref] if ref else []), url, str(target)]
-            done = subprocess.run(command, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise BuildError(f"cannot clone {url}{'@' + ref if ref else ''}: {done.stderr.strip()[-300:]}")
+            with _cache_lock(target):  # a clone takes seconds: waited for, unsaid
+                if not (target / ".git").exists():
+                    _clone(url, ref, target)
         return target
     try:
         path = Path(spec).expanduser()
@@ -91,11 +98,25 @@ def _sdist_dir(spec: str, index_args: Sequence[str]) -> Path:
         raise BuildError(f"venv_source {spec}: expected sdist:NAME==VERSION (an exact version: the built "
                          "wheel is kept by the source's content)")
     target = config.wheelhouse() / "sources" / f"sdist-{hashlib.sha256(spec.encode()).hexdigest()[:16]}"
-    if target.is_dir():
-        return target
+    if not target.is_dir():
+        # One fetch at a time: a second run would delete the first's .download under it.
+        with _cache_lock(target):  # a fetch takes seconds: waited for, unsaid
+            if not target.is_dir():
+                _fetch_sdist(spec, match.group(1), match.group(2), target, index_args)
+    return target
+
+
+def _clone(url: str, ref: str, target: Path) -> None:
+    command = ["git", "clone", "--depth", "1", *(["--branch", ref] if ref else []), url, str(target)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise BuildError(f"cannot clone {url}{'@' + ref if ref else ''}: {done.stderr.strip()[-300:]}")
+
+
+def _fetch_sdist(spec: str, name: str, version: str, target: Path, index_args: Sequence[str]) -> None:
+    """The sdist downloaded and unpacked beside `target`, its one top directory renamed into place."""
     download = target.with_name(target.name + ".download")
     shutil.rmtree(download, ignore_errors=True)
-    name, version = match.groups()
     # --no-binary for this package only: its build tools (setuptools, cmake) come as wheels.
     command = [sys.executable, "-m", "pip", "download", "--no-deps", f"--no-binary={name}", "--dest",
                str(download), *index_args, f"{name}=={version}"]
@@ -114,7 +135,6 @@ def _sdist_dir(spec: str, index_args: Sequence[str]) -> Path:
     target.with_name(target.name + ".sha256").write_text(digest + "\n")
     tops[0].rename(target)
     shutil.rmtree(download, ignore_errors=True)
-    return target
 
 
 def _unpack(archive: Path, into: Path) -> None:
@@ -242,8 +262,17 @@ def tarball(directory: Path) -> bytes:
     return buffer.getvalue()
 
 
-def build(runner: Runner, recipe: Recipe, on_line: Callable[[str], None] = lambda line: None) -> Path:
-    """Send the source, build on the host, bring the wheel back into the controller's cache."""
+def build(runner: Runner, recipe: Recipe, on_line: Callable[[str], None] = lambda line: None,
+          progress: Callable[[str], None] = lambda line: None) -> Path:
+    """Send the source, build on the host, bring the wheel back into the controller's cache. A run
+    building the same key (another deploy, another test worker) is waited for, and said through
+    `progress`; its wheel is then taken, not built again (a llama.cpp build takes minutes)."""
+    with _cache_lock(recipe.cache, lambda lock: progress(
+            f"{runner.host}: waiting for another run building the same wheel (lock {lock}) ...")):
+        return cached_wheel(recipe) or _build_on_host(runner, recipe, on_line)
+
+
+def _build_on_host(runner: Runner, recipe: Recipe, on_line: Callable[[str], None]) -> Path:
     local_tar = recipe.cache.with_suffix(".tar.gz")
     local_tar.parent.mkdir(parents=True, exist_ok=True)
     local_tar.write_bytes(tarball(recipe.source))

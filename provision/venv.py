@@ -8,6 +8,8 @@ its own manifest: an unchanged key means no reinstall.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -16,7 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,7 +189,8 @@ def resolve(requirements: Sequence[str], local_wheels: Sequence[str], arch: str,
     """The wheelhouse for a host of this architecture and Python, downloaded once and reused.
 
     With `torch_variant` ('cu130', 'cpu'), an exact torch pin takes that build and the resolved torch
-    must be it: a wheelhouse holding another build is refused, not kept."""
+    must be it: a wheelhouse holding another build is refused, not kept. Two runs after the same
+    wheelhouse at once (two deploys, two test workers) resolve it once: the second waits for the first."""
     python = _python_minor(python)
     if torch_variant:
         requirements = pin_torch_variant(requirements, torch_variant)
@@ -195,12 +198,48 @@ def resolve(requirements: Sequence[str], local_wheels: Sequence[str], arch: str,
                          "arch": arch, "python": python, "indexes": indexes.args(),
                          "torch_variant": torch_variant}, sort_keys=True)
     directory = config.wheelhouse() / f"{arch}-py{python}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
-    index = directory / "index.json"
-    if index.exists():
-        data = json.loads(index.read_text())
-        house = Wheelhouse(directory, tuple(Wheel(**w) for w in data["wheels"]))
-        refuse_mixed_cuda([wheel.name for wheel in house.wheels], f"{arch}/Python {python}")
+    # A published wheelhouse is whole (renamed into place), so it is read without the lock.
+    house = _published(directory, f"{arch}/Python {python}")
+    if house is not None:
         return house
+    with cache_lock(directory, lambda lock: progress(
+            f"waiting for another run resolving the same wheels (lock {lock}) ...")):
+        return (_published(directory, f"{arch}/Python {python}")
+                or _resolve_into(directory, recipe, requirements, local_wheels, arch, python, torch_variant,
+                                 progress, indexes))
+
+
+@contextlib.contextmanager
+def cache_lock(entry: Path, waiting: Callable[[Path], None]) -> Iterator[None]:
+    """One run at a time making the controller's cache entry `entry`: an exclusive flock on
+    `entry`.lock beside it, held for the whole check, make and publish, so a second run waits and then
+    finds the entry made. A run holding it is waited for, and `waiting` told once (with the lock's path).
+    The lock ends with its process (flock), so a killed run leaves a file that blocks nobody."""
+    lock = entry.with_name(entry.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            waiting(lock)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _published(directory: Path, where: str) -> Wheelhouse | None:
+    index = directory / "index.json"
+    if not index.exists():
+        return None
+    data = json.loads(index.read_text())
+    house = Wheelhouse(directory, tuple(Wheel(**w) for w in data["wheels"]))
+    refuse_mixed_cuda([wheel.name for wheel in house.wheels], where)
+    return house
+
+
+def _resolve_into(directory: Path, recipe: str, requirements: Sequence[str], local_wheels: Sequence[str],
+                  arch: str, python: str, torch_variant: str | None, progress: Callable[[str], None],
+                  indexes: PipIndexes) -> Wheelhouse:
+    """Download the wheelhouse beside `directory` (in .partial), check it, and rename it into place."""
     building = directory.with_name(directory.name + ".partial")
     building.mkdir(parents=True, exist_ok=True)
     for wheel in local_wheels:
