@@ -246,7 +246,7 @@ def builder(inv: inventory.Inventory, accept_new_host_keys: bool) -> Builder:
                     shown[0] = percent
                     progress_line(f"{ctx.host}: building {ctx.settings.venv_source}: {percent} % ({line.strip()[7:90]})")
 
-            return build.build(runner, recipe, on_line=on_line)
+            return build.build(runner, recipe, on_line=on_line, progress=progress_line)
         finally:
             runner.close()
 
