@@ -196,7 +196,7 @@ def roll_one(group: list[str], roll: Roll, connect: Connect, bar: Bar, done: dic
         try:
             outcomes[name].ready_s = server.wait_ready(
                 connect(name), plans[name].settings, held.api_key, timeout,
-                _elapsed_on(update, timeout))
+                _elapsed_on(update, timeout), plans[name].ctx.naming)
             outcomes[name].state = "ready"
         except ProvisionError as exc:
             errors[name] = exc
@@ -247,7 +247,7 @@ def _restart_together(units: Mapping[str, str], roll: Roll, connect: Connect, he
         return
     try:
         seconds = server.wait_ready(connect(head), roll.plans[head].declared_settings, roll.held.api_key,
-                                    roll.timeout)
+                                    roll.timeout, naming=roll.plans[head].ctx.naming)
         outcome.detail += f"; the nodes restarted together: the previous version is ready again ({seconds:.0f}s)"
     except ProvisionError as exc:
         outcome.detail += f"; the nodes restarted together, and the restored version does not answer: {error_text(exc)}"
@@ -377,7 +377,8 @@ def _gate_unchanged(roll: Roll, pool: remote.Pool, errors: dict[str, BaseExcepti
         runner = pool.connect(plans[name].host)
         unfinished = plans[name].unfinished
         try:
-            outcomes[name].ready_s = server.wait_ready(runner, settings, roll.held.api_key, roll.timeout)
+            outcomes[name].ready_s = server.wait_ready(runner, settings, roll.held.api_key, roll.timeout,
+                                                       naming=plans[name].ctx.naming)
             outcomes[name].state, outcomes[name].detail = "ready", "unchanged; answers /health and a completion"
             if unfinished:  # an earlier deploy stopped before its verdict: this run gives it
                 ops.promote(runner, unfinished["id"], plans[name].scope)

@@ -132,9 +132,11 @@ def endpoint(settings: Settings, naming: services.Naming = services.HOST) -> dic
 
 
 def wait_ready(runner: Runner, settings: Settings, api_key: str | None, timeout: float,
-               on_progress: Callable[[dict[str, Any]], None] = lambda event: None) -> float:
-    """Seconds until /health answered and a one-token completion came back; NotReady otherwise."""
-    return wait_ready_at(runner, endpoint(settings), api_key, timeout, on_progress)
+               on_progress: Callable[[dict[str, Any]], None] = lambda event: None,
+               naming: services.Naming = services.HOST) -> float:
+    """Seconds until /health answered and a one-token completion came back; NotReady otherwise. The
+    unit watched is the target's own (a service's is NAME@SERVICE): an end of it is an answer."""
+    return wait_ready_at(runner, endpoint(settings, naming), api_key, timeout, on_progress)
 
 
 def wait_ready_at(runner: Runner, where: Mapping[str, Any], api_key: str | None, timeout: float,

@@ -21,6 +21,7 @@ from provision.facts import HostFacts
 from provision.parsers import UnitState
 from tests.conftest import FIXTURES
 from tests.test_checks import recorded
+from tests.test_checks import settings as checks_settings
 
 MODEL = "Qwen/Qwen2.5-7B-Instruct-AWQ"
 
@@ -411,3 +412,16 @@ def test_tuned_settings_of_one_service_are_read_for_that_service_alone(tmp_path:
     coder, chat = inv.settings("ws/coder"), inv.settings("ws/chat")
     assert coder.max_model_len == 4096 and coder.origin["max_model_len"].endswith("tuned/ws@coder.yaml")
     assert chat.max_model_len == 8192
+
+
+def test_readiness_watches_the_service_s_own_unit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A service's server is NAME@SERVICE: readiness watching the host's plain unit would read the one a
+    rename just stopped as a server that exited."""
+    from provision import server
+
+    watched: list[str] = []
+    monkeypatch.setattr(server, "wait_ready_at", lambda runner, where, *args: watched.append(where["unit"]) or 1.0)
+    settings = checks_settings("cpu", engine="llamacpp", model="lab/tiny-gguf")
+    server.wait_ready(object(), settings, None, 10, naming=services.Naming("a", carrier=True))  # type: ignore[arg-type]
+    server.wait_ready(object(), settings, None, 10)  # type: ignore[arg-type]
+    assert watched == ["llama-server@a.service", "llama-server.service"]
