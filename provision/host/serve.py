@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import threading
 import time
 import urllib.error
@@ -147,7 +148,8 @@ def ended_after_start(unit: str, ended: str, values: dict[str, str], journal: st
 def _journal_tail(unit: str) -> str:
     import subprocess
     try:
-        text = subprocess.run(["journalctl", "-u", unit, "--no-pager", "-n", "40", "-o", "cat"],
+        # Enough lines for one run of vLLM's: its shutdown after a dead worker prints 70 lines and more.
+        text = subprocess.run(["journalctl", "-u", unit, "--no-pager", "-n", "400", "-o", "cat"],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                               check=False).stdout.decode("utf-8", "replace")
     except OSError:
@@ -157,21 +159,33 @@ def _journal_tail(unit: str) -> str:
 
 def why_it_stopped(journal: str) -> str:
     """Pure: a unit's journal (`-o cat`) -> the lines that say why its last run ended."""
-    lines = [line for line in journal.splitlines() if line.strip()]
+    # systemd in a container whose cgroup it cannot wholly control says "Failed to kill control group
+    # ..., ignoring" at every stop: it is never why the server ended.
+    lines = [line for line in journal.splitlines() if line.strip() and "Failed to kill control group" not in line]
     # The failed run's own words: after a restart the newest lines are systemd's restart notices,
     # which say nothing of why. A process killed by a signal (OOM, SIGSEGV) prints no error: systemd's
     # "Main process exited, code=..., status=..." is then the reason.
     restarted = [index for index, line in enumerate(lines) if "Scheduled restart job" in line]
     if restarted:
         lines = lines[:restarted[-1]]
+    # That run's lines alone: from systemd's "Started UNIT - DESCRIPTION." on (an earlier run's error
+    # is not this one's reason).
+    started = [index for index, line in enumerate(lines) if re.match(r"Started \S+\.service\b", line)]
+    if started:
+        lines = lines[started[-1] + 1:] or lines[started[-1]:]
+    # A process's death is the root of the errors printed after it (vLLM's engine and API server shut
+    # down with tracebacks of their own, and a killed worker prints nothing): said first.
+    causes = [line for line in lines if any(word in line for word in CAUSE_WORDS)]
+    if causes:
+        return " | ".join(causes[:2])[:600]
     errors = [line for line in lines if any(word in line for word in ERROR_WORDS)]
     return " | ".join((errors or lines)[-3:])[:600]
 
 
-# "died": vLLM's engine names a dead worker ("Worker proc VllmWorker-0 died unexpectedly (exit code: -4)");
-# "Illegal instruction": Python's faulthandler and the shell on a SIGILL.
-ERROR_WORDS = ("rror", "Traceback", "Main process exited", "Killed", "Out of memory", "core-dump", "signal",
-               "died", "Illegal instruction")
+ERROR_WORDS = ("rror", "Traceback", "Main process exited", "Killed", "Out of memory", "core-dump", "signal")
+# vLLM's engine naming a dead worker ("Worker proc VllmWorker-0 died unexpectedly (exit code: -4)"), and
+# Python's faulthandler on a SIGILL ("Fatal Python error: Illegal instruction").
+CAUSE_WORDS = ("died unexpectedly", "Illegal instruction", "Fatal Python error")
 
 
 def ready(spec: dict[str, Any]) -> dict[str, Any]:
