@@ -41,13 +41,15 @@ def _load(tmp_path: Path, text: str) -> inventory.Inventory | InventoryError:
     path = tmp_path / "inventory.yaml"
     path.write_text(text)
     tracemalloc.start()
-    start = time.perf_counter()
+    # This process's CPU time, not the wall clock: the suite's other workers share the machine's cores,
+    # and the bound is on the loader's own work.
+    start = time.process_time()
     try:
         answer: inventory.Inventory | InventoryError = inventory.load(path, PROFILES)
     except InventoryError as exc:
         answer = exc
     finally:
-        elapsed = time.perf_counter() - start
+        elapsed = time.process_time() - start
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     assert elapsed < SECONDS, f"{elapsed:.2f} s"

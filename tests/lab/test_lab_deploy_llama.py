@@ -3,11 +3,13 @@ second, where vLLM's CPU build takes half a minute): the engine plays no part in
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from provision import inventory, lab
-from tests.lab.conftest import invoke_json, on_host
+from tests.lab.conftest import group_inventory, invoke_json, on_host
 from tests.lab.test_lab_provision import SNAPSHOT
 
 pytestmark = [pytest.mark.lab, pytest.mark.lab_group("lab-b")]
@@ -18,10 +20,13 @@ def llama_unit_files(inv: inventory.Inventory) -> str:
 
 
 @pytest.fixture(scope="module")
-def bystander(the_lab: lab.Lab, lab_llama: inventory.Inventory) -> inventory.Inventory:
-    """cpu-3 up beside cpu-2: the host after cpu-2 in a roll that must stop at cpu-2."""
+def bystander(the_lab: lab.Lab, lab_llama: inventory.Inventory,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """cpu-3 up beside cpu-2, the host after cpu-2 in a roll that must stop at cpu-2: an inventory of
+    the two without the endpoint they would form (test_lab_router.py's). cpu-3 is forgotten afterwards."""
     the_lab.up(["cpu-3"], progress=lambda line: None)
-    return inventory.load(the_lab.inventory)
+    yield group_inventory(the_lab, "lab-b", tmp_path_factory.mktemp("bystander"), endpoints=False)
+    the_lab.remove(["cpu-3"])
 
 
 def test_a_killed_server_is_restarted_by_systemd_and_status_shows_it(lab_llama: inventory.Inventory) -> None:
@@ -40,10 +45,11 @@ def test_a_killed_server_is_restarted_by_systemd_and_status_shows_it(lab_llama: 
     assert host["unit"]["restarts"] == before + 1 and host["health"] == "ok", host
 
 
-def test_a_broken_config_stops_the_roll_and_the_host_returns_to_what_worked(bystander: inventory.Inventory) -> None:
-    inv = bystander
+def test_a_broken_config_stops_the_roll_and_the_host_returns_to_what_worked(bystander: Path) -> None:
+    inv = inventory.load(bystander)
     working, other = llama_unit_files(inv), on_host(inv, "cpu-3", SNAPSHOT)
-    code, report, text = invoke_json("deploy", "--host", "cpu-2", "--host", "cpu-3", "--timeout", "420",
+    code, report, text = invoke_json("deploy", "--inventory", str(bystander), "--host", "cpu-2", "--host", "cpu-3",
+                                     "--timeout", "420",
                                      "--set", 'extra_args=["--no-such-flag"]')
     assert code == 1
     rows = {row["host"]: row for row in report["hosts"]}

@@ -36,6 +36,7 @@ UNITS = ["vllm.service", "vllm-worker.service"]
 def pair(the_lab: lab.Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     the_lab.up([HEAD, WORKER], progress=lambda line: None)
     document = yaml.safe_load(the_lab.inventory.read_text())
+    document.pop("endpoints", None)  # of clusters this inventory replaces
     # Both hosts play 2-GPU machines: 2 nodes x 2 = TP 2 x PP 2. The stand-in vLLM and torch come from
     # the lab's index (its CPU variant: the hosts are deployed with the cpu profile).
     document["clusters"] = {"pair": {"hosts": [HEAD, WORKER], "head": HEAD, "vars": {

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from provision import inventory, lab, remote, render
-from tests.lab.conftest import on_host, run_invoke
+from tests.lab.conftest import group_inventory, on_host, run_invoke
 
 pytestmark = [pytest.mark.lab, pytest.mark.lab_group("lab-b")]
 
@@ -36,30 +38,34 @@ def test_provision_stops_at_the_gate_and_leaves_the_host_untouched(
 
 
 @pytest.fixture
-def clean_cpu3(the_lab: lab.Lab) -> inventory.Inventory:
-    """cpu-3 as the lab booted it: no service user, units, environment or kept versions."""
+def clean_cpu3(the_lab: lab.Lab, tmp_path: Path) -> Iterator[Path]:
+    """cpu-3 as the lab booted it: no service user, units, environment, wheels or kept versions; an
+    inventory of this group's hosts without the endpoint cpu-2 and cpu-3 would form (its router host
+    is refused until prepared: test_lab_router.py). cpu-3 is forgotten afterwards."""
     the_lab.up(["cpu-3"], progress=lambda line: None)
-    inv = inventory.load(the_lab.inventory)
+    path = group_inventory(the_lab, "lab-b", tmp_path, endpoints=False)
+    inv = inventory.load(path)
     # A stopped server's last processes can linger a moment; userdel refuses a user that has any.
     script = ("systemctl disable --now llama-server.service 2>/dev/null; pkill -KILL -u vllm; sleep 1; "
-              "rm -rf /etc/vllm /var/lib/vllm /var/lib/provision /opt/vllm "
+              "rm -rf /etc/vllm /var/lib/vllm /var/lib/provision /opt/vllm /var/cache/provision "
               "/etc/systemd/system/llama-server.service; "
               "userdel -f vllm 2>/dev/null; systemctl daemon-reload; systemctl reset-failed; true")
     on_host(inv, "cpu-3", ["sh", "-c", script])
-    return inv
+    yield path
+    the_lab.remove(["cpu-3"])
 
 
-def test_plan_changes_nothing_then_provision_creates_then_nothing_to_do(clean_cpu3: inventory.Inventory) -> None:
+def test_plan_changes_nothing_then_provision_creates_then_nothing_to_do(clean_cpu3: Path) -> None:
     # cpu-3 (lab-llama-b: llama.cpp's server, built from source, on the lab network with an API key).
-    inv = clean_cpu3
+    inv, given = inventory.load(clean_cpu3), ("--inventory", str(clean_cpu3))
     before = on_host(inv, "cpu-3", SNAPSHOT)
-    planned = run_invoke("plan", "--host", "cpu-3", "--json")
+    planned = run_invoke("plan", "--host", "cpu-3", "--json", *given)
     assert planned.returncode == 0, planned.stderr
     changes = json.loads(planned.stdout)["hosts"]["cpu-3"]["changes"]
     kinds = [c["kind"] for c in changes]
     assert on_host(inv, "cpu-3", SNAPSHOT) == before  # plan is read-only
     assert kinds[:2] == ["user", "directory"] and "start" in kinds
-    done = run_invoke("provision", "--host", "cpu-3", "--json")
+    done = run_invoke("provision", "--host", "cpu-3", "--json", *given)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)["hosts"]["cpu-3"]
     assert report["applied"] == len(kinds)
@@ -70,7 +76,7 @@ def test_plan_changes_nothing_then_provision_creates_then_nothing_to_do(clean_cp
     assert modes.splitlines() == [f"{render.ENV_FILE} 600 root:root",
                                   "/etc/systemd/system/llama-server.service 644 root:root",
                                   "/var/lib/vllm 750 vllm:vllm"]
-    again = run_invoke("provision", "--host", "cpu-3", "--json", "--verbose")
+    again = run_invoke("provision", "--host", "cpu-3", "--json", "--verbose", *given)
     assert json.loads(again.stdout)["hosts"]["cpu-3"]["changes"] == []
     executions = [line for line in again.stderr.splitlines() if "provision.remote: cpu-3:" in line]
     assert len(executions) == 1  # an unchanged host costs one round trip

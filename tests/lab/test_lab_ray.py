@@ -32,6 +32,7 @@ VARS = {"engine_spec": "packaging==26.4", "venv_dir": VENV, "model": "/srv/no-mo
 def pair(the_lab: lab.Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     the_lab.up([HEAD, WORKER], progress=lambda line: None)
     document = yaml.safe_load(the_lab.inventory.read_text())
+    document.pop("endpoints", None)  # of clusters this inventory replaces
     document["clusters"] = {"raypair": {"hosts": [HEAD, WORKER], "head": HEAD,
                                         "vars": {**VARS, "cluster_network": str(the_lab.network)}}}
     path = tmp_path_factory.mktemp("ray") / "inventory.yaml"
