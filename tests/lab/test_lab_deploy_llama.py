@@ -10,9 +10,16 @@ import pytest
 
 from provision import inventory, lab
 from tests.lab.conftest import group_inventory, invoke_json, on_host
-from tests.lab.test_lab_provision import SNAPSHOT
 
 pytestmark = [pytest.mark.lab, pytest.mark.lab_group("lab-b")]
+
+
+# What a roll changes on a host it reaches: the service user, its environment, the units and their
+# state. (A deploy stages weights and wheels on every host before it rolls: those may be there.)
+ROLLED = ["sh", "-c", ("getent passwd vllm; for p in /etc/vllm /etc/systemd/system; do "
+                       "find $p -xdev -printf '%p %m %u:%g\\n' 2>/dev/null | sort; "
+                       "find $p -xdev -type f -exec sha256sum {} + 2>/dev/null | sort; done; "
+                       "systemctl show -p ActiveState,NRestarts,InvocationID llama-server.service")]
 
 
 def llama_unit_files(inv: inventory.Inventory) -> str:
@@ -47,7 +54,7 @@ def test_a_killed_server_is_restarted_by_systemd_and_status_shows_it(lab_llama: 
 
 def test_a_broken_config_stops_the_roll_and_the_host_returns_to_what_worked(bystander: Path) -> None:
     inv = inventory.load(bystander)
-    working, other = llama_unit_files(inv), on_host(inv, "cpu-3", SNAPSHOT)
+    working, other = llama_unit_files(inv), on_host(inv, "cpu-3", ROLLED)
     code, report, text = invoke_json("deploy", "--inventory", str(bystander), "--host", "cpu-2", "--host", "cpu-3",
                                      "--timeout", "420",
                                      "--set", 'extra_args=["--no-such-flag"]')
@@ -57,19 +64,19 @@ def test_a_broken_config_stops_the_roll_and_the_host_returns_to_what_worked(byst
     assert "crashed" in rows["cpu-2"]["detail"] or "failed" in rows["cpu-2"]["detail"]
     assert rows["cpu-3"]["state"] == "not rolled"
     assert llama_unit_files(inv) == working  # the files this deploy wrote are back
-    assert on_host(inv, "cpu-3", SNAPSHOT) == other  # the host after it was never touched
-    code, found, text = invoke_json("status", "--host", "cpu-2")
+    assert on_host(inv, "cpu-3", ROLLED) == other  # the roll never reached the host after it
+    code, found, text = invoke_json("status", "--inventory", str(bystander), "--host", "cpu-2")
     assert code == 0 and found["hosts"]["cpu-2"]["health"] == "ok", text
 
 
 def test_a_server_that_exits_with_status_zero_after_start_fails_the_deploy_within_seconds(
-        lab_llama: inventory.Inventory) -> None:
+        lab_llama: inventory.Inventory, bystander: Path) -> None:
     """llama-server given --version prints its build and exits with status 0 right after its start, as
     vLLM's API server does once its engine died: the deploy says so at once (not after its timeout),
     with the exit status and the journal's own lines, and the host returns to what worked."""
     working = llama_unit_files(lab_llama)
     started = time.monotonic()
-    code, report, text = invoke_json("deploy", "--host", "cpu-2", "--timeout", "420",
+    code, report, text = invoke_json("deploy", "--inventory", str(bystander), "--host", "cpu-2", "--timeout", "420",
                                      "--set", 'extra_args=["--version"]')
     took = time.monotonic() - started
     assert code == 1, text

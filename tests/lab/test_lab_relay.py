@@ -51,6 +51,7 @@ def chain(the_lab: lab.Lab, lab_inventory: inventory.Inventory, relay_model: tup
         on_host(lab_inventory, name, ["rm", "-rf", ROOT])
     hub_call(the_lab, "/_lab/reset", {})
     document = yaml.safe_load(the_lab.inventory.read_text())
+    document.pop("endpoints", None)  # of the clusters replaced below
     document["clusters"] = {"relay": {"hosts": CHAIN, "vars": {
         "model": relay_model[0], "model_dir": ROOT, "cluster_network": str(the_lab.network)}}}
     path = tmp_path / "inventory.yaml"

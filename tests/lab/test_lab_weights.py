@@ -242,6 +242,7 @@ def _inventory_variant(the_lab: lab.Lab, directory: Path, *, secrets: bool, extr
         document.pop("secrets", None)
     if extra:  # a host serves one cluster: the new ones replace the lab's
         document["clusters"] = extra
+        document.pop("endpoints", None)  # of the clusters replaced
     path = directory / "inventory.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
