@@ -10,16 +10,18 @@ import pytest
 
 from provision import inventory, lab
 from tests.lab.conftest import group_inventory, invoke_json, on_host
+from tests.lab.test_lab_provision import SNAPSHOT
 
 pytestmark = [pytest.mark.lab, pytest.mark.lab_group("lab-b")]
 
 
-# What a roll changes on a host it reaches: the service user, its environment, the units and their
-# state. (A deploy stages weights and wheels on every host before it rolls: those may be there.)
-ROLLED = ["sh", "-c", ("getent passwd vllm; for p in /etc/vllm /etc/systemd/system; do "
-                       "find $p -xdev -printf '%p %m %u:%g\\n' 2>/dev/null | sort; "
-                       "find $p -xdev -type f -exec sha256sum {} + 2>/dev/null | sort; done; "
-                       "systemctl show -p ActiveState,NRestarts,InvocationID llama-server.service")]
+def rolled(inv: inventory.Inventory, host: str) -> list[str]:
+    """What a roll changes on a host it reaches, from provision's SNAPSHOT: the service user, its
+    environment, the units and their state. (A deploy stages weights and wheels on every host before
+    it rolls, under /var/lib: those may be there.)"""
+    kept = [line for line in on_host(inv, host, SNAPSHOT).splitlines() if "/var/lib/" not in line]
+    return kept + on_host(inv, host, ["systemctl", "show", "-p", "ActiveState,NRestarts,InvocationID",
+                                      "llama-server.service"]).splitlines()
 
 
 def llama_unit_files(inv: inventory.Inventory) -> str:
@@ -54,7 +56,7 @@ def test_a_killed_server_is_restarted_by_systemd_and_status_shows_it(lab_llama: 
 
 def test_a_broken_config_stops_the_roll_and_the_host_returns_to_what_worked(bystander: Path) -> None:
     inv = inventory.load(bystander)
-    working, other = llama_unit_files(inv), on_host(inv, "cpu-3", ROLLED)
+    working, other = llama_unit_files(inv), rolled(inv, "cpu-3")
     code, report, text = invoke_json("deploy", "--inventory", str(bystander), "--host", "cpu-2", "--host", "cpu-3",
                                      "--timeout", "420",
                                      "--set", 'extra_args=["--no-such-flag"]')
@@ -64,7 +66,7 @@ def test_a_broken_config_stops_the_roll_and_the_host_returns_to_what_worked(byst
     assert "crashed" in rows["cpu-2"]["detail"] or "failed" in rows["cpu-2"]["detail"]
     assert rows["cpu-3"]["state"] == "not rolled"
     assert llama_unit_files(inv) == working  # the files this deploy wrote are back
-    assert on_host(inv, "cpu-3", ROLLED) == other  # the roll never reached the host after it
+    assert rolled(inv, "cpu-3") == other  # the roll never reached the host after it
     code, found, text = invoke_json("status", "--inventory", str(bystander), "--host", "cpu-2")
     assert code == 0 and found["hosts"]["cpu-2"]["health"] == "ok", text
 
