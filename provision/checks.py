@@ -31,6 +31,7 @@ from provision import (
     known_issues,
     kvcache,
     render,
+    venv,
     venvreqs,
 )
 from provision import cuda as cuda_builds
@@ -844,10 +845,37 @@ def host_systemd(ctx: Context) -> Finding:
                 init=ctx.facts.init)
 
 
+@rule("venv.base", BLOCKER)
+def venv_base(ctx: Context) -> Finding | None:
+    """A venv made over a base environment (venv_base: a vendor's CUDA torch image) needs it there, with
+    pip, which installs what the base lacks; torch, its companions and their CUDA libraries stay the
+    base's (the wheels are resolved around them: a release the engine refuses stops the plan)."""
+    path = ctx.settings.venv_base
+    if not path:
+        return None
+    base = ctx.facts.venv_base
+    if base is None:
+        return fail(f"venv_base {path}: no Python environment there "
+                    f"({ctx.facts.notes.get('venv_base', 'not read')})",
+                    f"name a directory holding bin/python (ls {path}/bin/python), or remove venv_base",
+                    venv_base=path)
+    kept = venv.kept_from_base(base.dists)
+    evidence = {"venv_base": path, "python": base.python, "site": list(base.site), "distributions": len(base.dists),
+                "kept": {name: base.dists[name][0] for name in kept}}
+    if "pip" not in base.dists:
+        return fail(f"venv_base {path} has no pip: the venv's packages are installed with the base's pip",
+                    f"{path}/bin/python -m ensurepip", **evidence)
+    torch = base.version_of("torch")
+    held = f"torch {torch} and {len(kept) - 1} more kept as the base's" if torch else "no torch"
+    return ok(f"the venv reuses {path} (Python {base.python}, {len(base.dists)} distributions): {held}", **evidence)
+
+
 @rule("host.python", BLOCKER)
 def host_python(ctx: Context) -> Finding:
-    """python3 makes the venv; vLLM publishes wheels for Python 3.10-3.13."""
-    version = ctx.facts.python
+    """python3 makes the venv (the base environment's python where venv_base names one); vLLM publishes
+    wheels for Python 3.10-3.13."""
+    base = ctx.facts.venv_base if ctx.settings.venv_base else None
+    version = base.python if base else ctx.facts.python
     if version is None:
         return unknown("python3 version", ctx, "python")
     found = version_tuple(version)[:2]

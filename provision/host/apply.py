@@ -136,11 +136,11 @@ def build_venv(data: dict[str, Any]) -> None:
         shutil.rmtree(last, ignore_errors=True)
         os.rename(venv, last)
     try:
-        _in_venv_dir(venv, [sys.executable, "-m", "venv", venv])
-        _in_venv_dir(venv, [os.path.join(venv, "bin", "pip"), "install", "--no-index", "--find-links", wheelhouse,
-                            "--no-cache-dir", "--disable-pip-version-check", "--quiet"] + data["requirements"])
+        pip = make_venv(venv, data.get("base"))
+        _in_venv_dir(venv, pip + ["install", "--no-index", "--find-links", wheelhouse,
+                                  "--no-cache-dir", "--disable-pip-version-check", "--quiet"] + data["requirements"])
         if data.get("remove"):
-            _run([os.path.join(venv, "bin", "pip"), "uninstall", "--yes", "--quiet"] + data["remove"])
+            _run(pip + ["uninstall", "--yes", "--quiet"] + data["remove"])
         write_site_files(venv, data.get("site_files", {}))
         versions = verify_imports(venv, data.get("verify", []))
         manifest = {"key": data["key"], "requirements": data["requirements"], "wheels": data["wheels"],
@@ -152,6 +152,22 @@ def build_venv(data: dict[str, Any]) -> None:
         if os.path.isdir(last):
             os.rename(last, venv)
         raise
+
+
+def make_venv(venv: str, base: dict[str, Any] | None) -> list[str]:
+    """An empty venv, and the pip that installs into it. Over a base environment (venv_base): made
+    with the base's interpreter, its site directories listed in a .pth after the venv's own, and
+    the base's pip run by the venv's python, so pip counts what the base holds as installed."""
+    if not base:
+        _in_venv_dir(venv, [sys.executable, "-m", "venv", venv])
+        return [os.path.join(venv, "bin", "pip")]
+    _in_venv_dir(venv, [base["python"], "-m", "venv", "--without-pip", venv])
+    found = glob.glob(os.path.join(venv, "lib", "python*", "site-packages"))
+    if len(found) != 1:
+        raise StepFailed(f"the new venv has {len(found)} site-packages directories, not one: {found}")
+    listed = "".join(path + "\n" for path in base["site"])
+    write_atomically(os.path.join(found[0], base["pth"]), listed.encode(), 0o644, 0, 0)
+    return [os.path.join(venv, "bin", "python"), "-m", "pip"]
 
 
 def write_site_files(venv: str, files: dict[str, str]) -> None:

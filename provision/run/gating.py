@@ -57,13 +57,14 @@ class ProbeAsk:
     inspect: Mapping[str, tuple[str, ...]]
     units: tuple[str, ...]
     venv_dir: str
+    venv_base: str | None = None  # the base environment the venv reuses (venv_base), read with it
 
     def joined(self, other: ProbeAsk) -> ProbeAsk:
         """Both asks in one probe: each list's entries once, in the order first asked."""
         keys = list(dict.fromkeys([*self.inspect, *other.inspect]))
         return ProbeAsk(_once(self.paths, other.paths),
                         {key: _once(self.inspect.get(key, ()), other.inspect.get(key, ())) for key in keys},
-                        _once(self.units, other.units), self.venv_dir)
+                        _once(self.units, other.units), self.venv_dir, self.venv_base or other.venv_base)
 
 
 def _once(first: Sequence[str], second: Sequence[str]) -> tuple[str, ...]:
@@ -87,7 +88,7 @@ def probe_ask(inv: inventory.Inventory, target: str, settings: inventory.Setting
     # Weights placed by hand: their config.json and sizes, for the memory fit (one small read).
     inspect["models"] = [render.model_path(settings)] if settings.model and not weights.managed(settings) else []
     return ProbeAsk(tuple(paths), {key: tuple(values) for key, values in inspect.items()},
-                    tuple(render.units_of(naming)), settings.venv_dir)
+                    tuple(render.units_of(naming)), settings.venv_dir, settings.venv_base)
 
 
 def gather(inv: inventory.Inventory, targets: list[inventory.Host], options: Options,
@@ -123,7 +124,8 @@ def gather(inv: inventory.Inventory, targets: list[inventory.Host], options: Opt
             try:
                 probed[key] = facts.gather(runner, paths=ask.paths, inspect=ask.inspect,
                                            facts=(*facts.with_units(facts.FACTS, ask.units),
-                                                  facts.venv_fact(ask.venv_dir, engines.dists())))
+                                                  facts.venv_fact(ask.venv_dir, engines.dists(), ask.venv_base),
+                                                  *([facts.base_fact(ask.venv_base)] if ask.venv_base else [])))
             except ProvisionError as exc:
                 probed[key] = exc
             finally:
@@ -183,9 +185,7 @@ def _service_wheelhouse(ctx: context.Context) -> venv.Wheelhouse | None:
     requirements, local = engines.engine_of(ctx.settings).service_requirements(ctx), list(settings.venv_wheels)
     if settings.venv_source or not (requirements or local):
         return None  # a source build's wheel is known only once built; nothing to install otherwise
-    return venv.resolve(requirements, local, ctx.facts.wheel_arch or "", ctx.facts.python or "",
-                        progress=progress_line, indexes=venv.indexes_of(settings),
-                        torch_variant=venv.torch_variant_of(ctx.profile, settings))
+    return venv.resolve_service(ctx, requirements, local, progress_line)
 
 
 def _with_planned_wheels(contexts: dict[str, context.Context], wanted: set[str],
@@ -204,7 +204,8 @@ def _with_planned_wheels(contexts: dict[str, context.Context], wanted: set[str],
             continue
         ctx = result[name] = dataclasses.replace(ctx, resolved_wheels=tuple(w.name for w in house.wheels))
         key = venv.venv_change_data(ctx.settings, ctx.profile.venv_remove, house,
-                                    site_files=engines.engine_of(ctx.settings).venv_site_files(ctx))["key"]
+                                    site_files=engines.engine_of(ctx.settings).venv_site_files(ctx),
+                                    base=ctx.facts.venv_base if ctx.settings.venv_base else None)["key"]
         if key != venv.installed_key(ctx.facts, ctx.settings.venv_dir):
             result[name] = dataclasses.replace(ctx, venv_rebuilt=True,
                                                planned_wheels=cuda.cuda_of_wheels(w.name for w in house.wheels))

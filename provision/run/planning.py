@@ -157,14 +157,13 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
             local_wheels.append(str(built))
     requirements = engines.engine_of(ctx.settings).service_requirements(ctx)
     if only != "weights" and pending_build is None and (requirements or local_wheels):
-        wheelhouse = venv.resolve(requirements, local_wheels, arch, python,
-                                  progress=progress_line, indexes=venv.indexes_of(settings),
-                                  torch_variant=venv.torch_variant_of(ctx.profile, settings))
+        wheelhouse = venv.resolve_service(ctx, requirements, local_wheels, progress_line)
         venv_data = venv.venv_change_data(settings, ctx.profile.venv_remove, wheelhouse,
                                           verify=engines.engine_of(settings).verify_modules(
                                               venv.requirements_of(settings), local_wheels),
                                           requirements=requirements,
-                                          site_files=engines.engine_of(settings).venv_site_files(ctx))
+                                          site_files=engines.engine_of(settings).venv_site_files(ctx),
+                                          base=ctx.facts.venv_base if settings.venv_base else None)
         venv_data["requirements"] = venv_data["requirements"][:len(requirements)] + [
             f"{venv.REMOTE_WHEELHOUSE}/{Path(w).name}" for w in local_wheels]
     fetch, hub_data, hub_house, holds = None, None, None, None
