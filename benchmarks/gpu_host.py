@@ -70,6 +70,17 @@ METRICS_READ = ("import urllib.request as u; "
 WAIT_AND_RECORD = ("import subprocess, sys; out, err, rc = sys.argv[1:4]; "
                    "code = subprocess.call(sys.argv[4:], stdout=open(out, 'w'), stderr=open(err, 'w')); "
                    "open(rc, 'w').write(str(code))")
+# The vLLM run (--engine vllm): the carried parts are kept here on the machine until the index is made.
+STASH = Path("/root/gpucarry")
+BF16 = MODELS / "llama-3.1-8b-random-bf16"
+AWQ = MODELS / "llama-3.1-8b-random-awq"
+VLLM_UNIT = "vllm.service"
+VLLM_PORT = 8000
+VLLM_SPEC = "vllm==0.26.0"
+BASE_ENV = "/opt/torch/.venv"  # the image's CUDA torch: the service venv is made over it (venv_base)
+VLLM_BIN = "/opt/vllm/venv/bin/vllm"
+# Server flags that vLLM's offline benchmarks (EngineArgs) do not take: the HTTP front end's.
+FRONT_END_FLAGS = {"--host", "--port", "--api-key", "--uvicorn-log-level", "--served-model-name"}
 NOTE = ("model: Llama-3.1-8B's shape (32 layers, hidden 4096, 8 KV heads, vocabulary 128256) with random "
         "weights: its text is noise, its compute per token the real model's")
 
@@ -469,6 +480,223 @@ class Run:
         self.save()
 
 
+class VllmRun(Run):
+    """vLLM 0.26.0 served by the tool over the image's CUDA torch (venv_base), the venv built from the
+    carried parts (gpu_carry.py), weights made on the host, measured against vLLM's own benchmarks."""
+
+    def step_vindex(self) -> None:
+        """The engine's wheels, from the parts stashed by earlier calls (chunks made whole, checked),
+        as the find-links folder pip reads on this air-gapped host."""
+        index = CT / str(INSIDE).lstrip("/") / "index"
+        index.mkdir(parents=True, exist_ok=True)
+        listing = json.loads((self.carry / "carry.json").read_text())
+        for name in listing["wheels"]:
+            target = index / name
+            if target.exists():
+                continue
+            whole = STASH / name
+            chunks = sorted(STASH.glob(f"{name}.chunk*"))
+            if whole.exists():
+                shutil.copy2(whole, target)
+            elif chunks:
+                with open(target, "wb") as out:
+                    out.writelines(chunk.read_bytes() for chunk in chunks)
+                wanted = (STASH / f"{name}.sha256").read_text().strip()
+                if hashlib.sha256(target.read_bytes()).hexdigest() != wanted:
+                    target.unlink()
+                    raise RuntimeError(f"{name}: the chunks do not make the carried wheel")
+            else:
+                raise RuntimeError(f"{name}: not carried yet (a part is missing)")
+        (CT / "etc" / "pip.conf").write_text(f"[global]\nno-index = true\nfind-links = {INSIDE}/index\n")
+        self.record("vindex", wheels=len(listing["wheels"]), bytes=sum(p.stat().st_size for p in index.iterdir()))
+
+    def step_vmodels(self) -> None:
+        """Both weight forms, made by the image's torch on the GPU, in sessions of their own: they go on
+        while later calls carry the parts."""
+        env = {"PYTHONPATH": f"{INSIDE}/src"}
+        for form in ("bf16", "awq"):
+            with open(f"/root/gpurun-{form}.log", "w") as log:
+                subprocess.Popen(self.inside_argv(
+                    ["/opt/torch/.venv/bin/python", "-m", "provision.lab.tinymodel", str(MODELS), "--shape",
+                     "llama-3.1-8b", "--type", form], "/", env), stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True)
+
+    def wait_models(self) -> None:
+        for _ in range(300):
+            running = subprocess.run(["pgrep", "-f", "tinymodel.*--type (bf16|awq)"], capture_output=True, check=False)
+            if running.returncode != 0:
+                break
+            time.sleep(2)
+        logs = {form: Path(f"/root/gpurun-{form}.log").read_text()[-1500:] for form in ("bf16", "awq")
+                if Path(f"/root/gpurun-{form}.log").exists()}
+        self.record("vmodels", logs=logs, made={str(path): (CT / str(path).lstrip("/") / "config.json").exists()
+                                                for path in (BF16, AWQ)})
+        self.inside("vmodels", ["du", "-sh", str(BF16), str(AWQ)], cwd="/")
+
+    def step_vinit(self) -> None:
+        self.wait_models()
+        site = CT / str(SITE).lstrip("/")
+        shutil.rmtree(site, ignore_errors=True)
+        site.mkdir(parents=True)
+        made = self.inside("vinit", ["provision", "init", "--host", "local"])
+        if made["exit"] != 0:
+            raise RuntimeError("init failed")
+        import yaml
+
+        path = site / "inventory" / "hosts.yaml"
+        written = path.read_text()
+        inventory = yaml.safe_load(written)
+        inventory["hosts"]["local"].setdefault("vars", {}).update({
+            "engine": "vllm", "engine_spec": VLLM_SPEC, "venv_base": BASE_ENV, "model": str(BF16),
+            "fetch_weights": False, "max_model_len": 4096, "served_model_name": "llama-3.1-8b-shape-random",
+            "port": VLLM_PORT, "bind_host": "127.0.0.1"})
+        path.write_text(yaml.safe_dump(inventory, sort_keys=False))
+        self.record("vinit", written=written, edited=path.read_text())
+
+    def step_vcheck(self) -> None:
+        self.inside("vcheck", ["provision", "check", "--host", "local", "--json"], parse_json=True)
+        self.inside("vcheck", ["provision", "check", "--host", "local"])
+        self.inside("vcheck", ["provision", "plan", "--host", "local"], timeout=900)
+
+    def step_vdeploy(self) -> None:
+        result = self.detached("vdeploy", ["provision", "deploy", "--host", "local", "--json", "--verbose"])
+        if result["exit"] != 0:
+            self.inside("vdeploy", ["journalctl", "-u", VLLM_UNIT, "-n", "80", "--no-pager"])
+            raise RuntimeError("deploy failed")
+
+    def step_vask(self) -> None:
+        self.inside("vask", ["provision", "ask", "--host", "local", "--json", "--max-tokens", "16"], parse_json=True)
+        shown = ("NoNewPrivileges,ProtectSystem,CapabilityBoundingSet,DevicePolicy,User,MainPID,"
+                 "ExecMainStartTimestamp,NRestarts,ExecStart")
+        self.inside("vask", ["systemctl", "show", VLLM_UNIT, "-p", shown])
+        self.inside("vask", ["cat", f"/etc/systemd/system/{VLLM_UNIT}"])
+        self.inside("vask", ["cat", "/opt/vllm/venv/provision-manifest.json"])
+        self.inside("vask", ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
+                             "--format=csv,noheader,nounits"])
+
+    def step_vfixtures(self) -> None:
+        fixtures = self.out / "fixtures"
+        fixtures.mkdir(parents=True, exist_ok=True)
+        metrics = ("import urllib.request as u; "
+                   f"print(u.urlopen('http://127.0.0.1:{VLLM_PORT}/metrics', timeout=10).read().decode())")
+        commands = {
+            "vllm_metrics": ["python3", "-c", metrics],
+            "vllm_systemctl_show": ["systemctl", "show", VLLM_UNIT],
+            "venv_probe": ["/opt/vllm/venv/bin/python", "-c", self.probe_text("VENV_PROBE"), "vllm"],
+            "venv_base_probe": [f"{BASE_ENV}/bin/python", "-c", self.probe_text("BASE_PROBE")],
+            "vllm_facts": ["provision", "facts", "--host", "local", "--json"],
+            "nvidia_smi_query": ["nvidia-smi", GPU_FACT_QUERY, "--format=csv,nounits"],
+            "lscpu": ["lscpu"], "cpuinfo_flags": ["grep", "-m1", "^flags", "/proc/cpuinfo"],
+        }
+        for name, argv in commands.items():
+            result = self.inside("vfixtures", argv, timeout=120)
+            (fixtures / f"{name}.txt").write_text(result["stdout"] + ("\n--stderr--\n" + result["stderr"]
+                                                                      if result["stderr"].strip() else ""))
+
+    def probe_text(self, name: str) -> str:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from provision import parsers
+
+        text: str = getattr(parsers, name)
+        return text
+
+    def step_vbench(self) -> None:
+        """The tool's bench at concurrency 1 and 32, with status read while it runs."""
+        for concurrency, count in ((1, 8), (32, 256)):
+            self.spawn("bench", ["provision", "bench", "--host", "local", "--concurrency", str(concurrency),
+                                 "--count", str(count), "--max-tokens", "128", "--json"])
+            time.sleep(8)
+            self.inside("vbench", ["provision", "status", "--host", "local", "--json"], parse_json=True)
+            self.inside("vbench", ["nvidia-smi", "--query-gpu=memory.used,utilization.gpu,power.draw,clocks.sm",
+                                   "--format=csv,noheader,nounits"])
+            self.collect("bench", f"vbench_c{concurrency}", timeout=400)
+        self.inside("vbench", ["provision", "status", "--host", "local"])
+
+    def engine_args(self) -> tuple[list[str], dict[str, str]]:
+        """The served engine's arguments and environment as the unit has them, less the front end's."""
+        shown = self.inside("vllm_bench", ["systemctl", "show", VLLM_UNIT, "-p", "ExecStart", "--value"])["stdout"]
+        argv = shown.split("argv[]=", 1)[1].split(" ;", 1)[0].split()
+        args = argv[argv.index("--model"):]
+        kept: list[str] = []
+        skip = False
+        for arg in args:
+            if skip:
+                skip = False
+                continue
+            if arg in FRONT_END_FLAGS:
+                skip = True
+                continue
+            kept.append(arg)
+        env_file = CT / "etc" / "vllm" / "vllm.env"
+        env = {}
+        for line in env_file.read_text().splitlines():
+            key, equals, value = line.partition("=")
+            if equals and not line.startswith("#"):
+                env[key.strip()] = value.strip().strip('"')
+        return kept, env
+
+    def step_vllm_bench(self) -> None:
+        """vLLM's own latency (batch 1) and throughput (at most 32 sequences at once) benchmarks, with
+        the served engine's arguments, on the same GPU, the server stopped meanwhile."""
+        args, env = self.engine_args()
+        self.record("vllm_bench", engine_args=args, environment=sorted(env))
+        self.inside("vllm_bench", ["systemctl", "stop", VLLM_UNIT], timeout=120)
+        env = {**env, "HOME": "/root"}
+        try:
+            self.inside("vllm_bench", [VLLM_BIN, "bench", "latency", *args, "--input-len", "16", "--output-len",
+                                       "128", "--batch-size", "1", "--num-iters-warmup", "3", "--num-iters", "10",
+                                       "--output-json", "/root/vllm-latency.json"], timeout=420, env=env)
+            self.inside("vllm_bench", ["cat", "/root/vllm-latency.json"], cwd="/", parse_json=True)
+            self.inside("vllm_bench", [VLLM_BIN, "bench", "throughput", *args, "--input-len", "16",
+                                       "--output-len", "128", "--num-prompts", "256", "--max-num-seqs", "32",
+                                       "--output-json", "/root/vllm-throughput.json"], timeout=420, env=env)
+            self.inside("vllm_bench", ["cat", "/root/vllm-throughput.json"], cwd="/", parse_json=True)
+        finally:
+            self.inside("vllm_bench", ["systemctl", "start", VLLM_UNIT], timeout=120)
+
+    def step_vawq(self) -> None:
+        """A second generation serving the AWQ checkpoint (vLLM's AWQ path: Marlin on Hopper), its bench,
+        then back to the bf16 generation, each gated on a real completion."""
+        self.inside("vawq", ["provision", "deploy", "--host", "local", "--set", f"model={AWQ}", "--json"],
+                    timeout=900, parse_json=True)
+        self.inside("vawq", ["journalctl", "-u", VLLM_UNIT, "-n", "400", "--no-pager", "-g", "awq|marlin|Marlin|AWQ"])
+        self.spawn("bench", ["provision", "bench", "--host", "local", "--set", f"model={AWQ}", "--concurrency", "1",
+                             "--count", "8", "--max-tokens", "128", "--json"])
+        self.collect("bench", "vbench_awq_c1", timeout=300)
+        self.inside("vrollback", ["provision", "rollback", "--host", "local", "--list", "--json"], parse_json=True)
+        self.inside("vrollback", ["provision", "rollback", "--host", "local", "--json"], timeout=900, parse_json=True)
+        self.inside("vrollback", ["provision", "ask", "--host", "local", "--json"], parse_json=True)
+
+    def step_vstuck(self) -> None:
+        self.spawn("load", ["provision", "bench", "--host", "local", "--concurrency", "4", "--count", "400",
+                            "--max-tokens", "256", "--json"])
+        time.sleep(6)
+        pid = self.inside("pid", ["systemctl", "show", VLLM_UNIT, "-p", "MainPID", "--value"])["stdout"].strip()
+        self.inside("vstuck", ["kill", "-STOP", pid])
+        time.sleep(2)
+        self.inside("vstuck", ["provision", "status", "--host", "local", "--json", "--stall-window", "12",
+                               "--window", "2"], timeout=120, parse_json=True)
+        self.inside("vstuck", ["kill", "-CONT", pid])
+        time.sleep(3)
+        self.inside("vcrash", ["kill", "-KILL", pid])
+        for _ in range(40):
+            time.sleep(4)
+            seen = self.inside("vcrash", ["provision", "status", "--host", "local", "--json"], parse_json=True)
+            if '"healthy": true' in seen["stdout"] or '"health": "ok"' in seen["stdout"]:
+                break
+        self.inside("vcrash", ["provision", "status", "--host", "local"])
+        self.collect("load", "vstuck_load", timeout=60)
+
+
+def stash(part: Path) -> int:
+    """Keep one carried part on the machine (outside the checkout, which the next call replaces)."""
+    STASH.mkdir(parents=True, exist_ok=True)
+    for path in part.iterdir():
+        shutil.copy2(path, STASH / path.name)
+    print(f"stashed {part.name}: {len(list(part.iterdir()))} files; {len(list(STASH.iterdir()))} held", flush=True)
+    return 0
+
+
 # -- the report: figures from a run's state file(s), ratios against the baseline of the same run ----------
 def runs_of(states: list[dict[str, Any]], step: str) -> list[dict[str, Any]]:
     return [run for state in states for run in state["steps"].get(step, {}).get("runs", [])]
@@ -512,11 +740,15 @@ def report(states: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+VLLM_STEPS = ("tool", "vmodels", "vindex", "vinit", "vcheck", "vdeploy", "vask", "vfixtures", "vbench", "vllm_bench",
+              "vawq", "vstuck")
 STEPS = ("tool", "index", "models", "init", "check", "deploy", "ask", "fixtures", "llama_bench", "bench",
          "generation_f16", "stuck", "tune")
 # What a step needs done before it, when a fresh machine starts over.
 ESTIMATE_S = {"tool": 60, "index": 30, "models": 40, "init": 20, "check": 20, "deploy": 30, "ask": 10,
-              "fixtures": 40, "llama_bench": 90, "bench": 90, "generation_f16": 150, "stuck": 90, "tune": 180}
+              "fixtures": 40, "llama_bench": 90, "bench": 90, "generation_f16": 150, "stuck": 90, "tune": 180,
+              "vmodels": 5, "vindex": 30, "vinit": 60, "vcheck": 60, "vdeploy": 60, "vask": 10, "vfixtures": 30,
+              "vbench": 120, "vllm_bench": 200, "vawq": 240, "vstuck": 120}
 
 
 def main() -> int:
@@ -526,6 +758,10 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=560, help="no step starts later than this (seconds)")
     parser.add_argument("--only", default="", help="comma-separated steps to run (default: every step not done)")
     parser.add_argument("--report", type=Path, nargs="+", help="print the figures of these state files, run nothing")
+    parser.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp")
+    parser.add_argument("--stash", type=Path, help="keep this carried part on the machine, run nothing else")
+    if "--stash" in sys.argv:
+        return stash(Path(sys.argv[sys.argv.index("--stash") + 1]))
     if "--report" in sys.argv:
         kept = [json.loads(path.read_text()) for path in parser.parse_args(
             ["--carry", ".", "--out", ".", *sys.argv[1:]]).report]
@@ -534,8 +770,9 @@ def main() -> int:
         print(report(states), end="")
         return 0
     args = parser.parse_args()
-    run = Run(args.carry, args.out, args.deadline)
-    wanted = [step for step in (args.only.split(",") if args.only else STEPS) if step]
+    run = (VllmRun if args.engine == "vllm" else Run)(args.carry, args.out, args.deadline)
+    default = VLLM_STEPS if args.engine == "vllm" else STEPS
+    wanted = [step for step in (args.only.split(",") if args.only else default) if step]
     try:
         run.boot()
         for step in wanted:
