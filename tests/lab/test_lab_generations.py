@@ -43,7 +43,6 @@ class Served:
 
 
 LLAMA = Served("cpu-2", "lab-llama", "llama-server.service", "--ctx-size", DEFAULT_SLOTS)
-VLLM = Served("cpu-1", "lab-cpu", "vllm.service", "--max-model-len")  # test_lab_rollback.py's
 BOGUS = 'extra_args=["--no-such-flag"]'  # llama-server exits at start: "error: invalid argument"
 # llama-server (LLAMA_ARG_API_PREFIX, its --api-prefix) then serves every path under /never only: up, and its
 # /health, where the readiness gate asks, answers 404.
