@@ -10,6 +10,7 @@ import pytest
 
 from provision import inventory, lab, remote, render
 from tests.lab.conftest import group_inventory, on_host, run_invoke
+from tests.lab.test_lab_serve import HEALTH
 
 pytestmark = [pytest.mark.lab, pytest.mark.lab_group("lab-b")]
 
@@ -82,18 +83,38 @@ def test_plan_changes_nothing_then_provision_creates_then_nothing_to_do(clean_cp
     assert len(executions) == 1  # an unchanged host costs one round trip
 
 
+def llama_unit_state(inv: inventory.Inventory) -> dict[str, str]:
+    text = on_host(inv, "cpu-2", ["systemctl", "show", "-p", "ActiveState,InvocationID,NRestarts", "llama-server.service"])
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def answers_health(inv: inventory.Inventory, port: int, limit: float = 120) -> bool:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if on_host(inv, "cpu-2", ["python3", "-"], stdin=HEALTH % port).strip() == "200":
+            return True
+        time.sleep(1)
+    return False
+
+
 def test_one_changed_value_changes_one_file_and_rollback_restores_it(lab_llama: inventory.Inventory) -> None:
-    # On cpu-2's llama.cpp server: the files, the plan and the rollback are the tool's, and its
-    # restarts take a second where vLLM's take half a minute.
+    # On cpu-2's llama.cpp server: the files, the plan, the one restart and the rollback are the
+    # tool's, and its restarts take a second where vLLM's take half a minute.
     assert run_invoke("provision", "--host", "cpu-2").returncode == 0
     unit = "/etc/systemd/system/llama-server.service"
     original = on_host(lab_llama, "cpu-2", ["cat", unit])
+    served = llama_unit_state(lab_llama)
     changed = run_invoke("provision", "--host", "cpu-2", "--set", "port=8011", "--json")
     assert changed.returncode == 0, changed.stdout
     changes = json.loads(changed.stdout)["hosts"]["cpu-2"]["changes"]
     assert [(c["kind"], c["target"]) for c in changes][:2] == [("file", unit), ("daemon-reload", "systemd")]
     assert {c["target"] for c in changes if c["kind"] == "file"} == {unit}
     assert "--port 8011" in on_host(lab_llama, "cpu-2", ["cat", unit])
+    # Restarted once, by the tool (not by systemd after a crash), and serving on the new port.
+    assert [c["target"] for c in changes if c["kind"] == "restart"] == ["llama-server.service"], changes
+    assert answers_health(lab_llama, 8011), "llama-server.service not healthy on port 8011"
+    after = llama_unit_state(lab_llama)
+    assert after["InvocationID"] != served["InvocationID"] and after["NRestarts"] == served["NRestarts"], (served, after)
     rolled = run_invoke("rollback", "--host", "cpu-2")
     assert rolled.returncode == 0 and unit in rolled.stdout
     assert on_host(lab_llama, "cpu-2", ["cat", unit]) == original

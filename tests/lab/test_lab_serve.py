@@ -1,5 +1,7 @@
 """Real vLLM (the CPU build) through provision on the lab's cpu-1: venv from a pushed wheelhouse,
-the unit started and healthy, an unchanged host left running, a changed value restarting it once."""
+the unit started and healthy, an unchanged host left running. A changed value restarting the server
+once is the tool's, not vLLM's: test_lab_provision.py shows it on cpu-2's llama.cpp server, which
+restarts in a second where vLLM's CPU build takes half a minute or more."""
 from __future__ import annotations
 
 import json
@@ -76,20 +78,6 @@ def test_second_provision_changes_nothing_and_does_not_restart(
     after = unit_state(lab_inventory)
     assert after["InvocationID"] == served["InvocationID"]
     assert after["ExecMainStartTimestamp"] == served["ExecMainStartTimestamp"]
-
-
-def test_changing_one_value_restarts_the_server_once(
-        served: dict[str, str], lab_inventory: inventory.Inventory) -> None:
-    changed = run_invoke("provision", "--cluster", "lab-cpu", "--set", "port=8001", "--json")
-    assert changed.returncode == 0, changed.stderr
-    changes = json.loads(changed.stdout)["hosts"]["cpu-1"]["changes"]
-    assert [(c["kind"], c["target"]) for c in changes] == [
-        ("file", "/etc/systemd/system/vllm.service"), ("daemon-reload", "systemd"), ("restart", "vllm.service")]
-    wait_healthy(lab_inventory, port=8001)
-    after = unit_state(lab_inventory)
-    assert after["InvocationID"] != served["InvocationID"] and after["NRestarts"] == served["NRestarts"]
-    back = run_invoke("provision", "--cluster", "lab-cpu")  # back to the inventory
-    assert back.returncode == 0, back.stdout + back.stderr
 
 
 def test_the_venv_was_built_with_no_registry_reachable_and_verified(
