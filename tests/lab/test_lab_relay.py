@@ -1,6 +1,8 @@
 """The relay's faults on lab hosts over rate-limited links (tc): a relay host stopped mid-transfer, and a
 relay serving a corrupted chunk. The chain is ws-5090 (from the hub) -> h200 -> cpu-1; h200 fails.
-Both end with every host's files verified against the hub and cpu-1 serving the model with real vLLM."""
+Both end with every host's files verified against the hub, byte for byte; the first then has cpu-1 serve
+the relayed model with real vLLM (once is enough to show that a relayed copy serves: the second's copy
+is the same files, verified the same way; a second deploy of it proved nothing more)."""
 from __future__ import annotations
 
 import hashlib
@@ -162,7 +164,6 @@ def test_a_relay_serving_a_corrupted_chunk_is_caught_and_left(
     assert cpu1["quarantined"], cpu1  # the bad copy set aside, never served
     the_lab.shape(None, None)
     assert_every_host_verified(the_lab, lab_inventory, commit)
-    assert_cpu1_serves_it()
 
 
 def test_the_controller_sends_each_wheel_into_the_cluster_once(
