@@ -742,6 +742,41 @@ def report(states: list[dict[str, Any]]) -> str:
 
 VLLM_STEPS = ("tool", "vmodels", "vindex", "vinit", "vcheck", "vdeploy", "vask", "vfixtures", "vbench", "vllm_bench",
               "vawq", "vstuck")
+def last_json(states: list[dict[str, Any]], step: str, word: str = "") -> Any:
+    found = [run.get("json") for run in runs_of(states, step)
+             if run.get("json") is not None and (not word or word in " ".join(run.get("argv") or []))]
+    return found[-1] if found else None
+
+
+def vllm_report(states: list[dict[str, Any]]) -> str:
+    """The vLLM run's figures: the served rate (the tool's bench through the unit) against vLLM's own
+    offline benchmarks with the unit's engine arguments, on the same GPU in the same run."""
+    lines = [f"_{NOTE}._", ""]
+    served_1, served_32 = last_json(states, "vbench_c1"), last_json(states, "vbench_c32")
+    latency = last_json(states, "vllm_bench", "vllm-latency.json")
+    throughput = last_json(states, "vllm_bench", "vllm-throughput.json")
+    output_len = 128
+    lines += ["| load | vLLM's own benchmark | served through the tool | served / vLLM |", "|---|---|---|---|"]
+    if served_1 and latency:
+        own = output_len / latency["avg_latency"]
+        served = output_len / served_1["latency_p50_s"]
+        lines.append(f"| one request at a time, 16 prompt + {output_len} generated tokens: tokens/s of a request "
+                     f"| {own:.1f} (`vllm bench latency`, batch 1, mean of {len(latency.get('latencies', []))}) "
+                     f"| {served:.1f} (`provision bench --concurrency 1`, median request; ITL p50 "
+                     f"{served_1['itl_p50_s'] * 1000:.2f} ms) | {served / own:.2f} |")
+    if served_32 and throughput:
+        own = throughput["num_requests"] * output_len / throughput["elapsed_time"]
+        served = served_32["tokens_per_s"]
+        lines.append(f"| 32 at a time ({throughput['num_requests']} requests): generated tokens/s "
+                     f"| {own:,.0f} (`vllm bench throughput`, --max-num-seqs 32) "
+                     f"| {served:,.0f} (`provision bench --concurrency 32`) | {served / own:.2f} |")
+    awq = last_json(states, "vbench_awq_c1")
+    if awq:
+        lines.append(f"| AWQ generation, one at a time | - | {output_len / awq['latency_p50_s']:.1f} "
+                     f"(ITL p50 {awq['itl_p50_s'] * 1000:.2f} ms) | - |")
+    return "\n".join(lines) + "\n"
+
+
 STEPS = ("tool", "index", "models", "init", "check", "deploy", "ask", "fixtures", "llama_bench", "bench",
          "generation_f16", "stuck", "tune")
 # What a step needs done before it, when a fresh machine starts over.
@@ -767,7 +802,8 @@ def main() -> int:
             ["--carry", ".", "--out", ".", *sys.argv[1:]]).report]
         # A state file as the run leaves it, or benchmarks/results' file holding several ("calls").
         states = [state for data in kept for state in data.get("calls", [data])]
-        print(report(states), end="")
+        vllm = any("vbench_c1" in state["steps"] or "vllm_bench" in state["steps"] for state in states)
+        print((vllm_report if vllm else report)(states), end="")
         return 0
     args = parser.parse_args()
     run = (VllmRun if args.engine == "vllm" else Run)(args.carry, args.out, args.deadline)
