@@ -158,6 +158,9 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
             venv_changed = True
             reason = ("missing" if installed is None
                       else f"wheels differ (key {installed[:12]} -> {str(venv['key'])[:12]})")
+            if venv.get("base"):  # venv_base: say what the venv is made over, in the plan shown first
+                base_python = str(venv["base"]["python"])
+                reason += f"; made over {base_python.rsplit('/bin/', 1)[0]} (venv_base: its torch and CUDA libraries)"
             changes.append(Change("venv", str(venv["venv"]), reason, venv))
     if weights is not None:
         from provision.venv import installed_key

@@ -122,6 +122,12 @@ def test_a_base_is_part_of_the_venv_key() -> None:
                                                     "site": ["/opt/torch/.venv/lib/python3.12/site-packages"],
                                                     "pth": parsers.BASE_PTH}
     assert plain["key"] != over["key"]
+    from provision import plan, render
+    from provision.facts import HostFacts
+
+    desired = render.DesiredState(files=(), directories=(), units=(), absent_units=(), user="vllm", home="/var/lib/vllm")
+    [change] = [c for c in plan.build(desired, HostFacts(host="h"), over) if c.kind == "venv"]
+    assert change.reason == "missing; made over /opt/torch/.venv (venv_base: its torch and CUDA libraries)"
 
 
 def test_the_host_makes_the_venv_over_the_base_and_installs_only_the_rest(tmp_path: Path,
