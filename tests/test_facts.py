@@ -178,6 +178,25 @@ def test_probe_reports_missing_commands_timeouts_files_and_space() -> None:
     assert space["checked"] == "/" and space["exists"] is False and space["free"] > 0
 
 
+def test_a_command_stopped_for_its_time_is_stopped_with_the_processes_it_started() -> None:
+    """A wrapper that hangs (a vendor's nvidia-smi script, say) and its child: both end with the timeout,
+    not only the wrapper (its child would stay, its parent PID 1)."""
+    answer = hostprobe.collect({"commands": {"hangs": ["sh", "-c", "sleep 600 & echo $!; wait"]}, "timeout": 1})
+    result = answer["results"]["hangs"]
+    assert result["timed_out"] is True
+    child = int(result["stdout"].split()[0])
+    for _ in range(50):  # gone, or a zombie waiting for its new parent to reap it
+        try:
+            state = Path(f"/proc/{child}/status").read_text().split("State:")[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            break
+        if state == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the hung command's child {child} is still running")
+
+
 def test_local_connection_gathers_this_machines_real_facts_in_one_execution() -> None:
     runner = remote.connect(inventory.local_host(), inventory.SshSettings())
     gathered = facts.gather(runner, paths=["/"])

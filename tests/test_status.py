@@ -388,6 +388,19 @@ def test_a_crash_is_told_by_the_run_that_crashed_not_by_systemd_restarting_it() 
     assert serve.why_it_stopped(python_error).startswith("Traceback (most recent call last): | ValueError: no such model")
 
 
+def test_an_engine_that_refuses_a_flag_is_told_by_its_own_words_then_by_how_it_exited() -> None:
+    """llama-server's own refusal (its stderr for `--no-such-flag`, from the lab's build 11434: exit 1)
+    comes first, then systemd's line for the exit; systemd's other lines and its cgroup notice do not."""
+    journal = ("Started llama-server.service - llama.cpp server: tiny.\n"
+               "error: invalid argument: --no-such-flag\n"
+               "llama-server.service: Main process exited, code=exited, status=1/FAILURE\n"
+               "llama-server.service: Failed with result 'exit-code'.\n"
+               "llama-server.service: Failed to kill control group /system.slice/llama-server.service, ignoring: "
+               "Input/output error\n")
+    assert serve.why_it_stopped(journal) == ("error: invalid argument: --no-such-flag | llama-server.service: Main "
+                                             "process exited, code=exited, status=1/FAILURE")
+
+
 def _state(**current: object) -> str:
     row = {"id": 7, "state": "good", "by": "deploy", "created": "2026-12-01 10:00:00", "overrides": [], **current}
     return json.dumps({"current": 7, "generations": [{"id": 6, "state": "good"}, row]})

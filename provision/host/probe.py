@@ -40,6 +40,7 @@ import glob
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -63,8 +64,10 @@ def _run(argv: List[str], timeout: float) -> Dict[str, Any]:
     result: Dict[str, Any] = {"exit": None, "stdout": "", "stderr": "", "missing": False, "timed_out": False,
                               "truncated": False, "seconds": 0.0}
     try:
+        # A session of its own: a command stopped for its time or output is stopped with every process
+        # it started (a wrapper script's children would otherwise live on under PID 1).
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, env=env)
+                                   stderr=subprocess.PIPE, env=env, start_new_session=True)
     except FileNotFoundError:
         result["missing"] = True
         result["exit"] = 127
@@ -103,7 +106,10 @@ def _run(argv: List[str], timeout: float) -> Dict[str, Any]:
     except subprocess.TimeoutExpired:
         result["timed_out"] = True
     if result["timed_out"] or result["truncated"]:
-        process.kill()
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         try:
             process.wait(5)
         except subprocess.TimeoutExpired:

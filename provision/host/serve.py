@@ -178,10 +178,20 @@ def why_it_stopped(journal: str) -> str:
     causes = [line for line in lines if any(word in line for word in CAUSE_WORDS)]
     if causes:
         return " | ".join(causes[:2])[:600]
+    # The engine's own last error first ("error: invalid argument: --no-such-flag"), then how systemd saw
+    # the process end; systemd's other lines only where the engine said nothing.
+    own = [line for line in lines if not SYSTEMD_SAYS.match(line)]
+    engine_errors = [line for line in own if any(word in line for word in ERROR_WORDS)]
+    exits = [line for line in lines if SYSTEMD_SAYS.match(line) and "Main process exited" in line]
+    if engine_errors:
+        return " | ".join([*engine_errors[-2:], *exits[-1:]])[:600]
     errors = [line for line in lines if any(word in line for word in ERROR_WORDS)]
     return " | ".join((errors or lines)[-3:])[:600]
 
 
+# systemd's own journal lines about a unit (`-o cat`): "llama-server.service: Main process exited, ...",
+# "Started UNIT - ...", "Stopped ...": never the engine's words.
+SYSTEMD_SAYS = re.compile(r"^(\S+\.(service|scope|slice|socket): |(Started|Stopped|Stopping|Starting) \S+\.service\b)")
 ERROR_WORDS = ("rror", "Traceback", "Main process exited", "Killed", "Out of memory", "core-dump", "signal")
 # vLLM's engine naming a dead worker ("Worker proc VllmWorker-0 died unexpectedly (exit code: -4)"), and
 # Python's faulthandler on a SIGILL ("Fatal Python error: Illegal instruction").
