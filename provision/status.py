@@ -208,6 +208,16 @@ def _gpu_rows(host_facts: HostFacts) -> tuple[dict[str, Any], ...]:
     return tuple(rows)
 
 
+def since_of(state: UnitState | None) -> str | None:
+    """When a unit entered the state shown: its start for a running unit; for a stopped or failed one,
+    when its process ended (ActiveEnterTimestamp keeps the last start in every state)."""
+    if state is None:
+        return None
+    if state.active_state in ("inactive", "failed"):
+        return state.exited_at
+    return state.active_since
+
+
 def crash_of(state: UnitState) -> str:
     """Pure: a unit waiting out RestartSec -> how its last run ended, in words ("crashed at ... (killed
     by signal 9), restarting: restart 1 pending"). systemd counts the restart (NRestarts) and sets the
@@ -257,7 +267,7 @@ def host_status(host: str, role: str, host_facts: HostFacts, serving: Mapping[st
     installed = None if host_facts.units is None else state is not None and state.load_state != "not-found"
     unit = {"name": unit_name, "active": state.active_state if state else "unknown",
             "sub": state.sub_state if state else None, "restarts": state.restarts if state else None,
-            "since": state.active_since if state else None, "installed": installed}
+            "since": since_of(state), "installed": installed}
     if state is not None and state.restarting:  # the start time and count are the run that just ended
         unit.update(since=None, crashed=crash_of(state))
     revision = None

@@ -793,6 +793,20 @@ def test_right_after_a_crash_status_says_the_crash_not_the_ended_runs_start_and_
     assert "crashed" not in back.unit and not back_unit.restarting
 
 
+def test_a_stopped_unit_is_shown_since_it_stopped_not_since_its_last_start() -> None:
+    """systemd keeps ActiveEnterTimestamp (the last start) in every state; a stopped or failed unit is
+    shown since its process ended (ExecMainExitTimestamp), a running one since it started."""
+    llama = engines.ENGINES["llamacpp"]
+    refused = {"health": {"status": None, "error": "ConnectionRefusedError: [Errno 111] Connection refused"}}
+    ended = _units_recorded("debian12-systemd252-llama-server-killed")["llama-server.service"]
+    for state in ("inactive", "failed"):
+        stopped = dataclasses.replace(ended, active_state=state, sub_state="dead" if state == "inactive" else "failed")
+        shown = status.host_status("cpu-3", "server", _with_unit(stopped), refused, None, 0.1, engine=llama)
+        assert shown.unit["since"] == "Fri 2026-12-04 04:21:45 UTC", state  # not the start at 04:21:36
+    running = _units_recorded("debian12-systemd252-llama-server-running")["llama-server.service"]
+    assert status.since_of(running) == running.active_since
+
+
 def _with_unit(unit: parsers.UnitState) -> facts.HostFacts:
     host = facts.facts_from_probe("cpu-3", ok(json.dumps({"python": "3.11.2", "results": {}})), status.STATUS_FACTS)
     return dataclasses.replace(host, units={unit.name: unit})
