@@ -154,6 +154,32 @@ def test_every_source_failing_keeps_the_part_for_the_next_run(tmp_path: Path, da
     assert part.read_bytes() == data[:1000]
 
 
+def test_a_part_file_the_full_disk_refuses_is_named_with_its_bytes(tmp_path: Path, data: bytes,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk can refuse the part file itself (the lab's cpu-1 hit it on a 0-byte
+    special_tokens_map.json.part): the error names the file, what was received and that it is kept."""
+    import builtins
+    import errno
+
+    entry = {"path": "special_tokens_map.json", "size": 414, "digest": sha256(data)}
+    part = tmp_path / "special_tokens_map.json.part"
+    real_open = builtins.open
+
+    def full(path: object, mode: str = "r", *args: object, **kwargs: object) -> object:
+        if str(path) == str(part) and "a" in mode:
+            real_open(path, mode).close()  # the file is made, nothing goes into it
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, mode, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(builtins, "open", full)
+    route = host_relay.Route([{"kind": "peer", "name": "hub", "url": "http://127.0.0.1:9/x", "stall": 1}])
+    with pytest.raises(OSError) as refused:
+        host_relay.receive(entry, str(part), route, host_relay.Progress(414), {"peer": host_relay.fetch_peer})
+    assert str(refused.value) == (
+        f"special_tokens_map.json: its part file {part} cannot be written (0 of 414 bytes received, kept for the "
+        "next run to resume): OSError: [Errno 28] No space left on device")
+
+
 def test_a_relay_chain_each_host_from_the_one_before_with_fallbacks_up_to_the_first() -> None:
     hosts = [f"h{n}" for n in range(1, 8)]
     routes = relay.upstreams(hosts, relay.RELAY)

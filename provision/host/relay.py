@@ -140,10 +140,16 @@ def receive(entry: Mapping[str, Any], part: str, route: Route, progress: Progres
     """One file into its part file from the route's sources, resuming what is kept. Raises OSError
     when the last source failed too (the part file is kept). The caller hashes the file on disk: what
     is served from it is what was written, not what the network delivered."""
-    make_directories(os.path.dirname(part))
-    if os.path.exists(part) and os.path.getsize(part) > entry["size"]:
-        os.remove(part)
-    with open(part, "ab") as handle:
+    try:  # a full disk refuses the part file itself (a 0-byte file is made, then nothing is written)
+        make_directories(os.path.dirname(part))
+        if os.path.exists(part) and os.path.getsize(part) > entry["size"]:
+            os.remove(part)
+        opened = open(part, "ab")  # noqa: SIM115  closed by the with below, once it is known to open
+    except OSError as exc:
+        kept = os.path.getsize(part) if os.path.exists(part) else 0
+        raise OSError(f"{entry['path']}: its part file {part} cannot be written ({kept} of {entry['size']} "
+                      f"bytes received, kept for the next run to resume): {_short(exc)}") from exc
+    with opened as handle:
         sink = Sink(handle, progress, route)
         progress.add(handle.tell(), fetched=False)
         while True:
