@@ -399,6 +399,14 @@ def test_an_engine_that_refuses_a_flag_is_told_by_its_own_words_then_by_how_it_e
                "Input/output error\n")
     assert serve.why_it_stopped(journal) == ("error: invalid argument: --no-such-flag | llama-server.service: Main "
                                              "process exited, code=exited, status=1/FAILURE")
+    # Read at once, the journal can still end with the run before (as the lab's did: the old server
+    # killed by the restart); the reader waits until the new run's end is there.
+    before = ("llama-server.service: Sent signal SIGKILL to main process 426 (llama-server) on client request.\n"
+              "llama-server.service: Main process exited, code=killed, status=9/KILL\n"
+              "llama-server.service: Failed with result 'signal'.\n"
+              "Stopped llama-server.service - llama.cpp server: tiny.\n")
+    assert not serve.run_ended_in(before + "Started llama-server.service - llama.cpp server: tiny.\n")
+    assert serve.run_ended_in(before + journal)
 
 
 def _state(**current: object) -> str:

@@ -145,16 +145,33 @@ def ended_after_start(unit: str, ended: str, values: dict[str, str], journal: st
     return f"{unit} {ended} after start{said}: {journal or 'its journal says nothing'}"
 
 
-def _journal_tail(unit: str) -> str:
+def _journal_tail(unit: str, wait: float = 3.0) -> str:
+    """Why the unit's last run ended, from its journal. Read right after systemd saw the process end,
+    the journal can still lack that run (journald takes the process's output and systemd's notices in
+    its own time; the lab read the run before it): read again, for up to `wait` seconds, until the run's
+    end is there."""
     import subprocess
-    try:
-        # Enough lines for one run of vLLM's: its shutdown after a dead worker prints 70 lines and more.
-        text = subprocess.run(["journalctl", "-u", unit, "--no-pager", "-n", "400", "-o", "cat"],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              check=False).stdout.decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return why_it_stopped(text)
+    deadline = time.time() + wait
+    while True:
+        try:
+            # Enough lines for one run of vLLM's: its shutdown after a dead worker prints 70 lines and more.
+            text = subprocess.run(["journalctl", "-u", unit, "--no-pager", "-n", "400", "-o", "cat"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                  check=False).stdout.decode("utf-8", "replace")
+        except OSError:
+            return ""
+        if run_ended_in(text) or time.time() >= deadline:
+            return why_it_stopped(text)
+        time.sleep(0.3)
+
+
+def run_ended_in(journal: str) -> bool:
+    """Pure: whether the journal holds the end of the unit's last run: systemd's "Main process exited"
+    (or "Deactivated successfully") after its last "Started" line."""
+    lines = journal.splitlines()
+    started = [index for index, line in enumerate(lines) if re.match(r"Started \S+\.service\b", line)]
+    after = lines[started[-1] + 1:] if started else lines
+    return any("Main process exited" in line or "Deactivated successfully" in line for line in after)
 
 
 def why_it_stopped(journal: str) -> str:

@@ -63,7 +63,13 @@ def test_a_broken_config_stops_the_roll_and_the_host_returns_to_what_worked(byst
     assert code == 1
     rows = {row["host"]: row for row in report["hosts"]}
     assert rows["cpu-2"]["state"] == "rolled back", text
-    assert "crashed" in rows["cpu-2"]["detail"] or "failed" in rows["cpu-2"]["detail"]
+    detail = rows["cpu-2"]["detail"]
+    assert "crashed" in detail or "failed" in detail
+    # llama-server's own refusal first, then how systemd saw it end; never systemd's cgroup notice.
+    assert "error: invalid argument: --no-such-flag" in detail, detail
+    assert "Failed to kill control group" not in detail
+    if "Main process exited" in detail:
+        assert detail.index("invalid argument") < detail.index("Main process exited"), detail
     assert rows["cpu-3"]["state"] == "not rolled"
     assert llama_unit_files(inv) == working  # the files this deploy wrote are back
     assert rolled(inv, "cpu-3") == other  # the roll never reached the host after it
