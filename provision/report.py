@@ -471,7 +471,8 @@ def print_applied(result: Applied, json_: bool) -> None:
                 got = fetched[name]
                 line += f"; weights: {got.fetched / 2**20:.1f} MiB from {got.source}"
                 if got.detail.get("quarantined"):
-                    line += f", {len(got.detail['quarantined'])} bad file(s) set aside and fetched again"
+                    line += (f", {len(got.detail['quarantined'])} bad file(s) set aside and fetched again: "
+                             + ", ".join(str(path) for path in got.detail["quarantined"]))
                 for step in got.detail.get("rerouted", []):
                     line += f"; left {step['source']} for {step['next']} ({step['why']})"
             print(line)

@@ -170,11 +170,14 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
     if ctx.snapshot is not None and only != "venv":
         root = weights.root_of(settings)
         reason, to_fetch = weights.compare(ctx.snapshot, weights.host_weights(host_facts, root))
+        amount = f"{to_fetch / 2**20:.1f} MiB to fetch"
         if verify and not reason:
             reason = "hash every file again (--verify)"
+            # What fails its hash is fetched again: known only once hashed, at most the whole revision.
+            amount = (f"up to {ctx.snapshot.total_bytes / 2**20:.1f} MiB to fetch: the files that "
+                      "fail their hash")
         if reason:
-            fetch = {"reason": f"{ctx.snapshot.repo}@{ctx.snapshot.commit[:12]}: {reason} "
-                               f"({to_fetch / 2**20:.1f} MiB to fetch)",
+            fetch = {"reason": f"{ctx.snapshot.repo}@{ctx.snapshot.commit[:12]}: {reason} ({amount})",
                      "data": weights.change_data(settings, ctx.snapshot)}
             hub_house = venv.resolve([weights.hub_requirement()], [], arch, python, progress=progress_line,
                                      indexes=venv.indexes_of(settings))

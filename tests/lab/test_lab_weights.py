@@ -196,6 +196,15 @@ def test_a_corrupted_file_is_set_aside_and_fetched_again(
     assert code == 0 and host_sha256(lab_inventory, "cpu-1", target) == expected, text
     aside = on_host(lab_inventory, "cpu-1", ["find", "/srv/w-corrupt/test/corrupt/.quarantine", "-type", "f"])
     assert len(aside.split()) == 1
+    # What a run says: the file set aside is named where it went, and a verify's plan cannot know what
+    # fails its hash (at most the whole revision).
+    on_host(lab_inventory, "cpu-1", ["python3", "-c", flip, target, "keep-time"])
+    done = run_invoke("weights", *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 bad file(s) set aside and fetched again: /srv/w-corrupt/test/corrupt/.quarantine/" in done.stdout, \
+        done.stdout
+    done = run_invoke("weights", *args, "--verify")
+    assert done.returncode == 0 and "MiB to fetch: the files that fail their hash" in done.stdout, done.stdout
 
 
 def test_an_interrupted_fetch_resumes_where_it_stopped(
