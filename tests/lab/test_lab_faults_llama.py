@@ -36,6 +36,11 @@ def test_a_crash_looping_server_is_stopped_by_its_bound_and_status_says_so(lab_l
     found = run_invoke("status", "--cluster", "lab-llama", "--json")
     host = json.loads(found.stdout)["hosts"]["cpu-2"]
     assert found.returncode == 1 and host["unit"]["active"] == "failed" and host["unit"]["restarts"] == restarts
+    # Shown since it stopped: when its last process ended, not the last start systemd keeps.
+    ended = on_host(lab_llama, "cpu-2", ["systemctl", "show", "-p", "ExecMainExitTimestamp,ActiveEnterTimestamp",
+                                         "llama-server.service"])
+    times = dict(line.split("=", 1) for line in ended.splitlines() if "=" in line)
+    assert host["unit"]["since"] == times["ExecMainExitTimestamp"], (host["unit"], times)
     # The next run with the good configuration converges (start clears the start limit).
     fixed = run_invoke("deploy", "--cluster", "lab-llama", "--timeout", "420", "--json")
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
