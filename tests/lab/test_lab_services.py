@@ -123,6 +123,11 @@ def test_a_bad_flag_on_one_service_is_rolled_back_while_the_other_keeps_answerin
     try:
         code, report, text = invoke_json("deploy", "--host", "cpu-3/b", "--inventory", str(path), "--timeout", "30",
                                          "--set", "extra_args=['--no-such-flag']", timeout=900)
+        # A crash is seen at once, so the deploy and its rollback can take under two seconds: the load
+        # goes on until it has made its five requests, every one of them overlapping or following them.
+        until = time.monotonic() + 10
+        while len(answers) + len(failures) < 5 and time.monotonic() < until:
+            time.sleep(0.2)
     finally:
         stopping.set()
         asker.join(timeout=60)
