@@ -1,20 +1,29 @@
 """Carry a plan out on a host, and decide or restore its generations, in one remote execution of
-host/apply.py (with host/generations.py) each."""
+host/apply.py (with host/generations.py) each; and hold a host's roll lock for a deploy (host/roll.py)."""
 from __future__ import annotations
 
 import json
+import os
+import queue
+import socket
+import threading
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from provision import hints, programs, services
-from provision.errors import ApplyFailed, CommandFailed, UnreachableHost
+from provision.errors import ApplyFailed, CommandFailed, ProvisionError, UnreachableHost
 from provision.facts import MANAGED_UNITS
 from provision.plan import MANAGED_FILES, Change
 from provision.runner import Runner
 
 LOCK = "/run/lock/provision.lock"
+ROLL_LOCK = "/run/lock/provision.roll.lock"
 GENERATIONS = services.HOST_GENERATIONS
+# This run's name on the hosts: every apply and verdict carries it, so one that meets the roll lock
+# of this same run (its deploy holds it) goes through, and one of any other run waits or is refused.
+RUN_ID = uuid.uuid4().hex[:12]
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,7 @@ def _program(spec: dict[str, Any]) -> str:
 
 
 def _execute(runner: Runner, spec: dict[str, Any], changes: Sequence[Change]) -> dict[str, Any]:
+    spec = {**spec, "roll_lock": ROLL_LOCK, "run": RUN_ID}
     try:
         result = runner.run(["python3", "-"], stdin=_program(spec), timeout=900)
     except UnreachableHost as exc:  # say which step the connection was lost in
@@ -126,7 +136,7 @@ def _decide(runner: Runner, action: str, scope: Scope, wait: float, secrets: Map
     return Outcome(done=(), restored=tuple(answer.get("restored", [])), generation=answer.get("generation"),
                    to=answer.get("to"), generations=answer.get("generations") or {},
                    serve=answer.get("serve"), running=tuple(answer.get("running") or ()),
-                   left=answer.get("left"))
+                   left=answer.get("left"), settled=tuple(answer.get("settled") or ()))
 
 
 def promote(runner: Runner, generation: int, scope: Scope, wait: float = 0,
@@ -156,3 +166,36 @@ def rollback(runner: Runner, scope: Scope, to: int | None = None, wait: float = 
 def generations(runner: Runner, scope: Scope) -> Mapping[str, Any]:
     """{"current": N, "generations": [{"id", "state", "created", "by", "changes", "current", "target"}...]}"""
     return _decide(runner, "list", scope, 0, None).generations
+
+
+HOLD_MAX_S = 12 * 3600  # a hold whose run never ended lets go by then regardless
+
+
+def hold_roll(runner: Runner, state_files: Sequence[str], wait: float, by: str) -> dict[str, str | None]:
+    """Take the host's roll lock for the rest of this run (host/roll.py), waiting up to `wait` seconds
+    for another run's; returns the sha256 of each of `state_files` (None: absent) as read under it. The
+    hold is one command left running on the host, in a thread of its own: it ends when this run's
+    connection to the host does (the run is over, or killed). ProvisionError names the holder when
+    another run keeps it past `wait`."""
+    holder = f"run {RUN_ID}: {by} from {socket.gethostname()} (pid {os.getpid()})"
+    program = programs.ship(("roll",), "hold_main", {"roll_lock": ROLL_LOCK, "lock": LOCK, "wait": wait,
+                                                     "holder": holder, "state_files": list(state_files),
+                                                     "max_s": HOLD_MAX_S})
+    said: queue.Queue[dict[str, Any]] = queue.Queue()
+
+    def keep() -> None:
+        try:
+            answer, done = programs.run(runner, program, HOLD_MAX_S + 60,
+                                        lambda event: said.put(event) if event.get("event") == "held" else None)
+            said.put({"event": "ended", "error": answer.get("error") or f"exit {done.exited}: {programs.tail(done)}"})
+        except ProvisionError as exc:
+            said.put({"event": "ended", "error": str(exc)})
+
+    threading.Thread(target=keep, name=f"roll lock of {runner.host}", daemon=True).start()
+    try:
+        first = said.get(timeout=wait + 120)
+    except queue.Empty:
+        raise ProvisionError(f"{runner.host}: the roll lock {ROLL_LOCK} was not taken in {wait + 120:.0f} s") from None
+    if first["event"] != "held":
+        raise ProvisionError(f"{runner.host}: {first['error']}: nothing drained or changed")
+    return dict(first.get("states") or {})

@@ -530,7 +530,7 @@ def test_the_facts_table_shows_the_venv_when_one_exists_and_says_when_none() -> 
 SHIPPED_WITH = {"apply": ("generations", "apply"), "weights": ("relay", "weights"), "probe": ("gguf", "probe")}
 
 
-@pytest.mark.parametrize("name", ["probe", "apply", "generations", "relay", "weights", "build", "nccl", "serve"])
+@pytest.mark.parametrize("name", ["probe", "apply", "generations", "relay", "weights", "build", "nccl", "serve", "roll"])
 def test_every_host_program_ships_self_contained(name: str) -> None:
     """What a host receives imports nothing of this package: it runs where provision is not installed."""
     from provision import programs
@@ -554,7 +554,7 @@ def _python(version: str) -> str | None:
 
 
 @pytest.mark.parametrize(("name", "oldest"), [("probe", "3.6"), ("apply", "3.7"), ("weights", "3.7"), ("relay", "3.7"),
-                                              ("build", "3.7"), ("nccl", "3.7"), ("serve", "3.7")])
+                                              ("build", "3.7"), ("nccl", "3.7"), ("serve", "3.7"), ("roll", "3.7")])
 def test_every_host_program_runs_on_the_oldest_python3_it_promises(name: str, oldest: str) -> None:
     """The probe must answer on any python3 (it reports the version the gate refuses); the others
     need 3.7 for their `from __future__ import annotations` (provision/host/__init__.py)."""

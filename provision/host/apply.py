@@ -9,7 +9,9 @@ Standard library only, python3 >= 3.7 (see host/__init__.py). The controller app
      "changes": [{"kind", "target", "data", "describe"}, ...], "generation": N, "to": N, "forward": false}
 
 It holds an exclusive lock for the whole run, so two runs on one host cannot interleave (the second
-fails at once naming the holder, or waits up to `wait` seconds). Under the lock each step first looks
+fails at once naming the holder, or waits up to `wait` seconds). It also waits out, or refuses naming
+it, a deploy of another run that holds the host's roll lock ("roll_lock", roll.py); its own run's
+("run", the controller's run id) goes through. Under the lock each step first looks
 at the host as it is now: a step already in place (another run applied the same while this one waited)
 is skipped, and a restart (or reload) happens only when something it depends on was written by this
 run. Files are written to a temporary file in the same directory with owner and mode set, fsynced and renamed. A run
@@ -43,6 +45,8 @@ from provision.host.common import (
     lock,
     made_directories,
     make_directories,
+    roll_holder,
+    rolled_by_another,
     sha256_of,
     write_atomically,
 )
@@ -326,14 +330,15 @@ def _apply(spec: dict[str, Any], result: dict[str, Any]) -> None:
     secrets = spec.get("secrets") or {}
     if root:
         state = load_state(root)
+        judged_at = _judged_at(spec)
         # Pending generations of runs that stopped (killed, connection lost) are judged no more: never
         # left pending for good. The current one stays for this run (deploy promotes or replaces it).
         result["settled"] = settle_pending(
-            root, time.time(), f"its run stopped before the readiness verdict; settled by the "
+            root, judged_at, f"its run stopped before the readiness verdict; settled by the "
             f"{spec.get('by', 'provision')} of {time.strftime('%Y-%m-%d %H:%M:%S')}", keep=state["current"])
         if state["current"] is not None:
             meta = load_meta(root, state["current"])
-            if meta["state"] == "pending" and (meta.get("deadline") or 0) < time.time():
+            if meta["state"] == "pending" and (meta.get("deadline") or 0) < judged_at:
                 result["unfinished"] = {"id": meta["id"], "created": meta["created"], "by": meta["by"]}
     changes = spec.get("changes", [])
     written: set[str] = set()
@@ -394,6 +399,8 @@ def _decide(spec: dict[str, Any], result: dict[str, Any]) -> None:
         set_state(root, number, "good", units=unit_states(generations["units"]),
                   verified=time.strftime("%Y-%m-%d %H:%M:%S"), restart_s=spec.get("restart_s"))
         result["generation"] = number
+        result["settled"] = settle_pending(root, _judged_at(spec), f"its run stopped before the readiness "
+                                           f"verdict; settled when generation {number} passed", keep=number)
         return
     if action == "reject":
         number = spec["generation"]
@@ -471,11 +478,38 @@ def _restored(result: dict[str, Any], root: str, target: int, units: dict[str, A
     result["running"] = sorted(unit for unit, was in wanted.items() if was.get("installed") and was.get("active"))
 
 
+def _judged_at(spec: dict[str, Any]) -> float:
+    """When pending generations are judged: now, against each one's readiness deadline; or, while this
+    run's own deploy holds the roll lock, past every deadline: no other deploy is waiting for a verdict
+    here, so each pending generation is one whose run stopped."""
+    holder = roll_holder(spec.get("roll_lock"))
+    ours = bool(holder and spec.get("run") and holder.startswith(f"run {spec['run']}:"))
+    return float("inf") if ours else time.time()
+
+
+def _lock_outside_rolls(spec: dict[str, Any]) -> None:
+    """The host's lock, taken when no other run's deploy is rolling the host (roll.py: it holds the roll
+    lock from its drain to the replica's return). While one is, the host's lock is let go again so that
+    deploy can apply and decide, and taken again, for up to `wait` seconds in all."""
+    wait = float(spec.get("wait", 0))
+    deadline = time.time() + wait
+    while True:
+        fd = lock(spec["lock"], max(0.0, deadline - time.time()))
+        rolling = None if spec["action"] == "list" else rolled_by_another(spec.get("roll_lock"), spec.get("run"))
+        if rolling is None:
+            return
+        if time.time() >= deadline:
+            raise StepFailed(f"a deploy is rolling this host ({rolling}): nothing done; run again when it "
+                             "has ended, or with --wait SECONDS")
+        os.close(fd)
+        time.sleep(0.2)
+
+
 def main(spec: dict[str, Any]) -> None:
     result: dict[str, Any] = {"ok": True, "done": [], "skipped": [], "failed": None, "restored": [],
                               "generation": None, "unfinished": None}
     try:
-        lock(spec["lock"], spec.get("wait", 0))
+        _lock_outside_rolls(spec)
     except StepFailed as exc:
         result.update(ok=False, failed={"index": -1, "kind": "lock", "target": spec["lock"],
                                         "error": str(exc)})

@@ -104,7 +104,10 @@ def _make_directories(path: str, mode: int) -> None:
             write_atomically(MADE_DIRECTORIES, json.dumps(known + fresh).encode("utf-8"), 0o600, 0, 0)
 
 
-def lock(path: str, wait: float) -> int:
+def lock(path: str, wait: float, holder: Optional[str] = None) -> int:
+    """An exclusive flock on `path`, waited for up to `wait` seconds; the file then names its holder
+    (`holder`, then this process and since when), which a run refused at it reads. It ends with the
+    process (or when the descriptor is closed): a killed run leaves a file that blocks nobody."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     deadline = time.time() + wait
@@ -120,5 +123,30 @@ def lock(path: str, wait: float) -> int:
                 raise StepFailed(f"another provision holds {path} ({holder})")
             time.sleep(0.2)
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
+    said = f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+    os.pwrite(fd, (f"{holder}, {said}" if holder else said).encode(), 0)
     return fd
+
+
+def roll_holder(path: Optional[str]) -> Optional[str]:
+    """Who holds the roll lock at `path` (a deploy rolling this host: drained, applied, waiting for
+    readiness), as its file names them; None when nobody does."""
+    if not path or not os.path.exists(path):
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+        return os.pread(fd, 300, 0).decode("utf-8", "replace").strip() or "another run"
+    finally:
+        os.close(fd)
+
+
+def rolled_by_another(path: Optional[str], run: Optional[str]) -> Optional[str]:
+    """The holder of the roll lock at `path` when that is not the run `run`; else None."""
+    holder = roll_holder(path)
+    return None if holder is None or (run and holder.startswith(f"run {run}:")) else holder
