@@ -546,7 +546,9 @@ def deployed_rows(result: Deployed) -> list[dict[str, Any]]:
     for name in result.order:
         outcome = result.outcomes[name]
         changes = plans[name].changes if name in plans else []
-        rows.append({"host": name, "state": outcome.state, "changes": result.applied.get(name, 0),
+        # None: the connection was lost while the host applied them; its next run tells (generations).
+        applied = None if outcome.changes_unknown else result.applied.get(name, 0)
+        rows.append({"host": name, "state": outcome.state, "changes": applied,
                      "planned": [c.describe() for c in changes], "steps_s": outcome.steps,
                      "ready_s": outcome.ready_s, "weights_from": fetched[name].source if name in fetched else None,
                      "build_from": _build_from(plans.get(name)),
@@ -568,7 +570,7 @@ def deployed_table(rows: Sequence[Mapping[str, Any]], seconds: float) -> Table:
                                                  else "") for step, value in row["steps_s"].items())
         style = {"ready": "green", "unchanged": "", "rolled back": "yellow"}.get(row["state"], "red")
         table.add_row(row["host"], styled(f"[{style}]{plain(row['state'])}[/{style}]") if style else row["state"],
-                      str(row["changes"]), steps, row["detail"])
+                      "?" if row["changes"] is None else str(row["changes"]), steps, row["detail"])
     return table
 
 

@@ -37,7 +37,7 @@ from provision import (
 from provision.context import Context
 from provision.endpoints import EndpointPlan, server_name
 from provision.engines.vllm import RAY_PORT
-from provision.errors import NotReady, ProvisionError, RollStopped, error_text
+from provision.errors import NotReady, ProvisionError, RollStopped, UnreachableHost, error_text
 from provision.fanout import HostResults, for_each_host
 from provision.run import Bar, Connect, HostPlan, Options, Planned, remaining, secret_environment
 from provision.runner import Runner
@@ -50,6 +50,7 @@ class Outcome:
     ready_s: float | None = None
     detail: str = ""
     steps: dict[str, float] = field(default_factory=dict)
+    changes_unknown: bool = False  # the connection was lost while the host applied: it may have, or not
 
 
 def batches(order: list[str], clusters: Mapping[str, inventory.Cluster | None], size: int) -> list[list[str]]:
@@ -166,7 +167,11 @@ def roll_one(group: list[str], roll: Roll, connect: Connect, bar: Bar, done: dic
         if changes:
             record = dataclasses.replace(run.generation_of(plans[name], held, roll.by), verify=True,
                                          deadline=timeout + (150 if multi else 30))
-            outcome = ops.apply(connect(name), changes, wait, record)
+            try:
+                outcome = ops.apply(connect(name), changes, wait, record)
+            except UnreachableHost:  # the host may have applied all of it: only its next run can tell
+                outcomes[name].changes_unknown = True
+                raise
             count = len(outcome.done)
             if outcome.generation is not None:
                 made[name] = outcome.generation
@@ -382,8 +387,9 @@ def _gate_unchanged(roll: Roll, pool: remote.Pool, errors: dict[str, BaseExcepti
             outcomes[name].state, outcomes[name].detail = "ready", "unchanged; answers /health and a completion"
             if unfinished:  # an earlier deploy stopped before its verdict: this run gives it
                 ops.promote(runner, unfinished["id"], plans[name].scope)
-                outcomes[name].detail = (f"generation {unfinished['id']}, left unfinished by a deploy of "
-                                         f"{unfinished['created']}, answers: promoted to last-known-good")
+                outcomes[name].detail = (f"generation {unfinished['id']} ({unfinished.get('changes', 0)} change(s), "
+                                         f"left unfinished by a deploy of {unfinished['created']}) answers: "
+                                         "promoted to last-known-good")
         except ProvisionError as exc:
             errors[name] = exc
             outcomes[name].detail = error_text(exc)
@@ -429,6 +435,11 @@ def deploy(inv: inventory.Inventory, targets: list[inventory.Host], options: Opt
 def roll_out(planned: Planned, options: Options, pool: remote.Pool, roll: Roll, started: float) -> Deployed:
     """deploy after its gate and plan: from here on, what a host is comes from its plan alone (the
     inventory is not asked again)."""
+    refused = hold_rolls(planned, pool, options.wait, roll.by)
+    if refused:  # not rolled: nothing drained or changed there
+        planned = dataclasses.replace(planned, errors={**planned.errors, **refused}, plans={
+            name: hostplan for name, hostplan in planned.plans.items() if name not in refused})
+        roll = dataclasses.replace(roll, planned=planned)
     plans, errors, order, held, outcomes = planned.plans, dict(planned.errors), planned.order, planned.held, roll.outcomes
     timings: dict[str, dict[str, float]] = {}
     outcomes.update({name: Outcome(name) for name in order})
@@ -444,6 +455,36 @@ def roll_out(planned: Planned, options: Options, pool: remote.Pool, roll: Roll, 
             outcome.state, outcome.detail = "blocked", "blocked by the gate, nothing changed"
     return Deployed(order, plans, outcomes, applied, fetched, errors, time.monotonic() - started, held,
                     wheels_sent)
+
+
+def hold_rolls(planned: Planned, pool: remote.Pool, wait: float, by: str) -> dict[str, BaseException]:
+    """Each planned host's roll lock (ops.hold_roll), taken before anything of this deploy reaches it
+    (wheels, weights, a drain) and kept to the end of the run: a second deploy of the same replica
+    waits for it (`--wait`) or is refused, having drained nothing. Under it, the host's generation
+    records must be what this run's facts read: one that another run changed since (applied, promoted,
+    rolled back) is refused too, since its plan was made of what was there before. The refusals, by
+    plan name (a host's services share its lock)."""
+    names_of: dict[str, list[str]] = {}
+    for name, hostplan in planned.plans.items():
+        names_of.setdefault(hostplan.host.name, []).append(name)
+
+    def one(host: str) -> None:
+        names = names_of[host]
+        read = {planned.plans[name].ctx.naming.state_file: planned.plans[name].ctx.facts.files.get(
+            planned.plans[name].ctx.naming.state_file, {}).get("sha256") for name in names}
+        now = ops.hold_roll(pool.connect(planned.plans[names[0]].host), sorted(read), wait, by)
+        changed = [path for path, digest in read.items() if now.get(path) != digest]
+        if changed:
+            raise ProvisionError(f"{host}: another run changed its generations ({', '.join(sorted(changed))}) since "
+                                 f"this run read the host: nothing drained or changed; run again to plan what "
+                                 f"is there now (`{hints.command('generations --host ' + host)}` shows it)")
+        for name in names:  # held: a pending generation's run has stopped, whatever its deadline says
+            hostplan = planned.plans[name]
+            hostplan.unfinished = run.unfinished_generation(hostplan.ctx.facts, now=float("inf"),
+                                                            state_file=hostplan.ctx.naming.state_file)
+
+    held = for_each_host(list(names_of), lambda host: host, one)
+    return {name: error for host, error in held.errors.items() for name in names_of[host]}
 
 
 @dataclass(frozen=True)

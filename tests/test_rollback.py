@@ -3,6 +3,8 @@ programs ops and server send it (apply, reject, rollback, the readiness check), 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,15 +28,22 @@ def spec_of(program: str) -> tuple[str, dict[str, Any]]:
 class FakeHost:
     """Answers each program from `answer(call, spec)`; a result event goes to on_line, as the host's does."""
 
-    def __init__(self, answer: Callable[[str, dict[str, Any]], dict[str, Any]]) -> None:
+    def __init__(self, answer: Callable[[str, dict[str, Any]], dict[str, Any]],
+                 states: Mapping[str, str | None] | None = None) -> None:
         self.host = "cpu-1"
         self.answer = answer
         self.asked: list[tuple[str, dict[str, Any]]] = []
+        self.states = states  # the generation records' sha256 under the roll lock (default: none there)
 
     def run(self, argv: Any, *, stdin: str | None = None, timeout: float | None = None,
             env: Mapping[str, str] | None = None, on_line: Any = None) -> Result:
         call, spec = spec_of(stdin or "")
         self.asked.append((call, spec))
+        if call == "hold_main":  # the deploy's roll lock: held, the generation records as the facts read them
+            held = {"event": "held", "states": {path: (self.states or {}).get(path) for path in spec["state_files"]}}
+            if on_line is not None:
+                on_line(json.dumps(held))
+            return Result(command_line(argv), 0, json.dumps(held), "", 0.01)
         answer = self.answer(call, spec)
         if on_line is not None:
             on_line(json.dumps({"event": "result", **answer}))
@@ -419,3 +428,69 @@ def test_one_node_of_a_pair_is_never_started_alone(tmp_path: Path) -> None:
     both = planned_for(inv, ["s1", "s2"], {}, {"s1": [start]})
     restart_whole(both, errors := {})
     assert errors == {} and [(c.kind, c.target) for c in both["s2"].changes] == [("restart", "vllm-worker.service")]
+
+
+def with_generations(plans: dict[str, run.HostPlan], name: str, content: str) -> str:
+    """The host's generation records as its facts read them (path -> content and sha256); their sha256."""
+    hostplan = plans[name]
+    path = hostplan.ctx.naming.state_file
+    digest = hashlib.sha256(content.encode()).hexdigest()
+    recorded = dataclasses.replace(hostplan.ctx.facts, files={path: {"exists": True, "content": content, "sha256": digest}})
+    hostplan.context = dataclasses.replace(hostplan.ctx, facts=recorded)
+    return digest
+
+
+PENDING = json.dumps({"current": 7, "generations": [
+    {"id": 6, "state": "good", "created": "2026-12-07 10:00:00", "by": "deploy", "changes": ["a"], "deadline": None},
+    {"id": 7, "state": "pending", "created": "2026-12-07 10:05:00", "by": "deploy", "changes": ["a", "b"],
+     "deadline": 4102444800}]})  # its readiness deadline is far ahead: its deploy was killed a moment ago
+
+
+def test_a_host_another_run_changed_since_the_facts_is_refused_under_the_roll_lock_with_nothing_done(
+        inv: inventory.Inventory, monkeypatch: pytest.MonkeyPatch) -> None:
+    plans = planned_for(inv, ["cpu-1"], {}, {"cpu-1": [RESTARTED]})
+    with_generations(plans, "cpu-1", PENDING)
+    host = FakeHost(rolled_back_on(8000), states={plans["cpu-1"].ctx.naming.state_file: "0" * 64})
+    monkeypatch.setattr(rolling.remote.Pool, "connect", lambda self, target: host)
+    planned = run.Planned(["cpu-1"], plans, {"cpu-1": []}, {}, secrets.Secrets())
+    with rolling.remote.Pool(inv.ssh) as pool:
+        result = rolling.roll_out(planned, run.Options(quiet=True), pool, rolling.Roll(planned, {}, timeout=5), 0.0)
+    outcome = result.outcomes["cpu-1"]
+    assert outcome.state == "failed" and "another run changed its generations" in outcome.detail, outcome
+    assert "nothing drained or changed" in outcome.detail and "generations --host cpu-1" in outcome.detail
+    assert [call for call, _ in host.asked] == ["hold_main"]  # no apply, no drain, no readiness
+
+
+def test_under_the_roll_lock_a_served_pending_generation_is_promoted_before_its_deadline(
+        inv: inventory.Inventory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deploy killed during its readiness leaves its generation pending with a deadline minutes ahead;
+    the next deploy holds the roll lock, so no run waits for that verdict: it gives it."""
+    plans = planned_for(inv, ["cpu-1"], {}, {})
+    digest = with_generations(plans, "cpu-1", PENDING)
+    assert run.unfinished_generation(plans["cpu-1"].ctx.facts, state_file=plans["cpu-1"].ctx.naming.state_file) is None
+
+    def answer(call: str, spec: dict[str, Any]) -> dict[str, Any]:
+        if call == "serve_main":
+            return {"ok": True, "seconds": 0.5}
+        return {"ok": True, "done": [], "generation": spec.get("generation"), "settled": [5]}
+    host = FakeHost(answer, states={plans["cpu-1"].ctx.naming.state_file: digest})
+    monkeypatch.setattr(rolling.remote.Pool, "connect", lambda self, target: host)
+    planned = run.Planned(["cpu-1"], plans, {"cpu-1": []}, {}, secrets.Secrets())
+    with rolling.remote.Pool(inv.ssh) as pool:
+        result = rolling.roll_out(planned, run.Options(quiet=True), pool, rolling.Roll(planned, {}, timeout=5), 0.0)
+    outcome = result.outcomes["cpu-1"]
+    assert outcome.state == "ready", outcome
+    assert outcome.detail.startswith("generation 7 (2 change(s), left unfinished by a deploy of 2026-12-07 10:05:00)")
+    promoted = [spec for call, spec in host.asked if call == "main" and spec["action"] == "promote"]
+    assert [spec["generation"] for spec in promoted] == [7] and promoted[0]["run"] == rolling.ops.RUN_ID
+
+
+def test_a_deploy_whose_connection_was_lost_while_the_host_applied_counts_its_changes_as_unknown() -> None:
+    from provision import report
+    result = rolling.Deployed(["cpu-1"], {}, {"cpu-1": rolling.Outcome("cpu-1", "failed", changes_unknown=True,
+                                                                     detail="cpu-1: unreachable: during apply")},
+                              {}, {}, {"cpu-1": RuntimeError("lost")}, 1.0, secrets.Secrets())
+    rows = report.deployed_rows(result)
+    assert rows[0]["changes"] is None
+    table = report.deployed_table(rows, 1.0)
+    assert list(table.columns[2].cells) == ["?"]

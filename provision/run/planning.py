@@ -211,7 +211,9 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
 def unfinished_generation(host_facts: facts.HostFacts, now: float | None = None,
                           state_file: str = plan.GENERATIONS_STATE) -> dict[str, Any] | None:
     """The server's current generation when a deploy left it pending and its readiness deadline passed
-    (the deploy stopped: killed, or its connection lost): the next deploy finishes it."""
+    (the deploy stopped: killed, or its connection lost): the next deploy finishes it. A deploy that
+    holds the host's roll lock judges it past every deadline (`now` infinite): no other deploy is
+    waiting for its verdict then."""
     state = host_facts.files.get(state_file, {})
     try:
         recorded = json.loads(str(state.get("content") or "{}"))
@@ -220,7 +222,8 @@ def unfinished_generation(host_facts: facts.HostFacts, now: float | None = None,
         return None
     deadline = current.get("deadline") or 0
     if current.get("state") == "pending" and deadline < (now if now is not None else time.time()):
-        return {"id": current["id"], "created": current.get("created"), "by": current.get("by")}
+        return {"id": current["id"], "created": current.get("created"), "by": current.get("by"),
+                "changes": len(current.get("changes") or [])}
     return None
 
 
