@@ -117,26 +117,38 @@ def test_a_failed_deploy_leaves_a_stopped_enabled_unit_stopped_and_enabled(lab_l
     assert unit(lab_llama, LLAMA)[:2] == ("enabled", "inactive")
 
 
-def test_ready_is_refused_when_another_run_changed_the_host_during_readiness(
+def test_a_run_during_a_deploys_readiness_waits_for_its_verdict_or_is_refused_naming_it(
         lab_llama: inventory.Inventory) -> None:
-    # The deploy's server never becomes ready (its API under another prefix): the window in which the
-    # other run changes the host lasts as long as the deploy waits, and the other run's server answers.
+    """The deploy holds the host's roll lock from its apply through its readiness verdict: a provision
+    meanwhile changes nothing then (its apply would make "ready" about another run's files). Without
+    --wait it is refused naming the deploy; with it, it applies once the deploy has given its verdict.
+    The deploy's server never becomes ready (its API under another prefix), so its verdict comes at
+    its timeout."""
     assert invoke_json("deploy", "--cluster", LLAMA.cluster, "--timeout", "420")[0] == 0
     before = current(lab_llama, LLAMA)["id"]
     deploy = subprocess.Popen([sys.executable, "-m", "invoke", "deploy", "--cluster", LLAMA.cluster, "--json",
-                               "--set", "max_model_len=210", "--set", NEVER_READY, "--timeout", "420"], cwd=REPO,
+                               "--set", "max_model_len=210", "--set", NEVER_READY, "--timeout", "20"], cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for_pending(lab_llama, before, LLAMA)
+        pending = wait_for_pending(lab_llama, before, LLAMA)
+        refused = run_invoke("provision", "--cluster", LLAMA.cluster, "--set", "max_model_len=220", "--json")
+        waited = time.monotonic()
         meanwhile = run_invoke("provision", "--cluster", LLAMA.cluster, "--set", "max_model_len=220", "--wait", "120")
-        assert meanwhile.returncode == 0, meanwhile.stdout + meanwhile.stderr
+        waited = time.monotonic() - waited
         out, err = deploy.communicate(timeout=900)
     finally:
         deploy.kill()
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    said = json.loads(refused.stdout)["hosts"][LLAMA.host]["error"]
+    assert "a deploy is rolling this host (run " in said and "deploy from " in said and "nothing done" in said, said
+    assert meanwhile.returncode == 0, meanwhile.stdout + meanwhile.stderr
     assert deploy.returncode == 1, out + err
     row = json.loads(out)["hosts"][0]
-    assert row["state"] != "ready" and "another run changed the host" in row["detail"], row
-    assert LLAMA.context(220) in unit(lab_llama, LLAMA)[2]  # the later run's config stays: it is current
+    assert row["state"] == "rolled back", row  # its own verdict, on its own files: never ready
+    assert generations(lab_llama, LLAMA)["generations"][-1]["id"] > pending["id"]
+    assert next(g for g in generations(lab_llama, LLAMA)["generations"] if g["id"] == pending["id"])["state"] == "rejected"
+    assert waited > 5, waited  # it waited for the deploy's verdict
+    assert LLAMA.context(220) in unit(lab_llama, LLAMA)[2]  # the later run's config is what runs now
 
 
 # Holds the host's provision lock until a file appears (then removes it): both runs plan while it is
@@ -225,3 +237,30 @@ def test_a_killed_deploy_is_finished_by_the_next_run(lab_llama: inventory.Invent
     row = report["hosts"][0]
     assert row["state"] == "rolled back" and f"rolled back to generation {good['id']}" in row["detail"], row
     assert "LLAMA_ARG_API_PREFIX" not in on_host(lab_llama, LLAMA.host, ["cat", render.ENV_FILE])
+
+
+def test_a_killed_deploy_whose_change_serves_is_promoted_by_the_next_run_at_once(lab_llama: inventory.Inventory) -> None:
+    """Killed during its readiness, a deploy leaves its generation pending with a deadline minutes
+    ahead. Its roll lock went with its connection: the next deploy, holding it, gives the verdict at
+    once (no waiting out the deadline), and no generation is left pending."""
+    assert invoke_json("deploy", "--cluster", LLAMA.cluster, "--timeout", "420")[0] == 0
+    good = current(lab_llama, LLAMA)
+    args = ["deploy", "--cluster", LLAMA.cluster, "--set", "max_model_len=200", "--timeout", "300"]
+    killed = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        pending = wait_for_pending(lab_llama, good["id"], LLAMA)
+    finally:
+        killed.kill()
+        killed.wait()
+    assert pending["deadline"] > time.time() + 60
+    code, report, text = invoke_json(*args)  # the same deploy again: its change is in place
+    assert code == 0, text
+    row = report["hosts"][0]
+    assert row["state"] == "ready" and row["changes"] == 0, row
+    assert row["detail"].startswith(f"generation {pending['id']} ({len(pending['changes'])} change(s), left "
+                                    "unfinished by a deploy of"), row
+    state = generations(lab_llama, LLAMA)
+    assert [g["id"] for g in state["generations"] if g["state"] == "pending"] == [], state
+    assert state["current"] == pending["id"] and current(lab_llama, LLAMA)["state"] == "good"
+    assert invoke_json("deploy", "--cluster", LLAMA.cluster, "--timeout", "420")[0] == 0  # back as the inventory has it

@@ -25,7 +25,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import pytest
 import yaml
@@ -312,6 +312,90 @@ def test_a_replica_killed_under_load_is_taken_out_by_the_router_and_only_its_str
     while router_servers(inv).get("lab-llama-b") != "UP":
         assert time.monotonic() < deadline, "the restarted replica is not back in the router"
         time.sleep(1)
+
+
+Ran = tuple[int, dict[str, Any], str, float]
+
+
+def deploy_at_once(*runs: list[str], apart: float = 0.05) -> list[Ran]:
+    """Deploys started `apart` seconds one after the other, each a process of its own, run to their
+    end: each one's exit code, --json document, output, and when it ended (monotonic)."""
+    found: dict[int, Ran] = {}
+    lock = threading.Lock()
+
+    def one(number: int, args: list[str]) -> None:
+        done = run_invoke("deploy", *args, "--json")
+        ended = time.monotonic()
+        try:
+            document = json.loads(done.stdout)
+        except json.JSONDecodeError:
+            document = {}
+        with lock:
+            found[number] = (done.returncode, document, done.stdout + done.stderr, ended)
+
+    threads = []
+    for number, args in enumerate(runs):
+        if number:
+            time.sleep(apart)
+        threads.append(threading.Thread(target=one, args=(number, args)))
+        threads[-1].start()
+    for thread in threads:
+        thread.join(timeout=900)
+    return [found[number] for number in sorted(found)]
+
+
+def environment_of(inv: inventory.Inventory) -> str:
+    return on_host(inv, "cpu-3", ["cat", "/etc/vllm/vllm.env"])
+
+
+def test_two_deploys_of_one_replica_50_ms_apart_under_load_fail_no_request_and_the_later_changes_nothing(
+        endpoint: tuple[inventory.Inventory, str, str]) -> None:
+    """The first to take cpu-3's roll lock rolls it; the other, refused at the lock, has drained
+    nothing and put nothing back (a second drain and restore mid-restart sent clients to a replica
+    still loading its model: HTTP 503). Then both with --wait to different values: the second waits
+    for the first, and what it reports is what it found under the lock it held."""
+    inv, url, prompt = endpoint
+    with Load(url, prompt) as load:
+        time.sleep(2)
+        runs = deploy_at_once(["--cluster", "lab-llama-b", *ROLL, "--timeout", "300"],
+                              ["--cluster", "lab-llama-b", "--set", "max_model_len=128", "--timeout", "300"])
+        time.sleep(2)
+    won = [(code, report) for code, report, _, _ in runs if code == 0]
+    lost = [(code, report, text) for code, report, text, _ in runs if code != 0]
+    print(f"\ntwo deploys of lab-llama-b 50 ms apart under {CLIENTS} clients: {load.sent} requests "
+          f"({load.counts()}); exits {[run[0] for run in runs]}; the refused one says: "
+          f"{lost[0][1]['hosts'][0]['detail'] if lost and lost[0][1] else '-'}")
+    assert len(won) == 1 and len(lost) == 1, [run[2][-2000:] for run in runs]
+    assert {"drain", "restore"} <= set(won[0][1]["hosts"][0]["steps_s"]), won[0][1]
+    code, report, text = lost[0]
+    assert code == 1, text
+    host = report["hosts"][0]
+    assert host["state"] == "failed" and "drain" not in host["steps_s"] and "restore" not in host["steps_s"], host
+    assert "provision.roll.lock (run " in host["detail"] and "deploy from " in host["detail"], host
+    assert "nothing drained or changed" in host["detail"], host
+    assert not load.failures, load.failures[:5]
+    # The winner's settings are what runs: the loser wrote nothing.
+    assert ("PROVISION_LAB_ROLL" in environment_of(inv)) == (runs[0][0] == 0)
+
+    # The host as the inventory has it; then one deploy that changes it and one that would change
+    # nothing, both waiting for each other (--wait). Whichever holds the roll lock second either finds
+    # the host as its facts read it, or is refused: never "unchanged" of a host the other changed.
+    code, report, text = invoke_json("deploy", "--cluster", "lab-llama-b", "--timeout", "300")
+    assert code == 0, text
+    runs = deploy_at_once(["--cluster", "lab-llama-b", *ROLL, "--timeout", "300", "--wait", "60"],
+                          ["--cluster", "lab-llama-b", "--timeout", "300", "--wait", "60"])
+    print("\nthen one that changes cpu-3 and one that changes nothing, both with --wait 60, 50 ms apart: " + "; ".join(
+        f"exit {code}, {report['hosts'][0]['state']}: {report['hosts'][0]['detail']}" if report else f"exit {code}"
+        for code, report, _, _ in runs))
+    for code, report, text, _ in runs:
+        assert code == 0 or "another run changed its generations" in report["hosts"][0]["detail"], text[-2000:]
+    assert runs[0][0] == 0 or runs[1][0] == 0
+    last = max((run for run in runs if run[0] == 0), key=lambda run: run[3])
+    # The run that ended last with exit 0 said what the host is: with the change, or without it.
+    assert ("PROVISION_LAB_ROLL" in environment_of(inv)) == (last is runs[0]), [run[2][-1500:] for run in runs]
+    code, report, text = invoke_json("deploy", "--cluster", "lab-llama-b", "--timeout", "300")
+    assert code == 0, text
+    assert router_servers(inv) == {"lab-llama": "UP", "lab-llama-b": "UP"}
 
 
 def router_pid(inv: inventory.Inventory) -> str:
