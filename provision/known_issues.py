@@ -29,6 +29,9 @@ gate (checks.py) turns each entry into a check of its own id. An entry:
         wheels_cuda: [mixed]              # the planned wheels' CUDA, else the installed venv's
                                           #   distributions': one release, or mixed (cuda.mixed_cuda:
                                           #   CUDA 12 and 13 runtimes side by side)
+        companions:                       # a distribution beside a companion of another release (the
+          flashinfer-python: [flashinfer-cubin]  #   planned wheels, else the installed venv's
+                                          #   distributions; the local label, +cu130, not compared)
       message: ...                        # what goes wrong, with the text users see in their logs
       fix: ...
       source: https://github.com/...      # the tracker entry the trap is known from
@@ -82,7 +85,7 @@ FACT_LIST_KEYS = ("kernel_cma", "absent", "unreachable", "wheels_cuda")
 LIST_KEYS = ("compute_capability", "arch", "cpu_flags", "quantization", *FACT_LIST_KEYS)
 BOOL_KEYS = ("multi_node", "multi_gpu", "moe")
 SWITCH_KEYS = ("flags", "env")
-WHEN_KEYS = (*LIST_KEYS, *VERSION_KEYS, *SWITCH_KEYS, *BOOL_KEYS)
+WHEN_KEYS = (*LIST_KEYS, *VERSION_KEYS, *SWITCH_KEYS, *BOOL_KEYS, "companions")
 CMA_STATES = ("on", "off", "empty", "absent")
 ENTRY_KEYS = ("id", "title", "severity", "when", "message", "fix", "source", "related", "engines", "avoid_with",
               "verified")
@@ -168,6 +171,14 @@ def load() -> tuple[KnownIssue, ...]:
     """The entries shipped with the package, validated."""
     text = resources.files("provision").joinpath(DATA).read_text(encoding="utf-8")
     return parse(text, f"provision/{DATA}")
+
+
+def companion_names() -> tuple[str, ...]:
+    """Every distribution a `companions` matcher names (both sides), as the venv probe keys them: the
+    probe lists these among the venv's distributions, as it lists what the engines require."""
+    names = {name for issue in load() for pair in [issue.when.get("companions", {})]
+             for key, companions in pair.items() for name in (key, *companions)}
+    return tuple(sorted(names))
 
 
 def parse(text: str, source: str) -> tuple[KnownIssue, ...]:
@@ -271,6 +282,13 @@ def _when(raw: Any, where: str) -> dict[str, Any]:
             if key == "absent":
                 value = [_distribution(v) for v in value]
             when[key] = tuple(v.lower() if key == "quantization" else v for v in value)
+        elif key == "companions":
+            if not isinstance(value, dict) or not value or not all(
+                    isinstance(v, list) and v and all(isinstance(c, str) and c for c in v) for v in value.values()):
+                raise KnownIssueError(f"{where}: when.companions: a mapping of a distribution to the list of "
+                                      "its companions")
+            when[key] = {_distribution(str(name)): tuple(_distribution(c) for c in companions)
+                         for name, companions in value.items()}
         elif key in BOOL_KEYS:
             if not isinstance(value, bool):
                 raise KnownIssueError(f"{where}: when.{key}: true or false")
@@ -359,8 +377,56 @@ def _switch(kind: str, found: Mapping[str, tuple[bool, str | None]],
     return HOLDS, shown, ""
 
 
+def distributions(ev: Evidence) -> tuple[dict[str, str], str] | None:
+    """The distributions that will serve, {canonical name: version}, and what says so: the planned
+    wheels (they replace the venv), else the installed venv's; None where neither is known."""
+    if ev.wheels is not None:
+        found: dict[str, str] = {}
+        for name in ev.wheels:
+            parts = name.split("-")
+            if len(parts) >= 3:
+                found[_distribution(parts[0])] = parts[1]
+        return found, "the planned wheels"
+    if ev.installed is not None:
+        return {_distribution(name): version for name, version in ev.installed.items()}, "the installed venv"
+    return None
+
+
+def public_version(version: str) -> str:
+    """A version without its local label: '0.6.14+cu130' -> '0.6.14' (what flashinfer compares)."""
+    try:
+        return Version(version).public
+    except InvalidVersion:
+        return version.split("+")[0]
+
+
+def mismatched_companions(wanted: Mapping[str, Sequence[str]], dists: Mapping[str, str]) -> list[str]:
+    """'flashinfer_cubin 0.6.13 beside flashinfer_python 0.6.14' for each companion present at another
+    release than its distribution (present too); [] where every one matches or is absent."""
+    found = []
+    for name, companions in wanted.items():
+        if name not in dists:
+            continue
+        for companion in companions:
+            if companion in dists and public_version(dists[companion]) != public_version(dists[name]):
+                found.append(f"{companion} {dists[companion]} beside {name} {dists[name]}")
+    return found
+
+
 def check_matcher(key: str, wanted: Any, ev: Evidence) -> tuple[str, Any, str]:
     """One matcher on the evidence: (HOLDS | FAILS | UNKNOWN, the value shown, why, when not HOLDS)."""
+    if key == "companions":
+        read = distributions(ev)
+        if read is None:
+            return UNKNOWN, "unknown", ev.notes.get("installed", "no wheels planned and no venv read")
+        dists, where = read
+        mismatched = mismatched_companions(wanted, dists)
+        if mismatched:
+            return HOLDS, f"{where}: {'; '.join(mismatched)}", ""
+        listed = ", ".join(f"{name} {dists[name]}" for pair in wanted.items() for name in (pair[0], *pair[1])
+                           if name in dists)
+        return (FAILS, f"{where}: {listed or 'none of them'}",
+                f"{where} hold each companion at its distribution's release (or none)")
     if key in VERSION_KEYS:
         if key in ev.versions:
             found = ev.versions[key]

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from provision import catalog
+from provision import catalog, known_issues
 from provision.catalog import ITERATION_STATS
 from provision.errors import ParseError
 
@@ -842,8 +842,9 @@ class VenvInfo:
                   'torch==2.14.0', ...)}; a None value: that METADATA could not be read
                   (`requires_errors` says why).
       `dists`     installed versions by canonical name (lower case, '_' for runs of '-', '_', '.'):
-                  the engine dists, those their requirements name, pip, torch, the nvidia_* wheels and
-                  any whose version carries a local label ('+cu129'): {'torch': '2.13.0', 'pip': '24.0'}.
+                  the engine dists, those their requirements name, pip, torch, the nvidia_* wheels, the
+                  known issues' companions (COMPANIONS: flashinfer_cubin) and any whose version carries
+                  a local label ('+cu129'): {'torch': '2.13.0', 'pip': '24.0'}.
                   A name missing from it is not installed.
       `markers`   the venv python's PEP 508 marker environment: every key of packaging's
                   default_environment() ({'platform_machine': 'x86_64', 'python_version': '3.12', ...}).
@@ -890,6 +891,9 @@ BASE_PTH = "provision-base.pth"
 # engine.version compares it with the release the unit is rendered for. nvidia_nccl_*: pip's NCCL,
 # which torch loads (config.nccl_library weighs it against the system's).
 VENV_PACKAGES = ("triton", "pytorch_triton", "flash_attn", "bitsandbytes", *catalog.venv_versions())
+# Distributions a known issue judges against each other (flashinfer-python and its cubin and JIT cache,
+# known_issues.yaml `companions`): listed among the venv's `dists` whatever requires them.
+COMPANIONS = known_issues.companion_names()
 
 # Runs inside the venv: versions only, no GPU needed (torch.cuda.get_arch_list() is empty without one).
 # Its arguments (sys.argv[1:]) name the engine distributions whose requirements it reads.
@@ -977,6 +981,7 @@ VENV_PROBE = (
     "info.update(requires=requires, requires_errors=errors, dists={\n"
     "    name: version for name, (version, _) in dists.items()\n"
     "    if name in named or name in requires or name in ('pip', 'torch') or name.startswith('nvidia_')\n"
+    f"    or name in {COMPANIONS!r}\n"
     "    or '+' in version})\n"
     # The marker environment as packaging's default_environment() computes it, from sys and os alone:
     # the platform module costs an import, and on Linux its system(), machine(), release() and

@@ -75,6 +75,11 @@ ONE_CUDA = ("nvidia_cuda_runtime-13.0.96-py3-none-manylinux_2_27_aarch64.whl",
 NO_CUBIN = ("flashinfer_python-0.6.14-py3-none-any.whl", "torch-2.11.0+cu130-cp312-cp312-manylinux_2_28_aarch64.whl",
             "vllm-0.26.0-cp38-abi3-manylinux_2_31_aarch64.whl")
 WITH_CUBIN = (*NO_CUBIN, "flashinfer_cubin-0.6.14-py3-none-any.whl")
+# vllm #49804: vLLM 0.26.0 (flashinfer-python==0.6.14, its METADATA) beside a plain `flashinfer-cubin`,
+# which PyPI answers with its newest, 0.6.13 (PyPI's JSON API, read 2026-12-07).
+PYPI_CUBIN = (*NO_CUBIN, "flashinfer_cubin-0.6.13-py3-none-any.whl")
+# The JIT cache of flashinfer's own index carries its CUDA as a local label (flashinfer_jit_cache 0.6.14+cu130).
+WITH_JIT_CACHE = (*WITH_CUBIN, "flashinfer_jit_cache-0.6.14+cu130-cp39-abi3-manylinux_2_28_aarch64.whl")
 ARTIFACTORY = "edge.urm.nvidia.com:443"
 AIR_GAPPED = {ARTIFACTORY: "gaierror: [Errno -3] Temporary failure in name resolution"}
 
@@ -177,6 +182,21 @@ CASES: list[tuple[str, str, tuple[str, str], dict[str, Any], str, str]] = [
      "pass", "warning"),
     ("spark-vllm-0.26-not-tried-yet", "known.vllm-flashinfer-cubin-airgapped", SPARK,
      {"wheels": NO_CUBIN}, "skip", "warning"),
+    # vllm #49804 / flashinfer #4781: a companion of another release than flashinfer-python stops the import.
+    ("spark-vllm-0.26-pypi-cubin-0.6.13", "known.flashinfer-companion-mismatch", SPARK,
+     {"wheels": PYPI_CUBIN}, "fail", "blocker"),
+    ("spark-vllm-0.26-cubin-and-jit-cache-0.6.14", "known.flashinfer-companion-mismatch", SPARK,
+     {"wheels": WITH_JIT_CACHE}, "pass", "blocker"),
+    ("spark-vllm-0.26-no-companion", "known.flashinfer-companion-mismatch", SPARK,
+     {"wheels": NO_CUBIN}, "pass", "blocker"),
+    ("spark-vllm-0.26-check-bypassed", "known.flashinfer-companion-mismatch", SPARK,
+     {"wheels": PYPI_CUBIN, "environment": {"FLASHINFER_DISABLE_VERSION_CHECK": "1"}}, "pass", "blocker"),
+    ("sglang-0.5.23-pypi-cubin", "known.flashinfer-companion-mismatch", SPARK,
+     {"engine": "sglang", "wheels": ("flashinfer_python-0.7.2-py3-none-any.whl",
+                                     "sglang-0.5.23-cp312-cp312-manylinux_2_34_aarch64.whl",
+                                     "flashinfer_cubin-0.6.13-py3-none-any.whl")},
+     "fail", "blocker"),
+    ("no-wheels-no-venv", "known.flashinfer-companion-mismatch", SPARK, {}, "skip", "blocker"),
     # conselara.dev: gpt-oss-120b on GB10, ~59 -> ~26 tok/s with --enforce-eager.
     ("spark-enforce-eager", "known.sm121-enforce-eager", SPARK, {"extra_args": ["--enforce-eager"]},
      "fail", "warning"),
@@ -244,7 +264,7 @@ def test_every_seeded_entry_has_a_match_and_a_miss() -> None:
 
 
 def test_the_shipped_file_loads_with_sources_and_registers_one_check_per_entry() -> None:
-    assert len(ISSUES) == 13
+    assert len(ISSUES) == 14
     for issue in ISSUES.values():
         # A tracker thread, or (a measurement published elsewhere) a page whose reading is recorded.
         assert issue.source.startswith("https://github.com/") or issue.verified, issue.id
@@ -616,3 +636,38 @@ def test_a_venv_record_without_its_distributions_leaves_mixed_cuda_unknown() -> 
     assert finding(context(*RTX, venv_info=info), "known.vllm-cuda-mixed-wheels").status == "skip"
     ev = issue_evidence.evidence_of(context(*RTX, venv_info=info))
     assert ev.installed is None and "predates" in ev.notes["installed"]
+
+
+def test_a_stale_cubin_left_in_the_venv_is_read_by_the_probe_and_refused(tmp_path: Path) -> None:
+    """flashinfer #4781's venv: vLLM 0.27.1 (flashinfer-python==0.6.16.post3) over a cubin 0.6.13 left
+    from the 0.25.1 install. Nothing requires flashinfer-cubin, yet the probe lists it."""
+    venv_dir = make_venv(tmp_path / "venv", {"vllm": "0.27.1", "flashinfer_python": "0.6.16.post3",
+                                             "flashinfer_cubin": "0.6.13", "torch": "2.13.0"})
+    info = parsers.parse_venv_probe(probe(venv_dir)[1])
+    assert info.dists is not None and info.dists["flashinfer_cubin"] == "0.6.13"
+    found = finding(context(*SPARK, venv_info=info), "known.flashinfer-companion-mismatch")
+    assert (found.status, found.severity) == ("fail", "blocker")
+    assert found.evidence["companions"] == ("the installed venv: flashinfer_cubin 0.6.13 beside "
+                                            "flashinfer_python 0.6.16.post3")
+    assert "flashinfer-cubin==VERSION" in (found.fix or "") and "https://flashinfer.ai/whl" in (found.fix or "")
+
+
+def test_a_matching_jit_cache_in_the_venv_is_clear_whatever_its_cuda_label(tmp_path: Path) -> None:
+    venv_dir = make_venv(tmp_path / "venv", {"vllm": "0.26.0", "flashinfer_python": "0.6.14",
+                                             "flashinfer_cubin": "0.6.14", "flashinfer_jit_cache": "0.6.14+cu130"})
+    info = parsers.parse_venv_probe(probe(venv_dir)[1])
+    found = finding(context(*SPARK, venv_info=info), "known.flashinfer-companion-mismatch")
+    assert found.status == "pass" and found.message.startswith("not affected: the installed venv hold")
+
+
+def test_the_air_gapped_entry_no_longer_says_a_mismatched_cubin_is_ignored() -> None:
+    fix = ISSUES["known.vllm-flashinfer-cubin-airgapped"].fix
+    assert "ignored" not in fix and "known.flashinfer-companion-mismatch" in fix
+
+
+@pytest.mark.parametrize("when", [{"companions": ["flashinfer-cubin"]}, {"companions": {"flashinfer-python": []}}])
+def test_the_companions_matcher_refuses_a_bad_shape(when: dict[str, Any]) -> None:
+    entry = {"id": "known.x", "title": "t", "severity": "warning", "when": when, "message": "m", "fix": "f",
+             "source": "https://example.org/1"}
+    with pytest.raises(KnownIssueError, match="when.companions"):
+        known_issues.entry_from_mapping(entry, "f.yaml", 1)
