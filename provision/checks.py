@@ -27,6 +27,7 @@ from provision import (
     endpoints,
     hardening,
     hints,
+    index_gaps,
     issue_evidence,
     known_issues,
     kvcache,
@@ -775,6 +776,55 @@ def engine_nodes(ctx: Context) -> Finding | None:
     TensorRT-LLM over MPI, llama.cpp on one host), with what its launch needs (vLLM's own: the release and
     the same vLLM and torch on every node; Ray: Ray in the venv; TensorRT-LLM: the MPI key, the host keys)."""
     return _from_verdict(engine_of(ctx.settings).nodes(ctx))
+
+
+def install_gaps(ctx: Context) -> tuple[str | None, tuple[index_gaps.Gap, ...]]:
+    """The engine release engine_spec pins exactly, and the gaps (index_gaps.yaml) that keep pip from
+    installing it from the host's indexes; (None, ()) where nothing is pinned."""
+    engine = ctx.settings.engine
+    pinned = venv.pinned_version(venv.requirements_of(ctx.settings), engine)
+    if pinned is None:
+        return None, ()
+    indexes = venv.indexes_of(ctx.settings)
+    return pinned, index_gaps.gaps(engine, pinned, [u for u in (indexes.index_url, *indexes.extra_index_urls) if u])
+
+
+@rule("engine.installable", BLOCKER)
+def engine_installable(ctx: Context) -> Finding | None:
+    """pip can install the engine release engine_spec names from the host's indexes: a release whose
+    wheel pins a requirement PyPI never carried (index_gaps.yaml, each row with its source: vLLM 0.34.0
+    pins flashinfer-python==0.7.3) is refused before anything changes, with the index that carries it and
+    the release before it. An engine_spec without an exact pin leaves such releases out (the finding says
+    which release that resolves to)."""
+    requirements = venv.requirements_of(ctx.settings)
+    if not requirements:
+        return None
+    engine = engine_of(ctx.settings)
+    pinned, gaps = install_gaps(ctx)
+    if gaps:
+        gap = gaps[0]
+        return fail(f"{engine.title} {pinned} cannot be installed from these indexes: it pins {gap.requires}, "
+                    f"which PyPI does not carry ({gap.pypi})",
+                    f"add {gap.index} to pip_extra_index_urls, or pin {ctx.settings.engine}=={gap.instead} "
+                    f"in engine_spec (see {gap.source})",
+                    release=pinned, requires=gap.requires, index=gap.index, instead=gap.instead, source=gap.source)
+    if pinned is not None:
+        return ok(f"{engine.title} {pinned}: no pin of it is missing from the indexes "
+                  "(index_gaps.yaml)", release=pinned)
+    planned = engine.service_requirements(ctx)
+    narrowed = [req for req in planned if req not in requirements and "!=" in req]
+    if not narrowed:
+        return ok(f"{' '.join(requirements)}: no release of it is known missing from the indexes", release=None)
+    resolved = next((version for key, version in known_issues.wheel_versions(ctx.resolved_wheels or ()).items()
+                     if key == ctx.settings.engine), None)
+    left = [gap for gap in index_gaps.load() if gap.engine == ctx.settings.engine]
+    return Finding("", INFO, PASS,
+                   f"{' '.join(requirements)} resolves as {' '.join(narrowed)}: "
+                   + "; ".join(f"{', '.join(gap.releases())} pins {gap.requires}, which PyPI does not carry"
+                               for gap in left)
+                   + (f"; it installs {engine.title} {resolved}" if resolved else
+                      f"; the newest release before it that PyPI installs is {left[0].instead}"),
+                   {"requirements": narrowed, "release": resolved or left[0].instead, "source": left[0].source})
 
 
 @rule("engine.model", BLOCKER)

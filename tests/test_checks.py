@@ -221,6 +221,12 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
      {"kernel.version": "fail", "driver.flavour": "fail", "gpu.count": "fail", "config.dmabuf": "fail"}),
     ("rtx5090-driver-too-old-for-cuda-13", "rtx5090x2-tr7960x", "rtx5090", {"cuda_version": "13.0"},
      None, None, {"driver.version": "fail"}),
+    # vLLM 0.34.0 pins flashinfer-python==0.7.3, which PyPI never carried (index_gaps.yaml).
+    ("rtx5090-vllm-0.34.0-pypi-alone", "rtx5090x2-tr7960x", "rtx5090", {"engine_spec": "vllm==0.34.0"},
+     None, None, {"engine.installable": "fail"}),
+    ("rtx5090-vllm-0.34.0-flashinfer-index", "rtx5090x2-tr7960x", "rtx5090",
+     {"engine_spec": "vllm==0.34.0", "pip_extra_index_urls": ["https://flashinfer.ai/whl"]},
+     None, None, {"engine.installable": "pass"}),
     ("rtx5090-no-driver", "rtx5090x2-tr7960x", "rtx5090", {},
      lambda f: dataclasses.replace(f, driver=None, gpus=(), notes={"gpus": "nvidia-smi: exit 9"}), None,
      {"driver.loaded": "fail", "gpu.present": "fail", "driver.flavour": "skip"}),

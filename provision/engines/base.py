@@ -5,6 +5,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from packaging.utils import canonicalize_name
+
 from provision import contracts
 from provision.catalog import EngineEntry, MetricNames, flag_name, owned_by, owns
 from provision.errors import ContractError
@@ -229,10 +231,12 @@ class Engine:
         return {}
 
     def service_requirements(self, ctx: Context) -> tuple[str, ...]:
-        """The service venv's requirements: the inventory's (engine_spec), and what the engine adds."""
+        """The service venv's requirements: the inventory's (engine_spec), and what the engine adds. The
+        engine's package named without an exact pin leaves out the releases the host's indexes cannot
+        install (index_gaps.yaml: 'vllm' -> 'vllm!=0.34.0' with PyPI alone)."""
         from provision import venv
 
-        return venv.requirements_of(ctx.settings)
+        return installable(self.name, venv.requirements_of(ctx.settings), venv.indexes_of(ctx.settings))
 
     def worker_unit_for(self, settings: Any) -> str | None:
         """The unit a worker node of a cluster with these settings runs (before its facts are read)."""
@@ -246,3 +250,23 @@ class Engine:
     def user_shell(self, ctx: Context) -> str:
         """The service user's login shell: none, unless another node must start processes as it."""
         return "/usr/sbin/nologin"
+
+
+def installable(engine: str, requirements: Sequence[str], indexes: Any) -> tuple[str, ...]:
+    """`requirements` with each unpinned requirement of the engine's package narrowed by the releases
+    index_gaps.left_out names for these indexes (a venv.PipIndexes); an exact pin is kept as it is
+    (engine.installable refuses it instead, with the fix)."""
+    from provision import index_gaps, venv
+
+    urls = [url for url in (indexes.index_url, *indexes.extra_index_urls) if url]
+    excluded = index_gaps.left_out(engine, urls)
+    if not excluded or venv.pinned_version(requirements, engine) is not None:
+        return tuple(requirements)
+    packages = {canonicalize_name(name) for name in contracts.load().engines[engine].packages}
+    narrowed = []
+    for requirement in requirements:
+        if venv.requirement_name(requirement) in packages and ";" not in requirement:
+            requirement += ("," if any(op in requirement for op in "<>=!~") else "") + ",".join(
+                f"!={release}" for release in excluded)
+        narrowed.append(requirement)
+    return tuple(narrowed)

@@ -185,6 +185,8 @@ def _service_wheelhouse(ctx: context.Context) -> venv.Wheelhouse | None:
     requirements, local = engines.engine_of(ctx.settings).service_requirements(ctx), list(settings.venv_wheels)
     if settings.venv_source or not (requirements or local):
         return None  # a source build's wheel is known only once built; nothing to install otherwise
+    if checks.install_gaps(ctx)[1]:
+        return None  # pip would fail on a pin no index here carries: engine.installable says so, with the fix
     return venv.resolve_service(ctx, requirements, local, progress_line)
 
 
