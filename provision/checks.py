@@ -622,6 +622,29 @@ def disk_space(ctx: Context) -> Finding:
     return ok("enough free disk", **evidence)
 
 
+@rule("config.model", BLOCKER)
+def config_model(ctx: Context) -> Finding | None:
+    """A serving host names the model it serves (`model`, in its vars, its group's or its cluster's):
+    without one the unit's command line has no model (`--model .../current` of nothing), and a
+    systemd host would be given a unit that can never start. A host that only runs an endpoint's
+    router serves no model of its own."""
+    if ctx.settings.model:
+        return ok(f"serves {ctx.settings.model}", model=ctx.settings.model)
+    if ctx.endpoints:
+        return None
+    return fail("no model to serve: the inventory names none for this host", _model_fix(ctx), model=None)
+
+
+def _model_fix(ctx: Context) -> str:
+    """Where the missing model is written: the host's own inventory file, or (`--host local` without
+    one) the command line, or a starter inventory that `init` writes."""
+    line = "`vars: {model: ORG/NAME}`"
+    if ctx.source in (None, "built-in"):
+        return (f"`--set model=ORG/NAME`, or `{hints.command(f'init --host {ctx.host}')}` writes an inventory "
+                f"where {line} goes under the host")
+    return f"add {line} under host {ctx.host} in {ctx.source} (or its cluster's vars), or `--set model=ORG/NAME`"
+
+
 @rule("model.hub", BLOCKER)
 def model_hub(ctx: Context) -> Finding | None:
     """The model the inventory names exists on the hub (or mirror) at its revision and may be read

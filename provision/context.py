@@ -68,6 +68,9 @@ class Context:
     # settings of the host's other services (the gate judges GPUs, ports and memory across them).
     naming: services.Naming = services.HOST
     siblings: Mapping[str, Settings] = field(default_factory=dict)
+    # The inventory file that defines the host ("built-in": `--host local` without one): where a
+    # missing setting is to be written, for a fix that names it.
+    source: str | None = None
 
     @property
     def parallel(self) -> int:
@@ -285,5 +288,6 @@ def contexts(inventory: Inventory, facts: Mapping[str, HostFacts], overrides: Ma
                                else inventory.settings(name, overrides, profile=profile),
                                facts=host_facts, cluster=cluster, peers=peers, head_address=head_address,
                                weights_bytes=weights_bytes, endpoints=routed, behind=behind,
-                               naming=inventory.naming(name), siblings=siblings)
+                               naming=inventory.naming(name), siblings=siblings,
+                               source=inventory.host(name).source)
     return result

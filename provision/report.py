@@ -263,6 +263,16 @@ def print_inventory(inventory: Inventory, out: Console) -> None:
         table.add_row(name, address, host.profile.name, cluster.name if cluster else "-",
                       str(settings.model or "-"), str(settings.tensor_parallel_size))
     out.print(table)
+    for name in unserved(inventory):
+        out.print(f"{name}: no model to serve (the gate refuses it): add `vars: {{model: ORG/NAME}}` under it in "
+                  f"{inventory.host(name).source}, or in its cluster's vars", markup=False, soft_wrap=True)
+
+
+def unserved(inventory: Inventory) -> list[str]:
+    """The hosts that would serve, yet name no model: not one that only runs an endpoint's router,
+    nor one whose services (each a target of its own, with its own model) serve for it."""
+    return [name for name, host in inventory.hosts.items()
+            if not host.services and not inventory.endpoints_on(name) and not inventory.settings(name).model]
 
 
 def print_rows(rows: Iterable[Mapping[str, Any]], title: str, out: Console) -> None:

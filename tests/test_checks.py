@@ -215,7 +215,12 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
       "host.service_user": "pass", "config.dmabuf": "pass", "config.peermem": "pass", "pcie.link": "pass",
       "config.bitsandbytes": "pass", "cluster.topology": "skip", "memory.unified_headroom": "skip",
       "config.triton_ptxas": "skip", "nccl.version": "skip", "venv.arch": "skip",
-      "config.custom_allreduce": "skip", "config.quantization_awq": "skip"}),
+      "config.custom_allreduce": "skip", "config.quantization_awq": "skip", "config.model": "pass"}),
+    # `init` on a host it knows no model for leaves `model` commented out: the unit would have none.
+    ("rtx5090x2-no-model", "rtx5090x2-tr7960x", "rtx5090", {}, None, None, {"config.model": "fail"}),
+    # A host that only runs an endpoint's router serves no model of its own.
+    ("router-only-host-needs-no-model", "h200x2-driver580", "cpu", {"_endpoints": (ENDPOINT,), "_api_key_set": True},
+     _cpu_router(parsers.parse_haproxy_version(HAPROXY_V)), None, {"config.model": "skip"}),
     ("rtx5090-old-kernel-proprietary-one-gpu", "rtx5090x1-kernel68-proprietary", "rtx5090",
      {"model": "Qwen/Qwen2.5-32B-Instruct-AWQ", "tensor_parallel_size": 2}, None, None,
      {"kernel.version": "fail", "driver.flavour": "fail", "gpu.count": "fail", "config.dmabuf": "fail"}),
@@ -854,6 +859,21 @@ def test_the_api_key_rule_passes_a_loopback_command_line() -> None:
     (ctx,) = context_for(("t", "h200x2-driver580", "hopper", {"model": "org/model"}, None, None, {})).values()
     (finding,) = [f for f in checks.evaluate(ctx) if f.id == "config.api_key"]
     assert (finding.status, finding.message) == ("pass", "listens on 127.0.0.1 (loopback) only")
+
+
+@pytest.mark.parametrize(("source", "says"), [
+    ("inventory/hosts.yaml", "add `vars: {model: ORG/NAME}` under host h in inventory/hosts.yaml"),
+    ("built-in", "`--set model=ORG/NAME`, or `invoke init --host h` writes an inventory"),
+], ids=["in-an-inventory-file", "local-without-inventory"])
+def test_a_host_without_a_model_is_blocked_with_the_line_to_add(source: str, says: str) -> None:
+    """The fix names where the model goes: the file that defines the host, or, for `--host local`
+    without an inventory, the command line or the starter inventory `init` writes (the tests run as
+    the checkout's `invoke`)."""
+    (ctx,) = context_for(("t", "rtx5090x2-tr7960x", "rtx5090", {"_source": source}, None, None, {})).values()
+    (finding,) = [f for f in checks.evaluate(ctx) if f.id == "config.model"]
+    assert finding.blocks and finding.message == "no model to serve: the inventory names none for this host"
+    assert finding.fix is not None and finding.fix.startswith(says), finding.fix
+    assert checks.verdict(checks.evaluate(ctx)) == "blocked"
 
 
 # ---------------------------------------------------------------------------------------------

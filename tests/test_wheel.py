@@ -315,6 +315,32 @@ def test_facts_of_this_machine_need_no_inventory_anywhere(installed: Installed, 
     assert shown.returncode == 0 and "local" in shown.stdout, shown.stderr
 
 
+def test_a_starter_inventory_without_a_model_is_refused_with_the_line_to_add(installed: Installed,
+                                                                            tmp_path: Path) -> None:
+    """`init` on a host it knows no model for (this machine: no GPU) leaves `model` commented out;
+    `inventory` says so and the gate refuses the host, naming the file and the line, rather than
+    passing a host whose unit would have no model to start."""
+    tool = str(installed.venv / "bin" / "provision")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([tool, *args], cwd=tmp_path, env=installed.env, capture_output=True, text=True,
+                              timeout=120, check=False)
+
+    assert run("init", "--host", "local").returncode == 0
+    assert "# vars: {model: ORG/NAME}" in (tmp_path / "inventory" / "hosts.yaml").read_text()
+    shown = run("inventory", "--inventory", "inventory/")
+    assert shown.returncode == 0, shown.stderr
+    assert ("local: no model to serve (the gate refuses it): add `vars: {model: ORG/NAME}` under it in "
+            "inventory/hosts.yaml") in " ".join(shown.stdout.split())
+    checked = run("check", "--host", "local", "--inventory", "inventory/", "--json")
+    assert checked.returncode == 1, checked.stderr
+    report = json.loads(checked.stdout)
+    (found,) = [f for f in report["hosts"]["local"]["findings"] if f["id"] == "config.model"]
+    assert (found["status"], found["severity"]) == ("fail", "blocker")
+    assert found["fix"].startswith("add `vars: {model: ORG/NAME}` under host local in inventory/hosts.yaml")
+    assert "local" in report["blocked"]
+
+
 def test_plan_renders_the_units_from_the_packaged_templates(installed: Installed) -> None:
     base = ("--host", "local", "--inventory", str(installed.inventory), "--set", "model=org/tiny")
     # Whatever this machine lacks for a real server (systemd as PID 1, say) is forced: the plan is the point.
