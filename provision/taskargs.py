@@ -55,11 +55,48 @@ def help_for(*names: str, **extra: str) -> dict[str, str]:
     return {**{name: COMMON_HELP[name] for name in names}, **extra}
 
 
+# Invoke's core options that shape what Invoke's own run() does. No task runs a command through it
+# (remote.py runs every command, with its own echo, timeouts and sudo), so these would have no effect:
+# `--dry deploy` would deploy. They are refused, not ignored; `provision -h` does not list them.
+# (the option, the config key the checkout's `invoke` sets for it.)
+UNHONOURED_CORE_OPTIONS = (("dry", ("run", "dry")), ("echo", ("run", "echo")), ("warn-only", ("run", "warn")),
+                           ("pty", ("run", "pty")), ("hide", ("run", "hide")),
+                           ("prompt-for-sudo-password", ("sudo", "password")),
+                           ("command-timeout", ("timeouts", "command")), ("config", None))
+
+
+def core_option_refused(option: str) -> str:
+    """Why Invoke's --OPTION is refused, and where the tool's own dry runs are."""
+    from provision import hints
+    return (f"error: --{option} is Invoke's core option, not this tool's: no task runs its commands through "
+            f"Invoke, so it would have no effect. A dry run here: `{hints.command('plan --all')}` (what a "
+            f"deploy would change), `{hints.command('check --all')}` (the gate), or a task's own --dry-run "
+            "(prepare, recipe.apply)")
+
+
+def _refuse_core_options(c: Any) -> None:
+    """The checkout's `invoke` parses its core options itself and hands the task their values in its
+    Context's config: one given on the command line (the config's overrides level, not a config file
+    of the user's other projects; for --config, the runtime file it names) stops the task before it
+    starts. Invoke asks --prompt-for-sudo-password's question before any task: the answer is refused."""
+    settings = getattr(c, "config", None)
+    overrides = getattr(settings, "_overrides", None)
+    if not isinstance(overrides, Mapping):
+        return
+    for option, key in UNHONOURED_CORE_OPTIONS:
+        given = (overrides.get(key[0]) or {}).get(key[1]) if key else getattr(settings, "_runtime_path", None)
+        if given:
+            raise Exit(core_option_refused(option), code=2)
+
+
 def guarded(function: F) -> F:
-    """Map the error tree to exit codes and one clear line on stderr, never a traceback."""
+    """Map the error tree to exit codes and one clear line on stderr, never a traceback; refuse
+    Invoke's core options that would change nothing (`--dry`)."""
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            _refuse_core_options(args[0])
         try:
             return function(*args, **kwargs)
         except InventoryError as exc:

@@ -97,3 +97,48 @@ def test_a_host_task_declares_the_shared_flags_and_hands_them_over_parsed() -> N
     assert arguments["own"].default == 3 and arguments["set"].kind is list
     probe(Context(), host=["a", "b"], json_=True, set_=None, wait=0, verbose=False, own=4)
     assert seen == {"flags": HostFlags(host=("a", "b"), json=True), "own": 4}
+
+
+# Invoke's core options that only shape Invoke's own run(): the tool runs no command through it.
+UNHONOURED = ("--dry", "--echo", "--warn-only", "--pty", "--hide=both", "--prompt-for-sudo-password",
+              "--command-timeout=5", "--config=x.yaml")
+
+
+def _installed() -> str:
+    command = shutil.which("provision")
+    if command is None:
+        pytest.fail("the `provision` console script is not installed (README's first command installs it)")
+    return command
+
+
+def test_the_installed_help_lists_no_core_option_the_tool_does_not_honour() -> None:
+    """`provision -h` lists Invoke's core options: those of its own run() (--dry, --echo, ...) would
+    do nothing here, so they are not offered, and the help says where the dry runs are."""
+    done = subprocess.run([_installed(), "-h"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    offered = set(re.findall(r"--[a-z-]+", done.stdout.split("Subcommands:")[0]))
+    assert offered.isdisjoint({option.split("=")[0] for option in UNHONOURED}), offered
+    assert {"--list", "--help", "--version"} <= offered
+    assert "Dry runs: `provision plan --all` shows what a deploy would change" in done.stdout
+
+
+@pytest.mark.parametrize("option", UNHONOURED)
+@pytest.mark.parametrize("door", ["provision", "invoke"])
+def test_a_core_option_of_invokes_run_is_refused_before_the_task_runs(option: str, door: str,
+                                                                      tmp_path: Path) -> None:
+    """`provision --dry init --output x.yaml` wrote the file: a user who asks for a dry run gets a
+    refusal (exit 2, a usage error) naming the tool's own dry runs, and nothing is written. The same
+    from the checkout's `invoke`, which parses its core options itself (and asks for the sudo password
+    before any task: the answer, from stdin here, is refused)."""
+    written = tmp_path / "starter.yaml"
+    argv = ([_installed()] if door == "provision" else [sys.executable, "-m", "invoke"])
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PROVISION_", "INVOKE_"))}
+    env["PROVISION_LAB_DIR"] = str(tmp_path / "no-lab")
+    done = subprocess.run([*argv, option, "init", "--host", "local", "--output", str(written)],
+                          cwd=tmp_path if door == "provision" else ROOT, env=env, capture_output=True, text=True,
+                          timeout=120, check=False, input="not-a-password\n")
+    name = option.split("=")[0]
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert f"error: {name} is Invoke's core option, not this tool's" in done.stderr
+    assert f"`{door} plan --all` (what a deploy would change)" in done.stderr
+    assert not written.exists()
