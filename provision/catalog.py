@@ -28,6 +28,11 @@ PORT = "port"
 MODEL = "model"
 NAME = "served_model_name"
 KEY = "the secrets file's api_key"
+# Where a hub token goes instead of a flag: the secrets file, which the tool writes as HF_TOKEN into the
+# service's 0600 environment file (never its command line, which is in the world-readable unit and in
+# /proc/PID/cmdline for every user of the host).
+HUB_TOKEN = ("the secrets file's hf_token (the tool writes it as HF_TOKEN into the service's 0600 "
+             "environment file)")
 SLOTS = "concurrent_sequences"
 CONTEXT = "max_model_len"
 TENSOR_PARALLEL = "tensor_parallel_size"
@@ -84,6 +89,11 @@ class EngineEntry:
     # The flags its server command sets from the settings (as its parser reads them: "_" as "-" in a long
     # flag), with the setting to use instead; host_flags say the address it listens on.
     owned_flags: Mapping[str, str] = field(default_factory=dict)
+    # The flags of its server that carry a credential (as its parser spells them), with the setting
+    # that carries it safely, or why it has none here. A credential on the command line is in the
+    # world-readable unit and in /proc/PID/cmdline: these are refused in server_flags, extra_args,
+    # --set and a recipe's command (the API key's own flags are owned_flags, the secrets file's api_key).
+    credential_flags: Mapping[str, str] = field(default_factory=dict)
     host_flags: tuple[str, ...] = ("--host",)
     api_key_variable: str | None = None  # the environment variable its server reads the API key from
     # Where it has none: why the tool gives its server no key (None: its server checks no key at all).
@@ -201,6 +211,10 @@ ENGINES: Mapping[str, EngineEntry] = {entry.name: entry for entry in (
         # engine/arg_utils.py); --uds serves on a socket and ignores --host and --port.
         owned_flags={"--host": LISTEN, "--port": PORT, "--uds": f"{LISTEN} and {PORT}", "--model": MODEL,
                      "--served-model-name": NAME, "--api-key": KEY},
+        # vllm/engine/arg_utils.py: model_group.add_argument("--hf-token", ...) (hf_token: bool | str;
+        # tests/fixtures/wheels/vllm-0.34.0.parser-options.json lists every option 0.34.0's parser has: of
+        # them, only --hf-token and --api-key carry a credential; --ssl-keyfile is a path).
+        credential_flags={"--hf-token": HUB_TOKEN},
         api_key_variable="VLLM_API_KEY", metrics=VLLM_METRICS,
         multi_node="vLLM's own multi-node launch, or Ray below 0.11.1",
         # eugr-vllm: sparkrun's runtime for eugr/spark-vllm-docker's locally built vLLM images, whose
@@ -221,6 +235,10 @@ ENGINES: Mapping[str, EngineEntry] = {entry.name: entry for entry in (
         # trtllm-serve's options (its model is the first positional argument, which the tool gives), by
         # flag name with "_" read as "-": the rendered --served_model_name is --served-model-name here.
         owned_flags={"--host": LISTEN, "--port": PORT, "--served-model-name": NAME, "--api-key": KEY},
+        # trtllm-serve 1.2.0 has no option that takes a credential (tensorrt_llm/commands/serve.py; every
+        # option in tests/fixtures/engines/trtllm-serve-v1.2.0.json): it reads the hub's HF_TOKEN from its
+        # environment, which the secrets file's hf_token gives it. Its --api-key is owned above.
+        credential_flags={},
         api_key_variable=None,  # trtllm-serve authenticates no client (issue 9950)
         multi_node="mpirun on the head, one rank a GPU over SSH",
         metrics=TRTLLM_METRICS,
@@ -239,6 +257,10 @@ ENGINES: Mapping[str, EngineEntry] = {entry.name: entry for entry in (
         owned_flags={"--host": LISTEN, "--port": PORT, **{flag: MODEL for flag in _LLAMACPP_MODEL_FLAGS},
                      "-a": NAME, "--alias": NAME, "--api-key": KEY, "--api-key-file": KEY,
                      **{flag: SLOTS for flag in _LLAMACPP_SLOT_FLAGS}, "-c": CONTEXT, "--ctx-size": CONTEXT},
+        # llama-server b11434 --help (tests/fixtures/engines/llama-server-b11434-help.json): "-hft,
+        # --hf-token TOKEN  Hugging Face access token" (env: HF_TOKEN); --api-key and --api-key-file are
+        # owned above (the secrets file's api_key, as LLAMA_API_KEY); --ssl-key-file is a path.
+        credential_flags={"-hft": HUB_TOKEN, "--hf-token": HUB_TOKEN},
         api_key_variable="LLAMA_API_KEY", model_format="gguf", metrics=LLAMACPP_METRICS,
         version_source="pin", uses_nccl=False,
         runtimes=("llama-cpp", "llamacpp"),
@@ -254,6 +276,14 @@ ENGINES: Mapping[str, EngineEntry] = {entry.name: entry for entry in (
         # alias of --model-path. The API key is a flag only (no variable): see engines/sglang.py.
         owned_flags={"--model-path": MODEL, "--model": MODEL, "--host": LISTEN, "--port": PORT,
                      "--served-model-name": NAME, "--api-key": KEY},
+        # sglang/srt/arg_groups/fields/serving.py (0.5.23, tests/fixtures/wheels/sglang-0.5.23): api_key
+        # (owned above), admin_api_key, ssl_keyfile_password; fields/exec_.py: watermark_key and
+        # watermark_key_b, which SGLang itself redacts from what it logs. SGLang reads none of them from its
+        # environment: the tool has no safe place to give them.
+        credential_flags={flag: "no setting: SGLang reads it from its command line only, which the unit and "
+                                "/proc/PID/cmdline show to every user of the host"
+                          for flag in ("--admin-api-key", "--ssl-keyfile-password", "--watermark-key",
+                                       "--watermark-key-b")},
         metrics=MetricNames(
             # sglang/srt/observability/metrics_collector.py (0.5.23), served with --enable-metrics only;
             # every sample carries model_name and engine_type labels (summed). Prefix hits are prompt
@@ -322,6 +352,22 @@ def owned_by(engine: EngineEntry, arg: str) -> tuple[str, str] | None:
     to use instead."""
     flag = flag_name(arg)
     return next(((owned, setting) for owned, setting in engine.owned_flags.items() if owns(owned, flag)), None)
+
+
+def credential_flag(arg: str) -> str | None:
+    """Where `arg` (a flag, or --flag=value) is one that carries a credential in some engine's server
+    (its credential_flags): why it is refused and what carries the credential safely. An abbreviation
+    argparse would take counts (--hf-tok); TensorRT-LLM's click reads "_" as written, so the match is
+    on the flag with "_" as "-"."""
+    flag = flag_name(arg)
+    for engine in ENGINES.values():
+        found = next((owned for owned in engine.credential_flags if owns(owned, flag)), None)
+        if found is not None:
+            safe = engine.credential_flags[found]
+            use = safe if safe.startswith("no setting") else f"give it as {safe}"
+            return (f"{arg.split('=', 1)[0]} carries a credential ({engine.title}'s {found}): on the server's "
+                    f"command line it is in the world-readable unit and /proc/PID/cmdline; {use}")
+    return None
 
 
 def owned_flag(arg: str) -> str | None:

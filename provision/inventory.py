@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import ipaddress
+import json
 import logging
 import posixpath
 import re
@@ -392,17 +393,57 @@ _FLAG = re.compile(r"^--?[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
 def _refuse_owned(arg: str) -> None:
-    refusal = catalog.owned_flag(arg)
+    refusal = catalog.owned_flag(arg) or catalog.credential_flag(arg)
     if refusal is not None:
         raise ValueError(refusal)
 
 
+def _credential_keys(value: Any) -> list[str]:
+    """The keys of a JSON value (nested too) whose name is a credential's (hf_token, api_key, ...)."""
+    if isinstance(value, dict):
+        found = [str(key) for key in value if secret_variable(str(key).replace("-", "_").upper())]
+        return found + [key for item in value.values() for key in _credential_keys(item)]
+    if isinstance(value, list):
+        return [key for item in value for key in _credential_keys(item)]
+    return []
+
+
+def credential_in_json(text: str) -> str | None:
+    """The first key of a flag's JSON value whose name is a credential's ('{"hf_token": ...}' ->
+    "hf_token"), or None: not JSON (the engine's own parser judges it), or no such key."""
+    if not text.lstrip().startswith(("{", "[")):
+        return None
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return None
+    keys = _credential_keys(parsed)
+    return keys[0] if keys else None
+
+
+def _refuse_credential_in_json(flag: str, text: str) -> None:
+    """A flag's JSON value (vLLM's --speculative-config '{"hf_token": ...}', --hf-overrides, ...) that
+    carries a credential is refused as the flag itself would be: the unit and /proc/PID/cmdline show it."""
+    key = credential_in_json(text)
+    if key is not None:  # the value itself is not shown: it is a credential
+        raise ValueError(f"{flag}'s JSON value holds {key!r}, a credential: on the server's command line it is "
+                         f"in the world-readable unit and /proc/PID/cmdline; give a hub token as "
+                         f"{catalog.HUB_TOKEN}, an API key as {catalog.KEY}")
+
+
 def _extra_args(value: Any) -> tuple[str, ...]:
-    """a list of strings; a flag the tool sets itself is refused, naming the setting to use"""
+    """a list of strings; a flag the tool sets itself is refused, naming the setting to use, and so is one
+    that carries a credential (or a JSON value holding one), naming the secrets file's setting"""
     args = _string_list(value)
+    flag = "extra_args"
     for arg in args:
         if arg.startswith("-"):
             _refuse_owned(arg)
+            flag, equals, rest = arg.partition("=")
+            if equals:
+                _refuse_credential_in_json(flag, rest)
+        else:
+            _refuse_credential_in_json(flag, arg)
     return args
 
 
@@ -417,6 +458,8 @@ def _server_flags(value: Any) -> dict[str, Any]:
         _refuse_owned(str(flag))
         if isinstance(item, (dict, list)) or item is None:
             raise ValueError(f"server_flags {_brief(flag)} must be a string, number, true or false")
+        if isinstance(item, str):
+            _refuse_credential_in_json(str(flag), item)
         result[str(flag)] = item
     return result
 

@@ -142,3 +142,22 @@ def test_a_core_option_of_invokes_run_is_refused_before_the_task_runs(option: st
     assert f"error: {name} is Invoke's core option, not this tool's" in done.stderr
     assert f"`{door} plan --all` (what a deploy would change)" in done.stderr
     assert not written.exists()
+
+
+def test_the_installed_command_refuses_a_token_in_set_and_in_an_inventorys_server_flags(tmp_path: Path) -> None:
+    """`provision check --set 'server_flags=...'` and an inventory whose server_flags give --hf-token:
+    a usage error (exit 2) naming the secrets file's hf_token; the token is printed nowhere."""
+    token = "hf_cli0123456789SECRET"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PROVISION_")}
+    env["PROVISION_LAB_DIR"] = str(tmp_path / "no-lab")
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(f"hosts:\n  local:\n    connection: local\n    profile: cpu\n"
+                     f"    vars: {{model: org/tiny, server_flags: {{--hf-token: {token}}}}}\n")
+    for args in (["--set", "model=org/tiny", "--set", f"server_flags={{--hf-token: {token}}}"],
+                 ["--inventory", str(hosts)]):
+        done = subprocess.run([_installed(), "check", "--host", "local", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 2, (done.stdout, done.stderr)
+        assert "--hf-token carries a credential" in done.stderr
+        assert "give it as the secrets file's hf_token" in done.stderr
+        assert token not in done.stdout + done.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from provision import inventory
+from provision import catalog, inventory
 from provision.errors import InventoryError
 from tests.conftest import FIXTURES, REPO
 
@@ -472,6 +472,66 @@ def test_a_flag_the_tool_sets_is_refused_in_server_flags_and_extra_args(case: tu
         for layer in ({"server_flags": {key: "0.0.0.0"}}, {"extra_args": [spelling, "0.0.0.0"]}):
             with pytest.raises(InventoryError, match=f"host 'h1': key '{next(iter(layer))}': .*set {setting}"):
                 inventory.load(_host_vars_inventory(tmp_path, layer))
+
+
+# Every flag of every engine that carries a credential (the catalog's credential_flags, and the API key's
+# own flags, owned_flags' KEY): (engine, flag, what the refusal names as the safe place).
+CREDENTIALS = [(engine.name, flag, "the secrets file's hf_token" if "hf_token" in safe else "no setting")
+               for engine in catalog.ENGINES.values() for flag, safe in engine.credential_flags.items()] + \
+              [(engine.name, flag, "set the secrets file's api_key instead")
+               for engine in catalog.ENGINES.values() for flag, setting in engine.owned_flags.items()
+               if setting == catalog.KEY]
+TOKEN = "hf_0123456789abcdefSECRET"
+
+
+@pytest.mark.parametrize("case", CREDENTIALS, ids=_ids)
+def test_a_flag_that_carries_a_credential_is_refused_wherever_flags_are_given(case: tuple[str, str, str],
+                                                                             tmp_path: Path) -> None:
+    """server_flags, extra_args (--flag VALUE and --flag=VALUE), --set and a host's vars: refused, naming
+    where the credential goes instead; the value is never in the refusal."""
+    _engine, flag, safe = case
+    spellings = [flag] + (["--" + flag[2:].replace("-", "_")] if flag.startswith("--") and "-" in flag[2:] else [])
+    for spelling in spellings:
+        for override in (f"server_flags={{{spelling}: {TOKEN}}}", f"extra_args=[{spelling}, {TOKEN}]",
+                         f"extra_args=['{spelling}={TOKEN}']"):
+            with pytest.raises(InventoryError) as caught:
+                inventory.parse_overrides([override])
+            said = str(caught.value)
+            assert f"key '{override.split('=', 1)[0]}'" in said and safe in said and TOKEN not in said, said
+        for layer in ({"server_flags": {spelling: TOKEN}}, {"extra_args": [spelling, TOKEN]}):
+            with pytest.raises(InventoryError, match=f"host 'h1': key '{next(iter(layer))}': .*{re.escape(safe)}"):
+                inventory.load(_host_vars_inventory(tmp_path, layer))
+
+
+def test_the_credential_flags_are_the_engines_own() -> None:
+    """Each credential flag is one the engine's own parser has: vLLM's parser options (run by vLLM
+    itself), llama-server's --help, SGLang's argument fields; trtllm-serve 1.2.0 has none."""
+    vllm = json.loads((FIXTURES / "wheels" / "vllm-0.34.0.parser-options.json").read_text())["options"]
+    llama = json.loads((FIXTURES / "engines" / "llama-server-b11434-help.json").read_text())["stdout"]
+    fields = "".join(path.read_text() for path in
+                     (FIXTURES / "wheels" / "sglang-0.5.23" / "sglang" / "srt" / "arg_groups" / "fields").glob("*.py"))
+    trtllm = json.loads((FIXTURES / "engines" / "trtllm-serve-v1.2.0.json").read_text())
+    assert set(catalog.ENGINES["vllm"].credential_flags) <= set(vllm)
+    assert all(re.search(rf"(^|[ ,]){re.escape(flag)}[ ,]", llama, re.MULTILINE)
+               for flag in catalog.ENGINES["llamacpp"].credential_flags)
+    assert all(re.search(rf"^    {flag[2:].replace('-', '_')}: A\[", fields, re.MULTILINE)
+               for flag in catalog.ENGINES["sglang"].credential_flags)
+    assert catalog.ENGINES["trtllm"].credential_flags == {}
+    assert not [name for name in json.dumps(trtllm["options"]).split('"') if re.search(r"token$|key$|password", name)]
+
+
+@pytest.mark.parametrize("override", [
+    "server_flags={--speculative-config: '" + json.dumps({"model": "a/b", "hf_token": TOKEN}) + "'}",
+    "extra_args=[--speculative-config, '" + json.dumps({"model": "a/b", "hf_token": TOKEN}) + "']",
+    "extra_args=['--hf-overrides=" + json.dumps({"x": {"api_key": TOKEN}}) + "']",
+], ids=["server-flags", "extra-args", "extra-args-equals-nested"])
+def test_a_credential_inside_a_flags_json_value_is_refused(override: str) -> None:
+    with pytest.raises(InventoryError) as caught:
+        inventory.parse_overrides([override])
+    said = str(caught.value)
+    assert "JSON value holds" in said and "the secrets file's hf_token" in said and TOKEN not in said, said
+    # The same flag without a credential is the engine's to judge.
+    assert inventory.parse_overrides(["extra_args=[--speculative-config, '{\"model\": \"a/b\"}']"])
 
 
 @pytest.mark.parametrize("abbreviation", ["--hos", "--ho", "--po", "--served-mod", "--api-k", "--mod"])

@@ -189,6 +189,30 @@ def test_a_key_on_the_command_line_or_in_an_unused_default_is_shown_nowhere() ->
     assert SECRET not in everything_said(imported)
 
 
+@pytest.mark.parametrize(("given", "says"), [
+    (f"--hf-token {SECRET}", "--hf-token carries a credential (vLLM's --hf-token)"),
+    (f"--hf-token={SECRET}", "--hf-token carries a credential (vLLM's --hf-token)"),
+    (f"--hf_token {SECRET}", "--hf_token carries a credential (vLLM's --hf-token)"),
+    (f"--speculative-config '{{\"method\": \"eagle\", \"hf_token\": \"{SECRET}\"}}'",
+     "--speculative-config's JSON value holds 'hf_token', a credential"),
+], ids=["flag-value", "flag-equals", "underscore-spelling", "inside-a-json-value"])
+def test_a_hub_token_on_the_command_line_is_refused_with_the_secrets_file_named(given: str, says: str) -> None:
+    """A recipe whose `vllm serve` carries the hub token imported with exit 0 and the token went into
+    server_flags, the unit's ExecStart and /proc/PID/cmdline: now refused, naming the secrets file's
+    hf_token (the 0600 environment file), the token shown nowhere."""
+    text = text_of(DFLASH)
+    assert text.count("vllm serve {model}") == 1
+    imported = read(text.replace("vllm serve {model}", f"vllm serve {{model}} {given}"))
+    assert imported.recipe is None, imported.recipe
+    assert says in imported.refused, imported.refused
+    if "JSON" in says:
+        assert "give a hub token as the secrets file's hf_token" in imported.refused
+    else:
+        assert "give it as the secrets file's hf_token (the tool writes it as HF_TOKEN into the service's 0600 " \
+               "environment file)" in imported.refused
+    assert SECRET not in everything_said(imported)
+
+
 def test_an_empty_secret_variable_is_not_carried_and_the_recipe_imports() -> None:
     imported = read(with_env(text_of(DFLASH), '  HF_TOKEN: ""\n'))
     assert imported.recipe is not None, imported.refused

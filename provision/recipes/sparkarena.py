@@ -755,17 +755,23 @@ def _unsecret(values: Mapping[str, str]) -> dict[str, str]:
 def _shown_command(argv: list[str], entry: catalog.EngineEntry | None) -> tuple[str, ...]:
     """The expanded command as it may be printed: the value of a flag that takes a key (the engine's
     --api-key, any --*-token or --*-secret) not shown, given as `--flag VALUE` or `--flag=VALUE`."""
+    from provision.inventory import credential_in_json
+
     keyed = {flag for flag, setting in (entry.owned_flags if entry else {}).items() if setting == catalog.KEY}
     shown: list[str] = []
     hide_next = False
     for arg in argv:
-        flag, equals, _ = arg.partition("=")
+        flag, equals, value = arg.partition("=")
         if hide_next:
             shown.append(NOT_SHOWN)
             hide_next = False
-        elif arg.startswith("--") and (flag in keyed or _is_secret_name(flag)):
+        elif arg.startswith("-") and (flag in keyed or _is_secret_name(flag) or catalog.credential_flag(flag)):
             shown.append(f"{flag}={NOT_SHOWN}" if equals else arg)
             hide_next = not equals
+        elif arg.startswith("--") and equals and credential_in_json(value):
+            shown.append(f"{flag}={NOT_SHOWN}")
+        elif credential_in_json(arg):  # a flag's JSON value holding a token
+            shown.append(NOT_SHOWN)
         else:
             shown.append(arg)
     return tuple(shown)
@@ -776,8 +782,8 @@ def _unsecret_settings(settings: Mapping[str, Any], entry: catalog.EngineEntry |
     refused, and the refusal and the JSON show what was read)."""
     shown = dict(settings)
     if "server_flags" in shown:
-        shown["server_flags"] = {flag: NOT_SHOWN if _shown_command([flag, "x"], entry)[-1] == NOT_SHOWN else value
-                                 for flag, value in shown["server_flags"].items()}
+        shown["server_flags"] = {flag: NOT_SHOWN if _shown_command([flag, str(value)], entry)[-1] == NOT_SHOWN
+                                 else value for flag, value in shown["server_flags"].items()}
     if "extra_args" in shown:
         shown["extra_args"] = list(_shown_command(list(shown["extra_args"]), entry))
     return shown
