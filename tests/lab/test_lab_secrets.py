@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import secrets as random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -101,3 +102,50 @@ def test_secrets_are_only_in_the_0600_environment_file(the_lab: lab.Lab, tmp_pat
              "print(json.dumps([get({}), get({'Authorization': 'Bearer ' + key})]))\n")
     statuses = json.loads(on_host(inv, "cpu-1", ["python3", "-c", probe], stdin=api_key + "\n"))
     assert statuses == [401, 200]  # the key is what vLLM checks
+
+
+def test_a_token_given_as_a_server_flag_is_refused_and_the_one_from_the_secrets_file_is_in_no_argv(
+        the_lab: lab.Lab, tmp_path: Path) -> None:
+    """vLLM's --hf-token in the cluster's server_flags, in extra_args or by --set: the installed command
+    refuses each (exit 2, the secrets file's hf_token named) before it touches the host. The same token
+    given in the secrets file deploys a gated model, and no process's /proc/PID/cmdline on the host nor
+    the world-readable unit holds it."""
+    command = shutil.which("provision")
+    assert command is not None, "the `provision` console script is not installed"
+    token = yaml.safe_load(the_lab.secrets_file.read_text())["hf_token"]
+    api_key = "sk-lab-" + random.token_hex(16)
+    document = yaml.safe_load(the_lab.inventory.read_text())
+    document["clusters"] = {"lab-cpu": {**document["clusters"]["lab-cpu"]}}
+    document.pop("endpoints", None)  # of clusters this inventory leaves out
+    served = {**document["clusters"]["lab-cpu"]["vars"], "model": "lab/gated-llama"}
+    secrets_file = tmp_path / "secrets.yaml"
+    secrets_file.write_text(f"hf_token: {token}\napi_key: {api_key}\n")
+    secrets_file.chmod(0o600)
+    document["secrets"] = str(secrets_file)
+    env = {key: value for key, value in os.environ.items() if key not in ("HF_TOKEN", "VLLM_API_KEY")}
+    path = tmp_path / "inventory.yaml"
+
+    def provision(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([command, *args], cwd=tmp_path, capture_output=True, text=True, timeout=1200,
+                              env=env, check=False)
+
+    extra = list(served.get("extra_args") or [])
+    for carried, args in (({"server_flags": {"--hf-token": token}}, ()),
+                          ({"extra_args": [*extra, "--hf-token", token]}, ()),
+                          ({}, ("--set", f"server_flags={{--hf-token: {token}}}"))):
+        document["clusters"]["lab-cpu"]["vars"] = {**served, **carried}
+        path.write_text(yaml.safe_dump(document))
+        refused = provision("deploy", "--inventory", str(path), "--cluster", "lab-cpu", *args)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "give it as the secrets file's hf_token" in refused.stderr
+        assert token not in refused.stdout + refused.stderr
+
+    document["clusters"]["lab-cpu"]["vars"] = served
+    path.write_text(yaml.safe_dump(document))
+    done = provision("deploy", "--inventory", str(path), "--cluster", "lab-cpu", "--timeout", "420")
+    assert done.returncode == 0, done.stdout + done.stderr
+    inv = inventory.load(path)
+    found = json.loads(on_host(inv, "cpu-1", ["python3", "-c", SCAN], stdin=json.dumps([token]) + "\n"))
+    assert found["cmdline"] == [], found["cmdline"]
+    assert found["files"] == [["/etc/vllm/vllm.env", "0600", 0]], found["files"]  # not the 0644 unit
+    assert token not in done.stdout + done.stderr
