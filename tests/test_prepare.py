@@ -41,7 +41,7 @@ def test_the_broken_workstation_gets_the_hwe_kernel_and_the_open_driver_of_its_b
     assert {fix.rule: fix.packages for fix in fixes} == {
         "kernel.version": (HWE,), "driver.flavour": ("nvidia-driver-570-open",),
         "config.dmabuf": ("nvidia-driver-570-open",)}
-    assert unfixable == []
+    assert [f.id for f in unfixable] == ["config.model"]  # no model named: no preparation fixes that
     prepared = prepare.plan("h", fixes, unfixable, survey())
     assert [(c.name, c.installed, c.candidate) for c in prepared.packages] == [
         (HWE, None, "6.14.0-29.29~24.04.1"), ("nvidia-driver-570-open", None, "570.172.08-0ubuntu0.24.04.1")]
@@ -96,7 +96,7 @@ def test_nouveau_is_blacklisted_once_and_the_initramfs_rebuilt() -> None:
 def test_dgx_os_kernel_is_never_replaced() -> None:
     ctx = ctx_of("dgx-spark-gb10", "dgx-spark", change=lambda f: dataclasses.replace(f, kernel="6.8.0-1010-nvidia"))
     fixes, unfixable = prepare.fixes_for(ctx, checks.evaluate(ctx))
-    assert [f.id for f in unfixable] == ["kernel.version"] and fixes == []
+    assert [f.id for f in unfixable] == ["kernel.version", "config.model"] and fixes == []
 
 
 def test_hopper_gets_the_server_driver_branch_for_its_cuda_and_nothing_blackwell() -> None:
