@@ -357,11 +357,13 @@ def owned_by(engine: EngineEntry, arg: str) -> tuple[str, str] | None:
 def credential_flag(arg: str) -> str | None:
     """Where `arg` (a flag, or --flag=value) is one that carries a credential in some engine's server
     (its credential_flags): why it is refused and what carries the credential safely. An abbreviation
-    argparse would take counts (--hf-tok); TensorRT-LLM's click reads "_" as written, so the match is
-    on the flag with "_" as "-"."""
+    argparse would take counts (--hf-tok); "_" is read as "-" (--hf_token)."""
     flag = flag_name(arg)
     for engine in ENGINES.values():
-        found = next((owned for owned in engine.credential_flags if owns(owned, flag)), None)
+        # An abbreviation reaches into the flag's last word: --ssl-keyfile is a flag of its own, not
+        # --ssl-keyfile-password cut short.
+        found = next((owned for owned in engine.credential_flags
+                      if owns(owned, flag) and len(flag) > owned.rfind("-") + 1), None)
         if found is not None:
             safe = engine.credential_flags[found]
             use = safe if safe.startswith("no setting") else f"give it as {safe}"

@@ -503,6 +503,14 @@ def test_a_flag_that_carries_a_credential_is_refused_wherever_flags_are_given(ca
                 inventory.load(_host_vars_inventory(tmp_path, layer))
 
 
+def test_a_flag_that_only_begins_like_a_credential_flag_passes() -> None:
+    """--ssl-keyfile (a path, vLLM's and SGLang's own flag) is not --ssl-keyfile-password cut short."""
+    assert inventory.parse_overrides(["extra_args=[--ssl-keyfile, /etc/ssl/key.pem]"]) == {
+        "extra_args": ("--ssl-keyfile", "/etc/ssl/key.pem")}
+    with pytest.raises(InventoryError, match="SGLang's --ssl-keyfile-password"):
+        inventory.parse_overrides(["extra_args=[--ssl-keyfile-pass, x]"])
+
+
 def test_the_credential_flags_are_the_engines_own() -> None:
     """Each credential flag is one the engine's own parser has: vLLM's parser options (run by vLLM
     itself), llama-server's --help, SGLang's argument fields; trtllm-serve 1.2.0 has none."""
