@@ -468,7 +468,8 @@ def print_applied(result: Applied, json_: bool) -> None:
                                                   "by_source": got.detail.get("from", {}),
                                                   "rerouted": got.detail.get("rerouted", []),
                                                   "linked": got.detail.get("linked", 0),
-                                                  "quarantined": got.detail.get("quarantined", [])}
+                                                  "quarantined": got.detail.get("quarantined", []),
+                                                  "served_replaced": got.detail.get("served_replaced", [])}
         document.update(transfer_json(result.fetched, result.wheels))
         print(dump_json(document))
         return
@@ -483,6 +484,10 @@ def print_applied(result: Applied, json_: bool) -> None:
                 if got.detail.get("quarantined"):
                     line += (f", {len(got.detail['quarantined'])} bad file(s) set aside and fetched again: "
                              + ", ".join(str(path) for path in got.detail["quarantined"]))
+                if got.detail.get("served_replaced"):
+                    line += ("; replaced in the revision the server serves: "
+                             + ", ".join(str(path) for path in got.detail["served_replaced"])
+                             + " (a running server read the earlier copy at its start and keeps it until it restarts)")
                 for step in got.detail.get("rerouted", []):
                     line += f"; left {step['source']} for {step['next']} ({step['why']})"
             print(line)

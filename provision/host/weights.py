@@ -242,7 +242,9 @@ def fetch(spec: dict[str, Any]) -> dict[str, Any]:
         make_directories(directory)
     os.chmod(root, 0o755)
     report: dict[str, Any] = {"fetched": 0, "linked": 0, "kept": 0, "verified": 0, "quarantined": [],
-                              "freed": []}
+                              "freed": [], "served_replaced": []}
+    # The revision a server reads (`current`): a file replaced there is not what it loaded at its start.
+    served = os.path.realpath(current) == os.path.realpath(revision)
     own = read_manifest(revision) or {}
     live_dir = os.path.realpath(current)
     live = read_manifest(current) if live_dir != os.path.realpath(revision) else None
@@ -274,6 +276,8 @@ def fetch(spec: dict[str, Any]) -> dict[str, Any]:
             # place (the revision may be the one served: it must never lack a file).
             report["quarantined"].append(quarantine(root, final, commit, entry["path"],
                                                     keep_in_place=True))
+            if served:
+                report["served_replaced"].append(entry["path"])
         if entry["digest"] in shared:
             make_directories(os.path.dirname(final))
             linked = final + ".provision-link"

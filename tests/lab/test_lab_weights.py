@@ -165,6 +165,8 @@ def test_a_corrupted_file_is_set_aside_and_fetched_again(
     assert code == 0, text
     fetched = report["hosts"]["cpu-1"]["fetched"]
     assert len(fetched["quarantined"]) == 1 and "/.quarantine/" in fetched["quarantined"][0]
+    # It was replaced in the revision `current` points at: a server there read the earlier copy.
+    assert fetched["served_replaced"] == ["model.safetensors"], fetched
     expected = local_sha256(the_lab, "test/corrupt", commit, "model.safetensors")
     assert host_sha256(lab_inventory, "cpu-1", target) == expected
     assert served(the_lab, "test/corrupt") == served(the_lab, "test/corrupt", "model.safetensors")
@@ -203,6 +205,8 @@ def test_a_corrupted_file_is_set_aside_and_fetched_again(
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 bad file(s) set aside and fetched again: /srv/w-corrupt/test/corrupt/.quarantine/" in done.stdout, \
         done.stdout
+    assert ("replaced in the revision the server serves: model.safetensors (a running server read the earlier "
+            "copy at its start") in done.stdout, done.stdout
     done = run_invoke("weights", *args, "--verify")
     assert done.returncode == 0 and "MiB to fetch: the files that fail their hash" in done.stdout, done.stdout
 
