@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from provision import (
@@ -31,6 +33,7 @@ from provision import (
     issue_evidence,
     known_issues,
     kvcache,
+    python_floors,
     render,
     venv,
     venvreqs,
@@ -943,15 +946,54 @@ def venv_base(ctx: Context) -> Finding | None:
     return ok(f"the venv reuses {path} (Python {base.python}, {len(base.dists)} distributions): {held}", **evidence)
 
 
+def planned_releases(ctx: Context) -> dict[str, str]:
+    """{distribution: release} of what the next apply installs into the service venv: the planned
+    wheels (pip resolved them), else the exact pins of engine_spec ('vllm==0.34.0')."""
+    if ctx.resolved_wheels is not None:
+        return {canonicalize_name(name.split("-")[0]): name.split("-")[1]
+                for name in ctx.resolved_wheels if name.count("-") >= 2}
+    pins: dict[str, str] = {}
+    for requirement in venv.requirements_of(ctx.settings):
+        try:
+            parsed = Requirement(requirement)
+        except InvalidRequirement:
+            continue
+        exact = [spec.version for spec in parsed.specifier if spec.operator in ("==", "===") and "*" not in spec.version]
+        if exact:
+            pins[canonicalize_name(parsed.name)] = exact[0]
+    return pins
+
+
+def python_refusals(ctx: Context) -> tuple[tuple[str, str, python_floors.Floor], ...]:
+    """The releases about to be installed that the Python making the venv cannot install
+    (python_floors.yaml): vllm==0.34.0 on Ubuntu 22.04's 3.10, sglang==0.5.23 on 3.14."""
+    base = ctx.facts.venv_base if ctx.settings.venv_base else None
+    version = base.python if base else ctx.facts.python
+    return python_floors.refusals(planned_releases(ctx), version) if version else ()
+
+
 @rule("host.python", BLOCKER)
 def host_python(ctx: Context) -> Finding:
-    """python3 makes the venv (the base environment's python where venv_base names one); vLLM publishes
-    wheels for Python 3.10-3.13."""
+    """python3 makes the venv (the base environment's python where venv_base names one). A release the
+    next apply installs (the planned wheels, else engine_spec's exact pins) must install on it: its
+    Requires-Python and the wheels it ships (python_floors.yaml, each row with its source: vLLM 0.32+,
+    SGLang 0.5.22+, torch 2.15 and Triton 3.9 need Python 3.11; SGLang 0.5.23 has wheels for 3.11 to 3.13
+    only); refused before pip is asked. Otherwise vLLM publishes wheels for Python 3.10-3.13."""
     base = ctx.facts.venv_base if ctx.settings.venv_base else None
     version = base.python if base else ctx.facts.python
     if version is None:
         return unknown("python3 version", ctx, "python")
     found = version_tuple(version)[:2]
+    refused = python_refusals(ctx)
+    if refused:
+        return fail(f"python3 {version} cannot install what the venv is made of: "
+                    + "; ".join(f"{package} {release} needs Python {floor.python} ({floor.says})"
+                                for package, release, floor in refused),
+                    "install python3.12 (apt-get install python3.12 python3.12-venv) for the venv, or pin "
+                    + ", ".join(f"a {package} release that installs on {version}" for package, _, _ in refused)
+                    + f" in engine_spec (see {refused[0][2].source})",
+                    python=version, releases={package: release for package, release, _ in refused},
+                    source=[floor.source for _, _, floor in refused])
     low, high = VLLM_PYTHON
     if found < low:
         return fail(f"python3 {version} is older than {low[0]}.{low[1]}",

@@ -187,6 +187,8 @@ def _service_wheelhouse(ctx: context.Context) -> venv.Wheelhouse | None:
         return None  # a source build's wheel is known only once built; nothing to install otherwise
     if checks.install_gaps(ctx)[1]:
         return None  # pip would fail on a pin no index here carries: engine.installable says so, with the fix
+    if checks.python_refusals(ctx):
+        return None  # pip would fail on a release this Python cannot install: host.python says so, with the fix
     return venv.resolve_service(ctx, requirements, local, progress_line)
 
 
