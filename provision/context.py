@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from provision import catalog, services
+from provision import catalog, contracts, services
 from provision import cuda as cuda_builds
 from provision.endpoints import EndpointPlan, plans_for
 from provision.facts import CUDA_PTXAS, HostFacts
@@ -168,9 +168,26 @@ class Context:
         return None
 
     @property
+    def pinned_stack(self) -> dict[str, str]:
+        """torch and nvidia_nccl_cu13 as engine_spec's exact pins bring them through the contract table's
+        dependency rows ('vllm==0.34.0' -> torch 2.14.0 -> nvidia-nccl-cu13 2.30.7), known before pip
+        resolves the wheels. Those rows are PyPI's CUDA wheels: on a host without a GPU (a CPU torch),
+        or resolving from other indexes (PyTorch's per-CUDA builds pin their own NCCL), {}."""
+        settings = self.settings
+        if self.profile.gpu is None or settings.pip_index_url or settings.pip_extra_index_urls:
+            return {}
+        return contracts.load().pinned_stack(settings.engine_spec)
+
+    @property
+    def pinned_nccl(self) -> str | None:
+        """The nvidia-nccl the exact pins of engine_spec bring (pinned_stack); None where none is known."""
+        return self.pinned_stack.get("nvidia_nccl_cu13")
+
+    @property
     def nccl_release(self) -> str | None:
-        """The NCCL the server will load: the planned wheels' nvidia-nccl, else the venv's torch's."""
-        return self.planned_nccl or (self.facts.venv.nccl if self.facts.venv else None)
+        """The NCCL the server will load: the planned wheels' nvidia-nccl, else the one engine_spec's
+        pins bring (what the next apply installs), else the venv's torch's."""
+        return self.planned_nccl or self.pinned_nccl or (self.facts.venv.nccl if self.facts.venv else None)
 
     @property
     def experts(self) -> int | None:

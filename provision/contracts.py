@@ -16,6 +16,7 @@ does. A version that is not known (no venv yet, no pin) is judged as the engine'
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -85,6 +86,32 @@ class Contracts:
                 return version
         return self.target(engine)
 
+    def pinned_by(self, package: str, release: str, wanted: str) -> str | None:
+        """The release of `wanted` that `package` at `release` pins exactly, by the dependency rows of the
+        engine whose package it is: ('vllm', '0.34.0', 'torch') -> '2.14.0', ('torch', '2.14.0',
+        'nvidia-nccl-cu13') -> '2.30.7'; None where no row says (names in any spelling)."""
+        engine = next((entry.name for entry in self.engines.values() if _key(package) in entry.packages), None)
+        if engine is None or not _is_version(release):
+            return None
+        for row in self.of(engine, "dependency"):
+            pinned = _exact(row.name)
+            if pinned is not None and pinned[0] == _key(wanted) and row.holds(release):
+                return pinned[1]
+        return None
+
+    def pinned_stack(self, spec: str | None) -> dict[str, str]:
+        """torch and nvidia_nccl_cu13 as engine_spec's exact pins bring them, before pip resolves:
+        'vllm==0.34.0' -> {'torch': '2.14.0', 'nvidia_nccl_cu13': '2.30.7'} (vLLM's wheel pins that
+        torch, PyPI's torch that NCCL); a pin of either in the spec stands. {} where nothing leads there."""
+        pins = pins_of(spec)
+        torch = pins.get("torch") or next(
+            (pinned for name, release in pins.items() if (pinned := self.pinned_by(name, release, "torch"))), None)
+        stack = {"torch": torch} if torch else {}
+        nccl = pins.get("nvidia_nccl_cu13") or (self.pinned_by("torch", torch, "nvidia_nccl_cu13") if torch else None)
+        if nccl:
+            stack["nvidia_nccl_cu13"] = nccl
+        return stack
+
     def of(self, engine: str, kind: str) -> Iterator[Row]:
         return (row for row in self.rows if row.engine == engine and row.kind == kind)
 
@@ -110,6 +137,22 @@ class Contracts:
         if not any(row.name.startswith(prefix) for row in self.of(engine, "value")):
             return None
         return [name[len(prefix):] for name in self.names(engine, "value", version) if name.startswith(prefix)]
+
+
+def _key(name: str) -> str:
+    """A distribution name as the tables spell it: 'nvidia-nccl-cu13' -> 'nvidia_nccl_cu13'."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _exact(requirement: str) -> tuple[str, str] | None:
+    """('torch', '2.14.0') of 'torch==2.14.0' (extras dropped); None for anything but one exact pin."""
+    match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;,*]+)", requirement.strip())
+    return (_key(match.group(1)), match.group(2)) if match else None
+
+
+def pins_of(spec: str | None) -> dict[str, str]:
+    """The exact pins of a requirements line (engine_spec): 'vllm==0.34.0 ray' -> {'vllm': '0.34.0'}."""
+    return dict(found for token in (spec or "").split() if (found := _exact(token)) is not None)
 
 
 def _is_version(text: str) -> bool:

@@ -40,8 +40,12 @@ def evidence_of(ctx: Context) -> Evidence:
                 versions[key] = version
             else:
                 absent.add(key)
-    # The planned wheels are what the next apply installs, as exact pins are.
-    for key, version in {**wheel_versions(ctx.resolved_wheels or ()),
+    # The planned wheels are what the next apply installs, as exact pins are, and what those pins pin
+    # in turn (vllm==0.34.0 brings torch 2.14.0 and nvidia-nccl-cu13 2.30.7: the contract table's
+    # dependency rows), where no wheels are planned yet.
+    brought = {ALIASES.get(name, name): release for name, release in ctx.pinned_stack.items()}
+    for key, version in {**(brought if ctx.resolved_wheels is None else {}),
+                         **wheel_versions(ctx.resolved_wheels or ()),
                          **pinned_versions(ctx.settings.engine_spec)}.items():
         versions[key] = version
         absent.discard(key)

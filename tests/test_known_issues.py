@@ -671,3 +671,62 @@ def test_the_companions_matcher_refuses_a_bad_shape(when: dict[str, Any]) -> Non
              "source": "https://example.org/1"}
     with pytest.raises(KnownIssueError, match="when.companions"):
         known_issues.entry_from_mapping(entry, "f.yaml", 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The NCCL an engine pin brings, known before pip resolves (the contract table's dependency rows)
+
+DIST_INFO = FIXTURES / "dist-info"
+
+
+@pytest.mark.parametrize("package", ["vllm", "torch"])
+def test_the_pins_the_table_follows_are_the_recorded_wheels_requires_dist(package: str) -> None:
+    """Each exact dependency row of vllm and torch names a Requires-Dist line of every recorded release
+    in its range (tests/fixtures/dist-info, read from PyPI's wheels on 2026-12-07)."""
+    from packaging.requirements import Requirement
+
+    from provision import contracts
+    from tests.venvs import requires_dist
+
+    read = {path.stem.split("-", 1)[1]: requires_dist(path.read_text())
+            for path in DIST_INFO.glob(f"{package}-*.METADATA")}
+    rows = [row for row in contracts.load().of(package, "dependency") if "==" in row.name and "ray" not in row.name]
+    checked = 0
+    for row in rows:
+        wanted = Requirement(row.name)
+        for release, lines in read.items():
+            if row.holds(release):
+                pins = [Requirement(line) for line in lines if Requirement(line).name == wanted.name]
+                assert [str(pin.specifier) for pin in pins] == [str(wanted.specifier)], (row.name, release)
+                checked += 1
+    assert checked >= (4 if package == "torch" else 3)
+
+
+def pinned_context(engine_spec: str, model: str | None = "qwen3-30b-a3b", **values: Any) -> Context:
+    """Two GB10s' head before its venv exists: nothing resolved yet, only engine_spec's pin."""
+    return context(*SPARK, venv_info=None, wheels=None, tensor_parallel_size=2, config_of=model,
+                   engine_spec=engine_spec, **values)
+
+
+def test_a_vllm_pin_brings_torchs_nccl_and_nvls_is_off_before_the_wheels_are_resolved() -> None:
+    """vllm==0.34.0 pins torch 2.14.0, which pins nvidia-nccl-cu13 2.30.7: inside the NVLS MoE hang's
+    range (NVIDIA/nccl #2167), so check renders NCCL_NVLS_ENABLE=0 before pip has resolved anything."""
+    ctx = pinned_context("vllm==0.34.0")
+    assert ctx.nccl_release == "2.30.7"
+    assert checks.rendered_environment(ctx)["NCCL_NVLS_ENABLE"] == "0"
+    found = finding(ctx, "known.nccl-nvls-moe-hang")
+    assert found.status == "pass" and found.evidence["nccl"] == "2.30.7"
+    # sglang==0.5.23 pins torch 2.14.1: the same NCCL.
+    assert pinned_context("sglang==0.5.23", engine="sglang").nccl_release == "2.30.7"
+
+
+@pytest.mark.parametrize(("engine_spec", "values", "nccl"), [
+    ("vllm==0.32.0", {}, "2.29.7"),  # torch 2.13.0 pins nvidia-nccl-cu13 2.29.7: before the hang's range
+    ("vllm==0.34.0 nvidia-nccl-cu13==2.28.9", {}, "2.28.9"),  # the inventory's own NCCL pin stands
+    ("vllm==0.34.0", {"pip_extra_index_urls": ["https://download.pytorch.org/whl/cu130"]}, None),  # its own builds
+], ids=["vllm-0.32.0", "nccl-pinned", "pytorch-index"])
+def test_nvls_stays_where_the_pins_bring_no_nccl_in_the_range(engine_spec: str, values: dict[str, Any],
+                                                              nccl: str | None) -> None:
+    ctx = pinned_context(engine_spec, **values)
+    assert ctx.nccl_release == nccl
+    assert "NCCL_NVLS_ENABLE" not in checks.rendered_environment(ctx)
