@@ -57,6 +57,7 @@ DMABUF_MIN_KERNEL = (5, 12)  # RDMA dma-buf needs Linux 5.12 (facts section 3)
 OS_HEADROOM_BYTES = 8 * 2**30  # what a unified-memory host keeps for itself besides vLLM
 KV_HEADROOM = 0.85  # weights above this share of the budget leave too little for the KV cache
 MAX_DISCRETE_UTILIZATION = 0.95  # above this a discrete GPU has no room left for the CUDA context itself
+PIP_NCCL_WEDGE = "known.spark-pip-nccl-allreduce-wedge"  # provision/known_issues.yaml
 VLLM_PYTHON = ((3, 10), (3, 13))  # the Python versions vLLM publishes wheels for
 
 
@@ -1403,32 +1404,38 @@ def triton_version(ctx: Context) -> str | None:
 
 @rule("config.nccl_library", WARNING, engines=("vllm",))
 def config_nccl_library(ctx: Context) -> Finding | None:
-    """Two DGX Sparks serving one model: pip's nvidia-nccl-cu13 2.28.9 and DGX OS's libnccl2 2.28.9
-    are different builds, and with pip's TP=2 wedged in pynccl's ncclAllReduce after about 20
-    minutes under load where the system's ran a clean hour (vllm #42354, #41725). The venv's torch
-    loads pip's; vLLM's pynccl (its tensor-parallel all-reduce) loads the file VLLM_NCCL_SO_PATH
-    names instead where it is set (vllm/utils/nccl.py find_nccl_library, 0.33.0 and 0.34.0)."""
+    """Two DGX Sparks serving one model: the NCCL library vLLM's pynccl (its tensor-parallel all-reduce)
+    loads. Unset, VLLM_NCCL_SO_PATH leaves it pip's nvidia-nccl (the one the venv's torch loads); set,
+    pynccl loads the file it names (vllm/utils/nccl.py find_nccl_library, 0.33.0 and 0.34.0), which
+    should be the system's libnccl2 on this host: another path is named as a fault. The finding names
+    that library's path. What a release of pip's NCCL does across two Sparks is a known issue's, judged
+    for its own releases (known.spark-pip-nccl-allreduce-wedge: pip's 2.28.9, vllm #42354)."""
     if not (ctx.cluster and ctx.cluster.multi_node) or ctx.profile.gpu is None \
             or ctx.profile.gpu.compute_capability != "12.1":
         return None
     pip = pip_nccl(ctx)
     system = ctx.facts.system_nccl
-    evidence = {"pip_nccl": pip, "system_nccl": system.version if system else None,
-                "VLLM_NCCL_SO_PATH": ctx.env("VLLM_NCCL_SO_PATH")}
-    if pip is None:
-        return ok("the venv holds no pip NCCL: the server loads the system's", **evidence)
+    named = ctx.env("VLLM_NCCL_SO_PATH")
+    evidence = {"pip_nccl": pip, "system_nccl": system.version if system else None, "VLLM_NCCL_SO_PATH": named}
     if system is None:
         why = ctx.facts.notes.get("system_nccl") or "dpkg knows no libnccl2"
-        return ok(f"the server loads pip's NCCL {pip}; no system NCCL to prefer ({why})", **evidence)
-    library = f"{system.library_dir}/libnccl.so.2"
-    if ctx.env("VLLM_NCCL_SO_PATH") == library:
-        return ok(f"vLLM's pynccl loads the system's NCCL {system.release} ({library}); torch pip's {pip}",
+        return ok(f"no system NCCL ({why}): the server loads "
+                  + (f"{named} (VLLM_NCCL_SO_PATH)" if named else f"pip's NCCL {pip}" if pip else "the venv's"),
                   **evidence)
-    return warn(f"the server loads pip's NCCL {pip} (the venv's nvidia-nccl), not the system's libnccl2 "
-                f"{system.version}: across two Sparks pip's 2.28.9 wedged TP=2 in all-reduce after about "
-                "20 minutes where DGX OS's did not (vllm #42354, #41725)",
-                f"environment VLLM_NCCL_SO_PATH={library} (vLLM's pynccl, which runs the tensor-parallel "
-                "all-reduce, then loads the system's NCCL; torch keeps pip's)", **evidence)
+    library = f"{system.library_dir}/libnccl.so.2"
+    if named == library:
+        return ok(f"vLLM's pynccl loads the system's NCCL {system.release} ({library})"
+                  + (f"; torch pip's {pip}" if pip else ""), library=library, **evidence)
+    if named:
+        return warn(f"VLLM_NCCL_SO_PATH names {named}, not the system's libnccl2 {system.version} ({library})",
+                    f"environment VLLM_NCCL_SO_PATH={library}, or leave it unset for pip's NCCL",
+                    library=library, **evidence)
+    if pip is None:
+        return ok("the venv holds no pip NCCL: the server loads the system's", library=library, **evidence)
+    # Whether this release of pip's NCCL is one a report names is the known issue's to say.
+    return ok(f"the server loads pip's NCCL {pip}, not the system's libnccl2 {system.version}; "
+              f"VLLM_NCCL_SO_PATH={library} would make vLLM's pynccl load the system's ({PIP_NCCL_WEDGE} "
+              f"judges pip's {pip})", library=library, **evidence)
 
 
 def pip_nccl(ctx: Context) -> str | None:

@@ -95,7 +95,8 @@ def with_dgx_os_nccl(host_facts: HostFacts) -> HostFacts:
     return dataclasses.replace(host_facts, system_nccl=parsers.SystemPackage("2.28.9-1+cuda13.0", "arm64"))
 
 
-# The wheels of a vLLM 0.33.0 venv for GB10 that bring pip's NCCL (torch 2.14.0+cu130 requires it).
+# The wheels of a vLLM 0.33.0 venv for GB10 holding pip's NCCL 2.28.9, the release vllm #41725 reports
+# (PyPI's torch 2.14.0 pins 2.30.7: an nvidia-nccl-cu13==2.28.9 pin in engine_spec brings this one).
 SPARK_WHEELS_WITH_PIP_NCCL = ("vllm-0.33.0-cp38-abi3-manylinux_2_31_aarch64.whl",
                               "torch-2.14.0+cu130-cp312-cp312-manylinux_2_28_aarch64.whl",
                               "nvidia_nccl_cu13-2.28.9-py3-none-manylinux_2_18_aarch64.whl",
@@ -346,11 +347,18 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
     # vllm #42354 / #41725: pip's nvidia-nccl-cu13 2.28.9 beside DGX OS's libnccl2 2.28.9 on two Sparks.
     ("spark-pair-pip-nccl-beside-dgx-os-nccl", "dgx-spark-gb10", "dgx-spark",
      {"tensor_parallel_size": 2, "_resolved_wheels": SPARK_WHEELS_WITH_PIP_NCCL},
-     with_dgx_os_nccl, spark_pair(with_dgx_os_nccl(recorded("dgx-spark-gb10"))), {"config.nccl_library": "fail"}),
+     with_dgx_os_nccl, spark_pair(with_dgx_os_nccl(recorded("dgx-spark-gb10"))),
+     {"config.nccl_library": "pass", "known.spark-pip-nccl-allreduce-wedge": "fail"}),
     ("spark-pair-pynccl-loads-dgx-os-nccl", "dgx-spark-gb10", "dgx-spark",
      {"tensor_parallel_size": 2, "_resolved_wheels": SPARK_WHEELS_WITH_PIP_NCCL,
       "environment": {"VLLM_NCCL_SO_PATH": "/usr/lib/aarch64-linux-gnu/libnccl.so.2"}},
-     with_dgx_os_nccl, spark_pair(with_dgx_os_nccl(recorded("dgx-spark-gb10"))), {"config.nccl_library": "pass"}),
+     with_dgx_os_nccl, spark_pair(with_dgx_os_nccl(recorded("dgx-spark-gb10"))),
+     {"config.nccl_library": "pass", "known.spark-pip-nccl-allreduce-wedge": "pass"}),
+    ("spark-pair-pynccl-pointed-elsewhere", "dgx-spark-gb10", "dgx-spark",
+     {"tensor_parallel_size": 2, "_resolved_wheels": SPARK_WHEELS_WITH_PIP_NCCL,
+      "environment": {"VLLM_NCCL_SO_PATH": "/opt/nccl/libnccl.so.2"}},
+     with_dgx_os_nccl, spark_pair(with_dgx_os_nccl(recorded("dgx-spark-gb10"))),
+     {"config.nccl_library": "fail", "known.spark-pip-nccl-allreduce-wedge": "pass"}),
     ("spark-pair-vllm-wheels-hold-ray", "dgx-spark-gb10", "dgx-spark",
      {"engine_spec": "vllm==0.32.0", "tensor_parallel_size": 2, "distributed_backend": "ray",
       "_resolved_wheels": ("vllm-0.32.0-cp38-abi3-manylinux_2_31_aarch64.whl",
@@ -1088,20 +1096,47 @@ def test_an_old_toolkit_ptxas_the_inventory_names_blocks_and_one_elsewhere_is_ke
 def test_two_sparks_on_pips_nccl_are_told_to_point_pynccl_at_dgx_os_nccl() -> None:
     case = next(c for c in CASES if c[0] == "spark-pair-pip-nccl-beside-dgx-os-nccl")
     for node, ctx in context_for(case).items():
-        found = {f.id: f for f in checks.evaluate(ctx)}["config.nccl_library"]
-        assert (found.status, found.severity) == ("fail", checks.WARNING), node
-        assert "pip's NCCL 2.28.9" in found.message and "libnccl2 2.28.9-1+cuda13.0" in found.message
-        assert found.fix and found.fix.startswith("environment VLLM_NCCL_SO_PATH=/usr/lib/aarch64-linux-gnu/libnccl.so.2")
-        # Without DGX OS's package there is nothing to prefer; without pip's wheel nothing to replace.
+        found = {f.id: f for f in checks.evaluate(ctx)}
+        wedge = found["known.spark-pip-nccl-allreduce-wedge"]
+        assert (wedge.status, wedge.severity) == ("fail", checks.WARNING), node
+        assert wedge.fix and wedge.fix.startswith("environment VLLM_NCCL_SO_PATH=DGX OS's libnccl.so.2")
+        library = found["config.nccl_library"]
+        assert "pip's NCCL 2.28.9" in library.message and "libnccl2 2.28.9-1+cuda13.0" in library.message
+        assert library.evidence["library"] == "/usr/lib/aarch64-linux-gnu/libnccl.so.2"
+        # Without DGX OS's package there is nothing to name; without pip's wheel nothing to replace.
         bare = dataclasses.replace(ctx, facts=dataclasses.replace(ctx.facts, system_nccl=None))
         assert {f.id: f for f in checks.evaluate(bare)}["config.nccl_library"].status == "pass"
         no_pip = dataclasses.replace(ctx, resolved_wheels=tuple(
             w for w in SPARK_WHEELS_WITH_PIP_NCCL if not w.startswith("nvidia_nccl")))
         assert {f.id: f for f in checks.evaluate(no_pip)}["config.nccl_library"].status == "pass"
-    # One Spark has no cross-node all-reduce: the rule does not apply.
+    # One Spark has no cross-node all-reduce: neither applies.
     (single,) = context_for(("one", "dgx-spark-gb10", "dgx-spark", {"_resolved_wheels": SPARK_WHEELS_WITH_PIP_NCCL},
                              with_dgx_os_nccl, None, {})).values()
-    assert {f.id: f for f in checks.evaluate(single)}["config.nccl_library"].status == "skip"
+    found = {f.id: f for f in checks.evaluate(single)}
+    assert found["config.nccl_library"].status == "skip" and found["known.spark-pip-nccl-allreduce-wedge"].status == "skip"
+
+
+def test_the_228_wedge_is_not_quoted_against_the_nccl_torch_2_14_pins() -> None:
+    """torch 2.14.0 pins nvidia-nccl-cu13 2.30.7: the wedge across two Sparks was reported for pip's
+    2.28.9 (vllm #42354, #41725) and is not said of 2.30.7; the rule still names the system's library."""
+    case = next(c for c in CASES if c[0] == "spark-pair-pip-nccl-beside-dgx-os-nccl")
+    wheels = tuple(w.replace("nvidia_nccl_cu13-2.28.9", "nvidia_nccl_cu13-2.30.7") for w in SPARK_WHEELS_WITH_PIP_NCCL)
+    for node, ctx in context_for(case).items():
+        found = {f.id: f for f in checks.evaluate(dataclasses.replace(ctx, resolved_wheels=wheels))}
+        library = found["config.nccl_library"]
+        assert library.status == "pass" and "2.28.9 wedged" not in library.message and "pip's NCCL 2.30.7" in library.message
+        wedge = found["known.spark-pip-nccl-allreduce-wedge"]
+        assert wedge.status == "pass" and "nccl 2.30.7 is outside ==2.28.9" in wedge.message, node
+
+
+def test_a_vllm_nccl_so_path_that_is_not_the_systems_library_is_named() -> None:
+    case = next(c for c in CASES if c[0] == "spark-pair-pynccl-pointed-elsewhere")
+    for ctx in context_for(case).values():
+        found = {f.id: f for f in checks.evaluate(ctx)}["config.nccl_library"]
+        assert (found.status, found.severity) == ("fail", checks.WARNING)
+        assert found.fix == ("environment VLLM_NCCL_SO_PATH=/usr/lib/aarch64-linux-gnu/libnccl.so.2, or leave it "
+                             "unset for pip's NCCL")
+
 
 def venv_requirements(case_id: str, change: Callable[[HostFacts], HostFacts] | None = None,
                       **values: Any) -> checks.Finding:
@@ -1172,10 +1207,12 @@ def test_pips_nccl_is_read_from_the_venv_that_is_there() -> None:
     """No wheels planned: the venv's own distributions (the probe lists the nvidia_* wheels)."""
     case = next(c for c in CASES if c[0] == "spark-pair-pip-nccl-beside-dgx-os-nccl")
     ctx = context_for(case)["spark-a"]
-    installed = venv(vllm="0.33.0", torch="2.14.0+cu130", dists={"nvidia_nccl_cu13": "2.28.9", "vllm": "0.33.0"})
+    installed = venv(vllm="0.33.0", torch="2.14.0+cu130", nccl="2.28.9",
+                     dists={"nvidia_nccl_cu13": "2.28.9", "vllm": "0.33.0"})
     there = dataclasses.replace(ctx, resolved_wheels=None, facts=installed(ctx.facts))
-    found = {f.id: f for f in checks.evaluate(there)}["config.nccl_library"]
-    assert found.status == "fail" and found.evidence["pip_nccl"] == "2.28.9"
+    found = {f.id: f for f in checks.evaluate(there)}
+    assert found["config.nccl_library"].evidence["pip_nccl"] == "2.28.9"
+    assert found["known.spark-pip-nccl-allreduce-wedge"].status == "fail"
 
 
 H200_PLACED_VLLM = "h200x1-torch2.11-cu130-vllm-0.34.0-placed"
@@ -1210,10 +1247,11 @@ def test_the_h200s_torch_loads_pips_nccl_beside_the_systems_libnccl2() -> None:
     ctx = context_for(case)["spark-a"]
     ctx = dataclasses.replace(ctx, resolved_wheels=None,
                               facts=dataclasses.replace(ctx.facts, system_nccl=system, venv=venv_info))
-    found = {f.id: f for f in checks.evaluate(ctx)}["config.nccl_library"]
-    assert found.status == "fail" and found.evidence["pip_nccl"] == "2.28.9"
-    assert "libnccl2 2.28.3-1+cuda13.0" in found.message
-    assert found.fix and found.fix.startswith("environment VLLM_NCCL_SO_PATH=/usr/lib/x86_64-linux-gnu/libnccl.so.2 ")
+    found = {f.id: f for f in checks.evaluate(ctx)}
+    library = found["config.nccl_library"]
+    assert library.evidence["pip_nccl"] == "2.28.9" and "libnccl2 2.28.3-1+cuda13.0" in library.message
+    assert library.evidence["library"] == "/usr/lib/x86_64-linux-gnu/libnccl.so.2"
+    assert found["known.spark-pip-nccl-allreduce-wedge"].status == "fail"  # the venv's torch loads 2.28.9
 
 
 def test_what_the_cpu_profile_removes_on_purpose_is_not_an_unmet_requirement() -> None:

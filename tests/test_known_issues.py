@@ -115,6 +115,17 @@ CASES: list[tuple[str, str, tuple[str, str], dict[str, Any], str, str]] = [
     ("spark-moe-tp2-nccl-2.30.3-nvls-on", "known.nccl-nvls-moe-hang", SPARK,
      {"venv_info": venv(vllm="0.33.0", nccl="2.30.3"), "config_of": "qwen3-30b-a3b", "tensor_parallel_size": 2,
       "environment": {"NCCL_NVLS_ENABLE": "1"}}, "pass", "warning"),
+    # vllm #42354 / #41725: pip's nvidia-nccl-cu13 2.28.9 across two Sparks (TP=2), pynccl left on it;
+    # torch 2.14.x and 2.15.0 pin 2.30.7, which no report of the wedge names.
+    ("spark-pair-pip-nccl-2.28.9", "known.spark-pip-nccl-allreduce-wedge", SPARK,
+     {"venv_info": venv(vllm="0.33.0", nccl="2.28.9"), "cluster": PAIR, "tensor_parallel_size": 2}, "fail", "warning"),
+    ("spark-pair-pip-nccl-2.30.7", "known.spark-pip-nccl-allreduce-wedge", SPARK,
+     {"venv_info": venv(vllm="0.33.0", nccl="2.30.7"), "cluster": PAIR, "tensor_parallel_size": 2}, "pass", "warning"),
+    ("spark-pair-pynccl-on-dgx-os-nccl", "known.spark-pip-nccl-allreduce-wedge", SPARK,
+     {"venv_info": venv(vllm="0.33.0", nccl="2.28.9"), "cluster": PAIR, "tensor_parallel_size": 2,
+      "environment": {"VLLM_NCCL_SO_PATH": "/usr/lib/aarch64-linux-gnu/libnccl.so.2"}}, "pass", "warning"),
+    ("one-spark-pip-nccl-2.28.9", "known.spark-pip-nccl-allreduce-wedge", SPARK,
+     {"venv_info": venv(vllm="0.33.0", nccl="2.28.9")}, "skip", "warning"),
     # vllm #40758: Qwen3.6-35B-A3B-FP8 on GB10, vllm 0.19.2rc1.dev142+g4a79262e0, torch 2.11.0+cu130.
     ("spark-fp8-vllm-0.19.2rc1", "known.sm121-fp8-cutlass", SPARK,
      {"venv_info": venv(vllm="0.19.2rc1.dev142+g4a79262e0", torch="2.11.0+cu130", cuda="13.0"),
@@ -264,7 +275,7 @@ def test_every_seeded_entry_has_a_match_and_a_miss() -> None:
 
 
 def test_the_shipped_file_loads_with_sources_and_registers_one_check_per_entry() -> None:
-    assert len(ISSUES) == 14
+    assert len(ISSUES) == 15
     for issue in ISSUES.values():
         # A tracker thread, or (a measurement published elsewhere) a page whose reading is recorded.
         assert issue.source.startswith("https://github.com/") or issue.verified, issue.id
