@@ -23,6 +23,8 @@ How a row is checked, by kind:
               no such package the row is taken as what the tool installs beside vLLM (Ray from
               0.18.0 on), which the wheel does not contradict
 A row it cannot check (a `file` row whose source is not a file at a tag) is listed as such.
+The engine's `arity` (the options that take other than one value) is compared with the nargs the
+release's parser gives each option; a difference counts as a row that differs.
 """
 from __future__ import annotations
 
@@ -138,6 +140,13 @@ def _source_path(source: str) -> str | None:
     return None
 
 
+def arity_differences(table: contracts.Contracts, reading: Reading) -> list[str]:
+    """A line per option whose nargs the table's arity and the release's parser give differently."""
+    held, read_ = table.arity(ENGINE), reading.serve.arity
+    return [f"  {option}: table {held.get(option, 'one value')}, wheel {read_.get(option, 'one value')}"
+            for option in sorted(set(held) | set(read_)) if held.get(option) != read_.get(option)]
+
+
 def pins(table: contracts.Contracts, reading: Reading) -> list[str]:
     """A line per package the dependency rows name (and per STACK package): the wheel's requirement
     and the row that holds for this release, if any."""
@@ -176,6 +185,9 @@ def report(table: contracts.Contracts, reading: Reading, verdicts: Sequence[Verd
                   f"  wheel: {has} ({verdict.where}){': ' + verdict.detail if verdict.detail else ''}", ""]
     for verdict in unchecked:
         lines += [f"not checkable: {verdict.row.kind} {verdict.row.name}: {verdict.detail}"]
+    arity = arity_differences(table, reading)
+    if arity:
+        lines += [f"arity (engines.{ENGINE}.arity) differs from the release's parser:", *arity, ""]
     lines += ["pins (Requires-Dist) of the packages the dependency rows name, and of the CUDA stack:",
               *pins(table, reading)]
     return "\n".join(lines) + "\n"
@@ -193,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"contract_diff: {exc}", file=sys.stderr)
         return 2
     sys.stdout.write(report(table, reading, verdicts))
-    return 1 if any(verdict.differs for verdict in verdicts) else 0
+    return 1 if any(verdict.differs for verdict in verdicts) or arity_differences(table, reading) else 0
 
 
 if __name__ == "__main__":

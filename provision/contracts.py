@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -65,6 +65,9 @@ class Engine:
     target: str
     packages: tuple[str, ...]
     choices: tuple[str, ...] = ()  # flags whose value is a name the release must know (value rows)
+    # The flags that take other than one value (argparse's nargs: "+", "*", "?" or a count), as the
+    # target release's parser registers them; a flag not here takes one value, or none (a bare flag).
+    arity: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,12 @@ class Contracts:
         if nccl:
             stack["nvidia_nccl_cu13"] = nccl
         return stack
+
+    def arity(self, engine: str) -> Mapping[str, str]:
+        """The engine's flags that take other than one value ({"--cudagraph-capture-sizes": "+"}); {} for
+        an engine the table holds no arity for."""
+        found = self.engines.get(engine)
+        return found.arity if found is not None else {}
 
     def of(self, engine: str, kind: str) -> Iterator[Row]:
         return (row for row in self.rows if row.engine == engine and row.kind == kind)
@@ -190,13 +199,21 @@ def parse(data: Any, source: str) -> Contracts:
 
 
 def _engine(name: str, spec: Any, source: str) -> Engine:
-    if not isinstance(spec, dict) or not {"target", "packages"} <= set(spec) <= {"target", "packages", "choices"}:
-        raise ContractError(f"{source}: engine {name}: expected target and packages (and choices)")
+    if not isinstance(spec, dict) or not {"target", "packages"} <= set(spec) <= {"target", "packages", "choices",
+                                                                                  "arity"}:
+        raise ContractError(f"{source}: engine {name}: expected target and packages (and choices, arity)")
     _release(str(spec["target"]))
     choices = spec.get("choices") or []
     if not isinstance(choices, list) or not all(isinstance(flag, str) and flag.startswith("-") for flag in choices):
         raise ContractError(f"{source}: engine {name}: choices must be a list of flags")
-    return Engine(name=name, target=str(spec["target"]), packages=tuple(spec["packages"]), choices=tuple(choices))
+    arity = spec.get("arity") or {}
+    if not isinstance(arity, dict) or not all(
+            isinstance(flag, str) and flag.startswith("-") and isinstance(nargs, str)
+            and (nargs in ("+", "*", "?") or (nargs.isdigit() and int(nargs) != 1)) for flag, nargs in arity.items()):
+        raise ContractError(f"{source}: engine {name}: arity maps flags to argparse's nargs (\"+\", \"*\", \"?\" "
+                            "or a count other than 1)")
+    return Engine(name=name, target=str(spec["target"]), packages=tuple(spec["packages"]), choices=tuple(choices),
+                  arity=dict(arity))
 
 
 def _row(index: int, raw: Any, engines: Mapping[str, Engine], source: str) -> Row:

@@ -3,6 +3,7 @@
     release = vllm_wheel.open_release(Path("vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"))
     release.version                                  # "0.33.0", from the wheel's METADATA
     serve_options(release)["--max-num-seqs"]         # "vllm/engine/arg_utils.py": the file that adds it
+    serve_options(release).arity["--cudagraph-capture-sizes"]  # "+": several values (argparse's nargs)
     environment_variables(release)["VLLM_HOST_IP"]   # "vllm/envs.py"
     metric_names(release)["vllm:prompt_tokens_total"]  # "vllm/v1/metrics/loggers.py"
     release.requirements()                           # Requires-Dist, extras' requirements left out
@@ -18,7 +19,10 @@ config dataclasses (`get_kwargs(ModelConfig)["dtype"]`), so a field's annotation
 the way vllm/engine/arg_utils.py `_compute_kwargs` does: a boolean field becomes an
 argparse.BooleanOptionalAction, which adds `--no-X` for each `--X`, and a release whose
 FlexibleArgumentParser registers its own class for that action (EnableDisableAction, 0.33.0) adds
-`--disable-X` beside `--enable-X` and the other way round. What the reader could not follow (a call
+`--disable-X` beside `--enable-X` and the other way round. A field's annotation decides its nargs the same
+way (a list, a set or a tuple of any length: "+"; exactly `bool | str | None`: "?"), unless the release's
+code deletes or replaces it (FrontendArgs._customize_cli_kwargs: `del kwargs["allowed_origins"]["nargs"]`);
+an `add_argument` call's own `nargs=` stands as written. What the reader could not follow (a call
 on an object it cannot resolve, such as `current_platform.pre_register_and_update(parser)`) is listed
 in the answer, not guessed.
 
@@ -43,6 +47,9 @@ ENVS = "vllm/envs.py"
 METRICS_DIR = "vllm/v1/metrics"
 BOOLEAN_ACTION = "BooleanOptionalAction"
 HELP = ("-h", "--help")  # argparse's own (add_help), in every parser vLLM builds
+# argparse's actions that take no value (nargs=0 by their nature), and the boolean pair vLLM registers
+VALUELESS = frozenset({"store_true", "store_false", "store_const", "append_const", "count", "help", "version",
+                       BOOLEAN_ACTION})
 _DEPTH = 12  # how deep calls and imports are followed
 
 
@@ -186,6 +193,10 @@ class ServeOptions:
     options: Mapping[str, str]
     parser_module: str  # the file make_arg_parser is defined in
     not_followed: tuple[str, ...]  # calls handed the parser that the reader could not resolve
+    # The options that take other than one value after them, as argparse's nargs ("+", "*", "?" or a
+    # count): --cudagraph-capture-sizes 1 2 4 8 is one option and its four values. A bare flag (an action
+    # such as store_true) and a one-value option are not listed.
+    arity: Mapping[str, str] = field(default_factory=dict)
 
 
 def serve_options(release: Release) -> ServeOptions:
@@ -203,7 +214,7 @@ def serve_options(release: Release) -> ServeOptions:
     options = dict.fromkeys(HELP, "argparse (add_help)")
     options.update(reader.options)
     return ServeOptions(options=options, parser_module=found.module.path,
-                        not_followed=tuple(sorted(set(reader.not_followed))))
+                        not_followed=tuple(sorted(set(reader.not_followed))), arity=dict(sorted(reader.arity.items())))
 
 
 @dataclass(frozen=True)
@@ -234,11 +245,13 @@ class _Scope:
 class _ParserReader:
     release: Release
     options: dict[str, str] = field(default_factory=dict)
+    arity: dict[str, str] = field(default_factory=dict)
     not_followed: list[str] = field(default_factory=list)
     inverses: Mapping[str, str] = field(default_factory=dict)
     _modules: dict[str, _Module | None] = field(default_factory=dict)
     _overrides: dict[tuple[int, str, str], ast.expr] = field(default_factory=dict)
     _removed: set[tuple[int, str]] = field(default_factory=set)
+    _removed_keys: set[tuple[int, str, str]] = field(default_factory=set)  # del kwargs["field"]["nargs"]
 
     # -- modules and names
 
@@ -417,7 +430,7 @@ class _ParserReader:
             if isinstance(node, ast.Assign):
                 for assigned in node.targets:
                     if (isinstance(assigned, ast.Subscript) and isinstance(assigned.slice, ast.Constant)
-                            and assigned.slice.value in ("action", "flags")
+                            and assigned.slice.value in ("action", "flags", "nargs")
                             and (field_of := self._field(assigned.value, scope)) is not None):
                         klass, name = field_of
                         self._overrides[(id(klass.node), name, str(assigned.slice.value))] = node.value
@@ -427,6 +440,10 @@ class _ParserReader:
                             and isinstance(deleted.value, ast.Name) and deleted.value.id in scope.kwargs):
                         klass = scope.kwargs[deleted.value.id]
                         self._removed.add((id(klass.node), str(deleted.slice.value)))
+                    elif (isinstance(deleted, ast.Subscript) and isinstance(deleted.slice, ast.Constant)
+                          and (field_of := self._field(deleted.value, scope)) is not None):
+                        klass, name = field_of  # del kwargs["field"]["nargs"]: that key of its kwargs gone
+                        self._removed_keys.add((id(klass.node), name, str(deleted.slice.value)))
 
     def _customized(self, module: _Module, node: ast.Call, scope: _Scope, klass: _Found, depth: int) -> None:
         """A function handed the kwargs of `klass` (first argument) that changes them in place: its
@@ -542,8 +559,12 @@ class _ParserReader:
             if loop is not None and field_of is not None:
                 bound[loop[1]] = field_of
             strings = self._option_strings(node, field_of, loop[0] if loop else None)
-            boolean = self._is_boolean(node, _Scope(scope.parsers, scope.kwargs, bound, scope.cls, scope.owner))
+            evaluated = _Scope(scope.parsers, scope.kwargs, bound, scope.cls, scope.owner)
+            boolean = self._is_boolean(node, evaluated)
+            nargs = None if boolean else self._nargs(node, evaluated)
             for option in self._with_inverses(strings, boolean):
+                if option not in self.options and nargs is not None:
+                    self.arity[option] = nargs
                 self.options.setdefault(option, module.path)
 
     def _option_strings(self, node: ast.Call, field_of: tuple[_Found, str] | None, key: str | None) -> list[str]:
@@ -568,6 +589,66 @@ class _ParserReader:
                 return True
         return False
 
+    def _nargs(self, node: ast.Call, scope: _Scope) -> str | None:
+        """The call's nargs as argparse gets it: its own keyword, else what the kwargs it unpacks say
+        (_compute_kwargs on the field's annotation, as the release's code changed it); None: one value,
+        or an action that takes none."""
+        for keyword in node.keywords:
+            if keyword.arg == "nargs":
+                return _constant_nargs(keyword.value)
+            if keyword.arg == "action" and _action_name(keyword.value) in VALUELESS:
+                return None  # a bare flag
+        for keyword in reversed(node.keywords):
+            if keyword.arg is None:
+                return self._unpacked_nargs(keyword.value, scope)
+        return None
+
+    def _unpacked_nargs(self, value: ast.expr, scope: _Scope) -> str | None:
+        if isinstance(value, ast.Dict):  # **{**kwargs["x"], "nargs": "+"}
+            found: str | None = None
+            for key, item in zip(value.keys, value.values):
+                if key is None:
+                    found = self._unpacked_nargs(item, scope)
+                elif isinstance(key, ast.Constant) and key.value == "nargs":
+                    found = _constant_nargs(item)
+                elif isinstance(key, ast.Constant) and key.value == "action":
+                    found = None
+            return found
+        field_of = self._field(value, scope)
+        return self.field_nargs(*field_of) if field_of is not None else None
+
+    def field_nargs(self, klass: _Found, name: str) -> str | None:
+        """A config field's nargs as _compute_kwargs gives it (vllm/engine/arg_utils.py), after the
+        release's own changes to that field's kwargs (an action set, nargs replaced or deleted)."""
+        key = (id(klass.node), name)
+        if (*key, "nargs") in self._removed_keys:
+            return None
+        override = self._overrides.get((*key, "nargs"))
+        if override is not None:
+            return _constant_nargs(override)
+        action = self._overrides.get((*key, "action"))
+        if action is not None and _action_name(action) in VALUELESS:
+            return None  # a custom action (LoRAParserAction) keeps the field's nargs, as argparse does
+        annotation = self.fields(klass).get(name)
+        if annotation is None:
+            return None
+        members = self.members(annotation, 0)
+        if "dataclass" in members or "bool" in members or "Literal" in members:
+            return "?" if members == {"bool", "str", "None"} else None
+        if "tuple" in members:
+            return self._tuple_nargs(annotation)
+        return "+" if members & {"list", "set"} else None
+
+    def _tuple_nargs(self, found: _Found) -> str:
+        """tuple[X, ...]: "+"; tuple[X, Y]: its length (collection_to_kwargs)."""
+        for node in ast.walk(found.node):
+            if isinstance(node, ast.Subscript) and _name_of(node.value) == "tuple":
+                items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+                if any(isinstance(item, ast.Constant) and item.value is Ellipsis for item in items):
+                    return "+"
+                return str(len(items))
+        return "+"
+
     def _unpacked_boolean(self, value: ast.expr, scope: _Scope) -> bool:
         if isinstance(value, ast.Dict):  # **{**kwargs["x"], "default": None}
             for key, item in zip(value.keys, value.values):
@@ -590,6 +671,20 @@ class _ParserReader:
             for prefix, inverse in self.inverses.items():
                 if item.startswith(prefix):
                     yield inverse + item[len(prefix):]
+
+
+def _action_name(node: ast.expr) -> str | None:
+    """action="store_true" -> store_true; action=argparse.BooleanOptionalAction -> its class name."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    return _name_of(node)
+
+
+def _constant_nargs(node: ast.expr) -> str | None:
+    """nargs="+" -> "+", nargs=2 -> "2"; None (one value) where it is None or not a constant."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, int)) and not isinstance(node.value, bool):
+        return None if node.value == 1 else str(node.value)
+    return None
 
 
 def _assignment_free(call: ast.Call) -> bool:

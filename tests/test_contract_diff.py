@@ -27,9 +27,11 @@ def release(version: str) -> vllm_wheel.Release:
     return vllm_wheel.open_release(FIXTURES / f"vllm-{version}")
 
 
-def table(*rows: dict[str, str], target: str = "0.33.0") -> contracts.Contracts:
+def table(*rows: dict[str, str], target: str = "0.33.0", arity: dict[str, str] | None = None) -> contracts.Contracts:
+    """A table of these rows; its arity the shipped table's (the same in 0.33.0 and 0.34.0) unless given."""
     base = {"engine": "vllm", "source": "https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/envs.py"}
-    return contracts.parse({"engines": {"vllm": {"target": target, "packages": ["vllm"]}},
+    held = dict(contracts.load().arity("vllm")) if arity is None else arity
+    return contracts.parse({"engines": {"vllm": {"target": target, "packages": ["vllm"], "arity": held}},
                             "rows": [{**base, **row} for row in rows]}, "test")
 
 
@@ -153,6 +155,15 @@ def test_exit_codes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pyt
     monkeypatch.setattr(contracts, "load", lambda: agreeing)
     assert contract_diff.main([str(FIXTURES / "vllm-0.33.0")]) == 0
     assert "rows: 1 checked, 0 differ, 0 not checkable" in capsys.readouterr().out
+    # an option whose nargs the table says otherwise than the wheel's parser is a difference too
+    held = {**contracts.load().arity("vllm"), "--max-num-seqs": "+"}
+    del held["--cudagraph-capture-sizes"]
+    monkeypatch.setattr(contracts, "load", lambda: table({"kind": "flag", "name": "--max-num-seqs",
+                                                          "versions": ">=0.12.0"}, arity=held))
+    assert contract_diff.main([str(FIXTURES / "vllm-0.33.0")]) == 1
+    out = capsys.readouterr().out
+    assert "  --cudagraph-capture-sizes: table one value, wheel +\n" in out
+    assert "  --max-num-seqs: table +, wheel one value\n" in out
     (tmp_path / "not-a-wheel.whl").write_text("text")
     assert contract_diff.main([str(tmp_path / "not-a-wheel.whl")]) == 2
     assert "neither a wheel (zip) nor a directory" in capsys.readouterr().err

@@ -160,7 +160,7 @@ def test_vllms_own_parser_agrees_with_the_rows_on_every_imported_flag(version: s
             continue
         options = _parser_options(version)
         for flag, _ in recipes._flags_of(result.recipe.inventory_vars()):
-            name = recipes._spelt("vllm", flag)
+            name = recipes.spelt("vllm", flag)
             verdict = table.accepts("vllm", "flag", name, version)
             if verdict is not None:
                 spoken += 1

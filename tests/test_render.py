@@ -156,6 +156,14 @@ def rendered_lines() -> dict[str, list[str]]:
                 values = ({"server_flags": {dimension.flag: value}} if dimension.flag
                           else {str(dimension.setting): value})
                 lines[f"tune {profile} {dimension.name}={value}"] = server_argv(case, host, **base, **values)
+    # A recipe's flag of several values (issue 65): Spark Arena's DFlash recipe with seven capture sizes.
+    from tests.test_recipe_arity import imported_sizes, served_values
+
+    recipe = imported_sizes().recipe
+    assert recipe is not None
+    case, host, _ = BASE_CASES["dgx-spark"]
+    lines["recipe dflash cudagraph-capture-sizes x7"] = server_argv(case, host,
+                                                                   **served_values(recipe.inventory_vars()))
     return lines
 
 

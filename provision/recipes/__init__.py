@@ -147,7 +147,7 @@ def contract_notes(engine: str, values: Mapping[str, Any]) -> list[str]:
     refused: list[str] = []
     notes: list[str] = []
     for flag, value in _flags_of(values):
-        name = _spelt(engine, flag)
+        name = spelt(engine, flag)
         has = table.accepts(engine, "flag", name, release)
         if has is None:
             shown = f"{name} {value}" if name in choices and value is not None and not isinstance(value, bool) \
@@ -199,7 +199,7 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def _spelt(engine: str, flag: str) -> str:
+def spelt(engine: str, flag: str) -> str:
     """The option string the engine's parser matches: vLLM's FlexibleArgumentParser reads '--max_num_seqs'
     as '--max-num-seqs' and '--compilation-config.mode' as a key of '--compilation-config'."""
     if engine != "vllm" or not flag.startswith("--"):

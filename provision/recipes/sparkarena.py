@@ -349,12 +349,18 @@ def _is_value(arg: str) -> bool:
 
 
 def _arguments(argv: list[str], prefix: int = 2, positional_model: bool = True,
+               arity: Mapping[str, str] | None = None, engine: str = "",
                ) -> tuple[str | None, list[tuple[str, Value]]]:
     """The arguments after the command's first `prefix` words (`vllm serve`, `python3 -m
     sglang.launch_server`): `vllm serve MODEL --flag value --bare ...` -> (MODEL, [(--flag, value),
     (--bare, True)]). With positional_model, a first argument that is no flag is the model, and a later
-    one is a stray (its flag "", named by the caller); without (a parser with no positional argument),
-    every value after a flag is that flag's: several as a tuple (SGLang's --cuda-graph-bs 1 2 4)."""
+    one is a stray (its flag "", named by the caller); a flag takes as many values as its `arity` (the
+    engine's parser's nargs, from the contract table: "+" and "*" every value up to the next flag, a count
+    that many, else one), several kept as a tuple (vLLM's --cudagraph-capture-sizes 1 2 4). Without
+    positional_model (a parser with no positional argument), every value after a flag is that flag's
+    (SGLang's --cuda-graph-bs 1 2 4)."""
+    from provision.recipes import spelt
+
     rest = argv[prefix:]
     positional = rest.pop(0) if positional_model and rest and not rest[0].startswith("-") else None
     pairs: list[tuple[str, Value]] = []
@@ -370,13 +376,24 @@ def _arguments(argv: list[str], prefix: int = 2, positional_model: bool = True,
             pairs.append((flag, value))
             index += 1
             continue
+        most = _most_values(spelt(engine, arg), arity or {}, positional_model)
         end = index + 1
-        while end < len(rest) and _is_value(rest[end]) and (end == index + 1 or not positional_model):
+        while end < len(rest) and _is_value(rest[end]) and (most is None or end - index <= most):
             end += 1
         values = rest[index + 1:end]
         pairs.append((arg, True if not values else values[0] if len(values) == 1 else tuple(values)))
         index = end
     return positional, pairs
+
+
+def _most_values(flag: str, arity: Mapping[str, str], positional_model: bool) -> int | None:
+    """How many values may follow the flag (None: every one up to the next flag): its nargs ("+" and
+    "*" every one, a count that many, "?" one); one where the parser takes a positional argument and the
+    flag's nargs is not known, else every one."""
+    nargs = arity.get(flag)
+    if nargs in ("+", "*") or (nargs is None and not positional_model):
+        return None
+    return int(nargs) if nargs is not None and nargs.isdigit() else 1
 
 
 def _typed(value: str) -> Any:
@@ -538,7 +555,10 @@ def _read_command(reading: _Reading, argv: list[str], runtime: str, engine: cata
         shown = " ".join(words[:next((at for at, arg in enumerate(words) if arg.startswith("--")), longest)])
         return {}, (f"the command starts `{shown}`: runtime '{runtime}' is {engine.title} "
                     f"here, whose command starts {_starts(engine.recipe_commands)}")
-    positional, pairs = _arguments(argv, len(start), engine.recipe_positional_model)
+    from provision import contracts
+
+    positional, pairs = _arguments(argv, len(start), engine.recipe_positional_model,
+                                   contracts.load().arity(engine.name), engine.name)
     if positional is not None and positional != model:
         reading.skip(f"model argument {positional}", f"the recipe's model is {model}")
     files = [value for flag, value in pairs if flag in HF_FILE_FLAGS and isinstance(value, str)]
@@ -912,13 +932,12 @@ def write(recipe: Recipe, container: str | None = None) -> str:
     # A file's flag names the path inside the image, in place of the same flag elsewhere.
     own = own_args(values.get("extra_args", ()), {**values.get("server_flags", {}), **files})
     index = 0
-    while index < len(own):  # a flag and its value on one line
-        if index + 1 < len(own) and not own[index + 1].startswith("-"):
-            lines.append(f"{own[index]} {shlex.quote(own[index + 1])}")
-            index += 2
-        else:
-            lines.append(own[index])
-            index += 1
+    while index < len(own):  # a flag and its values on one line (--cudagraph-capture-sizes 1 2 4)
+        end = index + 1
+        while end < len(own) and _is_value(own[end]):
+            end += 1
+        lines.append(" ".join([own[index], *(shlex.quote(word) for word in own[index + 1:end])]))
+        index = end
     data: dict[str, Any] = {"recipe_version": FORMAT, "model": recipe.model}
     if recipe.revision != "main":
         data["model_revision"] = recipe.revision
