@@ -296,7 +296,8 @@ def _import_tree(root: Path, overrides: dict[str, Any]) -> tuple[list[Imported],
         except RecipeError as exc:  # registry.yaml, benchmark profiles: not recipes
             skipped.append(f"{relative}: {exc.message}")
     if not results:
-        raise RecipeError("no Spark Arena v2 recipe (recipe_version: \"2\") in this directory", file=str(root))
+        raise RecipeError("no sparkrun recipe (Spark Arena's recipe_version \"2\" or eugr's \"1\") in this directory",
+                          file=str(root))
     return results, skipped
 
 

@@ -129,7 +129,7 @@ def test_trtllm() -> None:
     assert result.command == ("trtllm-serve", "nvidia/model", "--port", "8355", "--tp_size", "2")
     assert dict(result.settings) == {"port": 8355, "tensor_parallel_size": 2}
     assert result.recipe.hardware.nodes == 2  # one GB10 a node: tp 2 is two Sparks, over MPI
-    assert named(result)["field name"].startswith("a sparkrun field this reader does not know")
+    assert named(result)["field name"].endswith(": sparkrun names a recipe by its file, and so does the tool")
     structured = imported(SPARKRUN_TESTS / "trtllm-structured.yaml")
     assert structured.recipe is not None, structured.refused
     assert structured.settings["server_flags"] == {"--max_num_tokens": 32768}
@@ -164,6 +164,6 @@ def test_a_file_lacking_recipe_version_runtime_and_command_is_read_as_sparkrun_f
                       (SPARKRUN / "qwen3-1.7b-llama-cpp.yaml").read_text(encoding="utf-8").replace("runtime: llama-cpp\n", ""))
     assert hinted.engine == "llamacpp" and hinted.recipe is not None, hinted.refused
     assert dict(hinted.assumed)["runtime"].startswith("llama-cpp: the file gives none, and its command starts as")
-    # a version other than "2" is not one sparkrun fills in: refused
+    # a version sparkrun does not read (it reads "1" and "2") is refused
     with pytest.raises(sparkarena.RecipeError):
-        sparkarena.read('recipe_version: "1"\n' + bare, "x.yaml", "x")
+        sparkarena.read('recipe_version: "3"\n' + bare, "x.yaml", "x")

@@ -245,9 +245,9 @@ def test_settings_that_do_not_validate_say_why() -> None:
     assert owned.recipe is None and "--api-key" in owned.refused
 
 
-@pytest.mark.parametrize("text", ['recipe_version: "1"\nmodel: a/b\nruntime: vllm\n', "- a\n", ":\n  - [",
+@pytest.mark.parametrize("text", ['recipe_version: "3"\nmodel: a/b\nruntime: vllm\n', "- a\n", ":\n  - [",
                                   'recipe_version: "2"\nruntime: vllm\n'],
-                         ids=["version-1", "a-list", "garbage", "no-model"])
+                         ids=["version-3", "a-list", "garbage", "no-model"])
 def test_what_is_not_a_v2_recipe_is_refused(text: str) -> None:
     with pytest.raises(RecipeError):
         sparkarena.read(text, "x.yaml", "x")

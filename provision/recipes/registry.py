@@ -202,11 +202,25 @@ def _add(name: str, url: str) -> Registry:
         if not contents.recipes and not contents.refused:
             raise RecipeError(f"{url} holds no recipe (Spark Arena v2 or this tool's format) in "
                               f"{len(contents.not_recipes)} YAML file(s): not added", file="command line")
+        if not contents.recipes:  # every recipe refused: a registry listed with none would say nothing
+            raise RecipeError(f"{url}: none of its {len(contents.refused)} recipe(s) can be read here, so it is "
+                              f"not added; {_reasons(contents.refused)}", file="command line")
         partial.rename(target)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     _save([*known, registry])
     return registry
+
+
+def _reasons(refused: Sequence[tuple[str, str]], shown: int = 3) -> str:
+    """Why files were refused, each reason once with how many files it refused and the first of them."""
+    by_reason: dict[str, list[str]] = {}
+    for path, why in refused:
+        by_reason.setdefault(why, []).append(path)
+    parts = [f"{len(paths)} refused: {clip(why, 300)} (e.g. {paths[0]})" for why, paths in
+             sorted(by_reason.items(), key=lambda item: -len(item[1]))[:shown]]
+    more = f"; and {len(by_reason) - shown} other reason(s)" if len(by_reason) > shown else ""
+    return "; ".join(parts) + more
 
 
 def update(names: Iterable[str] = ()) -> list[Updated | RecipeError]:

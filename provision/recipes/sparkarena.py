@@ -1,6 +1,7 @@
 """Spark Arena's recipe registry (github.com/spark-arena/recipe-registry), read as it is and written back.
 
-Its files are `recipe_version: "2"` YAML for sparkrun, which launches a container on DGX Sparks:
+Its files are `recipe_version: "2"` YAML for sparkrun, which launches a container on DGX Sparks (sparkrun's
+default registry, spark-arena/eugr-recipes, writes "1", which sparkrun reads the same way: FORMATS):
 
     model: Intel/Qwen3-Coder-Next-int4-AutoRound
     runtime: vllm                    # the engine in the container
@@ -51,10 +52,15 @@ from provision.recipes import (
 )
 
 FORMAT = "2"
+# The versions sparkrun reads: "1" (eugr/spark-vllm-docker's recipes, sparkrun's default `eugr` registry)
+# is read as "2" is; the version only picks sparkrun's container builder (eugr), V1_SOURCE. A v1 file's
+# own fields: a top-level description, cluster_only (at least 2 nodes) and solo_only (exactly 1).
+FORMATS = ("1", "2")
+V1_SOURCE = "src/sparkrun/core/recipe.py:323-330 (_resolve_v1_migration), 577-578, 600-605, 622-625"
 UPSTREAM_FORMAT = "spark-arena-v2"  # a recipe's `upstream` from this format (recipes.UPSTREAM_FIELDS)
 # The fields of a v2 file this reader knows, and what it does with each.
 READ = ("recipe_version", "model", "model_revision", "runtime", "min_nodes", "max_nodes", "container",
-        "metadata", "mods", "defaults", "env", "command", "build_args")
+        "metadata", "mods", "defaults", "env", "command", "build_args", "description", "cluster_only", "solo_only")
 # sparkrun's runtimes and the engine each is here (the catalog's `runtimes`); None: a runtime known to
 # have no engine of this tool (atlas: its own server).
 RUNTIMES: Mapping[str, str | None] = {**catalog.runtime_engines(), "atlas": None}
@@ -240,9 +246,14 @@ def _parse(text: str | bytes, source: str) -> _Parsed:
     data = read_yaml(text.encode("utf-8") if isinstance(text, str) else text, source)
     if not isinstance(data, dict):
         raise RecipeError("not a recipe (a YAML mapping)", file=source)
-    if "recipe_version" in data and str(data["recipe_version"]) != FORMAT:
-        raise RecipeError(f"not a Spark Arena v2 recipe (recipe_version: {clip(repr(data.get('recipe_version')))}; "
-                          f"this reader reads \"{FORMAT}\")", file=source)
+    if "recipe_version" in data and str(data["recipe_version"]) not in FORMATS:
+        raise RecipeError(f"not a sparkrun recipe (recipe_version: {clip(repr(data.get('recipe_version')))}; "
+                          f"this reader reads {' and '.join(FORMATS)}, as sparkrun does)", file=source)
+    for key in ("cluster_only", "solo_only"):
+        if data.get(key) is not None and not isinstance(data[key], bool):
+            raise RecipeError(f"'{key}' must be true or false, got {clip(repr(data[key]))}", file=source)
+    if data.get("cluster_only") and data.get("solo_only"):
+        raise RecipeError("cluster_only and solo_only are both true: the recipe runs nowhere", file=source)
     if not isinstance(data.get("model"), str) or not data["model"].strip():
         raise RecipeError("'model' must be a non-empty string", file=source)
     for key in ("runtime", "command"):
@@ -476,6 +487,12 @@ def _read_flags(reading: _Reading, pairs: list[tuple[str, Value]], engine: catal
             if isinstance(value, str) and value != model:
                 why += f": the recipe's model is {model}"
             reading.skip(shown, why)
+        elif setting == catalog.CONTEXT and isinstance(value, str) and value.strip().lower() == "auto":
+            # sparkrun reads max_model_len `auto` as none given (recipe.py:997-1003): the model's own
+            # context, which the engine reads from the model's config.json when no length is given.
+            reading.notes.append(f"{shown}: the model's own context (its config.json), as sparkrun reads `auto` "
+                                 "(src/sparkrun/core/recipe.py:997-1003): max_model_len left unset, so the server "
+                                 "takes the model's own")
         elif setting is not None and setting in SETTING_TYPES and isinstance(value, str):
             try:
                 settings[setting] = SETTING_TYPES[setting](value)
@@ -626,8 +643,14 @@ def read(text: str | bytes, source: str, name: str, overrides: Mapping[str, Any]
         raise RecipeError(f"{', '.join(own)} come from the recipe itself, not --set", file="command line")
     reading = _Reading(source)
     for key in data:
-        if key not in READ:
+        if key == "name":  # sparkrun names a recipe by its file (recipe.py:580-582), as the tool does
+            reading.skip("field name", f"{clip(repr(data[key]), 60)}: sparkrun names a recipe by its file, and so "
+                                       "does the tool")
+        elif key not in READ:
             reading.skip(f"field {key}", "a sparkrun field this reader does not know: no bare-metal meaning here")
+    if str(data["recipe_version"]) == "1":
+        reading.notes.append(f"recipe_version 1, read as sparkrun reads it: the same fields as version 2, the "
+                             f"version choosing only sparkrun's container builder (eugr) (sparkrun: {V1_SOURCE})")
     model, runtime = data["model"].strip(), data["runtime"].strip()
     revision = data.get("model_revision")
     defaults = _mapping(data, "defaults", source)
@@ -733,7 +756,8 @@ def read(text: str | bytes, source: str, name: str, overrides: Mapping[str, Any]
             notes.append("engine version unknown: give the venv's pin (engine_spec) before serving it")
         notes += [f"assumed {what}: {why}" for what, why in parsed.assumed] + reading.notes
         recipe = Recipe(
-            name=name, description=str(metadata.get("description") or "").strip(), model=served,
+            name=name, description=str(data.get("description") or metadata.get("description") or "").strip(),
+            model=served,
             revision=str(revision or "main"), engine=str(engine), engine_version=version, settings=settings,
             hardware=Hardware(profile=PROFILE, gpus=1, gpu_memory_gib=None, nodes=nodes),
             figures=(), source=f"Spark Arena v2 recipe: {source}", notes=tuple(notes), file=source,
@@ -856,12 +880,18 @@ def _nodes(data: Mapping[str, Any], settings: Mapping[str, Any], source: str) ->
             raise RecipeError(f"'{key}' must be a positive integer, got {clip(repr(value))}", file=source)
         counts[key] = value
     low, high = counts["min_nodes"], counts["max_nodes"]
+    if data.get("cluster_only"):  # sparkrun: at least two nodes (recipe.py:600-605)
+        low = max(low or 1, 2)
+    if data.get("solo_only"):  # sparkrun: exactly one
+        high = 1
     if low is not None and high is not None and low > high:
         raise RecipeError(f"min_nodes {low} is above max_nodes {high}", file=source)
     gpus = _gpus(settings)
     nodes = max(int(low or 1), gpus)
     if high is not None and nodes > high:
-        return nodes, (f"tensor x pipeline parallel asks {gpus} GPUs, one a DGX Spark, and max_nodes is {high}")
+        bound = "solo_only (one node, sparkrun's recipe.py:600-605)" if data.get("solo_only") else \
+            f"max_nodes is {high}"
+        return nodes, f"tensor x pipeline parallel asks {gpus} GPUs, one a DGX Spark, and {bound}"
     return nodes, ""
 
 
