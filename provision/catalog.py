@@ -218,8 +218,12 @@ ENGINES: Mapping[str, EngineEntry] = {entry.name: entry for entry in (
         api_key_variable="VLLM_API_KEY", metrics=VLLM_METRICS,
         multi_node="vLLM's own multi-node launch, or Ray below 0.11.1",
         # eugr-vllm: sparkrun's runtime for eugr/spark-vllm-docker's locally built vLLM images, whose
-        # recipes run the same `vllm serve` command (sparkrun src/sparkrun/runtimes/eugr_vllm.py).
-        runtimes=("vllm", "eugr-vllm"), recipe_commands=(("vllm", "serve"),), recipe_positional_model=True,
+        # recipes run the same `vllm serve` command (sparkrun src/sparkrun/runtimes/eugr_vllm.py);
+        # vllm-distributed (vLLM's own multi-node launch: --nnodes, --node-rank, --master-addr) and vllm-ray
+        # (a Ray cluster, serve on the head): what sparkrun resolves a bare `vllm` to, and what a recipe may
+        # name itself (sparkrun RECIPES.md "Runtime resolution", runtimes/vllm_distributed.py, vllm_ray.py).
+        # Both are vLLM over several nodes, which the tool launches itself (multi_node).
+        runtimes=("vllm", "eugr-vllm", "vllm-distributed", "vllm-ray"), recipe_commands=(("vllm", "serve"),), recipe_positional_model=True,
         # vllm/engine/arg_utils.py's short flags (-dp kept as --data-parallel-size: no setting of ours)
         recipe_aliases={"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size",
                         "-dp": "--data-parallel-size"},

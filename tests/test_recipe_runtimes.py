@@ -19,6 +19,7 @@ from provision.recipes import sparkarena
 FIXTURES = Path(__file__).parent / "fixtures"
 SPARKRUN = FIXTURES / "recipes" / "oss-spark-run"
 SPARKRUN_TESTS = FIXTURES / "recipes" / "sparkrun-tests"
+ARENA = FIXTURES / "recipes" / "spark-arena"
 HOST = ("--host 0.0.0.0", sparkarena.HOST_NOTE)
 
 
@@ -167,3 +168,21 @@ def test_a_file_lacking_recipe_version_runtime_and_command_is_read_as_sparkrun_f
     # a version sparkrun does not read (it reads "1" and "2") is refused
     with pytest.raises(sparkarena.RecipeError):
         sparkarena.read('recipe_version: "3"\n' + bare, "x.yaml", "x")
+
+
+@pytest.mark.parametrize("runtime", ["vllm-distributed", "vllm-ray"])
+def test_sparkrun_s_own_vllm_runtimes_are_vllm_across_nodes(runtime: str) -> None:
+    """sparkrun's vllm-distributed and vllm-ray (its RECIPES.md "Runtime resolution"): the same `vllm serve`
+    command over several nodes, launched here by the tool itself. Spark Arena's gpt-oss recipe with its
+    runtime renamed, and asked for two nodes; and with no command, written as sparkrun's vLLM runtimes do."""
+    text = (ARENA / "openai-gpt-oss-120b-vllm.yaml").read_text(encoding="utf-8")
+    assert text.count("runtime: vllm\n") == 1
+    named_so = text.replace("runtime: vllm\n", f"runtime: {runtime}\n").replace("max_nodes: 1", "max_nodes: 2") \
+        .replace("tensor_parallel: 1", "tensor_parallel: 2")
+    result = imported(ARENA / "x.yaml", named_so)
+    assert result.engine == "vllm" and result.recipe is not None, result.refused
+    assert result.recipe.hardware.nodes == 2 and result.recipe.settings["tensor_parallel_size"] == 2
+    assert any("runs on 2 DGX Spark hosts" in note for note in result.recipe.notes)
+    generated = imported(ARENA / "x.yaml", named_so.split("command:")[0])
+    assert generated.recipe is not None, generated.refused
+    assert dict(generated.assumed)["command"].startswith("`vllm serve {model} -tp {tensor_parallel}")

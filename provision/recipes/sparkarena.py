@@ -136,9 +136,9 @@ _TRTLLM_FLAGS = (("port", "--port"), ("host", "--host"), ("tensor_parallel", "--
 # for a file (llama_cpp.py:297-340, its max_model_len read as ctx_size, :248-260); TensorRT-LLM's backend
 # is pytorch unless one is given (trtllm.py:130-148).
 GENERATED: Mapping[str, Generated] = {
-    "vllm": Generated("vllm serve", "", _VLLM_FLAGS,
-                      frozenset({"enforce_eager", "enable_prefix_caching", "trust_remote_code"}),
-                      source="src/sparkrun/runtimes/vllm_distributed.py:192-212, _vllm_common.py:83-111"),
+    **dict.fromkeys(("vllm", "vllm-distributed", "vllm-ray"), Generated(
+        "vllm serve", "", _VLLM_FLAGS, frozenset({"enforce_eager", "enable_prefix_caching", "trust_remote_code"}),
+        source="src/sparkrun/runtimes/vllm_distributed.py:192-212, _vllm_common.py:83-111")),
     "sglang": Generated("python3 -m sglang.launch_server", "--model-path", _SGLANG_FLAGS,
                         frozenset({"trust_remote_code"}), source="src/sparkrun/runtimes/sglang.py:19-42, 231-251"),
     "llama-cpp": Generated("llama-server", "-hf", _LLAMA_CPP_FLAGS,
