@@ -545,8 +545,8 @@ def test_runtimes_and_engines_come_from_the_catalog() -> None:
     assert trtllm.refused == ("the command starts `vllm serve`: runtime 'trtllm' is TensorRT-LLM here, whose "
                               "command starts `trtllm-serve serve` or `trtllm-serve`")
     # the runtimes a refusal lists as read are those whose engine's commands are read: every one here
-    assert result.refused.endswith("runtimes read: vllm, eugr-vllm, trtllm, tensorrt-llm, llama-cpp, llamacpp, "
-                                   "sglang)")
+    assert result.refused.endswith("runtimes read: vllm, eugr-vllm, vllm-distributed, vllm-ray, trtllm, tensorrt-llm, "
+                                   "llama-cpp, llamacpp, sglang)")
 
 
 def test_a_multi_node_note_names_the_engine_that_launches_it(monkeypatch: pytest.MonkeyPatch) -> None:
