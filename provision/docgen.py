@@ -322,8 +322,12 @@ def package_modules() -> dict[str, Path]:
     where Python finds it, so that a checkout, an editable install and a wheel read the same modules."""
     modules = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
     templates = importlib.util.find_spec(f"{PACKAGE.name}.templates")
-    if templates is not None and templates.origin and f"{PACKAGE.name}.templates" not in modules:
-        modules[f"{PACKAGE.name}.templates"] = Path(templates.origin)
+    origin = Path(templates.origin) if templates is not None and templates.origin else None
+    checkout = PACKAGE.parent / "templates" / "__init__.py"
+    if origin is None and checkout.is_file():  # a checkout on sys.path, not installed: the folder mapped
+        origin = checkout
+    if origin is not None and f"{PACKAGE.name}.templates" not in modules:
+        modules[f"{PACKAGE.name}.templates"] = origin
     return modules
 
 
