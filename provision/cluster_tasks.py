@@ -8,7 +8,6 @@ import time
 
 from invoke.context import Context
 from invoke.exceptions import Exit
-from invoke.tasks import task
 
 from provision import benchprofiles
 from provision.errors import ProvisionError
@@ -22,6 +21,7 @@ from provision.taskargs import (
     help_for,
     host_task,
     select,
+    task,
 )
 
 

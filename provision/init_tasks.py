@@ -4,10 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from invoke.context import Context
-from invoke.tasks import task
 
 from provision import hints
-from provision.taskargs import exit_unless, guarded, help_for, setup_logging
+from provision.taskargs import exit_unless, guarded, help_for, setup_logging, task
 
 
 @task(auto_shortflags=False, name="init",

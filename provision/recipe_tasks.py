@@ -14,11 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from invoke.collection import Collection
 from invoke.context import Context
-from invoke.tasks import task
 
 from provision import hints
 from provision.errors import RecipeError
-from provision.taskargs import HostFlags, exit_unless, guarded, help_for, host_task
+from provision.taskargs import HostFlags, exit_unless, guarded, help_for, host_task, task
 
 if TYPE_CHECKING:
     from provision.recipes.sparkarena import Imported

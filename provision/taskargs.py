@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from invoke.exceptions import Exit
-from invoke.tasks import Task, task
+from invoke.tasks import Task
+from invoke.tasks import task as invoke_task
 
 from provision import config
 from provision.errors import InventoryError, LabError, causes
@@ -53,6 +54,26 @@ COMMON_HELP = {
 
 def help_for(*names: str, **extra: str) -> dict[str, str]:
     return {**{name: COMMON_HELP[name] for name in names}, **extra}
+
+
+class KeptHelpTask(Task[Any]):
+    """Invoke's Task, whose flags keep their help however often they are read. Invoke's own pops each
+    flag's help out of the task as it builds the parser, so the second program a task runs over the same
+    tasks (`recipe.show -h`, whose -h Invoke hands the task as its NAME: recipe_tasks._given) would list
+    the flags bare."""
+
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Any]:
+        kept = dict(self.help)
+        try:
+            return super().get_arguments(ignore_unknown_help)
+        finally:
+            self.help = kept
+
+
+def task(**options: Any) -> Callable[[Callable[..., Any]], KeptHelpTask]:
+    """`@task(...)`, Invoke's decorator making a KeptHelpTask: every task of this tool is declared
+    through it."""
+    return invoke_task(klass=KeptHelpTask, **options)
 
 
 # Invoke's core options that shape what Invoke's own run() does. No task runs a command through it
@@ -371,7 +392,7 @@ def host_task(name: str, *shared: str, help: Mapping[str, str] | None = None, as
         parsed.__signature__ = signature  # type: ignore[attr-defined]  # what Invoke reads the flags off
         helps = {**{name: COMMON_HELP[name] for name in shared}, **(help or {})}
         repeated = [flag.parameter for flag in flags if flag.repeats]
-        return task(auto_shortflags=False, name=name, help=helps,  # type: ignore[no-any-return]
+        return task(auto_shortflags=False, name=name, help=helps,
                     iterable=[*repeated, *iterable])(guarded(parsed))
 
     return decorate

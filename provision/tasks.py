@@ -10,7 +10,6 @@ import sys
 from invoke.collection import Collection
 from invoke.context import Context
 from invoke.exceptions import Exit
-from invoke.tasks import task
 
 from provision.taskargs import (
     HOST_TASK_FLAGS,
@@ -21,6 +20,7 @@ from provision.taskargs import (
     help_for,
     host_task,
     select,
+    task,
 )
 
 

@@ -161,3 +161,24 @@ def test_the_installed_command_refuses_a_token_in_set_and_in_an_inventorys_serve
         assert "--hf-token carries a credential" in done.stderr
         assert "give it as the secrets file's hf_token" in done.stderr
         assert token not in done.stdout + done.stderr
+
+
+# Tasks whose NAME (or URL) comes first: Invoke hands them -h as that value, and they print their help
+# by running a second program over the same tasks (recipe_tasks._given).
+NAME_FIRST = ("recipe.show", "recipe.apply", "recipe.import", "recipe.export", "registry.add", "registry.remove")
+
+
+@pytest.mark.parametrize("name", NAME_FIRST)
+def test_a_task_s_own_help_describes_each_of_its_options(name: str, tmp_path: Path) -> None:
+    """`provision recipe.show -h` listed the options bare: Invoke takes each flag's help out of the task
+    as it builds its parser, and the second program found none left. Each option has its words, the
+    same as `provision --help recipe.show` prints."""
+    done = subprocess.run([_installed(), name, "-h"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    options = done.stdout.split("Options:\n")[1].splitlines()
+    bare = [row for row in options if row.startswith("  --") and len(row.split()) == 1]
+    assert options and not bare, done.stdout
+    whole = subprocess.run([_installed(), "--help", name], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60, check=True)
+    assert done.stdout == whole.stdout
