@@ -153,8 +153,7 @@ def driver_loaded(ctx: Context) -> Finding | None:
     if ctx.profile.driver is None:
         return None
     if ctx.facts.driver is None:
-        return fail("no NVIDIA kernel module is loaded",
-                    "apt-get install nvidia-driver-580-open (or the site's driver) and reboot",
+        return fail("no NVIDIA kernel module is loaded", driver_fix(ctx, "driver.loaded", "580"),
                     nvidia_driver=ctx.facts.notes.get("nvidia_driver"))
     return ok(f"NVIDIA {ctx.facts.driver.version} loaded", version=ctx.facts.driver.version)
 
@@ -171,8 +170,39 @@ def driver_flavour(ctx: Context) -> Finding | None:
         return ok(f"{found} kernel module", flavour=found)
     major = ctx.facts.driver.version.split(".")[0]
     return fail(f"the {found} kernel module is loaded; {ctx.profile.name} needs the {expectation.flavour} one",
-                f"apt-get install nvidia-driver-{major}-open (replaces the proprietary modules) and reboot",
+                driver_fix(ctx, "driver.flavour", major, "replaces the proprietary modules"),
                 flavour=found, required=expectation.flavour)
+
+
+def _prepared(ctx: Context, rule_id: str) -> bool:
+    """Whether `prepare` fixes this rule on this host's profile and OS (prepare.yaml)."""
+    from importlib import resources
+
+    from provision import datafiles
+    release = ctx.facts.os
+    if release is None or not release.version_id:
+        return False
+    fixes = datafiles.load(resources.files("provision").joinpath("prepare.yaml").read_text(encoding="utf-8"))
+    by_os = fixes["fixes"].get(ctx.profile.name) or {}
+    return rule_id in (by_os.get(f"{release.id}-{release.version_id}") or {})
+
+
+def driver_fix(ctx: Context, rule_id: str, branch: str, why: str = "") -> str:
+    """The NVIDIA driver with open kernel modules, as the host's own distribution packages it: Ubuntu's
+    nvidia-driver-BRANCH-open, with `prepare` named where it installs it; elsewhere NVIDIA's own
+    repository's nvidia-open (NVIDIA's driver installation guide), as a distribution's own packages of
+    the driver (Debian's nvidia-open-kernel-dkms: 535 on Debian 12) lag the branches these GPUs need."""
+    release = ctx.facts.os
+    then = f" ({why})" if why else ""
+    if release is not None and release.id == "ubuntu":
+        fix = f"apt-get install nvidia-driver-{branch}-open{then} and reboot"
+        if _prepared(ctx, rule_id):
+            fix = f"`{hints.command(f'prepare --host {ctx.host}')}` does it: {fix}"
+        return fix
+    name = (release.pretty_name or release.id) if release is not None else "this host's distribution"
+    return (f"install NVIDIA's driver {branch} or later with its open kernel modules{then}: on {name}, "
+            "apt-get install nvidia-open from NVIDIA's repository for it "
+            "(https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/), then reboot")
 
 
 def cuda_to_run(ctx: Context) -> tuple[str | None, str]:
@@ -291,8 +321,22 @@ def gpu_count(ctx: Context) -> Finding | None:
                 "pipeline_parallel_size": ctx.settings.pipeline_parallel_size, "nodes": ctx.nodes}
     if have >= needed:
         return ok(f"{have} GPU(s) for {needed} needed", **evidence)
-    return fail(f"{have} GPU(s) but TP x PP needs {needed} on this host",
-                f"--set tensor_parallel_size={max(have, 1) * ctx.nodes} or add GPUs", **evidence)
+    return fail(f"{have} GPU(s) but TP x PP needs {needed} on this host", _gpu_count_fix(ctx, have), **evidence)
+
+
+def _gpu_count_fix(ctx: Context, have: int) -> str:
+    """A setting that fits the GPUs there are, never the one in effect: with none visible, no setting
+    does (TP 1 is the least there is); a TP below the one asked for that TP x PP fits on each node, else
+    the pipeline parallel size that does."""
+    if have == 0:
+        return ("no GPU is visible to it (see gpu.present): make them visible (`nvidia-smi` on the host; a "
+                "service's gpus) or serve it on a host with GPUs")
+    pipeline = ctx.settings.pipeline_parallel_size
+    fits = have * ctx.nodes // pipeline
+    if fits:
+        return f"--set tensor_parallel_size={fits} or add GPUs"
+    tensor = "" if ctx.settings.tensor_parallel_size == 1 else " --set tensor_parallel_size=1"
+    return f"--set pipeline_parallel_size={have * ctx.nodes}{tensor} or add GPUs"
 
 
 @rule("cluster.topology", BLOCKER)

@@ -162,6 +162,16 @@ def _unknown(facts: HostFacts, fact: str) -> str:
     return f"unknown ({facts.notes.get(fact, 'no answer')})"
 
 
+def _gpu_modules(facts: HostFacts) -> str:
+    """The loaded kernel modules the gate judges (NVIDIA's, nouveau), or why the list is unknown: the
+    row driver.nouveau's "could not be checked" points at."""
+    if facts.modules is None:
+        return f"unknown ({facts.notes.get('modules') or facts.notes.get('lsmod') or 'no answer'})"
+    nvidia = sorted(name for name in facts.modules if name.startswith("nvidia"))
+    nouveau = "nouveau loaded" if "nouveau" in facts.modules else "nouveau not loaded"
+    return f"{', '.join(nvidia) or 'no NVIDIA module'}; {nouveau}"
+
+
 def facts_rows(facts: HostFacts) -> list[tuple[str, str]]:
     driver = (f"{facts.driver.version} ({facts.driver.flavour} kernel module)" if facts.driver
               else facts.notes.get("nvidia_driver", "-"))
@@ -180,6 +190,7 @@ def facts_rows(facts: HostFacts) -> list[tuple[str, str]]:
         ("memory", f"{_gib(facts.memory.total)} total, {_gib(facts.memory.available)} available"
          if facts.memory else "-"),
         ("driver", driver),
+        ("modules", _gpu_modules(facts)),
         ("gpus", _gpus(facts)),
         ("python3", facts.python or "-"),
         ("venv", _venv(facts)),

@@ -29,6 +29,7 @@ from provision import (
     inventory,
     lab,
     parsers,
+    report,
     services,
     weights,
 )
@@ -1269,3 +1270,55 @@ def test_what_the_cpu_profile_removes_on_purpose_is_not_an_unmet_requirement() -
     unmet = {f.id: f for f in checks.evaluate(kept)}["venv.requirements"]
     assert unmet.blocks and unmet.evidence["unmet"] == {"torchaudio": "not installed", "torchvision": "not installed",
                                                         "torchcodec>=0.14": "not installed"}
+
+
+def _found(host_facts: HostFacts, profile: str = "rtx5090", **values: Any) -> dict[str, checks.Finding]:
+    ctx = context.Context(host="h", profile=PROFILES[profile], settings=settings(profile, **values), facts=host_facts)
+    return {f.id: f for f in checks.evaluate(ctx)}
+
+
+@pytest.mark.parametrize(("gpus", "values", "fix"), [
+    (0, {}, "no GPU is visible to it"),
+    (1, {"tensor_parallel_size": 2}, "--set tensor_parallel_size=1 "),
+    (2, {"tensor_parallel_size": 4}, "--set tensor_parallel_size=2 "),
+    (1, {"tensor_parallel_size": 1, "pipeline_parallel_size": 2}, "--set pipeline_parallel_size=1 or"),
+    (2, {"tensor_parallel_size": 2, "pipeline_parallel_size": 4},
+     "--set pipeline_parallel_size=2 --set tensor_parallel_size=1 or"),
+], ids=["no-gpu-tp1", "one-gpu-tp2", "two-gpus-tp4", "one-gpu-pp2", "two-gpus-tp2-pp4"])
+def test_gpu_count_s_fix_is_a_setting_that_fits_never_the_one_in_effect(gpus: int, values: dict[str, int],
+                                                                       fix: str) -> None:
+    """On a machine with no GPU, gpu.count said `--set tensor_parallel_size=1`, the value in effect."""
+    found = _found(with_gpus(gpus)(recorded("rtx5090x2-tr7960x")), **values)["gpu.count"]
+    assert found.status == "fail" and fix in (found.fix or ""), found.fix
+    in_effect = f"--set tensor_parallel_size={values.get('tensor_parallel_size', 1)} "
+    assert in_effect not in f"{found.fix} ", found.fix
+
+
+def test_the_driver_fix_names_the_package_of_the_host_s_own_distribution() -> None:
+    """The driver fix named Ubuntu's nvidia-driver-580-open on a Debian host: Ubuntu keeps its package
+    (and names prepare, which installs it there); elsewhere NVIDIA's repository's nvidia-open."""
+    bare = dataclasses.replace(recorded("rtx5090x2-tr7960x"), driver=None, gpus=(), modules=frozenset())
+    debian = dataclasses.replace(bare, os=parsers.OsRelease("debian", "12", "Debian GNU/Linux 12 (bookworm)"))
+    ubuntu = dataclasses.replace(bare, os=parsers.OsRelease("ubuntu", "24.04", "Ubuntu 24.04.2 LTS"))
+    on_debian = _found(debian)["driver.loaded"].fix or ""
+    assert "nvidia-driver-" not in on_debian and "Ubuntu" not in on_debian, on_debian
+    assert "on Debian GNU/Linux 12 (bookworm), apt-get install nvidia-open" in on_debian
+    on_ubuntu = _found(ubuntu)["driver.loaded"].fix or ""
+    assert "prepare --host h` does it: apt-get install nvidia-driver-580-open" in on_ubuntu, on_ubuntu
+    proprietary = dataclasses.replace(recorded("rtx5090x2-tr7960x"), os=debian.os)
+    flavour = _found(dataclasses.replace(proprietary, driver=dataclasses.replace(
+        proprietary.driver, flavour="proprietary")))["driver.flavour"].fix or ""
+    assert "nvidia-driver-" not in flavour and "apt-get install nvidia-open" in flavour, flavour
+
+
+def test_the_nouveau_finding_points_at_a_facts_row_that_says_why_the_modules_are_unknown() -> None:
+    """`see provision facts --host local`, whose table had no modules row: the row is there, with the
+    reason the list could not be read."""
+    unread = dataclasses.replace(recorded("rtx5090x2-tr7960x"), driver=None, modules=None,
+                                 notes={"modules": "/proc/modules: not present on the host"})
+    nouveau = _found(unread)["driver.nouveau"]
+    assert "facts --host h`" in (nouveau.fix or ""), nouveau.fix
+    rows = dict(report.facts_rows(unread))
+    assert rows["modules"] == "unknown (/proc/modules: not present on the host)"
+    loaded = dataclasses.replace(unread, modules=frozenset({"nouveau", "nvidia", "nvidia_uvm", "snd"}))
+    assert dict(report.facts_rows(loaded))["modules"] == "nvidia, nvidia_uvm; nouveau loaded"
