@@ -61,9 +61,11 @@ def deploy(c: Context, flags: HostFlags, batch: int = 1, timeout: float = 600) -
                  "window": "seconds between the two /metrics samples that give tokens/s (default 1)",
                  "stall-window": "seconds the engine's generated-token count may stand still while requests "
                                  "run before the host is called stuck (default 60, more than --window); a host "
-                                 "that looks still is asked again until it moves or this has passed"})
+                                 "that looks still is asked again until it moves or this has passed",
+                 "wide": "every column (restarts, requests, KV cache, prefix hits) even where the terminal is "
+                         "narrower than the table: long cells wrap"})
 def status_(c: Context, flags: HostFlags, watch: float = 0, timeout: float = 5, window: float = 1.0,
-            stall_window: float = 60.0) -> None:  # stall.STALL_WINDOW
+            stall_window: float = 60.0, wide: bool = False) -> None:  # stall.STALL_WINDOW
     """Show every host at a glance; exit 1 if a server is stuck.
 
     Unit, restarts, health, model, GPUs, requests, tokens/s, KV and prefix cache, and whether a server
@@ -80,11 +82,11 @@ def status_(c: Context, flags: HostFlags, watch: float = 0, timeout: float = 5, 
         started = time.monotonic()
         found = status.gather_status(chosen.inventory, chosen.targets, chosen.overrides, held, sampling)
         routed = status.gather_endpoints(chosen.inventory, chosen.targets, timeout)
-        report.print_status(found, time.monotonic() - started, flags.json, routed)
+        report.print_status(found, time.monotonic() - started, flags.json, routed, wide)
         exit_unless(status.serving_as_declared(found) and all(item.answers for item in routed))
         return
     # --watch: each host's samples go to the next refresh, so the stuck rule sees the stall grow live.
-    screen = report.StatusScreen(flags.json)
+    screen = report.StatusScreen(flags.json, wide)
     history: dict[str, tuple[stall.Sample, ...]] = {}
     screen.start()
     try:

@@ -621,17 +621,32 @@ def status_problems(found: dict[str, status.HostStatus]) -> list[str]:
     return lines
 
 
-def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
+STATUS_COLUMNS = ("host", "unit", "restarts", "health", "model @ revision",
+                  "GPUs (mem used/total GiB, °C, util, W)", "run/wait", "failed", "tok/s", "KV %",
+                  "KV tokens (est.)", "prefix hit %")
+# What a person must read of each host; the rest is status --wide's (and --json's) where the whole
+# table does not fit the terminal.
+STATUS_NARROW = ("host", "unit", "health", "model @ revision", "GPUs (mem used/total GiB, °C, util, W)", "tok/s")
+
+
+def status_table(found: dict[str, status.HostStatus], title: str, columns: Sequence[str] = STATUS_COLUMNS) -> Table:
+    """The hosts, one row each, in `columns` (of STATUS_COLUMNS). No cell is ever cut: a long one wraps
+    at its spaces, and a word wider than its column folds onto the next line; the host's name keeps its
+    whole width."""
     from provision import status
 
     table = Table(title=title)
-    for column in ("host", "unit", "restarts", "health", "model @ revision", "GPUs (mem used/total GiB, °C, util, W)",
-                   "run/wait", "failed", "tok/s", "KV %", "KV tokens (est.)", "prefix hit %"):
-        table.add_column(column)
+    for column in columns:
+        if column == "host":
+            table.add_column(column, no_wrap=True, min_width=max(map(len, found), default=4))
+        else:
+            table.add_column(column, overflow="fold")
     for name, item in found.items():
         if not item.reachable:  # the whole reason goes below the table, not into a narrow last column
-            table.add_row(styled(f"[red]{plain(name)}[/red]"), styled("[red]unreachable[/red]"), "-",
-                          status.short_reason(item.problem or ""), "-", "-", "-", "-", "-", "-", "-", "-")
+            cells: dict[str, Any] = {column: "-" for column in STATUS_COLUMNS}
+            cells.update({"host": styled(f"[red]{plain(name)}[/red]"), "unit": styled("[red]unreachable[/red]"),
+                          "health": status.short_reason(item.problem or "")})
+            table.add_row(*(cells[column] for column in columns))
             continue
         gpus = "; ".join(
             f"{g['name'].replace('NVIDIA ', '')} {_fmt((g['memory_used_mib'] or 0) / 1024)}/"
@@ -643,20 +658,22 @@ def status_table(found: dict[str, status.HostStatus], title: str) -> Table:
         unit = (f"{str(item.unit.get('name', '?')).removesuffix('.service')}: {item.unit.get('active', '?')}"
                 + (f" since {item.unit['since']}" if item.unit.get("since") else "")
                 + (" (crashed, restarting)" if item.unit.get("crashed") else ""))
-        if item.unit.get("installed") is False:
+        if item.unit.get("installed") is False or item.idle is not None:
             unit = "idle" if item.idle is not None else "not installed"
         colour = ("dim" if item.idle is not None else "red" if not item.healthy
                   else "yellow" if item.drift else "green")
         model = f"{item.model or '-'} @ {item.revision[:12] if item.revision else '-'}"
-        table.add_row(styled(f"[{colour}]{plain(name)}[/{colour}]"), unit, _fmt(item.unit.get("restarts")),
-                      item.health or item.role,
-                      model if item.role == "server" or item.unit.get("installed") is False
-                      else f"({item.unit.get('note') or 'Ray worker'})", gpus,
-                      f"{_fmt(fig.running, digits=0)}/{_fmt(fig.waiting, digits=0)}" if fig else "-",
-                      _fmt(fig.failed_requests, digits=0) if fig else "-",  # since the server started
-                      styled(plain(_fmt(fig.generation_tokens_per_s) if fig else "-") + _progress(item.progress)),
-                      _fmt(fig.kv_cache_usage_pct) if fig else "-", _kv_tokens(item),
-                      _fmt(fig.prefix_cache_hit_pct) if fig else "-")
+        row: tuple[str | Text, ...] = (
+            styled(f"[{colour}]{plain(name)}[/{colour}]"), unit, _fmt(item.unit.get("restarts")),
+            item.health or item.role,
+            model if item.role == "server" or item.unit.get("installed") is False
+            else f"({item.unit.get('note') or 'Ray worker'})", gpus,
+            f"{_fmt(fig.running, digits=0)}/{_fmt(fig.waiting, digits=0)}" if fig else "-",
+            _fmt(fig.failed_requests, digits=0) if fig else "-",  # since the server started
+            styled(plain(_fmt(fig.generation_tokens_per_s) if fig else "-") + _progress(item.progress)),
+            _fmt(fig.kv_cache_usage_pct) if fig else "-", _kv_tokens(item),
+            _fmt(fig.prefix_cache_hit_pct) if fig else "-")
+        table.add_row(*(cell for column, cell in zip(STATUS_COLUMNS, row, strict=True) if column in columns))
     return table
 
 
@@ -770,23 +787,33 @@ def replica_failures(counted: Mapping[str, int]) -> str:
     return (", ".join(failed) or "none") + (f"; {retried} retried elsewhere" if retried else "")
 
 
-def status_view(found: Mapping[str, Any], seconds: float, routed: Sequence[Any] = ()) -> Group:
-    """The table and, under it, what is wrong with each host, whole; then the endpoints' replicas."""
+def status_view(found: Mapping[str, Any], seconds: float, routed: Sequence[Any] = (), width: int = PIPED_WIDTH,
+                wide: bool = False) -> Group:
+    """The table and, under it, what is wrong with each host, whole; then the endpoints' replicas. All of
+    the table's columns where they fit `width` (or `wide`); else STATUS_NARROW's, and a line that says
+    which columns `status --wide` adds."""
     drifted = sum(bool(item.drift) for item in found.values())
     idle = sum(item.idle is not None for item in found.values())
     title = (f"status: {sum(item.healthy for item in found.values())}/{len(found) - idle} healthy"
              f"{f', {idle} idle' if idle else ''}"
              f"{f', {drifted} drifted from the inventory' if drifted else ''} ({seconds:.1f}s)")
     lines = [Text(line) for line in status_problems(dict(found))]
-    return Group(status_table(dict(found), title), *lines, *([endpoints_table(routed)] if routed else []))
+    table = status_table(dict(found), title)
+    if not wide and Console(width=PIPED_WIDTH).measure(table).maximum > width:
+        table = status_table(dict(found), title, STATUS_NARROW)
+        left = [column.split(" (")[0] for column in STATUS_COLUMNS if column not in STATUS_NARROW]
+        lines.append(Text(f"`{hints.command('status --wide')}` adds {', '.join(left)} (or --json)"))
+    return Group(table, *lines, *([endpoints_table(routed)] if routed else []))
 
 
-def print_status(found: Mapping[str, Any], seconds: float, json_: bool, routed: Sequence[Any] = ()) -> None:
+def print_status(found: Mapping[str, Any], seconds: float, json_: bool, routed: Sequence[Any] = (),
+                 wide: bool = False) -> None:
     """status: one table for the whole cluster (what is wrong, whole, under it), or JSON."""
     if json_:
         print(dump_json(status_document(found, routed)))
         return
-    console().print(status_view(found, seconds, routed))
+    out = console()
+    out.print(status_view(found, seconds, routed, out.width, wide))
 
 
 class StatusScreen:
@@ -794,8 +821,9 @@ class StatusScreen:
     table follows the last; with --json each refresh is one JSON document on one line (JSON Lines), so
     a script reads the refreshes as they come."""
 
-    def __init__(self, json_: bool) -> None:
+    def __init__(self, json_: bool, wide: bool = False) -> None:
         self.json = json_
+        self.wide = wide
         self.console = console()
         self.live: Live | None = None
         if not json_ and self.console.is_terminal:
@@ -813,9 +841,9 @@ class StatusScreen:
         if self.json:
             print(json.dumps(status_document(found)), flush=True)
         elif self.live is not None:
-            self.live.update(status_view(found, seconds), refresh=True)
+            self.live.update(status_view(found, seconds, width=self.console.width, wide=self.wide), refresh=True)
         else:
-            self.console.print(status_view(found, seconds))
+            self.console.print(status_view(found, seconds, width=self.console.width, wide=self.wide))
 
 
 def print_answer(answer: Any, prompt: str, json_: bool) -> None:
@@ -1123,16 +1151,24 @@ def print_recipes(recipes: Sequence[Recipe], out: Console, host: str | None = No
         out.print("recipes: none for this profile")
         return
     table = Table(title="recipes", title_justify="left")
-    for column in ("name", *(["from"] if origins else []), "profile", "gpus", "nodes", "model", "engine", "figures",
-                   *([f"on {host}"] if fitted is not None else [])):
+    columns = ("name", *(["from"] if origins else []), "profile", "gpus", "nodes", "model", "engine", "figures",
+               *([f"on {host}"] if fitted is not None else []))
+    for column in columns:
         table.add_column(column, overflow="fold")
-    for recipe in recipes:
-        hardware = recipe.hardware
-        table.add_row(recipe.name, *([origins.get(recipe.name, "")] if origins else []), hardware.profile,
-                      str(hardware.gpus), str(hardware.nodes), recipe.model,
-                      f"{recipe.engine} {recipe.engine_version or '(version not given)'}", _figure_text(recipe),
-                      *([_fit_text(fitted[recipe.name])] if fitted is not None else []))
-    out.print(table)
+    rows = [(recipe.name, *([origins.get(recipe.name, "")] if origins else []), recipe.hardware.profile,
+             str(recipe.hardware.gpus), str(recipe.hardware.nodes), recipe.model,
+             f"{recipe.engine} {recipe.engine_version or '(version not given)'}", _figure_text(recipe),
+             *([_fit_text(fitted[recipe.name])] if fitted is not None else [])) for recipe in recipes]
+    for row in rows:
+        table.add_row(*row)
+    if Console(width=PIPED_WIDTH).measure(table).maximum <= out.width:
+        out.print(table)
+    else:  # narrower than the table: one recipe a block, its name (what recipe.show takes) whole on its line
+        out.print(Text("recipes", style="italic"))
+        for name, *values in rows:
+            out.print(Text(name, style="bold"))
+            out.print(Text("; ".join(f"{column} {value}" for column, value in zip(columns[1:], values, strict=True)),
+                           overflow="fold"))
     if fitted is not None:
         out.print(Text(f"on {host}: the gate with each recipe's settings; the venv's wheels are not resolved for a "
                        f"list (`{hints.command(f'recipe.show NAME --host {host}')}` resolves them)"))

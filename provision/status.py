@@ -175,14 +175,24 @@ def idle_by_design(found: HostStatus, provisioned: bool, declares_model: bool) -
     """Pure: a host whose unit is not installed serves nothing by design when the tool never
     installed that unit there (no generation kept on the host changed it) or the inventory gives it
     no model: idle, not unhealthy. A host the tool did provision whose unit is gone stays unhealthy, with what to do."""
+    unit = found.unit.get("name", "the server unit")
+    deploy = f"`{hints.command(f'deploy --host {found.host}')}` deploys it"
+    if found.reachable and found.unit.get("installed") is None and not provisioned and found.generation is None \
+            and found.health != "ok":
+        # systemctl could not answer (no systemd as PID 1, say), and nothing of the tool is on the host:
+        # what was never deployed, not an unknown failure.
+        then = deploy if declares_model else (f"it names no model to serve yet: "
+                                              f"`{hints.command(f'check --host {found.host}')}` says the line to add")
+        return dataclasses.replace(found, problem=None, idle=(
+            f"never provisioned by the tool (no generation on the host; systemd could not say whether {unit} "
+            f"is there): {then}"))
     if not found.reachable or found.unit.get("installed") is not False:
         return found
-    unit = found.unit.get("name", "the server unit")
     if not declares_model:
         return dataclasses.replace(found, problem=None, idle="the inventory gives it no model to serve")
     if not provisioned:
-        return dataclasses.replace(found, problem=None,
-                                   idle=f"never provisioned by the tool (no generation on the host installed {unit})")
+        return dataclasses.replace(found, problem=None, idle=(
+            f"never provisioned by the tool (no generation on the host installed {unit}): {deploy}"))
     number = f" (generation {found.generation['id']})" if found.generation else ""
     return dataclasses.replace(found, problem=f"{unit} is gone, yet the tool provisioned the host{number}: "
                                               f"`{hints.command(f'deploy --host {found.host}')}` puts it back")

@@ -570,3 +570,24 @@ def test_export_refuses_an_sglang_recipe() -> None:
     assert result.recipe is not None
     with pytest.raises(RecipeError, match=r"engine sglang \(SGLang\): Spark Arena's v2 export writes vLLM recipes only"):
         sparkarena.write(result.recipe)
+
+
+@pytest.mark.parametrize("width", [80, 100, 120, 250])
+def test_recipe_list_keeps_each_name_whole_on_its_line_at_any_width(width: int) -> None:
+    """At 100 columns recipe.list broke names mid-word ("deepseek-r1-d / istill-qwen-3 ..."): a name is
+    what recipe.show takes, so each is one whole word on a line, and no cell is cut; where the table is
+    wider than the terminal, one recipe a block."""
+    from rich.console import Console
+
+    from provision import report
+
+    shipped = list(recipes.load_recipes().values())
+    out = Console(width=width, record=True)
+    report.print_recipes(shipped, out, origins={recipe.name: "shipped" for recipe in shipped})
+    text = out.export_text()
+    assert "…" not in text and max(map(len, text.splitlines())) <= width, text
+    words = {word for line in text.splitlines() for word in line.replace("│", " ").split()}
+    assert {recipe.name for recipe in shipped} <= words, text
+    flat = " ".join(text.split())
+    for recipe in shipped:
+        assert recipe.model in flat.replace(" ", "") or recipe.model in flat

