@@ -755,3 +755,25 @@ def test_a_ray_pair_moved_to_vllms_own_launch_leaves_nothing_of_ray_behind() -> 
             assert ("stop", unit) in steps and ("remove", f"{render.UNIT_DIR}/{unit}") in steps, steps
         assert ("remove", f"{render.STATE_DIR}/.config/vllm/ray_non_carry_over_env_vars.json") in steps, steps
         assert ("start", own) in steps or ("restart", own) in steps, steps
+
+
+def test_what_a_rendered_file_tells_its_reader_to_run_is_the_installed_command() -> None:
+    """The rendered units told the reader on the host to run `invoke provision` and `invoke check`:
+    commands an installed user does not have. Each command a rendered file's comments name is the
+    installed `provision` one, a task it has (the checkout's `invoke` only beside it)."""
+    from provision.cli import ns
+
+    named: dict[str, set[str]] = {}
+    for path in sorted(GOLDEN.rglob("*")):
+        if not path.is_file() or path.suffix == ".json":
+            continue
+        comments = " ".join(line for line in path.read_text().splitlines() if line.lstrip().startswith("#"))
+        commands = re.findall(r"`(invoke|provision) ([a-z][\w.-]*)", comments)
+        for door, task in commands:
+            named.setdefault(f"{path.parent.name}/{path.name}", set()).add(f"{door} {task}")
+    assert named, "no rendered file names a command"
+    for where, commands in named.items():
+        for command in commands:
+            door, task = command.split()
+            assert task in ns.task_names, (where, command)
+            assert door == "provision" or f"provision {task}" in commands, (where, sorted(commands))
