@@ -155,9 +155,12 @@ def setup_logging(verbose: bool) -> None:
         logger.addHandler(handler)
 
 
-def missing_inventory(path: str | None) -> InventoryError:
+def missing_inventory(path: str | None, local_alone: bool = False) -> InventoryError:
     """No inventory where one was asked for, or anywhere the default is looked for: say where it looked,
-    the ways to give one, and how to write one."""
+    the ways to give one, and how to write one; `local_alone`: the task serves `--host local` without
+    one (the host tasks; not bench, logs, ask or recipe.*, which read their host's settings from one).
+    Where the first place named one that is not there, that is the headline: nothing after it was read,
+    found or not."""
     from provision import hints
 
     write = (f"`{hints.command('init --host local')}` writes a starter one for this machine (`--host USER@ADDRESS` for SSH "
@@ -165,22 +168,32 @@ def missing_inventory(path: str | None) -> InventoryError:
     if path is not None:
         return InventoryError(f"no such file or directory; {write}", file=path)
     looked = []
-    for number, place in enumerate(config.inventory_lookup(), 1):
+    places = config.inventory_lookup()
+    chosen = config.default_inventory()
+    for number, place in enumerate(places, 1):
         where = place.path
         state = "not set" if where is None else f"{where}: {'absent' if not where.exists() else 'found'}"
         if place.passed_over:
             state += f", {place.passed_over}"
+        elif where is not None and where.exists() and where != chosen:
+            state += f", not read: {chosen} comes first"
         looked.append(f"  {number}. {place.what}: {state}")
+    headline = "none found"
+    if chosen in {place.path for place in places[:-1]}:
+        named = next(place for place in places if place.path == chosen)
+        headline = (f"{named.what} names {chosen}, which is not there (while it is named, the places after it "
+                    "are not read)")
     return InventoryError(
-        "none found. Looked, in this order:\n" + "\n".join(looked) + "\n"
+        f"{headline}. Looked, in this order:\n" + "\n".join(looked) + "\n"
         "Give one with --inventory FILE, or $PROVISION_INVENTORY=FILE, or put it in ./inventory/ in the current "
-        f"directory; {write}. `--host local` alone needs no inventory.", file="inventory")
+        f"directory; {write}." + (" `--host local` alone needs no inventory." if local_alone else ""),
+        file="inventory")
 
 
-def load_inventory(path: str | None, local_only: bool = False) -> Inventory:
+def load_inventory(path: str | None, local_only: bool = False, local_alone: bool = False) -> Inventory:
     """The inventory named, else the default one. With `local_only` (the task names `--host local` and
     nothing else), none named (--inventory, $PROVISION_INVENTORY) and none found: an empty one, since
-    this machine needs none."""
+    this machine needs none; `local_alone`: the task would (missing_inventory says so)."""
     from provision import inventory
 
     chosen = Path(path) if path else config.default_inventory()
@@ -189,7 +202,7 @@ def load_inventory(path: str | None, local_only: bool = False) -> Inventory:
         named = path is not None or config.inventory_lookup()[0].path is not None or config.lab_asked()
         if local_only and not named:
             return inventory.Inventory(hosts={}, groups={}, clusters={}, ssh=inventory.SshSettings())
-        raise missing_inventory(path)
+        raise missing_inventory(path, local_alone)
     return inventory.load(chosen, allow_empty=local_only)
 
 
@@ -233,7 +246,7 @@ def select(inventory_: str | None, host: Sequence[str] | None = None, cluster: s
 
     local_only = targets and not (cluster or all_) and bool(host) \
         and set(host or ()) == {inventory.LOCAL_HOST}
-    inv = load_inventory(inventory_, local_only=local_only)
+    inv = load_inventory(inventory_, local_only=local_only, local_alone=targets)
     overrides = inventory.parse_overrides(list(set_ or []))
     if not targets:
         return Selection(inv, [], overrides)

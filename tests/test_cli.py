@@ -182,3 +182,38 @@ def test_a_task_s_own_help_describes_each_of_its_options(name: str, tmp_path: Pa
     whole = subprocess.run([_installed(), "--help", name], cwd=tmp_path, capture_output=True, text=True,
                            timeout=60, check=True)
     assert done.stdout == whole.stdout
+
+
+def _no_inventory_env(tmp_path: Path) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PROVISION_", "INVOKE_"))}
+    env["PROVISION_LAB_DIR"] = str(tmp_path / "no-lab")
+    return env
+
+
+@pytest.mark.parametrize(("argv", "alone"), [
+    (["logs", "--host", "local"], False), (["bench", "--host", "local"], False),
+    (["recipe.show", "lab-cpu-tiny-llama", "--host", "local"], False), (["check", "--all"], True),
+], ids=["logs", "bench", "recipe.show", "check"])
+def test_no_inventory_says_local_needs_none_only_where_it_does(argv: list[str], alone: bool,
+                                                                tmp_path: Path) -> None:
+    """"`--host local` alone needs no inventory" was printed by logs, bench and recipe.show, which read
+    their host's settings from one and refuse --host local without it."""
+    done = subprocess.run([_installed(), *argv], cwd=tmp_path, env=_no_inventory_env(tmp_path), capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 2 and "error: inventory: none found" in done.stderr, done.stderr
+    assert ("`--host local` alone needs no inventory" in done.stderr) == alone, done.stderr
+
+
+def test_an_inventory_named_by_the_environment_and_absent_is_the_headline(tmp_path: Path) -> None:
+    """With $PROVISION_INVENTORY=nope.yaml the headline said "none found" while the list under it said
+    ./inventory was found: the headline names the missing file, and the found one says it was not read."""
+    (tmp_path / "inventory").mkdir()
+    (tmp_path / "inventory" / "hosts.yaml").write_text("hosts: {}\n")
+    env = {**_no_inventory_env(tmp_path), "PROVISION_INVENTORY": "nope.yaml"}
+    done = subprocess.run([_installed(), "check", "--all"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    first, *rest = done.stderr.splitlines()
+    assert first.startswith("error: inventory: $PROVISION_INVENTORY names nope.yaml, which is not there"), first
+    assert "none found" not in done.stderr
+    assert f"{tmp_path / 'inventory'}: found, not read: nope.yaml comes first" in "\n".join(rest), done.stderr
