@@ -237,7 +237,7 @@ class Run:
         if made["exit"] != 0:  # a python without ensurepip: the venv without pip, the image's pip into it
             self.inside("tool", ["python3", "-m", "venv", "--without-pip", str(TOOL)], cwd="/")
             pip = ["/opt/torch/.venv/bin/python", "-m", "pip", "--python", f"{TOOL}/bin/python"]
-        self.inside("tool", [*pip, "install", "--no-index", "--find-links", f"{INSIDE}/wheels",
+        self.inside("tool", [*pip, "install", "--force-reinstall", "--no-index", "--find-links", f"{INSIDE}/wheels",
                              "--disable-pip-version-check", "-q", "provision"], cwd="/")
         # The model maker's gguf beside the image's numpy (the image's python holds numpy).
         self.inside("tool", ["/opt/torch/.venv/bin/python", "-m", "pip", "install", "--no-index", "--no-deps",
@@ -647,8 +647,11 @@ class VllmRun(Run):
                                        "128", "--batch-size", "1", "--num-iters-warmup", "3", "--num-iters", "10",
                                        "--output-json", "/root/vllm-latency.json"], timeout=420, env=env)
             self.inside("vllm_bench", ["cat", "/root/vllm-latency.json"], cwd="/", parse_json=True)
-            self.inside("vllm_bench", [VLLM_BIN, "bench", "throughput", *args, "--input-len", "16",
-                                       "--output-len", "128", "--num-prompts", "256", "--max-num-seqs", "32",
+            # The random dataset takes its lengths from --random-*-len (1,024-token prompts by default,
+            # whatever --input-len says: vLLM 0.26.0 on the lent H100, 2026-12-07).
+            self.inside("vllm_bench", [VLLM_BIN, "bench", "throughput", *args, "--dataset-name", "random",
+                                       "--random-input-len", "16", "--random-output-len", "128",
+                                       "--num-prompts", "256", "--max-num-seqs", "32",
                                        "--output-json", "/root/vllm-throughput.json"], timeout=420, env=env)
             self.inside("vllm_bench", ["cat", "/root/vllm-throughput.json"], cwd="/", parse_json=True)
         finally:
@@ -767,9 +770,14 @@ def vllm_report(states: list[dict[str, Any]]) -> str:
     if served_32 and throughput:
         own = throughput["num_requests"] * output_len / throughput["elapsed_time"]
         served = served_32["tokens_per_s"]
+        # vLLM's throughput benchmark counts every prompt and generated token; what is left after the
+        # generated ones is the prompts' length, which must be the served run's for the ratio to mean
+        # anything (its random dataset ignores --input-len and takes 1,024-token prompts by default).
+        prompt = round(throughput["total_num_tokens"] / throughput["num_requests"]) - output_len
+        ratio = f"{served / own:.2f}" if prompt <= 32 else f"not comparable: vLLM's prompts were {prompt:,} tokens"
         lines.append(f"| 32 at a time ({throughput['num_requests']} requests): generated tokens/s "
-                     f"| {own:,.0f} (`vllm bench throughput`, --max-num-seqs 32) "
-                     f"| {served:,.0f} (`provision bench --concurrency 32`) | {served / own:.2f} |")
+                     f"| {own:,.0f} (`vllm bench throughput`, --max-num-seqs 32, {prompt:,}-token prompts) "
+                     f"| {served:,.0f} (`provision bench --concurrency 32`) | {ratio} |")
     awq = last_json(states, "vbench_awq_c1")
     if awq:
         lines.append(f"| AWQ generation, one at a time | - | {output_len / awq['latency_p50_s']:.1f} "
@@ -801,7 +809,8 @@ def main() -> int:
         kept = [json.loads(path.read_text()) for path in parser.parse_args(
             ["--carry", ".", "--out", ".", *sys.argv[1:]]).report]
         # A state file as the run leaves it, or benchmarks/results' file holding several ("calls").
-        states = [state for data in kept for state in data.get("calls", [data])]
+        states = [state for data in kept
+                  for state in (data["calls"] if isinstance(data.get("calls"), list) else [data])]
         vllm = any("vbench_c1" in state["steps"] or "vllm_bench" in state["steps"] for state in states)
         print((vllm_report if vllm else report)(states), end="")
         return 0
