@@ -966,3 +966,14 @@ def test_a_host_never_deployed_where_systemd_cannot_answer_is_idle_and_says_how_
     # A host the tool did deploy to stays a failure when systemd cannot say what runs there.
     deployed = dataclasses.replace(found, generation={"id": 3, "state": "good"})
     assert status.idle_by_design(deployed, provisioned=False, declares_model=True) == deployed
+
+
+def test_vllms_root_cause_above_is_the_engine_process_s_own_exception() -> None:
+    """The journal of vllm.service on the lent H100 (2026-12-07, vLLM 0.26.0; the middle frames of both
+    tracebacks left out): FlashInfer's sampler compiled at start and found no `ninja`; the API
+    server's last words only point "above"."""
+    journal = (FIXTURES.parent / "systemd" / "h100-vllm-0.26.0-flashinfer-jit-no-ninja.journal").read_text()
+    assert serve.why_it_stopped(journal) == (
+        "(EngineCore pid=699) FileNotFoundError: [Errno 2] No such file or directory: 'ninja' | "
+        "(APIServer pid=569) RuntimeError: Engine core initialization failed. See root cause above. Failed core "
+        "proc(s): {} | vllm.service: Main process exited, code=exited, status=1/FAILURE")

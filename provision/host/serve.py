@@ -195,6 +195,14 @@ def why_it_stopped(journal: str) -> str:
     causes = [line for line in lines if any(word in line for word in CAUSE_WORDS)]
     if causes:
         return " | ".join(causes[:2])[:600]
+    # vLLM's API server ends on "Engine core initialization failed. See root cause above": the cause
+    # is the engine process's own last exception, printed before it ("(EngineCore pid=N)
+    # FileNotFoundError: ... 'ninja'"), then the server's words and systemd's.
+    roots = [line for line in lines if ENGINE_EXCEPTION.match(line)]
+    if roots and any("root cause above" in line for line in lines):
+        said = [line for line in lines if "root cause above" in line]
+        ended = [line for line in lines if SYSTEMD_SAYS.match(line) and "Main process exited" in line]
+        return " | ".join([roots[-1], *said[-1:], *ended[-1:]])[:600]
     # The engine's own last error first ("error: invalid argument: --no-such-flag"), then how systemd saw
     # the process end; systemd's other lines only where the engine said nothing.
     own = [line for line in lines if not SYSTEMD_SAYS.match(line)]
@@ -213,6 +221,8 @@ ERROR_WORDS = ("rror", "Traceback", "Main process exited", "Killed", "Out of mem
 # vLLM's engine naming a dead worker ("Worker proc VllmWorker-0 died unexpectedly (exit code: -4)"), and
 # Python's faulthandler on a SIGILL ("Fatal Python error: Illegal instruction").
 CAUSE_WORDS = ("died unexpectedly", "Illegal instruction", "Fatal Python error")
+# The last line of an exception's traceback in one of vLLM's engine or worker processes.
+ENGINE_EXCEPTION = re.compile(r"^\((EngineCore|Worker|VllmWorker)[^)]*\) ([\w.]+(Error|Exception|Interrupt)): ")
 
 
 def ready(spec: dict[str, Any]) -> dict[str, Any]:
