@@ -18,7 +18,7 @@ from provision.context import Context
 from provision.engines.llamacpp import gguf_models
 from provision.engines.vllm import VLLM
 from provision.errors import RenderError
-from provision.facts import MANAGED_UNITS
+from provision.facts import CUDA_PTXAS, MANAGED_UNITS
 from provision.inventory import Settings
 
 if TYPE_CHECKING:
@@ -156,6 +156,10 @@ def model_file(ctx: Context) -> str:
     return f"{path}/{firsts[0]}"
 
 
+CUDA_BIN = CUDA_PTXAS.rsplit("/", 1)[0]  # where the probe finds ptxas (facts.ptxas_cuda)
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # systemd's own for services
+
+
 def service_environment(ctx: Context, api_key: str | None = None) -> list[tuple[str, str]]:
     """The EnvironmentFile's variables: the profile's and the inventory's, plus what this node and its
     engine need (and the API key under the name the engine reads, from the secrets: this file is
@@ -165,6 +169,11 @@ def service_environment(ctx: Context, api_key: str | None = None) -> list[tuple[
     if api_key and engine.api_key_variable:
         environment[engine.api_key_variable] = api_key
     environment["HF_HOME"] = ctx.settings.hf_home
+    # What the server runs by name at start: FlashInfer's JIT (vLLM's sampler, first used while the engine
+    # starts) runs `ninja` from the venv and CUDA's `nvcc`. systemd's own PATH holds neither: on the lent
+    # H100, vLLM 0.26.0 died at start with "No such file or directory: 'ninja'".
+    environment.setdefault("PATH", ":".join([f"{ctx.settings.venv_dir.rstrip('/')}/bin",
+                                             *([CUDA_BIN] if ctx.facts.ptxas_cuda else []), SYSTEM_PATH]))
     # Unknown GPUs (gpu.present blocks on them, unless forced) keep the variable: it does no harm.
     if ctx.facts.gpus is not None and len(ctx.facts.gpus) < 2 and not (ctx.cluster and ctx.cluster.multi_node):
         environment.pop("NCCL_P2P_LEVEL", None)  # P2P settings matter only between GPUs
