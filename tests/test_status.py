@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from provision import contracts, engines, facts, inventory, lab, parsers, server, status
+from provision import contracts, engines, facts, inventory, lab, parsers, server, stall, status
 from provision.errors import ParseError
 from provision.facts import HostFacts
 from provision.host import serve
@@ -34,6 +34,18 @@ def test_metrics_of_real_vllm_give_rates_and_cache_figures() -> None:
     assert found.running is not None and found.waiting is not None
     assert 0 <= (found.kv_cache_usage_pct or 0) <= 100
     assert found.prefix_cache_hit_pct is not None and 0 <= found.prefix_cache_hit_pct <= 100
+
+
+def test_the_metrics_the_tool_reads_are_on_vllm_s_page_from_a_real_h100() -> None:
+    """vLLM 0.26.0 on the lent H100, served through the tool's unit: status's figures and the stuck
+    rule's counter and gauge are all there, under the names the tool reads."""
+    page = parsers.parse_metrics(recording("vllm-0.26.0-h100-llama-8b-shape")["page"])
+    found = status.figures(page, page, 5.0)
+    assert (found.generation_tokens_per_s, found.running, found.waiting) == (0.0, 0.0, 0.0)
+    assert found.kv_cache_usage_pct == 0.0 and found.prefix_cache_hit_pct == 0.0  # 8 queries, no hit yet
+    vllm = engines.ENGINES["vllm"]
+    counters = stall.counters(vllm, vllm.metrics, None)
+    assert counters.missing is None and {counters.generated, counters.running} <= set(page)
 
 
 def test_metrics_parser_sums_label_sets_and_skips_comments_and_nan() -> None:
