@@ -55,6 +55,12 @@ def test_a_held_roll_refuses_another_runs_apply_naming_the_holder_and_lets_its_o
         assert "nothing done" in refused["failed"]["error"]
         own = apply(tmp_path, "aaaa")
         assert own["ok"] is True and own["failed"] is None, own
+        # The same run asks again (a tune's next trial, another service of the host): held already.
+        again = hold(tmp_path, "aaaa")
+        assert first_event(again)["event"] == "held"
+        assert again.wait(timeout=30) == 0
+        assert again.stdout is not None
+        again.stdout.close()
         second = hold(tmp_path, "cccc")
         answer = first_event(second)
         second.wait(timeout=30)

@@ -24,13 +24,17 @@ import sys
 import time
 from typing import Any
 
-from provision.host.common import StepFailed, emit, lock, sha256_of
+from provision.host.common import StepFailed, emit, lock, roll_holder, sha256_of
 
 
 def hold_main(spec: dict[str, Any]) -> None:
     wait = float(spec.get("wait") or 0)
+    # This run holds it already (a tune's next trial, another service of the same host): that hold
+    # goes on; this one only reads the records.
+    ours = (roll_holder(spec["roll_lock"]) or "").startswith(spec["holder"].split(":", 1)[0] + ":")
     try:
-        lock(spec["roll_lock"], wait, holder=spec["holder"])
+        if not ours:
+            lock(spec["roll_lock"], wait, holder=spec["holder"])
         # The host's own lock too, for the moment of reading: no apply of another run is half-way.
         inner = lock(spec["lock"], wait)
     except StepFailed as exc:
@@ -39,6 +43,9 @@ def hold_main(spec: dict[str, Any]) -> None:
     states = {path: sha256_of(path) if os.path.isfile(path) else None for path in spec["state_files"]}
     os.close(inner)
     emit("held", states=states, pid=os.getpid())
+    if ours:
+        emit("result", held=True, error=None)
+        return
     deadline = time.time() + float(spec.get("max_s") or 43200)
     while time.time() < deadline:
         time.sleep(1)
