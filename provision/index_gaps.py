@@ -70,6 +70,8 @@ def gaps(engine: str, release: str, indexes: Sequence[str]) -> tuple[Gap, ...]:
         version = Version(release)
     except InvalidVersion:
         return ()
+    if version.local is not None:  # a build of its own ("0.34.0+lab.a6d9c49d"), never PyPI's: its pins are its own
+        return ()
     return tuple(gap for gap in load() if gap.engine == engine and gap.versions.contains(version, prereleases=True)
                  and not _closed(gap, indexes))
 

@@ -48,6 +48,13 @@ def test_a_vllm_0_34_0_pin_with_pypi_alone_is_refused_with_the_index_and_0_33_0(
     assert f"add {FLASHINFER_INDEX} to pip_extra_index_urls" in found.fix and "vllm==0.33.0" in found.fix
 
 
+def test_a_build_of_its_own_with_a_local_label_is_not_judged_by_pypis_pins() -> None:
+    """The lab's Spark hosts pin a vLLM built for them (0.34.0+lab.a6d9c49d, from the lab's own index):
+    its requirements are its own, not the PyPI wheel's."""
+    found = installable(engine_spec="vllm==0.34.0+lab.a6d9c49d")
+    assert found.status == "pass", found
+
+
 def test_flashinfers_index_among_the_extra_indexes_lets_it_pass() -> None:
     found = installable(engine_spec="vllm==0.34.0", pip_extra_index_urls=[FLASHINFER_INDEX + "/"])
     assert found.status == "pass" and found.severity == "blocker"
