@@ -75,7 +75,7 @@ def _complete(spec: dict[str, Any], max_tokens: int, prompt: str, timeout: float
 
 # The unit's state, its restart count and how its main process last ended (ExecMainCode is the kernel's
 # CLD_* code: 1 exited, 2 killed, 3 dumped core).
-SHOWN_PROPERTIES = "ActiveState,SubState,NRestarts,ExecMainCode,ExecMainStatus"
+SHOWN_PROPERTIES = "ActiveState,SubState,NRestarts,ExecMainCode,ExecMainStatus,InvocationID"
 
 
 def _unit(unit: str) -> dict[str, str]:
@@ -145,24 +145,33 @@ def ended_after_start(unit: str, ended: str, values: dict[str, str], journal: st
     return f"{unit} {ended} after start{said}: {journal or 'its journal says nothing'}"
 
 
-def _journal_tail(unit: str, wait: float = 3.0) -> str:
-    """Why the unit's last run ended, from its journal. Read right after systemd saw the process end,
-    the journal can still lack that run (journald takes the process's output and systemd's notices in
-    its own time; the lab read the run before it): read again, for up to `wait` seconds, until the run's
-    end is there."""
+def _journal_tail(unit: str, invocation: str | None = None, wait: float = 3.0) -> str:
+    """Why the unit's last run ended, from its journal: that run's lines alone where systemd names it
+    (`invocation`, the unit's InvocationID: its process's output and systemd's notices about it). Read
+    right after systemd saw the process end, the journal can still lack that run's end (journald takes
+    the process's output and systemd's notices in its own time): read again, for up to `wait` seconds,
+    until the end is there, and once more a moment later for the process's last words."""
     import subprocess
+    match = [f"_SYSTEMD_INVOCATION_ID={invocation}", "+", f"INVOCATION_ID={invocation}"] if invocation else ["-u", unit]
     deadline = time.time() + wait
+    ended_at: float | None = None
     while True:
         try:
             # Enough lines for one run of vLLM's: its shutdown after a dead worker prints 70 lines and more.
-            text = subprocess.run(["journalctl", "-u", unit, "--no-pager", "-n", "400", "-o", "cat"],
+            text = subprocess.run(["journalctl", *match, "--no-pager", "-n", "400", "-o", "cat"],
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                   check=False).stdout.decode("utf-8", "replace")
         except OSError:
             return ""
-        if run_ended_in(text) or time.time() >= deadline:
+        if invocation and not text.strip():  # a journal that keeps no invocation ids: the unit's lines
+            match, invocation = ["-u", unit], None
+            continue
+        now = time.time()
+        if run_ended_in(text) and ended_at is None:
+            ended_at = now
+        if (ended_at is not None and now - ended_at >= 0.5) or now >= deadline:
             return why_it_stopped(text)
-        time.sleep(0.3)
+        time.sleep(0.25)
 
 
 def run_ended_in(journal: str) -> bool:
@@ -238,7 +247,7 @@ def ready(spec: dict[str, Any]) -> dict[str, Any]:
             ended = crashed(values, restarts_before)
             if ended:
                 return {"ok": False, "seconds": round(time.time() - started, 1),
-                        "error": ended_after_start(unit, ended, values, _journal_tail(unit))}
+                        "error": ended_after_start(unit, ended, values, _journal_tail(unit, values.get("InvocationID") or None))}
         if stage == "health":
             status, text = _get(spec["base"] + "/health", timeout=5)
             last = f"/health: {status if status is not None else text}"
