@@ -62,7 +62,9 @@ def test_plan_gates_the_wheels_about_to_be_installed(the_lab: lab.Lab) -> None:
 
 def test_wheels_the_driver_runs_replace_a_venv_it_cannot(old_driver_host: str, the_lab: lab.Lab) -> None:
     # ws-575's venv is cu130, which its driver cannot run; cu129 wheels about to replace it can.
-    done = run_invoke("plan", "--host", old_driver_host, "--json", *index_settings(the_lab, "cu129", "12.9"))
+    # It belongs to no cluster of the lab's: the model its twin ws-5090 serves, placed by hand (no fetch).
+    served = ("--set", "model=Qwen/Qwen2.5-32B-Instruct-AWQ", "--set", "fetch_weights=false")
+    done = run_invoke("plan", "--host", old_driver_host, "--json", *served, *index_settings(the_lab, "cu129", "12.9"))
     assert done.returncode == 0, done.stdout + done.stderr
     body = json.loads(done.stdout)["hosts"][old_driver_host]
     assert body["verdict"] != "blocked" and any(c["kind"] == "venv" for c in body["changes"])
