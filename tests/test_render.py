@@ -162,9 +162,12 @@ def rendered_lines() -> dict[str, list[str]]:
     recipe = imported_sizes().recipe
     assert recipe is not None
     case, host, _ = BASE_CASES["dgx-spark"]
-    # Its max_model_len (262,144) left out: the lab checks the line's engine config against its tiny
-    # model, which holds far fewer positions; the seven sizes are the point.
+    # The lab checks the line's engine config against its tiny model, with no hub: the recipe's
+    # max_model_len (262,144) and its speculative draft model (a hub repository) are left out of this
+    # line; the seven sizes are the point.
     values = {key: value for key, value in served_values(recipe.inventory_vars()).items() if key != "max_model_len"}
+    values["server_flags"] = {flag: value for flag, value in dict(values["server_flags"]).items()
+                              if flag != "--speculative-config"}
     lines["recipe dflash cudagraph-capture-sizes x7"] = server_argv(case, host, **values)
     return lines
 
