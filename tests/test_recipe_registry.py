@@ -20,6 +20,7 @@ QWEN = "qwen3-coder-next-int4-autoround-vllm.yaml"
 GPT_OSS = "openai-gpt-oss-120b-vllm.yaml"
 MULTI_NODE_SGLANG = "minimax-m3-v0-nvfp4-4x.yaml"  # refused: SGLang is served on one node
 PROFILE = "spark-arena-v2.yaml"  # the registry's benchmark profile: no recipe
+EXPERIMENTAL = FIXTURES.parent / "spark-arena-experimental"  # the same file name under experimental-recipes/
 
 
 def git(cwd: Path, *argv: str) -> str:
@@ -236,3 +237,47 @@ def test_recipes_are_labelled_with_the_commit_their_clone_holds(data_dir: Path, 
     new = git(origin, "rev-parse", "HEAD")
     assert registry.load()[0].commit == added.commit != new
     assert contents.registry.commit == new and all(new in item.recipe.source for item in contents.recipes)
+
+
+def test_a_short_name_is_the_official_recipe_an_experimental_one_only_when_asked_for(
+        data_dir: Path, origin: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 65, item 4: Spark Arena holds qwen3-coder-next-int4-autoround-vllm.yaml both under
+    official-recipes/ and experimental-recipes/eugr-vllm/ (another recipe: no fp8 KV cache, no
+    max-num-seqs 128). experimental-recipes/ sorts first; sparkrun hides that part of the registry."""
+    source = json.loads((EXPERIMENTAL / "sources.json").read_text())[QWEN]
+    assert source["repository"] == "spark-arena/recipe-registry" and source["path"].startswith("experimental-recipes/")
+    (origin / "experimental-recipes" / "eugr-vllm").mkdir()
+    shutil.copy(EXPERIMENTAL / QWEN, origin / "experimental-recipes" / "eugr-vllm" / QWEN)
+    git(origin, "add", "-A")
+    git(origin, "commit", "-q", "-m", "the experimental recipe of the same name")
+    registry.add("arena", f"file://{origin}")
+    official = registry.find("arena/qwen3-coder-next-int4-autoround-vllm")
+    assert official.inventory_vars()["server_flags"]["--kv-cache-dtype"] == "fp8"
+    assert f"official-recipes/qwen3-coder-next/{QWEN}" in official.source
+    asked = registry.find("arena/experimental-recipes/eugr-vllm/qwen3-coder-next-int4-autoround-vllm")
+    assert "--kv-cache-dtype" not in asked.inventory_vars()["server_flags"]
+    assert f"experimental-recipes/eugr-vllm/{QWEN}" in asked.source
+
+    # Only the experimental file left: the short name is refused, naming the one that asks for it.
+    (origin / "official-recipes" / "qwen3-coder-next" / QWEN).unlink()
+    git(origin, "add", "-A")
+    git(origin, "commit", "-q", "-m", "official gone")
+    registry.update(["arena"])
+    with pytest.raises(RecipeError, match="only an experimental recipe, which is taken only when asked for by its "
+                                          "path: arena/experimental-recipes/eugr-vllm/qwen3-coder-next"):
+        registry.find("arena/qwen3-coder-next-int4-autoround-vllm")
+
+    # Two folders outside the experimental ones hold it: neither is picked, both are named, exit 2.
+    for folder in ("official-recipes/a", "official-recipes/b"):
+        (origin / folder).mkdir(parents=True)
+        shutil.copy(FIXTURES / QWEN, origin / folder / QWEN)
+    git(origin, "add", "-A")
+    git(origin, "commit", "-q", "-m", "two")
+    registry.update(["arena"])
+    assert run(["recipe.show", "arena/qwen3-coder-next-int4-autoround-vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "'arena/qwen3-coder-next-int4-autoround-vllm' is ambiguous" in err
+    assert all(name in err for name in ("arena/official-recipes/a/qwen3-coder-next-int4-autoround-vllm",
+                                        "arena/official-recipes/b/qwen3-coder-next-int4-autoround-vllm",
+                                        ("arena/experimental-recipes/eugr-vllm/qwen3-coder-next-int4-autoround-vllm"
+                                         " (experimental)"))), err

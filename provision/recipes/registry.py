@@ -8,7 +8,8 @@ Each registry is a clone made with the user's own git (their credentials, proxy 
 user's data directory (config.data_dir()/registries/NAME), and one entry of registries.yaml beside the
 clones: its URL, the commit checked out and when. Its recipes are read from that checkout each time they
 are listed: Spark Arena v2 files (sparkrun's format) by provision/recipes/sparkarena.py, the tool's own
-format by provision/recipes. A registry's recipe is named REGISTRY/FILE-STEM and says where it was read:
+format by provision/recipes. A registry's recipe is named REGISTRY/FILE-STEM (one under an experimental
+folder, or of a stem two folders hold, by its path: REGISTRY/FOLDER/.../STEM) and says where it was read:
 the registry, its URL, the commit and the file. Files that are no recipe (a registry's own index, a
 benchmark profile) are counted apart from recipes that were refused, each with why.
 
@@ -288,12 +289,10 @@ def read(registry: Registry, root: Path | None = None, overrides: Mapping[str, A
     listed: list[Listed] = []
     refused: list[tuple[str, str]] = []
     not_recipes: list[tuple[str, str]] = []
-    taken: set[str] = set()
+    short = _short_names(base, files)
     for path in files:
         relative = str(path.relative_to(base))
-        name = f"{registry.name}/{path.stem}"
-        if name in taken:  # the same file name in two folders: the second by its whole path
-            name = f"{registry.name}/{relative.rsplit('.', 1)[0]}"
+        name = f"{registry.name}/{relative.rsplit('.', 1)[0] if path not in short else path.stem}"
         where = f"{registry.url} at {registry.commit}: {relative}"
         try:
             data = datafiles.read_bounded(path, MAX_RECIPE_BYTES, RecipeError, "a recipe")
@@ -316,9 +315,30 @@ def read(registry: Registry, root: Path | None = None, overrides: Mapping[str, A
         except RecipeError as exc:
             refused.append((relative, exc.message + (f" (line {exc.line})" if exc.line else "")))
             continue
-        taken.add(name)
         listed.append(Listed(dataclasses.replace(recipe, file=str(path)), registry, relative))
     return Contents(registry, tuple(listed), tuple(refused), tuple(not_recipes))
+
+
+def is_experimental(relative: str) -> bool:
+    """A file of a registry's experimental part: its first folder is experimental-recipes (Spark Arena's
+    layout, which sparkrun reads as a registry of its own, `experimental`, hidden from its listings), or
+    any first folder whose name starts with `experimental`."""
+    parts = Path(relative).parts
+    return len(parts) > 1 and parts[0].startswith("experimental")
+
+
+def _short_names(base: Path, files: Sequence[Path]) -> set[Path]:
+    """The files named REGISTRY/FILE-STEM; every other file is named by its path (REGISTRY/FOLDER/.../STEM).
+
+    A stem goes to the one file of it outside the experimental folders; an experimental file is named
+    by its path only (asked for by that), so a registry's update that adds an experimental file of the
+    same stem never repoints a name. Two files of one stem outside them: neither has the short name,
+    and asking for it is refused with both (`find`)."""
+    by_stem: dict[str, list[Path]] = {}
+    for path in files:
+        if not is_experimental(str(path.relative_to(base))):
+            by_stem.setdefault(path.stem, []).append(path)
+    return {paths[0] for paths in by_stem.values() if len(paths) == 1}
 
 
 def yaml_files(root: Path) -> list[Path]:
@@ -377,13 +397,27 @@ def find(name: str) -> Recipe:
     for item in contents.recipes:
         if item.recipe.name == name:
             return item.recipe
+    candidates = [item for item in contents.recipes if "/" not in rest and Path(item.path).stem == rest]
+    if candidates:
+        _refuse_short_name(name, candidates)
     for path, why in contents.refused:
-        if f"{head}/{Path(path).stem}" == name:
+        if name in (f"{head}/{Path(path).stem}", f"{head}/{path.rsplit('.', 1)[0]}"):
             raise RecipeError(f"registry {head}'s {path} is not imported: {why}", file="command line")
     shown = ", ".join(item.recipe.name for item in contents.recipes[:8]) or "none"
     raise RecipeError(f"no recipe '{clip(name)}' in registry {head} at {contents.registry.commit[:12]} "
                       f"(its recipes: {shown}{', ...' if len(contents.recipes) > 8 else ''}; all: "
                       "`recipe.list`)", file="command line")
+
+
+def _refuse_short_name(name: str, candidates: Sequence[Listed]) -> None:
+    """A short name no file holds alone: the files of its stem, each by the name that asks for it."""
+    shown = "; ".join(f"{item.recipe.name}{' (experimental)' if is_experimental(item.path) else ''}"
+                      for item in candidates)
+    if all(is_experimental(item.path) for item in candidates):
+        raise RecipeError(f"'{clip(name)}' is only an experimental recipe, which is taken only when asked for by "
+                          f"its path: {shown}", file="command line")
+    raise RecipeError(f"'{clip(name)}' is ambiguous: several folders outside the experimental ones hold a file "
+                      f"of that name; name one: {shown}", file="command line")
 
 
 def git(*args: str) -> str:
