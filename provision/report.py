@@ -1268,7 +1268,7 @@ def application_json(application: Application, gated: Gated, passed: bool, writt
     (check's shape), and per host each changed setting and each the recipe sets that a higher layer keeps."""
     return {"recipe": application.recipe.name, "cluster": application.cluster, "file": str(application.path),
             "written": written, "unchanged": application.unchanged, "gate_passed": passed,
-            "diff": application.diff, "notes": list(application.notes),
+            "diff": application.diff, "notes": list(application.notes), "dropped": list(application.dropped),
             "changes": {host: [{"key": change.key, "before": _plain_deep(change.before),
                                 "after": _plain_deep(change.after), "from": change.origin} for change in changes]
                         for host, changes in application.changes.items()},
@@ -1295,6 +1295,8 @@ def print_application(application: Application, gated: Gated, passed: bool, dry_
                            f"recipe's {json.dumps(_plain_deep(kept.recipe_value))})"))
     for note in application.notes:
         out.print(Text(f"note: {note}"))
+    for what in application.dropped:
+        out.print(Text(f"not carried: {what}"))
     print_check(gated.order, gated.findings, gated.errors, out)
     path = application.path
     if not passed:

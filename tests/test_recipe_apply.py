@@ -239,3 +239,42 @@ def test_list_fits_judges_the_host_s_profile_recipes_on_it(folder: Path, monkeyp
     assert cli(["recipe.list", "--fits", "nope", "--inventory", str(folder)]) == 2
     assert "nope" in capsys.readouterr().err
     assert not (folder / "applied").exists()
+
+
+def test_apply_says_what_the_import_left_out_where_the_user_decides(
+        folder: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 65, item 5: Spark Arena's official Qwen3-Coder-Next recipe (tests/fixtures/recipes/spark-arena,
+    sources.json) relies on a mod (a patch of vLLM inside its container) and names its container by no
+    release. Applied, the dry run, its --json and the file written each say both."""
+    from provision.recipes import sparkarena
+    from tests.test_recipes import FIXTURES as ARENA
+
+    source = json.loads((ARENA / "sources.json").read_text())["qwen3-coder-next-int4-autoround-vllm.yaml"]
+    assert source["path"].startswith("official-recipes/")
+    imported = sparkarena.read((ARENA / "qwen3-coder-next-int4-autoround-vllm.yaml").read_bytes(), "qwen.yaml",
+                               "qwen", {})
+    assert imported.recipe is not None
+    given = tmp_path_factory.mktemp("recipe") / "qwen.yaml"  # outside the inventory's folder
+    given.write_text(recipes.to_yaml(imported.recipe))
+    monkeypatch.setattr(run, "gate", gated_with("pass"))
+    argv = ["recipe.apply", str(given), "--cluster", "coder", "--inventory", str(folder)]
+    assert cli([*argv, "--dry-run", "--json"]) == 0
+    mods, pin = json.loads(capsys.readouterr().out)["dropped"]
+    assert mods.startswith("mods mods/fix-qwen3-next-autoround: the recipe's patches of vllm inside its container")
+    assert pin.startswith("engine pin: the recipe names no vllm release and nothing pins one on ws-1")
+    assert pin.endswith("--set engine_spec=vllm==X.Y.Z")
+    assert cli([*argv, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "not carried: mods mods/fix-qwen3-next-autoround" in out and "not carried: engine pin:" in out
+    assert not (folder / "applied" / "coder.yaml").exists()
+    assert cli(argv) == 0
+    assert "not carried: mods" in capsys.readouterr().out
+    header = [line for line in (folder / "applied" / "coder.yaml").read_text().splitlines() if line.startswith("#")]
+    assert any(line.startswith("# Not carried: mods mods/fix-qwen3-next-autoround: the recipe's patches of vllm")
+               for line in header), header
+    assert any(line.startswith("# Not carried: engine pin: the recipe names no vllm release") for line in header)
+    # A pin given: only the mods are left to say.
+    assert cli([*argv, "--dry-run", "--json", "--set", "engine_spec=vllm==0.20.0"]) == 0
+    assert [item.split(":")[0] for item in json.loads(capsys.readouterr().out)["dropped"]] == [
+        "mods mods/fix-qwen3-next-autoround"]

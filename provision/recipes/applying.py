@@ -64,6 +64,7 @@ class Application:
     changes: Mapping[str, tuple[SettingChange, ...]]
     kept: Mapping[str, tuple[Kept, ...]]
     notes: tuple[str, ...]
+    dropped: tuple[str, ...] = ()  # what the recipe's source relied on that the hosts go without
 
     @property
     def unchanged(self) -> bool:
@@ -104,10 +105,37 @@ def plan(inv: Inventory, cluster: str, recipe: Recipe, overrides: Mapping[str, A
     changes = {host: _changes(inv.settings(host), resolved[host]) for host in hosts}
     kept = {host: _kept(resolved[host], values) for host in hosts}
     old_text = path.read_text(encoding="utf-8") if path.is_file() else None
+    left_out = dropped(recipe, resolved)
     return Application(cluster=cluster, recipe=recipe, path=path, old_text=old_text,
-                       new_text=applied_text(cluster, recipe, values, changed), applied=applied,
+                       new_text=applied_text(cluster, recipe, values, changed, left_out), applied=applied,
                        changes=changes, kept=kept,
-                       notes=tuple(_notes(inv, cluster, recipe, values, changed, resolved)))
+                       notes=tuple(_notes(inv, cluster, recipe, values, changed, resolved)), dropped=left_out)
+
+
+def dropped(recipe: Recipe, resolved: Mapping[str, Settings]) -> tuple[str, ...]:
+    """What the recipe was run with at its source that the hosts will run without, said where the user
+    decides (apply's output, its --json, the applied file's header): the mods an import did not carry
+    (sparkrun's patches of the engine inside the container), and the engine's release where nothing
+    pins it on a host (no engine_spec pin, venv_source or venv_wheels, all layers and --set resolved)."""
+    from provision import catalog, venv
+
+    found = []
+    mods = recipe.upstream.get("mods") or []
+    mods = [mods] if isinstance(mods, str) else list(mods)
+    if mods:
+        found.append(f"mods {', '.join(map(str, mods))}: the recipe's patches of {recipe.engine} inside its container "
+                     "(sparkrun applies them before the launch), not applied here: see what each changes and "
+                     "carry that into the venv or the host")
+    entry = catalog.ENGINES.get(recipe.engine)
+    if entry is not None and entry.version_source == "venv":
+        unpinned = sorted(host for host, settings in resolved.items()
+                          if not settings.venv_source and not settings.venv_wheels
+                          and venv.pinned_version((settings.engine_spec or "").split(), recipe.engine) is None)
+        if unpinned:
+            found.append(f"engine pin: the recipe names no {entry.package} release and nothing pins one on "
+                         f"{', '.join(unpinned)}, so the venv gets whatever release pip resolves: give the "
+                         f"release it was run with, --set engine_spec={entry.package}==X.Y.Z")
+    return tuple(found)
 
 
 def _refuse_image_files(recipe: Recipe, cluster: str, resolved: Mapping[str, Settings]) -> None:
@@ -131,8 +159,12 @@ def _refuse_image_files(recipe: Recipe, cluster: str, resolved: Mapping[str, Set
         file="command line", key="server_files")
 
 
-def applied_text(cluster: str, recipe: Recipe, values: Mapping[str, Any], changed: tuple[str, ...]) -> str:
-    """The file recipe.apply writes: the cluster, the recipe's name, what --set changed, the settings."""
+def applied_text(cluster: str, recipe: Recipe, values: Mapping[str, Any], changed: tuple[str, ...],
+                 left_out: tuple[str, ...] = ()) -> str:
+    """The file recipe.apply writes: the cluster, the recipe's name, what the hosts go without of it
+    (`dropped`), what --set changed, the settings."""
+    import textwrap
+
     body: dict[str, Any] = {"cluster": cluster, "recipe": recipe.name}
     if changed:
         body["changed"] = list(changed)
@@ -140,6 +172,9 @@ def applied_text(cluster: str, recipe: Recipe, values: Mapping[str, Any], change
     header = (f"# Recipe {recipe.name} applied to cluster {cluster} by recipe.apply ({recipe.source}).\n"
               "# Read by the inventory above the cluster's own vars, below its groups', hosts' and tuned\n"
               "# settings; remove this file to go back to the cluster's own settings.\n")
+    for what in left_out:
+        header += "".join(f"# {line}\n" for line in textwrap.wrap(f"Not carried: {what}", 106,
+                                                                   subsequent_indent="  ", break_long_words=False))
     return header + yaml.safe_dump(body, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
