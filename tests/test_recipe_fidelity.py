@@ -298,6 +298,7 @@ def test_the_chat_template_inside_the_image_is_written_back_and_the_container_yi
     ({"format": "spark-arena-v2", "volumes": ["/x"]}, "unknown key 'volumes'"),
     ({"format": "spark-arena-v2", "min_nodes": 0}, "upstream 'min_nodes' must be a positive integer"),
     ({"format": "spark-arena-v2", "mods": [1]}, "upstream 'mods' must be a string or a list of strings"),
+    ({"format": "spark-arena-v2", "unread": ["pre_exec"]}, "upstream 'unread' must be a mapping of field names"),
     ("spark-arena-v2", "'upstream' must be a mapping"),
 ])
 def test_an_upstream_that_breaks_its_format_is_refused(upstream: Any, said: str) -> None:
@@ -305,3 +306,31 @@ def test_an_upstream_that_breaks_its_format_is_refused(upstream: Any, said: str)
     assert imported.recipe is not None
     with pytest.raises(RecipeError, match=said):
         recipes_module.from_mapping({**recipes_module.to_mapping(imported.recipe), "upstream": upstream}, "x.yaml")
+
+
+# --- Issue 65, item 6: what the import does not read goes back out as it came ------------------------------
+
+COMMUNITY = ALL_FIXTURES / "recipes" / "community"
+GLM = "glm-5.3-flash-exl3-2.05bpw-dflash2-vllm-gitcommit90.yaml"
+
+
+def test_an_export_gives_back_the_fields_the_import_did_not_read() -> None:
+    """The community registry's GLM-5.3 recipe (tests/fixtures/recipes/community, sources.json) holds
+    sparkrun fields the reader has no use for: executor_config (entrypoint "" clears the image's own),
+    pre_exec (its patches), distribution_config (the drafter's pin), and metadata besides the description.
+    Imported, kept as our file and exported again, each is as the registry's file has it."""
+    source = json.loads((COMMUNITY / "sources.json").read_text())[GLM]
+    assert source["repository"] == "spark-arena/community-recipe-registry" and len(source["commit"]) == 40
+    text = (COMMUNITY / GLM).read_text(encoding="utf-8")
+    original = yaml.safe_load(text)
+    imported = read(text, GLM)
+    assert imported.recipe is not None
+    said = dict(imported.not_carried)["field pre_exec"]
+    assert said.endswith("(kept as it is, and written back by `recipe.export --format spark-arena`)"), said
+    kept = recipes_module.from_mapping(yaml.safe_load(recipes_module.to_yaml(imported.recipe)), "glm.yaml")
+    exported = sparkarena.parse(sparkarena.write(kept), "exported.yaml")
+    for field in ("executor_config", "pre_exec", "distribution_config", "metadata", "container"):
+        assert exported[field] == original[field], field
+    assert exported["executor_config"]["entrypoint"] == ""
+    again = read(sparkarena.write(kept), "again.yaml")
+    assert again.recipe is not None and again.recipe.upstream == imported.recipe.upstream

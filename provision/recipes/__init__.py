@@ -17,7 +17,8 @@ figures. A figure is either measured (how: the benchmark profile, date and tool 
     upstream: {format: spark-arena-v2, container: ..., mods: [...], build_args: [...], min_nodes: 2}
 
 `upstream` (optional) keeps what an imported recipe's own format held that has no bare-metal meaning
-(Spark Arena's container, mods, build arguments, node bounds, files inside the image), so that writing
+(Spark Arena's container, mods, build arguments, node bounds, files inside the image, its metadata and
+the fields the reader does not know), so that writing
 the recipe back to that format gives them as they were. Nothing here reads it to serve.
 
 The shipped recipes are this package's *.yaml files; `load_file` reads one of a user's. Pure: reading
@@ -59,12 +60,15 @@ _HARDWARE_KEYS = {"profile", "gpus", "gpu_memory_gib", "nodes"}
 _FIGURE_KEYS = {"metric", "value", "unit", "kind", "how", "where", "benchmark", "date", "tool"}
 # The formats a recipe is imported from, and what its `upstream` keeps of each (by kind): Spark Arena's
 # v2 files (recipes/sparkarena.py) keep the container, the mods and build arguments that make it, the
-# node bounds and the files inside the image that its command names ({flag: path}).
+# node bounds and the files inside the image that its command names ({flag: path}); and, as the file has
+# them, its metadata besides the description and the fields of sparkrun's that the reader does not know
+# (executor_config, pre_exec, distribution_config...): `unread`.
 UPSTREAM_FIELDS: Mapping[str, Mapping[str, str]] = {
     "spark-arena-v2": {"container": "text", "mods": "texts", "build_args": "texts", "min_nodes": "count",
-                       "max_nodes": "count", "files": "files"}}
+                       "max_nodes": "count", "files": "files", "metadata": "mapping", "unread": "mapping"}}
 UPSTREAM_KINDS = {"text": "a non-empty string", "texts": "a string or a list of strings",
-                  "count": "a positive integer", "files": "a mapping of --flag: path"}
+                  "count": "a positive integer", "files": "a mapping of --flag: path",
+                  "mapping": "a mapping of field names to their values"}
 
 
 @dataclass(frozen=True)
@@ -346,6 +350,8 @@ def _upstream_value(kind: str, value: Any) -> bool:
         return isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
     if kind == "count":
         return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    if kind == "mapping":  # a YAML file's own fields, kept as they are
+        return isinstance(value, dict) and all(isinstance(k, str) for k in value)
     return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 

@@ -647,7 +647,8 @@ def read(text: str | bytes, source: str, name: str, overrides: Mapping[str, Any]
             reading.skip("field name", f"{clip(repr(data[key]), 60)}: sparkrun names a recipe by its file, and so "
                                        "does the tool")
         elif key not in READ:
-            reading.skip(f"field {key}", "a sparkrun field this reader does not know: no bare-metal meaning here")
+            reading.skip(f"field {key}", "a sparkrun field this reader does not know: no bare-metal meaning here "
+                                         "(kept as it is, and written back by `recipe.export --format spark-arena`)")
     if str(data["recipe_version"]) == "1":
         reading.notes.append(f"recipe_version 1, read as sparkrun reads it: the same fields as version 2, the "
                              f"version choosing only sparkrun's container builder (eugr) (sparkrun: {V1_SOURCE})")
@@ -674,7 +675,8 @@ def read(text: str | bytes, source: str, name: str, overrides: Mapping[str, Any]
                      "same change")
     extra_metadata = sorted(str(key) for key in metadata if key != "description")
     if extra_metadata:
-        reading.skip(f"metadata {', '.join(extra_metadata)}", "descriptive fields of the registry, not settings")
+        reading.skip(f"metadata {', '.join(extra_metadata)}", "descriptive fields of the registry, not settings "
+                                                              "(kept, and written back by the export)")
     engine = RUNTIMES.get(runtime)
     entry = catalog.ENGINES[engine] if engine is not None else None
     refused = ""
@@ -863,10 +865,18 @@ def _upstream(data: Mapping[str, Any], files: Mapping[str, str], source: str) ->
     the files inside the image its command names ({flag: path})."""
     upstream: dict[str, Any] = {"format": UPSTREAM_FORMAT}
     for key in UPSTREAM_FIELDS[UPSTREAM_FORMAT]:
-        if key != "files" and data.get(key) not in (None, "", []):
+        if key not in ("files", "metadata", "unread") and data.get(key) not in (None, "", []):
             upstream[key] = data[key]
     if files:
         upstream["files"] = dict(files)
+    metadata = data.get("metadata")
+    kept = {str(key): value for key, value in metadata.items() if key != "description"} \
+        if isinstance(metadata, dict) else {}
+    if kept:
+        upstream["metadata"] = kept
+    unread = {str(key): value for key, value in data.items() if key not in READ and key != "name"}
+    if unread:
+        upstream["unread"] = unread
     return check_upstream(upstream, source)
 
 
@@ -912,7 +922,8 @@ def write(recipe: Recipe, container: str | None = None) -> str:
     container (the one given; else the one it was imported with, while its venv pin is that image's
     release or none; else the image named by its vLLM version). What its upstream keeps of a v2 file is
     written back as it was: mods, build_args, min_nodes and max_nodes (while its node count lies between
-    them) and the files inside the image its command names. A secret's variable (an engine's API key, a
+    them), the files inside the image its command names, its metadata and the fields of sparkrun's the
+    reader does not know (executor_config, pre_exec, distribution_config, as the file has them). A secret's variable (an engine's API key, a
     token) is never written. RecipeError says what does not fit."""
     if recipe.engine != "vllm":
         title = catalog.ENGINES[recipe.engine].title if recipe.engine in catalog.ENGINES else recipe.engine
@@ -980,9 +991,10 @@ def write(recipe: Recipe, container: str | None = None) -> str:
         data.update({"min_nodes": nodes} if nodes > 1 else {})
         data["max_nodes"] = nodes
     data["container"] = image
-    data["metadata"] = {"description": recipe.description or recipe.name}
+    data["metadata"] = {"description": recipe.description or recipe.name, **upstream.get("metadata", {})}
     data.update({key: upstream[key] for key in ("build_args", "mods") if key in upstream})
     data["defaults"] = defaults
+    data.update({key: value for key, value in upstream.get("unread", {}).items() if key not in data})
     if values.get("environment"):
         data["env"] = dict(values["environment"])
     data["command"] = " \\\n  ".join(lines) + "\n"
