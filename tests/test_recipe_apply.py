@@ -278,3 +278,26 @@ def test_apply_says_what_the_import_left_out_where_the_user_decides(
     assert cli([*argv, "--dry-run", "--json", "--set", "engine_spec=vllm==0.20.0"]) == 0
     assert [item.split(":")[0] for item in json.loads(capsys.readouterr().out)["dropped"]] == [
         "mods mods/fix-qwen3-next-autoround"]
+
+
+def test_a_registry_s_file_given_to_apply_points_to_recipe_import(
+        folder: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 65, item 7: a Spark Arena v2 file (tests/fixtures/recipes/spark-arena, sources.json) and a
+    community file that names no recipe_version (sparkrun reads it as v2; tests/fixtures/recipes/community)
+    given where a recipe of the tool's own is read: exit 2, naming recipe.import, not the keys it lacks."""
+    from tests.conftest import FIXTURES as ALL_FIXTURES
+
+    monkeypatch.setattr(run, "gate", gated_with("pass"))
+    community = ALL_FIXTURES / "recipes" / "community" / "glm-5.3-flash-exl3-2.05bpw-dflash2-vllm-gitcommit90.yaml"
+    bare = tmp_path_factory.mktemp("community") / "no-version.yaml"  # outside the inventory's folder
+    bare.write_text(community.read_text().replace('recipe_version: "2"\n', ""))
+    arena = ALL_FIXTURES / "recipes" / "spark-arena" / "qwen3-coder-next-int4-autoround-vllm.yaml"
+    for given in (arena, bare):
+        for argv in (["recipe.apply", str(given), "--cluster", "coder", "--inventory", str(folder)],
+                     ["recipe.show", str(given)], ["recipe.export", str(given)]):
+            assert cli(argv) == 2, argv
+            err = capsys.readouterr().err
+            assert "a sparkrun recipe (Spark Arena's format), not one of this tool's: import it first" in err, err
+            assert f"recipe.import {given} --output RECIPE.yaml" in err and "unknown key" not in err, err
+    assert not (folder / "applied").exists()

@@ -379,9 +379,28 @@ def check_upstream(data: Any, source: str) -> dict[str, Any]:
     return dict(data)
 
 
+# The fields by which a sparkrun recipe (Spark Arena's v2, eugr's v1; recipe_version may be left out) is
+# known where one of the tool's own is read.
+SPARKRUN_FIELDS = ("recipe_version", "runtime", "command", "container")
+
+
 def load_file(path: Path | Traversable, profiles: Mapping[str, Any] | None = None) -> Recipe:
+    """A recipe file of the tool's own; RecipeError (exit 2) where it is not, and one of sparkrun's is
+    pointed to recipe.import, which reads those."""
     data = datafiles.read_bounded(path, MAX_RECIPE_BYTES, RecipeError, "a recipe")
-    return from_mapping(read_yaml(data, str(path)), str(path), profiles)
+    parsed = read_yaml(data, str(path))
+    if isinstance(parsed, dict) and not isinstance(parsed.get("engine"), dict) and \
+            any(key in parsed for key in SPARKRUN_FIELDS):
+        import shlex
+
+        from provision import hints
+
+        given = ", ".join(key for key in SPARKRUN_FIELDS if key in parsed)
+        raise RecipeError(f"a sparkrun recipe (Spark Arena's format), not one of this tool's: import it first, "
+                          f"`{hints.command(f'recipe.import {shlex.quote(str(path))} --output RECIPE.yaml')}`, "
+                          f"then use RECIPE.yaml (its fields {given} are sparkrun's; a registry of such files: "
+                          f"`{hints.command('registry.add URL')}`)", file=str(path))
+    return from_mapping(parsed, str(path), profiles)
 
 
 def read_yaml(data: bytes, source: str) -> Any:
