@@ -281,3 +281,10 @@ def test_a_short_name_is_the_official_recipe_an_experimental_one_only_when_asked
                                         "arena/official-recipes/b/qwen3-coder-next-int4-autoround-vllm",
                                         ("arena/experimental-recipes/eugr-vllm/qwen3-coder-next-int4-autoround-vllm"
                                          " (experimental)"))), err
+
+    # One of them less deep (eugr's recipes/NAME.yaml beside recipes/3x-spark-cluster/NAME.yaml): it has the name.
+    shutil.copy(FIXTURES / QWEN, origin / "official-recipes" / QWEN)
+    git(origin, "add", "-A")
+    git(origin, "commit", "-q", "-m", "a flat one")
+    registry.update(["arena"])
+    assert f"official-recipes/{QWEN}" in registry.find("arena/qwen3-coder-next-int4-autoround-vllm").source

@@ -330,15 +330,23 @@ def is_experimental(relative: str) -> bool:
 def _short_names(base: Path, files: Sequence[Path]) -> set[Path]:
     """The files named REGISTRY/FILE-STEM; every other file is named by its path (REGISTRY/FOLDER/.../STEM).
 
-    A stem goes to the one file of it outside the experimental folders; an experimental file is named
-    by its path only (asked for by that), so a registry's update that adds an experimental file of the
-    same stem never repoints a name. Two files of one stem outside them: neither has the short name,
-    and asking for it is refused with both (`find`)."""
+    A stem goes to the file of it outside the experimental folders, the one least deep where there are
+    several (sparkrun's own rule within a registry: eugr's recipes/NAME.yaml over its
+    recipes/3x-spark-cluster/NAME.yaml, as eugr-recipes' recipes/README.md says); an experimental file is
+    named by its path only (asked for by that), so a registry's update that adds an experimental file of
+    the same stem never repoints a name. Two files of one stem equally deep outside them: neither has the
+    short name, and asking for it is refused with every file of it (`find`)."""
     by_stem: dict[str, list[Path]] = {}
     for path in files:
         if not is_experimental(str(path.relative_to(base))):
             by_stem.setdefault(path.stem, []).append(path)
-    return {paths[0] for paths in by_stem.values() if len(paths) == 1}
+    short = set()
+    for paths in by_stem.values():
+        depth = min(len(path.parts) for path in paths)
+        least = [path for path in paths if len(path.parts) == depth]
+        if len(least) == 1:
+            short.add(least[0])
+    return short
 
 
 def yaml_files(root: Path) -> list[Path]:
@@ -416,8 +424,8 @@ def _refuse_short_name(name: str, candidates: Sequence[Listed]) -> None:
     if all(is_experimental(item.path) for item in candidates):
         raise RecipeError(f"'{clip(name)}' is only an experimental recipe, which is taken only when asked for by "
                           f"its path: {shown}", file="command line")
-    raise RecipeError(f"'{clip(name)}' is ambiguous: several folders outside the experimental ones hold a file "
-                      f"of that name; name one: {shown}", file="command line")
+    raise RecipeError(f"'{clip(name)}' is ambiguous: folders equally deep outside the experimental ones hold a "
+                      f"file of that name; name one: {shown}", file="command line")
 
 
 def git(*args: str) -> str:
