@@ -334,3 +334,14 @@ def test_an_export_gives_back_the_fields_the_import_did_not_read() -> None:
     assert exported["executor_config"]["entrypoint"] == ""
     again = read(sparkarena.write(kept), "again.yaml")
     assert again.recipe is not None and again.recipe.upstream == imported.recipe.upstream
+
+
+def test_a_field_the_import_does_not_read_that_holds_a_secret_s_name_is_not_kept() -> None:
+    """The GLM-5.3 file with one line added under its executor_config: a token variable for the container."""
+    text = (COMMUNITY / GLM).read_text(encoding="utf-8")
+    assert text.count("  user: root") == 1
+    imported = read(text.replace("  user: root", f"  user: root\n  environment: {{HF_TOKEN: {SECRET}}}"), GLM)
+    assert imported.recipe is not None and "executor_config" not in imported.recipe.upstream["unread"]
+    said = dict(imported.not_carried)["field executor_config"]
+    assert "holding HF_TOKEN, a secret's name: neither kept nor written back" in said, said
+    assert SECRET not in everything_said(imported) and SECRET not in sparkarena.write(imported.recipe)

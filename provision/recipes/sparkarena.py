@@ -646,6 +646,10 @@ def read(text: str | bytes, source: str, name: str, overrides: Mapping[str, Any]
         if key == "name":  # sparkrun names a recipe by its file (recipe.py:580-582), as the tool does
             reading.skip("field name", f"{clip(repr(data[key]), 60)}: sparkrun names a recipe by its file, and so "
                                        "does the tool")
+        elif key not in READ and _secret_names(data[key]):
+            reading.skip(f"field {key}", f"a sparkrun field this reader does not know, holding "
+                                         f"{', '.join(_secret_names(data[key]))}, a secret's name: neither kept "
+                                         "nor written back by the export")
         elif key not in READ:
             reading.skip(f"field {key}", "a sparkrun field this reader does not know: no bare-metal meaning here "
                                          "(kept as it is, and written back by `recipe.export --format spark-arena`)")
@@ -793,6 +797,21 @@ def _is_secret_name(name: str) -> bool:
     return secret_variable(name.removeprefix("config.").lstrip("-").replace("-", "_").upper()) is not None
 
 
+def _secret_names(value: Any) -> list[str]:
+    """The keys within a field's value (mappings, lists of them, at any depth) that name a secret
+    (HF_TOKEN, api_key...): such a field is not kept for the export, which never carries a secret."""
+    found: list[str] = []
+    if isinstance(value, Mapping):
+        for key, inner in value.items():
+            if _is_secret_name(str(key)):
+                found.append(str(key))
+            found += _secret_names(inner)
+    elif isinstance(value, list):
+        for inner in value:
+            found += _secret_names(inner)
+    return found
+
+
 def _unsecret(values: Mapping[str, str]) -> dict[str, str]:
     """The placeholders and their values, a secret's value not shown."""
     return {name: NOT_SHOWN if _is_secret_name(name) else value for name, value in values.items()}
@@ -870,11 +889,12 @@ def _upstream(data: Mapping[str, Any], files: Mapping[str, str], source: str) ->
     if files:
         upstream["files"] = dict(files)
     metadata = data.get("metadata")
-    kept = {str(key): value for key, value in metadata.items() if key != "description"} \
-        if isinstance(metadata, dict) else {}
+    kept = {str(key): value for key, value in metadata.items() if key != "description"
+            and not _is_secret_name(str(key)) and not _secret_names(value)} if isinstance(metadata, dict) else {}
     if kept:
         upstream["metadata"] = kept
-    unread = {str(key): value for key, value in data.items() if key not in READ and key != "name"}
+    unread = {str(key): value for key, value in data.items()
+              if key not in READ and key != "name" and not _secret_names(value)}
     if unread:
         upstream["unread"] = unread
     return check_upstream(upstream, source)
