@@ -345,3 +345,7 @@ def test_a_field_the_import_does_not_read_that_holds_a_secret_s_name_is_not_kept
     said = dict(imported.not_carried)["field executor_config"]
     assert "holding HF_TOKEN, a secret's name: neither kept nor written back" in said, said
     assert SECRET not in everything_said(imported) and SECRET not in sparkarena.write(imported.recipe)
+    in_metadata = read(text.replace("  maintainer:", f"  api_key: {SECRET}\n  maintainer:"), GLM)
+    assert in_metadata.recipe is not None and "api_key" not in in_metadata.recipe.upstream["metadata"]
+    assert dict(in_metadata.not_carried)["metadata api_key"].startswith("a secret's name: neither kept")
+    assert SECRET not in everything_said(in_metadata) and SECRET not in sparkarena.write(in_metadata.recipe)

@@ -677,7 +677,12 @@ def read(text: str | bytes, source: str, name: str, overrides: Mapping[str, Any]
         reading.skip(f"build_args {shown}",
                      "arguments that build the container image: on bare metal, a venv_source built with the "
                      "same change")
-    extra_metadata = sorted(str(key) for key in metadata if key != "description")
+    secret_metadata = sorted(str(key) for key in metadata if key != "description" and (
+        _is_secret_name(str(key)) or _secret_names(metadata[key])))
+    if secret_metadata:
+        reading.skip(f"metadata {', '.join(secret_metadata)}", "a secret's name: neither kept nor written back by "
+                                                               "the export")
+    extra_metadata = sorted(str(key) for key in metadata if key != "description" and str(key) not in secret_metadata)
     if extra_metadata:
         reading.skip(f"metadata {', '.join(extra_metadata)}", "descriptive fields of the registry, not settings "
                                                               "(kept, and written back by the export)")
