@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,8 @@ ENVIRONMENT = {"hf_token": "HF_TOKEN", "api_key": "VLLM_API_KEY",
 
 
 MULTI_LINE = ("mpi_ssh_key",)
+# How a source is said when a secret came from the inventory's file: "the secrets file PATH".
+FILE_SOURCE = "the secrets file "
 # Secrets renamed when they stopped being vLLM's alone: still read, under the new name, each use said
 # in one line naming the key to write instead.
 RENAMED = {"vllm_api_key": "api_key"}
@@ -85,7 +88,7 @@ def load(path: str | None) -> Secrets:
         if os.environ.get(name, "").strip():
             values[key], sources[key] = os.environ[name].strip(), f"the environment ({name})"
         elif key in from_file:
-            values[key], sources[key] = from_file[key], f"the secrets file {path}"
+            values[key], sources[key] = from_file[key], f"{FILE_SOURCE}{path}"
     for value in values.values():
         register_secret(value)
         for line in value.splitlines():  # a key's lines are masked one by one too
@@ -145,3 +148,35 @@ def _read_file(path: Path) -> dict[str, str]:
             raise InventoryError(f"'{key}' must be a one-line string", file=str(path), key="secrets")
         values[str(key)] = value.strip()
     return values
+
+
+def file_of(source: str | None) -> str | None:
+    """The secrets file a source names ("the secrets file PATH" -> PATH), None for the environment."""
+    return source[len(FILE_SOURCE):] if source and source.startswith(FILE_SOURCE) else None
+
+
+def bearer_header(path: str) -> str:
+    """The HTTP header that carries the file's api_key: what `python -m provision.secrets header FILE`
+    writes for `curl -H @-` to read on its stdin, so the key is in no command line and on no screen."""
+    key = _read_file(Path(path)).get("api_key")
+    if key is None:
+        raise InventoryError("the secrets file has no api_key", file=path, key="secrets")
+    return f"Authorization: Bearer {key}"
+
+
+def main(argv: Sequence[str]) -> int:
+    """`python -m provision.secrets header FILE`: the api_key's header line on stdout (exit 0), or why
+    not on stderr (exit 2). The deploy's curl hint pipes it into `curl -H @-`."""
+    if len(argv) != 2 or argv[0] != "header":
+        print("usage: python -m provision.secrets header SECRETS_FILE", file=sys.stderr)
+        return 2
+    try:
+        print(bearer_header(argv[1]))
+    except InventoryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -2,11 +2,14 @@
 completions). Both run on the host through host/serve.py, over loopback; figures are computed here."""
 from __future__ import annotations
 
+import os
+import shlex
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from provision import engines, hints, programs, services
+from provision import engines, hints, programs, secrets, services
 from provision.endpoints import EndpointPlan
 from provision.errors import NotReady, ProvisionError
 from provision.inventory import Settings
@@ -54,13 +57,27 @@ def how_to_query(host: str, address: str, settings: Settings, key_source: str | 
         lines.append(f"  (it listens on loopback on {host} only: a request from elsewhere is refused)")
     else:
         body = f'{{"model": "{served_name(settings)}", "prompt": "Hello, my name is", "max_tokens": 16}}'
-        key = ' -H "Authorization: Bearer $VLLM_API_KEY"' if key_source else ""
-        lines.append(f"  or over HTTP: curl -s {url}/v1/completions -H 'Content-Type: application/json'{key} -d '{body}'")
-        if key_source and "VLLM_API_KEY" not in key_source:
-            lines.append(f"  (curl needs VLLM_API_KEY set to the api_key of {key_source}; "
-                         f"{hints.command('ask')} reads it there)")
+        before, key = _key_for_curl(key_source)
+        lines.append(f"  or over HTTP: {before}curl -s {url}/v1/completions -H 'Content-Type: application/json'{key} "
+                     f"-d '{body}'")
+        if before:
+            lines.append(f"  (the key is read from {key_source} into curl's stdin: in no command line, on no screen)")
     lines.append(f"Watch it: {hints.command(f'status {scope}{where}')}")
     return lines
+
+
+def _key_for_curl(key_source: str | None) -> tuple[str, str]:
+    """What goes before curl and what among its options, to send the API key where it is. From the
+    secrets file: this tool's own interpreter writes the header line into `curl -H @-` (curl 7.55+), so
+    the key is in no process's argv and on no screen; a new shell has no $VLLM_API_KEY to expand. From
+    the environment: $VLLM_API_KEY, set where the deploy ran."""
+    if key_source is None:
+        return "", ""
+    path = secrets.file_of(key_source)
+    if path is None:
+        return "", ' -H "Authorization: Bearer $VLLM_API_KEY"'
+    python = shlex.quote(sys.executable)
+    return f"{python} -m provision.secrets header {shlex.quote(os.path.abspath(path))} | ", " -H @-"
 
 
 def behind_endpoint(host: str, plan: EndpointPlan, key_source: str | None, inventory_option: str = "") -> list[str]:
@@ -70,7 +87,8 @@ def behind_endpoint(host: str, plan: EndpointPlan, key_source: str | None, inven
     lines = [(f"{host} is a replica of endpoint {plan.name}: clients use {url} (the router on {plan.host}), "
               "which drains it before each restart")]
     if plan.listens_beyond_loopback and key_source:
-        lines.append(f"  with the API key of {key_source}: -H \"Authorization: Bearer $VLLM_API_KEY\"")
+        before, key = _key_for_curl(key_source)
+        lines.append(f"  with the API key of {key_source}: {before}curl -s {url}/v1/models{key}")
     lines.append(f"  through it: {hints.command(f'bench --endpoint {plan.name}{where}')}")
     return lines
 

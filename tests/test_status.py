@@ -3,9 +3,15 @@ answer -> a host's status; bench timings -> the report; the order deploy rolls i
 from __future__ import annotations
 
 import dataclasses
+import http.server
 import json
+import os
 import re
+import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -289,13 +295,69 @@ def test_deploy_says_how_to_ask_the_model_it_served_in_a_line_that_works_on_the_
     assert elsewhere[-1] == f"Watch it: invoke status --host cpu-1 {same}"
 
 
+class _KeyRecorder(http.server.BaseHTTPRequestHandler):
+    """A server that answers every request with {} and keeps the Authorization header it was sent."""
+
+    seen: ClassVar[list[str | None]] = []
+
+    def _answer(self) -> None:
+        self.seen.append(self.headers.get("Authorization"))
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def _pasted(line: str, tmp_path: Path) -> list[str | None]:
+    """Run a printed command as a person pastes it into a new shell (no VLLM_API_KEY there): the
+    Authorization headers the server was sent."""
+    _KeyRecorder.seen.clear()
+    env = {key: value for key, value in os.environ.items() if key != "VLLM_API_KEY"}
+    done = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, (line, done.stderr)
+    return list(_KeyRecorder.seen)
+
+
+@pytest.fixture
+def key_server() -> Iterator[int]:
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), _KeyRecorder)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield httpd.server_address[1]
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_the_curl_of_a_key_from_the_secrets_file_sends_it_from_a_new_shell(tmp_path: Path, key_server: int) -> None:
+    """The hint was -H "Authorization: Bearer $VLLM_API_KEY" "with the API key of the secrets file":
+    that variable is empty in a new shell, so curl sent "Bearer " and the server refused. The printed
+    command reads the key from the file itself, and the key is not in the line."""
+    key = "sk-file-0123456789abcdef"
+    held = tmp_path / "secrets.yaml"
+    held.write_text(f"api_key: {key}\n")
+    held.chmod(0o600)
+    settings = Settings.of({"bind_host": "0.0.0.0", "port": key_server, "model": "org/tiny"})
+    lines = server.how_to_query("ws", "127.0.0.1", settings, f"the secrets file {held}", "--host ws")
+    curl = lines[2].removeprefix("  or over HTTP: ")
+    assert curl != lines[2] and key not in "\n".join(lines)
+    assert _pasted(curl, tmp_path) == [f"Bearer {key}"]
+    assert lines[3] == (f"  (the key is read from the secrets file {held} into curl's stdin: in no command line, "
+                        "on no screen)")
+
+
 def test_a_server_beyond_loopback_gets_a_curl_and_the_key_is_named_by_where_it_came_from() -> None:
     settings = Settings.of({"bind_host": "0.0.0.0", "port": 8000, "model": "Qwen/Qwen2.5-32B-Instruct-AWQ"})
     from_file = server.how_to_query("ws", "192.0.2.10", settings, "the secrets file /srv/secrets.yaml", "--host ws")
-    assert from_file[2].startswith("  or over HTTP: curl -s http://192.0.2.10:8000/v1/completions ")
-    assert '-H "Authorization: Bearer $VLLM_API_KEY"' in from_file[2]
-    assert from_file[3] == ("  (curl needs VLLM_API_KEY set to the api_key of the secrets file "
-                            "/srv/secrets.yaml; invoke ask reads it there)")
+    assert " -m provision.secrets header /srv/secrets.yaml | curl -s http://192.0.2.10:8000/v1/completions " \
+        in from_file[2]
+    assert "$VLLM_API_KEY" not in from_file[2] and " -H @- " in from_file[2]
     from_env = server.how_to_query("ws", "192.0.2.10", settings, "the environment (VLLM_API_KEY)", "--host ws")
     assert '$VLLM_API_KEY' in from_env[2] and not any("needs VLLM_API_KEY" in line for line in from_env)
     keyless = server.how_to_query("ws", "192.0.2.10", settings, None, "--host ws")
@@ -312,8 +374,32 @@ def test_a_replica_behind_an_endpoint_is_told_with_the_endpoint_s_url_and_its_be
     lines = server.behind_endpoint("cpu-1", plan, "the environment (VLLM_API_KEY)", "--inventory inv.yaml")
     assert lines == [("cpu-1 is a replica of endpoint tiny: clients use http://10.0.0.6:9000 (the router on cpu-2), "
                      "which drains it before each restart"),
-                     '  with the API key of the environment (VLLM_API_KEY): -H "Authorization: Bearer $VLLM_API_KEY"',
+                     ('  with the API key of the environment (VLLM_API_KEY): curl -s http://10.0.0.6:9000/v1/models'
+                      ' -H "Authorization: Bearer $VLLM_API_KEY"'),
                      "  through it: invoke bench --endpoint tiny --inventory inv.yaml"]
+
+
+def test_a_replica_s_endpoint_key_from_the_secrets_file_is_a_command_that_sends_it(tmp_path: Path,
+                                                                                  key_server: int) -> None:
+    """Behind an endpoint the hint was the bare header with $VLLM_API_KEY, empty in a new shell: now a
+    curl to the endpoint that reads the key from the secrets file, the key nowhere in the line."""
+    from provision import endpoints, inventory
+    from tests.test_rollback import ENDPOINT_INVENTORY
+
+    key = "sk-endpoint-0123456789abcdef"
+    held = tmp_path / "keys" / "secrets.yaml"  # beside the inventory's directory, not in it
+    held.parent.mkdir()
+    held.write_text(f"api_key: {key}\n")
+    held.chmod(0o600)
+    (tmp_path / "hosts.yaml").write_text(ENDPOINT_INVENTORY.replace("drain_timeout: 30",
+                                                                    "drain_timeout: 30, bind_host: 0.0.0.0, port: 9000"))
+    plan = endpoints.named(inventory.load(tmp_path), "tiny")
+    assert plan.router is not None  # the router host is reached at 127.0.0.1 here, where key_server listens
+    plan = dataclasses.replace(plan, port=key_server, router=dataclasses.replace(plan.router, address="127.0.0.1"))
+    lines = server.behind_endpoint("cpu-1", plan, f"the secrets file {held}")
+    prefix = f"  with the API key of the secrets file {held}: "
+    assert lines[1].startswith(prefix) and key not in "\n".join(lines), lines
+    assert _pasted(lines[1].removeprefix(prefix), tmp_path) == [f"Bearer {key}"]
 
 
 def test_ask_reads_the_completion_vllm_answered() -> None:
