@@ -17,6 +17,8 @@ tasks in a checkout with no hook of ours before them, so the checkout's door is 
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 DOORS = ("invoke", "provision")
 
 _door = "invoke"  # the one this process was started through
@@ -39,3 +41,14 @@ def command(task: str) -> str:
     """A task's command line as typed where the hint is printed: command("facts --host a") is
     "provision facts --host a" from the console script, "invoke facts --host a" in a checkout."""
     return f"{_door} {task}"
+
+
+def docs_page(name: str) -> str:
+    """Where a documentation page is on this machine, for a hint to cite: the project publishes no
+    documentation site, so the pages ship with the tool (the wheel holds docs/ as provision/docs/); a
+    checkout's own docs/ where the tool runs from one. docs_page("inventory.md") -> ".../docs/inventory.md"."""
+    package = Path(__file__).resolve().parent
+    for folder in (package / "docs", package.parent / "docs"):
+        if (folder / name).is_file():
+            return str(folder / name)
+    raise FileNotFoundError(f"documentation page {name} is in neither {package / 'docs'} nor {package.parent / 'docs'}")

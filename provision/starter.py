@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provision import checks, inventory, kvcache
+from provision import checks, hints, inventory, kvcache
 from provision.context import Context
 from provision.errors import InventoryError, OutputExists
 from provision.facts import HostFacts
@@ -208,8 +208,10 @@ def render(starters: Sequence[Starter], ssh: SshChoice, command: str) -> str:
     tool = command.split()[0]
     lines = [f"# A starter inventory written by `{command}`: check each value, then",
              f"# `{tool} inventory --inventory THIS_FILE` validates it and shows each host's settings",
-             "# (`--json`: every setting and where it came from). Schema: the project's docs/inventory.md;",
-             "# every setting with its type and default: docs/reference/settings.md."]
+             "# (`--json`: every setting and where it came from). Schema (the documentation came with the tool):",
+             f"#   {hints.docs_page('inventory.md')}",
+             "# every setting with its type and default:",
+             f"#   {hints.docs_page('reference/settings.md')}"]
     remote = [s for s in starters if s.target.address is not None and s.written]
     if remote and (ssh.known_hosts or ssh.key_file):
         lines.append("ssh:  # how every SSH host below is reached")

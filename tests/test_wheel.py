@@ -37,7 +37,7 @@ from tests.wheelhouse import wheelhouse
 pytestmark = pytest.mark.xdist_group("wheel")  # one worker builds the wheel, once
 
 ROOT = Path(__file__).resolve().parents[1]
-BUILD_INPUTS = ("pyproject.toml", "README.md", "provision", "templates")
+BUILD_INPUTS = ("pyproject.toml", "README.md", "provision", "templates", "docs")
 # Where the docs show how to install and first run the tool: (file, the heading of its section).
 INSTALL_SECTIONS = (("README.md", "## Install"), ("docs/index.md", "## Install"))
 VENV = "~/provision-venv"  # the docs' venv row
@@ -242,7 +242,8 @@ def test_the_wheel_holds_every_file_of_the_package_and_the_templates(installed: 
     with zipfile.ZipFile(installed.wheel) as archive:
         shipped = {name for name in archive.namelist() if not name.split("/")[0].endswith(".dist-info")}
         entry_points = archive.read(f"provision-{provision.__version__}.dist-info/entry_points.txt").decode()
-    expected = _files_under(ROOT / "provision", "provision") | _files_under(ROOT / "templates", "provision/templates")
+    expected = (_files_under(ROOT / "provision", "provision") | _files_under(ROOT / "templates", "provision/templates")
+                | _files_under(ROOT / "docs", "provision/docs"))
     assert not expected - shipped, ("left out of the wheel (a package missing from pyproject's packages, or "
                                     f"package-data that does not match): {sorted(expected - shipped)}")
     assert not shipped - expected, f"in the wheel but not in the checkout: {sorted(shipped - expected)}"
@@ -339,6 +340,23 @@ def test_a_starter_inventory_without_a_model_is_refused_with_the_line_to_add(ins
     assert (found["status"], found["severity"]) == ("fail", "blocker")
     assert found["fix"].startswith("add `vars: {model: ORG/NAME}` under host local in inventory/hosts.yaml")
     assert "local" in report["blocked"]
+
+
+def test_the_starter_inventory_cites_documentation_pages_this_install_holds(installed: Installed,
+                                                                          tmp_path: Path) -> None:
+    """The starter inventory cited "the project's docs/inventory.md", a file an installed user does not
+    have, and no documentation site is published to point at instead: the pages come with the wheel and
+    the file names where they are on this machine."""
+    done = subprocess.run([str(installed.venv / "bin" / "provision"), "init", "--host", "local"], cwd=tmp_path,
+                          env=installed.env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    header = (tmp_path / "inventory" / "hosts.yaml").read_text().split("\nhosts:")[0]
+    cited = re.findall(r"^#\s+(/\S+\.md)$", header, flags=re.MULTILINE)
+    assert [Path(page).name for page in cited] == ["inventory.md", "settings.md"], header
+    for page, source in zip(cited, ("docs/inventory.md", "docs/reference/settings.md"), strict=True):
+        assert Path(page).is_relative_to(installed.venv), page
+        assert Path(page).read_text() == (ROOT / source).read_text()
+    assert "docs/inventory.md;" not in header
 
 
 def test_plan_renders_the_units_from_the_packaged_templates(installed: Installed) -> None:
