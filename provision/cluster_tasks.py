@@ -39,7 +39,8 @@ def deploy(c: Context, flags: HostFlags, batch: int = 1, timeout: float = 600) -
                             timeout=timeout, show=report.plans_shower(flags.json))
     report.print_deployed(result, flags.json)
     if not flags.json:
-        scope = f"--cluster {flags.cluster}" if flags.cluster else " ".join(f"--host {name}" for name in result.order)
+        scope = " ".join(f"--cluster {name}" for name in flags.cluster) if flags.cluster \
+            else " ".join(f"--host {name}" for name in result.order)
         # What the hints need to reach the same servers: this run's --inventory and --set.
         same = " ".join([*(["--inventory", shlex.quote(flags.inventory)] if flags.inventory else []),
                          *(f"--set {shlex.quote(item)}" for item in flags.set)])
@@ -133,15 +134,16 @@ def bench(c: Context, flags: HostFlags, host: str | None = None, prompt: str = "
     first token, the server's own figures (a host's only: behind a router they are spread over its
     replicas). With --profile, a published benchmark profile run with llama-benchy, its results kept."""
     from provision import remote, report, secrets, server
-    if len([name for name in (host, flags.cluster, endpoint) if name]) != 1:
+    cluster = flags.one_cluster("bench")
+    if len([name for name in (host, cluster, endpoint) if name]) != 1:
         raise Exit("error: bench needs --host NAME, --cluster NAME or --endpoint NAME (one of them)", code=2)
     if model and not endpoint:
         raise Exit("error: --model names one of an endpoint's models: it goes with --endpoint NAME", code=2)
     if not profile and (count < 1 or concurrency < 1 or max_tokens < 1):
         raise Exit("error: --count, --concurrency and --max-tokens must be at least 1", code=2)
     chosen = flags.select(targets=False)
-    if flags.cluster:  # a cluster serves from its head, as status shows it (the other nodes: workers)
-        host = chosen.inventory.cluster(flags.cluster).head
+    if cluster:  # a cluster serves from its head, as status shows it (the other nodes: workers)
+        host = chosen.inventory.cluster(cluster).head
     if profile:
         bench_profile(flags, chosen, host, endpoint, profile, book_url, output, arg or [], model)
         return

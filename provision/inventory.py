@@ -1018,11 +1018,11 @@ class Inventory:
         return [name for name in self.targets_of(machine) if name != target]
 
     def select(
-        self, *, hosts: Iterable[str] = (), cluster: str | None = None, everything: bool = False
+        self, *, hosts: Iterable[str] = (), clusters: Iterable[str] = (), everything: bool = False
     ) -> list[Host]:
-        """Hosts named on the command line, in the order given; a cluster's; or all of them."""
+        """Hosts named on the command line, in the order given; the clusters'; or all of them."""
         names = list(hosts)
-        if cluster:
+        for cluster in clusters:
             names.extend(self.cluster(cluster).hosts)
         if everything:
             names.extend(self.hosts)

@@ -203,11 +203,12 @@ def apply(c: Context, flags: HostFlags, name: str, dry_run: bool = False) -> Non
     from provision.taskargs import Selection, load_inventory
 
     recipe = registries.find(_given(name, "recipe.apply", "NAME"))
-    if not flags.cluster:
+    cluster = flags.one_cluster("recipe.apply")
+    if not cluster:
         raise RecipeError("name the cluster to apply it to: --cluster NAME", file="command line")
     inv = load_inventory(flags.inventory)
-    application = applying.plan(inv, flags.cluster, recipe, inventory.parse_overrides(list(flags.set)))
-    chosen = Selection(application.applied, application.applied.select(cluster=flags.cluster), {})
+    application = applying.plan(inv, cluster, recipe, inventory.parse_overrides(list(flags.set)))
+    chosen = Selection(application.applied, application.applied.select(clusters=[cluster]), {})
     gated = run.gate(chosen.inventory, chosen.targets, flags.options(chosen))
     passed = not gated.errors and not any(checks.verdict(found) == "blocked" for found in gated.findings.values())
     written = passed and not dry_run and not application.unchanged

@@ -38,7 +38,7 @@ COMMON_HELP = {
     "inventory": "inventory file or directory (default: $PROVISION_INVENTORY, else the lab's while it is up "
                  "in the checkout that brought it up or with $PROVISION_LAB=1, else ./inventory)",
     "host": "a host name from the inventory (a host with services: all of them; HOST/SERVICE: one), or 'local' for this machine (repeatable)",
-    "cluster": "a cluster name from the inventory",
+    "cluster": "a cluster name from the inventory (repeatable)",
     "all": "every host of the inventory",
     "json": "print JSON for scripts instead of tables",
     "accept-new-host-keys": "trust and record the key of a host seen for the first time "
@@ -236,7 +236,7 @@ class Selection:
         return [target.name for target in self.targets]
 
 
-def select(inventory_: str | None, host: Sequence[str] | None = None, cluster: str | None = None,
+def select(inventory_: str | None, host: Sequence[str] | None = None, cluster: Sequence[str] | None = None,
            all_: bool = False, set_: Sequence[str] | None = None, default_all: bool = False,
            targets: bool = True) -> Selection:
     """--inventory, --host/--cluster/--all and --set, as every host task reads them (InventoryError: exit 2).
@@ -251,7 +251,8 @@ def select(inventory_: str | None, host: Sequence[str] | None = None, cluster: s
     if not targets:
         return Selection(inv, [], overrides)
     everything = all_ or (default_all and not (host or cluster))
-    return Selection(inv, inv.select(hosts=list(host or []), cluster=cluster, everything=everything), overrides)
+    return Selection(inv, inv.select(hosts=list(host or []), clusters=list(cluster or []), everything=everything),
+                     overrides)
 
 
 @dataclass(frozen=True)
@@ -260,7 +261,7 @@ class HostFlags:
 
     inventory: str | None = None
     host: tuple[str, ...] = ()
-    cluster: str | None = None
+    cluster: tuple[str, ...] = ()
     all: bool = False
     json: bool = False
     accept_new_host_keys: bool = False
@@ -272,6 +273,13 @@ class HostFlags:
 
     def select(self, *, default_all: bool = False, targets: bool = True) -> Selection:
         return select(self.inventory, self.host, self.cluster, self.all, self.set, default_all, targets)
+
+    def one_cluster(self, task: str) -> str | None:
+        """The one cluster a task that takes one was given (None: none); a usage error (exit 2) for more."""
+        if len(self.cluster) > 1:
+            raise Exit(f"error: {task} takes one cluster; --cluster was given {len(self.cluster)} times "
+                       f"({', '.join(self.cluster)})", code=2)
+        return self.cluster[0] if self.cluster else None
 
     def options(self, selection: Selection, *, only: str | None = None, verify: bool = False,
                 may_build: bool = False) -> Options:
@@ -346,7 +354,7 @@ class Flag:
 
 SHARED_FLAGS = {
     "host": Flag("host", annotation="list[str] | None", repeats=True),
-    "cluster": Flag("cluster"),
+    "cluster": Flag("cluster", annotation="list[str] | None", repeats=True),
     "all": Flag("all_", False, "bool"),
     "inventory": Flag("inventory_"),
     "json": Flag("json_", False, "bool"),

@@ -42,7 +42,8 @@ def nccl_(c: Context, flags: HostFlags, asked: NcclFlags) -> None:
     transport NCCL chose (P2P over NVLink or PCIe, SHM, NET/Socket, NET/IB) read from its own log.
     """
     from provision import nccl, report
-    if bool(flags.host) == bool(flags.cluster):
+    cluster = flags.one_cluster("verify.nccl")
+    if bool(flags.host) == bool(cluster):
         raise InventoryError("name hosts (--host) or one cluster (--cluster), not both or neither",
                              file="command line")
     try:
@@ -53,7 +54,7 @@ def nccl_(c: Context, flags: HostFlags, asked: NcclFlags) -> None:
         raise InventoryError("--iters must be >= 1, --warmup and --gpus >= 0, --timeout > 0 and "
                              "--port a TCP port", file="command line")
     chosen = flags.select()
-    order, runs, failures = nccl.verify(chosen.inventory, chosen.targets, flags.options(chosen), flags.cluster,
+    order, runs, failures = nccl.verify(chosen.inventory, chosen.targets, flags.options(chosen), cluster,
                                         list(sizes), asked)
     if flags.json:
         print(report.dump_json(report.runs_json(order, runs, failures)))

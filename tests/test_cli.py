@@ -217,3 +217,35 @@ def test_an_inventory_named_by_the_environment_and_absent_is_the_headline(tmp_pa
     assert first.startswith("error: inventory: $PROVISION_INVENTORY names nope.yaml, which is not there"), first
     assert "none found" not in done.stderr
     assert f"{tmp_path / 'inventory'}: found, not read: nope.yaml comes first" in "\n".join(rest), done.stderr
+
+
+TWO_CLUSTERS = """hosts:
+  a: {address: 127.0.0.1, port: 1, user: nobody, profile: cpu, vars: {model: org/tiny}}
+  b: {address: 127.0.0.1, port: 1, user: nobody, profile: cpu, vars: {model: org/tiny}}
+clusters:
+  ca: {hosts: [a]}
+  cb: {hosts: [b]}
+"""
+
+
+def test_cluster_repeats_as_host_does(tmp_path: Path) -> None:
+    """`status --cluster ca --cluster cb` answered "No idea what 'cb' is!" where --host repeats: both
+    clusters' hosts are asked (nothing listens on their port here: each is unreachable, exit 1)."""
+    (tmp_path / "hosts.yaml").write_text(TWO_CLUSTERS)
+    done = subprocess.run([_installed(), "status", "--inventory", "hosts.yaml", "--cluster", "ca", "--cluster", "cb",
+                           "--json", "--timeout", "2"], cwd=tmp_path, env=_no_inventory_env(tmp_path),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    answer = json.loads(done.stdout)
+    assert sorted(answer["hosts"]) == ["a", "b"]
+    assert all(not host["reachable"] for host in answer["hosts"].values())
+
+
+def test_a_task_of_one_cluster_given_two_says_so_as_a_usage_error(tmp_path: Path) -> None:
+    """bench measures one server: two clusters are a usage error (exit 2) that says what was given."""
+    (tmp_path / "hosts.yaml").write_text(TWO_CLUSTERS)
+    done = subprocess.run([_installed(), "bench", "--inventory", "hosts.yaml", "--cluster", "ca", "--cluster", "cb"],
+                          cwd=tmp_path, env=_no_inventory_env(tmp_path), capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.strip() == "error: bench takes one cluster; --cluster was given 2 times (ca, cb)"
