@@ -5,12 +5,16 @@ installed `provision` command (main(), the console script of pyproject.toml).
 """
 from __future__ import annotations
 
+import contextlib
+import difflib
 import os
+import re
 import sys
+from collections.abc import Iterator
 from importlib import metadata
 
 from invoke.collection import Collection
-from invoke.exceptions import Exit
+from invoke.exceptions import Exit, ParseError
 from invoke.program import Program
 
 from provision import (
@@ -65,11 +69,52 @@ class Tool(Program):
         if self.namespace is not None:
             self.list_tasks()
 
+    def parse_core(self, argv: list[str] | None) -> None:
+        with self._usage_errors():
+            super().parse_core(argv)
+
+    def parse_tasks(self) -> None:
+        with self._usage_errors():
+            super().parse_tasks()
+
+    @contextlib.contextmanager
+    def _usage_errors(self) -> Iterator[None]:
+        """Invoke's parser errors ("No idea what 'chek' is!") exit 1 in Program.run, where every other
+        usage error of the tool exits 2: they leave as Exit(2), with the nearest names where a word
+        was mistyped (a task, or a flag of the task it was given to)."""
+        try:
+            yield
+        except ParseError as exc:
+            raise Exit(f"error: {_said(exc)}{self._nearest(exc)}", code=2) from exc
+
+    def _nearest(self, error: ParseError) -> str:
+        found = re.fullmatch(r"No idea what '(.+)' is!", str(error))
+        if found is None:
+            return ""
+        word = found.group(1)
+        if word.startswith("-"):
+            known = [*(error.context.flags if error.context else ()), *self.initial_context.flags]
+        else:
+            known = [*self.collection.task_names, *(alias for aliases in self.collection.task_names.values()
+                                                    for alias in aliases)] if self.collection else []
+        refused = {f"--{option}" for option, _ in UNHONOURED_CORE_OPTIONS}
+        near = difflib.get_close_matches(word, sorted(set(known) - refused), n=3, cutoff=0.6)
+        return f" Did you mean {' or '.join(near)}?" if near else ""
+
     def update_config(self, merge: bool = True) -> None:
         for option, _ in UNHONOURED_CORE_OPTIONS:
             if self.args[option].value:
                 raise Exit(core_option_refused(option), code=2)
         super().update_config(merge)
+
+
+def _said(error: ParseError) -> str:
+    """Invoke's message, a flag named as typed ("Flag <Argument: profile> needed value" reads
+    "--profile needs a value")."""
+    found = re.fullmatch(r"Flag <Argument: ([^>]+)> needed value and was not given one!", str(error))
+    if found is not None:
+        return f"--{found.group(1).split(' ')[0].replace('_', '-')} needs a value"
+    return str(error)
 
 
 def _run_flushed() -> None:

@@ -43,6 +43,7 @@ One without hosts is an error. Its bytes, values (aliases expanded) and nesting 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import fnmatch
 import ipaddress
 import json
@@ -743,6 +744,12 @@ class _Brief(reprlib.Repr):
 _BRIEF = _Brief()
 
 
+def _nearest(word: str, names: Iterable[str]) -> str:
+    """": did you mean a or b?" for the names closest to a mistyped one, "" where none is close."""
+    near = difflib.get_close_matches(word, sorted(names), n=3, cutoff=0.6)
+    return f": did you mean {' or '.join(near)}?" if near else ""
+
+
 def _brief(value: Any) -> str:
     """At most about 80 characters of repr(value), however large the value."""
     return clip(_BRIEF.repr(value))
@@ -971,13 +978,15 @@ class Inventory:
         if name == LOCAL_HOST:
             return local_host()
         known = ", ".join(sorted(self.hosts)) or "none"
-        raise InventoryError(f"unknown host {_brief(name)} (known: {known}, or 'local')", file=self._where())
+        raise InventoryError(f"unknown host {_brief(name)}{_nearest(name, [*self.hosts, LOCAL_HOST])} "
+                             f"(known: {known}, or 'local')", file=self._where())
 
     def cluster(self, name: str) -> Cluster:
         if name in self.clusters:
             return self.clusters[name]
         known = ", ".join(sorted(self.clusters)) or "none"
-        raise InventoryError(f"unknown cluster {_brief(name)} (known: {known})", file=self._where())
+        raise InventoryError(f"unknown cluster {_brief(name)}{_nearest(name, self.clusters)} (known: {known})",
+                             file=self._where())
 
     def cluster_of(self, host: str) -> Cluster | None:
         for cluster in self.clusters.values():

@@ -249,3 +249,25 @@ def test_a_task_of_one_cluster_given_two_says_so_as_a_usage_error(tmp_path: Path
                           check=False)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stderr.strip() == "error: bench takes one cluster; --cluster was given 2 times (ca, cb)"
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["chek", "--all"], "error: No idea what 'chek' is! Did you mean check?"),
+    (["recipe.shwo", "x"], "error: No idea what 'recipe.shwo' is! Did you mean recipe.show"),
+    (["check", "--hots", "a"], "error: No idea what '--hots' is! Did you mean --host?"),
+    (["check", "--inventory", "hosts.yaml", "--host", "aa"],
+     "error: hosts.yaml: unknown host 'aa': did you mean a? (known: a, b, or 'local')"),
+    (["check", "--inventory", "hosts.yaml", "--cluster", "cb2"],
+     "error: hosts.yaml: unknown cluster 'cb2': did you mean cb? (known: ca, cb)"),
+    (["check", "--profile"], "error: --profile needs a value"),
+], ids=["task", "dotted-task", "flag", "host", "cluster", "flag-without-value"])
+def test_a_usage_error_exits_2_and_a_mistyped_name_gets_the_nearest(argv: list[str], said: str,
+                                                                    tmp_path: Path) -> None:
+    """Invoke's own parser errors exited 1, the status of a host that failed, and named nothing near a
+    mistyped word: every usage error exits 2, and a task, flag, host or cluster mistyped gets the names
+    closest to it."""
+    (tmp_path / "hosts.yaml").write_text(TWO_CLUSTERS)
+    done = subprocess.run([_installed(), *argv], cwd=tmp_path, env=_no_inventory_env(tmp_path), capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.startswith(said), done.stderr
