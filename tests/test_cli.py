@@ -271,3 +271,23 @@ def test_a_usage_error_exits_2_and_a_mistyped_name_gets_the_nearest(argv: list[s
                           text=True, timeout=120, check=False)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stderr.startswith(said), done.stderr
+
+
+def test_bench_against_a_server_that_does_not_answer_says_what_was_asked_and_what_answered(tmp_path: Path) -> None:
+    """`bench` where nothing listens printed "3 x URLError: <urlopen error [Errno 111] Connection
+    refused>": it names the request and that nothing answered it."""
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    (tmp_path / "hosts.yaml").write_text(
+        f"hosts:\n  local: {{connection: local, profile: cpu, vars: {{model: org/tiny, port: {port}}}}}\n")
+    done = subprocess.run([_installed(), "bench", "--inventory", "hosts.yaml", "--host", "local", "--count", "2",
+                           "--concurrency", "1"], cwd=tmp_path, env=_no_inventory_env(tmp_path), capture_output=True,
+                          text=True, timeout=120, check=False)
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 1, said
+    assert (f"2 x asked POST http://127.0.0.1:{port}/v1/completions: nothing answered: connection refused "
+            "(no server listens on that port: not deployed, or stopped)") in said, said
+    assert "URLError" not in said

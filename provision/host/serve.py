@@ -22,6 +22,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import socket
 import threading
 import time
 import urllib.error
@@ -38,8 +39,9 @@ def _headers(spec: dict[str, Any]) -> dict[str, str]:
     return headers
 
 
-def _describe(exc: BaseException, spec: dict[str, Any]) -> str:
-    """An exception from a request, in words; a 401 says what to set (the server wants a key)."""
+def _describe(exc: BaseException, spec: dict[str, Any], asked: str = "POST", path: str = "/v1/completions") -> str:
+    """An exception from a request, in words; a 401 says what to set (the server wants a key); a
+    request nothing answered names what was asked (`asked` METHOD on the spec's base and `path`)."""
     if isinstance(exc, urllib.error.HTTPError) and exc.code == 401:
         exc.close()
         if spec.get("api_key"):
@@ -51,7 +53,27 @@ def _describe(exc: BaseException, spec: dict[str, Any]) -> str:
         return f"HTTP {exc.code} {exc.read(900).decode('utf-8', 'replace')}"  # the server's message whole
     if isinstance(exc, StreamFailed):
         return str(exc)
+    unanswered = _unanswered(exc)
+    if unanswered is not None:
+        return f"asked {asked} {spec['base']}{path}: {unanswered}"
     return f"{type(exc).__name__}: {exc}"
+
+
+def _unanswered(exc: BaseException) -> str | None:
+    """What answered a request that got no HTTP answer at all, in words; None for anything else."""
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) and not isinstance(exc, urllib.error.HTTPError) \
+        else exc
+    if isinstance(reason, ConnectionRefusedError):
+        return "nothing answered: connection refused (no server listens on that port: not deployed, or stopped)"
+    if isinstance(reason, TimeoutError):
+        return "nothing answered before the timeout (the server is busy, starting, or the address unreachable)"
+    if isinstance(reason, (ConnectionResetError, http.client.RemoteDisconnected)):
+        return "the connection was closed without an HTTP answer (the server went away mid-request)"
+    if isinstance(reason, socket.gaierror):
+        return f"the address does not resolve ({reason.strerror})"
+    if isinstance(exc, urllib.error.URLError):
+        return f"no HTTP answer ({reason})"
+    return None
 
 
 def _get(url: str, timeout: float = 5) -> tuple[int | None, str]:
@@ -476,7 +498,7 @@ def context(spec: dict[str, Any]) -> dict[str, Any]:
             models: str | None = response.read(200_000).decode("utf-8", "replace")
     except Exception as exc:  # noqa: BLE001  an answer in words: the controller decides
         models = None
-        models_error = _describe(exc, spec)
+        models_error = _describe(exc, spec, "GET", "/v1/models")
     else:
         models_error = ""
     probes: list[dict[str, Any]] = []
