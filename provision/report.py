@@ -350,6 +350,10 @@ def print_check(order: Iterable[str], findings: Mapping[str, list[Finding]],
 def print_generations(host: str, listing: Mapping[str, Any], out: Console) -> None:
     """A host's generations, oldest first: the one it runs now, the one `invoke rollback` restores, the
     others `--to` may restore, the ones never restored; a tune trial's named as a trial."""
+    if not listing.get("generations"):
+        out.print(Text(f"{host}: no generations yet: each deploy or provision that changes the host "
+                       "records one, for rollback to restore"))
+        return
     table = Table(title=f"{host}: generations", title_justify="left")
     for column in ("#", "state", "created", "by", "changes", "rollback"):
         table.add_column(column)

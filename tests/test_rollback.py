@@ -242,6 +242,21 @@ def test_rollback_list_marks_the_current_generation_and_names_trials() -> None:
     assert "with --to 1" in lines["1"]
 
 
+def test_a_host_without_generations_says_there_is_none_yet() -> None:
+    """`generations` on a host never deployed drew an empty table, headings and no row: it says there
+    is none yet and what makes one."""
+    import io
+
+    from rich.console import Console
+
+    from provision import report
+
+    out = Console(file=io.StringIO(), width=80, color_system=None)
+    report.print_generations("cpu-1", {"current": None, "default": None, "generations": []}, out)
+    assert " ".join(out.file.getvalue().split()) == ("cpu-1: no generations yet: each deploy or provision that "
+                                                     "changes the host records one, for rollback to restore")
+
+
 def test_generations_is_rollback_list_by_the_name_people_reach_for(
         inv: inventory.Inventory, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """`generations` prints what `rollback --list` prints, from the same host answer, and asks the host
