@@ -85,7 +85,7 @@ class Tool(Program):
         try:
             yield
         except ParseError as exc:
-            raise Exit(f"error: {_said(exc)}{self._nearest(exc)}", code=2) from exc
+            raise Exit(f"error: {self._second_value(exc) or _said(exc) + self._nearest(exc)}", code=2) from exc
 
     def _nearest(self, error: ParseError) -> str:
         found = re.fullmatch(r"No idea what '(.+)' is!", str(error))
@@ -100,6 +100,24 @@ class Tool(Program):
         refused = {f"--{option}" for option, _ in UNHONOURED_CORE_OPTIONS}
         near = difflib.get_close_matches(word, sorted(set(known) - refused), n=3, cutoff=0.6)
         return f" Did you mean {' or '.join(near)}?" if near else ""
+
+    def _second_value(self, error: ParseError) -> str:
+        """"bench takes one --host: it was given twice ('b' the second)" where Invoke could not place a
+        word because it is the value of a one-value flag given again (bench, ask and logs act on one
+        host): Invoke keeps the first value and reads the second as a task's name. "" otherwise."""
+        found = re.fullmatch(r"No idea what '(.+)' is!", str(error))
+        context = error.context
+        if found is None or context is None:
+            return ""
+        word = found.group(1)
+        argv = list(self.argv)
+        for index in range(len(argv) - 1, 0, -1):
+            flag = argv[index - 1]
+            if argv[index] == word and flag in context.flags:
+                argument = context.flags[flag]
+                if argument.takes_value and argument.kind is not list and argv[:index - 1].count(flag):
+                    return f"{context.name} takes one {flag}: it was given twice ({word!r} the second)"
+        return ""
 
     def update_config(self, merge: bool = True) -> None:
         for option, _ in UNHONOURED_CORE_OPTIONS:

@@ -260,7 +260,10 @@ def test_a_task_of_one_cluster_given_two_says_so_as_a_usage_error(tmp_path: Path
     (["check", "--inventory", "hosts.yaml", "--cluster", "cb2"],
      "error: hosts.yaml: unknown cluster 'cb2': did you mean cb? (known: ca, cb)"),
     (["check", "--profile"], "error: --profile needs a value"),
-], ids=["task", "dotted-task", "flag", "host", "cluster", "flag-without-value"])
+    (["bench", "--host", "a", "--host", "b"], "error: bench takes one --host: it was given twice ('b' the second)"),
+    (["logs", "--host", "a", "--lines", "5", "--host", "b"],
+     "error: logs takes one --host: it was given twice ('b' the second)"),
+], ids=["task", "dotted-task", "flag", "host", "cluster", "flag-without-value", "bench-two-hosts", "logs-two-hosts"])
 def test_a_usage_error_exits_2_and_a_mistyped_name_gets_the_nearest(argv: list[str], said: str,
                                                                     tmp_path: Path) -> None:
     """Invoke's own parser errors exited 1, the status of a host that failed, and named nothing near a
