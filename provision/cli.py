@@ -50,6 +50,10 @@ def main() -> None:
         sys.exit(1)
 
 
+# Invoke's own task listings (Program.list_flat, list_nested, list_json)
+LIST_FORMATS = ("flat", "nested", "json")
+
+
 class Tool(Program):
     """Invoke's Program without the core options that only shape Invoke's own run() (--dry, --echo,
     --warn-only, ...): no task runs a command through it. They are left out of `provision -h` and
@@ -76,6 +80,23 @@ class Tool(Program):
     def parse_tasks(self) -> None:
         with self._usage_errors():
             super().parse_tasks()
+
+    def parse_cleanup(self) -> None:
+        """--help TASK, --list [NAMESPACE] and --list-format, each misnamed a usage error (exit 2): Invoke
+        exits 1 for an unknown namespace and fails with a traceback for an unknown list format."""
+        if self.args.list.value and self.args["list-format"].value not in LIST_FORMATS:
+            raise Exit(f"error: --list-format is one of {', '.join(LIST_FORMATS)}, not "
+                       f"{self.args['list-format'].value!r}", code=2)
+        with self._usage_errors():
+            try:
+                super().parse_cleanup()
+            except Exit as exc:
+                if exc.code != 1 or not str(exc.message or "").startswith("Sub-collection"):
+                    raise
+                spaces = sorted(self.collection.collections) if self.collection else []
+                near = difflib.get_close_matches(str(self.args.list.value), spaces, n=3, cutoff=0.6)
+                raise Exit(f"error: {exc.message}{' Did you mean ' + ' or '.join(near) + '?' if near else ''} "
+                           f"(namespaces: {', '.join(spaces)})", code=2) from exc
 
     @contextlib.contextmanager
     def _usage_errors(self) -> Iterator[None]:

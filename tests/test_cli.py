@@ -263,7 +263,11 @@ def test_a_task_of_one_cluster_given_two_says_so_as_a_usage_error(tmp_path: Path
     (["bench", "--host", "a", "--host", "b"], "error: bench takes one --host: it was given twice ('b' the second)"),
     (["logs", "--host", "a", "--lines", "5", "--host", "b"],
      "error: logs takes one --host: it was given twice ('b' the second)"),
-], ids=["task", "dotted-task", "flag", "host", "cluster", "flag-without-value", "bench-two-hosts", "logs-two-hosts"])
+    (["--help", "chek"], "error: No idea what 'chek' is! Did you mean check?"),
+    (["--list", "recpe"], "error: Sub-collection 'recpe' not found! Did you mean recipe? (namespaces: lab, recipe,"),
+    (["--list", "--list-format", "yaml"], "error: --list-format is one of flat, nested, json, not 'yaml'"),
+], ids=["task", "dotted-task", "flag", "host", "cluster", "flag-without-value", "bench-two-hosts", "logs-two-hosts",
+        "help-of-a-task", "list-namespace", "list-format"])
 def test_a_usage_error_exits_2_and_a_mistyped_name_gets_the_nearest(argv: list[str], said: str,
                                                                     tmp_path: Path) -> None:
     """Invoke's own parser errors exited 1, the status of a host that failed, and named nothing near a
