@@ -69,6 +69,7 @@ class Tool(Program):
                             if not hidden & {word.split("=")[0].rstrip(",") for word in row[0].split()}])
         print(f"Dry runs: `{hints.command('plan --all')}` shows what a deploy would change, "
               f"`{hints.command('check --all')}` runs the gate; prepare and recipe.apply take --dry-run.")
+        print(f"Documentation (it comes with the tool): {hints.docs_page('index.md')}")
         print()
         if self.namespace is not None:
             self.list_tasks()

@@ -346,7 +346,7 @@ def test_the_starter_inventory_cites_documentation_pages_this_install_holds(inst
                                                                           tmp_path: Path) -> None:
     """The starter inventory cited "the project's docs/inventory.md", a file an installed user does not
     have, and no documentation site is published to point at instead: the pages come with the wheel and
-    the file names where they are on this machine."""
+    the file names where they are on this machine; so does `provision -h` for the first page."""
     done = subprocess.run([str(installed.venv / "bin" / "provision"), "init", "--host", "local"], cwd=tmp_path,
                           env=installed.env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
@@ -357,6 +357,10 @@ def test_the_starter_inventory_cites_documentation_pages_this_install_holds(inst
         assert Path(page).is_relative_to(installed.venv), page
         assert Path(page).read_text() == (ROOT / source).read_text()
     assert "docs/inventory.md;" not in header
+    helped = subprocess.run([str(installed.venv / "bin" / "provision"), "-h"], cwd=tmp_path, env=installed.env,
+                            capture_output=True, text=True, timeout=120, check=True)
+    (index,) = re.findall(r"^Documentation \(it comes with the tool\): (/\S+)$", helped.stdout, flags=re.MULTILINE)
+    assert Path(index).is_relative_to(installed.venv) and Path(index).read_text() == (ROOT / "docs/index.md").read_text()
 
 
 def test_plan_renders_the_units_from_the_packaged_templates(installed: Installed) -> None:
