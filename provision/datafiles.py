@@ -3,7 +3,7 @@ with libyaml's safe loader where PyYAML was built with it, as its wheels are: th
 took a third of a second of every run for these files. The same safe subset of YAML either way."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 
@@ -18,6 +18,24 @@ SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 def load(text: str) -> Any:
     return yaml.load(text, Loader=SAFE_LOADER)  # a safe loader, C or Python
+
+
+def text_rows(name: str, key: str, keys: tuple[str, ...], noun: str) -> list[dict[str, str]]:
+    """The rows of the package's data file `name` under `key`, each holding exactly `keys`, every one as
+    text; ContractError names the file and the row (`noun` N) that is not so."""
+    from importlib import resources
+
+    from provision.errors import ContractError
+
+    data = load(resources.files("provision").joinpath(name).read_text(encoding="utf-8"))
+    rows = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(rows, list):
+        raise ContractError(f"provision/{name}: expected a mapping with a list of {key}")
+    for index, row in enumerate(rows, start=1):
+        if not isinstance(row, dict) or sorted(row) != sorted(keys) or not all(
+                isinstance(row[field], str) and row[field].strip() for field in keys):
+            raise ContractError(f"provision/{name}: {noun} {index}: needs each of {', '.join(keys)} as text")
+    return cast("list[dict[str, str]]", rows)
 
 
 def read_bounded(path: Path | Traversable, limit: int, error: type[InventoryError], what: str) -> bytes:

@@ -14,13 +14,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from provision import datafiles
-from provision.errors import ContractError
 
 DATA = "index_gaps.yaml"
 KEYS = ("engine", "versions", "requires", "pypi", "index", "instead", "source", "verified")
@@ -44,20 +42,10 @@ class Gap:
 
 @functools.cache
 def load() -> tuple[Gap, ...]:
-    text = resources.files("provision").joinpath(DATA).read_text(encoding="utf-8")
-    data = datafiles.load(text)
-    rows = data.get("gaps") if isinstance(data, dict) else None
-    if not isinstance(rows, list):
-        raise ContractError(f"provision/{DATA}: expected a mapping with a list of gaps")
-    found = []
-    for index, row in enumerate(rows, start=1):
-        if not isinstance(row, dict) or sorted(row) != sorted(KEYS) or not all(
-                isinstance(row[key], str) and row[key].strip() for key in KEYS):
-            raise ContractError(f"provision/{DATA}: gap {index}: needs each of {', '.join(KEYS)} as text")
-        found.append(Gap(engine=row["engine"], versions=SpecifierSet(row["versions"]),
-                         requires=row["requires"], pypi=" ".join(row["pypi"].split()), index=row["index"],
-                         instead=row["instead"], source=row["source"], verified=" ".join(row["verified"].split())))
-    return tuple(found)
+    return tuple(Gap(engine=row["engine"], versions=SpecifierSet(row["versions"]), requires=row["requires"],
+                     pypi=" ".join(row["pypi"].split()), index=row["index"], instead=row["instead"],
+                     source=row["source"], verified=" ".join(row["verified"].split()))
+                 for row in datafiles.text_rows(DATA, "gaps", KEYS, "gap"))
 
 
 def _closed(gap: Gap, indexes: Sequence[str]) -> bool:

@@ -12,14 +12,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import resources
 
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from provision import datafiles
-from provision.errors import ContractError
 
 DATA = "python_floors.yaml"
 KEYS = ("package", "versions", "python", "says", "source", "verified")
@@ -37,20 +35,10 @@ class Floor:
 
 @functools.cache
 def load() -> tuple[Floor, ...]:
-    text = resources.files("provision").joinpath(DATA).read_text(encoding="utf-8")
-    data = datafiles.load(text)
-    rows = data.get("floors") if isinstance(data, dict) else None
-    if not isinstance(rows, list):
-        raise ContractError(f"provision/{DATA}: expected a mapping with a list of floors")
-    found = []
-    for index, row in enumerate(rows, start=1):
-        if not isinstance(row, dict) or sorted(row) != sorted(KEYS) or not all(
-                isinstance(row[key], str) and row[key].strip() for key in KEYS):
-            raise ContractError(f"provision/{DATA}: floor {index}: needs each of {', '.join(KEYS)} as text")
-        found.append(Floor(package=canonicalize_name(row["package"]), versions=SpecifierSet(row["versions"]),
-                           python=SpecifierSet(row["python"]), says=row["says"], source=row["source"],
-                           verified=" ".join(row["verified"].split())))
-    return tuple(found)
+    return tuple(Floor(package=canonicalize_name(row["package"]), versions=SpecifierSet(row["versions"]),
+                       python=SpecifierSet(row["python"]), says=row["says"], source=row["source"],
+                       verified=" ".join(row["verified"].split()))
+                 for row in datafiles.text_rows(DATA, "floors", KEYS, "floor"))
 
 
 def refusals(releases: Mapping[str, str], python: str) -> tuple[tuple[str, str, Floor], ...]:
