@@ -214,6 +214,18 @@ def test_two_identical_runs_that_wait_for_the_lock_apply_once(lab_llama: invento
     assert "--port 8000" in unit(lab_llama, LLAMA)[2]
 
 
+def killed_while_pending(inv: inventory.Inventory, args: list[str], after: int) -> dict:
+    """Start the tool with `args` and kill it once its generation (newer than `after`) is pending:
+    that generation's summary."""
+    killed = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        return wait_for_pending(inv, after, LLAMA)
+    finally:
+        killed.kill()
+        killed.wait()
+
+
 def test_a_killed_deploy_is_finished_by_the_next_run(lab_llama: inventory.Inventory) -> None:
     assert invoke_json("deploy", "--cluster", LLAMA.cluster, "--timeout", "420")[0] == 0
     good = current(lab_llama, LLAMA)
@@ -221,13 +233,7 @@ def test_a_killed_deploy_is_finished_by_the_next_run(lab_llama: inventory.Invent
     # change must keep the server up and never ready: llama-server reads an API prefix from its
     # environment and then answers /health only under it (NEVER_READY).
     args = ["deploy", "--cluster", LLAMA.cluster, "--set", NEVER_READY, "--timeout", "10"]
-    killed = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        pending = wait_for_pending(lab_llama, good["id"], LLAMA)
-    finally:
-        killed.kill()
-        killed.wait()
+    pending = killed_while_pending(lab_llama, args, good["id"])
     assert "LLAMA_ARG_API_PREFIX" in on_host(lab_llama, LLAMA.host, ["cat", render.ENV_FILE])  # the change is in place
     time.sleep(max(0.0, pending["deadline"] - time.time()) + 1)  # its readiness deadline has passed
     planned = run_invoke("plan", *args[1:4])
@@ -246,13 +252,7 @@ def test_a_killed_deploy_whose_change_serves_is_promoted_by_the_next_run_at_once
     assert invoke_json("deploy", "--cluster", LLAMA.cluster, "--timeout", "420")[0] == 0
     good = current(lab_llama, LLAMA)
     args = ["deploy", "--cluster", LLAMA.cluster, "--set", "max_model_len=200", "--timeout", "300"]
-    killed = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        pending = wait_for_pending(lab_llama, good["id"], LLAMA)
-    finally:
-        killed.kill()
-        killed.wait()
+    pending = killed_while_pending(lab_llama, args, good["id"])
     assert pending["deadline"] > time.time() + 60
     code, report, text = invoke_json(*args)  # the same deploy again: its change is in place
     assert code == 0, text
