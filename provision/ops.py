@@ -179,7 +179,8 @@ def hold_roll(runner: Runner, state_files: Sequence[str], wait: float, by: str) 
     another run keeps it past `wait`."""
     holder = f"run {RUN_ID}: {by} from {socket.gethostname()} (pid {os.getpid()})"
     program = programs.ship(("roll",), "hold_main", {"roll_lock": ROLL_LOCK, "lock": LOCK, "wait": wait,
-                                                     "holder": holder, "state_files": list(state_files),
+                                                     "run": RUN_ID, "holder": holder,
+                                                     "state_files": list(state_files),
                                                      "max_s": HOLD_MAX_S})
     said: queue.Queue[dict[str, Any]] = queue.Queue()
 

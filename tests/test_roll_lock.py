@@ -17,7 +17,7 @@ from provision import programs
 def hold(tmp_path: Path, run: str, wait: float = 0) -> subprocess.Popen[str]:
     state = tmp_path / "state.json"
     spec = {"roll_lock": str(tmp_path / "roll.lock"), "lock": str(tmp_path / "host.lock"), "wait": wait,
-            "holder": f"run {run}: deploy from controller-a (pid 1)", "state_files": [str(state), str(tmp_path / "none")],
+            "run": run, "holder": f"run {run}: deploy from controller-a (pid 1)", "state_files": [str(state), str(tmp_path / "none")],
             "max_s": 60}
     process = subprocess.Popen(["python3", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert process.stdin is not None

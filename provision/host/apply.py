@@ -45,6 +45,7 @@ from provision.host.common import (
     lock,
     made_directories,
     make_directories,
+    of_run,
     roll_holder,
     rolled_by_another,
     sha256_of,
@@ -482,9 +483,7 @@ def _judged_at(spec: dict[str, Any]) -> float:
     """When pending generations are judged: now, against each one's readiness deadline; or, while this
     run's own deploy holds the roll lock, past every deadline: no other deploy is waiting for a verdict
     here, so each pending generation is one whose run stopped."""
-    holder = roll_holder(spec.get("roll_lock"))
-    ours = bool(holder and spec.get("run") and holder.startswith(f"run {spec['run']}:"))
-    return float("inf") if ours else time.time()
+    return float("inf") if of_run(roll_holder(spec.get("roll_lock")), spec.get("run")) else time.time()
 
 
 def _lock_outside_rolls(spec: dict[str, Any]) -> None:

@@ -146,7 +146,12 @@ def roll_holder(path: Optional[str]) -> Optional[str]:
         os.close(fd)
 
 
+def of_run(holder: Optional[str], run: Optional[str]) -> bool:
+    """Whether the roll lock's holder (roll_holder) is the run `run` (its file opens "run ID: ...")."""
+    return bool(holder and run and holder.startswith(f"run {run}:"))
+
+
 def rolled_by_another(path: Optional[str], run: Optional[str]) -> Optional[str]:
     """The holder of the roll lock at `path` when that is not the run `run`; else None."""
     holder = roll_holder(path)
-    return None if holder is None or (run and holder.startswith(f"run {run}:")) else holder
+    return None if holder is None or of_run(holder, run) else holder

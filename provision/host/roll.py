@@ -2,7 +2,7 @@
 stdin to `python3 -`, with common.py. The controller appends `hold_main(SPEC_JSON)`:
 
     {"roll_lock": "/run/lock/provision.roll.lock", "lock": "/run/lock/provision.lock", "wait": 0,
-     "holder": "run ID: deploy from HOST (pid N)", "state_files": [...], "max_s": 43200}
+     "run": "ID", "holder": "run ID: deploy from HOST (pid N)", "state_files": [...], "max_s": 43200}
 
 A deploy takes it before it drains a replica or changes anything, and keeps it through its apply,
 its readiness wait, its promote or rollback and the replica's return to the router. The host's own
@@ -24,14 +24,14 @@ import sys
 import time
 from typing import Any
 
-from provision.host.common import StepFailed, emit, lock, roll_holder, sha256_of
+from provision.host.common import StepFailed, emit, lock, of_run, roll_holder, sha256_of
 
 
 def hold_main(spec: dict[str, Any]) -> None:
     wait = float(spec.get("wait") or 0)
     # This run holds it already (a tune's next trial, another service of the same host): that hold
     # goes on; this one only reads the records.
-    ours = (roll_holder(spec["roll_lock"]) or "").startswith(spec["holder"].split(":", 1)[0] + ":")
+    ours = of_run(roll_holder(spec["roll_lock"]), spec["run"])
     try:
         if not ours:
             lock(spec["roll_lock"], wait, holder=spec["holder"])
