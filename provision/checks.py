@@ -805,6 +805,30 @@ def endpoint_replicas(ctx: Context) -> Finding | None:
                         for plan in ctx.endpoints})
 
 
+# The oldest Prometheus the rendered configuration is checked with (`promtool check config`, and run by
+# the lab's tests): Debian 12's 2.42.0 (Ubuntu 24.04 packages 2.45). It reads the key with
+# authorization.credentials_file and the targets with file_sd_configs.
+PROMETHEUS_MINIMUM = (2, 42)
+
+
+@rule("metrics.prometheus", BLOCKER)
+def metrics_prometheus(ctx: Context) -> Finding | None:
+    """The host the inventory's `prometheus:` names (with manage: true) has Prometheus, new enough for
+    the configuration the tool renders (`invoke prepare` installs the distribution's package)."""
+    if ctx.prometheus is None or not ctx.prometheus.manage:
+        return None
+    version = ctx.facts.prometheus_version
+    if version is None:
+        return fail(f"the inventory's Prometheus runs here, and Prometheus is not installed "
+                    f"({ctx.facts.notes.get('prometheus', 'prometheus --version answered nothing')})",
+                    f"`{hints.command(f'prepare --host {ctx.host}')}` installs it (apt-get install prometheus)")
+    if version_tuple(version) < PROMETHEUS_MINIMUM:
+        low = ".".join(map(str, PROMETHEUS_MINIMUM))
+        return fail(f"Prometheus {version} is older than {low}, the oldest its configuration is checked with",
+                    f"install Prometheus {low} or newer", prometheus=version)
+    return ok(f"Prometheus {version}", prometheus=version)
+
+
 @rule("endpoint.api_key", BLOCKER)
 def endpoint_api_key(ctx: Context) -> Finding | None:
     """An endpoint that listens beyond loopback checks an API key in front of its replicas (the same

@@ -21,6 +21,7 @@ from provision import (
     cluster_tasks,
     hints,
     init_tasks,
+    metrics_tasks,
     prepare_tasks,
     recipe_tasks,
     tasks,
@@ -33,7 +34,7 @@ ns = Collection(tasks.facts_, tasks.check, tasks.plan_, tasks.provision_, tasks.
                 cluster_tasks.deploy, cluster_tasks.status_, cluster_tasks.bench, cluster_tasks.ask, cluster_tasks.logs,
                 tasks.rollback_, tasks.generations_, tasks.show_inventory, tasks.lab_tasks, verify_tasks.verify, prepare_tasks.prepare,
                 tune_tasks.tune_, init_tasks.init, recipe_tasks.recipe_tasks,
-                recipe_tasks.registry_tasks)
+                recipe_tasks.registry_tasks, metrics_tasks.metrics_)
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ from provision import catalog, contracts, services
 from provision import cuda as cuda_builds
 from provision.endpoints import EndpointPlan, plans_for
 from provision.facts import CUDA_PTXAS, HostFacts
-from provision.inventory import Cluster, Inventory, Settings
+from provision.inventory import Cluster, Inventory, Prometheus, Settings
 from provision.parsers import Gpu
 from provision.profiles import Profile
 
@@ -71,6 +71,8 @@ class Context:
     # The inventory file that defines the host ("built-in": `--host local` without one): where a
     # missing setting is to be written, for a fix that names it.
     source: str | None = None
+    # The inventory's Prometheus where it runs on this host (provision/metrics.py).
+    prometheus: Prometheus | None = None
 
     @property
     def parallel(self) -> int:
@@ -306,5 +308,7 @@ def contexts(inventory: Inventory, facts: Mapping[str, HostFacts], overrides: Ma
                                facts=host_facts, cluster=cluster, peers=peers, head_address=head_address,
                                weights_bytes=weights_bytes, endpoints=routed, behind=behind,
                                naming=inventory.naming(name), siblings=siblings,
-                               source=inventory.host(name).source)
+                               source=inventory.host(name).source,
+                               prometheus=inventory.prometheus if inventory.prometheus
+                               and inventory.prometheus.host == name else None)
     return result

@@ -7,6 +7,7 @@ Each page mirrors one registry:
     settings.md       inventory.VAR_SPECS (description, the check's own words, default) and the types of
                       inventory.Settings
     endpoint-settings.md  inventory.ENDPOINT_SPECS, the same way, and the types of inventory.Endpoint
+    prometheus-settings.md  inventory.PROMETHEUS_SPECS, the same way, and the types of inventory.Prometheus
     rules.md          checks.RULES, in checklist order (each rule's docstring, severity and engines)
     known-issues.md   known_issues.load(): provision/known_issues.yaml, validated
     tasks.md          the command line's tasks (provision.cli.ns): docstring and options, as `-h` prints them
@@ -133,6 +134,22 @@ def endpoint_settings_page() -> str:
                  "`services`: what it means, its type, what its check accepts (a value it refuses stops the run "
                  "with exit 2, naming the file, endpoint and key), and its default. What an endpoint is and "
                  "how its router works: [endpoints](../endpoints.md).", body)
+
+
+def prometheus_settings_page() -> str:
+    from provision import inventory
+
+    types = typing.get_type_hints(inventory.Prometheus)
+    body: list[str] = []
+    for name, spec in inventory.PROMETHEUS_SPECS.items():
+        body += [f"## `{name}`", "", *_wrap(md(spec.description)), ""]
+        body += [f"- type: {_code(_type_name(types[name]))}"]
+        body += _wrap(md(inventory.accepts(spec.check)), "- accepts: ", "  ")
+        body += [f"- default: {_default(spec.default)}", ""]
+    return _page("Prometheus settings", "provision/inventory.py (PROMETHEUS_SPECS, Prometheus)",
+                 "Every setting the inventory's `prometheus:` may give beside `host`: what it means, its type, "
+                 "what its check accepts (a value it refuses stops the run with exit 2, naming the file and "
+                 "key), and its default. What the tool does with them: [metrics](../metrics.md).", body)
 
 
 def _type_name(hint: Any) -> str:
@@ -458,6 +475,7 @@ def engines_page() -> str:
 PAGES: Mapping[str, Callable[[], str]] = {
     "settings.md": settings_page,
     "endpoint-settings.md": endpoint_settings_page,
+    "prometheus-settings.md": prometheus_settings_page,
     "rules.md": rules_page,
     "known-issues.md": known_issues_page,
     "tasks.md": tasks_page,

@@ -84,6 +84,7 @@ class EndpointPlan:
     max_body_mb: float = Endpoint.max_body_mb
     request_timeout: float = Endpoint.request_timeout
     receive_timeout: float = Endpoint.receive_timeout
+    metrics_port: int = Endpoint.metrics_port  # HAProxy's Prometheus exporter, on bind_host
 
     @property
     def body_limit(self) -> int:
@@ -140,15 +141,16 @@ def haproxy_time(seconds: float) -> str:
 
 
 def replica_address(server_host: str, router_host: str, bind_host: str,
-                    inventory_address: str) -> tuple[str, str | None]:
-    """Where a router on `router_host` reaches a server on `server_host` that listens on `bind_host`,
-    and why it cannot where it cannot (a server on another host that listens on loopback only)."""
+                    inventory_address: str, reader: str = "the router") -> tuple[str, str | None]:
+    """Where a router (or another `reader`: "Prometheus") on `router_host` reaches a server on
+    `server_host` that listens on `bind_host`, and why it cannot where it cannot (a server on another
+    host that listens on loopback only)."""
     bound = ipaddress.ip_address(bind_host)
     if server_host == router_host:
         return ("127.0.0.1" if bound.is_unspecified or bound.version == 4 and bound.is_loopback
                 else bind_host), None
     if bound.is_loopback:
-        return bind_host, (f"it listens on {bind_host} only, and the router runs on {router_host}: "
+        return bind_host, (f"it listens on {bind_host} only, and {reader} runs on {router_host}: "
                            f"set bind_host for cluster hosts to an address {router_host} reaches")
     return (inventory_address if bound.is_unspecified else bind_host), None
 
@@ -174,7 +176,8 @@ def plan(endpoint: Endpoint, inventory: Inventory, settings_of: Callable[[str], 
     return EndpointPlan(endpoint.name, endpoint.host, endpoint.bind_host, endpoint.port,
                         endpoint.drain_timeout, tuple(replicas), inventory.hosts[endpoint.host],
                         routing=endpoint.routing, max_body_mb=endpoint.max_body_mb,
-                        request_timeout=endpoint.request_timeout, receive_timeout=endpoint.receive_timeout)
+                        request_timeout=endpoint.request_timeout, receive_timeout=endpoint.receive_timeout,
+                        metrics_port=endpoint.metrics_port)
 
 
 def named(inventory: Inventory, name: str) -> EndpointPlan:

@@ -199,6 +199,12 @@ FACTS: tuple[Fact, ...] = (
          exits=(0, 1), identity=(DPKG_STATUS,)),
     # The endpoints' router (HAProxy) where installed: its release, kept until the program changes.
     Fact("router", parsers.parse_haproxy_version, argv=("haproxy", "-v"), identity=("/usr/sbin/haproxy",)),
+    # The metrics exporters the host runs (provision/metrics.py scrapes them): their units' state.
+    Fact("exporters", parsers.parse_exporter_units,
+         argv=("systemctl", "show", "--property=Id,LoadState,ActiveState", *parsers.EXPORTER_UNITS.values())),
+    # Prometheus where installed (the inventory's `prometheus:` host): its release, kept until it changes.
+    Fact("prometheus", parsers.parse_prometheus_version, argv=("prometheus", "--version"),
+         identity=("/usr/bin/prometheus",)),
     unit_security_fact(MANAGED_UNITS),
 )
 
@@ -307,6 +313,8 @@ class HostFacts:
     disks: tuple[DiskSpace, ...] = ()
     ptxas_cuda: str | None = None  # CUDA release of /usr/local/cuda/bin/ptxas, e.g. "13.0"
     router_version: str | None = None  # HAProxy's release where installed, e.g. "2.6.12"
+    prometheus_version: str | None = None  # Prometheus's release where installed, e.g. "2.42.0"
+    exporters: tuple[str, ...] | None = None  # the exporters running (metrics.EXPORTER_PORTS' jobs)
     system_nccl: SystemPackage | None = None  # dpkg's libnccl2 where installed
     kernel_cmdline: Mapping[str, str | None] | None = None  # /proc/cmdline, {"kho": "off", "ro": None}
     # The nccl.conf files NCCL would read, by path, as {NAME: VALUE}: /etc/nccl.conf and each
@@ -544,6 +552,8 @@ def _assemble(host: str, answer: Mapping[str, Any], values: Mapping[str, Any],
         disks=disks,
         ptxas_cuda=values.get("ptxas"),
         router_version=values.get("router"),
+        prometheus_version=values.get("prometheus"),
+        exporters=values.get("exporters"),
         system_nccl=values.get("system_nccl"),
         kernel_cmdline=values.get("cmdline"),
         nccl_conf=nccl_conf,

@@ -842,11 +842,55 @@ ENDPOINT_SPECS: Mapping[str, VarSpec] = {
                                "between two parts of a stream) before the router answers 504; a "
                                "streamed generation may run longer in all, one answered whole may not",
                                _seconds, 900.0),
+    "metrics_port": VarSpec("the port of the router's own Prometheus metrics (HAProxy's exporter, at "
+                            "/metrics), on the router's bind_host and behind its API key as the router is",
+                            _int_range(1, 65535), 8405),
     "receive_timeout": VarSpec("seconds a client may take to send a request's headers, and again its "
                                "body, before the router answers 408 (slow or stalled clients hold no "
                                "connection longer); also how long an idle kept-alive connection stays "
                                "open for its next request", _seconds, 30.0),
 }
+
+
+def _duration(value: Any) -> str:
+    """A Prometheus duration: a number and one of s, m, h, d, w, y ("15d")."""
+    if not isinstance(value, str) or not re.fullmatch(r"[1-9][0-9]{0,5}(s|m|h|d|w|y)", value):
+        raise ValueError(f"expected a duration such as 15s, 12h or 30d, got {_show(value)}")
+    return value
+
+
+# The inventory's `prometheus:` (provision/metrics.py): the Prometheus that scrapes every server and
+# router the inventory declares, on one of its hosts. What each setting means, its check and its
+# default; Prometheus's fields take these defaults (a test holds them equal).
+PROMETHEUS_SPECS: Mapping[str, VarSpec] = {
+    "manage": VarSpec("true: the tool runs Prometheus there (Debian's or Ubuntu's prometheus package, which "
+                      "`prepare` installs), rendering its configuration; false: a site's own Prometheus, of "
+                      "which the tool writes only the targets and the key file into targets_dir",
+                      _boolean, True),
+    "bind_host": VarSpec("the address Prometheus's web interface and API listen on (managed only)",
+                         _bind_address, "127.0.0.1"),
+    "port": VarSpec("the port Prometheus listens on (managed only)", _int_range(1, 65535), 9090),
+    "retention": VarSpec("how long Prometheus keeps samples (--storage.tsdb.retention.time; managed only)",
+                         _duration, "15d"),
+    "scrape_interval": VarSpec("how often every target is scraped", _duration, "15s"),
+    "targets_dir": VarSpec("where the targets files and the API key file go on that host (Prometheus's "
+                           "file-based service discovery reads them again when they change)",
+                           _absolute_path, "/etc/prometheus/provision"),
+}
+
+
+@dataclass(frozen=True)
+class Prometheus:
+    """The Prometheus on `host` that scrapes the inventory's servers and routers; the fields after
+    `host` are PROMETHEUS_SPECS' (their defaults the same)."""
+
+    host: str
+    manage: bool = True
+    bind_host: str = "127.0.0.1"
+    port: int = 9090
+    retention: str = "15d"
+    scrape_interval: str = "15s"
+    targets_dir: str = "/etc/prometheus/provision"
 
 
 @dataclass(frozen=True)
@@ -865,6 +909,7 @@ class Endpoint:
     routing: str = "least-connections"
     max_body_mb: float = 2.0
     request_timeout: float = 900.0
+    metrics_port: int = 8405
     receive_timeout: float = 30.0
 
     @property
@@ -967,6 +1012,7 @@ class Inventory:
     applied: Mapping[str, AppliedRecipe] = field(default_factory=dict)
     # The servers of hosts that declare services, by NAME/SERVICE (each a target of its own).
     services: Mapping[str, Host] = field(default_factory=dict)
+    prometheus: Prometheus | None = None  # the Prometheus that scrapes them (provision/metrics.py)
 
     def host(self, name: str) -> Host:
         """The named host or service (HOST/SERVICE); `local` is this machine even when the inventory
@@ -1131,7 +1177,8 @@ def local_host(profile: Profile | None = None) -> Host:
 # ---------------------------------------------------------------------------------------------
 # Loading and validation
 
-_TOP_LEVEL = {"ssh", "secrets", "hosts", "groups", "clusters", "endpoints"}
+_TOP_LEVEL = {"ssh", "secrets", "hosts", "groups", "clusters", "endpoints", "prometheus"}
+_PROMETHEUS_KEYS = {"host", *PROMETHEUS_SPECS}
 _ENDPOINT_KEYS = {"host", "clusters", "services", *ENDPOINT_SPECS}
 _SSH_KEYS = {"known_hosts", "key_file", "connect_timeout", "command_timeout"}
 _HOST_KEYS = {"address", "port", "user", "profile", "connection", "key_file", "vars", "services"}
@@ -1169,6 +1216,8 @@ class _Reader:
         self.defined_in: dict[tuple[str, str], str] = {}
         self.member_lines: list[tuple[str, str, Any, str]] = []  # entity, file, mapping, key
         self.endpoint_lines: dict[str, tuple[str, Any]] = {}  # endpoint -> file, mapping
+        self.prometheus: Prometheus | None = None
+        self.prometheus_lines: tuple[str, Any] | None = None  # file, mapping
         self.entry_line: int | None = None
         self.base = Path(".")  # the folder of the file being read
 
@@ -1184,6 +1233,8 @@ class _Reader:
             self._read_ssh(data["ssh"], data, source, base)
         if "secrets" in data:
             self.secrets = self._path(data, "secrets", source, base, "secrets")
+        if "prometheus" in data:
+            self._read_prometheus(data["prometheus"], data, source)
         for section, reader in (("hosts", self._read_host), ("groups", self._read_group),
                                 ("clusters", self._read_cluster), ("endpoints", self._read_endpoint)):
             entries = data.get(section)
@@ -1350,6 +1401,28 @@ class _Reader:
                                         **checked)
         self.endpoint_lines[name] = (source, body)
 
+    def _read_prometheus(self, body: Any, data: Any, source: str) -> None:
+        entity = "prometheus"
+        if not isinstance(body, dict):
+            raise InventoryError("expected a mapping (host: NAME, and the settings of docs/metrics.md)",
+                                 file=source, line=_line(data, "prometheus"), key="prometheus")
+        self._unknown(body, _PROMETHEUS_KEYS, source, entity)
+        host = body.get("host")
+        if not isinstance(host, str):
+            raise InventoryError(f"expected the name of the host Prometheus runs on, got {_show(host)}",
+                                 file=source, line=_line(body, "host") or _line(data, "prometheus"),
+                                 entity=entity, key="host")
+        checked: dict[str, Any] = {}
+        for key, spec in PROMETHEUS_SPECS.items():
+            if key in body:
+                try:
+                    checked[key] = spec.check(body[key])
+                except ValueError as exc:
+                    raise InventoryError(str(exc), file=source, line=_line(body, key), entity=entity,
+                                         key=key) from exc
+        self.prometheus = Prometheus(host=host, **checked)
+        self.prometheus_lines = (source, body)
+
     def _names(self, body: Any, key: str, source: str, entity: str) -> tuple[str, ...]:
         value = body.get(key, [])
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -1414,6 +1487,16 @@ class _Reader:
                         "the cluster's vars in the host's or a group's)", file=self.defined_in[("cluster", cluster.name)],
                         entity=f"cluster '{cluster.name}'", key="hosts")
         self._cross_check_endpoints()
+        self._cross_check_prometheus()
+
+    def _cross_check_prometheus(self) -> None:
+        if self.prometheus is None or self.prometheus_lines is None:
+            return
+        source, body = self.prometheus_lines
+        if self.prometheus.host not in self.hosts:
+            known = ", ".join(sorted(self.hosts)) or "none"
+            raise InventoryError(f"names unknown host {_brief(self.prometheus.host)} (known: {known})",
+                                 file=source, line=_line(body, "host"), entity="prometheus", key="host")
 
     def _cross_check_endpoints(self) -> None:
         """An endpoint's router host, clusters and services exist; a server is behind one endpoint at
@@ -1439,12 +1522,13 @@ class _Reader:
                                          f"'{endpoint.name}'; a server is behind one endpoint", file=source,
                                          line=_line(body, key), entity=entity, key=key)
                 behind[member] = endpoint.name
-            other = listening.get((endpoint.host, endpoint.port))
-            if other is not None:
-                raise InventoryError(f"endpoint '{other}' listens on port {endpoint.port} of host "
-                                     f"'{endpoint.host}' too", file=source, line=_line(body, "port"),
-                                     entity=entity, key="port")
-            listening[(endpoint.host, endpoint.port)] = endpoint.name
+            for key, port in (("port", endpoint.port), ("metrics_port", endpoint.metrics_port)):
+                other = listening.get((endpoint.host, port))
+                if other is not None:
+                    raise InventoryError(f"endpoint '{other}' listens on port {port} of host "
+                                         f"'{endpoint.host}' too", file=source, line=_line(body, key),
+                                         entity=entity, key=key)
+                listening[(endpoint.host, port)] = endpoint.name
 
 
 # Settings renamed when they stopped being vLLM's alone: the old name is still read, as the new one, and
@@ -1602,7 +1686,8 @@ def load(path: str | Path, profiles: Mapping[str, Profile] | None = None, allow_
     return Inventory(hosts=dict(reader.hosts), groups=dict(reader.groups),
                      clusters=dict(reader.clusters), endpoints=dict(reader.endpoints), ssh=reader.ssh,
                      sources=tuple(str(f) for f in files), secrets=reader.secrets, tuned=tuned,
-                     tuned_dir=str(folder), path=str(path), applied=applied, services=dict(reader.services))
+                     tuned_dir=str(folder), path=str(path), applied=applied, services=dict(reader.services),
+                     prometheus=reader.prometheus)
 
 
 def _read_bounded(file: Path, allowed: int) -> str:

@@ -788,6 +788,27 @@ def parse_haproxy_version(stdout: str) -> str:
     return match.group(1)
 
 
+# The exporters' units as the distributions package them, by the job that scrapes them (metrics.py):
+# Debian's and Ubuntu's prometheus-node-exporter.
+EXPORTER_UNITS = {"node": "prometheus-node-exporter.service"}
+
+
+def parse_exporter_units(stdout: str) -> tuple[str, ...]:
+    """`systemctl show --property=Id,LoadState,ActiveState UNIT...`: the jobs (EXPORTER_UNITS' keys) whose
+    unit is active; a unit not installed answers LoadState=not-found, ActiveState=inactive."""
+    active = {name for name, unit in parse_systemctl_show(stdout).items() if unit.active_state == "active"}
+    return tuple(job for job, unit in EXPORTER_UNITS.items() if unit in active)
+
+
+def parse_prometheus_version(stdout: str) -> str:
+    """`prometheus --version`: 'prometheus, version 2.42.0+ds (branch: debian/sid, revision: 2.42.0+ds-5)'
+    -> '2.42.0' (the release the distribution's package carries, its suffix dropped)."""
+    match = re.search(r"^prometheus, version (\d+\.\d+(?:\.\d+)?)", stdout, re.MULTILINE)
+    if not match:
+        raise ParseError("prometheus", "no 'prometheus, version' line", stdout)
+    return match.group(1)
+
+
 @dataclass(frozen=True)
 class SystemPackage:
     """A Debian package as dpkg records it: SystemPackage(version='2.28.9-1+cuda13.0', arch='arm64')

@@ -75,7 +75,7 @@ def _file_changes(desired: DesiredState, facts: HostFacts) -> list[Change]:
         data = {"content": wanted.content, "mode": wanted.mode, "owner": wanted.owner, "group": wanted.group}
         digest = hashlib.sha256(wanted.content.encode()).hexdigest()
         if not current.get("exists"):
-            changes.append(Change("file", wanted.path, "missing", data, _diff(wanted.path, "", wanted.content)))
+            changes.append(Change("file", wanted.path, "missing", data, diff(wanted.path, "", wanted.content)))
             continue
         reasons = []
         if current.get("sha256") != digest:
@@ -86,8 +86,8 @@ def _file_changes(desired: DesiredState, facts: HostFacts) -> list[Change]:
             reasons.append(f"owner {current.get('owner')}:{current.get('group')} -> {wanted.owner}:{wanted.group}")
         if reasons:
             old = str(current.get("content", "")) if "content" in current else ""
-            diff = _diff(wanted.path, old, wanted.content) if current.get("sha256") != digest else ""
-            changes.append(Change("file", wanted.path, "; ".join(reasons), data, diff))
+            shown = diff(wanted.path, old, wanted.content) if current.get("sha256") != digest else ""
+            changes.append(Change("file", wanted.path, "; ".join(reasons), data, shown))
     return changes
 
 
@@ -127,7 +127,8 @@ def _directory_changes(desired: DesiredState, facts: HostFacts) -> list[Change]:
     return changes
 
 
-def _diff(path: str, old: str, new: str) -> str:
+def diff(path: str, old: str, new: str) -> str:
+    """A file's unified diff, host against rendered, secrets masked."""
     lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                  fromfile=f"{path} (host)", tofile=f"{path} (rendered)")
     return mask("".join(lines))
@@ -192,7 +193,7 @@ def build(desired: DesiredState, facts: HostFacts, venv: Mapping[str, Any] | Non
         old = str(known.get("content", "")) if "content" in known else ""
         why = ("a file server_files no longer gives" if path.startswith(serverfiles.FILES_DIR + "/")
                else "not rendered for this host's role or engine")
-        changes.append(Change("remove", path, why, diff=_diff(path, old, "")))
+        changes.append(Change("remove", path, why, diff=diff(path, old, "")))
     if any(wanted.unit and wanted.path in changed for wanted in desired.files):
         changes.append(Change("daemon-reload", "systemd", "a unit file changed"))
     elif any(path.startswith(UNIT_DIR + "/") for path in removed):

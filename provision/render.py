@@ -246,6 +246,7 @@ def router_config(host: str, plans: Sequence[endpoints.EndpointPlan], *, keys: b
         "host": host, "admin_socket": admin_socket, "bufsize": endpoints.buffer_size(plans),
         "headers_max": endpoints.HEADERS_MAX, "prompt_bytes": endpoints.PROMPT_PREFIX_BYTES,
         "endpoints": [{"name": plan.name, "bind": f"{plan.bind_host}:{plan.port}",
+                       "metrics_bind": f"{plan.bind_host}:{plan.metrics_port}",
                        "key_file": endpoints.KEYS_CREDENTIAL if keys else None, "backends": plan.backends,
                        "models": " ".join(backend.model for backend in plan.backends),
                        "served": ", ".join(backend.model for backend in plan.backends),

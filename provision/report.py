@@ -1351,3 +1351,56 @@ def print_imports(results: Sequence[Imported], skipped: Sequence[str], out: Cons
     out.print(table)
     for line in skipped:
         out.print(Text(f"not read: {line}"))
+
+
+def print_metrics(scrape: Any, done: Any, json_: bool) -> None:
+    """`metrics`: the targets (provision/metrics.py Scrape), and what --apply did (prometheus.Applied, or
+    None)."""
+    from provision import prometheus
+
+    if json_:
+        document = prometheus.targets_json(scrape)
+        if done is not None:
+            document["applied"] = prometheus.applied_json(done)
+        print(dump_json(document))
+        return
+    out = console()
+    where = scrape.prometheus
+    title = (f"Prometheus on {where.host} ({where.bind_host}:{where.port}, {where.retention}, every "
+             f"{where.scrape_interval})" if where.manage else
+             f"a site's Prometheus on {where.host}: targets in {where.targets_dir}")
+    table = Table(title=title, title_justify="left")
+    for column in ("job", "target", "scraped at", "labels", "key"):
+        table.add_column(column)
+    for target in scrape.targets:
+        labels = ", ".join(f"{k}={v}" for k, v in target.labels.items() if k != "host")
+        table.add_row(target.job, target.host, "-" if target.unreachable else f"{target.address}{target.path}",
+                      labels, "yes" if target.keyed else "")
+    out.print(table)
+    for target in scrape.unreachable:
+        out.print(f"not reachable: {target.host} ({target.job}): {target.unreachable}", markup=False, soft_wrap=True)
+    for line in scrape.not_scraped:
+        out.print(f"not scraped: {line}", markup=False, soft_wrap=True)
+    if done is None:
+        if not where.manage:
+            out.print(f"A site's own Prometheus reads the targets from {where.targets_dir} with the scrape configs "
+                      f"`{hints.command('metrics --json')}` lists (scrape_configs).", markup=False, soft_wrap=True)
+        out.print(f"`{hints.command('metrics --apply')}` asks the hosts which exporters they run, and writes the "
+                  f"targets on {where.host}.", markup=False, soft_wrap=True)
+        return
+    for line in done.unknown:
+        out.print(f"exporters not known: {line}", markup=False, soft_wrap=True)
+    for line in done.planned:
+        out.print(line, markup=False, soft_wrap=True)
+    if done.error:
+        print(f"{done.host}: {done.error}", file=sys.stderr)
+        return
+    out.print(f"{done.host}: " + (f"{len(done.written)} file(s) written, Prometheus {done.action or 'unchanged'}"
+                                  if done.written or done.action else "no changes"), markup=False)
+    if done.health:
+        health = Table(title=f"{done.host}: Prometheus's view of its targets", title_justify="left")
+        for column in ("job", "instance", "host", "health", "last error"):
+            health.add_column(column)
+        for item in done.health:
+            health.add_row(item["job"], item["instance"], item["host"], item["health"], item["error"] or "")
+        out.print(health)

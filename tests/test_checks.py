@@ -141,6 +141,15 @@ BAD_ENDPOINT = endpoints.EndpointPlan("tiny", "h", "0.0.0.0", 8000, 60.0, (
 HAPROXY_V = (Path(__file__).parent / "fixtures" / "haproxy" / "debian12-haproxy-v.txt").read_text()
 
 
+# `prometheus --version` of Debian 12's prometheus 2.42.0+ds-5+deb12u1 (its /usr/bin/prometheus, as packaged).
+PROMETHEUS_V = (Path(__file__).parent / "fixtures" / "prometheus" / "debian12-prometheus-version.txt").read_text()
+PROMETHEUS = inventory.Prometheus(host="x")
+
+
+def _cpu_prometheus(version: str | None) -> Callable[[HostFacts], HostFacts]:
+    return lambda f: dataclasses.replace(f, gpus=(), driver=None, prometheus_version=version)
+
+
 def _cpu_router(version: str | None) -> Callable[[HostFacts], HostFacts]:
     return lambda f: dataclasses.replace(f, gpus=(), driver=None, router_version=version)
 
@@ -523,6 +532,16 @@ CASES: list[tuple[str, str, str, dict[str, Any], Callable[[HostFacts], HostFacts
     ("endpoint-haproxy-too-old", "h200x2-driver580", "cpu",
      {"model": "m", "_endpoints": (ENDPOINT,), "_api_key_set": True}, _cpu_router("2.4.24"), None,
      {"endpoint.router": "fail"}),
+    ("prometheus-here-installed", "h200x2-driver580", "cpu", {"model": "m", "_prometheus": PROMETHEUS},
+     _cpu_prometheus(parsers.parse_prometheus_version(PROMETHEUS_V)), None, {"metrics.prometheus": "pass"}),
+    ("prometheus-here-not-installed", "h200x2-driver580", "cpu", {"model": "m", "_prometheus": PROMETHEUS},
+     _cpu_prometheus(None), None, {"metrics.prometheus": "fail"}),
+    ("prometheus-here-too-old", "h200x2-driver580", "cpu", {"model": "m", "_prometheus": PROMETHEUS},
+     _cpu_prometheus("2.31.2"), None, {"metrics.prometheus": "fail"}),
+    # A site's own Prometheus (manage: false) is not the tool's to install.
+    ("prometheus-of-the-site", "h200x2-driver580", "cpu",
+     {"model": "m", "_prometheus": inventory.Prometheus(host="x", manage=False)}, _cpu_prometheus(None), None,
+     {"metrics.prometheus": "skip"}),
     ("no-endpoint-no-router-rules", "h200x2-driver580", "cpu", {"model": "m"}, _cpu_router(None), None,
      {"endpoint.router": "skip", "endpoint.replicas": "skip", "endpoint.api_key": "skip"}),
     # Two services on a 2x RTX 5090 workstation (tests/test_services.py judges them through an inventory).

@@ -46,8 +46,20 @@ def runs(calls: Path) -> list[list[str]]:
     return [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
 
 
-def test_haproxy_and_its_missing_dependencies_are_carried() -> None:
-    assert aptrepo.REAL_PACKAGES == ("haproxy", "liblua5.3-0", "libopentracing-c-wrapper0", "libopentracing1")
+def test_haproxy_prometheus_and_their_missing_dependencies_are_carried() -> None:
+    assert aptrepo.REAL_PACKAGES[:4] == ("haproxy", "liblua5.3-0", "libopentracing-c-wrapper0", "libopentracing1")
+    assert {"prometheus", "prometheus-node-exporter", "libjs-rickshaw"} <= set(aptrepo.REAL_PACKAGES)
+
+
+def test_the_lab_base_holds_what_prometheus_needs_beside_the_carried_packages() -> None:
+    """Debian 12's prometheus and its dependencies as its index says (the package's Depends line,
+    recorded): each one the base lacks is carried."""
+    depends = ("adduser, fonts-glyphicons-halflings, libjs-bootstrap4, libjs-eonasdan-bootstrap-datetimepicker, "
+               "libjs-jquery, libjs-jquery-hotkeys, libjs-moment, libjs-moment-timezone, libjs-mustache, "
+               "libjs-popper.js, libjs-rickshaw, libc6 (>= 2.34)")
+    base = {"adduser", "libjs-jquery", "libc6"}  # in debootstrap's minbase with the lab's packages
+    wanted = {item.split(" ")[0] for item in depends.split(", ")}
+    assert wanted - base <= set(aptrepo.REAL_PACKAGES), wanted - base - set(aptrepo.REAL_PACKAGES)
 
 
 def test_the_index_carries_a_real_debs_control_fields(tmp_path: Path) -> None:

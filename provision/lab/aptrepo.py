@@ -61,7 +61,15 @@ STAND_INS = (
 # that the lab's base root filesystem (debootstrap's minbase with lab.BASE_PACKAGES) does not hold:
 # liblua5.3-0, libopentracing-c-wrapper0 and the libopentracing1 that one needs. Its others (libc6,
 # libcrypt1, libpcre2-8-0, libssl3, libsystemd0, adduser, init-system-helpers, lsb-base) are there.
-REAL_PACKAGES = ("haproxy", "liblua5.3-0", "libopentracing-c-wrapper0", "libopentracing1")
+HAPROXY_PACKAGES = ("haproxy", "liblua5.3-0", "libopentracing-c-wrapper0", "libopentracing1")
+# prometheus (the inventory's Prometheus, which `prepare` installs) and what its web interface's
+# dependencies add to the base (`apt-get install -s --no-install-recommends prometheus` against the base's
+# dpkg status lists these), and prometheus-node-exporter (a host's exporter, whose facts the metrics read).
+PROMETHEUS_PACKAGES = ("prometheus", "prometheus-node-exporter", "libjs-jquery-hotkeys", "fonts-glyphicons-halflings",
+                       "javascript-common", "libjs-popper.js", "libjs-bootstrap4", "libjs-bootstrap", "libjs-moment",
+                       "libjs-eonasdan-bootstrap-datetimepicker", "libjs-moment-timezone", "libjs-mustache",
+                       "libjs-d3", "libjs-rickshaw")
+REAL_PACKAGES = (*HAPROXY_PACKAGES, *PROMETHEUS_PACKAGES)
 DOWNLOAD_TIMEOUT = 600
 
 
