@@ -26,6 +26,7 @@ from provision import (
     affinity,
     catalog,
     contracts,
+    driver_installs,
     endpoints,
     hardening,
     hints,
@@ -188,10 +189,11 @@ def _prepared(ctx: Context, rule_id: str) -> bool:
 
 
 def driver_fix(ctx: Context, rule_id: str, branch: str, why: str = "") -> str:
-    """The NVIDIA driver with open kernel modules, as the host's own distribution packages it: Ubuntu's
-    nvidia-driver-BRANCH-open, with `prepare` named where it installs it; elsewhere NVIDIA's own
-    repository's nvidia-open (NVIDIA's driver installation guide), as a distribution's own packages of
-    the driver (Debian's nvidia-open-kernel-dkms: 535 on Debian 12) lag the branches these GPUs need."""
+    """The NVIDIA driver with open kernel modules, as the host's own distribution gets it: Ubuntu's
+    nvidia-driver-BRANCH-open, with `prepare` named where it installs it; Debian 12 and 13 NVIDIA's own
+    repository's nvidia-open (driver_installs.yaml, NVIDIA's driver installation guide), as Debian's own
+    packages of the driver (nvidia-open-kernel-dkms: 535 on Debian 12) lag the branches these GPUs need;
+    any other the guide itself, which gives each distribution's own commands."""
     release = ctx.facts.os
     then = f" ({why})" if why else ""
     if release is not None and release.id == "ubuntu":
@@ -200,9 +202,12 @@ def driver_fix(ctx: Context, rule_id: str, branch: str, why: str = "") -> str:
             fix = f"`{hints.command(f'prepare --host {ctx.host}')}` does it: {fix}"
         return fix
     name = (release.pretty_name or release.id) if release is not None else "this host's distribution"
-    return (f"install NVIDIA's driver {branch} or later with its open kernel modules{then}: on {name}, "
-            "apt-get install nvidia-open from NVIDIA's repository for it "
-            "(https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/), then reboot")
+    wanted = f"install NVIDIA's driver {branch} or later with its open kernel modules{then}: on {name}, "
+    found = driver_installs.steps_for(release.id, release.version_id or "") if release is not None else None
+    if found is None:
+        return f"{wanted}as NVIDIA's driver installation guide gives it ({driver_installs.GUIDE}), then reboot"
+    steps, source = found
+    return f"{wanted}{steps}, then reboot (NVIDIA's driver installation guide: {source})"
 
 
 def cuda_to_run(ctx: Context) -> tuple[str | None, str]:

@@ -1,7 +1,8 @@
 """The command line: every task collection in one namespace.
 
-Two doors to the same tasks: `invoke` in a checkout (the root tasks.py hands it `ns`) and the
-installed `provision` command (main(), the console script of pyproject.toml).
+Two doors to the same tasks and the same program (Tool): `invoke` in a checkout (the root tasks.py hands
+the command line over, take_over_invoke()) and the installed `provision` command (main(), the console
+script of pyproject.toml).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from importlib import metadata
 
 from invoke.collection import Collection
 from invoke.exceptions import Exit, ParseError
+from invoke.parser.context import ParserContext
 from invoke.program import Program
 
 from provision import (
@@ -42,8 +44,27 @@ def main() -> None:
     distribution's metadata (the version the wheel was built with). Its hints name `provision`
     (provision.hints): outside a checkout `invoke` has no tasks.py to find."""
     hints.started_as("provision")
+    _run(Tool(namespace=ns, version=metadata.version("provision"), name="provision",
+              binary="provision", binary_names=["provision"]))
+
+
+def take_over_invoke() -> None:
+    """`invoke` in a checkout: Invoke's own program (invoke.main, its console script and `python -m
+    invoke`) parses its core options, then imports the root tasks.py, which calls this. From there the
+    tool's program runs the whole command line, as `provision` does: the same usage errors (exit 2, the
+    nearest names), help and refusals. Invoke's program would exit 1 on its parser's errors, the status
+    of a host that failed, and it offers no hook between loading the tasks and parsing them. Never
+    returns under Invoke's program: were the import to finish, Invoke's would run the tasks again.
+    Anything else importing tasks.py (no invoke.main loaded) gets `ns` alone."""
+    if "invoke.main" not in sys.modules:
+        return
+    _run(CheckoutTool(namespace=ns, binary="invoke", binary_names=["invoke", "inv"]))
+    sys.exit(0)
+
+
+def _run(tool: Program) -> None:
     try:
-        _run_flushed()
+        _run_flushed(tool)
     except BrokenPipeError:
         # The reader went away (`provision check -h | head -3`): stop quietly. What is still buffered
         # for stdout goes nowhere, so the interpreter's own flush at exit cannot fail again.
@@ -149,6 +170,16 @@ class Tool(Program):
         super().update_config(merge)
 
 
+class CheckoutTool(Tool):
+    """The tool's program as `invoke` in a checkout: it also accepts the core options with which
+    Invoke's own program found this checkout's tasks.py (-c/--collection, -r/--search-root,
+    --no-dedupe), given on the same command line."""
+
+    @property
+    def initial_context(self) -> ParserContext:
+        return ParserContext(args=[*self.core_args(), *self.task_args()])
+
+
 def _said(error: ParseError) -> str:
     """Invoke's message, a flag named as typed ("Flag <Argument: profile> needed value" reads
     "--profile needs a value")."""
@@ -158,13 +189,12 @@ def _said(error: ParseError) -> str:
     return str(error)
 
 
-def _run_flushed() -> None:
+def _run_flushed(tool: Program) -> None:
     """Invoke's Program over `ns`, stdout flushed before it returns or exits. Piped, stdout is block
     buffered: a short output (a task's help) is still all in the buffer when Program.run() exits, and a
     reader gone would only be met at the interpreter's own flush at exit, past every handler
-    ("Exception ignored ... BrokenPipeError", exit status 120). Flushed here, it is met in main()."""
+    ("Exception ignored ... BrokenPipeError", exit status 120). Flushed here, it is met in _run()."""
     try:
-        Tool(namespace=ns, version=metadata.version("provision"), name="provision",
-                binary="provision", binary_names=["provision"]).run()
+        tool.run()
     finally:
         sys.stdout.flush()

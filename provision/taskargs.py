@@ -96,10 +96,10 @@ def core_option_refused(option: str) -> str:
 
 
 def _refuse_core_options(c: Any) -> None:
-    """The checkout's `invoke` parses its core options itself and hands the task their values in its
-    Context's config: one given on the command line (the config's overrides level, not a config file
-    of the user's other projects; for --config, the runtime file it names) stops the task before it
-    starts. Invoke asks --prompt-for-sudo-password's question before any task: the answer is refused."""
+    """A program other than the tool's (Tool refuses these while parsing: provision.cli) hands the task
+    its core options' values in its Context's config, as Invoke's own did in a checkout before tasks.py
+    handed it over: one given on the command line (the config's overrides level, not a config file of
+    the user's other projects; for --config, the runtime file it names) stops the task before it starts."""
     settings = getattr(c, "config", None)
     overrides = getattr(settings, "_overrides", None)
     if not isinstance(overrides, Mapping):

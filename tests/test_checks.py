@@ -1313,21 +1313,60 @@ def test_gpu_count_s_fix_is_a_setting_that_fits_never_the_one_in_effect(gpus: in
     assert in_effect not in f"{found.fix} ", found.fix
 
 
-def test_the_driver_fix_names_the_package_of_the_host_s_own_distribution() -> None:
-    """The driver fix named Ubuntu's nvidia-driver-580-open on a Debian host: Ubuntu keeps its package
-    (and names prepare, which installs it there); elsewhere NVIDIA's repository's nvidia-open."""
-    bare = dataclasses.replace(recorded("rtx5090x2-tr7960x"), driver=None, gpus=(), modules=frozenset())
-    debian = dataclasses.replace(bare, os=parsers.OsRelease("debian", "12", "Debian GNU/Linux 12 (bookworm)"))
-    ubuntu = dataclasses.replace(bare, os=parsers.OsRelease("ubuntu", "24.04", "Ubuntu 24.04.2 LTS"))
-    on_debian = _found(debian)["driver.loaded"].fix or ""
-    assert "nvidia-driver-" not in on_debian and "Ubuntu" not in on_debian, on_debian
-    assert "on Debian GNU/Linux 12 (bookworm), apt-get install nvidia-open" in on_debian
-    on_ubuntu = _found(ubuntu)["driver.loaded"].fix or ""
-    assert "prepare --host h` does it: apt-get install nvidia-driver-580-open" in on_ubuntu, on_ubuntu
-    proprietary = dataclasses.replace(recorded("rtx5090x2-tr7960x"), os=debian.os)
+DEBIAN_GUIDE = "https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/debian.html"
+
+
+@pytest.mark.parametrize(("os_release", "said"), [
+    (parsers.OsRelease("ubuntu", "24.04", "Ubuntu 24.04.2 LTS"),
+     "`invoke prepare --host h` does it: apt-get install nvidia-driver-580-open and reboot"),
+    (parsers.OsRelease("debian", "12", "Debian GNU/Linux 12 (bookworm)"),
+     ("install NVIDIA's driver 580 or later with its open kernel modules: on Debian GNU/Linux 12 (bookworm), "
+      "enable Debian's contrib component and NVIDIA's CUDA network repository for debian12 (its cuda-keyring "
+      "package, from https://developer.download.nvidia.com/compute/cuda/repos/debian12/ for the host's "
+      f"architecture), then apt install nvidia-open, then reboot (NVIDIA's driver installation guide: {DEBIAN_GUIDE})")),
+    (parsers.OsRelease("debian", "13", "Debian GNU/Linux 13 (trixie)"),
+     ("on Debian GNU/Linux 13 (trixie), enable Debian's contrib component and NVIDIA's CUDA network repository "
+      "for debian13 (its cuda-keyring package, from https://developer.download.nvidia.com/compute/cuda/repos/"
+      "debian13/")),
+    (parsers.OsRelease("debian", "11", "Debian GNU/Linux 11 (bullseye)"),
+     ("install NVIDIA's driver 580 or later with its open kernel modules: on Debian GNU/Linux 11 (bullseye), as "
+      "NVIDIA's driver installation guide gives it (https://docs.nvidia.com/datacenter/tesla/"
+      "driver-installation-guide/), then reboot")),
+    (parsers.OsRelease("rocky", "9.6", "Rocky Linux 9.6 (Blue Onyx)"),
+     "on Rocky Linux 9.6 (Blue Onyx), as NVIDIA's driver installation guide gives it"),
+], ids=["ubuntu-24.04", "debian-12", "debian-13", "debian-11", "rocky-9"])
+def test_the_driver_fix_is_the_install_of_the_host_s_own_distribution(os_release: parsers.OsRelease,
+                                                                      said: str) -> None:
+    """The driver fix named Ubuntu's nvidia-driver-580-open on a Debian host, then "apt-get install
+    nvidia-open from NVIDIA's repository", which a Debian host has not: Ubuntu keeps its own package (and
+    prepare, which installs it there); Debian 12 and 13 get NVIDIA's guide's steps, the repository
+    included (driver_installs.yaml); any other distribution, apt or not, the guide itself."""
+    bare = dataclasses.replace(recorded("rtx5090x2-tr7960x"), driver=None, gpus=(), modules=frozenset(),
+                               os=os_release)
+    fix = _found(bare)["driver.loaded"].fix or ""
+    assert said in fix, fix
+    if os_release.id != "ubuntu":
+        assert "nvidia-driver-" not in fix and "Ubuntu" not in fix, fix
+        if os_release.version_id not in ("12", "13"):  # no steps of the guide's: no apt command guessed
+            assert "apt" not in fix, fix
+
+
+def test_the_flavour_fix_on_debian_replaces_the_proprietary_modules_with_nvidia_open() -> None:
+    debian = parsers.OsRelease("debian", "12", "Debian GNU/Linux 12 (bookworm)")
+    proprietary = dataclasses.replace(recorded("rtx5090x2-tr7960x"), os=debian)
     flavour = _found(dataclasses.replace(proprietary, driver=dataclasses.replace(
         proprietary.driver, flavour="proprietary")))["driver.flavour"].fix or ""
-    assert "nvidia-driver-" not in flavour and "apt-get install nvidia-open" in flavour, flavour
+    assert "with its open kernel modules (replaces the proprietary modules): on Debian" in flavour, flavour
+    assert "then apt install nvidia-open" in flavour and "nvidia-driver-" not in flavour, flavour
+
+
+def test_each_driver_install_cites_nvidia_s_guide_and_when_it_was_read() -> None:
+    from provision import driver_installs
+
+    installs = driver_installs.load()
+    assert installs and all(install.source.startswith(driver_installs.GUIDE) for install in installs)
+    assert all(install.verified.startswith("Read on ") for install in installs)
+    assert driver_installs.steps_for("debian", "") is None
 
 
 def test_the_nouveau_finding_points_at_a_facts_row_that_says_why_the_modules_are_unknown() -> None:

@@ -25,7 +25,7 @@ def test_each_task_s_summary_in_the_list_is_one_whole_sentence_on_its_row() -> N
     done = subprocess.run([sys.executable, "-m", "invoke", "--list"], cwd=ROOT, capture_output=True, text=True,
                           check=True, timeout=60)
     heading, blank, *rows = done.stdout.splitlines()
-    assert (heading, blank) == ("Available tasks:", "")
+    assert (heading, blank) == ("Subcommands:", "")
     rows = rows[:rows.index("")]
     summaries: dict[str, str] = {}
     wrapped: list[str] = []
@@ -128,8 +128,8 @@ def test_a_core_option_of_invokes_run_is_refused_before_the_task_runs(option: st
                                                                       tmp_path: Path) -> None:
     """`provision --dry init --output x.yaml` wrote the file: a user who asks for a dry run gets a
     refusal (exit 2, a usage error) naming the tool's own dry runs, and nothing is written. The same
-    from the checkout's `invoke`, which parses its core options itself (and asks for the sudo password
-    before any task: the answer, from stdin here, is refused)."""
+    from the checkout's `invoke`, whose tasks.py hands the command line to the tool's program before
+    Invoke's own would ask for the sudo password (an answer is on stdin here all the same)."""
     written = tmp_path / "starter.yaml"
     argv = ([_installed()] if door == "provision" else [sys.executable, "-m", "invoke"])
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PROVISION_", "INVOKE_"))}
@@ -278,6 +278,49 @@ def test_a_usage_error_exits_2_and_a_mistyped_name_gets_the_nearest(argv: list[s
                           text=True, timeout=120, check=False)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stderr.startswith(said), done.stderr
+
+
+def _checkout_invoke() -> str:
+    """Invoke's own console script, installed beside the interpreter running the tests."""
+    command = shutil.which("invoke", path=str(Path(sys.executable).parent))
+    if command is None:
+        pytest.fail(f"Invoke's `invoke` script is not beside {sys.executable} (Invoke installs it)")
+    return command
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["check", "--bogus"], "error: No idea what '--bogus' is!"),
+    (["nosuchtask"], "error: No idea what 'nosuchtask' is!\n"),
+    (["chek", "--all"], "error: No idea what 'chek' is! Did you mean check?"),
+    (["check", "--hots", "a"], "error: No idea what '--hots' is! Did you mean --host?"),
+    (["-r", str(ROOT), "--no-dedupe", "chek"], "error: No idea what 'chek' is! Did you mean check?"),
+], ids=["flag", "task", "task-near", "flag-near", "search-root"])
+def test_a_usage_error_exits_2_from_the_checkout_s_invoke_too(argv: list[str], said: str, tmp_path: Path) -> None:
+    """Invoke's own program exited 1 on its parser's errors, where `provision` exits 2: the root tasks.py
+    hands the command line to the tool's program, so `invoke` in a checkout says and exits the same
+    (the core options with which Invoke found the tasks, -r and --no-dedupe here, still accepted)."""
+    done = subprocess.run([_checkout_invoke(), *argv], cwd=tmp_path if "-r" in argv else ROOT,
+                          env=_no_inventory_env(tmp_path),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.startswith(said), done.stderr
+
+
+def test_the_checkout_s_invoke_runs_a_task_once_and_a_failed_host_exits_1(tmp_path: Path) -> None:
+    """Past the hand-over, a task runs once (Invoke's own program does not run it again: one JSON
+    document, exit 0), and a host that fails still exits 1, not a usage error's 2."""
+    (tmp_path / "hosts.yaml").write_text(TWO_CLUSTERS)
+    inventory = str(tmp_path / "hosts.yaml")
+    listed = subprocess.run([_checkout_invoke(), "inventory", "--inventory", inventory, "--json"], cwd=ROOT,
+                            env=_no_inventory_env(tmp_path), capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(json.loads(listed.stdout)["hosts"]) == ["a", "b"]
+    failed = subprocess.run([_checkout_invoke(), "status", "--inventory", inventory, "--cluster", "ca", "--json",
+                             "--timeout", "2"], cwd=ROOT, env=_no_inventory_env(tmp_path), capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert failed.returncode == 1, (failed.stdout, failed.stderr)
+    assert not json.loads(failed.stdout)["hosts"]["a"]["reachable"]
 
 
 def test_bench_against_a_server_that_does_not_answer_says_what_was_asked_and_what_answered(tmp_path: Path) -> None:

@@ -268,10 +268,9 @@ def test_version_comes_from_the_package_metadata(installed: Installed) -> None:
 def test_list_shows_the_tasks_invoke_shows_in_the_checkout(installed: Installed) -> None:
     checkout = subprocess.run([sys.executable, "-m", "invoke", "--list"], cwd=ROOT, capture_output=True,
                               text=True, check=True, timeout=60).stdout
-    # Only the heading differs: Invoke titles a bundled collection's tasks "Subcommands".
+    # The checkout's tasks.py hands `invoke` to the tool's program: the same listing, heading and all.
     tool = installed.run("--list").splitlines()
-    assert tool[0] == "Subcommands:" and checkout.splitlines()[0] == "Available tasks:"
-    assert tool[1:] == checkout.splitlines()[1:]
+    assert tool[0] == "Subcommands:" and tool == checkout.splitlines()
     assert any(line.split()[:1] == ["lab.up"] for line in tool)
 
 
