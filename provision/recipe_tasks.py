@@ -34,15 +34,19 @@ FITS_HELP = ("a host of the inventory: the gate run on it with each recipe's set
                     fits=FITS_HELP + " (with no --profile: the shipped recipes of its profile and every "
                                      "registry's; the venv's wheels are not resolved for a list: "
                                      "`recipe.show NAME --host HOST` resolves them)",
-                    registry="only this registry's recipes (`shipped`: only the shipped ones)"))
+                    registry="only this registry's recipes (`shipped`: only the shipped ones)",
+                    all="the registries' experimental recipes too (their experimental folders, which sparkrun "
+                        "hides), each marked experimental; without it they are left out and counted below "
+                        "the table (with --json: left out, and each entry says whether it is experimental)"))
 @guarded
 def list_(c: Context, profile: str | None = None, fits: str | None = None, inventory: str | None = None,
-          registry: str | None = None, json_: bool = False) -> None:
+          registry: str | None = None, all_: bool = False, json_: bool = False) -> None:
     """List the recipes, shipped and from the registries.
 
     Model, engine, the hardware each was measured on, its figures and where it comes from (shipped, or a
     registry at its commit); with --fits HOST, whether each would pass the gate there and how it fits
-    the host's memory. A registry's files that were refused are counted below the table."""
+    the host's memory. A registry's experimental recipes are listed with --all only, as sparkrun lists
+    them; how many were left out, and a registry's files that were refused, are counted below the table."""
     from provision import recipes, report
     from provision.recipes import registry as registries
     from provision.taskargs import load_inventory, profile_named
@@ -54,25 +58,38 @@ def list_(c: Context, profile: str | None = None, fits: str | None = None, inven
         ([registries.read(registries.named(registry))], []) if registry else registries.everything())
     origins = {recipe.name: "shipped" for recipe in shipped}
     origins.update({item.recipe.name: f"{item.registry.name} at {item.registry.commit[:12]}"
+                    + (" (experimental)" if registries.is_experimental(item.path) else "")
                     for content in contents for item in content.recipes})
+    experimental = {item.recipe.name for content in contents for item in content.recipes
+                    if registries.is_experimental(item.path)}
     from_registries = [item.recipe for content in contents for item in content.recipes]
     # A registry's recipes are judged wherever asked (that is what --fits is for); --profile still filters.
     found = [recipe for recipe in shipped if chosen is None or recipe.hardware.profile in (chosen.name, *chosen.aliases)]
     found += [recipe for recipe in from_registries if profile is None or chosen is None
               or recipe.hardware.profile in (chosen.name, *chosen.aliases)]
+    hidden = 0 if all_ else sum(1 for recipe in found if recipe.name in experimental)
+    found = [recipe for recipe in found if all_ or recipe.name not in experimental]
     fitted = _fitted(inv, fits, found, resolve_wheels=False) if inv is not None and fits else None
     if json_:
         sources = {item.recipe.name: report.registry_recipe_json(item)
                    for content in contents for item in content.recipes}
         print(report.dump_json([{**report.recipe_json(recipe), "from": sources.get(recipe.name, "shipped"),
+                                 "experimental": recipe.name in experimental,
                                  **({"fits": report.fit_json(fitted[recipe.name])} if fitted else {})}
                                 for recipe in found]))
     else:
         out = report.console()
         report.print_recipes(found, out, fits, fitted, origins)
+        if hidden:
+            given = {"--profile": profile, "--fits": fits, "--inventory": inventory, "--registry": registry}
+            again = " ".join(f"{flag} {shlex.quote(value)}" for flag, value in given.items() if value)
+            report.print_hidden_experimental(hidden, f"recipe.list {again} --all" if again else "recipe.list --all",
+                                             out)
         for content in contents:
             report.print_registry_counts(content, out)
     _exit_if_broken(broken)
+
+
 @task(auto_shortflags=False, name="show",
       help=help_for("json", "inventory", name="a recipe's name, or a recipe file", host=FITS_HELP))
 @guarded

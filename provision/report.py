@@ -1210,6 +1210,13 @@ def print_registries(everything: Sequence[Contents], out: Console) -> None:
             out.print(Text(f"{contents.registry.name}: {path} refused: {why}"))
 
 
+def print_hidden_experimental(hidden: int, task: str, out: Console) -> None:
+    """Below a recipe list: how many of the registries' experimental recipes it leaves out, and the
+    command line (`task`, the list's own options and --all) that lists them."""
+    out.print(Text(f"{hidden} experimental recipe(s) of the registries not listed "
+                   f"(`{hints.command(task)}` lists them)"))
+
+
 def print_registry_counts(contents: Contents, out: Console) -> None:
     """Below a recipe list: what of a registry's files is not in it."""
     if contents.refused:

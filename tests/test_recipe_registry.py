@@ -288,3 +288,70 @@ def test_a_short_name_is_the_official_recipe_an_experimental_one_only_when_asked
     git(origin, "commit", "-q", "-m", "a flat one")
     registry.update(["arena"])
     assert f"official-recipes/{QWEN}" in registry.find("arena/qwen3-coder-next-int4-autoround-vllm").source
+
+
+COMMUNITY = FIXTURES.parent / "community"
+COMMUNITY_COMMIT = "cce4f1418c72542433759d7842100cd2f1219763"
+
+
+def test_the_community_registry_as_it_holds_them(data_dir: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """spark-arena/community-recipe-registry at one commit, every YAML file of it in its place
+    (tests/fixtures/recipes/community, sources.json: its path there), added as a user adds it: every
+    recipe read, none refused, its sparkrun index (.sparkrun/registry.yaml) counted as no recipe."""
+    sources = json.loads((COMMUNITY / "sources.json").read_text(encoding="utf-8"))
+    held = {name: source["path"] for name, source in sources.items() if source["commit"] == COMMUNITY_COMMIT}
+    assert len(held) == 8 and {source["repository"] for source in sources.values()} == {
+        "spark-arena/community-recipe-registry"}
+    repo = tmp_path / "community-recipe-registry"
+    for name, path in held.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(COMMUNITY / name, repo / path)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "community-recipe-registry at cce4f14")
+    assert run(["registry.add", f"file://{repo}", "--name", "community", "--json"]) == 0
+    added = json.loads(capsys.readouterr().out)
+    assert added["recipes"] == sorted(f"community/{Path(path).stem}" for path in held.values()
+                                      if path.startswith("recipes/"))
+    assert len(added["recipes"]) == 7 and added["refused"] == []
+    assert added["not_recipes"] == [{"path": ".sparkrun/registry.yaml", "why": "names no model: not a recipe"}]
+
+
+def test_recipe_list_leaves_experimental_recipes_out_unless_asked_with_all(
+        data_dir: Path, origin: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """sparkrun's `list` hides the experimental part of a registry (its .sparkrun/registry.yaml: visible:
+    false) unless given --all: so does recipe.list, counting them below the table with the command that
+    lists them, which works as printed."""
+    import shlex
+
+    (origin / "experimental-recipes" / "eugr-vllm").mkdir()
+    shutil.copy(EXPERIMENTAL / QWEN, origin / "experimental-recipes" / "eugr-vllm" / QWEN)
+    git(origin, "add", "-A")
+    git(origin, "commit", "-q", "-m", "an experimental recipe that can be read")
+    registry.add("arena", f"file://{origin}")
+    official, experimental = "arena/qwen3-coder-next-int4-autoround-vllm", \
+        "arena/experimental-recipes/eugr-vllm/qwen3-coder-next-int4-autoround-vllm"
+
+    for argv in (["recipe.list"], ["recipe.list", "--registry", "arena"]):
+        assert run(argv) == 0
+        out = capsys.readouterr().out
+        assert official in out and experimental not in out, out
+        said = [line for line in out.splitlines() if "experimental recipe(s)" in line]
+        assert said and said[0].startswith("1 experimental recipe(s) of the registries not listed (`"), out
+        hint = shlex.split(said[0].split("`")[1])
+        assert hint[1:] == [*argv, "--all"], hint  # the list's own options, then --all
+        assert run(hint[1:]) == 0
+        out = capsys.readouterr().out
+        assert official in out and experimental in out and "(experimental)" in out
+        assert "experimental recipe(s)" not in out
+
+    assert run(["recipe.list", "--json"]) == 0
+    listed = {item["name"]: item["experimental"] for item in json.loads(capsys.readouterr().out)}
+    assert listed[official] is False and listed["lab-cpu-tiny-llama"] is False and experimental not in listed
+    assert run(["recipe.list", "--all", "--json"]) == 0
+    listed = {item["name"]: item["experimental"] for item in json.loads(capsys.readouterr().out)}
+    assert listed[experimental] is True and listed[official] is False
+    assert run(["recipe.list", "-h"]) == 0
+    assert "--all" in capsys.readouterr().out
+    assert run(["recipe.show", experimental]) == 0  # taken by its path, listed or not
