@@ -17,7 +17,7 @@ from provision.taskargs import HostFlags, exit_unless, host_task
                           "inventory's Prometheus host, have Prometheus read them and show how each target "
                           "answers it; without it nothing is contacted"})
 def metrics_(c: Context, flags: HostFlags, apply: bool = False) -> None:
-    """Show what Prometheus scrapes: every server, router and exporter.
+    """Show what Prometheus scrapes, or put it there with --apply.
 
     From the inventory's `prometheus:`: each target, where Prometheus reaches it and with which labels
     (host, cluster, service, engine, model, endpoint), the ones it cannot reach and why, and the scrape
