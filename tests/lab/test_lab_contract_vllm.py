@@ -68,9 +68,16 @@ def test_a_misspelt_flag_is_refused_by_the_same_parser(judged: dict) -> None:
     assert not verdict["ok"] and "--max-num-seqz" in verdict["error"], verdict
 
 
+def served_names(page: str) -> set[str]:
+    """The series names of a /metrics page, and the families its `# TYPE` lines name: a histogram's row
+    names the family (vllm:e2e_request_latency_seconds), served as its _bucket, _sum and _count."""
+    lines = page.splitlines()
+    return ({line.split("{")[0].split(" ")[0] for line in lines if line and not line.startswith("#")}
+            | {line.split()[2] for line in lines if line.startswith("# TYPE ")})
+
+
 def test_the_metric_names_status_reads_are_what_the_server_serves(judged: dict) -> None:
-    served = {line.split("{")[0].split(" ")[0] for line in judged["metrics"].splitlines()
-              if line and not line.startswith("#")}
+    served = served_names(judged["metrics"])
     table = contracts.load()
     version = judged["vllm"]
     rows = [name for name in table.names("vllm", "metric", version) if "{" not in name]
