@@ -96,3 +96,9 @@ def test_driver_table_is_data_with_its_source_and_ordered_minimums() -> None:
     minimums = [cuda.version_tuple(table.releases[r]) for r in ordered]
     assert minimums == sorted(minimums)  # a newer CUDA never needs an older driver
     assert cuda.newest_cuda_for("575.57.08") == "12.9" and cuda.newest_cuda_for("520.0") is None
+    assert table.releases["13.2"] == "595.45.04" and table.releases["13.3"] == "610.43.02"
+    for release in table.releases:  # every row says where it was read
+        assert table.source_of(release).startswith("https://docs.nvidia.com/cuda/")
+    assert cuda.minor_compatibility("13.5") == cuda.MinorCompatibility(
+        "13", "580", "https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html")
+    assert cuda.minor_compatibility("14.0") is None
