@@ -226,7 +226,10 @@ def cuda_to_run(ctx: Context) -> tuple[str | None, str]:
 def driver_version(ctx: Context) -> Finding | None:
     """Driver at least the profile's minimum and the minimum for the CUDA the server will run: the venv's
     torch (or the wheels about to replace it) when known, not only the configured `cuda_version`
-    (NVIDIA CUDA release notes Table 3, provision/cuda_drivers.yaml; facts sections 1 and 2)."""
+    (NVIDIA CUDA release notes Table 3, provision/cuda_drivers.yaml; facts sections 1 and 2). A driver
+    below that release's row, or a release newer than the table, that meets NVIDIA's minor-version
+    compatibility minimum of its CUDA major (13.x: 580) warns instead: NVIDIA documents the build as
+    running with a limited feature set, PTX from the newer toolkit not JIT-compiled (vllm #47397)."""
     expectation = ctx.profile.driver
     if expectation is None or ctx.facts.driver is None:
         return None
@@ -235,28 +238,78 @@ def driver_version(ctx: Context) -> Finding | None:
     found = ctx.facts.driver.version
     evidence: dict[str, Any] = {"driver": found, "minimum": needed, "cuda": cuda, "cuda_from": cuda_from}
     if cuda:
-        for_cuda = cuda_builds.minimum_driver(cuda)
-        if for_cuda is None:
-            known = ", ".join(cuda_builds.driver_table().releases)
+        table = cuda_builds.driver_table()
+        for_cuda = table.releases.get(cuda)
+        minor = cuda_builds.minor_compatibility(cuda)
+        if for_cuda is None and minor is None:
+            known = ", ".join(table.releases)
             return fail(f"CUDA {cuda} ({cuda_from}) is not in the driver table ({known})",
                         "use a build for one of those CUDA releases, or add the release to "
                         "provision/cuda_drivers.yaml from NVIDIA's table", **evidence)
-        needed = max(needed, for_cuda, key=version_tuple)
-        evidence.update(minimum=needed, source=cuda_builds.driver_table().source)
+        if for_cuda is not None:
+            needed = max(needed, for_cuda, key=version_tuple)
+            evidence.update(minimum=needed, source=table.source_of(cuda))
+        if minor is not None and (for_cuda is None or version_tuple(found) < version_tuple(needed)):
+            evidence.update(minor_version_minimum=minor.driver, minor_version_source=minor.source)
+            if version_tuple(found) >= max(version_tuple(expectation.minimum), version_tuple(minor.driver)):
+                return _minor_version_compatible(cuda, cuda_from, found, for_cuda, minor, evidence)
+            if for_cuda is None:
+                needed = max(needed, minor.driver, key=version_tuple)
+                evidence.update(minimum=needed, source=minor.source)
+                if version_tuple(found) < version_tuple(minor.driver):
+                    return fail(f"driver {found} cannot run CUDA {cuda} ({cuda_from}): no CUDA {minor.major}.x "
+                                f"build runs on a driver older than {minor.driver} (NVIDIA's minor-version "
+                                f"compatibility), and CUDA {cuda} is newer than the driver table",
+                                f"install driver {minor.driver} or newer"
+                                + _older_build(found), **evidence)
     if version_tuple(found) >= version_tuple(needed):
         return ok(f"driver {found} >= {needed}" + (f" (CUDA {cuda}: {cuda_from})" if cuda else ""), **evidence)
     if cuda and version_tuple(found) >= version_tuple(expectation.minimum):
-        runs = cuda_builds.newest_cuda_for(found)
-        variant = f"cu{runs.replace('.', '')}" if runs else None
         return fail(f"driver {found} cannot run CUDA {cuda} ({cuda_from}): CUDA {cuda} needs driver "
                     f"{needed} or newer",
                     f"install driver {needed} or newer (nvidia-driver-580-open covers CUDA up to 13.0)"
-                    + (f", or a torch/vLLM build for CUDA {runs} or older ({variant}: set cuda_version "
-                       f"{runs})" if runs else ""), **evidence)
+                    + _older_build(found), **evidence)
     return fail(f"driver {found} is older than {needed} (needed on {ctx.profile.name}"
                 + (f" and for CUDA {cuda}: {cuda_from})" if cuda else ")"),
                 f"install driver {needed} or newer (nvidia-driver-580-open covers CUDA up to 13.0)",
                 **evidence)
+
+
+def _older_build(driver: str) -> str:
+    """', or a torch/vLLM build for CUDA 12.9 or older (cu129: set cuda_version 12.9)': the newest CUDA
+    release the driver runs fully, or '' where it runs none."""
+    runs = cuda_builds.newest_cuda_for(driver)
+    if runs is None:
+        return ""
+    return f", or a torch/vLLM build for CUDA {runs} or older (cu{runs.replace('.', '')}: set cuda_version {runs})"
+
+
+def _minor_version_compatible(cuda: str, cuda_from: str, found: str, for_cuda: str | None,
+                              minor: cuda_builds.MinorCompatibility, evidence: dict[str, Any]) -> Finding:
+    """A warning, not a pass: the build runs on this driver only under NVIDIA's minor-version
+    compatibility, whose limits fall on kernels that reach the GPU as PTX."""
+    if for_cuda is not None:
+        below = f"driver {found} is older than {for_cuda}, the driver NVIDIA lists for CUDA {cuda} ({cuda_from})"
+        lift = f"install driver {for_cuda} or newer to lift the limit"
+    else:
+        rows = [release for release in cuda_builds.driver_table().releases
+                if release.split(".")[0] == minor.major]
+        newest = max(rows, key=version_tuple) if rows else None
+        below = (f"CUDA {cuda} ({cuda_from}) is newer than the driver table"
+                 + (f" (its newest CUDA {minor.major} row: {newest}, driver "
+                    f"{cuda_builds.minimum_driver(newest)})" if newest else "")
+                 + ": the driver its toolkit needs is not known here")
+        lift = (f"install the driver NVIDIA's release notes list for CUDA {cuda} (Table 3) to lift the limit, "
+                "and add that row to provision/cuda_drivers.yaml")
+    jit = "cannot" if for_cuda is not None else "may not"
+    return warn(f"{below}; it runs under NVIDIA's minor-version compatibility (any CUDA {minor.major}.x build on "
+                f"driver {minor.driver} or newer) with a limited feature set: this driver {jit} JIT-compile "
+                f"PTX that CUDA {cuda} built, and calls that need a newer driver fail "
+                "(cudaErrorCallRequiresNewerDriver)",
+                "a kernel that reaches this GPU only as PTX (no cubin for its architecture in the wheel, as "
+                "vLLM's FlashAttention 2 on sm_121, vllm #47397) fails to load with "
+                f"cudaErrorUnsupportedPtxVersion: {lift}" + _older_build(found),
+                compatibility="minor-version", **evidence)
 
 
 @rule("driver.nouveau", BLOCKER)

