@@ -228,7 +228,7 @@ def prometheus_config(scrape: Scrape, host: str) -> str:
                     {"targets": [f"{local_address(prometheus)}:{prometheus.port}"], "labels": {"host": host}}]},
                                    *scrape_configs(scrape, prometheus.targets_dir)]}
     header = (f"# Rendered by provision for {host} from the inventory's prometheus: and every server and router\n"
-              "# it declares. Local edits are replaced by the next `provision metrics --apply`; change the\n"
+              "# it declares. Local edits are replaced by the tool's next `metrics --apply`; change the\n"
               f"# inventory instead. The targets are in {prometheus.targets_dir}, read again when they change.\n")
     return header + yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
 
@@ -236,7 +236,7 @@ def prometheus_config(scrape: Scrape, host: str) -> str:
 def defaults_file(prometheus: Prometheus, host: str) -> str:
     """The package's defaults file: Prometheus's command line (where it listens, how long it keeps)."""
     return (f"# Rendered by provision for {host} from the inventory's prometheus: (bind_host, port, retention).\n"
-            "# Local edits are replaced by the next `provision metrics --apply`.\n"
+            "# Local edits are replaced by the tool's next `metrics --apply`.\n"
             f'ARGS="--web.listen-address={prometheus.bind_host}:{prometheus.port} '
             f'--storage.tsdb.retention.time={prometheus.retention}"\n')
 
@@ -253,3 +253,42 @@ def host_files(scrape: Scrape, host: str, api_key: str | None) -> list[HostFile]
         files.append(HostFile(DEFAULTS, defaults_file(prometheus, host), then="restart"))
         files.append(HostFile(CONFIG, prometheus_config(scrape, host), then="reload"))
     return files
+
+
+# What the tool knows of a host that no engine exports, for node-exporter's textfile collector (Debian's
+# and Ubuntu's read /var/lib/prometheus/node-exporter/*.prom, the package's built-in directory), written
+# where the host runs node-exporter each time `metrics --apply` looks: a snapshot, with its time.
+TEXTFILE = "/var/lib/prometheus/node-exporter/provision.prom"
+
+
+def textfile(units: Mapping[str, Any], generations: Mapping[str, Any] | None, now: float) -> str:
+    """The Prometheus text format of the host's managed units (`units`: facts' UnitState by name, those
+    loaded) and its generations record (host/generations.py's state: the current generation and its
+    state), at `now`."""
+    lines = [("# HELP provision_unit_restarts Restarts systemd counted for a unit the tool manages (NRestarts), "
+             "when provision last looked."),
+             "# TYPE provision_unit_restarts gauge"]
+    loaded = {name: unit for name, unit in sorted(units.items()) if unit.load_state == "loaded"}
+    lines += [f'provision_unit_restarts{{unit="{name}"}} {unit.restarts or 0}' for name, unit in loaded.items()]
+    lines += ["# HELP provision_unit_active 1 where a unit the tool manages was active when provision last looked.",
+              "# TYPE provision_unit_active gauge"]
+    lines += [f'provision_unit_active{{unit="{name}"}} {int(unit.active_state == "active")}'
+              for name, unit in loaded.items()]
+    current = _current_generation(generations)
+    if current is not None:
+        lines += [("# HELP provision_generation The generation of the host's files in effect, by its state "
+                  "(promoted, pending, applied, ...)."),
+                  "# TYPE provision_generation gauge",
+                  f'provision_generation{{state="{current.get("state", "unknown")}"}} {int(current["id"])}']
+    lines += ["# HELP provision_textfile_timestamp_seconds When provision wrote this file.",
+              "# TYPE provision_textfile_timestamp_seconds gauge",
+              f"provision_textfile_timestamp_seconds {now:.0f}"]
+    return "\n".join(lines) + "\n"
+
+
+def _current_generation(generations: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    if not generations:
+        return None
+    return next((item for item in generations.get("generations", [])
+                 if isinstance(item, dict) and item.get("id") == generations.get("current")
+                 and isinstance(item.get("id"), int)), None)

@@ -7,6 +7,8 @@ inventory without `prometheus:` (nothing contacted).
 """
 from __future__ import annotations
 
+import time
+
 from invoke.context import Context
 
 from provision.taskargs import HostFlags, exit_unless, host_task
@@ -32,9 +34,10 @@ def metrics_(c: Context, flags: HostFlags, apply: bool = False) -> None:
         return
     prometheus.scrape_of(inv)  # an inventory without `prometheus:` stops here, before any host is asked
     progress_line(f"asking {len(inv.hosts)} host(s) which exporters they run")
-    exporters, unknown = prometheus.exporters_of(inv, flags.accept_new_host_keys)
-    scrape, key = prometheus.scrape_of(inv, exporters)
+    found, unknown = prometheus.hosts_facts(inv, flags.accept_new_host_keys)
+    scrape, key = prometheus.scrape_of(inv, prometheus.exporters(found))
     done = prometheus.apply(inv, scrape, key, accept_new_host_keys=flags.accept_new_host_keys, progress=progress_line)
     done.unknown = unknown
+    done.textfiles = prometheus.write_textfiles(inv, found, flags.accept_new_host_keys, time.time())
     report.print_metrics(scrape, done, flags.json)
     exit_unless(done is None or done.error is None)

@@ -796,7 +796,10 @@ EXPORTER_UNITS = {"node": "prometheus-node-exporter.service"}
 def parse_exporter_units(stdout: str) -> tuple[str, ...]:
     """`systemctl show --property=Id,LoadState,ActiveState UNIT...`: the jobs (EXPORTER_UNITS' keys) whose
     unit is active; a unit not installed answers LoadState=not-found, ActiveState=inactive."""
-    active = {name for name, unit in parse_systemctl_show(stdout).items() if unit.active_state == "active"}
+    units = parse_systemctl_show(stdout)
+    if set(units) != set(EXPORTER_UNITS.values()):
+        raise ParseError("exporters", f"expected a block for each of {', '.join(EXPORTER_UNITS.values())}", stdout)
+    active = {name for name, unit in units.items() if unit.active_state == "active"}
     return tuple(job for job, unit in EXPORTER_UNITS.items() if unit in active)
 
 

@@ -19,26 +19,61 @@ from provision import secrets as secret_store
 from provision.errors import InventoryError, ProvisionError, UnreachableHost, error_text
 from provision.fanout import for_each_host
 from provision.inventory import Host, Inventory
-from provision.plan import diff
+from provision.plan import GENERATIONS_STATE, diff
 
 PROGRAM_TIMEOUT = 180.0
 
 
-def exporters_of(inventory: Inventory, accept_new_host_keys: bool) -> tuple[dict[str, tuple[str, ...]], list[str]]:
-    """The exporters each host runs (its facts: one round trip each, all at once), and the hosts that did
-    not answer (their exporters unknown, left out; said, never hiding the others)."""
-    wanted = tuple(fact for fact in facts.FACTS if fact.name == "exporters")
+# What each host is asked: the exporters it runs, and for node-exporter's textfile its managed units and
+# its generations record.
+ASKED = ("exporters", "units")
 
-    def ask(host: Host) -> tuple[str, ...]:
+
+def hosts_facts(inventory: Inventory, accept_new_host_keys: bool) -> tuple[dict[str, facts.HostFacts], list[str]]:
+    """Each host's exporters, managed units and generations record (one round trip each, all at once), and
+    the hosts that did not answer (left out, said: never hiding the others)."""
+    wanted = tuple(fact for fact in facts.FACTS if fact.name in ASKED)
+
+    def ask(host: Host) -> facts.HostFacts:
         runner = remote.connect(host, inventory.ssh, accept_new_host_keys=accept_new_host_keys)
         try:
-            return facts.gather(runner, facts=wanted).exporters or ()
+            return facts.gather(runner, paths=[GENERATIONS_STATE], facts=wanted)
         finally:
             runner.close()
 
     found = for_each_host(list(inventory.hosts.values()), lambda host: host.name, ask)
-    unknown = [f"{name}: {error_text(error)}" for name, error in found.errors.items()]
-    return {name: running for name, running in found.values.items() if running}, unknown
+    return dict(found.values), [f"{name}: {error_text(error)}" for name, error in found.errors.items()]
+
+
+def exporters(found: Mapping[str, facts.HostFacts]) -> dict[str, tuple[str, ...]]:
+    return {name: host.exporters for name, host in found.items() if host.exporters}
+
+
+def write_textfiles(inventory: Inventory, found: Mapping[str, facts.HostFacts], accept_new_host_keys: bool,
+                    now: float) -> dict[str, str | None]:
+    """node-exporter's textfile (metrics.TEXTFILE) on each host that runs it: {host: None, or why not}."""
+
+    def write(name: str) -> str | None:
+        host = found[name]
+        state = host.files.get(GENERATIONS_STATE, {})
+        try:
+            record = json.loads(str(state.get("content") or "{}"))
+        except json.JSONDecodeError:
+            record = None
+        content = metrics.textfile(host.units or {}, record if isinstance(record, dict) else None, now)
+        spec = {"files": [metrics.HostFile(metrics.TEXTFILE, content).spec()], "dry": False, "unit": None,
+                "config": None, "promtool": metrics.PROMTOOL, "ready": ""}
+        runner = remote.connect(inventory.hosts[name], inventory.ssh, accept_new_host_keys=accept_new_host_keys)
+        try:
+            answer, result = programs.run(runner, programs.ship(["metrics"], "main", spec), PROGRAM_TIMEOUT,
+                                          lambda event: None)
+        finally:
+            runner.close()
+        return answer.get("error") if answer else f"the metrics program said nothing ({programs.tail(result)})"
+
+    names = [name for name, host in found.items() if "node" in (host.exporters or ())]
+    done = for_each_host(names, lambda name: name, write)
+    return {**dict(done.values), **{name: error_text(error) for name, error in done.errors.items()}}
 
 
 def scrape_of(inventory: Inventory, exporters: Mapping[str, tuple[str, ...]] | None = None
@@ -74,6 +109,7 @@ class Applied:
     error: str | None = None
     health: list[dict[str, Any]] = field(default_factory=list)  # Prometheus's /api/v1/targets, per target
     unknown: list[str] = field(default_factory=list)  # hosts whose exporters could not be asked, and why
+    textfiles: dict[str, str | None] = field(default_factory=dict)  # node-exporter's, per host: None or why not
 
 
 def _plan_lines(files: list[metrics.HostFile], differs: list[str], current: Mapping[str, str | None]) -> list[str]:
@@ -153,4 +189,5 @@ def apply(inventory: Inventory, scrape: metrics.Scrape, api_key: str | None, *, 
 
 def applied_json(done: Applied) -> dict[str, Any]:
     return {"host": done.host, "ok": done.error is None, "planned": done.planned, "written": done.written,
-            "action": done.action, "error": done.error, "health": done.health, "exporters_unknown": done.unknown}
+            "action": done.action, "error": done.error, "health": done.health, "exporters_unknown": done.unknown,
+            "textfiles": done.textfiles}

@@ -1397,6 +1397,9 @@ def print_metrics(scrape: Any, done: Any, json_: bool) -> None:
         return
     for line in done.unknown:
         out.print(f"exporters not known: {line}", markup=False, soft_wrap=True)
+    for host, why in done.textfiles.items():
+        out.print(f"{host}: node-exporter's textfile " + (f"not written: {why}" if why else "written"),
+                  markup=False, soft_wrap=True)
     for line in done.planned:
         out.print(line, markup=False, soft_wrap=True)
     if done.error:

@@ -197,3 +197,19 @@ def test_the_fact_parsers_read_debian_s_prometheus_and_systemd_s_answers() -> No
     answered = ("Id=prometheus-node-exporter.service\nLoadState=loaded\nActiveState=active\n")
     assert parsers.parse_exporter_units(answered) == ("node",)
     assert parsers.parse_exporter_units(answered.replace("=active", "=inactive")) == ()
+
+
+def test_node_exporter_s_textfile_says_the_units_and_the_generation_in_effect() -> None:
+    from provision import parsers
+
+    units = parsers.parse_systemctl_show(
+        "Id=llama-server.service\nLoadState=loaded\nActiveState=active\nNRestarts=2\n\n"
+        "Id=vllm.service\nLoadState=not-found\nActiveState=inactive\nNRestarts=0\n")
+    record = {"current": 4, "generations": [{"id": 3, "state": "promoted"}, {"id": 4, "state": "pending"}]}
+    text = metrics.textfile(units, record, 1_800_000_000.4)
+    assert 'provision_unit_restarts{unit="llama-server.service"} 2' in text
+    assert 'provision_unit_active{unit="llama-server.service"} 1' in text
+    assert "vllm.service" not in text  # not installed: nothing to say of it
+    assert 'provision_generation{state="pending"} 4' in text
+    assert text.endswith("provision_textfile_timestamp_seconds 1800000000\n")
+    assert "provision_generation" not in metrics.textfile(units, None, 0)

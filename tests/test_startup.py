@@ -11,6 +11,7 @@ HEAVY = ("paramiko", "fabric", "rich", "jinja2", "huggingface_hub", "cryptograph
 LIGHT = {"provision", "provision.cli", "provision.config", "provision.errors", "provision.taskargs",
          "provision.tasks", "provision.cluster_tasks", "provision.prepare_tasks", "provision.tune_tasks",
          "provision.verify_tasks", "provision.init_tasks", "provision.recipe_tasks", "provision.hints",
+         "provision.metrics_tasks",
          # the shipped benchmark profiles' sources (standard library only): bench's help names their commits
          "provision.benchprofiles"}
 

@@ -32,6 +32,7 @@ import yaml
 
 from provision import inventory, lab, programs
 from provision.endpoints import ADMIN_SOCKET
+from tests.lab import prometheus_lab
 from tests.lab.conftest import group_inventory, invoke_json, lab_api_key, on_host, run_invoke
 
 pytestmark = [pytest.mark.lab, pytest.mark.lab_group("lab-b")]
@@ -244,6 +245,52 @@ def test_a_bare_status_after_deploying_the_endpoint_is_not_red_without_exported_
     assert {r["host"]: r["state"] for r in found["endpoints"]["lab-tiny"]["replicas"]} == {"cpu-2": "UP", "cpu-3": "UP"}
 
 
+@pytest.fixture(scope="module")
+def prometheus(the_lab: lab.Lab, endpoint: tuple[inventory.Inventory, str, str],
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """Prometheus on cpu-2 as the tool puts it there (`prepare`, `metrics --apply`), scraping lab-llama on
+    cpu-2, lab-llama-b on cpu-3 (with the key), the endpoint's router and cpu-3's node exporter (Debian's,
+    installed as a site would); removed from both hosts afterwards. Its inventory and its address."""
+    inv, _, _ = endpoint
+    on_host(inv, "cpu-3", ["apt-get", "update", "-q"])
+    on_host(inv, "cpu-3", ["apt-get", "install", "-y", "-q", "prometheus-node-exporter"])
+    path = prometheus_lab.prometheus_inventory(the_lab, "lab-b", "cpu-2", tmp_path_factory.mktemp("prometheus"))
+    try:
+        applied = prometheus_lab.put_prometheus(path, "cpu-2")
+        print("\nmetrics --apply: " + json.dumps(applied["applied"]["health"]))
+        yield path, f"http://{inv.host('cpu-2').address}:{prometheus_lab.PORT}"
+    finally:
+        prometheus_lab.remove_prometheus(inv, "cpu-2")
+        on_host(inv, "cpu-3", ["apt-get", "purge", "-y", "-q", "prometheus-node-exporter"])
+
+
+def test_prometheus_scrapes_both_replicas_the_router_and_the_node_exporter_and_every_panel_answers(
+        endpoint: tuple[inventory.Inventory, str, str], prometheus: tuple[Path, str]) -> None:
+    path, url = prometheus
+    _, endpoint_url, _ = endpoint
+    up = prometheus_lab.wait_until_up(url, {"servers", "routers", "node", "prometheus"})
+    servers = {labels["host"]: labels for labels in up.values() if labels["job"].startswith("provision-servers")}
+    assert {host: (labels["cluster"], labels["engine"], labels["model"], labels["endpoint"])
+            for host, labels in servers.items()} == {"cpu-2": ("lab-llama", "llamacpp", "tiny-gguf", "lab-tiny"),
+                                                     "cpu-3": ("lab-llama-b", "llamacpp", "tiny-gguf", "lab-tiny")}
+    # Both replicas' pages check the key: their job sends it from the key file.
+    assert {labels["job"] for labels in servers.values()} == {"provision-servers-keyed"}
+    code, bench, text = invoke_json("bench", "--endpoint", "lab-tiny", "--count", "8", "--concurrency", "4",
+                                    "--max-tokens", "8")
+    assert code == 0 and bench["succeeded"] == 8, text
+    time.sleep(3)  # two scrapes after the requests: rates over them
+    empty = {name: prometheus_lab.unanswered_panels(url, name) for name in ("llamacpp", "endpoint")}
+    assert empty == {"llamacpp": [], "endpoint": []}, empty
+    # What the tool knows of cpu-3 beside its engine's metrics: node-exporter's textfile, which --apply wrote.
+    known = prometheus_lab.query(url, 'provision_unit_active{host="cpu-3"}')
+    assert {item["metric"]["unit"]: item["value"][1] for item in known} == {"llama-server.service": "1"}, known
+    assert prometheus_lab.query(url, 'provision_generation{host="cpu-3"}'), "no generation of cpu-3 exported"
+    # Unchanged, a second --apply writes nothing on the Prometheus host.
+    code, again, text = invoke_json("metrics", "--apply", "--inventory", str(path))
+    assert code == 0 and again["applied"]["written"] == [] and again["applied"]["planned"] == [], text
+    assert endpoint_url
+
+
 def test_a_rolling_deploy_of_both_replicas_fails_no_request_through_the_endpoint(
         endpoint: tuple[inventory.Inventory, str, str]) -> None:
     inv, url, prompt = endpoint
@@ -433,3 +480,15 @@ def test_an_endpoint_losing_and_regaining_a_replica_reloads_its_router_without_a
     while router_servers(inv) != {"lab-llama": "UP", "lab-llama-b": "UP"}:
         assert time.monotonic() < deadline, f"lab-llama-b is not back in the router: {router_servers(inv)}"
         time.sleep(1)
+
+
+def test_the_rolls_under_load_show_in_the_router_s_metrics(prometheus: tuple[Path, str]) -> None:
+    """Every roll above drained its replica (HAProxy's state MAINT while it restarted) and put it back: the
+    router's exporter, scraped every second, holds it, and the requests each replica answered meanwhile."""
+    _, url = prometheus
+    drained = prometheus_lab.query(url, 'max_over_time(haproxy_server_status{state="MAINT"}[30m])')
+    assert {item["metric"]["server"]: item["value"][1] for item in drained} == {"lab-llama": "1", "lab-llama-b": "1"}
+    answered = prometheus_lab.query(url, "increase(haproxy_server_http_responses_total{code=\"2xx\"}[30m])")
+    assert {item["metric"]["server"] for item in answered if float(item["value"][1]) > 0} == {"lab-llama", "lab-llama-b"}
+    back = prometheus_lab.query(url, 'haproxy_server_status{state="UP"}')
+    assert {item["metric"]["server"]: item["value"][1] for item in back} == {"lab-llama": "1", "lab-llama-b": "1"}
