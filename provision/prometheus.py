@@ -9,6 +9,7 @@ why, and the scrape configuration (what a site's own Prometheus adds beside the 
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -137,11 +138,11 @@ def _program(files: list[metrics.HostFile], scrape: metrics.Scrape, dry: bool) -
     return programs.ship(["metrics"], "main", spec)
 
 
-def _health(runner: Any, scrape: metrics.Scrape) -> list[dict[str, Any]]:
-    """Prometheus's own view of each target (/api/v1/targets), asked over the host's loopback."""
-    prometheus = scrape.prometheus
-    with remote.forwarded(runner, metrics.local_address(prometheus), prometheus.port) as (address, port), \
-            urllib.request.urlopen(f"http://{address}:{port}/api/v1/targets?state=active", timeout=10) as answer:
+HEALTH_WAIT = 20.0  # seconds a Prometheus just (re)started or reloaded may take to scrape each target once
+
+
+def _targets_page(address: str, port: int) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"http://{address}:{port}/api/v1/targets?state=active", timeout=10) as answer:
         data = json.load(answer)
     found = []
     for target in data.get("data", {}).get("activeTargets", []):
@@ -150,6 +151,28 @@ def _health(runner: Any, scrape: metrics.Scrape) -> list[dict[str, Any]]:
                       "host": labels.get("host", ""), "health": target.get("health", "unknown"),
                       "error": target.get("lastError", "")})
     return sorted(found, key=lambda item: (item["job"], item["instance"]))
+
+
+def _health(runner: Any, scrape: metrics.Scrape) -> list[dict[str, Any]]:
+    """Prometheus's own view of each target (/api/v1/targets), asked over the host's loopback: once it
+    knows every target (itself and the reachable ones) and has scraped each once, or as it is after
+    HEALTH_WAIT (a Prometheus just restarted or reloaded reads its targets files, then scrapes)."""
+    prometheus = scrape.prometheus
+    expected = 1 + len(scrape.reachable)
+    deadline = time.monotonic() + HEALTH_WAIT
+    found: list[dict[str, Any]] = []
+    with remote.forwarded(runner, metrics.local_address(prometheus), prometheus.port) as (address, port):
+        while True:
+            try:
+                found = _targets_page(address, port)
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+            if len(found) >= expected and all(item["health"] != "unknown" for item in found):
+                return found
+            if time.monotonic() > deadline:
+                return found
+            time.sleep(0.5)
 
 
 def apply(inventory: Inventory, scrape: metrics.Scrape, api_key: str | None, *, accept_new_host_keys: bool,
@@ -179,7 +202,11 @@ def apply(inventory: Inventory, scrape: metrics.Scrape, api_key: str | None, *, 
             done.written, done.action, done.error = answer.get("written", []), answer.get("action", ""), \
                 answer.get("error")
         if prometheus.manage and done.error is None:
-            done.health = _health(runner, scrape)
+            try:
+                done.health = _health(runner, scrape)
+            except (OSError, ValueError) as exc:  # URLError is an OSError; a page not JSON a ValueError
+                done.error = (f"Prometheus on {prometheus.host} did not answer /api/v1/targets: {exc} "
+                              f"(journalctl -u {metrics.UNIT} on {prometheus.host} says why)")
     except UnreachableHost as exc:
         done.error = str(exc)
     finally:
