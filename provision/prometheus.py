@@ -38,7 +38,7 @@ def hosts_facts(inventory: Inventory, accept_new_host_keys: bool) -> tuple[dict[
     def ask(host: Host) -> facts.HostFacts:
         runner = remote.connect(host, inventory.ssh, accept_new_host_keys=accept_new_host_keys)
         try:
-            return facts.gather(runner, paths=[GENERATIONS_STATE], facts=wanted)
+            return facts.gather(runner, facts=wanted, inspect={"files": [GENERATIONS_STATE]})
         finally:
             runner.close()
 

@@ -45,6 +45,7 @@ def remove_prometheus(inv: inventory.Inventory, host: str) -> None:
     """The host as the lab booted it: Prometheus's package, its dependencies, data and files gone."""
     on_host(inv, host, ["apt-get", "purge", "-y", "-q", "--autoremove", "prometheus"])
     on_host(inv, host, ["rm", "-rf", "/etc/prometheus", "/var/lib/prometheus", "/etc/default/prometheus"])
+    on_host(inv, host, ["userdel", "prometheus"])  # the package's user: Debian's purge keeps it
 
 
 def query(url: str, expr: str) -> list[dict[str, Any]]:

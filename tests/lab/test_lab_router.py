@@ -262,6 +262,7 @@ def prometheus(the_lab: lab.Lab, endpoint: tuple[inventory.Inventory, str, str],
     finally:
         prometheus_lab.remove_prometheus(inv, "cpu-2")
         on_host(inv, "cpu-3", ["apt-get", "purge", "-y", "-q", "prometheus-node-exporter"])
+        on_host(inv, "cpu-3", ["rm", "-rf", "/var/lib/prometheus"])
 
 
 def test_prometheus_scrapes_both_replicas_the_router_and_the_node_exporter_and_every_panel_answers(
