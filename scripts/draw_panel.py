@@ -57,6 +57,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dashboard", required=True, help=f"one of: {', '.join(dashboards.names())}")
     parser.add_argument("--panel", required=True, help="the panel's title, as the dashboard shows it")
     parser.add_argument("--minutes", type=float, default=15, help="the time range, ending now (default 15)")
+    parser.add_argument("--rate-interval", default="1m",
+                        help="what $__rate_interval stands for (default 1m; Grafana's is about 4 scrape intervals)")
     parser.add_argument("--out", required=True, type=Path, help="the PNG to write")
     args = parser.parse_args(argv)
     if args.dashboard not in dashboards.names():
@@ -78,7 +80,7 @@ def main(argv: list[str]) -> int:
     figure, axes = plt.subplots(figsize=(9, 3.6))
     drawn = 0
     for target in panel.get("targets", []):
-        expr = dashboards.expand(target["expr"], rate_interval="1m")
+        expr = dashboards.expand(target["expr"], rate_interval=args.rate_interval)
         for series in query_range(args.prometheus, expr, start, end, step):
             points = [(float(t) - end, float(v)) for t, v in series["values"]]
             axes.plot([p[0] / 60 for p in points], [p[1] for p in points],
