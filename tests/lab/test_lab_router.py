@@ -189,10 +189,19 @@ def endpoint(the_lab: lab.Lab) -> Iterator[tuple[inventory.Inventory, str, str]]
             assert code == 0 and report["hosts"][0]["state"] in ("ready", "unchanged"), text
         inv = inventory.load(the_lab.inventory)
         # The router started with the last deploy: its first checks of cpu-3 may time out while the lab
-        # bridge learns the new pair of hosts; it sends to a replica once a check has passed.
-        deadline = time.monotonic() + 60
-        while router_servers(inv) != {"lab-llama": "UP", "lab-llama-b": "UP"}:
-            assert time.monotonic() < deadline, f"the router did not see both replicas up: {router_servers(inv)}"
+        # network learns the new cpu-3 (a host of that address was there before, under another MAC), and
+        # HAProxy calls a server UP before its first check has run. Both must stay UP over three checks.
+        deadline = time.monotonic() + 90
+        steady_since: float | None = None
+        while True:
+            now = time.monotonic()
+            if router_servers(inv) == {"lab-llama": "UP", "lab-llama-b": "UP"}:
+                steady_since = steady_since or now
+                if now - steady_since >= 6:
+                    break
+            else:
+                steady_since = None
+            assert now < deadline, f"the router did not keep both replicas up: {router_servers(inv)}"
             time.sleep(1)
         url = f"http://{inv.host('cpu-2').address}:9000"
         yield inv, url, prompt_near_the_context(url)
