@@ -114,7 +114,7 @@ class Contracts:
             name, equals, version = token.partition("==")
             if equals and _key(name) in names:
                 judged = self.build(engine, version)
-                if _is_version(judged):
+                if is_version(judged):
                     return judged
         return None
 
@@ -150,7 +150,7 @@ class Contracts:
         engine whose package it is: ('vllm', '0.34.0', 'torch') -> '2.14.0', ('torch', '2.14.0',
         'nvidia-nccl-cu13') -> '2.30.7'; None where no row says (names in any spelling)."""
         engine = next((entry.name for entry in self.engines.values() if _key(package) in entry.packages), None)
-        if engine is None or not _is_version(release):
+        if engine is None or not is_version(release):
             return None
         for row in self.of(engine, "dependency"):
             pinned = _exact(row.name)
@@ -220,7 +220,9 @@ def pins_of(spec: str | None) -> dict[str, str]:
     return dict(found for token in (spec or "").split() if (found := _exact(token)) is not None)
 
 
-def _is_version(text: str) -> bool:
+def is_version(text: str) -> bool:
+    """A version packaging reads (PEP 440): '0.34.0', '11434', '1.3.0rc7', and 'v0.6.0' (PEP 440 takes
+    a leading v); not 'latest'."""
     try:
         Version(text)
     except InvalidVersion:

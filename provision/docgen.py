@@ -119,16 +119,24 @@ def settings_page() -> str:
                  body)
 
 
-def endpoint_settings_page() -> str:
+def _settings_body(specs: Mapping[str, Any], types: Mapping[str, Any]) -> list[str]:
+    """A section per setting of a section's own table (ENDPOINT_SPECS, PROMETHEUS_SPECS): what it means,
+    its field's type, what its check accepts and its default."""
     from provision import inventory
 
-    types = typing.get_type_hints(inventory.Endpoint)
     body: list[str] = []
-    for name, spec in inventory.ENDPOINT_SPECS.items():
+    for name, spec in specs.items():
         body += [f"## `{name}`", "", *_wrap(md(spec.description)), ""]
         body += [f"- type: {_code(_type_name(types[name]))}"]
         body += _wrap(md(inventory.accepts(spec.check)), "- accepts: ", "  ")
         body += [f"- default: {_default(spec.default)}", ""]
+    return body
+
+
+def endpoint_settings_page() -> str:
+    from provision import inventory
+
+    body = _settings_body(inventory.ENDPOINT_SPECS, typing.get_type_hints(inventory.Endpoint))
     return _page("Endpoint settings", "provision/inventory.py (ENDPOINT_SPECS, Endpoint)",
                  "Every setting an endpoint of the inventory's `endpoints:` may give beside `host`, `clusters` and "
                  "`services`: what it means, its type, what its check accepts (a value it refuses stops the run "
@@ -139,13 +147,7 @@ def endpoint_settings_page() -> str:
 def prometheus_settings_page() -> str:
     from provision import inventory
 
-    types = typing.get_type_hints(inventory.Prometheus)
-    body: list[str] = []
-    for name, spec in inventory.PROMETHEUS_SPECS.items():
-        body += [f"## `{name}`", "", *_wrap(md(spec.description)), ""]
-        body += [f"- type: {_code(_type_name(types[name]))}"]
-        body += _wrap(md(inventory.accepts(spec.check)), "- accepts: ", "  ")
-        body += [f"- default: {_default(spec.default)}", ""]
+    body = _settings_body(inventory.PROMETHEUS_SPECS, typing.get_type_hints(inventory.Prometheus))
     return _page("Prometheus settings", "provision/inventory.py (PROMETHEUS_SPECS, Prometheus)",
                  "Every setting the inventory's `prometheus:` may give beside `host`: what it means, its type, "
                  "what its check accepts (a value it refuses stops the run with exit 2, naming the file and "

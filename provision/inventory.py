@@ -1200,6 +1200,21 @@ def _is_address(text: str) -> bool:
     return all(_DNS_LABEL.match(label) for label in text.rstrip(".").split("."))
 
 
+def _checked_settings(body: Mapping[str, Any], specs: Mapping[str, VarSpec], source: str,
+                      entity: str) -> dict[str, Any]:
+    """The settings of `specs` that `body` gives (an endpoint's, the prometheus section's), each through
+    its check; the first refused is an InventoryError naming the file, line and key."""
+    checked: dict[str, Any] = {}
+    for key, spec in specs.items():
+        if key in body:
+            try:
+                checked[key] = spec.check(body[key])
+            except ValueError as exc:
+                raise InventoryError(str(exc), file=source, line=_line(body, key), entity=entity,
+                                     key=key) from exc
+    return checked
+
+
 class _Reader:
     """Validates the parsed documents of one inventory; raises the first error with file and line."""
 
@@ -1389,14 +1404,7 @@ class _Reader:
                 raise InventoryError(f"expected a list of {what}, each once (clusters, services or both), got "
                                      f"{_show(value)}", file=source, line=_line(body, key) or self.entry_line,
                                      entity=entity, key=key)
-        checked: dict[str, Any] = {}
-        for key, spec in ENDPOINT_SPECS.items():
-            if key in body:
-                try:
-                    checked[key] = spec.check(body[key])
-                except ValueError as exc:
-                    raise InventoryError(str(exc), file=source, line=_line(body, key), entity=entity,
-                                         key=key) from exc
+        checked = _checked_settings(body, ENDPOINT_SPECS, source, entity)
         self.endpoints[name] = Endpoint(name=name, host=host, clusters=tuple(clusters), services=tuple(served),
                                         **checked)
         self.endpoint_lines[name] = (source, body)
@@ -1412,14 +1420,7 @@ class _Reader:
             raise InventoryError(f"expected the name of the host Prometheus runs on, got {_show(host)}",
                                  file=source, line=_line(body, "host") or _line(data, "prometheus"),
                                  entity=entity, key="host")
-        checked: dict[str, Any] = {}
-        for key, spec in PROMETHEUS_SPECS.items():
-            if key in body:
-                try:
-                    checked[key] = spec.check(body[key])
-                except ValueError as exc:
-                    raise InventoryError(str(exc), file=source, line=_line(body, key), entity=entity,
-                                         key=key) from exc
+        checked = _checked_settings(body, PROMETHEUS_SPECS, source, entity)
         self.prometheus = Prometheus(host=host, **checked)
         self.prometheus_lines = (source, body)
 

@@ -158,7 +158,7 @@ def contract_notes(engine: str, values: Mapping[str, Any], version: str | None =
         named = table.build(engine, version) if pinned is None and version else None
     except InventoryError as exc:
         raise RecipeError(exc.message, file="engine.version", key="engine.version") from exc
-    release = pinned or (named if named and _is_release(named) else table.target(engine))
+    release = pinned or (named if named and contracts.is_version(named) else table.target(engine))
     judged = release if pinned or release != table.target(engine) or spec else \
         f"{release} (the table's target: no version pinned)"
     if pinned is None and named and release == named and named != version:
@@ -223,16 +223,6 @@ def _flags_of(values: Mapping[str, Any]) -> list[tuple[str, Any]]:
             value, equals = following, "="
         found.append((flag, value if equals else None))
     return found
-
-
-def _is_release(text: str) -> bool:
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        Version(text)
-    except InvalidVersion:
-        return False
-    return True
 
 
 def _is_number(text: str) -> bool:
