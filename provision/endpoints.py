@@ -118,7 +118,7 @@ class EndpointPlan:
     @property
     def local_address(self) -> str:
         """Where a program on the router host reaches it."""
-        return "127.0.0.1" if ipaddress.ip_address(self.bind_host).is_unspecified else self.bind_host
+        return local_address(self.bind_host)
 
     @property
     def address(self) -> str:
@@ -126,6 +126,12 @@ class EndpointPlan:
         if ipaddress.ip_address(self.bind_host).is_unspecified and self.router and self.router.connection == "ssh":
             return self.router.address
         return self.local_address
+
+
+def local_address(bind_host: str) -> str:
+    """Where a program on the same host reaches a listener bound to `bind_host`: loopback for one that
+    listens on every address, else the address itself."""
+    return "127.0.0.1" if ipaddress.ip_address(bind_host).is_unspecified else bind_host
 
 
 def buffer_size(plans: Sequence[EndpointPlan]) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from provision import catalog, endpoints, engines, services
@@ -61,7 +61,6 @@ class Scrape:
     targets: tuple[Target, ...]
     not_scraped: tuple[str, ...] = ()  # servers with no page Prometheus reads, and why
     keyed: bool = False  # some target needs the key file
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def reachable(self) -> tuple[Target, ...]:
@@ -211,10 +210,7 @@ class HostFile:
 
 def local_address(prometheus: Prometheus) -> str:
     """Where a program on the Prometheus host reaches Prometheus."""
-    import ipaddress
-
-    bound = ipaddress.ip_address(prometheus.bind_host)
-    return "127.0.0.1" if bound.is_unspecified else prometheus.bind_host
+    return endpoints.local_address(prometheus.bind_host)
 
 
 def prometheus_config(scrape: Scrape, host: str) -> str:

@@ -32,7 +32,7 @@ def metrics_(c: Context, flags: HostFlags, apply: bool = False) -> None:
         scrape, _ = prometheus.scrape_of(inv)
         report.print_metrics(scrape, None, flags.json)
         return
-    prometheus.scrape_of(inv)  # an inventory without `prometheus:` stops here, before any host is asked
+    prometheus.declared(inv)  # an inventory without `prometheus:` stops here, before any host is asked
     progress_line(f"asking {len(inv.hosts)} host(s) which exporters they run")
     found, unknown = prometheus.hosts_facts(inv, flags.accept_new_host_keys)
     scrape, key = prometheus.scrape_of(inv, prometheus.exporters(found))

@@ -19,7 +19,7 @@ from provision import facts, hints, metrics, programs, remote
 from provision import secrets as secret_store
 from provision.errors import InventoryError, ProvisionError, UnreachableHost, error_text
 from provision.fanout import for_each_host
-from provision.inventory import Host, Inventory
+from provision.inventory import Host, Inventory, Prometheus
 from provision.plan import GENERATIONS_STATE, diff
 
 PROGRAM_TIMEOUT = 180.0
@@ -62,12 +62,10 @@ def write_textfiles(inventory: Inventory, found: Mapping[str, facts.HostFacts], 
         except json.JSONDecodeError:
             record = None
         content = metrics.textfile(host.units or {}, record if isinstance(record, dict) else None, now)
-        spec = {"files": [metrics.HostFile(metrics.TEXTFILE, content).spec()], "dry": False, "unit": None,
-                "config": None, "promtool": metrics.PROMTOOL, "ready": ""}
+        program = _program([metrics.HostFile(metrics.TEXTFILE, content)], None, dry=False)
         runner = remote.connect(inventory.hosts[name], inventory.ssh, accept_new_host_keys=accept_new_host_keys)
         try:
-            answer, result = programs.run(runner, programs.ship(["metrics"], "main", spec), PROGRAM_TIMEOUT,
-                                          lambda event: None)
+            answer, result = programs.run(runner, program, PROGRAM_TIMEOUT, lambda event: None)
         finally:
             runner.close()
         return answer.get("error") if answer else f"the metrics program said nothing ({programs.tail(result)})"
@@ -77,13 +75,19 @@ def write_textfiles(inventory: Inventory, found: Mapping[str, facts.HostFacts], 
     return {**dict(done.values), **{name: error_text(error) for name, error in done.errors.items()}}
 
 
-def scrape_of(inventory: Inventory, exporters: Mapping[str, tuple[str, ...]] | None = None
-              ) -> tuple[metrics.Scrape, str | None]:
-    """The inventory's targets, and the API key the keyed ones need (None: the secrets hold none)."""
+def declared(inventory: Inventory) -> Prometheus:
+    """The inventory's `prometheus:`; without one, an InventoryError (exit 2) saying what to add."""
     if inventory.prometheus is None:
         raise InventoryError("the inventory declares no Prometheus: add `prometheus: {host: NAME}` (the host "
                              "that runs it, or a site's own with manage: false)", file=inventory.path or "inventory",
                              key="prometheus")
+    return inventory.prometheus
+
+
+def scrape_of(inventory: Inventory, exporters: Mapping[str, tuple[str, ...]] | None = None
+              ) -> tuple[metrics.Scrape, str | None]:
+    """The inventory's targets, and the API key the keyed ones need (None: the secrets hold none)."""
+    declared(inventory)
     key = secret_store.load(inventory.secrets).api_key
     return metrics.plan(inventory, inventory.settings, api_key=bool(key), exporters=exporters), key
 
@@ -129,12 +133,14 @@ def _plan_lines(files: list[metrics.HostFile], differs: list[str], current: Mapp
     return lines
 
 
-def _program(files: list[metrics.HostFile], scrape: metrics.Scrape, dry: bool) -> str:
-    prometheus = scrape.prometheus
-    spec = {"files": [item.spec() for item in files], "dry": dry,
-            "unit": metrics.UNIT if prometheus.manage else None, "config": metrics.CONFIG,
-            "promtool": metrics.PROMTOOL, "wait": 60,
-            "ready": f"http://{metrics.local_address(prometheus)}:{prometheus.port}/-/ready"}
+def _program(files: list[metrics.HostFile], prometheus: Prometheus | None, dry: bool) -> str:
+    """host/metrics.py with its spec: `files` for the Prometheus the tool runs (its unit reloaded or
+    restarted, ready awaited), for a site's own or for a host's node-exporter (`prometheus` None: files
+    alone)."""
+    runs = prometheus is not None and prometheus.manage
+    spec = {"files": [item.spec() for item in files], "dry": dry, "unit": metrics.UNIT if runs else None,
+            "config": metrics.CONFIG if prometheus else None, "promtool": metrics.PROMTOOL, "wait": 60,
+            "ready": f"http://{metrics.local_address(prometheus)}:{prometheus.port}/-/ready" if prometheus else ""}
     return programs.ship(["metrics"], "main", spec)
 
 
@@ -185,7 +191,7 @@ def apply(inventory: Inventory, scrape: metrics.Scrape, api_key: str | None, *, 
     done = Applied(prometheus.host)
     runner = remote.connect(host, inventory.ssh, accept_new_host_keys=accept_new_host_keys)
     try:
-        seen, result = programs.run(runner, _program(files, scrape, dry=True), PROGRAM_TIMEOUT, lambda event: None)
+        seen, result = programs.run(runner, _program(files, prometheus, dry=True), PROGRAM_TIMEOUT, lambda event: None)
         if not seen:
             raise ProvisionError(f"{prometheus.host}: the metrics program said nothing ({programs.tail(result)})")
         if prometheus.manage and not seen.get("installed"):
@@ -195,7 +201,7 @@ def apply(inventory: Inventory, scrape: metrics.Scrape, api_key: str | None, *, 
         done.planned = _plan_lines(files, list(seen.get("differs", [])), seen.get("current", {}))
         if seen.get("differs") or not seen.get("active"):
             progress(f"{prometheus.host}: writing {len(seen.get('differs', []))} file(s)")
-            answer, result = programs.run(runner, _program(files, scrape, dry=False), PROGRAM_TIMEOUT,
+            answer, result = programs.run(runner, _program(files, prometheus, dry=False), PROGRAM_TIMEOUT,
                                           lambda event: None)
             if not answer:
                 raise ProvisionError(f"{prometheus.host}: the metrics program said nothing ({programs.tail(result)})")

@@ -28,7 +28,6 @@ serve.
 from __future__ import annotations
 
 import glob
-import grp
 import json
 import os
 import pwd
@@ -42,6 +41,7 @@ from typing import Any
 
 from provision.host.common import (
     StepFailed,
+    ids,
     lock,
     made_directories,
     make_directories,
@@ -78,10 +78,6 @@ def _run(argv: list[str]) -> str:
         message = (done.stderr or done.stdout).decode("utf-8", "replace").strip().splitlines()
         raise StepFailed(f"{' '.join(argv)}: exit {done.returncode}: {' | '.join(message[-3:])}")
     return done.stdout.decode("utf-8", "replace")
-
-
-def _ids(owner: str, group: str) -> tuple[int, int]:
-    return pwd.getpwnam(owner).pw_uid, grp.getgrnam(group).gr_gid
 
 
 VERSIONS = """
@@ -231,7 +227,7 @@ def _already(change: dict[str, Any], written: set[str], venv_built: bool) -> boo
         try:
             info = os.stat(target)
             return (info.st_mode & 0o7777, info.st_uid, info.st_gid) == (
-                data["mode"], *_ids(data["owner"], data["group"]))
+                data["mode"], *ids(data["owner"], data["group"]))
         except (OSError, KeyError):
             return False
     if kind == "file":
@@ -240,7 +236,7 @@ def _already(change: dict[str, Any], written: set[str], venv_built: bool) -> boo
             with open(target, "rb") as handle:
                 same = handle.read() == data["content"].encode("utf-8")
             return same and (info.st_mode & 0o7777, info.st_uid, info.st_gid) == (
-                data["mode"], *_ids(data["owner"], data["group"]))
+                data["mode"], *ids(data["owner"], data["group"]))
         except (OSError, KeyError):
             return False
     if kind == "remove":
@@ -289,13 +285,13 @@ def step(change: dict[str, Any]) -> None:
         _run(["useradd", "--system", "--user-group", "--home-dir", data["home"], "--no-create-home",
               "--shell", data.get("shell", "/usr/sbin/nologin"), target])
     elif kind == "directory":
-        uid, gid = _ids(data["owner"], data["group"])
+        uid, gid = ids(data["owner"], data["group"])
         _refuse_foreign(target, uid)
         make_directories(target, data["mode"])
         os.chown(target, uid, gid)
         os.chmod(target, data["mode"])
     elif kind == "file":
-        uid, gid = _ids(data["owner"], data["group"])
+        uid, gid = ids(data["owner"], data["group"])
         os.makedirs(os.path.dirname(target), exist_ok=True)
         write_atomically(target, data["content"].encode("utf-8"), data["mode"], uid, gid)
     elif kind == "remove":

@@ -4,13 +4,15 @@ Sent first, ahead of the program itself (provision.programs.ship). Standard libr
 runnable by python3 >= 3.6 like the probe it goes with: typing's names, not PEP 585/604 annotations."""
 import errno
 import fcntl
+import grp
 import hashlib
 import json
 import os
+import pwd
 import sys
 import threading
 import time
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -26,6 +28,11 @@ def sha256_of(path: str) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def ids(owner: str, group: str) -> Tuple[int, int]:
+    """The uid and gid of a user and group by name (KeyError for one the host lacks)."""
+    return pwd.getpwnam(owner).pw_uid, grp.getgrnam(group).gr_gid
 
 
 def fsync_dir(path: str) -> None:

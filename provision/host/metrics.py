@@ -26,7 +26,7 @@ import time
 import urllib.request
 from typing import Any
 
-from provision.host.common import StepFailed, emit, make_directories, write_atomically
+from provision.host.common import StepFailed, emit, ids, make_directories, write_atomically
 
 
 def _read(path: str) -> bytes | None:
@@ -42,11 +42,9 @@ def _differs(entry: dict[str, Any]) -> bool:
     path = entry["path"]
     if _read(path) != entry["content"].encode("utf-8"):
         return True
-    import grp
-    import pwd
     found = os.stat(path)
     try:
-        uid, gid = pwd.getpwnam(entry["owner"]).pw_uid, grp.getgrnam(entry["group"]).gr_gid
+        uid, gid = ids(entry["owner"], entry["group"])
     except KeyError:
         return True
     return (found.st_mode & 0o7777, found.st_uid, found.st_gid) != (entry["mode"], uid, gid)
@@ -78,10 +76,8 @@ def _check_config(spec: dict[str, Any], entry: dict[str, Any]) -> None:
 
 
 def _write(entry: dict[str, Any]) -> None:
-    import grp
-    import pwd
     try:
-        uid, gid = pwd.getpwnam(entry["owner"]).pw_uid, grp.getgrnam(entry["group"]).gr_gid
+        uid, gid = ids(entry["owner"], entry["group"])
     except KeyError:
         raise StepFailed(f"{entry['path']}: no user or group {entry['owner']}:{entry['group']} on this host "
                          "(Prometheus's package makes them)") from None
