@@ -217,6 +217,22 @@ def test_a_restored_generation_answers_with_the_endpoint_recorded_with_it(host: 
     assert back["to"] == 2 and back["serve"] == own  # judged at :8000, not at the failed run's :8123
 
 
+def test_a_generation_that_fetched_weights_only_keeps_where_the_server_answers(host: dict[str, Any]) -> None:
+    """`invoke weights` with another model changes the model store, not the unit: the generation it records
+    must be judged by the model the unit serves, not by the one it fetched (a rollback to it once waited
+    420 s for a model the restored server never had)."""
+    own = {"base": "http://127.0.0.1:8000", "model": "tiny-llama", "unit": "vllm.service"}
+    deploy(host, "PORT=8000\n", serve=own, overrides=[])
+    run(host, "promote", generation=2)
+    fetched = run(host, "apply", by="weights", record=["weights test/relay-llama"], serve=None)
+    assert fetched["generation"] == 3
+    other = {**own, "model": "test/relay-llama"}
+    relay = deploy(host, "PORT=8000\nMODEL=relay\n", serve=other, overrides=["model"])
+    run(host, "promote", generation=relay["generation"])
+    back = run(host, "rollback")  # to the newest one that ran before: the fetch's
+    assert back["to"] == 3 and back["serve"] == own
+
+
 @pytest.mark.parametrize("unit, restored, restart", [
     ("vllm-ray-head.service", ["/etc/systemd/system/vllm.service"], False),  # the deploy changed vLLM's unit only
     ("vllm.service", ["/etc/systemd/system/vllm.service"], True),

@@ -157,7 +157,8 @@ def snapshot(root: str, spec: dict[str, Any], state: str, by: str, changes: Iter
              serve: Mapping[str, Any] | None = None, overrides: Sequence[str] = ()) -> int:
     """Record what the host holds now as a new generation; returns its number. `serve` is where its
     server answers (base URL, served model, unit): a restored generation is judged there, not by the
-    settings of whatever run restores it. `overrides` names the run's --set keys: settings the
+    settings of whatever run restores it; a run that renders no server files (weights or venv only)
+    sends none, and the generation keeps where the current one's server answers. `overrides` names the run's --set keys: settings the
     inventory does not declare. Thirteen parameters: this runs on the host, standard library only, and
     is called by host/apply.py from its JSON spec, each field a parameter with its default; the
     package's dataclasses cannot travel here, and a dict would hide which fields a generation records."""
@@ -180,11 +181,11 @@ def snapshot(root: str, spec: dict[str, Any], state: str, by: str, changes: Iter
         os.chmod(kept, 0o600)
         files[path] = {"mode": info.st_mode & 0o7777, "uid": info.st_uid, "gid": info.st_gid,
                        "sha256": hashlib.sha256(data).hexdigest()}
-    # Every model root the host's runs have served from, each at the revision it pointed at then.
-    models: dict[str, str] = {}
+    kept_meta: dict[str, Any] = {}
     if current["current"] is not None:
         kept_meta = _read_json(os.path.join(root, str(current["current"]), "meta.json"), {})
-        models = dict(kept_meta.get("models") or {})
+    # Every model root the host's runs have served from, each at the revision it pointed at then.
+    models: dict[str, str] = dict(kept_meta.get("models") or {})
     if spec.get("model_root"):
         target = model_from if model_from is not None else model_target(spec["model_root"])
         if target:
@@ -194,7 +195,7 @@ def snapshot(root: str, spec: dict[str, Any], state: str, by: str, changes: Iter
             "files": files, "units": unit_states(spec["units"]), "units_before": units_before,
             "venv": ({"dir": spec.get("venv"), "key": venv_key(spec.get("venv"))} if spec.get("venv")
                      else None),
-            "models": models, "serve": dict(serve) if serve else None, "overrides": list(overrides)}
+            "models": models, "serve": dict(serve) if serve else kept_meta.get("serve"), "overrides": list(overrides)}
     _store(root, meta)
     state_now = load_state(root)
     state_now["current"] = number

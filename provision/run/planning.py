@@ -52,7 +52,9 @@ class HostPlan:
     transfer: str = "relay"  # how the cluster passes weights and wheels around (the `transfer` setting)
     arch: str = ""  # hosts of one cluster and architecture pass wheels to each other
     held_wheels: dict[str, str] = field(default_factory=dict)  # {name: sha256} in the host's wheelhouse
-    serve: dict[str, str] | None = None  # where the host's server answers: recorded with its generation
+    # Where the host's server answers, recorded with its generation: None where the run renders none of
+    # the server's files (weights or venv only), whose generation keeps where the current one answers.
+    serve: dict[str, str] | None = None
     overrides: tuple[str, ...] = ()  # the run's --set keys that differ from the inventory: drift, in status
     # The model revision (weights.change_data) the host holds verified and needs no fetch of: its
     # cluster peers that must fetch it take it from this host before the hub.
@@ -203,7 +205,8 @@ def host_plan(ctx: context.Context, found: list[checks.Finding], only: str | Non
                     ctx.cluster.name if ctx.cluster else ctx.host, scope,
                     unfinished_generation(host_facts, state_file=ctx.naming.state_file),
                     transfer=settings.transfer, arch=arch, held_wheels=venv.remote_wheels(host_facts),
-                    serve=server.endpoint(settings, ctx.naming) if settings.model else None, holds=holds,
+                    serve=server.endpoint(settings, ctx.naming) if settings.model and not only else None,
+                    holds=holds,
                     weights_note=weights.not_fetched(settings, weights.placed_model(
                         host_facts, render.model_path(settings))), context=ctx, build=build_step)
 
