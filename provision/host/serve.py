@@ -140,6 +140,32 @@ def crashed(values: dict[str, str], restarts_before: int | None) -> str | None:
     return None
 
 
+# systemd's own exit status when it could not place the new process in the unit's control group
+# (systemd.exec(5): 219 CGROUP); the server never ran. In a container whose systemd could not kill the
+# unit's previous control group ("Failed to kill control group ... Input/output error"), the next
+# start has failed so while that run's processes were still leaving; systemd's own restart then worked.
+CGROUP_FAILED = "219"
+
+
+def cgroup_failed(values: dict[str, str]) -> bool:
+    """Pure: the unit waits out RestartSec because systemd could not place its process in its control
+    group (the server never started): systemd's restart is worth one wait."""
+    return (values.get("SubState") == "auto-restart" and values.get("ExecMainCode") == "1"
+            and values.get("ExecMainStatus") == CGROUP_FAILED)
+
+
+def judged(values: dict[str, str], restarts_before: int | None,
+           awaited: int | None) -> tuple[str | None, int | None, int | None]:
+    """Pure: one look at a server's unit during readiness -> how it ended (crashed()'s answer, or None),
+    and the restart count to judge the next look by. `awaited` is NRestarts when systemd failed to
+    place the server in its control group: the server never ran, so systemd's own restart after
+    RestartSec is waited for, once; a second such failure is the answer."""
+    if cgroup_failed(values) and awaited in (None, restart_count(values)):
+        awaited = restart_count(values) or 0
+        return None, awaited + 1, awaited
+    return crashed(values, restarts_before), restarts_before, awaited
+
+
 def how_it_ended(values: dict[str, str]) -> str | None:
     """Pure: ExecMainCode and ExecMainStatus -> the main process's end in words ("exit status 0",
     "killed by signal 4 (SIGILL)"), None where systemd says nothing (a process never started)."""
@@ -147,7 +173,8 @@ def how_it_ended(values: dict[str, str]) -> str | None:
     if not status.isdigit() or code not in ("1", "2", "3"):
         return None
     if code == "1":
-        return f"exit status {status}"
+        return f"exit status {status}" + (" (systemd could not place it in its control group)"
+                                          if status == CGROUP_FAILED else "")
     name = SIGNALS.get(int(status))
     signal = f"signal {status}" + (f" ({name})" if name else "")
     return f"killed by {signal}" if code == "2" else f"dumped core on {signal}"
@@ -263,10 +290,11 @@ def ready(spec: dict[str, Any]) -> dict[str, Any]:
     stage = "health"
     unit = spec.get("unit")
     restarts_before = restart_count(_unit(unit)) if unit else None
+    awaited: int | None = None  # NRestarts when systemd failed to place the server in its cgroup
     while time.time() < deadline:
         if unit:  # a crash is an answer: no need to wait out the timeout
             values = _unit(unit)
-            ended = crashed(values, restarts_before)
+            ended, restarts_before, awaited = judged(values, restarts_before, awaited)
             if ended:
                 return {"ok": False, "seconds": round(time.time() - started, 1),
                         "error": ended_after_start(unit, ended, values, _journal_tail(unit, values.get("InvocationID") or None))}
