@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
@@ -214,6 +214,18 @@ def fetch_tokenizer(runner: Runner, settings: Settings, work: Path) -> Path | No
     local = work / "tokenizer.json"
     runner.get(remote_path, local)
     return local
+
+
+def unmeasured_decode(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """Pure: why a run has no decode speed, for the runs that have none (None when every run has one).
+    llama-benchy times decoding between the streamed chunks of an answer; an answer of one token, or
+    one that arrives in one chunk, has no such time (a server behind on its streaming sends all it has
+    generated at once: vLLM did for the lab's tiny model on a loaded CPU)."""
+    missing = [row["label"] for row in rows if row["exit"] == 0 and row["tg_tokens_per_s"] is None]
+    if not missing:
+        return None
+    return (f"decode tok/s not measured for {', '.join(missing)}: each answer arrived in one streamed chunk "
+            "(or was one token), and llama-benchy times decoding between chunks")
 
 
 def rows_of(document: Mapping[str, Any]) -> list[dict[str, Any]]:

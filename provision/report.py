@@ -728,7 +728,7 @@ def print_bench(host: str, result: Any, concurrency: int, json_: bool) -> None:
 
 def print_bench_profile(document: Mapping[str, Any], kept: str, json_: bool) -> None:
     """bench --profile: per run its sizes, llama-benchy's tokens/s and time to first token; the cut; the file."""
-    from provision.benchrun import rows_of
+    from provision.benchrun import rows_of, unmeasured_decode
 
     if json_:
         print(dump_json({**document, "file": kept, "summary": rows_of(document)}))
@@ -739,11 +739,14 @@ def print_bench_profile(document: Mapping[str, Any], kept: str, json_: bool) -> 
                   title_justify="left")
     for column in ("run", "pp", "tg", "prefill tok/s", "decode tok/s", "TTFT ms", "s", "exit"):
         table.add_column(column)
-    for row in rows_of(document):
+    rows = rows_of(document)
+    for row in rows:
         table.add_row(row["label"], str(row["pp"]), str(row["tg"]), _fmt(row["pp_tokens_per_s"], digits=1),
                       _fmt(row["tg_tokens_per_s"], digits=1), _fmt(row["ttft_ms"], digits=1),
                       _fmt(row["seconds"], digits=0), str(row["exit"]))
     out.print(table)
+    if note := unmeasured_decode(rows):
+        out.print(Text(note))
     out.print(Text(f"profile {profile['name']}: {profile['description']}"))
     if document.get("cut"):
         out.print(Text(f"profile {document['cut']}"))

@@ -35,6 +35,7 @@ class Server(JsonAnswers):
 
     seen: ClassVar[list[str]] = []  # the Authorization headers, and each process's argv read while it ran
     argvs: ClassVar[list[str]] = []
+    whole: ClassVar[bool] = False  # each answer in one chunk, as vLLM sends a request's merged outputs
 
     def do_GET(self) -> None:
         if self.path.endswith("/book.txt"):
@@ -62,9 +63,10 @@ class Server(JsonAnswers):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        for _ in range(tokens):  # one token every 5 ms, as an engine decodes: each its own chunk
-            time.sleep(0.005)
-            self.wfile.write(b'data: {"choices": [{"delta": {"content": "word "}}]}\n\n')
+        for chunk in ([tokens] if Server.whole else [1] * tokens):  # one token every 5 ms, as an engine decodes
+            time.sleep(0.005 * chunk)
+            delta = {"choices": [{"delta": {"content": "word " * chunk}}]}
+            self.wfile.write(f"data: {json.dumps(delta)}\n\n".encode())
             self.wfile.flush()
         usage = {"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": tokens}}
         self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
@@ -84,7 +86,7 @@ def _argvs() -> list[str]:
 
 @pytest.fixture
 def served() -> Iterator[str]:
-    Server.seen, Server.argvs = [], []
+    Server.seen, Server.argvs, Server.whole = [], [], False
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -117,6 +119,26 @@ def test_a_run_measures_through_llama_benchy_with_the_key_outside_argv(served: s
     (row,) = benchrun.rows_of({"runs": [item]})
     assert row["label"] == "d=0 c=2" and row["pp"] == [64] and row["tg_tokens_per_s"] == round(
         measured["tg_throughput"]["mean"], 2)
+
+
+def test_answers_sent_whole_have_no_decode_speed_and_the_table_says_why(
+        served: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM merges a request's outputs while its API server is behind, and sends them as one chunk (the
+    lab's tiny model on a loaded CPU): llama-benchy's own code then measures no decode speed."""
+    Server.whole = True
+    item = one_run(served, tmp_path, KEY)
+    (measured,) = item["result"]["benchmarks"]
+    assert measured["tg_throughput"] is None and measured["e2e_ttft"]["mean"] > 0, measured
+    (row,) = benchrun.rows_of({"runs": [item]})
+    assert row["tg_tokens_per_s"] is None and row["ttft_ms"] > 0
+    assert benchrun.unmeasured_decode([row, {**row, "label": "d=0 c=1", "tg_tokens_per_s": 9.5}]) == (
+        "decode tok/s not measured for d=0 c=2: each answer arrived in one streamed chunk (or was one token), "
+        "and llama-benchy times decoding between chunks")
+    assert benchrun.unmeasured_decode([{**row, "exit": 1}]) is None  # a failed run says why in its own output
+    document = {"measured": "now", "profile": {"name": "p", "description": "d"}, "tool": {"name": "llama-benchy",
+                "version": benchrun.tool_version()}, "runs": [item]}
+    report.print_bench_profile(document, str(tmp_path / "kept.json"), False)
+    assert "decode tok/s not measured for d=0 c=2" in " ".join(capsys.readouterr().out.split())
 
 
 def test_the_runs_consolidate_as_sparkrun_uploads_them_failed_ones_left_out(served: str, tmp_path: Path) -> None:

@@ -72,15 +72,13 @@ def test_the_v2_profile_runs_cut_to_the_lab_s_model_and_is_kept_beside_its_recip
                                                                                    applied_dir: Path) -> None:
     code, applied, text = invoke_json("recipe.apply", "lab-cpu-tiny-llama", "--cluster", "lab-cpu")
     assert code == 0 and applied["written"], text
-    # exact_tg: the lab's random model may end an answer at its first token, and llama-benchy measures
-    # no generation speed or time to first token of an answer with no text (seen once in a full run).
     code, found, text = invoke_json("bench", "--host", "cpu-1", "--profile", "spark-arena-v2", "--book-url", book,
-                                    "--arg", "skip_coherence=true", "--arg", "exact_tg=true", timeout=1200)
+                                    "--arg", "skip_coherence=true", timeout=1200)
     assert code == 0, text[-4000:]
     assert found["tool"] == {"name": "llama-benchy", "version": benchrun.tool_version()}
     assert found["cut"].startswith("cut to the server's context (256 tokens, 32 kept for the chat template): "
                                    "pp 2048 -> 196; tg 128 -> 28; 24 run(s) dropped"), found["cut"]
-    assert found["profile"]["changed_by_command_line"] == {"skip_coherence": True, "exact_tg": True}
+    assert found["profile"]["changed_by_command_line"] == {"skip_coherence": True}
     assert found["profile"]["name"] == "spark-arena-v2" and found["model"] == "lab/tiny-llama"
     # Depth 0 at each concurrency, in the schedule's order; each llama-benchy's own result, measured.
     assert [run["label"] for run in found["runs"]] == ["d=0 c=1", "d=0 c=10", "d=0 c=5", "d=0 c=2"]
@@ -90,8 +88,15 @@ def test_the_v2_profile_runs_cut_to_the_lab_s_model_and_is_kept_beside_its_recip
         assert all(item["concurrency"] == run["concurrency"] and item["prompt_size"] == 196 for item in measured)
     assert found["consolidated"]["max_concurrency"] == 10 and len(found["consolidated"]["benchmarks"]) == sum(
         len(run["result"]["benchmarks"]) for run in found["runs"])
-    rows = found["summary"]
-    assert all(row["tg_tokens_per_s"] and row["tg_tokens_per_s"] > 0 and row["ttft_ms"] for row in rows), rows
+    # Each row is its run's own llama-benchy figures. Decode speed may be missing: under a full suite's
+    # load vLLM sent a run's every answer in one streamed chunk, and llama-benchy times decoding between
+    # chunks (seen twice at concurrency 2); the table then says so.
+    for row, run in zip(found["summary"], found["runs"], strict=True):
+        shown = (row["label"], row["pp_tokens_per_s"], row["tg_tokens_per_s"], row["ttft_ms"])
+        assert row["ttft_ms"] > 0, shown  # every answer's first token was timed
+        for column, metric in (("pp_tokens_per_s", "pp_throughput"), ("tg_tokens_per_s", "tg_throughput")):
+            means = [item[metric]["mean"] for item in run["result"]["benchmarks"] if item.get(metric)]
+            assert row[column] == (round(sum(means) / len(means), 2) if means else None), shown
     # Kept beside the recipe applied to lab-cpu, the same document.
     kept = Path(found["file"])
     assert kept.parent == applied_dir and kept.name.startswith("lab-cpu-spark-arena-v2-"), kept
