@@ -730,8 +730,10 @@ def print_bench_profile(document: Mapping[str, Any], kept: str, json_: bool) -> 
     """bench --profile: per run its sizes, llama-benchy's tokens/s and time to first token; the cut; the file."""
     from provision.benchrun import rows_of, unmeasured_decode
 
+    rows = rows_of(document)
     if json_:
-        print(dump_json({**document, "file": kept, "summary": rows_of(document)}))
+        print(dump_json({**document, "file": kept, "summary": rows, "notes": [
+            note for note in (unmeasured_decode(rows),) if note]}))
         return
     out = console()
     profile, tool = document["profile"], document["tool"]
@@ -739,7 +741,6 @@ def print_bench_profile(document: Mapping[str, Any], kept: str, json_: bool) -> 
                   title_justify="left")
     for column in ("run", "pp", "tg", "prefill tok/s", "decode tok/s", "TTFT ms", "s", "exit"):
         table.add_column(column)
-    rows = rows_of(document)
     for row in rows:
         table.add_row(row["label"], str(row["pp"]), str(row["tg"]), _fmt(row["pp_tokens_per_s"], digits=1),
                       _fmt(row["tg_tokens_per_s"], digits=1), _fmt(row["ttft_ms"], digits=1),

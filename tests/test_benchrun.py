@@ -139,6 +139,8 @@ def test_answers_sent_whole_have_no_decode_speed_and_the_table_says_why(
                 "version": benchrun.tool_version()}, "runs": [item]}
     report.print_bench_profile(document, str(tmp_path / "kept.json"), False)
     assert "decode tok/s not measured for d=0 c=2" in " ".join(capsys.readouterr().out.split())
+    report.print_bench_profile(document, str(tmp_path / "kept.json"), True)
+    assert json.loads(capsys.readouterr().out)["notes"] == [benchrun.unmeasured_decode([row])]
 
 
 def test_the_runs_consolidate_as_sparkrun_uploads_them_failed_ones_left_out(served: str, tmp_path: Path) -> None:

@@ -90,7 +90,8 @@ def test_the_v2_profile_runs_cut_to_the_lab_s_model_and_is_kept_beside_its_recip
         len(run["result"]["benchmarks"]) for run in found["runs"])
     # Each row is its run's own llama-benchy figures. Decode speed may be missing: under a full suite's
     # load vLLM sent a run's every answer in one streamed chunk, and llama-benchy times decoding between
-    # chunks (seen twice at concurrency 2); the table then says so.
+    # chunks (seen twice at concurrency 2); the table and the JSON's notes then say so.
+    assert found["notes"] == [note for note in (benchrun.unmeasured_decode(found["summary"]),) if note]
     for row, run in zip(found["summary"], found["runs"], strict=True):
         shown = (row["label"], row["pp_tokens_per_s"], row["tg_tokens_per_s"], row["ttft_ms"])
         assert row["ttft_ms"] > 0, shown  # every answer's first token was timed
