@@ -731,9 +731,9 @@ def print_bench_profile(document: Mapping[str, Any], kept: str, json_: bool) -> 
     from provision.benchrun import rows_of, unmeasured_decode
 
     rows = rows_of(document)
+    note = unmeasured_decode(rows)
     if json_:
-        print(dump_json({**document, "file": kept, "summary": rows, "notes": [
-            note for note in (unmeasured_decode(rows),) if note]}))
+        print(dump_json({**document, "file": kept, "summary": rows, "notes": [note] if note else []}))
         return
     out = console()
     profile, tool = document["profile"], document["tool"]
@@ -746,7 +746,7 @@ def print_bench_profile(document: Mapping[str, Any], kept: str, json_: bool) -> 
                       _fmt(row["tg_tokens_per_s"], digits=1), _fmt(row["ttft_ms"], digits=1),
                       _fmt(row["seconds"], digits=0), str(row["exit"]))
     out.print(table)
-    if note := unmeasured_decode(rows):
+    if note:
         out.print(Text(note))
     out.print(Text(f"profile {profile['name']}: {profile['description']}"))
     if document.get("cut"):

@@ -158,10 +158,11 @@ def snapshot(root: str, spec: dict[str, Any], state: str, by: str, changes: Iter
     """Record what the host holds now as a new generation; returns its number. `serve` is where its
     server answers (base URL, served model, unit): a restored generation is judged there, not by the
     settings of whatever run restores it; a run that renders no server files (weights or venv only)
-    sends none, and the generation keeps where the current one's server answers. `overrides` names the run's --set keys: settings the
-    inventory does not declare. Thirteen parameters: this runs on the host, standard library only, and
-    is called by host/apply.py from its JSON spec, each field a parameter with its default; the
-    package's dataclasses cannot travel here, and a dict would hide which fields a generation records."""
+    sends none, and the generation keeps where the current one's server answers. `overrides` names the
+    run's --set keys: settings the inventory does not declare. Thirteen parameters: this runs on the
+    host, standard library only, and is called by host/apply.py from its JSON spec, each field a
+    parameter with its default; the package's dataclasses cannot travel here, and a dict would hide
+    which fields a generation records."""
     current = load_state(root)
     number: int = max([g["id"] for g in current["generations"]] + [0]) + 1
     folder = os.path.join(root, str(number))
